@@ -1,0 +1,100 @@
+-- common.lua: helpers prepended to every sluice script. Not an operation on its own.
+--
+-- Calling convention shared by every script:
+--   KEYS[1]  a key inside the shard (routes the call on Redis Cluster); each script names it.
+--   ARGV[1]  the shard prefix, e.g. "sluice:{s07}:"; every other key is built from it below,
+--            so one call only ever touches one hash slot.
+--   ARGV[2]  server default max_concurrent (used when the tenant has no own value)
+--   ARGV[3]  server default max_queued
+--   ARGV[4]  retention of terminal rows, seconds
+--   ARGV[5..] operation-specific, documented in each file.
+--
+-- Key names mirror src/store/keys.rs; change both together (tests read keys through Rust).
+-- Lua has no rollback: every script decides first and writes after.
+
+local P = ARGV[1]
+local DEFAULT_MAX_CONCURRENT = tonumber(ARGV[2])
+local DEFAULT_MAX_QUEUED = tonumber(ARGV[3])
+local RETENTION_SECS = tonumber(ARGV[4])
+
+local K = {}
+function K.ready() return P .. 'ready' end
+function K.row(id) return P .. 'exec:' .. id end
+function K.cfg(t) return P .. 't:' .. t .. ':cfg' end
+function K.slots(t) return P .. 't:' .. t .. ':slots' end
+function K.waiting(t) return P .. 't:' .. t .. ':waiting' end
+function K.status_idx(t, s) return P .. 't:' .. t .. ':st:' .. s end
+function K.flow_idx(t, f, s) return P .. 't:' .. t .. ':fl:' .. f .. ':' .. s end
+function K.dedup(t, h) return P .. 't:' .. t .. ':dd:' .. h end
+
+local STATUSES = { 'queued', 'running', 'completed', 'failed', 'cancelled' }
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The tenant's effective limits: its own values where set, else the server defaults.
+local function limits(t)
+  local v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled')
+  return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED, v[3] ~= '0'
+end
+
+local function index_add(t, flow, status, id)
+  redis.call('ZADD', K.status_idx(t, status), 0, id)
+  redis.call('ZADD', K.flow_idx(t, flow, status), 0, id)
+end
+
+local function index_remove(t, flow, status, id)
+  redis.call('ZREM', K.status_idx(t, status), id)
+  redis.call('ZREM', K.flow_idx(t, flow, status), id)
+end
+
+-- Puts a queued execution on the shard's ready stream and gives it a slot of its tenant.
+local function dispatch(t, id, now)
+  local entry = redis.call('XADD', K.ready(), '*', 'id', id)
+  redis.call('SADD', K.slots(t), id)
+  redis.call('HSET', K.row(id), 'qstate', 'dispatched', 'entry', entry, 'updated', now)
+end
+
+-- Fills free slots of tenant t from its waiting set, oldest first. Members whose row is gone
+-- or no longer waiting are dropped (repair), bounded so one call stays short.
+local function promote(t, now)
+  local max_concurrent = limits(t)
+  local free = max_concurrent - redis.call('SCARD', K.slots(t))
+  local budget = 1000
+  while free > 0 and budget > 0 do
+    budget = budget - 1
+    local popped = redis.call('ZPOPMIN', K.waiting(t))
+    if #popped == 0 then return end
+    local id = popped[1]
+    local row = redis.call('HMGET', K.row(id), 'status', 'qstate')
+    if row[1] == 'queued' and row[2] == 'waiting' then
+      dispatch(t, id, now)
+      free = free - 1
+    end
+  end
+end
+
+-- Releases the slot id holds (if any) and dispatches the tenant's oldest waiting executions
+-- into the room made. Set membership makes a second release a no-op.
+local function release_slot(t, id, now)
+  if redis.call('SREM', K.slots(t), id) == 1 then
+    promote(t, now)
+  end
+end
+
+-- Takes a queued execution off its queue: the stream entry if dispatched (it has not been read:
+-- workers start what they read in the same step), the waiting set otherwise.
+local function unqueue(t, id, qstate, entry, now)
+  if qstate == 'dispatched' then
+    if entry and entry ~= '' then redis.call('XDEL', K.ready(), entry) end
+    release_slot(t, id, now)
+  else
+    redis.call('ZREM', K.waiting(t), id)
+  end
+end
+
+local function hgetall(id)
+  return redis.call('HGETALL', K.row(id))
+end

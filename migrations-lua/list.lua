@@ -1,0 +1,56 @@
+-- list.lua: one page of a tenant's executions, newest first, optionally filtered by status
+-- and/or flow. Cost is proportional to the page: each status index is read from the cursor for
+-- at most limit+1 ids (execution ids are time-ordered, so lexical order is age order), the
+-- candidates are merged, and only the page's rows are read.
+--
+-- KEYS[1]  a key of the tenant in this shard (routing only)
+-- ARGV[1..4] common (see common.lua)
+-- ARGV[5]  tenant id
+-- ARGV[6]  status filter, '' for all
+-- ARGV[7]  flow filter, '' for all
+-- ARGV[8]  cursor: the last id of the previous page, '' for the first page
+-- ARGV[9]  limit (1..200)
+--
+-- Reply: {next_cursor or '', total, id, row, id, row, ...}; index entries whose row has expired are
+-- removed on the way (the sweeper does the same in bulk).
+local tenant, status, flow, cursor = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local limit = tonumber(ARGV[9])
+
+local statuses = STATUSES
+if status ~= '' then statuses = { status } end
+local max = '+'
+if cursor ~= '' then max = '(' .. cursor end
+
+local candidates, source, total = {}, {}, 0
+for _, s in ipairs(statuses) do
+  local idx
+  if flow ~= '' then idx = K.flow_idx(tenant, flow, s) else idx = K.status_idx(tenant, s) end
+  total = total + redis.call('ZCARD', idx)
+  local ids = redis.call('ZRANGE', idx, max, '-', 'BYLEX', 'REV', 'LIMIT', 0, limit + 1)
+  for _, id in ipairs(ids) do
+    table.insert(candidates, id)
+    source[id] = s
+  end
+end
+table.sort(candidates, function(a, b) return a > b end)
+
+local next_cursor = ''
+local reply = { '', 0 }
+for i = 1, math.min(limit, #candidates) do
+  local id = candidates[i]
+  local row = hgetall(id)
+  if #row == 0 then
+    -- The row expired; its flow is unknown now unless filtered on, so the sweeper cleans the
+    -- flow index otherwise.
+    redis.call('ZREM', K.status_idx(tenant, source[id]), id)
+    if flow ~= '' then redis.call('ZREM', K.flow_idx(tenant, flow, source[id]), id) end
+    total = total - 1
+  else
+    table.insert(reply, id)
+    table.insert(reply, row)
+  end
+  if i == limit and #candidates > limit then next_cursor = id end
+end
+reply[1] = next_cursor
+reply[2] = total
+return reply

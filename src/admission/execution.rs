@@ -1,0 +1,167 @@
+//! An execution as clients see it, rebuilt from its Redis row.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use utoipa::ToSchema;
+
+/// Lifecycle of an execution: `queued` → `running` → one terminal status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    /// Every status, in lifecycle order.
+    pub const ALL: [Status; 5] = [
+        Status::Queued,
+        Status::Running,
+        Status::Completed,
+        Status::Failed,
+        Status::Cancelled,
+    ];
+
+    /// The status as written on Redis and in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Running => "running",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the API/Redis spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Whether no further transition happens (the row then carries the retention TTL).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed | Status::Cancelled)
+    }
+}
+
+/// Where a queued execution waits: over its tenant's concurrency limit (`waiting`), or on the
+/// ready stream with a slot of its tenant, for a worker to start (`dispatched`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueState {
+    Waiting,
+    Dispatched,
+}
+
+/// Why an execution failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorInfo {
+    /// Machine-readable kind, e.g. `handler_error`, `lease_lost`, `poison`.
+    pub kind: String,
+    pub message: String,
+}
+
+/// One execution, as returned by every execution call.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Execution {
+    /// 32 lowercase hex characters (a UUIDv7, so ids sort by creation time).
+    pub execution_id: String,
+    pub tenant_id: String,
+    pub flow_id: String,
+    pub version: Option<String>,
+    #[schema(value_type = Object)]
+    pub params: Value,
+    pub status: Status,
+    /// Set only while `queued`.
+    pub queue_state: Option<QueueState>,
+    pub dedup_key: Option<String>,
+    /// True when this response replays an earlier admission with the same dedup key.
+    pub deduplicated: bool,
+    /// How many times a worker has started it; also the fencing token of the current run.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub cancel_requested: bool,
+    /// RFC 3339.
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub updated_at: String,
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
+    pub error: Option<ErrorInfo>,
+}
+
+impl Execution {
+    /// Builds the client view of a row (`HGETALL` field/value pairs). An error means the row
+    /// is not one sluice wrote: a bug or foreign data, reported as such.
+    pub fn from_row(
+        id: &str,
+        fields: HashMap<String, String>,
+        deduplicated: bool,
+    ) -> Result<Self, String> {
+        let get = |k: &str| fields.get(k).map(String::as_str);
+        let need = |k: &str| get(k).ok_or_else(|| format!("row {id} lacks field {k}"));
+        let time_of = |k: &str| -> Result<Option<String>, String> {
+            get(k).map(|v| rfc3339_from_ms(v, id)).transpose()
+        };
+        let number = |k: &str| -> Result<u32, String> {
+            need(k)?
+                .parse()
+                .map_err(|_| format!("row {id} has a non-numeric {k}"))
+        };
+        let status = Status::parse(need("status")?)
+            .ok_or_else(|| format!("row {id} has an unknown status"))?;
+        let queue_state = match (status, get("qstate")) {
+            (Status::Queued, Some("waiting")) => Some(QueueState::Waiting),
+            (Status::Queued, Some("dispatched")) => Some(QueueState::Dispatched),
+            _ => None,
+        };
+        let params = serde_json::from_str(need("params")?)
+            .map_err(|e| format!("row {id} has unreadable params: {e}"))?;
+        let output = get("output")
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| format!("row {id} has unreadable output: {e}"))?;
+        let error = get("err_kind").map(|kind| ErrorInfo {
+            kind: kind.to_owned(),
+            message: get("err_msg").unwrap_or_default().to_owned(),
+        });
+        Ok(Self {
+            execution_id: id.to_owned(),
+            tenant_id: need("tenant")?.to_owned(),
+            flow_id: need("flow")?.to_owned(),
+            version: get("version").map(str::to_owned),
+            params,
+            status,
+            queue_state,
+            dedup_key: get("dedup").map(str::to_owned),
+            deduplicated,
+            attempt: number("attempt")?,
+            max_attempts: number("max_attempts")?,
+            cancel_requested: get("cancel") == Some("1"),
+            created_at: time_of("created")?.ok_or_else(|| format!("row {id} lacks created"))?,
+            started_at: time_of("started")?,
+            finished_at: time_of("finished")?,
+            updated_at: time_of("updated")?.ok_or_else(|| format!("row {id} lacks updated"))?,
+            output,
+            error,
+        })
+    }
+}
+
+fn rfc3339_from_ms(ms: &str, id: &str) -> Result<String, String> {
+    let ms: i128 = ms
+        .parse()
+        .map_err(|_| format!("row {id} has a bad timestamp"))?;
+    OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .ok_or_else(|| format!("row {id} has an out-of-range timestamp"))
+}

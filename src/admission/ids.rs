@@ -1,0 +1,215 @@
+//! Validated identifiers. Each type can only be built through `parse`, so inside sluice a
+//! `TenantId` or `FlowId` is always safe to place in a Redis key: none of them can contain a
+//! brace (which would change the hash tag), a colon (the key separator), spaces or control
+//! characters.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+use uuid::Uuid;
+
+/// Why a piece of input was refused; the HTTP layer turns it into a 400 with this `code`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidInput {
+    /// Stable machine code, e.g. `invalid_tenant_id`.
+    pub code: &'static str,
+    /// Human explanation naming the rule that was broken.
+    pub detail: String,
+}
+
+impl InvalidInput {
+    fn new(code: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+fn is_key_safe_word(s: &str, extra: &[char]) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+}
+
+macro_rules! string_newtype {
+    ($name:ident) => {
+        impl $name {
+            /// The validated text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+    };
+}
+
+/// A tenant: `^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`. The isolation unit; always derived from the
+/// caller's credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TenantId(String);
+string_newtype!(TenantId);
+
+impl TenantId {
+    /// Parses a tenant id, refusing anything that could break out of a Redis key segment.
+    pub fn parse(s: &str) -> Result<Self, InvalidInput> {
+        if s.len() <= 64 && is_key_safe_word(s, &['_', '.', '-']) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidInput::new(
+                "invalid_tenant_id",
+                "tenant id must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+            ))
+        }
+    }
+}
+
+/// A flow name: `^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$` (e.g. `demo.sleep`, `billing/invoice`).
+/// It is part of index key names, hence the narrow alphabet.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FlowId(String);
+string_newtype!(FlowId);
+
+impl FlowId {
+    /// Parses a flow id.
+    pub fn parse(s: &str) -> Result<Self, InvalidInput> {
+        if s.len() <= 128 && is_key_safe_word(s, &['_', '.', '-', '/']) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidInput::new(
+                "invalid_flow_id",
+                "flow_id must be 1-128 characters matching ^[A-Za-z0-9][A-Za-z0-9_./-]*$",
+            ))
+        }
+    }
+}
+
+/// A flow version: 1–64 characters of UTF-8 without control characters. Never part of a key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Version(String);
+string_newtype!(Version);
+
+impl Version {
+    /// Parses a version label.
+    pub fn parse(s: &str) -> Result<Self, InvalidInput> {
+        if !s.is_empty() && s.chars().count() <= 64 && !s.chars().any(char::is_control) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidInput::new(
+                "invalid_version",
+                "version must be 1-64 characters without control characters",
+            ))
+        }
+    }
+}
+
+/// A client's idempotency key: 1–256 bytes of UTF-8 without control characters. Scoped by
+/// tenant; stored on Redis only as its SHA-256 inside key names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DedupKey(String);
+string_newtype!(DedupKey);
+
+impl DedupKey {
+    /// Parses a dedup key.
+    pub fn parse(s: &str) -> Result<Self, InvalidInput> {
+        if !s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidInput::new(
+                "invalid_dedup_key",
+                "dedup key must be 1-256 bytes of UTF-8 without control characters",
+            ))
+        }
+    }
+
+    /// Hex SHA-256 of the key: what the dedup mapping's key name carries.
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(self.0.as_bytes()))
+    }
+}
+
+/// An execution id: a UUIDv7 rendered as 32 lowercase hex characters, so ids sort by creation
+/// time both as numbers and as text (listing relies on the latter).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ExecutionId(String);
+string_newtype!(ExecutionId);
+
+impl ExecutionId {
+    /// Mints a new, time-ordered id.
+    pub fn new() -> Self {
+        Self(Uuid::now_v7().simple().to_string())
+    }
+
+    /// Parses an id given by a client (path segment or cursor).
+    pub fn parse(s: &str) -> Result<Self, InvalidInput> {
+        if s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidInput::new(
+                "invalid_execution_id",
+                "execution id must be 32 lowercase hex characters",
+            ))
+        }
+    }
+}
+
+impl Default for ExecutionId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_ids_that_could_escape_a_key_are_refused() {
+        for bad in ["", "a b", "a{b", "a}b", "a:b", "a*b", "-abc", "é", &"a".repeat(65)] {
+            assert!(TenantId::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["a", "acme", "Acme_1.prod-eu", &"a".repeat(64)] {
+            assert!(TenantId::parse(good).is_ok(), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn flow_ids_allow_dots_and_slashes_only() {
+        assert!(FlowId::parse("demo.sleep").is_ok());
+        assert!(FlowId::parse("billing/invoice-v2").is_ok());
+        for bad in ["", " x", "a:b", "a{b}", &"f".repeat(129)] {
+            assert!(FlowId::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn dedup_keys_are_bounded_in_bytes_and_free_of_control_characters() {
+        assert!(DedupKey::parse(&"k".repeat(256)).is_ok());
+        assert!(DedupKey::parse(&"k".repeat(257)).is_err());
+        // 86 three-byte characters = 258 bytes: the limit is bytes, not characters.
+        assert!(DedupKey::parse(&"€".repeat(86)).is_err());
+        assert!(DedupKey::parse("a\nb").is_err());
+        assert!(DedupKey::parse("order 42 / retry").is_ok());
+    }
+
+    #[test]
+    fn minted_ids_parse_and_sort_by_time() {
+        let a = ExecutionId::new();
+        let b = ExecutionId::new();
+        assert!(ExecutionId::parse(a.as_str()).is_ok());
+        assert!(a.as_str() < b.as_str());
+        assert!(ExecutionId::parse("ABCDEF0123456789ABCDEF0123456789").is_err());
+    }
+}

@@ -1,0 +1,11 @@
+//! The admission domain: what a request to start an execution is, once parsed, and what an
+//! execution looks like to a client. No HTTP and no Redis types live here; the HTTP layer
+//! parses into these types at the edge and the store persists them.
+
+mod execution;
+mod ids;
+mod request;
+
+pub use execution::{ErrorInfo, Execution, QueueState, Status};
+pub use ids::{DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version};
+pub use request::{AdmitRequest, Fingerprint, MAX_ATTEMPTS_LIMIT, NewExecution};

@@ -1,0 +1,162 @@
+//! A request to start an execution: the body as a client sends it, and the parsed form the
+//! store admits.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
+
+use super::ids::{DedupKey, FlowId, InvalidInput, Version};
+
+/// Upper bound on `max_attempts`; more is almost always a mistake in the client.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+
+/// The body of `POST /api/executions`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"flow_id": "demo.echo", "params": {"order": 42}, "dedup_key": "order-42"}))]
+pub struct NewExecution {
+    /// Flow to run: `^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$`.
+    pub flow_id: String,
+    /// Optional flow version label (1–64 characters).
+    #[serde(default)]
+    pub version: Option<String>,
+    /// JSON object handed to the flow; `{}` when absent.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub params: Option<Value>,
+    /// Idempotency key (1–256 bytes); may instead come from the `Idempotency-Key` header.
+    #[serde(default)]
+    pub dedup_key: Option<String>,
+    /// How many times a worker may try it (1–100, default 5).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+}
+
+/// What identifies "the same request" under one dedup key: flow, version and params.
+/// A replay with a different fingerprint is a conflict, not a duplicate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    /// The fingerprint as stored next to the dedup mapping (128 bits of SHA-256, hex).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A parsed, valid admission request.
+#[derive(Debug, Clone)]
+pub struct AdmitRequest {
+    pub flow: FlowId,
+    pub version: Option<Version>,
+    /// The params as canonical JSON text (object keys sorted), stored as given to workers.
+    pub params: String,
+    pub dedup: Option<DedupKey>,
+    pub max_attempts: u32,
+    pub fingerprint: Fingerprint,
+}
+
+impl AdmitRequest {
+    /// Parses a body and the optional `Idempotency-Key` header. Both keys given and different
+    /// is refused, since the client's intent is then unknowable.
+    pub fn parse(
+        body: NewExecution,
+        header_key: Option<&str>,
+        default_max_attempts: u32,
+    ) -> Result<Self, InvalidInput> {
+        let flow = FlowId::parse(&body.flow_id)?;
+        let version = body.version.as_deref().map(Version::parse).transpose()?;
+        let params = match body.params {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(v @ Value::Object(_)) => v,
+            Some(_) => {
+                return Err(InvalidInput {
+                    code: "invalid_params",
+                    detail: "params must be a JSON object".into(),
+                });
+            }
+        };
+        let dedup = match (header_key, body.dedup_key.as_deref()) {
+            (Some(h), Some(b)) if h != b => {
+                return Err(InvalidInput {
+                    code: "dedup_key_mismatch",
+                    detail: "Idempotency-Key header and body dedup_key differ".into(),
+                });
+            }
+            (Some(k), _) | (None, Some(k)) => Some(DedupKey::parse(k)?),
+            (None, None) => None,
+        };
+        let max_attempts = body.max_attempts.unwrap_or(default_max_attempts);
+        if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+            return Err(InvalidInput {
+                code: "invalid_max_attempts",
+                detail: format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"),
+            });
+        }
+        // serde_json's map is ordered by key, so this text is canonical for equal params.
+        let params = params.to_string();
+        let fingerprint = fingerprint(&flow, version.as_ref(), &params);
+        Ok(Self {
+            flow,
+            version,
+            params,
+            dedup,
+            max_attempts,
+            fingerprint,
+        })
+    }
+}
+
+fn fingerprint(flow: &FlowId, version: Option<&Version>, params: &str) -> Fingerprint {
+    let mut h = Sha256::new();
+    h.update(flow.as_str());
+    h.update([0]);
+    if let Some(v) = version {
+        h.update([1]);
+        h.update(v.as_str());
+    }
+    h.update([0]);
+    h.update(params);
+    Fingerprint(hex::encode(&h.finalize()[..16]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(v: Value) -> NewExecution {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn equal_params_in_any_key_order_have_one_fingerprint() {
+        let a = AdmitRequest::parse(body(json!({"flow_id":"f","params":{"a":1,"b":2}})), None, 5);
+        let b = AdmitRequest::parse(body(json!({"flow_id":"f","params":{"b":2,"a":1}})), None, 5);
+        assert_eq!(a.unwrap().fingerprint, b.unwrap().fingerprint);
+    }
+
+    #[test]
+    fn version_and_params_change_the_fingerprint() {
+        let fp = |v: Value| AdmitRequest::parse(body(v), None, 5).unwrap().fingerprint;
+        let base = fp(json!({"flow_id":"f"}));
+        assert_ne!(base, fp(json!({"flow_id":"f","version":"2"})));
+        assert_ne!(base, fp(json!({"flow_id":"f","params":{"x":1}})));
+        assert_ne!(base, fp(json!({"flow_id":"g"})));
+    }
+
+    #[test]
+    fn header_and_body_keys_must_agree() {
+        let r = AdmitRequest::parse(body(json!({"flow_id":"f","dedup_key":"a"})), Some("b"), 5);
+        assert_eq!(r.unwrap_err().code, "dedup_key_mismatch");
+        let r = AdmitRequest::parse(body(json!({"flow_id":"f","dedup_key":"a"})), Some("a"), 5);
+        assert_eq!(r.unwrap().dedup.unwrap().as_str(), "a");
+    }
+
+    #[test]
+    fn params_must_be_an_object() {
+        let r = AdmitRequest::parse(body(json!({"flow_id":"f","params":[1]})), None, 5);
+        assert_eq!(r.unwrap_err().code, "invalid_params");
+    }
+}

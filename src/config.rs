@@ -1,0 +1,173 @@
+//! Command line and environment: every setting is a flag with a `SLUICE_*` environment
+//! variable and a sane default. Secrets (the admin token) are never printed or logged.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::store::StoreConfig;
+
+/// sluice: execution admission on Redis — duplicates collapse to one execution, tenants stay
+/// inside their quotas, and queued work is never mistaken for dead work.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format: human-readable text or one JSON object per line.
+    #[arg(long, global = true, env = "SLUICE_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// What to run.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP API against an existing Redis (production).
+    Serve(ServeArgs),
+    /// Run everything locally: a managed redis-server (data in a local folder, AOF on) and the
+    /// API in dev-auth mode. For trying sluice out, never for production.
+    Dev(DevArgs),
+    /// Print the OpenAPI document (the one committed as openapi/openapi.json).
+    Openapi,
+}
+
+/// `sluice serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub api: ApiSettings,
+    #[command(flatten)]
+    pub redis: RedisSettings,
+}
+
+/// `sluice dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    #[command(flatten)]
+    pub api: ApiSettings,
+    /// Folder for the managed redis-server's data (AOF and RDB files).
+    #[arg(long, env = "SLUICE_DATA_DIR", default_value = ".sluice-dev")]
+    pub data_dir: PathBuf,
+    /// The redis-server program to start.
+    #[arg(long, env = "SLUICE_REDIS_SERVER", default_value = "redis-server")]
+    pub redis_server: PathBuf,
+    /// Port for the managed redis-server; 0 picks a free one.
+    #[arg(long, env = "SLUICE_DEV_REDIS_PORT", default_value_t = 0)]
+    pub redis_port: u16,
+    /// Shard count recorded at first start.
+    #[arg(long, env = "SLUICE_SHARDS", default_value_t = 16)]
+    pub shards: u16,
+}
+
+/// Settings of the HTTP API and of admission.
+#[derive(Debug, Clone, Args)]
+pub struct ApiSettings {
+    /// Address to listen on.
+    #[arg(long, env = "SLUICE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Platform admin token (Bearer); may act for any tenant with X-Tenant-Id.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Dev mode: no token needed, the tenant comes from X-Tenant-Id and the caller is platform
+    /// admin. Unsafe anywhere but a developer's machine.
+    #[arg(long, env = "SLUICE_DEV_AUTH")]
+    pub dev_auth: bool,
+    /// Upper bound on handling one request, in milliseconds.
+    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "SLUICE_BODY_LIMIT", default_value_t = 1024 * 1024)]
+    pub body_limit: usize,
+    /// Concurrency limit of tenants without their own.
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_CONCURRENT", default_value_t = 100)]
+    pub default_max_concurrent: u32,
+    /// Waiting-set limit of tenants without their own.
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_QUEUED", default_value_t = 100_000)]
+    pub default_max_queued: u32,
+    /// max_attempts of executions that do not say.
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_ATTEMPTS", default_value_t = 5)]
+    pub default_max_attempts: u32,
+    /// How long terminal executions stay readable, in days.
+    #[arg(long, env = "SLUICE_RETENTION_DAYS", default_value_t = 30)]
+    pub retention_days: u64,
+    /// How long a dedup key maps to its execution, in hours from admission.
+    #[arg(long, env = "SLUICE_DEDUP_TTL_HOURS", default_value_t = 7 * 24)]
+    pub dedup_ttl_hours: u64,
+}
+
+/// Where Redis is and how to talk to it.
+#[derive(Debug, Clone, Args)]
+pub struct RedisSettings {
+    /// Redis URL.
+    #[arg(long, env = "SLUICE_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Multiplexed connections the API spreads requests over.
+    #[arg(long, env = "SLUICE_REDIS_CONNECTIONS", default_value_t = 4)]
+    pub redis_connections: usize,
+    /// Upper bound on one Redis operation (connecting included), in milliseconds.
+    #[arg(long, env = "SLUICE_REDIS_TIMEOUT_MS", default_value_t = 2_000)]
+    pub redis_timeout_ms: u64,
+    /// Shard count recorded at first start (later starts use the recorded one).
+    #[arg(long, env = "SLUICE_SHARDS", default_value_t = 16)]
+    pub shards: u16,
+}
+
+impl ApiSettings {
+    /// The defaults, as `sluice serve` with no flags would have them (environment ignored).
+    pub fn defaults() -> Self {
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            api: ApiSettings,
+        }
+        Wrap::parse_from(["sluice"]).api
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+}
+
+impl RedisSettings {
+    /// Settings for a Redis at `url`, otherwise the defaults.
+    pub fn for_url(url: impl Into<String>) -> Self {
+        Self {
+            redis_url: url.into(),
+            redis_connections: 4,
+            redis_timeout_ms: 2_000,
+            shards: 16,
+        }
+    }
+}
+
+/// Everything `Application::build` needs.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    pub api: ApiSettings,
+    pub redis: RedisSettings,
+}
+
+impl AppConfig {
+    /// The store's view of these settings.
+    pub fn store(&self) -> StoreConfig {
+        StoreConfig {
+            redis_url: self.redis.redis_url.clone(),
+            connections: self.redis.redis_connections,
+            op_timeout: Duration::from_millis(self.redis.redis_timeout_ms),
+            shards: self.redis.shards,
+            default_max_concurrent: self.api.default_max_concurrent,
+            default_max_queued: self.api.default_max_queued,
+            retention: Duration::from_secs(self.api.retention_days * 86_400),
+            dedup_ttl: Duration::from_secs(self.api.dedup_ttl_hours * 3_600),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The API's one error type and its RFC 9457 problem+json rendering. Every error a client can
+//! see — handler errors, extractor rejections, unknown routes, timeouts — leaves through here
+//! with a stable machine `code`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::admission::InvalidInput;
+use crate::store::StoreError;
+
+/// Seconds a client should wait before retrying after Redis trouble.
+const UNAVAILABLE_RETRY_AFTER: u64 = 1;
+
+/// Everything that can go wrong for an API caller.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{detail}")]
+    BadRequest { code: &'static str, detail: String },
+    #[error("missing or invalid credentials")]
+    Unauthorized,
+    #[error("{detail}")]
+    Forbidden { code: &'static str, detail: String },
+    #[error("{detail}")]
+    NotFound { code: &'static str, detail: String },
+    #[error("the dedup key is already used by execution {existing} with a different flow, version or params")]
+    IdempotencyConflict { existing: String },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("the tenant's queue is full ({waiting} waiting); retry later")]
+    QueueFull { waiting: u64, retry_after: u64 },
+    #[error("storage is unavailable; retry later")]
+    Unavailable(String),
+    #[error("the request took longer than the server's limit")]
+    Timeout,
+    /// Any other status without a more specific error (e.g. 405 from the router).
+    #[error("{detail}")]
+    Status {
+        status: StatusCode,
+        code: &'static str,
+        detail: String,
+    },
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl From<InvalidInput> for ApiError {
+    fn from(e: InvalidInput) -> Self {
+        ApiError::BadRequest {
+            code: e.code,
+            detail: e.detail,
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(m) => ApiError::Unavailable(m),
+            StoreError::Corrupt(m) => ApiError::Internal(m),
+        }
+    }
+}
+
+impl ApiError {
+    /// The not-found error for executions (also for another tenant's: never a 403).
+    pub fn execution_not_found() -> Self {
+        ApiError::NotFound {
+            code: "execution_not_found",
+            detail: "no such execution for this tenant".into(),
+        }
+    }
+
+    /// HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::IdempotencyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) | ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Status { status, .. } => *status,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Stable machine code of this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { code, .. }
+            | ApiError::Forbidden { code, .. }
+            | ApiError::NotFound { code, .. }
+            | ApiError::Status { code, .. } => code,
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::IdempotencyConflict { .. } => "idempotency_key_conflict",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::QueueFull { .. } => "tenant_queue_full",
+            ApiError::Unavailable(_) => "redis_unavailable",
+            ApiError::Timeout => "request_timeout",
+            ApiError::Internal(_) => "internal_error",
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::QueueFull { retry_after, .. } => Some(*retry_after),
+            ApiError::Unavailable(_) | ApiError::Timeout => Some(UNAVAILABLE_RETRY_AFTER),
+            _ => None,
+        }
+    }
+}
+
+/// An RFC 9457 problem document, as every error response carries it.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "type": "urn:sluice:problem:tenant_queue_full",
+    "title": "Too Many Requests",
+    "status": 429,
+    "detail": "the tenant's queue is full (1000 waiting); retry later",
+    "code": "tenant_queue_full"
+}))]
+pub struct Problem {
+    /// `urn:sluice:problem:<code>`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The HTTP status phrase.
+    pub title: String,
+    pub status: u16,
+    /// What went wrong, for a human.
+    pub detail: String,
+    /// Stable machine code; switch on this, not on `detail`.
+    pub code: String,
+    /// The related execution, when there is one (e.g. the holder of a conflicting dedup key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+}
+
+/// Content type of problem documents.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        // The one place failures are logged: internal ones loudly, Redis trouble as a warning.
+        match &self {
+            ApiError::Internal(m) => tracing::error!(error = %m, "internal error"),
+            ApiError::Unavailable(m) => tracing::warn!(error = %m, "redis unavailable"),
+            _ => {}
+        }
+        let problem = Problem {
+            type_: format!("urn:sluice:problem:{}", self.code()),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            code: self.code().to_owned(),
+            execution_id: match &self {
+                ApiError::IdempotencyConflict { existing } => Some(existing.clone()),
+                _ => None,
+            },
+        };
+        let mut res = (status, axum::Json(problem)).into_response();
+        let headers = res.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if matches!(self, ApiError::Unauthorized) {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        res
+    }
+}

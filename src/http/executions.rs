@@ -1,0 +1,307 @@
+//! `/api/executions`: admit, read, list, cancel and delete executions. Each handler parses its
+//! input into domain types at the edge and makes one storage call.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::auth::{Caller, Role};
+use super::error::{ApiError, Problem};
+use super::extract::{Json, Path, Query};
+use crate::admission::{AdmitRequest, Execution, ExecutionId, FlowId, NewExecution, Status};
+use crate::store::{Admission, ListQuery};
+
+/// Seconds a client should wait after `tenant_queue_full`.
+const QUEUE_FULL_RETRY_AFTER: u64 = 5;
+/// Page size when `limit` is not given, and the most a page may hold.
+const DEFAULT_PAGE: u32 = 50;
+const MAX_PAGE: u32 = 200;
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_execution, list_executions))
+        .routes(routes!(get_execution, delete_execution))
+        .routes(routes!(cancel_execution))
+}
+
+/// Start an execution of a flow for the caller's tenant.
+///
+/// Atomic on Redis: the dedup claim, the row, the indexes, the quota decision and the enqueue
+/// happen in one step. A repeat with the same dedup key (header `Idempotency-Key` or body
+/// `dedup_key`) and the same request returns the first execution with 200 and
+/// `Idempotent-Replayed: true`.
+#[utoipa::path(
+    post,
+    path = "/api/executions",
+    tag = "executions",
+    request_body = NewExecution,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Dedup key (1–256 bytes); must equal body dedup_key when both are given"),
+    ),
+    responses(
+        (status = 201, description = "Admitted", body = Execution,
+            headers(("Location" = String, description = "URL of the new execution"))),
+        (status = 200, description = "Replay of an earlier admission with the same dedup key", body = Execution,
+            headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Dedup key already used with a different flow, version or params", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_execution(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Json(body): Json<NewExecution>,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant_with(Role::Editor)?;
+    let header_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| ApiError::BadRequest {
+            code: "invalid_dedup_key",
+            detail: "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)"
+                .into(),
+        })?),
+    };
+    let req = AdmitRequest::parse(body, header_key, state.default_max_attempts)?;
+    match state.store.admit(tenant, &req).await? {
+        Admission::Created(e) => {
+            let location = format!("/api/executions/{}", e.execution_id);
+            let mut res = (StatusCode::CREATED, axum::Json(e)).into_response();
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                res.headers_mut().insert(header::LOCATION, v);
+            }
+            Ok(res)
+        }
+        Admission::Replayed(e) => {
+            let mut res = (StatusCode::OK, axum::Json(e)).into_response();
+            res.headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(res)
+        }
+        Admission::Conflict { existing } => Err(ApiError::IdempotencyConflict { existing }),
+        Admission::Disabled => Err(ApiError::Forbidden {
+            code: "tenant_disabled",
+            detail: "this tenant is disabled and admits no new executions".into(),
+        }),
+        Admission::QueueFull { waiting } => Err(ApiError::QueueFull {
+            waiting,
+            retry_after: QUEUE_FULL_RETRY_AFTER,
+        }),
+    }
+}
+
+/// Read one execution of the caller's tenant.
+#[utoipa::path(
+    get,
+    path = "/api/executions/{id}",
+    tag = "executions",
+    params(("id" = String, Path, description = "Execution id (32 lowercase hex)")),
+    responses(
+        (status = 200, description = "The execution", body = Execution),
+        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_execution(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Execution>, ApiError> {
+    let tenant = caller.tenant_with(Role::Viewer)?;
+    let id = ExecutionId::parse(&id)?;
+    state
+        .store
+        .get(tenant, &id)
+        .await?
+        .map(axum::Json)
+        .ok_or_else(ApiError::execution_not_found)
+}
+
+/// Filters and position of `GET /api/executions`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// Only executions in this status.
+    #[param(value_type = Option<Status>)]
+    pub status: Option<String>,
+    /// Only executions of this flow.
+    pub flow_id: Option<String>,
+    /// Page size, 1–200 (default 50).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A page of executions, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionPage {
+    pub executions: Vec<Execution>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+    /// How many executions match the filters in all.
+    pub total: u64,
+}
+
+/// List the caller's tenant's executions, newest first.
+///
+/// The cost of a call is proportional to the page size, not to the tenant's history.
+#[utoipa::path(
+    get,
+    path = "/api/executions",
+    tag = "executions",
+    params(ListParams),
+    responses(
+        (status = 200, description = "One page", body = ExecutionPage),
+        (status = 400, description = "Invalid filter or cursor", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_executions(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(p): Query<ListParams>,
+) -> Result<axum::Json<ExecutionPage>, ApiError> {
+    let tenant = caller.tenant_with(Role::Viewer)?;
+    let status = p
+        .status
+        .as_deref()
+        .map(|s| {
+            Status::parse(s).ok_or_else(|| ApiError::BadRequest {
+                code: "invalid_status",
+                detail: "status must be one of queued, running, completed, failed, cancelled"
+                    .into(),
+            })
+        })
+        .transpose()?;
+    let limit = p.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::BadRequest {
+            code: "invalid_limit",
+            detail: format!("limit must be between 1 and {MAX_PAGE}"),
+        });
+    }
+    let query = ListQuery {
+        status,
+        flow: p.flow_id.as_deref().map(FlowId::parse).transpose()?,
+        cursor: p
+            .cursor
+            .as_deref()
+            .map(|c| {
+                ExecutionId::parse(c).map_err(|_| ApiError::BadRequest {
+                    code: "invalid_cursor",
+                    detail: "cursor must be a next_cursor returned by this call".into(),
+                })
+            })
+            .transpose()?,
+        limit,
+    };
+    let page = state.store.list(tenant, &query).await?;
+    Ok(axum::Json(ExecutionPage {
+        executions: page.executions,
+        next_cursor: page.next_cursor,
+        total: page.total,
+    }))
+}
+
+/// Cancel an execution.
+///
+/// A queued execution becomes `cancelled` at once and frees its slot (the tenant's oldest
+/// waiting execution is dispatched in the same step); a running one gets `cancel_requested`
+/// and its worker stops it. Terminal executions are returned unchanged.
+#[utoipa::path(
+    post,
+    path = "/api/executions/{id}/cancel",
+    tag = "executions",
+    params(("id" = String, Path, description = "Execution id")),
+    responses(
+        (status = 200, description = "The execution after the request", body = Execution),
+        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn cancel_execution(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Execution>, ApiError> {
+    cancel(&state, &caller, &id).await.map(axum::Json)
+}
+
+async fn cancel(state: &AppState, caller: &Caller, id: &str) -> Result<Execution, ApiError> {
+    let tenant = caller.tenant_with(Role::Editor)?;
+    let id = ExecutionId::parse(id)?;
+    state
+        .store
+        .cancel(tenant, &id)
+        .await?
+        .ok_or_else(ApiError::execution_not_found)
+}
+
+/// `?force=true` on DELETE.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteParams {
+    /// Terminalize and delete now (tenant admin or platform admin).
+    pub force: Option<bool>,
+}
+
+/// Cancel an execution, or with `force=true` delete it.
+///
+/// Without `force` this is the same as `POST /cancel`. With `force=true` the execution is
+/// terminalized now whatever its state, its slot and dedup key are released, and its row is
+/// deleted: the same dedup key then admits a new execution.
+#[utoipa::path(
+    delete,
+    path = "/api/executions/{id}",
+    tag = "executions",
+    params(("id" = String, Path, description = "Execution id"), DeleteParams),
+    responses(
+        (status = 200, description = "Cancelled (without force)", body = Execution),
+        (status = 204, description = "Deleted (force)"),
+        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "force needs the tenant admin role", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete_execution(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(p): Query<DeleteParams>,
+) -> Result<Response, ApiError> {
+    if p.force != Some(true) {
+        return Ok(axum::Json(cancel(&state, &caller, &id).await?).into_response());
+    }
+    let tenant = caller.tenant_with(Role::TenantAdmin)?;
+    let id = ExecutionId::parse(&id)?;
+    if state.store.force_delete(tenant, &id).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::execution_not_found())
+    }
+}

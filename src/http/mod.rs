@@ -1,0 +1,154 @@
+//! The HTTP API: one module per resource, each routing and documenting its handlers for
+//! OpenAPI in the same place, plus the cross-cutting pieces (errors, extractors, auth) and the
+//! middleware stack. The OpenAPI document is built from these routes without touching Redis.
+
+pub mod auth;
+pub mod error;
+pub mod executions;
+pub mod extract;
+pub mod health;
+pub mod tenants;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::store::Store;
+use auth::AuthConfig;
+use error::{ApiError, PROBLEM_JSON};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<Store>,
+    pub auth: Arc<AuthConfig>,
+    /// `max_attempts` of executions that do not say.
+    pub default_max_attempts: u32,
+}
+
+/// Limits applied to every request.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    pub request_timeout: Duration,
+    pub body_limit: usize,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sluice",
+        description = "Execution admission on Redis: duplicates collapse to one execution, \
+            tenants stay inside their quotas, queued work waits without being mistaken for \
+            dead work. Errors are RFC 9457 problem documents with a stable `code`.",
+        license(name = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "executions", description = "Admit, read, list, cancel and delete executions"),
+        (name = "tenants", description = "Tenant limits and usage"),
+        (name = "operations", description = "Health and readiness probes"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(executions::routes())
+        .merge(tenants::routes())
+        .merge(health::routes())
+        .split_for_parts()
+}
+
+/// The OpenAPI document of this build (what `/openapi.json` serves and `sluice openapi`
+/// prints).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_routes().1
+}
+
+/// The whole HTTP application with its middleware.
+pub fn router(state: AppState, limits: HttpLimits) -> Router {
+    let (routes, spec) = api_routes();
+    let spec = Arc::new(spec);
+    routes
+        .route(
+            "/openapi.json",
+            get(move || {
+                let spec = spec.clone();
+                async move { axum::Json(spec.as_ref().clone()) }
+            }),
+        )
+        .fallback(unknown_route)
+        .layer(middleware::from_fn(problem_for_bare_errors))
+        .layer(middleware::from_fn_with_state(limits, bound_in_time))
+        .layer(DefaultBodyLimit::max(limits.body_limit))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(TraceLayer::new_for_http())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .with_state(state)
+}
+
+async fn unknown_route() -> ApiError {
+    ApiError::NotFound {
+        code: "route_not_found",
+        detail: "no such route; see /openapi.json".into(),
+    }
+}
+
+/// Answers 503 `request_timeout` when a request takes longer than the configured limit.
+async fn bound_in_time(State(limits): State<HttpLimits>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limits.request_timeout, next.run(req)).await {
+        Ok(res) => res,
+        Err(_) => ApiError::Timeout.into_response(),
+    }
+}
+
+/// Turns any error response that is not already problem+json (the router's 405, a body-limit
+/// 413 from a layer) into one, so clients parse a single error shape.
+async fn problem_for_bare_errors(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_problem = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == PROBLEM_JSON.as_bytes());
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return res;
+    }
+    let code = match status {
+        StatusCode::NOT_FOUND => "route_not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        s if s.is_client_error() => "bad_request",
+        _ => "internal_error",
+    };
+    ApiError::Status {
+        status,
+        code,
+        detail: status.canonical_reason().unwrap_or("error").to_lowercase(),
+    }
+    .into_response()
+}

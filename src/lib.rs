@@ -1,0 +1,18 @@
+//! sluice: an HTTP execution-admission server (and, later, worker runtime) on Redis.
+//!
+//! - [`admission`]: the domain — validated ids, admission requests, the execution view.
+//! - [`store`]: Redis — key names, the Lua operations in `migrations-lua/`, one round trip each.
+//! - [`http`]: the API — routes with their OpenAPI docs, errors as problem+json, auth.
+//! - [`app`]: wiring a config into a bound, runnable server.
+//! - [`dev`]: the embedded default's managed `redis-server`.
+//! - [`config`]: flags and `SLUICE_*` environment variables.
+
+pub mod admission;
+pub mod app;
+pub mod config;
+pub mod dev;
+pub mod http;
+pub mod store;
+pub mod telemetry;
+
+pub use app::Application;

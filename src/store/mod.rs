@@ -1,0 +1,464 @@
+//! Redis storage: the only module that knows key names and calls scripts. Every operation is
+//! one round trip (one script or one pipeline) and is bounded by the configured timeout, so a
+//! Redis that is down or stuck turns into `StoreError::Unavailable` quickly, never a hang.
+
+mod keys;
+mod scripts;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::admission::{AdmitRequest, DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
+pub use keys::{LAYOUT_VERSION, Shard, ShardMap};
+use scripts::Scripts;
+
+/// Why a storage call did not produce an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis is unreachable, too slow, loading, or failing over: try again later.
+    #[error("redis unavailable: {0}")]
+    Unavailable(String),
+    /// Redis answered something sluice did not write or expect: a bug or foreign data.
+    #[error("unexpected data on redis: {0}")]
+    Corrupt(String),
+}
+
+impl From<RedisError> for StoreError {
+    fn from(e: RedisError) -> Self {
+        // Script errors and type errors are sluice's own bugs; everything else (I/O, timeouts,
+        // LOADING, cluster redirects that could not be followed, READONLY after a failover)
+        // is a Redis that will be back.
+        match e.kind() {
+            ErrorKind::Server(ServerErrorKind::ResponseError)
+            | ErrorKind::Server(ServerErrorKind::CrossSlot)
+            | ErrorKind::Server(ServerErrorKind::NoPerm)
+            | ErrorKind::UnexpectedReturnType
+            | ErrorKind::Parse => StoreError::Corrupt(e.to_string()),
+            _ => StoreError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<redis::ParsingError> for StoreError {
+    fn from(e: redis::ParsingError) -> Self {
+        StoreError::Corrupt(e.to_string())
+    }
+}
+
+/// How the store connects and the server-wide defaults its scripts apply.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub redis_url: String,
+    /// Multiplexed connections to spread requests over (each carries many in flight).
+    pub connections: usize,
+    /// Upper bound on one storage operation, connection setup included.
+    pub op_timeout: Duration,
+    /// Shard count to record at first start; an existing record wins.
+    pub shards: u16,
+    pub default_max_concurrent: u32,
+    pub default_max_queued: u32,
+    /// How long terminal rows are kept.
+    pub retention: Duration,
+    /// How long a dedup key maps to its execution, from admission.
+    pub dedup_ttl: Duration,
+}
+
+/// Outcome of an admission.
+#[derive(Debug)]
+pub enum Admission {
+    /// A new execution was written and enqueued.
+    Created(Execution),
+    /// The dedup key already maps to this execution, admitted with the same request.
+    Replayed(Execution),
+    /// The dedup key maps to `existing`, admitted with a different flow/version/params.
+    Conflict { existing: String },
+    /// The tenant is disabled; nothing was written.
+    Disabled,
+    /// The tenant has no free slot and its waiting set is full; nothing was written.
+    QueueFull { waiting: u64 },
+}
+
+/// A page of a tenant's executions, newest first.
+#[derive(Debug)]
+pub struct Page {
+    pub executions: Vec<Execution>,
+    /// Pass back as `cursor` for the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+    /// How many executions match the filter in all.
+    pub total: u64,
+}
+
+/// Filter and position of a listing.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub status: Option<Status>,
+    pub flow: Option<FlowId>,
+    pub cursor: Option<ExecutionId>,
+    pub limit: u32,
+}
+
+/// A tenant's own limits; `None` means "the server default".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantLimits {
+    pub max_concurrent: Option<u32>,
+    pub max_queued: Option<u32>,
+    pub enabled: Option<bool>,
+}
+
+/// A tenant's effective limits and live usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantState {
+    pub max_concurrent: u32,
+    pub max_queued: u32,
+    pub enabled: bool,
+    /// Executions running now.
+    pub running: u64,
+    /// Executions on the ready stream, holding a slot, not yet started.
+    pub dispatched: u64,
+    /// Executions over the concurrency limit, in FIFO order.
+    pub waiting: u64,
+}
+
+/// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
+pub struct Store {
+    conns: Vec<ConnectionManager>,
+    next: AtomicUsize,
+    scripts: Scripts,
+    shards: ShardMap,
+    config: StoreConfig,
+}
+
+impl Store {
+    /// Connects, and reads (or records, on first start) the shard count and layout version.
+    /// Fails when Redis cannot be reached: a server should not start blind.
+    pub async fn connect(config: StoreConfig) -> Result<Self, StoreError> {
+        let client = redis::Client::open(config.redis_url.as_str())
+            .map_err(|e| StoreError::Unavailable(format!("bad redis url: {e}")))?;
+        let cm_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.op_timeout))
+            .set_response_timeout(Some(config.op_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let conns = (0..config.connections.max(1))
+            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), cm_config.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut store = Self {
+            conns,
+            next: AtomicUsize::new(0),
+            scripts: Scripts::new(),
+            shards: ShardMap::new(config.shards),
+            config,
+        };
+        store.shards = store.init_meta().await?;
+        Ok(store)
+    }
+
+    /// The shard map in force (possibly recorded by an earlier start).
+    pub fn shards(&self) -> ShardMap {
+        self.shards
+    }
+
+    async fn init_meta(&self) -> Result<ShardMap, StoreError> {
+        let mut c = self.conn();
+        let (_, _, shards, layout): (Value, Value, Option<u16>, Option<u32>) = self
+            .bounded(
+                redis::pipe()
+                    .hset_nx(keys::meta(), "shards", self.config.shards)
+                    .hset_nx(keys::meta(), "layout", LAYOUT_VERSION)
+                    .hget(keys::meta(), "shards")
+                    .hget(keys::meta(), "layout")
+                    .query_async(&mut c),
+            )
+            .await?;
+        let (Some(shards), Some(layout)) = (shards, layout) else {
+            return Err(StoreError::Corrupt("meta record lacks shards/layout".into()));
+        };
+        if layout > LAYOUT_VERSION {
+            return Err(StoreError::Corrupt(format!(
+                "redis holds key layout {layout}, this build knows up to {LAYOUT_VERSION}: upgrade sluice"
+            )));
+        }
+        if shards != self.config.shards {
+            tracing::warn!(
+                recorded = shards,
+                configured = self.config.shards,
+                "shard count is fixed at first start; using the recorded value"
+            );
+        }
+        self.load_scripts().await?;
+        Ok(ShardMap::new(shards))
+    }
+
+    /// Loads every script (also after `SCRIPT FLUSH`); calls fall back on their own anyway.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        for s in self.scripts.all() {
+            self.bounded(s.load_async(&mut c)).await?;
+        }
+        Ok(())
+    }
+
+    /// Readiness: Redis answers and every script is in its cache (reloaded if it was flushed).
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        let hashes: Vec<&str> = self.scripts.all().iter().map(|s| s.get_hash()).collect();
+        let loaded: Vec<bool> = self
+            .bounded(redis::cmd("SCRIPT").arg("EXISTS").arg(&hashes).query_async(&mut c))
+            .await?;
+        if loaded.iter().all(|l| *l) {
+            Ok(())
+        } else {
+            self.load_scripts().await
+        }
+    }
+
+    /// Admits one execution in one atomic script (see `migrations-lua/admit.lua`).
+    pub async fn admit(&self, tenant: &TenantId, req: &AdmitRequest) -> Result<Admission, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let id = ExecutionId::new();
+        let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
+        let mut inv = self.scripts.admit.key(shard.row(&id));
+        self.common_args(&mut inv, shard);
+        inv.arg(tenant.as_str())
+            .arg(id.as_str())
+            .arg(req.flow.as_str())
+            .arg(req.version.as_ref().map(|v| v.as_str()).unwrap_or(""))
+            .arg(&req.params)
+            .arg(req.max_attempts)
+            .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
+            .arg(&digest)
+            .arg(req.fingerprint.as_str())
+            .arg(self.config.dedup_ttl.as_secs().max(1));
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        match tag.as_str() {
+            "new" => Ok(Admission::Created(execution_from(rest, false)?)),
+            "dup" => Ok(Admission::Replayed(execution_from(rest, true)?)),
+            "conflict" => Ok(Admission::Conflict {
+                existing: string_at(&rest, 0)?,
+            }),
+            "disabled" => Ok(Admission::Disabled),
+            "full" => Ok(Admission::QueueFull {
+                waiting: redis::from_redis_value(first(&rest)?.clone())?,
+            }),
+            other => Err(StoreError::Corrupt(format!("admit replied {other}"))),
+        }
+    }
+
+    /// One execution of a tenant; `None` when missing or another tenant's.
+    pub async fn get(&self, tenant: &TenantId, id: &ExecutionId) -> Result<Option<Execution>, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let mut c = self.conn();
+        let fields: HashMap<String, String> = self
+            .bounded(redis::cmd("HGETALL").arg(shard.row(id)).query_async(&mut c))
+            .await?;
+        if fields.get("tenant").map(String::as_str) != Some(tenant.as_str()) {
+            return Ok(None);
+        }
+        Execution::from_row(id.as_str(), fields, false)
+            .map(Some)
+            .map_err(StoreError::Corrupt)
+    }
+
+    /// Cancels an execution (see `migrations-lua/cancel.lua`); `None` when not found.
+    pub async fn cancel(&self, tenant: &TenantId, id: &ExecutionId) -> Result<Option<Execution>, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let mut inv = self.scripts.cancel.key(shard.row(id));
+        self.common_args(&mut inv, shard);
+        inv.arg(tenant.as_str()).arg(id.as_str());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        match tag.as_str() {
+            "ok" => Ok(Some(execution_from(rest, false)?)),
+            "not_found" => Ok(None),
+            other => Err(StoreError::Corrupt(format!("cancel replied {other}"))),
+        }
+    }
+
+    /// Terminalizes and deletes an execution now, releasing its slot and dedup key
+    /// (see `migrations-lua/force_delete.lua`). Returns whether it existed.
+    pub async fn force_delete(&self, tenant: &TenantId, id: &ExecutionId) -> Result<bool, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let mut c = self.conn();
+        // Lua has no SHA-256, so the dedup key's digest is computed here. The key of a row
+        // never changes, so reading it first cannot race with anything that matters.
+        let (owner, dedup): (Option<String>, Option<String>) = self
+            .bounded(
+                redis::cmd("HMGET")
+                    .arg(shard.row(id))
+                    .arg("tenant")
+                    .arg("dedup")
+                    .query_async(&mut c),
+            )
+            .await?;
+        if owner.as_deref() != Some(tenant.as_str()) {
+            return Ok(false);
+        }
+        let digest = match dedup {
+            Some(k) => DedupKey::parse(&k)
+                .map_err(|e| StoreError::Corrupt(format!("row {id} dedup key: {}", e.detail)))?
+                .digest(),
+            None => String::new(),
+        };
+        let mut inv = self.scripts.force_delete.key(shard.row(id));
+        self.common_args(&mut inv, shard);
+        inv.arg(tenant.as_str()).arg(id.as_str()).arg(digest);
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, _) = split_tag(reply)?;
+        Ok(tag == "deleted")
+    }
+
+    /// One page of a tenant's executions (see `migrations-lua/list.lua`).
+    pub async fn list(&self, tenant: &TenantId, q: &ListQuery) -> Result<Page, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let mut inv = self.scripts.list.key(shard.status_index(tenant, Status::Queued));
+        self.common_args(&mut inv, shard);
+        inv.arg(tenant.as_str())
+            .arg(q.status.map(Status::as_str).unwrap_or(""))
+            .arg(q.flow.as_ref().map(FlowId::as_str).unwrap_or(""))
+            .arg(q.cursor.as_ref().map(ExecutionId::as_str).unwrap_or(""))
+            .arg(q.limit);
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let mut it = reply.into_iter();
+        let (Some(cursor), Some(total)) = (it.next(), it.next()) else {
+            return Err(StoreError::Corrupt("list reply too short".into()));
+        };
+        let cursor: String = redis::from_redis_value(cursor)?;
+        let total: u64 = redis::from_redis_value(total)?;
+        let mut executions = Vec::with_capacity(it.len() / 2);
+        while let (Some(id), Some(row)) = (it.next(), it.next()) {
+            executions.push(row_to_execution(id, row, false)?);
+        }
+        Ok(Page {
+            executions,
+            next_cursor: (!cursor.is_empty()).then_some(cursor),
+            total,
+        })
+    }
+
+    /// Replaces a tenant's own limits (`None` = the server default) and dispatches waiting
+    /// executions into any room made (see `migrations-lua/set_limits.lua`).
+    pub async fn put_tenant(
+        &self,
+        tenant: &TenantId,
+        limits: &TenantLimits,
+    ) -> Result<TenantState, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let text = |v: Option<u32>| v.map(|n| n.to_string()).unwrap_or_default();
+        let mut inv = self.scripts.set_limits.key(shard.tenant_config(tenant));
+        self.common_args(&mut inv, shard);
+        inv.arg(tenant.as_str())
+            .arg(text(limits.max_concurrent))
+            .arg(text(limits.max_queued))
+            .arg(text(limits.enabled.map(u32::from)));
+        let mut c = self.conn();
+        let _: Value = self.bounded(inv.invoke_async(&mut c)).await?;
+        self.get_tenant(tenant)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("tenant vanished after write".into()))
+    }
+
+    /// A tenant's effective limits and usage; `None` for a tenant never configured and without
+    /// executions.
+    pub async fn get_tenant(&self, tenant: &TenantId) -> Result<Option<TenantState>, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let mut p = redis::pipe();
+        p.hget(shard.tenant_config(tenant), "max_concurrent")
+            .hget(shard.tenant_config(tenant), "max_queued")
+            .hget(shard.tenant_config(tenant), "enabled")
+            .exists(shard.tenant_config(tenant))
+            .scard(shard.slots(tenant))
+            .zcard(shard.waiting(tenant))
+            .zcard(shard.status_index(tenant, Status::Running));
+        for s in Status::ALL {
+            p.exists(shard.status_index(tenant, s));
+        }
+        let mut c = self.conn();
+        let (head, has_rows): ((Option<u32>, Option<u32>, Option<u8>, bool, u64, u64, u64), Vec<bool>) = {
+            let v: Vec<Value> = self.bounded(p.query_async(&mut c)).await?;
+            let (head, tail) = v.split_at(7);
+            (
+                redis::from_redis_value(Value::Array(head.to_vec()))?,
+                redis::from_redis_value(Value::Array(tail.to_vec()))?,
+            )
+        };
+        let (max_c, max_q, enabled, configured, slots, waiting, running) = head;
+        if !configured && !has_rows.iter().any(|b| *b) {
+            return Ok(None);
+        }
+        Ok(Some(TenantState {
+            max_concurrent: max_c.unwrap_or(self.config.default_max_concurrent),
+            max_queued: max_q.unwrap_or(self.config.default_max_queued),
+            enabled: enabled != Some(0),
+            running,
+            dispatched: slots.saturating_sub(running),
+            waiting,
+        }))
+    }
+
+    fn common_args(&self, inv: &mut redis::ScriptInvocation<'_>, shard: Shard) {
+        inv.arg(shard.prefix())
+            .arg(self.config.default_max_concurrent)
+            .arg(self.config.default_max_queued)
+            .arg(self.config.retention.as_secs().max(1));
+    }
+
+    /// A connection for one operation: round robin over the multiplexed connections.
+    fn conn(&self) -> ConnectionManager {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conns[i].clone()
+    }
+
+    /// Runs one Redis operation under the configured time bound.
+    async fn bounded<T>(&self, op: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.config.op_timeout, op).await {
+            Ok(r) => r.map_err(StoreError::from),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {:?}",
+                self.config.op_timeout
+            ))),
+        }
+    }
+}
+
+fn split_tag(reply: Vec<Value>) -> Result<(String, Vec<Value>), StoreError> {
+    let mut it = reply.into_iter();
+    let tag = it
+        .next()
+        .ok_or_else(|| StoreError::Corrupt("empty script reply".into()))?;
+    Ok((redis::from_redis_value(tag)?, it.collect()))
+}
+
+fn first(rest: &[Value]) -> Result<&Value, StoreError> {
+    rest.first()
+        .ok_or_else(|| StoreError::Corrupt("script reply too short".into()))
+}
+
+fn string_at(rest: &[Value], i: usize) -> Result<String, StoreError> {
+    let v = rest
+        .get(i)
+        .ok_or_else(|| StoreError::Corrupt("script reply too short".into()))?;
+    Ok(redis::from_redis_value(v.clone())?)
+}
+
+/// Reads `id, row` from a script reply's remainder.
+fn execution_from(rest: Vec<Value>, deduplicated: bool) -> Result<Execution, StoreError> {
+    let mut it = rest.into_iter();
+    let (Some(id), Some(row)) = (it.next(), it.next()) else {
+        return Err(StoreError::Corrupt("script reply lacks the row".into()));
+    };
+    row_to_execution(id, row, deduplicated)
+}
+
+fn row_to_execution(id: Value, row: Value, deduplicated: bool) -> Result<Execution, StoreError> {
+    let id: String = redis::from_redis_value(id)?;
+    let fields: HashMap<String, String> = redis::from_redis_value(row)?;
+    Execution::from_row(&id, fields, deduplicated).map_err(StoreError::Corrupt)
+}

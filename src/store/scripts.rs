@@ -1,0 +1,57 @@
+//! The Lua operations of `migrations-lua/`, compiled into the binary. Each script is the
+//! shared helpers (`common.lua`) followed by one operation.
+//!
+//! They run as cached scripts (EVALSHA): `redis::Script` falls back to loading the source on
+//! NOSCRIPT, so a `SCRIPT FLUSH` or a Redis restart costs one extra round trip on the next call
+//! and nothing else. Redis Functions were the alternative; they would need reloading on every
+//! primary after a restart without persistence, for no gain here.
+
+use redis::Script;
+
+macro_rules! lua {
+    ($file:literal) => {
+        concat!(
+            include_str!("../../migrations-lua/common.lua"),
+            "\n",
+            include_str!(concat!("../../migrations-lua/", $file))
+        )
+    };
+}
+
+/// The loaded-once script handles (each knows its SHA1).
+pub struct Scripts {
+    pub admit: Script,
+    pub cancel: Script,
+    pub force_delete: Script,
+    pub list: Script,
+    pub set_limits: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Self {
+        Self {
+            admit: Script::new(lua!("admit.lua")),
+            cancel: Script::new(lua!("cancel.lua")),
+            force_delete: Script::new(lua!("force_delete.lua")),
+            list: Script::new(lua!("list.lua")),
+            set_limits: Script::new(lua!("set_limits.lua")),
+        }
+    }
+
+    /// Every script, for loading and readiness checks.
+    pub fn all(&self) -> [&Script; 5] {
+        [
+            &self.admit,
+            &self.cancel,
+            &self.force_delete,
+            &self.list,
+            &self.set_limits,
+        ]
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
