@@ -108,7 +108,11 @@ pub struct ApiSettings {
 #[derive(Debug, Clone, Args)]
 pub struct RedisSettings {
     /// Redis URL.
-    #[arg(long, env = "SLUICE_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: String,
     /// Multiplexed connections the API spreads requests over.
     #[arg(long, env = "SLUICE_REDIS_CONNECTIONS", default_value_t = 4)]

@@ -71,12 +71,18 @@ impl ManagedRedis {
                 );
             }
             if let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING").query_async::<String>(&mut c).await.is_ok()
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
             {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("redis-server did not answer within {limit:?}; see {}", self.log.display());
+                bail!(
+                    "redis-server did not answer within {limit:?}; see {}",
+                    self.log.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

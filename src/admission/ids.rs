@@ -154,7 +154,10 @@ impl ExecutionId {
 
     /// Parses an id given by a client (path segment or cursor).
     pub fn parse(s: &str) -> Result<Self, InvalidInput> {
-        if s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() == 32
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             Ok(Self(s.to_owned()))
         } else {
             Err(InvalidInput::new(
@@ -177,7 +180,17 @@ mod tests {
 
     #[test]
     fn tenant_ids_that_could_escape_a_key_are_refused() {
-        for bad in ["", "a b", "a{b", "a}b", "a:b", "a*b", "-abc", "é", &"a".repeat(65)] {
+        for bad in [
+            "",
+            "a b",
+            "a{b",
+            "a}b",
+            "a:b",
+            "a*b",
+            "-abc",
+            "é",
+            &"a".repeat(65),
+        ] {
             assert!(TenantId::parse(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["a", "acme", "Acme_1.prod-eu", &"a".repeat(64)] {

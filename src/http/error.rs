@@ -24,7 +24,9 @@ pub enum ApiError {
     Forbidden { code: &'static str, detail: String },
     #[error("{detail}")]
     NotFound { code: &'static str, detail: String },
-    #[error("the dedup key is already used by execution {existing} with a different flow, version or params")]
+    #[error(
+        "the dedup key is already used by execution {existing} with a different flow, version or params"
+    )]
     IdempotencyConflict { existing: String },
     #[error("{0}")]
     UnsupportedMediaType(String),

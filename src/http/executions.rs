@@ -72,8 +72,8 @@ pub async fn create_execution(
         None => None,
         Some(v) => Some(v.to_str().map_err(|_| ApiError::BadRequest {
             code: "invalid_dedup_key",
-            detail: "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)"
-                .into(),
+            detail:
+                "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)".into(),
         })?),
     };
     let req = AdmitRequest::parse(body, header_key, state.default_max_attempts)?;

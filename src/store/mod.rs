@@ -123,6 +123,19 @@ pub struct TenantState {
     pub waiting: u64,
 }
 
+/// Reply of the tenant read pipeline: limits, whether configured, slots, waiting, running,
+/// and how many status indexes exist.
+type TenantReply = (
+    Option<u32>,
+    Option<u32>,
+    Option<u8>,
+    bool,
+    u64,
+    u64,
+    u64,
+    u64,
+);
+
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
 pub struct Store {
     conns: Vec<ConnectionManager>,
@@ -175,7 +188,9 @@ impl Store {
             )
             .await?;
         let (Some(shards), Some(layout)) = (shards, layout) else {
-            return Err(StoreError::Corrupt("meta record lacks shards/layout".into()));
+            return Err(StoreError::Corrupt(
+                "meta record lacks shards/layout".into(),
+            ));
         };
         if layout > LAYOUT_VERSION {
             return Err(StoreError::Corrupt(format!(
@@ -207,7 +222,12 @@ impl Store {
         let mut c = self.conn();
         let hashes: Vec<&str> = self.scripts.all().iter().map(|s| s.get_hash()).collect();
         let loaded: Vec<bool> = self
-            .bounded(redis::cmd("SCRIPT").arg("EXISTS").arg(&hashes).query_async(&mut c))
+            .bounded(
+                redis::cmd("SCRIPT")
+                    .arg("EXISTS")
+                    .arg(&hashes)
+                    .query_async(&mut c),
+            )
             .await?;
         if loaded.iter().all(|l| *l) {
             Ok(())
@@ -217,7 +237,11 @@ impl Store {
     }
 
     /// Admits one execution in one atomic script (see `migrations-lua/admit.lua`).
-    pub async fn admit(&self, tenant: &TenantId, req: &AdmitRequest) -> Result<Admission, StoreError> {
+    pub async fn admit(
+        &self,
+        tenant: &TenantId,
+        req: &AdmitRequest,
+    ) -> Result<Admission, StoreError> {
         let shard = self.shards.shard_of(tenant);
         let id = ExecutionId::new();
         let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
@@ -251,7 +275,11 @@ impl Store {
     }
 
     /// One execution of a tenant; `None` when missing or another tenant's.
-    pub async fn get(&self, tenant: &TenantId, id: &ExecutionId) -> Result<Option<Execution>, StoreError> {
+    pub async fn get(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<Option<Execution>, StoreError> {
         let shard = self.shards.shard_of(tenant);
         let mut c = self.conn();
         let fields: HashMap<String, String> = self
@@ -266,7 +294,11 @@ impl Store {
     }
 
     /// Cancels an execution (see `migrations-lua/cancel.lua`); `None` when not found.
-    pub async fn cancel(&self, tenant: &TenantId, id: &ExecutionId) -> Result<Option<Execution>, StoreError> {
+    pub async fn cancel(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<Option<Execution>, StoreError> {
         let shard = self.shards.shard_of(tenant);
         let mut inv = self.scripts.cancel.key(shard.row(id));
         self.common_args(&mut inv, shard);
@@ -283,7 +315,11 @@ impl Store {
 
     /// Terminalizes and deletes an execution now, releasing its slot and dedup key
     /// (see `migrations-lua/force_delete.lua`). Returns whether it existed.
-    pub async fn force_delete(&self, tenant: &TenantId, id: &ExecutionId) -> Result<bool, StoreError> {
+    pub async fn force_delete(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<bool, StoreError> {
         let shard = self.shards.shard_of(tenant);
         let mut c = self.conn();
         // Lua has no SHA-256, so the dedup key's digest is computed here. The key of a row
@@ -317,7 +353,10 @@ impl Store {
     /// One page of a tenant's executions (see `migrations-lua/list.lua`).
     pub async fn list(&self, tenant: &TenantId, q: &ListQuery) -> Result<Page, StoreError> {
         let shard = self.shards.shard_of(tenant);
-        let mut inv = self.scripts.list.key(shard.status_index(tenant, Status::Queued));
+        let mut inv = self
+            .scripts
+            .list
+            .key(shard.status_index(tenant, Status::Queued));
         self.common_args(&mut inv, shard);
         inv.arg(tenant.as_str())
             .arg(q.status.map(Status::as_str).unwrap_or(""))
@@ -377,20 +416,15 @@ impl Store {
             .scard(shard.slots(tenant))
             .zcard(shard.waiting(tenant))
             .zcard(shard.status_index(tenant, Status::Running));
-        for s in Status::ALL {
-            p.exists(shard.status_index(tenant, s));
-        }
+        let indexes: Vec<String> = Status::ALL
+            .into_iter()
+            .map(|s| shard.status_index(tenant, s))
+            .collect();
+        p.exists(indexes);
         let mut c = self.conn();
-        let (head, has_rows): ((Option<u32>, Option<u32>, Option<u8>, bool, u64, u64, u64), Vec<bool>) = {
-            let v: Vec<Value> = self.bounded(p.query_async(&mut c)).await?;
-            let (head, tail) = v.split_at(7);
-            (
-                redis::from_redis_value(Value::Array(head.to_vec()))?,
-                redis::from_redis_value(Value::Array(tail.to_vec()))?,
-            )
-        };
-        let (max_c, max_q, enabled, configured, slots, waiting, running) = head;
-        if !configured && !has_rows.iter().any(|b| *b) {
+        let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
+        let (max_c, max_q, enabled, configured, slots, waiting, running, indexes) = reply;
+        if !configured && indexes == 0 {
             return Ok(None);
         }
         Ok(Some(TenantState {
@@ -417,7 +451,10 @@ impl Store {
     }
 
     /// Runs one Redis operation under the configured time bound.
-    async fn bounded<T>(&self, op: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+    async fn bounded<T>(
+        &self,
+        op: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.config.op_timeout, op).await {
             Ok(r) => r.map_err(StoreError::from),
             Err(_) => Err(StoreError::Unavailable(format!(

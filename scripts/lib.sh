@@ -1,0 +1,26 @@
+# Shared by scripts/dev.sh and scripts/test.sh: make sure redis-server is installed.
+# On Debian/Ubuntu it is installed with apt-get (as root, or through sudo); elsewhere the
+# message says what to do.
+
+ensure_redis() {
+  if command -v redis-server >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "redis-server not found; installing it with apt-get..." >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo="sudo"
+    else
+      echo "error: not root and no sudo: install redis-server yourself (apt-get install redis-server)" >&2
+      return 1
+    fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "error: no apt-get here: install redis-server (Redis 7.0 or newer) with your package manager" >&2
+    return 1
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  command -v redis-server >/dev/null 2>&1 || { echo "error: redis-server still missing" >&2; return 1; }
+}

@@ -1,0 +1,336 @@
+//! Admission through the API: dedup, conflicts, force delete, tenant isolation, and the race
+//! from DESIGN.md ("Non-atomic dedup at admission").
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+use crate::helpers::{TestApp, problem_code};
+
+#[derive(Clone, Copy)]
+enum KeyIn {
+    Header,
+    Body,
+}
+
+/// 50 dedup keys × 20 identical POSTs each, all released at once by a barrier.
+async fn race(key_in: KeyIn) {
+    const KEYS: usize = 50;
+    const COPIES: usize = 20;
+    let app = Arc::new(TestApp::spawn().await);
+    // Room for 20 running: the other 30 must wait, so both queues are exercised.
+    app.put_tenant("racer", &json!({"max_concurrent": 20}))
+        .await;
+    let barrier = Arc::new(Barrier::new(KEYS * COPIES));
+    let mut tasks = Vec::new();
+    for k in 0..KEYS {
+        for _ in 0..COPIES {
+            let (app, barrier) = (app.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = format!("order-{k}");
+                let mut body = json!({"flow_id": "demo.echo", "params": {"order": k}});
+                barrier.wait().await;
+                let res = match key_in {
+                    KeyIn::Header => app.post_with_key("racer", &key, &body).await,
+                    KeyIn::Body => {
+                        body["dedup_key"] = json!(key);
+                        app.post_execution("racer", &body).await
+                    }
+                };
+                let status = res.status();
+                let replayed = res.headers().get("idempotent-replayed").is_some();
+                let body: Value = res.json().await.unwrap();
+                (k, status, replayed, body)
+            }));
+        }
+    }
+    let mut ids_by_key: HashMap<usize, HashSet<String>> = HashMap::new();
+    let mut created_by_key: HashMap<usize, usize> = HashMap::new();
+    for t in tasks {
+        let (k, status, replayed, body) = t.await.unwrap();
+        match status {
+            StatusCode::CREATED => {
+                assert!(!replayed);
+                assert_eq!(body["deduplicated"], false);
+                *created_by_key.entry(k).or_default() += 1;
+            }
+            StatusCode::OK => {
+                assert!(replayed, "a 200 replay carries Idempotent-Replayed");
+                assert_eq!(body["deduplicated"], true);
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+        ids_by_key
+            .entry(k)
+            .or_default()
+            .insert(body["execution_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids_by_key.len(), KEYS);
+    for k in 0..KEYS {
+        assert_eq!(ids_by_key[&k].len(), 1, "key {k} mapped to several ids");
+        assert_eq!(created_by_key.get(&k), Some(&1), "key {k}: exactly one 201");
+    }
+    let all_ids: HashSet<_> = ids_by_key.values().flatten().cloned().collect();
+    assert_eq!(all_ids.len(), KEYS);
+
+    // Through the API: 50 executions, usage 50 (20 holding slots, 30 waiting).
+    let page: Value = app.list("racer", "limit=200").await.json().await.unwrap();
+    assert_eq!(page["total"], KEYS);
+    let listed: HashSet<_> = page["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["execution_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed, all_ids);
+    let usage = app.usage("racer").await;
+    assert_eq!(
+        usage,
+        json!({"running": 0, "dispatched": 20, "waiting": 30})
+    );
+
+    // On Redis: 50 rows, 50 queue entries, 20 slots taken.
+    assert_eq!(app.row_count().await, KEYS);
+    assert_eq!(
+        app.ready_len("racer").await + app.waiting_len("racer").await,
+        KEYS as u64
+    );
+    assert_eq!(app.ready_len("racer").await, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_identical_posts_admit_once_per_key_in_header() {
+    race(KeyIn::Header).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_identical_posts_admit_once_per_key_in_body() {
+    race(KeyIn::Body).await;
+}
+
+#[tokio::test]
+async fn new_admission_answers_201_with_location_and_a_full_row() {
+    let app = TestApp::spawn().await;
+    let res = app
+        .post_execution("acme", &json!({"flow_id": "demo.echo", "version": "v2", "params": {"a": 1}, "max_attempts": 3}))
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let location = res.headers()["location"].to_str().unwrap().to_owned();
+    let body: Value = res.json().await.unwrap();
+    let id = body["execution_id"].as_str().unwrap();
+    assert_eq!(location, format!("/api/executions/{id}"));
+    assert_eq!(id.len(), 32);
+    assert_eq!(body["tenant_id"], "acme");
+    assert_eq!(body["flow_id"], "demo.echo");
+    assert_eq!(body["version"], "v2");
+    assert_eq!(body["params"], json!({"a": 1}));
+    assert_eq!(body["status"], "queued");
+    assert_eq!(body["queue_state"], "dispatched");
+    assert_eq!(body["attempt"], 0);
+    assert_eq!(body["max_attempts"], 3);
+    assert_eq!(body["dedup_key"], Value::Null);
+
+    // The Location resolves to the same execution.
+    let got: Value = app
+        .as_tenant(reqwest::Method::GET, &location, "acme")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got, body);
+    // Non-terminal rows never expire.
+    assert_eq!(app.row_ttl("acme", id).await, -1);
+}
+
+#[tokio::test]
+async fn same_key_with_a_different_request_is_a_conflict_and_writes_nothing() {
+    let app = TestApp::spawn().await;
+    let first = app
+        .post_with_key(
+            "acme",
+            "k1",
+            &json!({"flow_id": "demo.echo", "params": {"n": 1}}),
+        )
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Value = first.json().await.unwrap();
+    let keys_before = app.redis.keys().await;
+    for body in [
+        json!({"flow_id": "demo.echo", "params": {"n": 2}}),
+        json!({"flow_id": "demo.sleep", "params": {"n": 1}}),
+        json!({"flow_id": "demo.echo", "version": "2", "params": {"n": 1}}),
+    ] {
+        let res = app.post_with_key("acme", "k1", &body).await;
+        assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let problem: Value = res.json().await.unwrap();
+        assert_eq!(problem["code"], "idempotency_key_conflict");
+        assert_eq!(problem["execution_id"], first["execution_id"]);
+    }
+    assert_eq!(app.redis.keys().await, keys_before);
+    // Same params in another key order is the same request: a replay, not a conflict.
+    let res = app
+        .post_with_key(
+            "acme",
+            "k1",
+            &json!({"params": {"n": 1}, "flow_id": "demo.echo"}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn force_delete_frees_the_key_for_a_new_execution() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({})).await;
+    let body = json!({"flow_id": "demo.echo"});
+    let first: Value = app
+        .post_with_key("acme", "k", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = first["execution_id"].as_str().unwrap();
+
+    let res = app.delete("acme", id, true).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.get_execution("acme", id).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        app.delete("acme", id, true).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    // Nothing of it is left: no row, no index entry, no stream entry, no slot, no dedup key.
+    assert_eq!(app.row_count().await, 0);
+    assert_eq!(app.ready_len("acme").await, 0);
+    let usage = app.usage("acme").await;
+    assert_eq!(usage, json!({"running": 0, "dispatched": 0, "waiting": 0}));
+
+    let res = app.post_with_key("acme", "k", &body).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let second: Value = res.json().await.unwrap();
+    assert_ne!(second["execution_id"], first["execution_id"]);
+}
+
+#[tokio::test]
+async fn the_same_key_in_two_tenants_is_two_executions() {
+    let app = TestApp::spawn().await;
+    let body = json!({"flow_id": "demo.echo"});
+    let a = app.post_with_key("tenant-a", "shared", &body).await;
+    let b = app.post_with_key("tenant-b", "shared", &body).await;
+    assert_eq!(a.status(), StatusCode::CREATED);
+    assert_eq!(b.status(), StatusCode::CREATED);
+    let a: Value = a.json().await.unwrap();
+    let b: Value = b.json().await.unwrap();
+    assert_ne!(a["execution_id"], b["execution_id"]);
+    assert_eq!(b["tenant_id"], "tenant-b");
+}
+
+#[tokio::test]
+async fn another_tenants_execution_is_not_found_for_every_call() {
+    let app = TestApp::spawn().await;
+    let mine = app.admit("tenant-a", "demo.echo").await;
+    let id = mine["execution_id"].as_str().unwrap();
+    let keys_before = app.redis.keys().await;
+
+    for res in [
+        app.get_execution("tenant-b", id).await,
+        app.cancel("tenant-b", id).await,
+        app.delete("tenant-b", id, false).await,
+        app.delete("tenant-b", id, true).await,
+    ] {
+        assert_eq!(res.status(), StatusCode::NOT_FOUND);
+        assert_eq!(problem_code(res).await, "execution_not_found");
+    }
+    let page: Value = app.list("tenant-b", "").await.json().await.unwrap();
+    assert_eq!(page["total"], 0);
+    assert_eq!(app.redis.keys().await, keys_before);
+    // Still intact for its owner.
+    let got: Value = app
+        .get_execution("tenant-a", id)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["status"], "queued");
+}
+
+#[tokio::test]
+async fn cancelled_rows_get_the_retention_ttl_and_dedup_keys_expire_in_seven_days() {
+    let app = TestApp::spawn().await;
+    let e: Value = app
+        .post_with_key("acme", "k", &json!({"flow_id": "demo.echo"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = e["execution_id"].as_str().unwrap();
+    let cancelled: Value = app.cancel("acme", id).await.json().await.unwrap();
+    assert_eq!(cancelled["status"], "cancelled");
+    assert_eq!(cancelled["queue_state"], Value::Null);
+    assert!(cancelled["finished_at"].is_string());
+    let ttl = app.row_ttl("acme", id).await;
+    let thirty_days = 30 * 86_400;
+    assert!(ttl > thirty_days - 60 && ttl <= thirty_days, "ttl {ttl}");
+
+    let dedup_keys: Vec<String> = app
+        .redis
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| k.contains(":dd:"))
+        .collect();
+    assert_eq!(dedup_keys.len(), 1);
+    let ttl: i64 = app.redis.query(redis::cmd("TTL").arg(&dedup_keys[0])).await;
+    let week = 7 * 86_400;
+    assert!(ttl > week - 60 && ttl <= week, "dedup ttl {ttl}");
+    // A replay of a cancelled execution still answers with it.
+    let res = app
+        .post_with_key("acme", "k", &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let replay: Value = res.json().await.unwrap();
+    assert_eq!(replay["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn a_disabled_tenant_is_refused_with_403_and_nothing_written() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"enabled": false})).await;
+    let keys_before = app.redis.keys().await;
+    let res = app
+        .post_execution("acme", &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(problem_code(res).await, "tenant_disabled");
+    assert_eq!(app.redis.keys().await, keys_before);
+    app.put_tenant("acme", &json!({"enabled": true})).await;
+    app.admit("acme", "demo.echo").await;
+}
+
+#[tokio::test]
+async fn keys_of_a_tenant_share_one_hash_tag() {
+    let app = TestApp::spawn().await;
+    app.post_with_key("acme", "k", &json!({"flow_id": "demo.echo"}))
+        .await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    app.admit("acme", "demo.echo").await; // waits
+    let tag = app.shard("acme").prefix();
+    let keys: Vec<String> = app
+        .redis
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| !k.starts_with("sluice:{meta}"))
+        .collect();
+    assert!(keys.len() >= 6, "{keys:?}");
+    for k in keys {
+        assert!(k.starts_with(&tag), "{k} outside {tag}");
+    }
+}

@@ -1,0 +1,364 @@
+//! Bad input never produces a 500 or a partial write: every case answers problem+json with a
+//! stable code and leaves Redis exactly as it was.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::helpers::{ADMIN_TOKEN, TestApp, problem_code};
+
+struct Case {
+    name: &'static str,
+    method: Method,
+    path: String,
+    tenant: Option<&'static str>,
+    headers: Vec<(&'static str, String)>,
+    body: Option<(Option<&'static str>, Vec<u8>)>,
+    status: StatusCode,
+    code: &'static str,
+}
+
+fn post_json(name: &'static str, body: &str, status: StatusCode, code: &'static str) -> Case {
+    Case {
+        name,
+        method: Method::POST,
+        path: "/api/executions".into(),
+        tenant: Some("acme"),
+        headers: vec![],
+        body: Some((Some("application/json"), body.as_bytes().to_vec())),
+        status,
+        code,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let bad = StatusCode::BAD_REQUEST;
+    let mut v = vec![
+        post_json("invalid json", "{flow_id: x}", bad, "malformed_json"),
+        post_json(
+            "truncated json",
+            r#"{"flow_id": "demo.echo", "par"#,
+            bad,
+            "malformed_json",
+        ),
+        post_json("empty body", "", bad, "malformed_json"),
+        post_json(
+            "flow_id of wrong type",
+            r#"{"flow_id": 5}"#,
+            bad,
+            "invalid_body",
+        ),
+        post_json("flow_id missing", r#"{"params": {}}"#, bad, "invalid_body"),
+        post_json(
+            "unknown field",
+            r#"{"flow_id": "f", "flowid": "g"}"#,
+            bad,
+            "invalid_body",
+        ),
+        post_json("body not an object", "[1, 2]", bad, "invalid_body"),
+        post_json(
+            "empty flow_id",
+            r#"{"flow_id": ""}"#,
+            bad,
+            "invalid_flow_id",
+        ),
+        post_json(
+            "flow_id with a brace",
+            r#"{"flow_id": "a{b}"}"#,
+            bad,
+            "invalid_flow_id",
+        ),
+        post_json(
+            "flow_id with a colon",
+            r#"{"flow_id": "a:b"}"#,
+            bad,
+            "invalid_flow_id",
+        ),
+        post_json(
+            "params an array",
+            r#"{"flow_id": "f", "params": [1]}"#,
+            bad,
+            "invalid_params",
+        ),
+        post_json(
+            "params a string",
+            r#"{"flow_id": "f", "params": "x"}"#,
+            bad,
+            "invalid_params",
+        ),
+        post_json(
+            "params a number",
+            r#"{"flow_id": "f", "params": 3}"#,
+            bad,
+            "invalid_params",
+        ),
+        post_json(
+            "max_attempts zero",
+            r#"{"flow_id": "f", "max_attempts": 0}"#,
+            bad,
+            "invalid_max_attempts",
+        ),
+        post_json(
+            "max_attempts negative",
+            r#"{"flow_id": "f", "max_attempts": -1}"#,
+            bad,
+            "invalid_body",
+        ),
+        post_json(
+            "version empty",
+            r#"{"flow_id": "f", "version": ""}"#,
+            bad,
+            "invalid_version",
+        ),
+        post_json(
+            "dedup key with a control character",
+            r#"{"flow_id": "f", "dedup_key": "a\u0001b"}"#,
+            bad,
+            "invalid_dedup_key",
+        ),
+        post_json(
+            "dedup key empty",
+            r#"{"flow_id": "f", "dedup_key": ""}"#,
+            bad,
+            "invalid_dedup_key",
+        ),
+    ];
+    let long_flow = format!(r#"{{"flow_id": "{}"}}"#, "f".repeat(129));
+    v.push(Case {
+        body: Some((Some("application/json"), long_flow.into_bytes())),
+        ..post_json("flow_id over 128", "", bad, "invalid_flow_id")
+    });
+    let long_key = format!(r#"{{"flow_id": "f", "dedup_key": "{}"}}"#, "k".repeat(257));
+    v.push(Case {
+        body: Some((Some("application/json"), long_key.into_bytes())),
+        ..post_json("dedup key over 256 bytes", "", bad, "invalid_dedup_key")
+    });
+    v.push(Case {
+        headers: vec![("Idempotency-Key", "k".repeat(257))],
+        ..post_json(
+            "header dedup key over 256 bytes",
+            r#"{"flow_id": "f"}"#,
+            bad,
+            "invalid_dedup_key",
+        )
+    });
+    v.push(Case {
+        headers: vec![("Idempotency-Key", "a".into())],
+        ..post_json(
+            "header and body keys differ",
+            r#"{"flow_id": "f", "dedup_key": "b"}"#,
+            bad,
+            "dedup_key_mismatch",
+        )
+    });
+    let huge = format!(
+        r#"{{"flow_id": "f", "params": {{"blob": "{}"}}}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    v.push(Case {
+        body: Some((Some("application/json"), huge.into_bytes())),
+        ..post_json(
+            "body over the limit",
+            "",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        )
+    });
+    v.push(Case {
+        body: Some((None, br#"{"flow_id": "f"}"#.to_vec())),
+        ..post_json(
+            "no content type",
+            "",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        )
+    });
+    v.push(Case {
+        body: Some((Some("text/plain"), br#"{"flow_id": "f"}"#.to_vec())),
+        ..post_json(
+            "text content type",
+            "",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        )
+    });
+    for (name, tenant) in [
+        ("tenant with an open brace", "a{b"),
+        ("tenant with a close brace", "a}b"),
+        ("tenant with a colon", "a:b"),
+        ("tenant with a star", "a*"),
+        ("tenant with a space", "a b"),
+        (
+            "tenant too long",
+            "t234567890123456789012345678901234567890123456789012345678901234x",
+        ),
+    ] {
+        v.push(Case {
+            tenant: Some(tenant),
+            ..post_json(name, r#"{"flow_id": "f"}"#, bad, "invalid_tenant_id")
+        });
+    }
+    v.push(Case {
+        tenant: None,
+        ..post_json(
+            "no tenant header",
+            r#"{"flow_id": "f"}"#,
+            bad,
+            "tenant_required",
+        )
+    });
+    let get = |name, path: &str, code| Case {
+        name,
+        method: Method::GET,
+        path: path.into(),
+        tenant: Some("acme"),
+        headers: vec![],
+        body: None,
+        status: bad,
+        code,
+    };
+    v.push(get(
+        "malformed execution id",
+        "/api/executions/not-an-id",
+        "invalid_execution_id",
+    ));
+    v.push(get(
+        "uppercase execution id",
+        "/api/executions/0123456789ABCDEF0123456789ABCDEF",
+        "invalid_execution_id",
+    ));
+    v.push(get(
+        "limit zero",
+        "/api/executions?limit=0",
+        "invalid_limit",
+    ));
+    v.push(get(
+        "limit over 200",
+        "/api/executions?limit=201",
+        "invalid_limit",
+    ));
+    v.push(get(
+        "limit not a number",
+        "/api/executions?limit=ten",
+        "invalid_query",
+    ));
+    v.push(get(
+        "unknown status",
+        "/api/executions?status=done",
+        "invalid_status",
+    ));
+    v.push(get(
+        "bad cursor",
+        "/api/executions?cursor=zzz",
+        "invalid_cursor",
+    ));
+    v.push(get(
+        "bad flow filter",
+        "/api/executions?flow_id=a%7Bb",
+        "invalid_flow_id",
+    ));
+    v.push(Case {
+        method: Method::PUT,
+        path: "/api/tenants/acme".into(),
+        tenant: None,
+        body: Some((
+            Some("application/json"),
+            br#"{"max_concurrent": "ten"}"#.to_vec(),
+        )),
+        ..get("tenant limits of wrong type", "", "invalid_body")
+    });
+    v.push(Case {
+        method: Method::PUT,
+        path: "/api/tenants/a%7Bb".into(),
+        tenant: None,
+        body: Some((Some("application/json"), b"{}".to_vec())),
+        ..get("tenant path with a brace", "", "invalid_tenant_id")
+    });
+    v.push(Case {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        method: Method::PATCH,
+        ..get(
+            "unsupported method",
+            "/api/executions",
+            "method_not_allowed",
+        )
+    });
+    v.push(Case {
+        status: StatusCode::NOT_FOUND,
+        ..get("unknown route", "/api/nothing-here", "route_not_found")
+    });
+    v
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_problem_and_leaves_redis_untouched() {
+    let app = TestApp::spawn().await;
+    // One real execution, so "untouched" is checked against a non-empty database.
+    app.admit("acme", "demo.echo").await;
+    let keys_before = app.redis.keys().await;
+    let rows_before = app.row_count().await;
+    let mut failures = Vec::new();
+    for case in cases() {
+        let mut req = app
+            .client
+            .request(case.method.clone(), app.url(&case.path))
+            .bearer_auth(ADMIN_TOKEN);
+        if let Some(t) = case.tenant {
+            req = req.header("X-Tenant-Id", t);
+        }
+        for (k, v) in &case.headers {
+            req = req.header(*k, v);
+        }
+        if let Some((ct, body)) = case.body {
+            if let Some(ct) = ct {
+                req = req.header("Content-Type", ct);
+            }
+            req = req.body(body);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status();
+        let code = problem_code(res).await;
+        if status != case.status || code != case.code {
+            failures.push(format!(
+                "{}: got {status} {code}, want {} {}",
+                case.name, case.status, case.code
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert_eq!(app.redis.keys().await, keys_before);
+    assert_eq!(app.row_count().await, rows_before);
+}
+
+#[tokio::test]
+async fn missing_or_wrong_credentials_are_401() {
+    let app = TestApp::spawn().await;
+    let body = json!({"flow_id": "f"});
+    let cases = [
+        app.client
+            .post(app.url("/api/executions"))
+            .header("X-Tenant-Id", "acme"),
+        app.client
+            .post(app.url("/api/executions"))
+            .header("X-Tenant-Id", "acme")
+            .bearer_auth("wrong"),
+        app.client
+            .post(app.url("/api/executions"))
+            .header("X-Tenant-Id", "acme")
+            .header("Authorization", "Bearer "),
+        app.client
+            .post(app.url("/api/executions"))
+            .header("X-Tenant-Id", "acme")
+            .header("Authorization", "Basic Zm9vOmJhcg=="),
+        app.client
+            .post(app.url("/api/executions"))
+            .header("X-Tenant-Id", "acme")
+            .bearer_auth("x".repeat(10_000)),
+    ];
+    for req in cases {
+        let res = req.json(&body).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(res.headers()["www-authenticate"], "Bearer");
+        assert_eq!(problem_code(res).await, "unauthorized");
+    }
+    assert_eq!(app.row_count().await, 0);
+}

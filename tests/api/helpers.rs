@@ -1,0 +1,352 @@
+//! Test fixtures: a real `redis-server` per test on a free port, and a `TestApp` (the real
+//! application on port 0) whose methods speak the API as a client would.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use reqwest::{Response, StatusCode};
+use serde_json::{Value, json};
+use sluice::Application;
+use sluice::admission::{ExecutionId, TenantId};
+use sluice::config::{ApiSettings, AppConfig, RedisSettings};
+use sluice::store::{Shard, ShardMap};
+
+/// The platform admin token every `TestApp` is configured with.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// A `redis-server` owned by one test: killed when dropped, restartable on the same port.
+pub struct TestRedis {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl TestRedis {
+    /// Starts a fresh Redis (AOF on, so a restart keeps the data) and waits until it answers.
+    pub async fn start() -> Self {
+        let mut dir = tempfile::tempdir().expect("temp dir");
+        // A free port can be taken between probing and binding; try a few.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut r = Self {
+                child: None,
+                port,
+                dir,
+            };
+            if r.spawn().await {
+                return r;
+            }
+            dir = r.into_dir();
+        }
+        panic!("could not start redis-server on a free port");
+    }
+
+    fn into_dir(mut self) -> tempfile::TempDir {
+        self.kill();
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
+    }
+
+    async fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--appendonly", "yes", "--save", ""])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (scripts/test.sh installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut()
+                && c.try_wait().ok().flatten().is_some()
+            {
+                return false;
+            }
+            if let Ok(mut c) = self.try_conn().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn try_conn(&self) -> redis::RedisResult<MultiplexedConnection> {
+        redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+
+    /// A direct connection, for asserting what Redis holds.
+    pub async fn conn(&self) -> MultiplexedConnection {
+        self.try_conn().await.expect("redis connection")
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to clients).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and data folder.
+    pub async fn restart(&mut self) {
+        self.kill();
+        assert!(self.spawn().await, "redis-server did not come back");
+    }
+
+    /// Every key on the server, sorted.
+    pub async fn keys(&self) -> BTreeSet<String> {
+        let mut c = self.conn().await;
+        redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
+    /// Runs one command and parses the reply.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
+        let mut c = self.conn().await;
+        cmd.query_async(&mut c).await.unwrap()
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The real application on a free port, with its own Redis.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub redis: TestRedis,
+    pub client: reqwest::Client,
+    shards: ShardMap,
+}
+
+impl TestApp {
+    /// An app with default settings.
+    pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    /// An app whose settings `adjust` may change first.
+    pub async fn spawn_with(adjust: impl FnOnce(&mut AppConfig)) -> Self {
+        let redis = TestRedis::start().await;
+        let mut api = ApiSettings::defaults();
+        api.listen = "127.0.0.1:0".parse().unwrap();
+        api.admin_token = Some(ADMIN_TOKEN.into());
+        let mut config = AppConfig {
+            api,
+            redis: RedisSettings::for_url(redis.url()),
+        };
+        adjust(&mut config);
+        let app = Application::build(config).await.expect("app builds");
+        let addr = app.address();
+        let shards = app.store().shards();
+        tokio::spawn(app.run_until_stopped(std::future::pending()));
+        Self {
+            addr,
+            redis,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+            shards,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// A request as the platform admin acting for `tenant`.
+    pub fn as_tenant(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        tenant: &str,
+    ) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, self.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("X-Tenant-Id", tenant)
+    }
+
+    pub async fn post_execution(&self, tenant: &str, body: &Value) -> Response {
+        self.as_tenant(reqwest::Method::POST, "/api/executions", tenant)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn post_with_key(&self, tenant: &str, key: &str, body: &Value) -> Response {
+        self.as_tenant(reqwest::Method::POST, "/api/executions", tenant)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Admits an execution of `flow` and returns its body (asserting 201).
+    pub async fn admit(&self, tenant: &str, flow: &str) -> Value {
+        let res = self
+            .post_execution(tenant, &json!({ "flow_id": flow }))
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        res.json().await.unwrap()
+    }
+
+    pub async fn get_execution(&self, tenant: &str, id: &str) -> Response {
+        self.as_tenant(
+            reqwest::Method::GET,
+            &format!("/api/executions/{id}"),
+            tenant,
+        )
+        .send()
+        .await
+        .unwrap()
+    }
+
+    pub async fn list(&self, tenant: &str, query: &str) -> Response {
+        self.as_tenant(
+            reqwest::Method::GET,
+            &format!("/api/executions?{query}"),
+            tenant,
+        )
+        .send()
+        .await
+        .unwrap()
+    }
+
+    pub async fn cancel(&self, tenant: &str, id: &str) -> Response {
+        self.as_tenant(
+            reqwest::Method::POST,
+            &format!("/api/executions/{id}/cancel"),
+            tenant,
+        )
+        .send()
+        .await
+        .unwrap()
+    }
+
+    pub async fn delete(&self, tenant: &str, id: &str, force: bool) -> Response {
+        let q = if force { "?force=true" } else { "" };
+        self.as_tenant(
+            reqwest::Method::DELETE,
+            &format!("/api/executions/{id}{q}"),
+            tenant,
+        )
+        .send()
+        .await
+        .unwrap()
+    }
+
+    pub async fn put_tenant(&self, tenant: &str, body: &Value) -> Value {
+        let res = self
+            .client
+            .put(self.url(&format!("/api/tenants/{tenant}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        res.json().await.unwrap()
+    }
+
+    /// The tenant's `usage` object.
+    pub async fn usage(&self, tenant: &str) -> Value {
+        let res = self
+            .client
+            .get(self.url(&format!("/api/tenants/{tenant}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        res.json::<Value>().await.unwrap()["usage"].clone()
+    }
+
+    /// The shard holding a tenant's keys (to assert on Redis directly).
+    pub fn shard(&self, tenant: &str) -> Shard {
+        self.shards.shard_of(&TenantId::parse(tenant).unwrap())
+    }
+
+    /// Rows of executions on Redis (all tenants).
+    pub async fn row_count(&self) -> usize {
+        self.redis
+            .keys()
+            .await
+            .iter()
+            .filter(|k| k.contains(":exec:"))
+            .count()
+    }
+
+    /// Entries on a tenant's shard's ready stream.
+    pub async fn ready_len(&self, tenant: &str) -> u64 {
+        let key = self.shard(tenant).ready();
+        self.redis.query(redis::cmd("XLEN").arg(key)).await
+    }
+
+    /// Members of a tenant's waiting set.
+    pub async fn waiting_len(&self, tenant: &str) -> u64 {
+        let t = TenantId::parse(tenant).unwrap();
+        let key = self.shard(tenant).waiting(&t);
+        self.redis.query(redis::cmd("ZCARD").arg(key)).await
+    }
+
+    /// The TTL (seconds) of an execution's row: -1 none, -2 gone.
+    pub async fn row_ttl(&self, tenant: &str, id: &str) -> i64 {
+        let key = self.shard(tenant).row(&ExecutionId::parse(id).unwrap());
+        self.redis.query(redis::cmd("TTL").arg(key)).await
+    }
+}
+
+/// The `code` of a problem+json response, checking its content type.
+pub async fn problem_code(res: Response) -> String {
+    let ct = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(ct.as_deref(), Some("application/problem+json"));
+    let body: Value = res.json().await.unwrap();
+    body["code"]
+        .as_str()
+        .expect("problem has a code")
+        .to_owned()
+}
+
+/// Path of the built `sluice` binary.
+pub fn sluice_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sluice"))
+}
