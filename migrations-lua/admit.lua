@@ -60,6 +60,9 @@ if version ~= '' then table.insert(row, 'version'); table.insert(row, version) e
 if dedup ~= '' then table.insert(row, 'dedup'); table.insert(row, dedup) end
 redis.call('HSET', K.row(id), unpack(row))
 index_add(tenant, flow, 'queued', id)
+-- Registries the sweeper walks (set members: repeated admissions cost nothing more).
+redis.call('SADD', K.tenants(), tenant)
+redis.call('SADD', K.flows(tenant), flow)
 if qstate == 'dispatched' then
   dispatch(tenant, id, now)
 else

@@ -26,6 +26,15 @@ function K.waiting(t) return P .. 't:' .. t .. ':waiting' end
 function K.status_idx(t, s) return P .. 't:' .. t .. ':st:' .. s end
 function K.flow_idx(t, f, s) return P .. 't:' .. t .. ':fl:' .. f .. ':' .. s end
 function K.dedup(t, h) return P .. 't:' .. t .. ':dd:' .. h end
+function K.flows(t) return P .. 't:' .. t .. ':flows' end
+function K.tenants() return P .. 'tenants' end
+function K.leases() return P .. 'leases' end
+function K.delayed() return P .. 'delayed' end
+function K.dlq() return P .. 'dlq' end
+function K.stats() return P .. 'stats' end
+
+-- The consumer group every worker reads the ready stream through.
+local GROUP = 'workers'
 
 local STATUSES = { 'queued', 'running', 'completed', 'failed', 'cancelled' }
 
@@ -51,10 +60,14 @@ local function index_remove(t, flow, status, id)
 end
 
 -- Puts a queued execution on the shard's ready stream and gives it a slot of its tenant.
-local function dispatch(t, id, now)
+local function dispatch_entry(id, now)
   local entry = redis.call('XADD', K.ready(), '*', 'id', id)
-  redis.call('SADD', K.slots(t), id)
   redis.call('HSET', K.row(id), 'qstate', 'dispatched', 'entry', entry, 'updated', now)
+end
+
+local function dispatch(t, id, now)
+  redis.call('SADD', K.slots(t), id)
+  dispatch_entry(id, now)
 end
 
 -- Fills free slots of tenant t from its waiting set, oldest first. Members whose row is gone
@@ -85,14 +98,61 @@ local function release_slot(t, id, now)
 end
 
 -- Takes a queued execution off its queue: the stream entry if dispatched (it has not been read:
--- workers start what they read in the same step), the waiting set otherwise.
+-- workers start what they read in the same step) or its retry delay, the waiting set otherwise.
 local function unqueue(t, id, qstate, entry, now)
   if qstate == 'dispatched' then
     if entry and entry ~= '' then redis.call('XDEL', K.ready(), entry) end
+    redis.call('ZREM', K.delayed(), id)
     release_slot(t, id, now)
   else
     redis.call('ZREM', K.waiting(t), id)
   end
+end
+
+-- Moves an execution between the status indexes (and the per-flow ones).
+local function index_move(t, flow, from, to, id)
+  index_remove(t, flow, from, id)
+  index_add(t, flow, to, id)
+end
+
+-- Acknowledges and deletes a stream entry: once handled it must not stay pending or linger.
+local function drop_entry(entry)
+  if entry and entry ~= '' then
+    redis.call('XACK', K.ready(), GROUP, entry)
+    redis.call('XDEL', K.ready(), entry)
+  end
+end
+
+-- Puts a running execution back on the ready stream (it keeps its slot); the next start
+-- increments its attempt.
+local function requeue(t, flow, id, now)
+  index_move(t, flow, 'running', 'queued', id)
+  redis.call('HSET', K.row(id), 'status', 'queued', 'updated', now)
+  redis.call('HDEL', K.row(id), 'lease_owner', 'lease_until')
+  dispatch_entry(id, now)
+end
+
+-- Appends a record to the shard's dead-letter stream, capped at `cap` entries (exact trim, so
+-- the number evicted is known and counted: nothing leaves silently).
+local function dead_letter(record, cap)
+  local before = redis.call('XLEN', K.dlq())
+  redis.call('XADD', K.dlq(), 'MAXLEN', cap, '*', unpack(record))
+  local evicted = before + 1 - redis.call('XLEN', K.dlq())
+  if evicted > 0 then redis.call('HINCRBY', K.stats(), 'dlq_evicted', evicted) end
+  redis.call('HINCRBY', K.stats(), 'dead_lettered', 1)
+end
+
+-- Makes an execution terminal: status, times, result, index, slot released (oldest waiting
+-- dispatched), retention TTL.
+local function finish(t, flow, id, from, status, now, extra)
+  index_move(t, flow, from, status, id)
+  redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now, unpack(extra))
+  redis.call('HDEL', K.row(id), 'qstate', 'entry', 'lease_owner', 'lease_until')
+  redis.call('ZREM', K.leases(), id)
+  redis.call('ZREM', K.delayed(), id)
+  release_slot(t, id, now)
+  redis.call('EXPIRE', K.row(id), RETENTION_SECS)
+  redis.call('HINCRBY', K.stats(), status, 1)
 end
 
 local function hgetall(id)

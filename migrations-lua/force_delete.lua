@@ -18,7 +18,9 @@ local now = now_ms()
 if status == 'queued' then
   unqueue(tenant, id, qstate, entry, now)
 else
-  -- running (or a terminal row whose release already happened: SREM makes this a no-op)
+  -- running (or a terminal row whose release already happened: SREM makes this a no-op).
+  -- The holder's completion will find no row and be refused; its entry is acknowledged now.
+  if status == 'running' then drop_entry(entry) end
   release_slot(tenant, id, now)
 end
 index_remove(tenant, flow, status, id)
@@ -29,5 +31,6 @@ if dedup_hash ~= '' then
     redis.call('DEL', key)
   end
 end
+redis.call('ZREM', K.leases(), id)
 redis.call('DEL', K.row(id))
 return { 'deleted' }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -17,6 +18,7 @@ pub struct Application {
     listener: TcpListener,
     router: axum::Router,
     store: Arc<Store>,
+    sweep_interval: Option<Duration>,
 }
 
 impl Application {
@@ -28,6 +30,9 @@ impl Application {
                 .await
                 .with_context(|| format!("cannot use redis at {}", config.redis.redis_url))?,
         );
+        // Workers follow the data policy (limit defaults, retention) of the API servers.
+        store.publish_defaults().await?;
+        store.ensure_groups().await?;
         let state = AppState {
             store: store.clone(),
             auth: Arc::new(AuthConfig {
@@ -47,6 +52,8 @@ impl Application {
             listener,
             router: http::router(state, limits),
             store,
+            sweep_interval: (config.api.sweep_interval_secs > 0)
+                .then(|| Duration::from_secs(config.api.sweep_interval_secs)),
         })
     }
 
@@ -62,14 +69,24 @@ impl Application {
         self.store.clone()
     }
 
-    /// Serves until `shutdown` completes, then finishes in-flight requests.
+    /// Serves (and sweeps) until `shutdown` completes, then finishes in-flight requests.
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        axum::serve(self.listener, self.router)
+        let stop = tokio_util::sync::CancellationToken::new();
+        if let Some(interval) = self.sweep_interval {
+            tokio::spawn(crate::sweeper::run(
+                self.store.clone(),
+                interval,
+                stop.clone(),
+            ));
+        }
+        let result = axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)
-            .await
+            .await;
+        stop.cancel();
+        result
     }
 }
 

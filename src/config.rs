@@ -31,8 +31,11 @@ pub enum LogFormat {
 /// What to run.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the HTTP API against an existing Redis (production).
+    /// Run the HTTP API and the sweeper against an existing Redis (production).
     Serve(ServeArgs),
+    /// Run flows: read dispatched executions, run them under heartbeated leases, recover
+    /// orphans.
+    Worker(WorkerArgs),
     /// Run everything locally: a managed redis-server (data in a local folder, AOF on) and the
     /// API in dev-auth mode. For trying sluice out, never for production.
     Dev(DevArgs),
@@ -49,11 +52,105 @@ pub struct ServeArgs {
     pub redis: RedisSettings,
 }
 
+/// `sluice worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub worker: WorkerSettings,
+}
+
+/// Settings of the worker runtime.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerSettings {
+    /// Flows file (TOML) mapping flow names to `http` or `command` handlers.
+    #[arg(long, env = "SLUICE_FLOWS")]
+    pub flows: Option<PathBuf>,
+    /// Also run the built-in demo.echo / demo.sleep / demo.fail flows.
+    #[arg(long, env = "SLUICE_DEMO_FLOWS")]
+    pub demo_flows: bool,
+    /// Executions run at once by this worker.
+    #[arg(long, env = "SLUICE_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: usize,
+    /// Lease length without a heartbeat, in milliseconds.
+    #[arg(long, env = "SLUICE_LEASE_TTL_MS", default_value_t = 30_000)]
+    pub lease_ttl_ms: u64,
+    /// Heartbeat interval, in milliseconds (well under the lease TTL).
+    #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = 10_000)]
+    pub heartbeat_ms: u64,
+    /// Orphan scan interval, in milliseconds.
+    #[arg(long, env = "SLUICE_SCAN_MS", default_value_t = 5_000)]
+    pub scan_ms: u64,
+    /// On SIGTERM/SIGINT, how long running executions may finish before their leases are
+    /// released to other workers, in milliseconds.
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
+    /// Backoff before retrying a retryable failure, in milliseconds; doubles per attempt.
+    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MS", default_value_t = 1_000)]
+    pub retry_backoff_ms: u64,
+    /// Cap of the retry backoff, in milliseconds.
+    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = 300_000)]
+    pub retry_backoff_max_ms: u64,
+    /// Longest pause between polls of the ready streams when idle, in milliseconds.
+    #[arg(long, env = "SLUICE_IDLE_POLL_MS", default_value_t = 100)]
+    pub idle_poll_ms: u64,
+}
+
+impl WorkerSettings {
+    /// The runtime's configuration (with a fresh consumer name).
+    pub fn worker_config(&self) -> crate::worker::WorkerConfig {
+        crate::worker::WorkerConfig {
+            concurrency: self.concurrency.max(1),
+            lease_ttl: Duration::from_millis(self.lease_ttl_ms),
+            heartbeat_interval: Duration::from_millis(self.heartbeat_ms.max(1)),
+            scan_interval: Duration::from_millis(self.scan_ms.max(1)),
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            retry_backoff: Duration::from_millis(self.retry_backoff_ms),
+            retry_backoff_max: Duration::from_millis(self.retry_backoff_max_ms),
+            idle_poll: Duration::from_millis(self.idle_poll_ms.max(1)),
+            consumer: crate::worker::default_consumer(),
+        }
+    }
+
+    /// The flows this worker runs: the flows file's, plus the demo flows when asked.
+    pub fn registry(&self) -> anyhow::Result<crate::worker::Registry> {
+        let mut r = crate::worker::Registry::new();
+        if self.demo_flows {
+            r = crate::worker::with_demo_flows(r);
+        }
+        if let Some(path) = &self.flows {
+            r = crate::worker::load_flows(r, path)?;
+        }
+        Ok(r)
+    }
+
+    /// The defaults, as `sluice worker` with no flags would have them.
+    pub fn defaults() -> Self {
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            w: WorkerSettings,
+        }
+        Wrap::parse_from(["sluice"]).w
+    }
+}
+
 /// `sluice dev`.
 #[derive(Debug, Args)]
 pub struct DevArgs {
     #[command(flatten)]
     pub api: ApiSettings,
+    /// Executions the embedded worker runs at once.
+    #[arg(
+        long = "worker-concurrency",
+        env = "SLUICE_CONCURRENCY",
+        default_value_t = 8
+    )]
+    pub worker_concurrency: usize,
+    /// Flows file for the embedded worker (the demo flows are always on in dev).
+    #[arg(long, env = "SLUICE_FLOWS")]
+    pub flows: Option<PathBuf>,
     /// Folder for the managed redis-server's data (AOF and RDB files).
     #[arg(long, env = "SLUICE_DATA_DIR", default_value = ".sluice-dev")]
     pub data_dir: PathBuf,
@@ -102,6 +199,13 @@ pub struct ApiSettings {
     /// How long a dedup key maps to its execution, in hours from admission.
     #[arg(long, env = "SLUICE_DEDUP_TTL_HOURS", default_value_t = 7 * 24)]
     pub dedup_ttl_hours: u64,
+    /// How often the sweeper repairs slot sets and indexes, in seconds (0 = never). One
+    /// `serve` process sweeps at a time.
+    #[arg(long, env = "SLUICE_SWEEP_INTERVAL_SECS", default_value_t = 60)]
+    pub sweep_interval_secs: u64,
+    /// Most records each shard's dead-letter stream keeps; older ones are evicted and counted.
+    #[arg(long, env = "SLUICE_DLQ_CAP", default_value_t = 10_000)]
+    pub dlq_cap: u64,
 }
 
 /// Where Redis is and how to talk to it.
@@ -163,15 +267,23 @@ pub struct AppConfig {
 impl AppConfig {
     /// The store's view of these settings.
     pub fn store(&self) -> StoreConfig {
+        self.redis.store_config(&self.api)
+    }
+}
+
+impl RedisSettings {
+    /// The store's configuration, with the data policy of `api`.
+    pub fn store_config(&self, api: &ApiSettings) -> StoreConfig {
         StoreConfig {
-            redis_url: self.redis.redis_url.clone(),
-            connections: self.redis.redis_connections,
-            op_timeout: Duration::from_millis(self.redis.redis_timeout_ms),
-            shards: self.redis.shards,
-            default_max_concurrent: self.api.default_max_concurrent,
-            default_max_queued: self.api.default_max_queued,
-            retention: Duration::from_secs(self.api.retention_days * 86_400),
-            dedup_ttl: Duration::from_secs(self.api.dedup_ttl_hours * 3_600),
+            redis_url: self.redis_url.clone(),
+            connections: self.redis_connections,
+            op_timeout: Duration::from_millis(self.redis_timeout_ms),
+            shards: self.shards,
+            default_max_concurrent: api.default_max_concurrent,
+            default_max_queued: api.default_max_queued,
+            retention: Duration::from_secs(api.retention_days * 86_400),
+            dedup_ttl: Duration::from_secs(api.dedup_ttl_hours * 3_600),
+            dlq_cap: api.dlq_cap,
         }
     }
 }

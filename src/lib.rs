@@ -1,9 +1,11 @@
-//! sluice: an HTTP execution-admission server (and, later, worker runtime) on Redis.
+//! sluice: an HTTP execution-admission server and worker runtime on Redis.
 //!
 //! - [`admission`]: the domain — validated ids, admission requests, the execution view.
 //! - [`store`]: Redis — key names, the Lua operations in `migrations-lua/`, one round trip each.
 //! - [`http`]: the API — routes with their OpenAPI docs, errors as problem+json, auth.
 //! - [`app`]: wiring a config into a bound, runnable server.
+//! - [`worker`]: the worker runtime — handlers, leases, heartbeats, orphan recovery.
+//! - [`sweeper`]: the background repair of what should never drift.
 //! - [`dev`]: the embedded default's managed `redis-server`.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
 
@@ -13,6 +15,8 @@ pub mod config;
 pub mod dev;
 pub mod http;
 pub mod store;
+pub mod sweeper;
 pub mod telemetry;
+pub mod worker;
 
 pub use app::Application;

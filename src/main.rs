@@ -4,8 +4,12 @@ use anyhow::Context;
 use clap::Parser;
 
 use sluice::app::{Application, shutdown_signal};
-use sluice::config::{AppConfig, Cli, Command, RedisSettings};
+use std::sync::Arc;
+
+use sluice::config::{ApiSettings, AppConfig, Cli, Command, RedisSettings, WorkerSettings};
 use sluice::dev::ManagedRedis;
+use sluice::store::Store;
+use sluice::worker::Worker;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -34,6 +38,16 @@ async fn main() -> anyhow::Result<()> {
             app.run_until_stopped(shutdown_signal()).await?;
             Ok(())
         }
+        Command::Worker(args) => {
+            let registry = args.worker.registry()?;
+            let store = Store::connect(args.redis.store_config(&ApiSettings::defaults()))
+                .await
+                .with_context(|| format!("cannot use redis at {}", args.redis.redis_url))?;
+            store.refresh_defaults().await?;
+            let worker = Worker::new(Arc::new(store), registry, args.worker.worker_config());
+            worker.run(shutdown_signal()).await?;
+            Ok(())
+        }
         Command::Dev(args) => {
             let redis = ManagedRedis::start(&args.redis_server, &args.data_dir, args.redis_port)
                 .await
@@ -42,14 +56,32 @@ async fn main() -> anyhow::Result<()> {
             api.dev_auth = true;
             let mut settings = RedisSettings::for_url(redis.url());
             settings.shards = args.shards;
+            let mut worker_settings = WorkerSettings::defaults();
+            worker_settings.demo_flows = true;
+            worker_settings.flows = args.flows.clone();
+            worker_settings.concurrency = args.worker_concurrency;
+            // Snappier than production: a cancel is noticed within 2 s, Ctrl-C returns in 5 s.
+            worker_settings.lease_ttl_ms = 10_000;
+            worker_settings.heartbeat_ms = 2_000;
+            worker_settings.scan_ms = 2_000;
+            worker_settings.drain_timeout_ms = 5_000;
             let result = async {
+                let registry = worker_settings.registry()?;
                 let app = Application::build(AppConfig {
                     api,
                     redis: settings,
                 })
                 .await?;
+                let worker = Worker::new(app.store(), registry, worker_settings.worker_config());
                 print_dev_banner(&app, &redis, &args.data_dir);
-                app.run_until_stopped(shutdown_signal()).await?;
+                let stop = tokio_util::sync::CancellationToken::new();
+                let worker_stop = stop.clone();
+                let worker_task =
+                    tokio::spawn(async move { worker.run(worker_stop.cancelled_owned()).await });
+                let served = app.run_until_stopped(shutdown_signal()).await;
+                stop.cancel();
+                worker_task.await??;
+                served?;
                 anyhow::Ok(())
             }
             .await;
@@ -62,7 +94,8 @@ async fn main() -> anyhow::Result<()> {
 fn print_dev_banner(app: &Application, redis: &ManagedRedis, data_dir: &std::path::Path) {
     let addr = app.address();
     println!(
-        "\nsluice dev is up (DEV AUTH: no credentials checked; never expose it)\n\
+        "\nsluice dev is up: API, sweeper and a worker with the demo flows\n\
+         (DEV AUTH: no credentials checked; never expose it)\n\
          \n  API        http://{addr}/api\
          \n  OpenAPI    http://{addr}/openapi.json\
          \n  Redis      {} (data and AOF in {})\

@@ -109,7 +109,7 @@ impl Execution {
         let get = |k: &str| fields.get(k).map(String::as_str);
         let need = |k: &str| get(k).ok_or_else(|| format!("row {id} lacks field {k}"));
         let time_of = |k: &str| -> Result<Option<String>, String> {
-            get(k).map(|v| rfc3339_from_ms(v, id)).transpose()
+            get(k).map(|v| rfc3339_from_ms_of(v, id)).transpose()
         };
         let number = |k: &str| -> Result<u32, String> {
             need(k)?
@@ -156,12 +156,14 @@ impl Execution {
     }
 }
 
-fn rfc3339_from_ms(ms: &str, id: &str) -> Result<String, String> {
-    let ms: i128 = ms
-        .parse()
-        .map_err(|_| format!("row {id} has a bad timestamp"))?;
+fn rfc3339_from_ms_of(ms: &str, id: &str) -> Result<String, String> {
+    rfc3339_from_ms(ms).ok_or_else(|| format!("row {id} has a bad timestamp"))
+}
+
+/// Renders Unix milliseconds (as Redis scripts record them) as RFC 3339.
+pub fn rfc3339_from_ms(ms: &str) -> Option<String> {
+    let ms: i128 = ms.parse().ok()?;
     OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000)
         .ok()
         .and_then(|t| t.format(&Rfc3339).ok())
-        .ok_or_else(|| format!("row {id} has an out-of-range timestamp"))
 }

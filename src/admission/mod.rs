@@ -6,6 +6,6 @@ mod execution;
 mod ids;
 mod request;
 
-pub use execution::{ErrorInfo, Execution, QueueState, Status};
+pub use execution::{ErrorInfo, Execution, QueueState, Status, rfc3339_from_ms};
 pub use ids::{DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version};
 pub use request::{AdmitRequest, Fingerprint, MAX_ATTEMPTS_LIMIT, NewExecution};

@@ -43,6 +43,11 @@ impl Caller {
         })
     }
 
+    /// The tenant this call acts for, if any (the platform admin may name none).
+    pub fn acting_tenant(&self) -> Option<&TenantId> {
+        self.tenant.as_ref()
+    }
+
     /// Fails with 403 unless the caller has at least `role`.
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
         if self.role >= role {

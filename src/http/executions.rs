@@ -14,7 +14,7 @@ use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, Query};
 use crate::admission::{AdmitRequest, Execution, ExecutionId, FlowId, NewExecution, Status};
-use crate::store::{Admission, ListQuery};
+use crate::store::{Admission, ListQuery, NotRetryable};
 
 /// Seconds a client should wait after `tenant_queue_full`.
 const QUEUE_FULL_RETRY_AFTER: u64 = 5;
@@ -27,6 +27,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_execution, list_executions))
         .routes(routes!(get_execution, delete_execution))
         .routes(routes!(cancel_execution))
+        .routes(routes!(retry_execution))
 }
 
 /// Start an execution of a flow for the caller's tenant.
@@ -303,5 +304,57 @@ pub async fn delete_execution(
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::execution_not_found())
+    }
+}
+
+/// Re-queue a failed or cancelled execution.
+///
+/// Same id, fresh attempts (`attempt` back to 0), through the same quota decision as an
+/// admission; its dedup key still maps to it.
+#[utoipa::path(
+    post,
+    path = "/api/executions/{id}/retry",
+    tag = "executions",
+    params(("id" = String, Path, description = "Execution id")),
+    responses(
+        (status = 200, description = "Queued again", body = Execution),
+        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not failed or cancelled", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn retry_execution(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Execution>, ApiError> {
+    let tenant = caller.tenant_with(Role::Editor)?;
+    let id = ExecutionId::parse(&id)?;
+    match state.store.retry(tenant, &id).await? {
+        Err(NotRetryable(status)) => Err(ApiError::Status {
+            status: StatusCode::CONFLICT,
+            code: "not_retryable",
+            detail: format!(
+                "only failed or cancelled executions can be retried; this one is {status}"
+            ),
+        }),
+        Ok(None) => Err(ApiError::execution_not_found()),
+        Ok(Some(Admission::Created(e) | Admission::Replayed(e))) => Ok(axum::Json(e)),
+        Ok(Some(Admission::Disabled)) => Err(ApiError::Forbidden {
+            code: "tenant_disabled",
+            detail: "this tenant is disabled and admits no new executions".into(),
+        }),
+        Ok(Some(Admission::QueueFull { waiting })) => Err(ApiError::QueueFull {
+            waiting,
+            retry_after: QUEUE_FULL_RETRY_AFTER,
+        }),
+        Ok(Some(Admission::Conflict { existing })) => {
+            Err(ApiError::IdempotencyConflict { existing })
+        }
     }
 }

@@ -7,6 +7,7 @@ pub mod error;
 pub mod executions;
 pub mod extract;
 pub mod health;
+pub mod queues;
 pub mod tenants;
 
 use std::sync::Arc;
@@ -57,7 +58,7 @@ pub struct HttpLimits {
     tags(
         (name = "executions", description = "Admit, read, list, cancel and delete executions"),
         (name = "tenants", description = "Tenant limits and usage"),
-        (name = "operations", description = "Health and readiness probes"),
+        (name = "operations", description = "Probes, dead letters and queue statistics"),
     )
 )]
 struct ApiDoc;
@@ -78,6 +79,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(executions::routes())
         .merge(tenants::routes())
+        .merge(queues::routes())
         .merge(health::routes())
         .split_for_parts()
 }

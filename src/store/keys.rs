@@ -12,6 +12,14 @@ use crate::admission::{ExecutionId, FlowId, Status, TenantId};
 /// numbered migration and bumps this.
 pub const LAYOUT_VERSION: u32 = 1;
 
+/// The lock that makes one sweeper run at a time across all `serve` processes.
+pub fn sweeper_lock() -> &'static str {
+    "sluice:{meta}:sweeper"
+}
+
+/// The consumer group of every ready stream.
+pub const WORKER_GROUP: &str = "workers";
+
 /// The cluster-wide record of settings fixed at first start (shard count, layout version).
 pub fn meta() -> &'static str {
     "sluice:{meta}:config"
@@ -40,6 +48,36 @@ impl Shard {
     /// The ready stream (consumer group `workers`): dispatched executions waiting for a worker.
     pub fn ready(self) -> String {
         format!("{}ready", self.prefix())
+    }
+
+    /// Running executions by lease expiry (ms): the orphan scan reads only expired ones.
+    pub fn leases(self) -> String {
+        format!("{}leases", self.prefix())
+    }
+
+    /// Failed executions waiting out their retry backoff, by due time (ms). They keep their slot.
+    pub fn delayed(self) -> String {
+        format!("{}delayed", self.prefix())
+    }
+
+    /// The dead-letter stream (capped; evictions are counted in `stats`).
+    pub fn dead_letters(self) -> String {
+        format!("{}dlq", self.prefix())
+    }
+
+    /// Counters of what happened in this shard (completed, fenced, reclaimed, dlq_evicted, ...).
+    pub fn stats(self) -> String {
+        format!("{}stats", self.prefix())
+    }
+
+    /// Tenants that ever admitted into this shard (walked by the sweeper).
+    pub fn tenants(self) -> String {
+        format!("{}tenants", self.prefix())
+    }
+
+    /// Flows a tenant ever admitted (walked by the sweeper to find flow indexes).
+    pub fn flows(self, t: &TenantId) -> String {
+        format!("{}t:{t}:flows", self.prefix())
     }
 
     /// An execution's row (a hash).

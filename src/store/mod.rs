@@ -4,17 +4,21 @@
 
 mod keys;
 mod scripts;
+mod worker;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::admission::{AdmitRequest, DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
-pub use keys::{LAYOUT_VERSION, Shard, ShardMap};
+pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
 use scripts::Scripts;
+pub use worker::{
+    Completion, DeadLetter, LeaseState, NotRetryable, Outcome, RetryResult, ShardStats, Started,
+};
 
 /// Why a storage call did not produce an answer.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +69,8 @@ pub struct StoreConfig {
     pub retention: Duration,
     /// How long a dedup key maps to its execution, from admission.
     pub dedup_ttl: Duration,
+    /// Most records a shard's dead-letter stream keeps (older ones are evicted and counted).
+    pub dlq_cap: u64,
 }
 
 /// Outcome of an admission.
@@ -143,6 +149,17 @@ pub struct Store {
     scripts: Scripts,
     shards: ShardMap,
     config: StoreConfig,
+    policy: Policy,
+}
+
+/// The data policy scripts apply (tenant limit defaults, retention, dead-letter cap). `serve`
+/// publishes its settings to Redis and workers follow them, so that a slot released by a worker
+/// is refilled under the same defaults an admission would use.
+struct Policy {
+    max_concurrent: AtomicU32,
+    max_queued: AtomicU32,
+    retention_secs: AtomicU64,
+    dlq_cap: AtomicU64,
 }
 
 impl Store {
@@ -159,12 +176,19 @@ impl Store {
         let conns = (0..config.connections.max(1))
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), cm_config.clone()))
             .collect::<Result<Vec<_>, _>>()?;
+        let policy = Policy {
+            max_concurrent: AtomicU32::new(config.default_max_concurrent),
+            max_queued: AtomicU32::new(config.default_max_queued),
+            retention_secs: AtomicU64::new(config.retention.as_secs().max(1)),
+            dlq_cap: AtomicU64::new(config.dlq_cap.max(1)),
+        };
         let mut store = Self {
             conns,
             next: AtomicUsize::new(0),
             scripts: Scripts::new(),
             shards: ShardMap::new(config.shards),
             config,
+            policy,
         };
         store.shards = store.init_meta().await?;
         Ok(store)
@@ -428,8 +452,8 @@ impl Store {
             return Ok(None);
         }
         Ok(Some(TenantState {
-            max_concurrent: max_c.unwrap_or(self.config.default_max_concurrent),
-            max_queued: max_q.unwrap_or(self.config.default_max_queued),
+            max_concurrent: max_c.unwrap_or(self.policy.max_concurrent.load(Ordering::Relaxed)),
+            max_queued: max_q.unwrap_or(self.policy.max_queued.load(Ordering::Relaxed)),
             enabled: enabled != Some(0),
             running,
             dispatched: slots.saturating_sub(running),
@@ -439,15 +463,83 @@ impl Store {
 
     fn common_args(&self, inv: &mut redis::ScriptInvocation<'_>, shard: Shard) {
         inv.arg(shard.prefix())
-            .arg(self.config.default_max_concurrent)
-            .arg(self.config.default_max_queued)
-            .arg(self.config.retention.as_secs().max(1));
+            .arg(self.policy.max_concurrent.load(Ordering::Relaxed))
+            .arg(self.policy.max_queued.load(Ordering::Relaxed))
+            .arg(self.policy.retention_secs.load(Ordering::Relaxed));
+    }
+
+    fn dlq_cap(&self) -> u64 {
+        self.policy.dlq_cap.load(Ordering::Relaxed)
+    }
+
+    /// Records this process's data policy on Redis for workers to follow (`serve` does this).
+    pub async fn publish_defaults(&self) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        let p = &self.policy;
+        let () = self
+            .bounded(
+                redis::cmd("HSET")
+                    .arg(keys::meta())
+                    .arg("default_max_concurrent")
+                    .arg(p.max_concurrent.load(Ordering::Relaxed))
+                    .arg("default_max_queued")
+                    .arg(p.max_queued.load(Ordering::Relaxed))
+                    .arg("retention_secs")
+                    .arg(p.retention_secs.load(Ordering::Relaxed))
+                    .arg("dlq_cap")
+                    .arg(p.dlq_cap.load(Ordering::Relaxed))
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Adopts the data policy `serve` published, where it did (workers call this).
+    pub async fn refresh_defaults(&self) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        let (mc, mq, ret, cap): (Option<u32>, Option<u32>, Option<u64>, Option<u64>) = self
+            .bounded(
+                redis::cmd("HMGET")
+                    .arg(keys::meta())
+                    .arg("default_max_concurrent")
+                    .arg("default_max_queued")
+                    .arg("retention_secs")
+                    .arg("dlq_cap")
+                    .query_async(&mut c),
+            )
+            .await?;
+        let p = &self.policy;
+        if let Some(v) = mc {
+            p.max_concurrent.store(v, Ordering::Relaxed);
+        }
+        if let Some(v) = mq {
+            p.max_queued.store(v, Ordering::Relaxed);
+        }
+        if let Some(v) = ret {
+            p.retention_secs.store(v.max(1), Ordering::Relaxed);
+        }
+        if let Some(v) = cap {
+            p.dlq_cap.store(v.max(1), Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// A connection for one operation: round robin over the multiplexed connections.
     fn conn(&self) -> ConnectionManager {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         self.conns[i].clone()
+    }
+
+    /// Like `bounded`, but hands Redis's own error to the caller (a time-out is still ours).
+    async fn bounded_raw<T>(
+        &self,
+        op: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<redis::RedisResult<T>, StoreError> {
+        tokio::time::timeout(self.config.op_timeout, op)
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!("no answer within {:?}", self.config.op_timeout))
+            })
     }
 
     /// Runs one Redis operation under the configured time bound.

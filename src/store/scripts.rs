@@ -25,6 +25,12 @@ pub struct Scripts {
     pub force_delete: Script,
     pub list: Script,
     pub set_limits: Script,
+    pub start: Script,
+    pub heartbeat: Script,
+    pub complete: Script,
+    pub reclaim: Script,
+    pub retry: Script,
+    pub sweep: Script,
 }
 
 impl Scripts {
@@ -35,17 +41,29 @@ impl Scripts {
             force_delete: Script::new(lua!("force_delete.lua")),
             list: Script::new(lua!("list.lua")),
             set_limits: Script::new(lua!("set_limits.lua")),
+            start: Script::new(lua!("start.lua")),
+            heartbeat: Script::new(lua!("heartbeat.lua")),
+            complete: Script::new(lua!("complete.lua")),
+            reclaim: Script::new(lua!("reclaim.lua")),
+            retry: Script::new(lua!("retry.lua")),
+            sweep: Script::new(lua!("sweep.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 5] {
+    pub fn all(&self) -> [&Script; 11] {
         [
             &self.admit,
             &self.cancel,
             &self.force_delete,
             &self.list,
             &self.set_limits,
+            &self.start,
+            &self.heartbeat,
+            &self.complete,
+            &self.reclaim,
+            &self.retry,
+            &self.sweep,
         ]
     }
 }

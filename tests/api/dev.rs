@@ -56,6 +56,25 @@ async fn sluice_dev_runs_its_own_redis_and_serves_the_readme_curl() {
         .await
         .unwrap();
     assert_eq!(got["params"], json!({"order": 42}));
+    // The embedded worker runs demo.echo: queued → completed, with the params as output.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let done = loop {
+        let e: Value = client
+            .get(format!("{api}/executions/{id}"))
+            .header("X-Tenant-Id", "acme")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if e["status"] == "completed" {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "not completed: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["output"], json!({"order": 42}));
 
     // SIGTERM: sluice stops and takes its redis-server down with it.
     let status = Command::new("kill")

@@ -149,6 +149,7 @@ pub struct TestApp {
     pub redis: TestRedis,
     pub client: reqwest::Client,
     shards: ShardMap,
+    config: AppConfig,
 }
 
 impl TestApp {
@@ -168,7 +169,9 @@ impl TestApp {
             redis: RedisSettings::for_url(redis.url()),
         };
         adjust(&mut config);
-        let app = Application::build(config).await.expect("app builds");
+        let app = Application::build(config.clone())
+            .await
+            .expect("app builds");
         let addr = app.address();
         let shards = app.store().shards();
         tokio::spawn(app.run_until_stopped(std::future::pending()));
@@ -180,7 +183,15 @@ impl TestApp {
                 .build()
                 .unwrap(),
             shards,
+            config,
         }
+    }
+
+    /// A second store handle on the app's Redis (as another process would have).
+    pub async fn store(&self) -> sluice::store::Store {
+        sluice::store::Store::connect(self.config.store())
+            .await
+            .expect("store connects")
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -349,4 +360,180 @@ pub async fn problem_code(res: Response) -> String {
 /// Path of the built `sluice` binary.
 pub fn sluice_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// Worker timings short enough for tests: lease 500 ms, heartbeat 100 ms, scan 100 ms.
+pub const FAST_WORKER: &[&str] = &[
+    "--lease-ttl-ms",
+    "500",
+    "--heartbeat-ms",
+    "100",
+    "--scan-ms",
+    "100",
+    "--idle-poll-ms",
+    "20",
+    "--retry-backoff-ms",
+    "50",
+];
+
+/// A `sluice worker` process with the demo flows; killed (SIGKILL) when dropped.
+pub struct TestWorker {
+    child: Child,
+}
+
+impl TestWorker {
+    /// Starts `sluice worker --demo-flows` against `redis_url` with `args` added.
+    pub fn spawn(redis_url: &str, args: &[&str]) -> Self {
+        let child = Command::new(sluice_bin())
+            .args(["worker", "--demo-flows", "--redis-url", redis_url])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sluice worker starts");
+        Self { child }
+    }
+
+    /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit (at most `limit`); its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for TestWorker {
+    fn drop(&mut self) {
+        // A stopped process must be continued to die promptly.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        self.kill9();
+    }
+}
+
+impl TestApp {
+    /// Polls an execution until `done` holds (at most `limit`); returns it.
+    pub async fn wait_for(
+        &self,
+        tenant: &str,
+        id: &str,
+        limit: Duration,
+        what: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let e: Value = self.get_execution(tenant, id).await.json().await.unwrap();
+            if done(&e) {
+                return e;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} not reached within {limit:?}: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the execution is running with `attempt`.
+    pub async fn wait_running(&self, tenant: &str, id: &str, attempt: u64) -> Value {
+        self.wait_for(tenant, id, Duration::from_secs(15), "running", |e| {
+            e["status"] == "running" && e["attempt"] == attempt
+        })
+        .await
+    }
+
+    /// Waits until the execution is in a terminal status.
+    pub async fn wait_terminal(&self, tenant: &str, id: &str, limit: Duration) -> Value {
+        self.wait_for(tenant, id, limit, "a terminal status", |e| {
+            matches!(
+                e["status"].as_str(),
+                Some("completed" | "failed" | "cancelled")
+            )
+        })
+        .await
+    }
+
+    /// Admits `flow` with `params` (and optional max_attempts); returns its id.
+    pub async fn admit_with(&self, tenant: &str, body: Value) -> String {
+        let res = self.post_execution(tenant, &body).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        res.json::<Value>().await.unwrap()["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Counters summed over all shards (from `GET /api/queues`).
+    pub async fn counter(&self, name: &str) -> u64 {
+        let stats: Value = self
+            .client
+            .get(self.url("/api/queues"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        stats["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["counters"][name].as_u64().unwrap_or(0))
+            .sum()
+    }
+
+    /// Dead letters (platform-wide, newest first).
+    pub async fn dead_letters(&self) -> Vec<Value> {
+        let page: Value = self
+            .client
+            .get(self.url("/api/dlq?limit=200"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        page["dead_letters"].as_array().unwrap().clone()
+    }
+
+    /// POST /api/executions/{id}/retry.
+    pub async fn retry(&self, tenant: &str, id: &str) -> Response {
+        self.as_tenant(
+            reqwest::Method::POST,
+            &format!("/api/executions/{id}/retry"),
+            tenant,
+        )
+        .send()
+        .await
+        .unwrap()
+    }
 }

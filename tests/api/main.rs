@@ -4,8 +4,10 @@
 mod admission;
 mod bad_input;
 mod dev;
+mod handlers;
 mod helpers;
 mod listing;
 mod openapi;
 mod quota;
 mod redis_trouble;
+mod worker;

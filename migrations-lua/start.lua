@@ -1,0 +1,62 @@
+-- start.lua: read up to `count` new entries of the shard's ready stream for one worker and start
+-- each of them, in the same atomic step. So an entry is in the pending list only while a worker
+-- is running it (there is no "read but not started" state to recover from), and a worker reads
+-- only as many entries as it has free slots.
+--
+-- First, retries whose backoff is over are put back on the ready stream (they kept their slot).
+--
+-- KEYS[1]  the shard's ready stream (routing only)
+-- ARGV[1..4] common (see common.lua)
+-- ARGV[5]  consumer name (the worker)
+-- ARGV[6]  count: the worker's free slots (>= 1)
+-- ARGV[7]  lease TTL, milliseconds
+-- ARGV[8]  dead-letter stream cap
+--
+-- Reply: a list of started executions, each
+--   {id, attempt, tenant, flow, version or '', params, max_attempts}
+local consumer, count, ttl, cap = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local now = now_ms()
+
+local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'LIMIT', 0, 100)
+for _, id in ipairs(due) do
+  redis.call('ZREM', K.delayed(), id)
+  if redis.call('HGET', K.row(id), 'status') == 'queued' then dispatch_entry(id, now) end
+end
+
+local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
+  'STREAMS', K.ready(), '>')
+local started = {}
+if not read then return started end
+
+for _, e in ipairs(read[1][2]) do
+  local entry, fields = e[1], e[2]
+  local id = nil
+  for i = 1, #fields, 2 do
+    if fields[i] == 'id' then id = fields[i + 1] end
+  end
+  local row = nil
+  if id then
+    row = redis.call('HMGET', K.row(id), 'status', 'entry', 'attempt', 'max_attempts', 'tenant',
+      'flow', 'params', 'version')
+  end
+  if not row or not row[1] then
+    -- Poison: an entry naming no execution, or one that does not exist. Dead-lettered once
+    -- and removed, so it can never loop.
+    drop_entry(entry)
+    dead_letter({ 'execution_id', id or '', 'reason', 'poison', 'attempts', 0,
+      'source_entry', entry, 'at', now, 'message', 'ready entry names no existing execution' }, cap)
+  elseif row[1] ~= 'queued' or row[2] ~= entry then
+    -- Cancelled, finished or deleted meanwhile, or an entry superseded by a newer one.
+    drop_entry(entry)
+  else
+    local attempt = tonumber(row[3]) + 1
+    local tenant, flow = row[5], row[6]
+    index_move(tenant, flow, 'queued', 'running', id)
+    redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'started', now,
+      'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
+    redis.call('HDEL', K.row(id), 'qstate')
+    redis.call('ZADD', K.leases(), now + ttl, id)
+    table.insert(started, { id, attempt, tenant, flow, row[8] or '', row[7], row[4] })
+  end
+end
+return started

@@ -1,0 +1,65 @@
+-- sweep.lua: one batch of repairs for one tenant, walking one structure with a SCAN cursor.
+-- These repair what should never drift (a crash between Redis and a lost reply cannot cause it,
+-- but retention expiry and manual edits can).
+--
+--   mode 'slots'   slot-set members whose execution is terminal or gone: removed, and the
+--                  room given to the oldest waiting executions
+--   mode 'waiting' waiting-set members whose execution is gone or no longer waiting: removed
+--   mode 'index'   status/flow index members whose row expired or moved on: removed
+--
+-- KEYS[1]  any key of the tenant in this shard (routing only)
+-- ARGV[1..4] common (see common.lua)
+-- ARGV[5]  tenant id
+-- ARGV[6]  mode
+-- ARGV[7]  status (mode 'index')
+-- ARGV[8]  flow, '' for the status index itself (mode 'index')
+-- ARGV[9]  cursor ('0' to begin)
+-- ARGV[10] batch size hint
+--
+-- Reply: {next_cursor ('0' when done), repaired}
+local tenant, mode, status, flow = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local cursor, count = ARGV[9], ARGV[10]
+local now = now_ms()
+local repaired = 0
+
+-- Every repair is counted per shard (see the queue statistics).
+local function counted(reply)
+  if reply[2] > 0 then redis.call('HINCRBY', K.stats(), 'repaired_' .. mode, reply[2]) end
+  return reply
+end
+
+if mode == 'slots' then
+  local r = redis.call('SSCAN', K.slots(tenant), cursor, 'COUNT', count)
+  for _, id in ipairs(r[2]) do
+    local st = redis.call('HGET', K.row(id), 'status')
+    if st ~= 'queued' and st ~= 'running' then
+      redis.call('SREM', K.slots(tenant), id)
+      repaired = repaired + 1
+    end
+  end
+  if repaired > 0 then promote(tenant, now) end
+  return counted({ r[1], repaired })
+elseif mode == 'waiting' then
+  local r = redis.call('ZSCAN', K.waiting(tenant), cursor, 'COUNT', count)
+  for i = 1, #r[2], 2 do
+    local id = r[2][i]
+    local row = redis.call('HMGET', K.row(id), 'status', 'qstate')
+    if row[1] ~= 'queued' or row[2] ~= 'waiting' then
+      redis.call('ZREM', K.waiting(tenant), id)
+      repaired = repaired + 1
+    end
+  end
+  return counted({ r[1], repaired })
+else
+  local idx
+  if flow == '' then idx = K.status_idx(tenant, status) else idx = K.flow_idx(tenant, flow, status) end
+  local r = redis.call('ZSCAN', idx, cursor, 'COUNT', count)
+  for i = 1, #r[2], 2 do
+    local id = r[2][i]
+    if redis.call('HGET', K.row(id), 'status') ~= status then
+      redis.call('ZREM', idx, id)
+      repaired = repaired + 1
+    end
+  end
+  return counted({ r[1], repaired })
+end

@@ -1,0 +1,535 @@
+//! The worker side of the store: starting, heartbeating, completing and reclaiming executions,
+//! retries, dead letters, queue statistics and the sweeper's repairs. Each call is one script or
+//! one pipeline on one shard.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::Value;
+use serde_json::Value as Json;
+
+use super::keys::{self, WORKER_GROUP};
+use super::{Admission, Shard, Store, StoreError, execution_from, split_tag};
+use crate::admission::{ExecutionId, Status, TenantId};
+
+/// An execution a worker has just started (it holds the lease for `attempt`).
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub shard: Shard,
+    pub id: ExecutionId,
+    /// The fencing token: completion and heartbeats name it.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub tenant: String,
+    pub flow: String,
+    pub version: Option<String>,
+    pub params: Json,
+}
+
+/// What a heartbeat learned about one held execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Extended; keep going.
+    Held,
+    /// Extended, but a cancel was requested: stop and finish as cancelled.
+    CancelRequested,
+    /// This attempt is no longer current: stop; its result will be refused.
+    Lost,
+}
+
+/// How an attempt ended, as the worker reports it.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Completed(Json),
+    Failed {
+        kind: String,
+        message: String,
+        /// `Some(backoff)` when another attempt may follow (if any are left).
+        retry_after: Option<Duration>,
+    },
+    Cancelled,
+    /// The worker is shutting down: put it back for another worker now.
+    Released,
+}
+
+/// What the store did with a reported outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// The attempt was not current (fenced); nothing changed.
+    Stale,
+    /// Terminal now, in this status.
+    Done(Status),
+    /// Failed with attempts exhausted: dead-lettered.
+    DeadLettered,
+    /// Failed; queued again after the backoff.
+    Retrying,
+    /// Back on the ready stream.
+    Released,
+}
+
+/// Result of `Store::retry`.
+pub type RetryResult = Result<Option<Admission>, NotRetryable>;
+
+/// The execution is in a status that cannot be retried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotRetryable(pub String);
+
+/// One dead-letter record.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct DeadLetter {
+    /// The record's id in its shard's dead-letter stream.
+    pub entry_id: String,
+    pub execution_id: String,
+    pub tenant_id: Option<String>,
+    pub flow_id: Option<String>,
+    /// `lease_lost`, `handler_error` or `poison`.
+    pub reason: String,
+    pub attempts: u32,
+    /// The ready-stream entry that carried the execution.
+    pub source_entry: String,
+    /// RFC 3339.
+    pub dead_lettered_at: String,
+    pub message: String,
+}
+
+/// Counters and sizes of one shard.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ShardStats {
+    pub shard: u16,
+    /// Entries on the ready stream (dispatched, not yet started, plus running ones).
+    pub ready: u64,
+    /// Entries read by a worker and not yet acknowledged (= executions running).
+    pub pending: u64,
+    /// Leases held.
+    pub leases: u64,
+    /// Failed executions waiting out a retry backoff.
+    pub delayed: u64,
+    pub dead_letters: u64,
+    /// Counters since the shard's creation: completed, failed, cancelled, reclaimed, fenced,
+    /// dead_lettered, dlq_evicted.
+    pub counters: HashMap<String, u64>,
+}
+
+impl Store {
+    /// Creates the `workers` consumer group on every ready stream (idempotent).
+    pub async fn ensure_groups(&self) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        for shard in self.shards.all() {
+            let r: redis::RedisResult<()> = self
+                .bounded_raw(
+                    redis::cmd("XGROUP")
+                        .arg("CREATE")
+                        .arg(shard.ready())
+                        .arg(WORKER_GROUP)
+                        .arg("0")
+                        .arg("MKSTREAM")
+                        .query_async(&mut c),
+                )
+                .await?;
+            match r {
+                Ok(()) => {}
+                Err(e) if e.code() == Some("BUSYGROUP") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and starts up to `count` executions of one shard for `consumer`.
+    pub async fn start(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        count: usize,
+        lease_ttl: Duration,
+    ) -> Result<Vec<Started>, StoreError> {
+        let mut inv = self.scripts.start.key(shard.ready());
+        self.common_args(&mut inv, shard);
+        inv.arg(consumer)
+            .arg(count.max(1))
+            .arg(lease_ttl.as_millis() as u64)
+            .arg(self.dlq_cap());
+        let mut c = self.conn();
+        let reply: Vec<(String, u32, String, String, String, String, u32)> =
+            match self.bounded(inv.invoke_async(&mut c)).await {
+                Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
+                    self.ensure_groups().await?;
+                    return Ok(Vec::new());
+                }
+                other => other?,
+            };
+        reply
+            .into_iter()
+            .map(
+                |(id, attempt, tenant, flow, version, params, max_attempts)| {
+                    Ok(Started {
+                        shard,
+                        id: ExecutionId::parse(&id)
+                            .map_err(|_| StoreError::Corrupt(format!("bad id {id}")))?,
+                        attempt,
+                        max_attempts,
+                        tenant,
+                        flow,
+                        version: (!version.is_empty()).then_some(version),
+                        params: serde_json::from_str(&params)
+                            .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    /// Extends the leases of `held` (id, attempt) in one shard; one answer per pair.
+    pub async fn heartbeat(
+        &self,
+        shard: Shard,
+        held: &[(ExecutionId, u32)],
+        lease_ttl: Duration,
+    ) -> Result<Vec<LeaseState>, StoreError> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.scripts.heartbeat.key(shard.leases());
+        self.common_args(&mut inv, shard);
+        inv.arg(lease_ttl.as_millis() as u64);
+        for (id, attempt) in held {
+            inv.arg(id.as_str()).arg(*attempt);
+        }
+        let mut c = self.conn();
+        let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(reply
+            .iter()
+            .map(|s| match s.as_str() {
+                "ok" => LeaseState::Held,
+                "cancel" => LeaseState::CancelRequested,
+                _ => LeaseState::Lost,
+            })
+            .collect())
+    }
+
+    /// Reports how an attempt ended; refused (`Stale`) unless `attempt` is current.
+    pub async fn complete(
+        &self,
+        shard: Shard,
+        id: &ExecutionId,
+        attempt: u32,
+        outcome: &Outcome,
+    ) -> Result<Completion, StoreError> {
+        let (name, output, kind, message, backoff) = match outcome {
+            Outcome::Completed(v) => ("completed", v.to_string(), "", "", String::new()),
+            Outcome::Failed {
+                kind,
+                message,
+                retry_after,
+            } => (
+                "failed",
+                String::new(),
+                kind.as_str(),
+                message.as_str(),
+                retry_after
+                    .map(|d| d.as_millis().to_string())
+                    .unwrap_or_default(),
+            ),
+            Outcome::Cancelled => ("cancelled", String::new(), "", "", String::new()),
+            Outcome::Released => ("released", String::new(), "", "", String::new()),
+        };
+        let mut inv = self.scripts.complete.key(shard.row(id));
+        self.common_args(&mut inv, shard);
+        inv.arg(id.as_str())
+            .arg(attempt)
+            .arg(name)
+            .arg(output)
+            .arg(kind)
+            .arg(message)
+            .arg(backoff)
+            .arg(self.dlq_cap());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        Ok(match tag.as_str() {
+            "stale" => Completion::Stale,
+            "dead_lettered" => Completion::DeadLettered,
+            "retrying" => Completion::Retrying,
+            "released" => Completion::Released,
+            "done" => {
+                let s: String = redis::from_redis_value(
+                    rest.into_iter()
+                        .next()
+                        .ok_or_else(|| StoreError::Corrupt("done without status".into()))?,
+                )?;
+                Completion::Done(
+                    Status::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("status {s}")))?,
+                )
+            }
+            other => return Err(StoreError::Corrupt(format!("complete replied {other}"))),
+        })
+    }
+
+    /// Recovers up to `batch` executions of one shard whose lease expired; returns
+    /// (re-queued, dead-lettered).
+    pub async fn reclaim(&self, shard: Shard, batch: usize) -> Result<(u64, u64), StoreError> {
+        let mut inv = self.scripts.reclaim.key(shard.leases());
+        self.common_args(&mut inv, shard);
+        inv.arg(batch.max(1)).arg(self.dlq_cap());
+        let mut c = self.conn();
+        self.bounded(inv.invoke_async(&mut c)).await
+    }
+
+    /// Re-queues a failed or cancelled execution with fresh attempts. `Ok(None)`: not found.
+    pub async fn retry(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<RetryResult, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let mut inv = self.scripts.retry.key(shard.row(id));
+        self.common_args(&mut inv, shard);
+        inv.arg(tenant.as_str()).arg(id.as_str());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        Ok(match tag.as_str() {
+            "not_found" => Ok(None),
+            "not_retryable" => Err(NotRetryable(
+                rest.into_iter()
+                    .next()
+                    .map(redis::from_redis_value)
+                    .transpose()?
+                    .unwrap_or_default(),
+            )),
+            "disabled" => Ok(Some(Admission::Disabled)),
+            "full" => Ok(Some(Admission::QueueFull {
+                waiting: rest
+                    .into_iter()
+                    .next()
+                    .map(redis::from_redis_value)
+                    .transpose()?
+                    .unwrap_or_default(),
+            })),
+            "ok" => Ok(Some(Admission::Created(execution_from(rest, false)?))),
+            other => return Err(StoreError::Corrupt(format!("retry replied {other}"))),
+        })
+    }
+
+    /// The newest dead letters, newest first, older than `before` (a record id) when given.
+    /// With `tenant`, only that tenant's records (of its shard); otherwise every shard's.
+    pub async fn dead_letters(
+        &self,
+        tenant: Option<&TenantId>,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let shards: Vec<Shard> = match tenant {
+            Some(t) => vec![self.shards.shard_of(t)],
+            None => self.shards.all().collect(),
+        };
+        let max = before
+            .map(|b| format!("({b}"))
+            .unwrap_or_else(|| "+".into());
+        let mut out = Vec::new();
+        let mut c = self.conn();
+        for shard in shards {
+            // A tenant's records are mixed with its shard neighbours': read in bounded pages
+            // until `limit` of its own are found or the stream is exhausted.
+            let mut upper = max.clone();
+            let mut found = 0;
+            for _ in 0..64 {
+                let page: Vec<(String, HashMap<String, String>)> = self
+                    .bounded(
+                        redis::cmd("XREVRANGE")
+                            .arg(shard.dead_letters())
+                            .arg(&upper)
+                            .arg("-")
+                            .arg("COUNT")
+                            .arg(limit.max(1) * 4)
+                            .query_async(&mut c),
+                    )
+                    .await?;
+                let Some((last, _)) = page.last() else { break };
+                upper = format!("({last}");
+                let n = page.len();
+                for (entry_id, f) in page {
+                    if let Some(t) = tenant
+                        && f.get("tenant_id").map(String::as_str) != Some(t.as_str())
+                    {
+                        continue;
+                    }
+                    out.push(dead_letter_of(entry_id, f));
+                    found += 1;
+                }
+                if found >= limit || n < limit.max(1) * 4 {
+                    break;
+                }
+            }
+        }
+        // Record ids are "<ms>-<seq>": newest first across shards.
+        out.sort_by_key(|d| std::cmp::Reverse(stream_id_key(&d.entry_id)));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Sizes and counters of every shard, one pipeline per shard.
+    pub async fn queue_stats(&self) -> Result<Vec<ShardStats>, StoreError> {
+        let mut out = Vec::new();
+        let mut c = self.conn();
+        for shard in self.shards.all() {
+            let mut p = redis::pipe();
+            p.cmd("XLEN")
+                .arg(shard.ready())
+                .zcard(shard.leases())
+                .zcard(shard.delayed())
+                .cmd("XLEN")
+                .arg(shard.dead_letters())
+                .hgetall(shard.stats());
+            let (ready, leases, delayed, dead_letters, counters): (
+                u64,
+                u64,
+                u64,
+                u64,
+                HashMap<String, u64>,
+            ) = self.bounded(p.query_async(&mut c)).await?;
+            let pending: redis::RedisResult<Value> = self
+                .bounded_raw(
+                    redis::cmd("XPENDING")
+                        .arg(shard.ready())
+                        .arg(WORKER_GROUP)
+                        .query_async(&mut c),
+                )
+                .await?;
+            let pending = match pending {
+                Ok(Value::Array(v)) => v
+                    .into_iter()
+                    .next()
+                    .map(redis::from_redis_value::<u64>)
+                    .transpose()?
+                    .unwrap_or(0),
+                _ => 0, // no group yet
+            };
+            out.push(ShardStats {
+                shard: shard.number(),
+                ready,
+                pending,
+                leases,
+                delayed,
+                dead_letters,
+                counters,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Tries to become the sweeper for `hold`; true when this process should sweep now.
+    pub async fn take_sweeper_turn(&self, owner: &str, hold: Duration) -> Result<bool, StoreError> {
+        let mut c = self.conn();
+        let r: Option<String> = self
+            .bounded(
+                redis::cmd("SET")
+                    .arg(keys::sweeper_lock())
+                    .arg(owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(hold.as_millis() as u64)
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(r.is_some())
+    }
+
+    /// One full repair pass over every tenant of every shard; returns repairs by kind.
+    pub async fn sweep(&self, batch: usize) -> Result<HashMap<&'static str, u64>, StoreError> {
+        let mut repaired: HashMap<&'static str, u64> = HashMap::new();
+        let mut c = self.conn();
+        for shard in self.shards.all() {
+            let tenants: Vec<String> = self
+                .bounded(
+                    redis::cmd("SMEMBERS")
+                        .arg(shard.tenants())
+                        .query_async(&mut c),
+                )
+                .await?;
+            for tenant in tenants {
+                let Ok(t) = TenantId::parse(&tenant) else {
+                    continue;
+                };
+                let flows: Vec<String> = self
+                    .bounded(
+                        redis::cmd("SMEMBERS")
+                            .arg(shard.flows(&t))
+                            .query_async(&mut c),
+                    )
+                    .await?;
+                *repaired.entry("slots").or_default() +=
+                    self.sweep_walk(shard, &t, "slots", "", "", batch).await?;
+                *repaired.entry("waiting").or_default() +=
+                    self.sweep_walk(shard, &t, "waiting", "", "", batch).await?;
+                for status in Status::ALL {
+                    let mut n = self
+                        .sweep_walk(shard, &t, "index", status.as_str(), "", batch)
+                        .await?;
+                    for flow in &flows {
+                        n += self
+                            .sweep_walk(shard, &t, "index", status.as_str(), flow, batch)
+                            .await?;
+                    }
+                    *repaired.entry("index").or_default() += n;
+                }
+            }
+        }
+        Ok(repaired)
+    }
+
+    async fn sweep_walk(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        mode: &str,
+        status: &str,
+        flow: &str,
+        batch: usize,
+    ) -> Result<u64, StoreError> {
+        let mut cursor = "0".to_owned();
+        let mut total = 0;
+        let mut c = self.conn();
+        // SCAN cursors end at "0"; the bound only guards against a runaway walk.
+        for _ in 0..1_000_000 {
+            let mut inv = self.scripts.sweep.key(shard.tenant_config(tenant));
+            self.common_args(&mut inv, shard);
+            inv.arg(tenant.as_str())
+                .arg(mode)
+                .arg(status)
+                .arg(flow)
+                .arg(&cursor)
+                .arg(batch);
+            let (next, n): (String, u64) = self.bounded(inv.invoke_async(&mut c)).await?;
+            total += n;
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(total)
+    }
+}
+
+fn stream_id_key(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+fn dead_letter_of(entry_id: String, mut f: HashMap<String, String>) -> DeadLetter {
+    let mut take = |k: &str| f.remove(k).unwrap_or_default();
+    let at = take("at");
+    let tenant = take("tenant_id");
+    let flow = take("flow_id");
+    DeadLetter {
+        execution_id: take("execution_id"),
+        reason: take("reason"),
+        attempts: take("attempts").parse().unwrap_or(0),
+        source_entry: take("source_entry"),
+        message: take("message"),
+        tenant_id: (!tenant.is_empty()).then_some(tenant),
+        flow_id: (!flow.is_empty()).then_some(flow),
+        dead_lettered_at: crate::admission::rfc3339_from_ms(&at).unwrap_or(at),
+        entry_id,
+    }
+}

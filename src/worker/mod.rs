@@ -1,0 +1,431 @@
+//! The worker runtime: reads dispatched executions only while it has free slots and starts
+//! what it reads in the same atomic step, runs each under a lease that one heartbeat per shard
+//! keeps alive, reports the outcome fenced by the attempt, and recovers orphans (expired leases
+//! only, never live ones). `sluice worker` runs it with flows from a file; Rust programs run it
+//! through `Worker::new` with their own `Registry`.
+
+mod builtin;
+mod external;
+mod handler;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::ExecutionId;
+use crate::store::{Completion, LeaseState, Outcome, Shard, Started, Store, StoreError};
+pub use builtin::with_demo_flows;
+pub use external::{FlowSpec, FlowsFile, load_flows};
+pub use handler::{Context, Handler, HandlerError, HandlerFuture, Registry};
+
+/// How a worker behaves. The defaults suit production; tests shorten the times.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Executions run at once; the worker reads only this many.
+    pub concurrency: usize,
+    /// How long a lease lasts without a heartbeat.
+    pub lease_ttl: Duration,
+    /// How often held leases are extended (well under `lease_ttl`).
+    pub heartbeat_interval: Duration,
+    /// How often expired leases are looked for.
+    pub scan_interval: Duration,
+    /// On shutdown, how long running executions may finish before their leases are released.
+    pub drain_timeout: Duration,
+    /// Backoff before the 2nd attempt after a retryable failure; doubles per attempt.
+    pub retry_backoff: Duration,
+    /// Cap of that backoff.
+    pub retry_backoff_max: Duration,
+    /// Longest pause between polls of the ready streams when there is no work.
+    pub idle_poll: Duration,
+    /// Consumer name in the `workers` group (unique per worker process).
+    pub consumer: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 8,
+            lease_ttl: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(10),
+            scan_interval: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
+            retry_backoff: Duration::from_secs(1),
+            retry_backoff_max: Duration::from_secs(300),
+            idle_poll: Duration::from_millis(100),
+            consumer: default_consumer(),
+        }
+    }
+}
+
+/// `<hostname>-<pid>-<random>`: unique per process, readable in Redis.
+pub fn default_consumer() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "worker".into());
+    let salt = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    format!("{host}-{}-{salt}", std::process::id())
+}
+
+/// Why a running execution was told to stop.
+const STOP_NONE: u8 = 0;
+const STOP_CANCEL: u8 = 1;
+const STOP_LOST: u8 = 2;
+const STOP_SHUTDOWN: u8 = 3;
+
+/// An execution this worker runs.
+struct Held {
+    shard: Shard,
+    attempt: u32,
+    stop: CancellationToken,
+    why: Arc<AtomicU8>,
+}
+
+type HeldMap = Arc<Mutex<HashMap<ExecutionId, Held>>>;
+
+/// A worker bound to a store and a registry of flows.
+pub struct Worker {
+    store: Arc<Store>,
+    registry: Arc<Registry>,
+    config: WorkerConfig,
+}
+
+impl Worker {
+    /// A worker; `run` starts it.
+    pub fn new(store: Arc<Store>, registry: Registry, config: WorkerConfig) -> Self {
+        Self {
+            store,
+            registry: Arc::new(registry),
+            config,
+        }
+    }
+
+    /// Runs until `shutdown` completes, then stops reading, lets running executions finish
+    /// for up to the drain timeout, and releases the leases of the rest so another worker
+    /// takes them at once.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), StoreError> {
+        self.store.ensure_groups().await?;
+        let held: HeldMap = Arc::default();
+        let freed = Arc::new(Notify::new());
+        let stop_reading = CancellationToken::new();
+        let stop_background = CancellationToken::new();
+        let mut runs = JoinSet::new();
+        let mut background = JoinSet::new();
+        background.spawn(heartbeat_loop(
+            self.store.clone(),
+            held.clone(),
+            self.config.clone(),
+            stop_background.clone(),
+        ));
+        background.spawn(reclaim_loop(
+            self.store.clone(),
+            self.config.clone(),
+            stop_background.clone(),
+        ));
+        tracing::info!(
+            consumer = %self.config.consumer,
+            concurrency = self.config.concurrency,
+            flows = ?self.registry.flows(),
+            "worker started"
+        );
+
+        {
+            let reading = self.read_loop(&held, &freed, &mut runs, stop_reading.clone());
+            tokio::pin!(reading);
+            tokio::select! {
+                _ = &mut reading => {}
+                _ = shutdown => {
+                    stop_reading.cancel();
+                    reading.await;
+                }
+            }
+        }
+
+        // Drain: wait for running executions, up to the drain timeout.
+        tracing::info!(running = runs.len(), "worker draining");
+        let drained = tokio::time::timeout(self.config.drain_timeout, async {
+            while runs.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            for h in held.lock().expect("held map").values() {
+                h.why.store(STOP_SHUTDOWN, Ordering::SeqCst);
+                h.stop.cancel();
+            }
+            // Their tasks now report `Released`; bounded, as completion calls are.
+            while runs.join_next().await.is_some() {}
+        }
+        stop_background.cancel();
+        while background.join_next().await.is_some() {}
+        tracing::info!("worker stopped");
+        Ok(())
+    }
+
+    async fn read_loop(
+        &self,
+        held: &HeldMap,
+        freed: &Arc<Notify>,
+        runs: &mut JoinSet<()>,
+        stop: CancellationToken,
+    ) {
+        let shards: Vec<Shard> = self.store.shards().all().collect();
+        let mut next_shard = 0;
+        let mut idle = Duration::from_millis(1);
+        while !stop.is_cancelled() {
+            // Reap finished tasks so the set does not grow.
+            while runs.try_join_next().is_some() {}
+            let mut free = self
+                .config
+                .concurrency
+                .saturating_sub(held.lock().expect("held map").len());
+            if free == 0 {
+                tokio::select! {
+                    _ = freed.notified() => {}
+                    _ = stop.cancelled() => {}
+                }
+                continue;
+            }
+            let mut started_any = false;
+            for i in 0..shards.len() {
+                if free == 0 {
+                    break;
+                }
+                let shard = shards[(next_shard + i) % shards.len()];
+                let started = match self
+                    .store
+                    .start(shard, &self.config.consumer, free, self.config.lease_ttl)
+                    .await
+                {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, shard = shard.number(), "cannot start executions");
+                        break;
+                    }
+                };
+                for s in started {
+                    free = free.saturating_sub(1);
+                    started_any = true;
+                    self.launch(s, held, freed, runs);
+                }
+            }
+            next_shard = (next_shard + 1) % shards.len().max(1);
+            if started_any {
+                idle = Duration::from_millis(1);
+            } else {
+                tokio::select! {
+                    _ = tokio::time::sleep(idle) => {}
+                    _ = stop.cancelled() => {}
+                }
+                idle = (idle * 2).min(self.config.idle_poll);
+            }
+        }
+    }
+
+    fn launch(&self, s: Started, held: &HeldMap, freed: &Arc<Notify>, runs: &mut JoinSet<()>) {
+        let stop = CancellationToken::new();
+        let why = Arc::new(AtomicU8::new(STOP_NONE));
+        held.lock().expect("held map").insert(
+            s.id.clone(),
+            Held {
+                shard: s.shard,
+                attempt: s.attempt,
+                stop: stop.clone(),
+                why: why.clone(),
+            },
+        );
+        let (store, registry, config) = (
+            self.store.clone(),
+            self.registry.clone(),
+            self.config.clone(),
+        );
+        let (held, freed) = (held.clone(), freed.clone());
+        runs.spawn(async move {
+            let (shard, id, attempt) = (s.shard, s.id.clone(), s.attempt);
+            let outcome = run_one(&registry, s, stop, &why, &config).await;
+            report(&store, shard, &id, attempt, &outcome, &config).await;
+            held.lock().expect("held map").remove(&id);
+            freed.notify_one();
+        });
+    }
+}
+
+/// Runs one execution's handler to an outcome.
+async fn run_one(
+    registry: &Registry,
+    s: Started,
+    stop: CancellationToken,
+    why: &AtomicU8,
+    config: &WorkerConfig,
+) -> Outcome {
+    let Some(handler) = registry.get(&s.flow) else {
+        return Outcome::Failed {
+            kind: "unknown_flow".into(),
+            message: format!(
+                "no handler for flow {:?} on worker {}",
+                s.flow, config.consumer
+            ),
+            retry_after: None,
+        };
+    };
+    let ctx = Context {
+        execution_id: s.id.to_string(),
+        tenant_id: s.tenant,
+        flow_id: s.flow,
+        version: s.version,
+        params: s.params,
+        attempt: s.attempt,
+        max_attempts: s.max_attempts,
+        cancel: stop.clone(),
+    };
+    let result = tokio::select! {
+        r = handler.run(ctx) => Some(r),
+        _ = stop.cancelled() => None,
+    };
+    // A stop decided by the runtime wins over whatever the handler returned while stopping.
+    match (why.load(Ordering::SeqCst), result) {
+        (STOP_SHUTDOWN, _) => Outcome::Released,
+        (STOP_CANCEL | STOP_LOST, _) | (_, None) => Outcome::Cancelled,
+        (_, Some(Ok(output))) => Outcome::Completed(output),
+        (_, Some(Err(e))) => Outcome::Failed {
+            kind: "handler_error".into(),
+            retry_after: e.retryable.then(|| backoff(config, s.attempt)),
+            message: e.message,
+        },
+    }
+}
+
+/// Backoff before the attempt after `attempt`: base × 2^(attempt-1), capped.
+fn backoff(config: &WorkerConfig, attempt: u32) -> Duration {
+    let factor = 1u32 << attempt.saturating_sub(1).min(20);
+    config
+        .retry_backoff
+        .saturating_mul(factor)
+        .min(config.retry_backoff_max)
+}
+
+/// Reports an outcome, retrying while Redis is unavailable for up to one lease TTL (after that
+/// the lease has expired and the orphan scan re-runs the execution anyway).
+async fn report(
+    store: &Store,
+    shard: Shard,
+    id: &ExecutionId,
+    attempt: u32,
+    outcome: &Outcome,
+    config: &WorkerConfig,
+) {
+    let deadline = tokio::time::Instant::now() + config.lease_ttl;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match store.complete(shard, id, attempt, outcome).await {
+            Ok(Completion::Stale) => {
+                tracing::warn!(%id, attempt, "late completion refused: the attempt is no longer current");
+                return;
+            }
+            Ok(done) => {
+                tracing::debug!(%id, attempt, ?done, "execution reported");
+                return;
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(%id, error = %e, "cannot report completion yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => {
+                tracing::error!(%id, error = %e, "giving up reporting; the orphan scan will re-run it");
+                return;
+            }
+        }
+    }
+}
+
+/// Extends every held lease once per interval: one call per shard, not per execution.
+async fn heartbeat_loop(
+    store: Arc<Store>,
+    held: HeldMap,
+    config: WorkerConfig,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(config.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let by_shard: HashMap<Shard, Vec<(ExecutionId, u32)>> = {
+            let held = held.lock().expect("held map");
+            let mut m: HashMap<Shard, Vec<(ExecutionId, u32)>> = HashMap::new();
+            for (id, h) in held.iter() {
+                m.entry(h.shard).or_default().push((id.clone(), h.attempt));
+            }
+            m
+        };
+        for (shard, list) in by_shard {
+            let answers = match store.heartbeat(shard, &list, config.lease_ttl).await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                    continue;
+                }
+            };
+            let held = held.lock().expect("held map");
+            for ((id, _), state) in list.iter().zip(answers) {
+                let Some(h) = held.get(id) else { continue };
+                let why = match state {
+                    LeaseState::Held => continue,
+                    LeaseState::CancelRequested => STOP_CANCEL,
+                    LeaseState::Lost => STOP_LOST,
+                };
+                tracing::info!(%id, ?state, "stopping execution");
+                let _ = h
+                    .why
+                    .compare_exchange(STOP_NONE, why, Ordering::SeqCst, Ordering::SeqCst);
+                h.stop.cancel();
+            }
+        }
+    }
+}
+
+/// Looks for expired leases in every shard once per scan interval.
+async fn reclaim_loop(store: Arc<Store>, config: WorkerConfig, stop: CancellationToken) {
+    const BATCH: usize = 100;
+    let mut tick = tokio::time::interval(config.scan_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(e) = store.refresh_defaults().await {
+            tracing::warn!(error = %e, "cannot refresh server defaults");
+        }
+        for shard in store.shards().all() {
+            // Bounded: at most 100 batches per shard per tick.
+            for _ in 0..100 {
+                match store.reclaim(shard, BATCH).await {
+                    Ok((requeued, dead)) => {
+                        if requeued + dead > 0 {
+                            tracing::info!(
+                                shard = shard.number(),
+                                requeued,
+                                dead,
+                                "orphans recovered"
+                            );
+                        }
+                        if ((requeued + dead) as usize) < BATCH {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "orphan scan failed");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

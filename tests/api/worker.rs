@@ -1,0 +1,548 @@
+//! The worker runtime against real `sluice worker` processes and a real Redis: queued and
+//! running work is never mistaken for dead work; dead workers' executions are recovered; late
+//! results are fenced; attempts run out into the dead-letter stream.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{FAST_WORKER, TestApp, TestWorker};
+
+fn with(extra: &[&'static str]) -> Vec<&'static str> {
+    FAST_WORKER.iter().chain(extra).copied().collect()
+}
+
+/// Pending-list facts of every shard's ready stream: (entries, highest delivery count).
+async fn pending(app: &TestApp) -> (u64, u64) {
+    let mut c = app.redis.conn().await;
+    let (mut entries, mut max_deliveries) = (0, 0);
+    for n in 0..16u16 {
+        let key = sluice::store::Shard::new(n).ready();
+        let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(&key)
+            .arg("workers")
+            .arg("-")
+            .arg("+")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .unwrap_or_default();
+        entries += rows.len() as u64;
+        max_deliveries = max_deliveries.max(rows.iter().map(|r| r.3).max().unwrap_or(0));
+    }
+    (entries, max_deliveries)
+}
+
+async fn claim_calls(app: &TestApp) -> String {
+    let info: String = app
+        .redis
+        .query(redis::cmd("INFO").arg("commandstats"))
+        .await;
+    info.lines()
+        .filter(|l| l.contains("xclaim") || l.contains("xautoclaim"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn saturation_without_churn() {
+    let app = TestApp::spawn().await;
+    let _worker = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    // Each lasts 3 lease TTLs and 12 scan periods.
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        ids.push(
+            app.admit_with(
+                "acme",
+                json!({"flow_id": "demo.sleep", "params": {"ms": 1200}}),
+            )
+            .await,
+        );
+    }
+    // Watch the pending list while the work runs (sampling, not synchronisation).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut max_pending = 0;
+    loop {
+        let (entries, deliveries) = pending(&app).await;
+        max_pending = max_pending.max(entries);
+        assert!(deliveries <= 1, "a delivery count grew to {deliveries}");
+        let page: Value = app
+            .list("acme", "status=completed&limit=1")
+            .await
+            .json()
+            .await
+            .unwrap();
+        if page["total"] == 30 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "30 executions did not complete");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        max_pending <= 2,
+        "pending list reached {max_pending} with concurrency 2"
+    );
+    assert!(max_pending >= 1, "the sampling never saw work running");
+    for id in &ids {
+        let e: Value = app.get_execution("acme", id).await.json().await.unwrap();
+        assert_eq!(e["status"], "completed");
+        assert_eq!(e["attempt"], 1, "{id} ran more than once");
+        assert_eq!(e["output"]["attempt"], 1);
+    }
+    assert!(app.dead_letters().await.is_empty());
+    assert_eq!(app.counter("reclaimed").await, 0);
+    assert_eq!(app.counter("fenced").await, 0);
+    assert_eq!(app.counter("completed").await, 30);
+    assert_eq!(claim_calls(&app).await, "", "XCLAIM/XAUTOCLAIM was called");
+    assert_eq!(
+        pending(&app).await.0,
+        0,
+        "finished entries left the pending list"
+    );
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "dispatched": 0, "waiting": 0})
+    );
+}
+
+#[tokio::test]
+async fn a_killed_workers_executions_are_rerun_once_by_another() {
+    let app = TestApp::spawn().await;
+    let mut a = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    let ids = [
+        app.admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 1500}}),
+        )
+        .await,
+        app.admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 1500}}),
+        )
+        .await,
+    ];
+    for id in &ids {
+        app.wait_running("acme", id, 1).await;
+    }
+    a.kill9();
+    let _b = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    for id in &ids {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(20)).await;
+        assert_eq!(e["status"], "completed");
+        assert_eq!(e["attempt"], 2);
+        assert_eq!(e["output"]["attempt"], 2);
+    }
+    assert_eq!(
+        app.counter("completed").await,
+        2,
+        "each execution completed exactly once"
+    );
+    assert_eq!(app.counter("reclaimed").await, 2);
+    assert!(app.dead_letters().await.is_empty());
+    assert_eq!(claim_calls(&app).await, "");
+}
+
+#[tokio::test]
+async fn a_paused_workers_late_completion_is_fenced() {
+    let app = TestApp::spawn().await;
+    let a = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 1500}}),
+        )
+        .await;
+    app.wait_running("acme", &id, 1).await;
+    a.signal("STOP");
+    let _b = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let done = app
+        .wait_terminal("acme", &id, Duration::from_secs(20))
+        .await;
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["attempt"], 2);
+
+    a.signal("CONT");
+    // The zombie wakes, finishes attempt 1 and reports it: refused and counted.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.counter("fenced").await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the late completion was never attempted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after: Value = app.get_execution("acme", &id).await.json().await.unwrap();
+    assert_eq!(after, done, "the late completion changed the execution");
+    assert_eq!(app.counter("completed").await, 1);
+}
+
+#[tokio::test]
+async fn attempts_exhausted_by_dying_workers_dead_letter_as_lease_lost_and_retry_reruns() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    let doomed = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 30000}, "max_attempts": 2}),
+        )
+        .await;
+    let next = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    let e: Value = app.get_execution("acme", &next).await.json().await.unwrap();
+    assert_eq!(e["queue_state"], "waiting");
+
+    for attempt in 1..=2 {
+        let mut w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+        app.wait_running("acme", &doomed, attempt).await;
+        w.kill9();
+    }
+    let _survivor = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let dead = app
+        .wait_terminal("acme", &doomed, Duration::from_secs(20))
+        .await;
+    assert_eq!(dead["status"], "failed");
+    assert_eq!(dead["error"]["kind"], "lease_lost");
+    let dlq = app.dead_letters().await;
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0]["execution_id"], doomed.as_str());
+    assert_eq!(dlq[0]["reason"], "lease_lost");
+    assert_eq!(dlq[0]["attempts"], 2);
+    assert_eq!(dlq[0]["tenant_id"], "acme");
+    // Its slot went to the waiting execution, which ran.
+    let e = app
+        .wait_terminal("acme", &next, Duration::from_secs(10))
+        .await;
+    assert_eq!(e["status"], "completed");
+
+    // Retry: same id, fresh attempts, runs again.
+    let res = app.retry("acme", &doomed).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let again: Value = res.json().await.unwrap();
+    assert_eq!(again["status"], "queued");
+    assert_eq!(again["attempt"], 0);
+    assert_eq!(again["error"], Value::Null);
+    app.wait_running("acme", &doomed, 1).await;
+    app.cancel("acme", &doomed).await;
+    let end = app
+        .wait_terminal("acme", &doomed, Duration::from_secs(10))
+        .await;
+    assert_eq!(end["status"], "cancelled");
+    // Retrying something not failed/cancelled is a conflict.
+    let res = app.retry("acme", &next).await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn short_tasks_are_not_held_up_by_long_ones() {
+    let app = TestApp::spawn().await;
+    let _w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "4"]));
+    let long: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..2 {
+            v.push(
+                app.admit_with(
+                    "acme",
+                    json!({"flow_id": "demo.sleep", "params": {"ms": 60000}}),
+                )
+                .await,
+            );
+        }
+        v
+    };
+    for id in &long {
+        app.wait_running("acme", id, 1).await;
+    }
+    let mut short = Vec::new();
+    for i in 0..40 {
+        short.push(
+            app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"i": i}}))
+                .await,
+        );
+    }
+    for (i, id) in short.iter().enumerate() {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(20)).await;
+        assert_eq!(e["status"], "completed");
+        assert_eq!(e["output"], json!({"i": i}));
+    }
+    for id in &long {
+        let e: Value = app.get_execution("acme", id).await.json().await.unwrap();
+        assert_eq!(
+            e["status"], "running",
+            "the long task is still running beside them"
+        );
+        app.cancel("acme", id).await;
+    }
+}
+
+#[tokio::test]
+async fn cancelling_a_running_execution_stops_it_and_releases_the_slot_once() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    let _w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 60000}}),
+        )
+        .await;
+    let waiting = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 60000}}),
+        )
+        .await;
+    app.wait_running("acme", &id, 1).await;
+    let res: Value = app.cancel("acme", &id).await.json().await.unwrap();
+    assert_eq!(res["status"], "running");
+    assert_eq!(res["cancel_requested"], true);
+    let e = app
+        .wait_terminal("acme", &id, Duration::from_secs(10))
+        .await;
+    assert_eq!(e["status"], "cancelled");
+    assert_eq!(e["attempt"], 1);
+    // The slot went to the waiting one, exactly once.
+    app.wait_running("acme", &waiting, 1).await;
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 1, "dispatched": 0, "waiting": 0})
+    );
+    app.cancel("acme", &id).await;
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 1, "dispatched": 0, "waiting": 0})
+    );
+    assert_eq!(app.counter("cancelled").await, 1);
+    app.cancel("acme", &waiting).await;
+    app.wait_terminal("acme", &waiting, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "dispatched": 0, "waiting": 0})
+    );
+}
+
+#[tokio::test]
+async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
+    let app = TestApp::spawn().await;
+    // A lease far longer than the test: only a release can explain a quick hand-over.
+    let slow_lease = [
+        "--concurrency",
+        "1",
+        "--lease-ttl-ms",
+        "60000",
+        "--heartbeat-ms",
+        "1000",
+        "--drain-timeout-ms",
+        "300",
+        "--idle-poll-ms",
+        "20",
+    ];
+    let mut a = TestWorker::spawn(&app.redis.url(), &slow_lease);
+    let quick = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 100}}),
+        )
+        .await;
+    app.wait_terminal("acme", &quick, Duration::from_secs(10))
+        .await;
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 60000}}),
+        )
+        .await;
+    app.wait_running("acme", &id, 1).await;
+    a.signal("TERM");
+    let status = a.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+    let e: Value = app.get_execution("acme", &id).await.json().await.unwrap();
+    assert_eq!(e["status"], "queued");
+    assert_eq!(e["queue_state"], "dispatched");
+    let _b = TestWorker::spawn(&app.redis.url(), &slow_lease);
+    app.wait_running("acme", &id, 2).await;
+    app.cancel("acme", &id).await;
+    assert_eq!(app.counter("reclaimed").await, 0);
+}
+
+#[tokio::test]
+async fn handler_failures_retry_then_dead_letter_and_permanent_ones_fail_at_once() {
+    let app = TestApp::spawn().await;
+    let _w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "4"]));
+    let flaky = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.fail", "params": {"message": "boom"}, "max_attempts": 3}),
+        )
+        .await;
+    let permanent = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.fail", "params": {"retryable": false}}),
+        )
+        .await;
+    let unknown = app
+        .admit_with("acme", json!({"flow_id": "no.such.flow"}))
+        .await;
+
+    let e = app
+        .wait_terminal("acme", &flaky, Duration::from_secs(15))
+        .await;
+    assert_eq!(e["status"], "failed");
+    assert_eq!(e["attempt"], 3);
+    assert_eq!(
+        e["error"],
+        json!({"kind": "handler_error", "message": "boom"})
+    );
+    let e = app
+        .wait_terminal("acme", &permanent, Duration::from_secs(15))
+        .await;
+    assert_eq!(e["status"], "failed");
+    assert_eq!(e["attempt"], 1);
+    let e = app
+        .wait_terminal("acme", &unknown, Duration::from_secs(15))
+        .await;
+    assert_eq!(e["status"], "failed");
+    assert_eq!(e["attempt"], 1);
+    assert_eq!(e["error"]["kind"], "unknown_flow");
+
+    let dlq = app.dead_letters().await;
+    assert_eq!(dlq.len(), 1, "{dlq:?}");
+    assert_eq!(dlq[0]["execution_id"], flaky.as_str());
+    assert_eq!(dlq[0]["reason"], "handler_error");
+    assert_eq!(dlq[0]["attempts"], 3);
+    // Tenant-scoped listing shows it; another tenant's does not.
+    let mine: Value = app
+        .as_tenant(reqwest::Method::GET, "/api/dlq", "acme")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(mine["dead_letters"].as_array().unwrap().len(), 1);
+    let theirs: Value = app
+        .as_tenant(reqwest::Method::GET, "/api/dlq", "other")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(theirs["dead_letters"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "dispatched": 0, "waiting": 0})
+    );
+}
+
+#[tokio::test]
+async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
+    let app = TestApp::spawn_with(|c| c.api.dlq_cap = 2).await;
+    let ready = app.shard("acme").ready();
+    let mut c = app.redis.conn().await;
+    for fields in [
+        vec![("id", "0123456789abcdef0123456789abcdef")],
+        vec![("junk", "x")],
+        vec![("id", "nope")],
+    ] {
+        let _: String = redis::cmd("XADD")
+            .arg(&ready)
+            .arg("*")
+            .arg(fields)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let _w = TestWorker::spawn(&app.redis.url(), FAST_WORKER);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.counter("dead_lettered").await < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "poison entries were not dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let the worker poll a while more: nothing loops back.
+    let real = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    app.wait_terminal("acme", &real, Duration::from_secs(10))
+        .await;
+    assert_eq!(app.counter("dead_lettered").await, 3);
+    let dlq = app.dead_letters().await;
+    assert_eq!(dlq.len(), 2, "capped at 2");
+    assert!(dlq.iter().all(|d| d["reason"] == "poison"));
+    assert_eq!(
+        app.counter("dlq_evicted").await,
+        1,
+        "the evicted record is counted"
+    );
+    assert_eq!(pending(&app).await.0, 0);
+    let len: u64 = app.redis.query(redis::cmd("XLEN").arg(&ready)).await;
+    assert_eq!(len, 0, "poison entries were removed from the stream");
+}
+
+#[tokio::test]
+async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    let holder = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    let waiting = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let shard = app.shard("acme");
+    let holder_id = sluice::admission::ExecutionId::parse(&holder).unwrap();
+    // Drift by hand: the holder's row vanishes (as if expired) while its slot stays, and an
+    // index points at a row that does not exist.
+    let _: i64 = app
+        .redis
+        .query(redis::cmd("DEL").arg(shard.row(&holder_id)))
+        .await;
+    let ghost = "0123456789abcdef0123456789abcdef";
+    let _: i64 = app
+        .redis
+        .query(
+            redis::cmd("ZADD")
+                .arg(shard.status_index(&tenant, sluice::admission::Status::Completed))
+                .arg(0)
+                .arg(ghost),
+        )
+        .await;
+    let store = app.store().await;
+    let repaired = sluice::sweeper::sweep_once(&store, "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    assert_eq!(repaired["slots"], 1);
+    assert!(repaired["index"] >= 2, "{repaired:?}");
+    // The freed slot went to the waiting execution.
+    let e: Value = app
+        .get_execution("acme", &waiting)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(e["queue_state"], "dispatched");
+    let page: Value = app.list("acme", "").await.json().await.unwrap();
+    let ids: BTreeSet<&str> = page["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["execution_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, BTreeSet::from([waiting.as_str()]));
+    assert_eq!(page["total"], 1);
+    assert_eq!(app.counter("repaired_slots").await, 1);
+    // Single flight: a second process does not get the turn while it is held.
+    assert!(
+        sluice::sweeper::sweep_once(&store, "other", Duration::from_secs(5))
+            .await
+            .is_none()
+    );
+}
