@@ -173,8 +173,12 @@ impl Worker {
         stop: CancellationToken,
     ) {
         let shards: Vec<Shard> = self.store.shards().all().collect();
+        // Each shard is polled on its own schedule: again at once while it has work, with a
+        // doubling pause (up to `idle_poll`) while it is empty, so idle shards cost little and
+        // a busy one is never starved behind them.
+        let mut due = vec![tokio::time::Instant::now(); shards.len()];
+        let mut pause = vec![Duration::from_millis(1); shards.len()];
         let mut next_shard = 0;
-        let mut idle = Duration::from_millis(1);
         while !stop.is_cancelled() {
             // Reap finished tasks so the set does not grow.
             while runs.try_join_next().is_some() {}
@@ -189,38 +193,43 @@ impl Worker {
                 }
                 continue;
             }
-            let mut started_any = false;
+            let now = tokio::time::Instant::now();
             for i in 0..shards.len() {
-                if free == 0 {
+                let n = (next_shard + i) % shards.len();
+                if free == 0 || stop.is_cancelled() {
                     break;
                 }
-                let shard = shards[(next_shard + i) % shards.len()];
-                let started = match self
+                if due[n] > now {
+                    continue;
+                }
+                let shard = shards[n];
+                let started = self
                     .store
                     .start(shard, &self.config.consumer, free, self.config.lease_ttl)
                     .await
-                {
-                    Ok(s) => s,
-                    Err(e) => {
+                    .unwrap_or_else(|e| {
                         tracing::warn!(error = %e, shard = shard.number(), "cannot start executions");
-                        break;
-                    }
-                };
+                        Vec::new()
+                    });
+                if started.is_empty() {
+                    pause[n] = (pause[n] * 2).min(self.config.idle_poll);
+                    due[n] = now + pause[n];
+                } else {
+                    pause[n] = Duration::from_millis(1);
+                    due[n] = now;
+                }
                 for s in started {
                     free = free.saturating_sub(1);
-                    started_any = true;
                     self.launch(s, held, freed, runs);
                 }
             }
-            next_shard = (next_shard + 1) % shards.len().max(1);
-            if started_any {
-                idle = Duration::from_millis(1);
-            } else {
+            next_shard = (next_shard + 1) % shards.len();
+            let earliest = due.iter().min().copied().unwrap_or(now);
+            if earliest > tokio::time::Instant::now() {
                 tokio::select! {
-                    _ = tokio::time::sleep(idle) => {}
+                    _ = tokio::time::sleep_until(earliest) => {}
                     _ = stop.cancelled() => {}
                 }
-                idle = (idle * 2).min(self.config.idle_poll);
             }
         }
     }
