@@ -93,15 +93,26 @@ pub async fn create_execution(
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(res)
         }
-        Admission::Conflict { existing } => Err(ApiError::IdempotencyConflict { existing }),
-        Admission::Disabled => Err(ApiError::Forbidden {
+        refused => Err(refusal(refused)),
+    }
+}
+
+/// The error for an admission (or retry) that did not queue anything.
+fn refusal(a: Admission) -> ApiError {
+    match a {
+        Admission::Conflict { existing } => ApiError::IdempotencyConflict { existing },
+        Admission::Disabled => ApiError::Forbidden {
             code: "tenant_disabled",
             detail: "this tenant is disabled and admits no new executions".into(),
-        }),
-        Admission::QueueFull { waiting } => Err(ApiError::QueueFull {
+        },
+        Admission::QueueFull { waiting } => ApiError::QueueFull {
             waiting,
             retry_after: QUEUE_FULL_RETRY_AFTER,
-        }),
+        },
+        Admission::Created(e) | Admission::Replayed(e) => ApiError::Internal(format!(
+            "execution {} was admitted but reported as refused",
+            e.execution_id
+        )),
     }
 }
 
@@ -345,16 +356,6 @@ pub async fn retry_execution(
         }),
         Ok(None) => Err(ApiError::execution_not_found()),
         Ok(Some(Admission::Created(e) | Admission::Replayed(e))) => Ok(axum::Json(e)),
-        Ok(Some(Admission::Disabled)) => Err(ApiError::Forbidden {
-            code: "tenant_disabled",
-            detail: "this tenant is disabled and admits no new executions".into(),
-        }),
-        Ok(Some(Admission::QueueFull { waiting })) => Err(ApiError::QueueFull {
-            waiting,
-            retry_after: QUEUE_FULL_RETRY_AFTER,
-        }),
-        Ok(Some(Admission::Conflict { existing })) => {
-            Err(ApiError::IdempotencyConflict { existing })
-        }
+        Ok(Some(refused)) => Err(refusal(refused)),
     }
 }

@@ -134,14 +134,7 @@ async fn new_admission_answers_201_with_location_and_a_full_row() {
     assert_eq!(body["dedup_key"], Value::Null);
 
     // The Location resolves to the same execution.
-    let got: Value = app
-        .as_tenant(reqwest::Method::GET, &location, "acme")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got = app.get_json(Some("acme"), &location).await;
     assert_eq!(got, body);
     // Non-terminal rows never expire.
     assert_eq!(app.row_ttl("acme", id).await, -1);

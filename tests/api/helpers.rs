@@ -211,6 +211,16 @@ impl TestApp {
             .header("X-Tenant-Id", tenant)
     }
 
+    /// GET `path` and parse the JSON answer: as the platform admin acting for `tenant`, or
+    /// for no tenant when `None`.
+    pub async fn get_json(&self, tenant: Option<&str>, path: &str) -> Value {
+        let req = match tenant {
+            Some(t) => self.as_tenant(reqwest::Method::GET, path, t),
+            None => self.client.get(self.url(path)).bearer_auth(ADMIN_TOKEN),
+        };
+        req.send().await.unwrap().json().await.unwrap()
+    }
+
     pub async fn post_execution(&self, tenant: &str, body: &Value) -> Response {
         self.as_tenant(reqwest::Method::POST, "/api/executions", tenant)
             .json(body)
@@ -492,16 +502,7 @@ impl TestApp {
 
     /// Counters summed over all shards (from `GET /api/queues`).
     pub async fn counter(&self, name: &str) -> u64 {
-        let stats: Value = self
-            .client
-            .get(self.url("/api/queues"))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let stats = self.get_json(None, "/api/queues").await;
         stats["shards"]
             .as_array()
             .unwrap()
@@ -512,16 +513,7 @@ impl TestApp {
 
     /// Dead letters (platform-wide, newest first).
     pub async fn dead_letters(&self) -> Vec<Value> {
-        let page: Value = self
-            .client
-            .get(self.url("/api/dlq?limit=200"))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page = self.get_json(None, "/api/dlq?limit=200").await;
         page["dead_letters"].as_array().unwrap().clone()
     }
 

@@ -415,23 +415,9 @@ async fn handler_failures_retry_then_dead_letter_and_permanent_ones_fail_at_once
     assert_eq!(dlq[0]["reason"], "handler_error");
     assert_eq!(dlq[0]["attempts"], 3);
     // Tenant-scoped listing shows it; another tenant's does not.
-    let mine: Value = app
-        .as_tenant(reqwest::Method::GET, "/api/dlq", "acme")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let mine = app.get_json(Some("acme"), "/api/dlq").await;
     assert_eq!(mine["dead_letters"].as_array().unwrap().len(), 1);
-    let theirs: Value = app
-        .as_tenant(reqwest::Method::GET, "/api/dlq", "other")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let theirs = app.get_json(Some("other"), "/api/dlq").await;
     assert_eq!(theirs["dead_letters"].as_array().unwrap().len(), 0);
     assert_eq!(
         app.usage("acme").await,
