@@ -87,6 +87,18 @@ pub struct ApiSettings {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SLUICE_BODY_LIMIT", default_value_t = 1024 * 1024)]
     pub body_limit: usize,
+    /// Upper bound on receiving a request's headers, in milliseconds; a client slower than
+    /// this (slowloris) is disconnected.
+    #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+    /// Browser origin allowed to call the API (CORS), e.g. https://console.example.com;
+    /// repeat the flag or separate with commas. None by default: no CORS headers are sent.
+    #[arg(
+        long = "cors-origin",
+        env = "SLUICE_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origins: Vec<String>,
     /// Concurrency limit of tenants without their own.
     #[arg(long, env = "SLUICE_DEFAULT_MAX_CONCURRENT", default_value_t = 100)]
     pub default_max_concurrent: u32,
@@ -138,6 +150,10 @@ impl ApiSettings {
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
     }
 }
 
