@@ -1,7 +1,6 @@
 //! The `sluice` command: a thin shell over the library.
 
 use anyhow::Context;
-use clap::Parser;
 
 use sluice::app::{Application, shutdown_signal};
 use sluice::config::{AppConfig, Cli, Command, RedisSettings};
@@ -9,7 +8,7 @@ use sluice::dev::ManagedRedis;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::load().unwrap_or_else(|e| e.exit());
     sluice::telemetry::init(cli.log_format);
     match cli.command {
         Command::Openapi => {

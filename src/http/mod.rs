@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
@@ -129,7 +129,11 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
         ))
         .layer(DefaultBodyLimit::max(limits.body_limit))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid));
     if let Some(cors) = cors_layer(&limits.cors_origins) {
         // Outermost: a preflight is answered before anything else looks at it.
@@ -138,7 +142,8 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
     app.with_state(state)
 }
 
-/// The span every request's logs are in, carrying the id also returned in `X-Request-Id`.
+/// The span every request's logs are in (one access line per request at `info`), carrying
+/// the id also returned in `X-Request-Id`. Headers are not logged: they hold credentials.
 fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
     let id = req
         .headers()
