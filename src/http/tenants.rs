@@ -47,6 +47,13 @@ pub struct TenantUsage {
 
 /// A tenant's effective limits and usage.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "tenant_id": "acme",
+    "max_concurrent": 10,
+    "max_queued": 1000,
+    "enabled": true,
+    "usage": {"running": 3, "dispatched": 7, "waiting": 42}
+}))]
 pub struct Tenant {
     pub tenant_id: String,
     pub max_concurrent: u32,

@@ -4,6 +4,8 @@
 mod access;
 mod admission;
 mod bad_input;
+mod config;
+mod deployment;
 mod dev;
 mod helpers;
 mod listing;
