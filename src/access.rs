@@ -60,6 +60,7 @@ impl KeyId {
         is_lower_hex(s, KEY_ID_BYTES * 2).then(|| Self(s.to_owned()))
     }
 
+    /// The id's text (what the API shows and the store's key names use).
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -24,6 +24,7 @@ use crate::store::{ApiKeyRecord, KeyCreation};
 /// Longest key name accepted.
 const MAX_NAME_LEN: usize = 64;
 
+/// The API-key routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_api_key, list_api_keys))

@@ -32,6 +32,7 @@ use crate::admission::TenantId;
 /// Content type of the exposition.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The `/metrics` route with its OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(metrics))
 }

@@ -16,6 +16,7 @@ use super::extract::{Json, Path};
 use crate::admission::TenantId;
 use crate::store::{TenantLimits, TenantState};
 
+/// The tenant routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(put_tenant, get_tenant, delete_tenant))
