@@ -86,7 +86,7 @@ pub struct ApiSettings {
     pub listen: SocketAddr,
     /// Platform admin token (Bearer); may act for any tenant with X-Tenant-Id.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// Dev mode: no token needed, the tenant comes from X-Tenant-Id and the caller is platform
     /// admin. Unsafe anywhere but a developer's machine.
     #[arg(long, env = "SLUICE_DEV_AUTH")]
@@ -124,6 +124,36 @@ pub struct ApiSettings {
     /// How long a dedup key maps to its execution, in hours from admission.
     #[arg(long, env = "SLUICE_DEDUP_TTL_HOURS", default_value_t = 7 * 24)]
     pub dedup_ttl_hours: u64,
+}
+
+/// A secret setting (the admin token): parsed like any string, but its `Debug` never shows
+/// the value, so a logged or printed configuration cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that compares it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 /// Where Redis is and how to talk to it.

@@ -16,6 +16,7 @@ use super::AppState;
 use super::error::ApiError;
 use crate::access::{KeyRole, PresentedKey, TOKEN_PREFIX};
 use crate::admission::TenantId;
+use crate::config::Secret;
 
 /// Header naming the tenant the platform admin (or a dev-mode caller) acts for.
 pub const TENANT_HEADER: &str = "x-tenant-id";
@@ -143,7 +144,7 @@ impl FromRequestParts<AppState> for Caller {
                     role: role.into(),
                 })
             }
-            Some(given) => match state.auth.admin_token.as_deref() {
+            Some(given) => match state.auth.admin_token.as_ref().map(Secret::expose) {
                 Some(admin) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => Ok(Caller {
                     tenant,
                     role: Role::PlatformAdmin,
@@ -172,7 +173,7 @@ fn tenant_mismatch() -> ApiError {
 #[derive(Debug, Clone, Default)]
 pub struct AuthConfig {
     /// The platform admin token, if configured.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// Dev mode: no credentials needed.
     pub dev_auth: bool,
 }

@@ -24,6 +24,9 @@ use axum::routing::get;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use utoipa::openapi::Required;
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
@@ -89,13 +92,42 @@ impl Modify for BearerAuth {
 }
 
 fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut spec) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(executions::routes())
         .merge(tenants::routes())
         .merge(api_keys::routes())
         .merge(health::routes())
         .merge(metrics::routes())
-        .split_for_parts()
+        .split_for_parts();
+    document_tenant_header(&mut spec);
+    (router, spec)
+}
+
+/// Documents `X-Tenant-Id` once per `/api/executions` path (so every operation there, present
+/// and future, has it): how the platform admin says which tenant it acts for.
+fn document_tenant_header(spec: &mut utoipa::openapi::OpenApi) {
+    let header = Parameter::builder()
+        .name("X-Tenant-Id")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(
+            "The tenant the platform admin token acts for. With a tenant API key it may be \
+             omitted (the key names its tenant); naming another tenant is a 403 \
+             `tenant_mismatch`.",
+        ))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")),
+        ))
+        .build();
+    for (path, item) in spec.paths.paths.iter_mut() {
+        if path.starts_with("/api/executions") {
+            item.parameters
+                .get_or_insert_with(Vec::new)
+                .push(header.clone().into());
+        }
+    }
 }
 
 /// The OpenAPI document of this build (what `/openapi.json` serves and `sluice openapi`

@@ -119,3 +119,22 @@ fn help_explains_settings_and_hides_the_admin_token() {
         assert!(help.contains(word), "{word} missing from --help");
     }
 }
+
+#[test]
+fn a_printed_configuration_does_not_show_the_admin_token() {
+    let cli = Cli::load_from([
+        "sluice",
+        "serve",
+        "--admin-token",
+        "very-secret-token-value",
+    ])
+    .unwrap();
+    let Command::Serve(args) = &cli.command else {
+        panic!("parsed {cli:?}");
+    };
+    assert_eq!(
+        args.api.admin_token.as_ref().map(|s| s.expose()),
+        Some("very-secret-token-value")
+    );
+    assert!(!format!("{cli:?}").contains("very-secret-token-value"));
+}

@@ -60,6 +60,9 @@ fn every_error_is_a_documented_problem_and_every_api_call_is_secured() {
     );
     for (path, ops) in spec["paths"].as_object().unwrap() {
         for (method, op) in ops.as_object().unwrap() {
+            if method == "parameters" {
+                continue;
+            }
             let responses = op["responses"].as_object().unwrap();
             for (status, res) in responses {
                 if status.starts_with('4') || status.starts_with('5') {
