@@ -64,6 +64,7 @@ fn print_dev_banner(app: &Application, redis: &ManagedRedis, data_dir: &std::pat
         "\nsluice dev is up (DEV AUTH: no credentials checked; never expose it)\n\
          \n  API        http://{addr}/api\
          \n  OpenAPI    http://{addr}/openapi.json\
+         \n  Docs       http://{addr}/docs (Swagger UI)\
          \n  Redis      {} (data and AOF in {})\
          \n\nTry:\n  curl -s -X POST http://{addr}/api/executions -H 'X-Tenant-Id: acme' \
          -H 'Content-Type: application/json' -H 'Idempotency-Key: order-42' \
