@@ -7,7 +7,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use anyhow::Context;
@@ -19,6 +18,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
+use crate::access::TOKEN_PREFIX;
 use crate::config::AppConfig;
 use crate::http::auth::AuthConfig;
 use crate::http::metrics::Metrics;
@@ -51,6 +51,13 @@ impl Application {
             default_max_attempts: config.api.default_max_attempts,
             metrics: Arc::new(Metrics::new()),
         };
+        if let Some(token) = &config.api.admin_token
+            && token.expose().starts_with(TOKEN_PREFIX)
+        {
+            anyhow::bail!(
+                "the admin token must not start with {TOKEN_PREFIX} (that marks API keys)"
+            );
+        }
         let cors_origins = config
             .api
             .cors_origins

@@ -127,7 +127,8 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer(&parts.headers)?;
-        let tenant = tenant_header(&parts.headers)?;
+        // Parsed only once the credential passed, so a stranger learns nothing from a 400.
+        let tenant = || tenant_header(&parts.headers);
         match token {
             Some(given) if given.starts_with(TOKEN_PREFIX) => {
                 let key = PresentedKey::parse(given).ok_or(ApiError::Unauthorized)?;
@@ -136,7 +137,7 @@ impl FromRequestParts<AppState> for Caller {
                     .authenticate_key(&key)
                     .await?
                     .ok_or(ApiError::Unauthorized)?;
-                if tenant.as_ref().is_some_and(|t| *t != own) {
+                if tenant()?.is_some_and(|t| t != own) {
                     return Err(tenant_mismatch());
                 }
                 Ok(Caller {
@@ -146,13 +147,13 @@ impl FromRequestParts<AppState> for Caller {
             }
             Some(given) => match state.auth.admin_token.as_ref().map(Secret::expose) {
                 Some(admin) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => Ok(Caller {
-                    tenant,
+                    tenant: tenant()?,
                     role: Role::PlatformAdmin,
                 }),
                 _ => Err(ApiError::Unauthorized),
             },
             None if state.auth.dev_auth => Ok(Caller {
-                tenant,
+                tenant: tenant()?,
                 role: Role::PlatformAdmin,
             }),
             None => Err(ApiError::Unauthorized),

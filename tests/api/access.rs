@@ -413,6 +413,17 @@ async fn bad_credentials_are_401() {
         );
         assert_eq!(problem_code(res).await, "unauthorized", "{what}");
     }
+    // Without a credential, even a malformed X-Tenant-Id is only a 401: nothing is validated
+    // for a stranger.
+    let res = app
+        .client
+        .get(app.url("/api/executions"))
+        .header("X-Tenant-Id", "not a tenant!")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+
     // The scheme is case-insensitive (RFC 9110).
     let res = app
         .client
