@@ -1,4 +1,5 @@
-# Shared by scripts/dev.sh and scripts/test.sh: make sure redis-server is installed.
+# Shared by the scripts: make sure redis-server (and, for the client round trip, python3 with
+# venv) is installed.
 # On Debian/Ubuntu it is installed with apt-get (as root, or through sudo); elsewhere the
 # message says what to do.
 
@@ -23,4 +24,21 @@ ensure_redis() {
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   command -v redis-server >/dev/null 2>&1 || { echo "error: redis-server still missing" >&2; return 1; }
+}
+
+# Python 3 with venv (for the generated-client round trip); installed with apt-get when missing.
+ensure_python_venv() {
+  if command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "python3 with venv not found; installing it with apt-get..." >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 && sudo="sudo" || {
+      echo "error: not root and no sudo: install python3 and python3-venv yourself" >&2
+      return 1
+    }
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
 }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs sluice's whole test suite. Every test starts its own redis-server on a free port, so
-# the only thing needed is the redis-server program, installed here when missing.
+# Runs sluice's whole test suite: the Rust tests (every test starts its own redis-server on a
+# free port), then the generated-client round trip (a Python client generated from
+# openapi/openapi.json drives a live server). Installs redis-server, and python3 with venv,
+# when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_redis
 cargo test --locked "$@"
+bash scripts/client_roundtrip.sh

@@ -1,15 +1,27 @@
 //! Assembling the server: `Application::build` connects to Redis and binds the listener (port
 //! 0 in tests, so the real address is exposed), `run_until_stopped` serves until told to stop.
+//!
+//! Connections are served with hyper-util's builder rather than `axum::serve`, because only it
+//! exposes HTTP/1's header-read timeout (with a timer, without which hyper ignores it): a client
+//! that trickles its headers is disconnected after `--header-read-timeout-ms`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::http::HeaderValue;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 
+use crate::access::TOKEN_PREFIX;
 use crate::config::AppConfig;
 use crate::http::auth::AuthConfig;
+use crate::http::metrics::Metrics;
 use crate::http::{self, AppState, HttpLimits};
 use crate::store::Store;
 
@@ -19,6 +31,7 @@ pub struct Application {
     router: axum::Router,
     store: Arc<Store>,
     sweep_interval: Option<Duration>,
+    header_read_timeout: Duration,
 }
 
 impl Application {
@@ -40,10 +53,28 @@ impl Application {
                 dev_auth: config.api.dev_auth,
             }),
             default_max_attempts: config.api.default_max_attempts,
+            metrics: Arc::new(Metrics::new()),
         };
+        if let Some(token) = &config.api.admin_token
+            && token.expose().starts_with(TOKEN_PREFIX)
+        {
+            anyhow::bail!(
+                "the admin token must not start with {TOKEN_PREFIX} (that marks API keys)"
+            );
+        }
+        let cors_origins = config
+            .api
+            .cors_origins
+            .iter()
+            .map(|o| {
+                HeaderValue::from_str(o.trim())
+                    .with_context(|| format!("--cors-origin {o:?} is not a valid origin"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let limits = HttpLimits {
             request_timeout: config.api.request_timeout(),
             body_limit: config.api.body_limit,
+            cors_origins,
         };
         let listener = TcpListener::bind(config.api.listen)
             .await
@@ -54,6 +85,7 @@ impl Application {
             store,
             sweep_interval: (config.api.sweep_interval_secs > 0)
                 .then(|| Duration::from_secs(config.api.sweep_interval_secs)),
+            header_read_timeout: config.api.header_read_timeout(),
         })
     }
 
@@ -69,7 +101,8 @@ impl Application {
         self.store.clone()
     }
 
-    /// Serves (and sweeps) until `shutdown` completes, then finishes in-flight requests.
+    /// Serves (and sweeps) until `shutdown` completes, then lets in-flight requests finish
+    /// (up to `SHUTDOWN_GRACE`).
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -82,13 +115,56 @@ impl Application {
                 stop.clone(),
             ));
         }
-        let result = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout);
+        let graceful = GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            let stream = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let router = self.router.clone();
+            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                router.clone().oneshot(req)
+            });
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                // A client hanging up or timing out is routine, not an error of the server.
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
         stop.cancel();
-        result
+        drop(self.listener);
+        if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after {SHUTDOWN_GRACE:?}; closing them");
+        }
+        Ok(())
     }
 }
+
+/// How long shutdown waits for in-flight requests.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {

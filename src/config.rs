@@ -1,11 +1,17 @@
-//! Command line and environment: every setting is a flag with a `SLUICE_*` environment
-//! variable and a sane default. Secrets (the admin token) are never printed or logged.
+//! Command line, environment and config file: every setting is a flag with a `SLUICE_*`
+//! environment variable and a sane default, and may also come from a TOML file (`--config`);
+//! precedence is flag, variable, file, default. Secrets (the admin token) are never printed or
+//! logged (`--help` hides the variable's value).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::ffi::OsString;
+
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::store::StoreConfig;
 
@@ -19,6 +25,10 @@ pub struct Cli {
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, global = true, env = "SLUICE_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+    /// TOML file with settings (keys named like the flags, e.g. `redis-url = "..."`; a
+    /// `[serve]` table applies to `serve` only). Flags and SLUICE_* variables win over it.
+    #[arg(long, global = true, env = "SLUICE_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 /// Log output format.
@@ -173,7 +183,7 @@ pub struct ApiSettings {
     pub listen: SocketAddr,
     /// Platform admin token (Bearer); may act for any tenant with X-Tenant-Id.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// Dev mode: no token needed, the tenant comes from X-Tenant-Id and the caller is platform
     /// admin. Unsafe anywhere but a developer's machine.
     #[arg(long, env = "SLUICE_DEV_AUTH")]
@@ -184,6 +194,18 @@ pub struct ApiSettings {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SLUICE_BODY_LIMIT", default_value_t = 1024 * 1024)]
     pub body_limit: usize,
+    /// Upper bound on receiving a request's headers, in milliseconds; a client slower than
+    /// this (slowloris) is disconnected.
+    #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+    /// Browser origin allowed to call the API (CORS), e.g. https://console.example.com;
+    /// repeat the flag or separate with commas. None by default: no CORS headers are sent.
+    #[arg(
+        long = "cors-origin",
+        env = "SLUICE_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origins: Vec<String>,
     /// Concurrency limit of tenants without their own.
     #[arg(long, env = "SLUICE_DEFAULT_MAX_CONCURRENT", default_value_t = 100)]
     pub default_max_concurrent: u32,
@@ -206,6 +228,36 @@ pub struct ApiSettings {
     /// Most records each shard's dead-letter stream keeps; older ones are evicted and counted.
     #[arg(long, env = "SLUICE_DLQ_CAP", default_value_t = 10_000)]
     pub dlq_cap: u64,
+}
+
+/// A secret setting (the admin token): parsed like any string, but its `Debug` never shows
+/// the value, so a logged or printed configuration cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that compares it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 /// Where Redis is and how to talk to it.
@@ -242,6 +294,10 @@ impl ApiSettings {
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
     }
 }
 
@@ -285,5 +341,127 @@ impl RedisSettings {
             dedup_ttl: Duration::from_secs(api.dedup_ttl_hours * 3_600),
             dlq_cap: api.dlq_cap,
         }
+    }
+}
+
+/// Whether a flag or an environment variable set this argument (then the file does not).
+fn set_outside_file(m: &clap::ArgMatches, id: &str) -> bool {
+    matches!(
+        m.value_source(id),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
+}
+
+impl Cli {
+    /// Parses the process's arguments, environment and optional config file.
+    pub fn load() -> Result<Self, clap::Error> {
+        Self::load_from(std::env::args_os())
+    }
+
+    /// Parses `args` (the program name first), the environment and the config file named by
+    /// `--config` / `SLUICE_CONFIG`.
+    ///
+    /// Precedence: flag, then `SLUICE_*` variable, then the file, then the default. The file
+    /// is TOML; its top-level keys are settings named like their flags (`redis-url` or
+    /// `redis_url`) and apply to whichever command has that setting; a table named after a
+    /// command (`[serve]`, `[dev]`, ...) applies to that command only. Unknown keys are errors.
+    pub fn load_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let command = Self::command();
+        let matches = command.clone().try_get_matches_from(&args)?;
+        let Some(path) = matches.get_one::<PathBuf>("config") else {
+            return Self::from_arg_matches(&matches);
+        };
+        let invalid = |msg: String| clap::Error::raw(ErrorKind::InvalidValue, msg + "\n");
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid(format!("cannot read config file {}: {e}", path.display())))?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e| invalid(format!("config file {}: {e}", path.display())))?;
+        let Some((name, sub_matches)) = matches.subcommand() else {
+            return Self::from_arg_matches(&matches);
+        };
+        let sub = command
+            .find_subcommand(name)
+            .ok_or_else(|| invalid(format!("unknown command {name}")))?;
+        let mut extra: Vec<OsString> = Vec::new();
+        for (key, value) in &table {
+            if let toml::Value::Table(section) = value {
+                let Some(target) = command.find_subcommand(key) else {
+                    return Err(invalid(format!("config file: no command [{key}]")));
+                };
+                for (k, v) in section {
+                    let arg = find_arg(target, k).ok_or_else(|| {
+                        invalid(format!("config file: [{key}] has no setting {k}"))
+                    })?;
+                    if key == name && !set_outside_file(sub_matches, arg.get_id().as_str()) {
+                        extra.extend(file_value_args(arg, v).map_err(invalid)?);
+                    }
+                }
+                continue;
+            }
+            let (arg, m) = match (find_arg(sub, key), find_arg(&command, key)) {
+                (Some(a), _) => (a, sub_matches),
+                (None, Some(a)) => (a, &matches),
+                (None, None) => {
+                    let known = command
+                        .get_subcommands()
+                        .any(|c| find_arg(c, key).is_some());
+                    if known {
+                        continue;
+                    }
+                    return Err(invalid(format!("config file: no setting {key}")));
+                }
+            };
+            if !set_outside_file(m, arg.get_id().as_str()) {
+                extra.extend(file_value_args(arg, value).map_err(invalid)?);
+            }
+        }
+        let mut all = args;
+        all.extend(extra);
+        let matches = command.try_get_matches_from(all)?;
+        Self::from_arg_matches(&matches)
+    }
+}
+
+/// The settable argument of `cmd` named `key` (`redis-url` or `redis_url`).
+fn find_arg<'a>(cmd: &'a clap::Command, key: &str) -> Option<&'a clap::Arg> {
+    let long = key.replace('_', "-");
+    cmd.get_arguments()
+        .find(|a| a.get_long() == Some(long.as_str()) && long != "config" && long != "help")
+}
+
+/// Command-line words that set `arg` to a file value.
+fn file_value_args(arg: &clap::Arg, value: &toml::Value) -> Result<Vec<OsString>, String> {
+    let flag = format!("--{}", arg.get_long().unwrap_or_default());
+    let takes_value = !matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse);
+    let word = |v: &toml::Value| match v {
+        toml::Value::String(s) => Ok(s.clone()),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        other => Err(format!(
+            "config file: {flag} cannot be {}",
+            other.type_str()
+        )),
+    };
+    match value {
+        toml::Value::Boolean(b) if !takes_value => Ok(if *b {
+            vec![flag.clone().into()]
+        } else {
+            vec![]
+        }),
+        toml::Value::Array(items) if takes_value => items
+            .iter()
+            .map(|v| Ok(vec![flag.clone().into(), word(v)?.into()]))
+            .collect::<Result<Vec<Vec<OsString>>, String>>()
+            .map(|v| v.into_iter().flatten().collect()),
+        v if takes_value => Ok(vec![flag.clone().into(), word(v)?.into()]),
+        _ => Err(format!(
+            "config file: {flag} is a switch: use true or false"
+        )),
     }
 }

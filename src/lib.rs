@@ -1,5 +1,6 @@
 //! sluice: an HTTP execution-admission server and worker runtime on Redis.
 //!
+//! - [`access`]: tenant API keys as values — token format, roles, secret hashing.
 //! - [`admission`]: the domain — validated ids, admission requests, the execution view.
 //! - [`store`]: Redis — key names, the Lua operations in `migrations-lua/`, one round trip each.
 //! - [`http`]: the API — routes with their OpenAPI docs, errors as problem+json, auth.
@@ -9,6 +10,7 @@
 //! - [`dev`]: the embedded default's managed `redis-server`.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
 
+pub mod access;
 pub mod admission;
 pub mod app;
 pub mod config;

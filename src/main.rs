@@ -1,7 +1,6 @@
 //! The `sluice` command: a thin shell over the library.
 
 use anyhow::Context;
-use clap::Parser;
 
 use sluice::app::{Application, shutdown_signal};
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use sluice::worker::Worker;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::load().unwrap_or_else(|e| e.exit());
     sluice::telemetry::init(cli.log_format);
     match cli.command {
         Command::Openapi => {
@@ -98,6 +97,7 @@ fn print_dev_banner(app: &Application, redis: &ManagedRedis, data_dir: &std::pat
          (DEV AUTH: no credentials checked; never expose it)\n\
          \n  API        http://{addr}/api\
          \n  OpenAPI    http://{addr}/openapi.json\
+         \n  Docs       http://{addr}/docs (Swagger UI)\
          \n  Redis      {} (data and AOF in {})\
          \n\nTry:\n  curl -s -X POST http://{addr}/api/executions -H 'X-Tenant-Id: acme' \
          -H 'Content-Type: application/json' -H 'Idempotency-Key: order-42' \

@@ -70,6 +70,26 @@ pub struct ErrorInfo {
 
 /// One execution, as returned by every execution call.
 #[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({
+    "execution_id": "019abc12d3e47f80a1b2c3d4e5f60718",
+    "tenant_id": "acme",
+    "flow_id": "demo.echo",
+    "version": null,
+    "params": {"order": 42},
+    "status": "queued",
+    "queue_state": "dispatched",
+    "dedup_key": "order-42",
+    "deduplicated": false,
+    "attempt": 0,
+    "max_attempts": 5,
+    "cancel_requested": false,
+    "created_at": "2026-11-29T09:00:00.123Z",
+    "started_at": null,
+    "finished_at": null,
+    "updated_at": "2026-11-29T09:00:00.123Z",
+    "output": null,
+    "error": null
+}))]
 pub struct Execution {
     /// 32 lowercase hex characters (a UUIDv7, so ids sort by creation time).
     pub execution_id: String,

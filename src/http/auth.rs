@@ -1,5 +1,11 @@
 //! Who is calling: the `Caller` extractor. The tenant always comes from the credential (or,
 //! for the platform admin and in dev mode, from `X-Tenant-Id`), never from a request body.
+//!
+//! Credentials, in order: a bearer token starting `sk_` is a tenant API key, looked up on Redis
+//! on every request (no cache, so revocation is immediate); any other bearer token must equal
+//! the platform admin token (constant-time compare); no `Authorization` header is accepted
+//! only in dev mode. A tenant key sent with an `X-Tenant-Id` naming another tenant is a 403
+//! `tenant_mismatch`; a missing, malformed, unknown or revoked credential is a 401.
 
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
@@ -8,7 +14,9 @@ use subtle::ConstantTimeEq;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::access::{KeyRole, PresentedKey, TOKEN_PREFIX};
 use crate::admission::TenantId;
+use crate::config::Secret;
 
 /// Header naming the tenant the platform admin (or a dev-mode caller) acts for.
 pub const TENANT_HEADER: &str = "x-tenant-id";
@@ -48,6 +56,20 @@ impl Caller {
         self.tenant.as_ref()
     }
 
+    /// Allows the platform admin, and a tenant key of `tenant` with at least `role`; a key of
+    /// another tenant is a 403 `tenant_mismatch` (the caller named the tenant, so this reveals
+    /// nothing about it).
+    pub fn admin_of(&self, tenant: &TenantId, role: Role) -> Result<(), ApiError> {
+        if self.role == Role::PlatformAdmin {
+            return Ok(());
+        }
+        self.require(role)?;
+        if self.tenant.as_ref() != Some(tenant) {
+            return Err(tenant_mismatch());
+        }
+        Ok(())
+    }
+
     /// Fails with 403 unless the caller has at least `role`.
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
         if self.role >= role {
@@ -57,6 +79,20 @@ impl Caller {
                 code: "insufficient_role",
                 detail: format!("this call needs the {role:?} role"),
             })
+        }
+    }
+}
+
+/// Longest bearer token looked at; anything longer is refused without a lookup (the admin
+/// token and API keys are far shorter).
+const MAX_TOKEN_LEN: usize = 512;
+
+impl From<KeyRole> for Role {
+    fn from(r: KeyRole) -> Self {
+        match r {
+            KeyRole::Viewer => Role::Viewer,
+            KeyRole::Editor => Role::Editor,
+            KeyRole::Admin => Role::TenantAdmin,
         }
     }
 }
@@ -74,6 +110,8 @@ fn tenant_header(headers: &HeaderMap) -> Result<Option<TenantId>, ApiError> {
     }
 }
 
+/// The bearer token, if an `Authorization` header is present. A header that is not
+/// `Bearer <token>` (another scheme, an empty token, non-ASCII, too long) is a 401.
 fn bearer(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(v) = headers.get(axum::http::header::AUTHORIZATION) else {
         return Ok(None);
@@ -81,9 +119,10 @@ fn bearer(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let token = v
         .to_str()
         .ok()
-        .and_then(|s| s.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
+        .and_then(|s| s.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim())
+        .filter(|t| !t.is_empty() && t.len() <= MAX_TOKEN_LEN)
         .ok_or(ApiError::Unauthorized)?;
     Ok(Some(token))
 }
@@ -93,21 +132,46 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer(&parts.headers)?;
-        let tenant = tenant_header(&parts.headers)?;
-        match (token, state.auth.admin_token.as_deref()) {
-            (Some(given), Some(admin)) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => {
+        // Parsed only once the credential passed, so a stranger learns nothing from a 400.
+        let tenant = || tenant_header(&parts.headers);
+        match token {
+            Some(given) if given.starts_with(TOKEN_PREFIX) => {
+                let key = PresentedKey::parse(given).ok_or(ApiError::Unauthorized)?;
+                let (own, role) = state
+                    .store
+                    .authenticate_key(&key)
+                    .await?
+                    .ok_or(ApiError::Unauthorized)?;
+                if tenant()?.is_some_and(|t| t != own) {
+                    return Err(tenant_mismatch());
+                }
                 Ok(Caller {
-                    tenant,
-                    role: Role::PlatformAdmin,
+                    tenant: Some(own),
+                    role: role.into(),
                 })
             }
-            (Some(_), _) => Err(ApiError::Unauthorized),
-            (None, _) if state.auth.dev_auth => Ok(Caller {
-                tenant,
+            Some(given) => match state.auth.admin_token.as_ref().map(Secret::expose) {
+                Some(admin) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => Ok(Caller {
+                    tenant: tenant()?,
+                    role: Role::PlatformAdmin,
+                }),
+                _ => Err(ApiError::Unauthorized),
+            },
+            None if state.auth.dev_auth => Ok(Caller {
+                tenant: tenant()?,
                 role: Role::PlatformAdmin,
             }),
-            (None, _) => Err(ApiError::Unauthorized),
+            None => Err(ApiError::Unauthorized),
         }
+    }
+}
+
+/// A tenant key used for another tenant (by `X-Tenant-Id` or a tenant path): the credential
+/// is valid, the tenant is not its own.
+fn tenant_mismatch() -> ApiError {
+    ApiError::Forbidden {
+        code: "tenant_mismatch",
+        detail: "this API key belongs to another tenant".into(),
     }
 }
 
@@ -115,7 +179,7 @@ impl FromRequestParts<AppState> for Caller {
 #[derive(Debug, Clone, Default)]
 pub struct AuthConfig {
     /// The platform admin token, if configured.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// Dev mode: no credentials needed.
     pub dev_auth: bool,
 }

@@ -13,6 +13,7 @@ use super::AppState;
 use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path, Query};
+use super::metrics::AdmissionOutcome;
 use crate::admission::{AdmitRequest, Execution, ExecutionId, FlowId, NewExecution, Status};
 use crate::store::{Admission, ListQuery, NotRetryable};
 
@@ -77,8 +78,22 @@ pub async fn create_execution(
                 "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)".into(),
         })?),
     };
-    let req = AdmitRequest::parse(body, header_key, state.default_max_attempts)?;
-    match state.store.admit(tenant, &req).await? {
+    let req =
+        AdmitRequest::parse(body, header_key, state.default_max_attempts).inspect_err(|_| {
+            state.metrics.admission(tenant, AdmissionOutcome::Invalid);
+        })?;
+    let admission = state.store.admit(tenant, &req).await?;
+    state.metrics.admission(
+        tenant,
+        match &admission {
+            Admission::Created(_) => AdmissionOutcome::Admitted,
+            Admission::Replayed(_) => AdmissionOutcome::Deduplicated,
+            Admission::Conflict { .. } => AdmissionOutcome::Conflict,
+            Admission::Disabled => AdmissionOutcome::Disabled,
+            Admission::QueueFull { .. } => AdmissionOutcome::QueueFull,
+        },
+    );
+    match admission {
         Admission::Created(e) => {
             let location = format!("/api/executions/{}", e.execution_id);
             let mut res = (StatusCode::CREATED, axum::Json(e)).into_response();
@@ -126,6 +141,7 @@ fn refusal(a: Admission) -> ApiError {
         (status = 200, description = "The execution", body = Execution),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
@@ -183,6 +199,7 @@ pub struct ExecutionPage {
         (status = 200, description = "One page", body = ExecutionPage),
         (status = 400, description = "Invalid filter or cursor", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -248,6 +265,7 @@ pub async fn list_executions(
         (status = 200, description = "The execution after the request", body = Execution),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),

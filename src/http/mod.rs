@@ -1,12 +1,15 @@
 //! The HTTP API: one module per resource, each routing and documenting its handlers for
 //! OpenAPI in the same place, plus the cross-cutting pieces (errors, extractors, auth) and the
-//! middleware stack. The OpenAPI document is built from these routes without touching Redis.
+//! middleware stack. The OpenAPI document is built from these routes without touching Redis;
+//! Swagger UI at `/docs` is compiled into the binary (vendored) and reads `/openapi.json`.
 
+pub mod api_keys;
 pub mod auth;
 pub mod error;
 pub mod executions;
 pub mod extract;
 pub mod health;
+pub mod metrics;
 pub mod queues;
 pub mod tenants;
 
@@ -15,15 +18,20 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use utoipa::openapi::Required;
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
+use utoipa_swagger_ui::{self as swagger_ui, SwaggerUi};
 
 use crate::store::Store;
 use auth::AuthConfig;
@@ -36,13 +44,17 @@ pub struct AppState {
     pub auth: Arc<AuthConfig>,
     /// `max_attempts` of executions that do not say.
     pub default_max_attempts: u32,
+    /// The Prometheus registry `/metrics` renders.
+    pub metrics: Arc<metrics::Metrics>,
 }
 
-/// Limits applied to every request.
-#[derive(Debug, Clone, Copy)]
+/// Limits and cross-origin rules applied to every request.
+#[derive(Debug, Clone)]
 pub struct HttpLimits {
     pub request_timeout: Duration,
     pub body_limit: usize,
+    /// Browser origins allowed to call the API (CORS); empty = no CORS headers at all.
+    pub cors_origins: Vec<HeaderValue>,
 }
 
 #[derive(OpenApi)]
@@ -57,8 +69,9 @@ pub struct HttpLimits {
     modifiers(&BearerAuth),
     tags(
         (name = "executions", description = "Admit, read, list, cancel and delete executions"),
-        (name = "tenants", description = "Tenant limits and usage"),
-        (name = "operations", description = "Probes, dead letters and queue statistics"),
+        (name = "tenants", description = "The tenant registry, tenant limits and usage"),
+        (name = "api-keys", description = "Tenant API keys: created and shown once, listed by id, revoked"),
+        (name = "operations", description = "Health and readiness probes, metrics, dead letters and queue statistics"),
     )
 )]
 struct ApiDoc;
@@ -68,20 +81,55 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        let mut scheme = Http::new(HttpAuthScheme::Bearer);
+        scheme.description = Some(
+            "A tenant API key (`sk_<key id>_<secret>`, role viewer, editor or admin; the tenant \
+             comes from the key) or the platform admin token (acts for the tenant named in \
+             `X-Tenant-Id`)."
+                .into(),
         );
+        components.add_security_scheme("bearer", SecurityScheme::Http(scheme));
     }
 }
 
 fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut spec) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(executions::routes())
         .merge(tenants::routes())
+        .merge(api_keys::routes())
         .merge(queues::routes())
         .merge(health::routes())
-        .split_for_parts()
+        .merge(metrics::routes())
+        .split_for_parts();
+    document_tenant_header(&mut spec);
+    (router, spec)
+}
+
+/// Documents `X-Tenant-Id` once per `/api/executions` path (so every operation there, present
+/// and future, has it): how the platform admin says which tenant it acts for.
+fn document_tenant_header(spec: &mut utoipa::openapi::OpenApi) {
+    let header = Parameter::builder()
+        .name("X-Tenant-Id")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(
+            "The tenant the platform admin token acts for. With a tenant API key it may be \
+             omitted (the key names its tenant); naming another tenant is a 403 \
+             `tenant_mismatch`.",
+        ))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")),
+        ))
+        .build();
+    for (path, item) in spec.paths.paths.iter_mut() {
+        if path.starts_with("/api/executions") {
+            item.parameters
+                .get_or_insert_with(Vec::new)
+                .push(header.clone().into());
+        }
+    }
 }
 
 /// The OpenAPI document of this build (what `/openapi.json` serves and `sluice openapi`
@@ -94,7 +142,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn router(state: AppState, limits: HttpLimits) -> Router {
     let (routes, spec) = api_routes();
     let spec = Arc::new(spec);
-    routes
+    let mut app = routes
         .route(
             "/openapi.json",
             get(move || {
@@ -102,14 +150,72 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
                 async move { axum::Json(spec.as_ref().clone()) }
             }),
         )
+        .merge(SwaggerUi::new("/docs").config(swagger_ui::Config::from("/openapi.json")))
         .fallback(unknown_route)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::observe_latency,
+        ))
         .layer(middleware::from_fn(problem_for_bare_errors))
-        .layer(middleware::from_fn_with_state(limits, bound_in_time))
+        .layer(middleware::from_fn_with_state(
+            limits.clone(),
+            bound_in_time,
+        ))
         .layer(DefaultBodyLimit::max(limits.body_limit))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http())
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .with_state(state)
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid));
+    if let Some(cors) = cors_layer(&limits.cors_origins) {
+        // Outermost: a preflight is answered before anything else looks at it.
+        app = app.layer(cors);
+    }
+    app.with_state(state)
+}
+
+/// The span every request's logs are in (one access line per request at `info`), carrying
+/// the id also returned in `X-Request-Id`. Headers are not logged: they hold credentials.
+fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %req.method(),
+        path = %req.uri().path(),
+    )
+}
+
+/// CORS for a browser console on other origins; `None` (no CORS headers) when none is allowed.
+fn cors_layer(origins: &[HeaderValue]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins.iter().cloned()))
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                HeaderName::from_static("idempotency-key"),
+                HeaderName::from_static("x-tenant-id"),
+                HeaderName::from_static("x-request-id"),
+            ])
+            .expose_headers([
+                header::LOCATION,
+                header::RETRY_AFTER,
+                HeaderName::from_static("x-request-id"),
+                HeaderName::from_static("idempotent-replayed"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 async fn unknown_route() -> ApiError {

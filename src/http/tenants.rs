@@ -1,7 +1,9 @@
-//! `/api/tenants/{tenant}`: a tenant's limits and live usage. The full tenant and API-key
-//! surface builds on this.
+//! `/api/tenants`: the tenant registry, each tenant's limits and live usage. Creating,
+//! changing, listing and deleting tenants is the platform admin's; a tenant admin key may read
+//! its own tenant. API keys are in `api_keys.rs`.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -14,8 +16,11 @@ use super::extract::{Json, Path};
 use crate::admission::TenantId;
 use crate::store::{TenantLimits, TenantState};
 
+/// The tenant routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(put_tenant, get_tenant))
+    OpenApiRouter::new()
+        .routes(routes!(put_tenant, get_tenant, delete_tenant))
+        .routes(routes!(list_tenants))
 }
 
 /// Body of `PUT /api/tenants/{tenant}`; each field absent means the server default.
@@ -43,6 +48,13 @@ pub struct TenantUsage {
 
 /// A tenant's effective limits and usage.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "tenant_id": "acme",
+    "max_concurrent": 10,
+    "max_queued": 1000,
+    "enabled": true,
+    "usage": {"running": 3, "dispatched": 7, "waiting": 42}
+}))]
 pub struct Tenant {
     pub tenant_id: String,
     pub max_concurrent: u32,
@@ -67,10 +79,12 @@ impl Tenant {
     }
 }
 
-/// Set a tenant's limits (platform admin).
+/// Create a tenant or set its limits (platform admin).
 ///
-/// Replaces the tenant's own values; absent fields fall back to the server defaults. Raising
-/// `max_concurrent` dispatches waiting executions at once.
+/// Registers the tenant (so it is listed and can have API keys) and replaces its own values;
+/// absent fields fall back to the server defaults. Raising `max_concurrent` dispatches waiting
+/// executions at once; `enabled: false` makes admissions answer 403 `tenant_disabled` without
+/// touching work already admitted.
 #[utoipa::path(
     put,
     path = "/api/tenants/{tenant}",
@@ -94,6 +108,7 @@ pub async fn put_tenant(
 ) -> Result<axum::Json<Tenant>, ApiError> {
     caller.require(Role::PlatformAdmin)?;
     let tenant = TenantId::parse(&tenant)?;
+    state.store.register_tenant(&tenant).await?;
     let limits = TenantLimits {
         max_concurrent: body.max_concurrent,
         max_queued: body.max_queued,
@@ -103,7 +118,7 @@ pub async fn put_tenant(
     Ok(axum::Json(Tenant::new(&tenant, s)))
 }
 
-/// Read a tenant's limits and live usage (platform admin).
+/// Read a tenant's limits and live usage (platform admin, or the tenant's admin key).
 #[utoipa::path(
     get,
     path = "/api/tenants/{tenant}",
@@ -113,7 +128,7 @@ pub async fn put_tenant(
         (status = 200, description = "The tenant", body = Tenant),
         (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Never configured and no executions", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
@@ -124,13 +139,88 @@ pub async fn get_tenant(
     caller: Caller,
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<Tenant>, ApiError> {
-    caller.require(Role::PlatformAdmin)?;
     let tenant = TenantId::parse(&tenant)?;
+    caller.admin_of(&tenant, Role::TenantAdmin)?;
     match state.store.get_tenant(&tenant).await? {
         Some(s) => Ok(axum::Json(Tenant::new(&tenant, s))),
-        None => Err(ApiError::NotFound {
-            code: "tenant_not_found",
-            detail: "no such tenant".into(),
-        }),
+        None => Err(tenant_not_found()),
+    }
+}
+
+/// The not-found error for tenants.
+pub fn tenant_not_found() -> ApiError {
+    ApiError::NotFound {
+        code: "tenant_not_found",
+        detail: "no such tenant".into(),
+    }
+}
+
+/// The registered tenants.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantList {
+    /// In tenant id order.
+    pub tenants: Vec<Tenant>,
+}
+
+/// List the registered tenants with their limits and usage (platform admin).
+///
+/// Tenants are registered by `PUT /api/tenants/{tenant}`. One Redis round trip per tenant.
+#[utoipa::path(
+    get,
+    path = "/api/tenants",
+    tag = "tenants",
+    responses(
+        (status = 200, description = "Every registered tenant", body = TenantList),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_tenants(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<axum::Json<TenantList>, ApiError> {
+    caller.require(Role::PlatformAdmin)?;
+    let mut tenants = Vec::new();
+    for id in state.store.list_tenants().await? {
+        if let Some(s) = state.store.get_tenant(&id).await? {
+            tenants.push(Tenant::new(&id, s));
+        }
+    }
+    Ok(axum::Json(TenantList { tenants }))
+}
+
+/// Delete a tenant (platform admin).
+///
+/// Unregisters it, revokes all its API keys (their next request is a 401) and drops its own
+/// limits. Its executions are left as they are: running ones finish, terminal ones expire
+/// with retention; force-delete them first to remove them at once.
+#[utoipa::path(
+    delete,
+    path = "/api/tenants/{tenant}",
+    tag = "tenants",
+    params(("tenant" = String, Path, description = "Tenant id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not a registered tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete_tenant(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Role::PlatformAdmin)?;
+    let tenant = TenantId::parse(&tenant)?;
+    if state.store.delete_tenant(&tenant).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(tenant_not_found())
     }
 }

@@ -25,6 +25,38 @@ pub fn meta() -> &'static str {
     "sluice:{meta}:config"
 }
 
+/// Hash tag of access-control data: API-key records, each tenant's set of key ids, and the
+/// tenant registry.
+///
+/// A request carries only its key (`sk_<key id>_<secret>`), so the record must be found from
+/// the key id alone, before the tenant (and so its shard) is known. Key ids are random and do
+/// not encode a shard; instead all access data shares this one tag. That keeps key creation,
+/// revocation and tenant deletion single-slot atomic scripts (also on Redis Cluster), at the
+/// cost of one slot serving every authentication read — small hashes read in O(1).
+const ACL_PREFIX: &str = "sluice:{acl}:";
+
+/// The prefix of every access-control key; the access scripts get it as an argument.
+pub fn acl_prefix() -> &'static str {
+    ACL_PREFIX
+}
+
+/// An API key's record (a hash: tenant, role, name, created, SHA-256 of the secret). `key_id`
+/// is validated (16 lowercase hex) before it gets here.
+pub fn api_key(key_id: &str) -> String {
+    format!("{ACL_PREFIX}key:{key_id}")
+}
+
+/// The ids of a tenant's live API keys (a set).
+pub fn tenant_keys(t: &TenantId) -> String {
+    format!("{ACL_PREFIX}t:{t}:keys")
+}
+
+/// The registry of tenants created through the API (a sorted set, all scores 0, so ordered by
+/// id).
+pub fn tenants() -> String {
+    format!("{ACL_PREFIX}tenants")
+}
+
 /// One shard: a hash tag and the keys under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shard(u16);
@@ -187,6 +219,15 @@ mod tests {
         ] {
             assert_eq!(k.find('{'), Some(7), "{k}");
             assert!(k.contains(&tag), "{k}");
+        }
+    }
+
+    #[test]
+    fn access_keys_share_one_tag() {
+        let t = TenantId::parse("acme").unwrap();
+        for k in [api_key("0123456789abcdef"), tenant_keys(&t), tenants()] {
+            assert!(k.starts_with(acl_prefix()), "{k}");
+            assert!(k.starts_with("sluice:{acl}:"), "{k}");
         }
     }
 }

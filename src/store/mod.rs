@@ -2,8 +2,10 @@
 //! one round trip (one script or one pipeline) and is bounded by the configured timeout, so a
 //! Redis that is down or stuck turns into `StoreError::Unavailable` quickly, never a hang.
 
+mod access;
 mod keys;
 mod scripts;
+mod stats;
 mod worker;
 
 use std::collections::HashMap;
@@ -14,6 +16,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::admission::{AdmitRequest, DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
+pub use access::{ApiKeyRecord, KeyCreation};
 pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
 use scripts::Scripts;
 pub use worker::{

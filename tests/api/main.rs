@@ -1,13 +1,17 @@
 //! The integration suite, one binary (link time matters): every test starts its own
 //! `redis-server` on a free port and the real application on port 0.
 
+mod access;
 mod admission;
 mod bad_input;
+mod config;
+mod deployment;
 mod dev;
 mod handlers;
 mod helpers;
 mod listing;
 mod openapi;
+mod operability;
 mod quota;
 mod redis_trouble;
 mod worker;

@@ -1,0 +1,177 @@
+//! Tenant API keys as values: the token format, roles and secret hashing. No HTTP and no Redis
+//! here; the store keeps key records (`store::access`) and the HTTP layer authenticates with
+//! them (`http::auth`).
+//!
+//! A token reads `sk_<key id>_<secret>`: 16 lowercase hex characters of key id (64 random
+//! bits, the lookup handle, safe to show and log) and 64 of secret (256 random bits). Only the
+//! SHA-256 of the secret is stored; with 256 random bits a plain hash is as strong as a slow
+//! password hash, and it keeps authentication one cheap lookup.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use utoipa::ToSchema;
+
+/// Prefix of every tenant API key; tells it apart from the platform admin token.
+pub const TOKEN_PREFIX: &str = "sk_";
+const KEY_ID_BYTES: usize = 8;
+const SECRET_BYTES: usize = 32;
+
+/// The role a tenant API key grants, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyRole {
+    /// Read executions.
+    Viewer,
+    /// Also submit, cancel and retry executions.
+    Editor,
+    /// Also force-delete executions, read the tenant and manage its API keys.
+    Admin,
+}
+
+impl KeyRole {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyRole::Viewer => "viewer",
+            KeyRole::Editor => "editor",
+            KeyRole::Admin => "admin",
+        }
+    }
+
+    /// Reads the stored spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "viewer" => Some(KeyRole::Viewer),
+            "editor" => Some(KeyRole::Editor),
+            "admin" => Some(KeyRole::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// A key id: 16 lowercase hex characters. Safe in a Redis key and in logs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyId(String);
+
+impl KeyId {
+    /// Parses a key id as shown by the API.
+    pub fn parse(s: &str) -> Option<Self> {
+        is_lower_hex(s, KEY_ID_BYTES * 2).then(|| Self(s.to_owned()))
+    }
+
+    /// The id's text (what the API shows and the store's key names use).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A token as presented by a caller, split into its lookup id and its secret's hash.
+#[derive(Debug)]
+pub struct PresentedKey {
+    pub id: KeyId,
+    /// SHA-256 hex of the presented secret.
+    pub secret_hash: String,
+}
+
+impl PresentedKey {
+    /// Splits `sk_<id>_<secret>`; `None` for anything else (answered 401 without a lookup).
+    pub fn parse(token: &str) -> Option<Self> {
+        let rest = token.strip_prefix(TOKEN_PREFIX)?;
+        let (id, secret) = rest.split_once('_')?;
+        if !is_lower_hex(secret, SECRET_BYTES * 2) {
+            return None;
+        }
+        Some(Self {
+            id: KeyId::parse(id)?,
+            secret_hash: hash_secret(secret),
+        })
+    }
+
+    /// Whether the presented secret is the one stored (constant time).
+    pub fn matches(&self, stored_hash: &str) -> bool {
+        bool::from(self.secret_hash.as_bytes().ct_eq(stored_hash.as_bytes()))
+    }
+}
+
+/// A freshly generated key: the token is shown to its creator once and never stored.
+#[derive(Debug)]
+pub struct GeneratedKey {
+    pub id: KeyId,
+    /// The full `sk_<id>_<secret>` token.
+    pub token: String,
+    /// SHA-256 hex of the secret, the only form that is stored.
+    pub secret_hash: String,
+}
+
+impl GeneratedKey {
+    /// Draws a new key from the operating system's random source.
+    pub fn generate() -> Result<Self, getrandom::Error> {
+        let mut id = [0u8; KEY_ID_BYTES];
+        let mut secret = [0u8; SECRET_BYTES];
+        getrandom::fill(&mut id)?;
+        getrandom::fill(&mut secret)?;
+        let (id, secret) = (hex::encode(id), hex::encode(secret));
+        Ok(Self {
+            token: format!("{TOKEN_PREFIX}{id}_{secret}"),
+            secret_hash: hash_secret(&secret),
+            id: KeyId(id),
+        })
+    }
+}
+
+fn hash_secret(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+fn is_lower_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_token_parses_back_to_its_id_and_hash() {
+        let k = GeneratedKey::generate().unwrap();
+        assert!(k.token.starts_with("sk_"));
+        let p = PresentedKey::parse(&k.token).unwrap();
+        assert_eq!(p.id, k.id);
+        assert!(p.matches(&k.secret_hash));
+        assert!(!k.token.contains(&k.secret_hash));
+    }
+
+    #[test]
+    fn malformed_tokens_do_not_parse() {
+        let k = GeneratedKey::generate().unwrap();
+        for bad in [
+            "",
+            "sk_",
+            "sk_abc_def",
+            &k.token[..k.token.len() - 1],
+            &k.token.to_uppercase(),
+            &format!("{}0", k.token),
+            &k.token.replacen("sk_", "pk_", 1),
+        ] {
+            assert!(PresentedKey::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_different_secret_does_not_match() {
+        let a = GeneratedKey::generate().unwrap();
+        let b = GeneratedKey::generate().unwrap();
+        assert!(
+            !PresentedKey::parse(&a.token)
+                .unwrap()
+                .matches(&b.secret_hash)
+        );
+    }
+}

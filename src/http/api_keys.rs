@@ -1,0 +1,233 @@
+//! `/api/tenants/{tenant}/api-keys`: create, list and revoke a tenant's API keys. The platform
+//! admin manages every tenant's keys; a tenant's admin key manages its own tenant's. A key's
+//! token is returned once, at creation; afterwards keys are listed by id only.
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::auth::{Caller, Role};
+use super::error::{ApiError, Problem};
+use super::extract::{Json, Path};
+use super::tenants::tenant_not_found;
+use crate::access::{KeyId, KeyRole};
+use crate::admission::TenantId;
+use crate::store::{ApiKeyRecord, KeyCreation};
+
+/// Longest key name accepted.
+const MAX_NAME_LEN: usize = 64;
+
+/// The API-key routes with their OpenAPI documentation.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_api_key, list_api_keys))
+        .routes(routes!(revoke_api_key))
+}
+
+/// Body of `POST /api/tenants/{tenant}/api-keys`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"role": "editor", "name": "ci"}))]
+pub struct NewApiKey {
+    /// What the key may do.
+    pub role: KeyRole,
+    /// A label to recognise the key by (1–64 visible characters), e.g. where it is used.
+    pub name: Option<String>,
+}
+
+/// An API key as listed: never its secret.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "key_id": "3f9a1c0b7d2e4f68",
+    "tenant_id": "acme",
+    "role": "editor",
+    "name": "ci",
+    "created_at": "2026-11-29T09:00:00Z"
+}))]
+pub struct ApiKey {
+    /// The key's public id (also inside its token); use it to revoke the key.
+    pub key_id: String,
+    pub tenant_id: String,
+    pub role: KeyRole,
+    pub name: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+impl ApiKey {
+    fn new(r: &ApiKeyRecord) -> Self {
+        let created_at =
+            OffsetDateTime::from_unix_timestamp_nanos(i128::from(r.created_ms) * 1_000_000)
+                .ok()
+                .and_then(|t| t.format(&Rfc3339).ok())
+                .unwrap_or_default();
+        Self {
+            key_id: r.id.to_string(),
+            tenant_id: r.tenant.to_string(),
+            role: r.role,
+            name: r.name.clone(),
+            created_at,
+        }
+    }
+}
+
+/// A new API key with its token, shown this once.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "key_id": "3f9a1c0b7d2e4f68",
+    "tenant_id": "acme",
+    "role": "editor",
+    "name": "ci",
+    "created_at": "2026-11-29T09:00:00Z",
+    "token": "sk_3f9a1c0b7d2e4f68_<64 hex characters>"
+}))]
+pub struct CreatedApiKey {
+    #[serde(flatten)]
+    pub key: ApiKey,
+    /// `Authorization: Bearer <token>`. Shown only in this answer; sluice stores a hash.
+    pub token: String,
+}
+
+/// A tenant's API keys.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ApiKeyList {
+    /// In key id order.
+    pub api_keys: Vec<ApiKey>,
+}
+
+/// Create an API key for a tenant (platform admin, or the tenant's admin key).
+///
+/// The answer holds the token once; store it, sluice cannot show it again. The tenant must
+/// exist (`PUT /api/tenants/{tenant}`).
+#[utoipa::path(
+    post,
+    path = "/api/tenants/{tenant}/api-keys",
+    tag = "api-keys",
+    params(("tenant" = String, Path, description = "Tenant id")),
+    request_body = NewApiKey,
+    responses(
+        (status = 201, description = "Created; the token is in this answer only", body = CreatedApiKey,
+            headers(("Location" = String, description = "URL of the key (for DELETE)"))),
+        (status = 400, description = "Invalid tenant id or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not a registered tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_api_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+    Json(body): Json<NewApiKey>,
+) -> Result<Response, ApiError> {
+    let tenant = TenantId::parse(&tenant)?;
+    caller.admin_of(&tenant, Role::TenantAdmin)?;
+    if let Some(name) = &body.name
+        && (name.is_empty()
+            || name.chars().count() > MAX_NAME_LEN
+            || name.chars().any(char::is_control))
+    {
+        return Err(ApiError::BadRequest {
+            code: "invalid_key_name",
+            detail: format!("name must be 1–{MAX_NAME_LEN} characters without control characters"),
+        });
+    }
+    let now_ms = i64::try_from(OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
+        .map_err(|_| ApiError::Internal("clock out of range".into()))?;
+    match state
+        .store
+        .create_api_key(&tenant, body.role, body.name.as_deref(), now_ms)
+        .await?
+    {
+        KeyCreation::Created(record, key) => {
+            let location = format!("/api/tenants/{tenant}/api-keys/{}", record.id);
+            let created = CreatedApiKey {
+                key: ApiKey::new(&record),
+                token: key.token,
+            };
+            let mut res = (StatusCode::CREATED, axum::Json(created)).into_response();
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                res.headers_mut().insert(header::LOCATION, v);
+            }
+            Ok(res)
+        }
+        KeyCreation::NoTenant => Err(tenant_not_found()),
+    }
+}
+
+/// List a tenant's API keys by id, never by value (platform admin, or the tenant's admin key).
+#[utoipa::path(
+    get,
+    path = "/api/tenants/{tenant}/api-keys",
+    tag = "api-keys",
+    params(("tenant" = String, Path, description = "Tenant id")),
+    responses(
+        (status = 200, description = "The tenant's live keys", body = ApiKeyList),
+        (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_api_keys(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+) -> Result<axum::Json<ApiKeyList>, ApiError> {
+    let tenant = TenantId::parse(&tenant)?;
+    caller.admin_of(&tenant, Role::TenantAdmin)?;
+    let keys = state.store.list_api_keys(&tenant).await?;
+    Ok(axum::Json(ApiKeyList {
+        api_keys: keys.iter().map(ApiKey::new).collect(),
+    }))
+}
+
+/// Revoke one of a tenant's API keys (platform admin, or the tenant's admin key).
+///
+/// The next request with the key is a 401. A key may revoke itself.
+#[utoipa::path(
+    delete,
+    path = "/api/tenants/{tenant}/api-keys/{key_id}",
+    tag = "api-keys",
+    params(
+        ("tenant" = String, Path, description = "Tenant id"),
+        ("key_id" = String, Path, description = "Key id (16 lowercase hex)"),
+    ),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such key for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn revoke_api_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((tenant, key_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = TenantId::parse(&tenant)?;
+    caller.admin_of(&tenant, Role::TenantAdmin)?;
+    let not_found = || ApiError::NotFound {
+        code: "api_key_not_found",
+        detail: "no such API key for this tenant".into(),
+    };
+    let id = KeyId::parse(&key_id).ok_or_else(not_found)?;
+    if state.store.revoke_api_key(&tenant, &id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(not_found())
+    }
+}

@@ -1,0 +1,253 @@
+//! Access data on Redis: the tenant registry and tenant API keys. Everything here lives under
+//! the `{acl}` hash tag (see `keys::acl_prefix` for why not in the tenants' shards); a tenant's
+//! limits and executions stay in its shard and are handled in `store/mod.rs`.
+//!
+//! Key lookups are not cached: a revoked key or a deleted tenant is refused on the very next
+//! request, at the cost of one small script call per authenticated request.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use super::{Store, StoreError, keys};
+use crate::access::{GeneratedKey, KeyId, KeyRole, PresentedKey};
+use crate::admission::TenantId;
+
+/// The access scripts (standalone: they do not use the shard helpers of `common.lua`). Called
+/// with EVALSHA and a NOSCRIPT fallback like the others.
+struct AccessScripts {
+    create: Script,
+    revoke: Script,
+    auth: Script,
+    delete_tenant: Script,
+}
+
+static SCRIPTS: LazyLock<AccessScripts> = LazyLock::new(|| AccessScripts {
+    create: Script::new(include_str!("../../migrations-lua/api_key_create.lua")),
+    revoke: Script::new(include_str!("../../migrations-lua/api_key_revoke.lua")),
+    auth: Script::new(include_str!("../../migrations-lua/api_key_auth.lua")),
+    delete_tenant: Script::new(include_str!("../../migrations-lua/tenant_delete.lua")),
+});
+
+/// What an API key grants (never its secret or hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    pub id: KeyId,
+    pub tenant: TenantId,
+    pub role: KeyRole,
+    /// A label chosen at creation, e.g. "ci" or "console".
+    pub name: Option<String>,
+    /// Creation time, ms since the epoch.
+    pub created_ms: i64,
+}
+
+/// Outcome of creating a key.
+#[derive(Debug)]
+pub enum KeyCreation {
+    /// Stored; the token inside is shown once.
+    Created(ApiKeyRecord, GeneratedKey),
+    /// The tenant is not registered (create it with `PUT /api/tenants/{tenant}` first).
+    NoTenant,
+}
+
+impl Store {
+    /// Adds a tenant to the registry (idempotent).
+    pub async fn register_tenant(&self, tenant: &TenantId) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        let _: i64 = self
+            .bounded(
+                redis::cmd("ZADD")
+                    .arg(keys::tenants())
+                    .arg(0)
+                    .arg(tenant.as_str())
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Registered tenants, in id order.
+    pub async fn list_tenants(&self) -> Result<Vec<TenantId>, StoreError> {
+        let mut c = self.conn();
+        let ids: Vec<String> = self
+            .bounded(
+                redis::cmd("ZRANGE")
+                    .arg(keys::tenants())
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut c),
+            )
+            .await?;
+        ids.iter()
+            .map(|t| TenantId::parse(t).map_err(|e| StoreError::Corrupt(e.detail)))
+            .collect()
+    }
+
+    /// Whether a tenant is registered.
+    pub async fn tenant_registered(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+        let mut c = self.conn();
+        let score: Option<f64> = self
+            .bounded(
+                redis::cmd("ZSCORE")
+                    .arg(keys::tenants())
+                    .arg(tenant.as_str())
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(score.is_some())
+    }
+
+    /// Unregisters a tenant, revokes all its keys and drops its own limits. Its executions are
+    /// left as they are (they run out and expire with retention). Returns whether it was
+    /// registered.
+    pub async fn delete_tenant(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+        let mut inv = SCRIPTS.delete_tenant.key(keys::tenants());
+        inv.key(keys::tenant_keys(tenant))
+            .arg(keys::acl_prefix())
+            .arg(tenant.as_str());
+        let mut c = self.conn();
+        let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        let cfg = self.shards.shard_of(tenant).tenant_config(tenant);
+        let _: i64 = self
+            .bounded(redis::cmd("DEL").arg(cfg).query_async(&mut c))
+            .await?;
+        Ok(revoked >= 0)
+    }
+
+    /// Generates and stores a key for a registered tenant.
+    pub async fn create_api_key(
+        &self,
+        tenant: &TenantId,
+        role: KeyRole,
+        name: Option<&str>,
+        now_ms: i64,
+    ) -> Result<KeyCreation, StoreError> {
+        // A collision of 64 random bits is not expected; the script refuses one anyway, and
+        // a second draw settles it.
+        for _ in 0..3 {
+            let key = GeneratedKey::generate()
+                .map_err(|e| StoreError::Unavailable(format!("no randomness: {e}")))?;
+            let mut inv = SCRIPTS.create.key(keys::api_key(key.id.as_str()));
+            inv.key(keys::tenant_keys(tenant))
+                .key(keys::tenants())
+                .arg(key.id.as_str())
+                .arg(tenant.as_str())
+                .arg(role.as_str())
+                .arg(&key.secret_hash)
+                .arg(name.unwrap_or(""))
+                .arg(now_ms);
+            let mut c = self.conn();
+            let reply: String = self.bounded(inv.invoke_async(&mut c)).await?;
+            match reply.as_str() {
+                "ok" => {
+                    let record = ApiKeyRecord {
+                        id: key.id.clone(),
+                        tenant: tenant.clone(),
+                        role,
+                        name: name.map(str::to_owned),
+                        created_ms: now_ms,
+                    };
+                    return Ok(KeyCreation::Created(record, key));
+                }
+                "no_tenant" => return Ok(KeyCreation::NoTenant),
+                "exists" => continue,
+                other => {
+                    return Err(StoreError::Corrupt(format!(
+                        "api_key_create replied {other}"
+                    )));
+                }
+            }
+        }
+        Err(StoreError::Corrupt("could not draw a free key id".into()))
+    }
+
+    /// A tenant's live keys, in key-id order.
+    pub async fn list_api_keys(&self, tenant: &TenantId) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let mut c = self.conn();
+        let mut ids: Vec<String> = self
+            .bounded(
+                redis::cmd("SMEMBERS")
+                    .arg(keys::tenant_keys(tenant))
+                    .query_async(&mut c),
+            )
+            .await?;
+        ids.sort();
+        let ids: Vec<KeyId> = ids.iter().filter_map(|i| KeyId::parse(i)).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for id in &ids {
+            p.hgetall(keys::api_key(id.as_str()));
+        }
+        let rows: Vec<HashMap<String, String>> = self.bounded(p.query_async(&mut c)).await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, row) in ids.into_iter().zip(rows) {
+            // Revoked between the two reads: simply not listed.
+            if row.get("tenant").map(String::as_str) != Some(tenant.as_str()) {
+                continue;
+            }
+            out.push(record_from(id, tenant.clone(), &row)?);
+        }
+        Ok(out)
+    }
+
+    /// Revokes one of a tenant's keys; `false` when it has no such key.
+    pub async fn revoke_api_key(&self, tenant: &TenantId, id: &KeyId) -> Result<bool, StoreError> {
+        let mut inv = SCRIPTS.revoke.key(keys::api_key(id.as_str()));
+        inv.key(keys::tenant_keys(tenant))
+            .arg(id.as_str())
+            .arg(tenant.as_str());
+        let mut c = self.conn();
+        let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(revoked == 1)
+    }
+
+    /// The tenant and role of a presented key, or `None` when it is unknown, revoked, of a
+    /// deleted tenant, or its secret does not match.
+    pub async fn authenticate_key(
+        &self,
+        key: &PresentedKey,
+    ) -> Result<Option<(TenantId, KeyRole)>, StoreError> {
+        let mut inv = SCRIPTS.auth.key(keys::api_key(key.id.as_str()));
+        inv.key(keys::tenants())
+            .arg(keys::acl_prefix())
+            .arg(key.id.as_str());
+        let mut c = self.conn();
+        let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let [tenant, role, hash] = reply.as_slice() else {
+            return Ok(None);
+        };
+        if !key.matches(hash) {
+            return Ok(None);
+        }
+        let tenant = TenantId::parse(tenant).map_err(|e| StoreError::Corrupt(e.detail))?;
+        let role = KeyRole::parse(role)
+            .ok_or_else(|| StoreError::Corrupt(format!("key {} has role {role}", key.id)))?;
+        Ok(Some((tenant, role)))
+    }
+}
+
+fn record_from(
+    id: KeyId,
+    tenant: TenantId,
+    row: &HashMap<String, String>,
+) -> Result<ApiKeyRecord, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("api key {id}: {what}"));
+    let role = row
+        .get("role")
+        .and_then(|r| KeyRole::parse(r))
+        .ok_or_else(|| corrupt("bad role"))?;
+    let created_ms = row
+        .get("created")
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| corrupt("bad created"))?;
+    Ok(ApiKeyRecord {
+        role,
+        name: row.get("name").cloned(),
+        created_ms,
+        tenant,
+        id,
+    })
+}

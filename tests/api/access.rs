@@ -1,0 +1,558 @@
+//! Authentication and tenancy: tenant API keys and their roles, isolation between tenants,
+//! revocation, the tenant registry, and every shape of bad credential.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_TOKEN, TestApp, problem_code};
+
+/// Who makes a call in these tests.
+#[derive(Debug, Clone)]
+enum Who {
+    /// The platform admin token, acting for a tenant through `X-Tenant-Id`.
+    Platform(&'static str),
+    /// A tenant API key (the tenant comes from the key).
+    Key(String),
+}
+
+impl TestApp {
+    fn request_as(&self, who: &Who, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.client.request(method, self.url(path));
+        match who {
+            Who::Platform(t) => req.bearer_auth(ADMIN_TOKEN).header("X-Tenant-Id", *t),
+            Who::Key(token) => req.bearer_auth(token),
+        }
+    }
+
+    /// Registers a tenant with the server defaults.
+    async fn create_tenant(&self, tenant: &str) {
+        self.put_tenant(tenant, &json!({})).await;
+    }
+
+    /// Creates an API key as the platform admin; returns the answer (with `token`).
+    async fn create_key(&self, tenant: &str, role: &str) -> Value {
+        let res = self
+            .client
+            .post(self.url(&format!("/api/tenants/{tenant}/api-keys")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"role": role, "name": format!("{role} key")}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+        res.json().await.unwrap()
+    }
+
+    async fn key_token(&self, tenant: &str, role: &str) -> String {
+        self.create_key(tenant, role).await["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Admits one execution as the platform admin; returns its id.
+    async fn admitted_id(&self, tenant: &str) -> String {
+        self.admit(tenant, "demo.echo").await["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+/// One call of the API as `who`, with whatever it needs set up first (by the platform
+/// admin); returns the status the caller saw.
+async fn call(app: &TestApp, who: &Who, name: &str) -> StatusCode {
+    let send = |method: Method, path: String| app.request_as(who, method, &path);
+    let res = match name {
+        "admit" => send(Method::POST, "/api/executions".into())
+            .json(&json!({"flow_id": "demo.echo"}))
+            .send(),
+        "get" => {
+            let id = app.admitted_id("acme").await;
+            send(Method::GET, format!("/api/executions/{id}")).send()
+        }
+        "list" => send(Method::GET, "/api/executions".into()).send(),
+        "cancel" => {
+            let id = app.admitted_id("acme").await;
+            send(Method::POST, format!("/api/executions/{id}/cancel")).send()
+        }
+        "delete" => {
+            let id = app.admitted_id("acme").await;
+            send(Method::DELETE, format!("/api/executions/{id}")).send()
+        }
+        "force_delete" => {
+            let id = app.admitted_id("acme").await;
+            send(Method::DELETE, format!("/api/executions/{id}?force=true")).send()
+        }
+        "get_tenant" => send(Method::GET, "/api/tenants/acme".into()).send(),
+        "put_tenant" => send(Method::PUT, "/api/tenants/acme".into())
+            .json(&json!({}))
+            .send(),
+        "list_tenants" => send(Method::GET, "/api/tenants".into()).send(),
+        "delete_tenant" => {
+            app.create_tenant("doomed").await;
+            send(Method::DELETE, "/api/tenants/doomed".into()).send()
+        }
+        "create_key" => send(Method::POST, "/api/tenants/acme/api-keys".into())
+            .json(&json!({"role": "viewer"}))
+            .send(),
+        "list_keys" => send(Method::GET, "/api/tenants/acme/api-keys".into()).send(),
+        "revoke_key" => {
+            let key = app.create_key("acme", "viewer").await;
+            let id = key["key_id"].as_str().unwrap().to_owned();
+            send(Method::DELETE, format!("/api/tenants/acme/api-keys/{id}")).send()
+        }
+        other => panic!("no call {other}"),
+    };
+    res.await.unwrap().status()
+}
+
+#[tokio::test]
+async fn each_role_gets_exactly_its_calls() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let callers = [
+        ("viewer", Who::Key(app.key_token("acme", "viewer").await)),
+        ("editor", Who::Key(app.key_token("acme", "editor").await)),
+        ("admin", Who::Key(app.key_token("acme", "admin").await)),
+        ("platform", Who::Platform("acme")),
+    ];
+    // Expected status for viewer, editor, tenant admin, platform admin.
+    let matrix: [(&str, [u16; 4]); 14] = [
+        ("admit", [403, 201, 201, 201]),
+        ("get", [200, 200, 200, 200]),
+        ("list", [200, 200, 200, 200]),
+        ("cancel", [403, 200, 200, 200]),
+        ("delete", [403, 200, 200, 200]),
+        ("force_delete", [403, 403, 204, 204]),
+        ("get_tenant", [403, 403, 200, 200]),
+        ("put_tenant", [403, 403, 403, 200]),
+        ("list_tenants", [403, 403, 403, 200]),
+        ("delete_tenant", [403, 403, 403, 204]),
+        ("create_key", [403, 403, 201, 201]),
+        ("list_keys", [403, 403, 200, 200]),
+        ("revoke_key", [403, 403, 204, 204]),
+        ("get", [200, 200, 200, 200]),
+    ];
+    let mut wrong = Vec::new();
+    for (name, expected) in matrix {
+        for ((role, who), want) in callers.iter().zip(expected) {
+            let got = call(&app, who, name).await;
+            if got.as_u16() != want {
+                wrong.push(format!("{role} {name}: got {got}, want {want}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[tokio::test]
+async fn a_tenant_key_never_reaches_another_tenants_executions() {
+    let app = TestApp::spawn().await;
+    for t in ["tenant-a", "tenant-b"] {
+        app.create_tenant(t).await;
+    }
+    let a = Who::Key(app.key_token("tenant-a", "admin").await);
+    let b = Who::Key(app.key_token("tenant-b", "admin").await);
+    let mine = app.request_as(&a, Method::POST, "/api/executions");
+    let res = mine
+        .json(&json!({"flow_id": "demo.echo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let a_id = res.json::<Value>().await.unwrap()["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b_id = app.admitted_id("tenant-b").await;
+
+    // Every call on B's execution with A's key is a 404, exactly as for an unknown id.
+    for (method, path) in [
+        (Method::GET, format!("/api/executions/{b_id}")),
+        (Method::POST, format!("/api/executions/{b_id}/cancel")),
+        (Method::DELETE, format!("/api/executions/{b_id}")),
+        (Method::DELETE, format!("/api/executions/{b_id}?force=true")),
+    ] {
+        let res = app
+            .request_as(&a, method.clone(), &path)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{method} {path}");
+        assert_eq!(problem_code(res).await, "execution_not_found");
+    }
+    // B's execution is untouched.
+    let got: Value = app
+        .get_execution("tenant-b", &b_id)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["status"], "queued");
+    assert_eq!(got["cancel_requested"], false);
+
+    // Each list shows only its own tenant's rows.
+    for (who, own, other) in [(&a, &a_id, &b_id), (&b, &b_id, &a_id)] {
+        let page: Value = app
+            .request_as(who, Method::GET, "/api/executions")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ids: Vec<&str> = page["executions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["execution_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, vec![own.as_str()]);
+        assert!(!ids.contains(&other.as_str()));
+        assert_eq!(page["total"], 1);
+    }
+
+    // Naming the other tenant explicitly is refused, not honoured.
+    let res = app
+        .request_as(&a, Method::GET, "/api/executions")
+        .header("X-Tenant-Id", "tenant-b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(problem_code(res).await, "tenant_mismatch");
+    for path in ["/api/tenants/tenant-b", "/api/tenants/tenant-b/api-keys"] {
+        let res = app.request_as(&a, Method::GET, path).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{path}");
+        assert_eq!(problem_code(res).await, "tenant_mismatch");
+    }
+    // The same header naming its own tenant is fine.
+    let res = app
+        .request_as(&a, Method::GET, "/api/executions")
+        .header("X-Tenant-Id", "tenant-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_on_the_next_call() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let key = app.create_key("acme", "editor").await;
+    let who = Who::Key(key["token"].as_str().unwrap().to_owned());
+    let list = || app.request_as(&who, Method::GET, "/api/executions").send();
+    assert_eq!(list().await.unwrap().status(), StatusCode::OK);
+
+    let id = key["key_id"].as_str().unwrap();
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/tenants/acme/api-keys/{id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+
+    let res = list().await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(problem_code(res).await, "unauthorized");
+    // Revoking again: it is gone.
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/tenants/acme/api-keys/{id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(problem_code(res).await, "api_key_not_found");
+}
+
+#[tokio::test]
+async fn a_tenant_admin_manages_its_own_keys_and_may_revoke_itself() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let admin = app.create_key("acme", "admin").await;
+    let who = Who::Key(admin["token"].as_str().unwrap().to_owned());
+
+    let res = app
+        .request_as(&who, Method::POST, "/api/tenants/acme/api-keys")
+        .json(&json!({"role": "viewer", "name": "dashboard"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let created: Value = res.json().await.unwrap();
+    assert_eq!(created["role"], "viewer");
+    assert_eq!(created["tenant_id"], "acme");
+    let viewer = Who::Key(created["token"].as_str().unwrap().to_owned());
+    let res = app
+        .request_as(&viewer, Method::GET, "/api/executions")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    // Listed by id, name and role; never by value.
+    let listed: Value = app
+        .request_as(&who, Method::GET, "/api/tenants/acme/api-keys")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let keys = listed["api_keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2);
+    let text = listed.to_string();
+    for token in [&admin["token"], &created["token"]] {
+        let token = token.as_str().unwrap();
+        let secret = token.rsplit('_').next().unwrap();
+        assert!(!text.contains(secret));
+    }
+    assert!(keys.iter().all(|k| k.get("token").is_none()));
+
+    let own_id = admin["key_id"].as_str().unwrap();
+    let res = app
+        .request_as(
+            &who,
+            Method::DELETE,
+            &format!("/api/tenants/acme/api-keys/{own_id}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let res = app
+        .request_as(&who, Method::GET, "/api/tenants/acme/api-keys")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn redis_holds_only_a_hash_of_each_key() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let token = app.key_token("acme", "admin").await;
+    let secret = token.rsplit('_').next().unwrap().to_owned();
+    let mut conn = app.redis.conn().await;
+    for key in app.redis.keys().await {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let dump = match kind.as_str() {
+            "hash" => format!(
+                "{:?}",
+                redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async::<Vec<String>>(&mut conn)
+                    .await
+                    .unwrap()
+            ),
+            "set" => format!(
+                "{:?}",
+                redis::cmd("SMEMBERS")
+                    .arg(&key)
+                    .query_async::<Vec<String>>(&mut conn)
+                    .await
+                    .unwrap()
+            ),
+            _ => String::new(),
+        };
+        assert!(!dump.contains(&secret), "{key} holds the secret");
+        assert!(!key.contains(&secret));
+    }
+}
+
+#[tokio::test]
+async fn bad_credentials_are_401() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let real = app.create_key("acme", "admin").await;
+    let real_token = real["token"].as_str().unwrap().to_owned();
+    let real_id = real["key_id"].as_str().unwrap().to_owned();
+    let wrong_secret = format!("sk_{real_id}_{}", "0".repeat(64));
+    let unknown_id = format!("sk_0123456789abcdef_{}", "a".repeat(64));
+    let long = format!("Bearer {}", "x".repeat(8_000));
+    let cases: Vec<(&str, Option<String>)> = vec![
+        ("no header", None),
+        ("empty bearer", Some("Bearer ".into())),
+        ("bare scheme", Some("Bearer".into())),
+        ("other scheme", Some(format!("Basic {ADMIN_TOKEN}"))),
+        ("no scheme", Some(ADMIN_TOKEN.into())),
+        (
+            "wrong admin token",
+            Some("Bearer not-the-admin-token".into()),
+        ),
+        ("very long token", Some(long)),
+        ("malformed key", Some("Bearer sk_nothex_123".into())),
+        ("unknown key id", Some(format!("Bearer {unknown_id}"))),
+        ("wrong secret", Some(format!("Bearer {wrong_secret}"))),
+    ];
+    for (what, header) in cases {
+        let mut req = app
+            .client
+            .get(app.url("/api/executions"))
+            .header("X-Tenant-Id", "acme");
+        if let Some(h) = header {
+            req = req.header("Authorization", h);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{what}");
+        assert_eq!(
+            res.headers().get("www-authenticate").unwrap(),
+            "Bearer",
+            "{what}"
+        );
+        assert_eq!(problem_code(res).await, "unauthorized", "{what}");
+    }
+    // Without a credential, even a malformed X-Tenant-Id is only a 401: nothing is validated
+    // for a stranger.
+    let res = app
+        .client
+        .get(app.url("/api/executions"))
+        .header("X-Tenant-Id", "not a tenant!")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+
+    // The scheme is case-insensitive (RFC 9110).
+    let res = app
+        .client
+        .get(app.url("/api/executions"))
+        .header("Authorization", format!("bearer {real_token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    // The key of a deleted tenant is dead, also if the tenant is created again.
+    let res = app
+        .client
+        .delete(app.url("/api/tenants/acme"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    for _ in 0..2 {
+        let res = app
+            .client
+            .get(app.url("/api/executions"))
+            .bearer_auth(&real_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        app.create_tenant("acme").await;
+    }
+}
+
+#[tokio::test]
+async fn the_tenant_registry_lists_creates_and_deletes() {
+    let app = TestApp::spawn().await;
+    let list = || async {
+        let res = app
+            .client
+            .get(app.url("/api/tenants"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let body: Value = res.json().await.unwrap();
+        body["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["tenant_id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert!(list().await.is_empty());
+    app.put_tenant("zeta", &json!({"max_concurrent": 3})).await;
+    app.create_tenant("alpha").await;
+    app.put_tenant("zeta", &json!({"max_concurrent": 4})).await;
+    assert_eq!(list().await, vec!["alpha", "zeta"]);
+
+    // A key needs a registered tenant.
+    let res = app
+        .client
+        .post(app.url("/api/tenants/nobody/api-keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"role": "admin"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(problem_code(res).await, "tenant_not_found");
+
+    let del = |t: &'static str| {
+        app.client
+            .delete(app.url(&format!("/api/tenants/{t}")))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+    };
+    assert_eq!(del("zeta").await.unwrap().status(), StatusCode::NO_CONTENT);
+    assert_eq!(list().await, vec!["alpha"]);
+    let res = del("zeta").await.unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(problem_code(res).await, "tenant_not_found");
+}
+
+#[tokio::test]
+async fn a_disabled_tenant_reads_but_admits_nothing() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let editor = Who::Key(app.key_token("acme", "editor").await);
+    let id = app.admitted_id("acme").await;
+    app.put_tenant("acme", &json!({"enabled": false})).await;
+
+    let res = app
+        .request_as(&editor, Method::POST, "/api/executions")
+        .json(&json!({"flow_id": "demo.echo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(problem_code(res).await, "tenant_disabled");
+    // Work already admitted is untouched and readable.
+    let res = app
+        .request_as(&editor, Method::GET, &format!("/api/executions/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let e: Value = res.json().await.unwrap();
+    assert_eq!(e["status"], "queued");
+    assert_eq!(app.ready_len("acme").await, 1);
+}
+
+#[tokio::test]
+async fn invalid_key_requests_are_400() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    for body in [
+        json!({"role": "owner"}),
+        json!({}),
+        json!({"role": "viewer", "name": ""}),
+        json!({"role": "viewer", "extra": 1}),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/tenants/acme/api-keys"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
+    }
+}

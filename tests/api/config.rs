@@ -1,0 +1,141 @@
+//! One typed configuration: flags, `SLUICE_*` variables and an optional TOML file, in that
+//! order of precedence; `--help` explains every setting and never shows a secret.
+
+use std::process::Command as Process;
+
+use clap::CommandFactory;
+use sluice::config::{Cli, Command};
+
+use crate::helpers::sluice_bin;
+
+fn serve_with_file(toml: &str, flags: &[&str]) -> Result<sluice::config::ServeArgs, clap::Error> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, toml).unwrap();
+    let mut argv = vec![
+        "sluice".to_owned(),
+        "--config".to_owned(),
+        path.display().to_string(),
+        "serve".to_owned(),
+    ];
+    argv.extend(flags.iter().map(|f| f.to_string()));
+    match Cli::load_from(argv)?.command {
+        Command::Serve(args) => Ok(args),
+        other => panic!("parsed {other:?}"),
+    }
+}
+
+#[test]
+fn the_config_file_fills_in_below_flags() {
+    let args = serve_with_file(
+        r#"
+redis-url = "redis://10.1.2.3:6380"
+body_limit = 4096
+cors-origin = ["http://a.example", "http://b.example"]
+data-dir = "/only/for/dev"
+
+[serve]
+request-timeout-ms = 2500
+header-read-timeout-ms = 700
+
+[dev]
+redis-port = 7000
+"#,
+        &["--body-limit", "512"],
+    )
+    .unwrap();
+    assert_eq!(args.redis.redis_url, "redis://10.1.2.3:6380");
+    assert_eq!(args.api.body_limit, 512, "the flag wins over the file");
+    assert_eq!(args.api.request_timeout_ms, 2500);
+    assert_eq!(args.api.header_read_timeout_ms, 700);
+    assert_eq!(
+        args.api.cors_origins,
+        vec!["http://a.example", "http://b.example"]
+    );
+    // Untouched settings keep their defaults.
+    assert_eq!(args.api.default_max_attempts, 5);
+    assert!(!args.api.dev_auth);
+}
+
+#[test]
+fn unknown_settings_in_the_file_are_errors() {
+    for toml in [
+        "no-such-setting = 1",
+        "[serve]\ndata-dir = \"x\"",
+        "[nonsense]\nlisten = \"127.0.0.1:1\"",
+        "body-limit = true",
+        "dev-auth = \"yes\"",
+    ] {
+        assert!(serve_with_file(toml, &[]).is_err(), "{toml}");
+    }
+}
+
+#[test]
+fn every_setting_has_help_and_a_variable() {
+    let cli = Cli::command();
+    // Every command, also ones added later: a setting without help or variable is a bug.
+    for sub in cli.get_subcommands() {
+        let name = sub.get_name();
+        for arg in sub.get_arguments() {
+            let id = arg.get_id().as_str();
+            if ["help", "version"].contains(&id) {
+                continue;
+            }
+            assert!(arg.get_help().is_some(), "{name} --{id} has no help");
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert!(
+                env.as_deref().is_some_and(|e| e.starts_with("SLUICE_")),
+                "{name} --{id} has no SLUICE_* variable"
+            );
+        }
+    }
+}
+
+#[test]
+fn help_explains_settings_and_hides_the_admin_token() {
+    let out = Process::new(sluice_bin())
+        .args(["serve", "--help"])
+        .env("SLUICE_ADMIN_TOKEN", "very-secret-token-value")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--listen",
+        "--redis-url",
+        "--admin-token",
+        "--dev-auth",
+        "--cors-origin",
+        "--header-read-timeout-ms",
+        "--config",
+        "SLUICE_ADMIN_TOKEN",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from serve --help");
+    }
+    assert!(!help.contains("very-secret-token-value"));
+
+    let out = Process::new(sluice_bin()).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for word in ["serve", "dev", "openapi", "--config", "--log-format"] {
+        assert!(help.contains(word), "{word} missing from --help");
+    }
+}
+
+#[test]
+fn a_printed_configuration_does_not_show_the_admin_token() {
+    let cli = Cli::load_from([
+        "sluice",
+        "serve",
+        "--admin-token",
+        "very-secret-token-value",
+    ])
+    .unwrap();
+    let Command::Serve(args) = &cli.command else {
+        panic!("parsed {cli:?}");
+    };
+    assert_eq!(
+        args.api.admin_token.as_ref().map(|s| s.expose()),
+        Some("very-secret-token-value")
+    );
+    assert!(!format!("{cli:?}").contains("very-secret-token-value"));
+}

@@ -1,0 +1,283 @@
+//! What an operator and a browser console see: metrics, CORS, Swagger UI, request ids in the
+//! answer and in the logs, and the header-read timeout against slow clients.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::helpers::{ADMIN_TOKEN, TestApp, TestRedis, free_port, sluice_bin};
+
+/// The value of the one sample named `series` (name and labels exactly as exposed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_admissions_per_tenant_and_show_queue_depth() {
+    let app = TestApp::spawn().await;
+    let body = json!({"flow_id": "demo.echo"});
+    for _ in 0..2 {
+        assert_eq!(
+            app.post_execution("acme", &body).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    assert_eq!(
+        app.post_with_key("acme", "k1", &body).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        app.post_with_key("acme", "k1", &body).await.status(),
+        StatusCode::OK
+    );
+    let other = json!({"flow_id": "demo.other"});
+    assert_eq!(
+        app.post_with_key("acme", "k1", &other).await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    app.put_tenant("beta", &json!({"enabled": false})).await;
+    assert_eq!(
+        app.post_execution("beta", &body).await.status(),
+        StatusCode::FORBIDDEN
+    );
+    app.put_tenant("gamma", &json!({"max_concurrent": 0, "max_queued": 0}))
+        .await;
+    assert_eq!(
+        app.post_execution("gamma", &body).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    let text = res.text().await.unwrap();
+    let want = [
+        (
+            r#"sluice_admissions_total{tenant="acme",outcome="admitted"}"#,
+            3.0,
+        ),
+        (
+            r#"sluice_admissions_total{tenant="acme",outcome="deduplicated"}"#,
+            1.0,
+        ),
+        (
+            r#"sluice_admissions_total{tenant="acme",outcome="conflict"}"#,
+            1.0,
+        ),
+        (
+            r#"sluice_admissions_rejected_total{tenant="beta",reason="tenant_disabled"}"#,
+            1.0,
+        ),
+        (
+            r#"sluice_admissions_rejected_total{tenant="gamma",reason="queue_full"}"#,
+            1.0,
+        ),
+        (
+            r#"sluice_http_request_duration_seconds_count{method="POST",route="/api/executions",status="201"}"#,
+            3.0,
+        ),
+    ];
+    for (series, value) in want {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+    // Queue depth: acme's three executions are on its shard's ready stream; every shard has
+    // a gauge.
+    let shard = format!("s{:02}", app.shard("acme").number());
+    assert_eq!(
+        sample(&text, &format!(r#"sluice_queue_depth{{shard="{shard}"}}"#)),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(text.matches("sluice_queue_depth{").count(), 16);
+}
+
+#[tokio::test]
+async fn cors_is_off_by_default() {
+    let app = TestApp::spawn().await;
+    let res = app
+        .client
+        .request(reqwest::Method::OPTIONS, app.url("/api/executions"))
+        .header("Origin", "http://console.example")
+        .header("Access-Control-Request-Method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(!res.headers().contains_key("access-control-allow-origin"));
+}
+
+#[tokio::test]
+async fn cors_preflight_allows_configured_origins_only() {
+    let origin = "http://console.example:3000";
+    let app = TestApp::spawn_with(|c| c.api.cors_origins = vec![origin.into()]).await;
+    let preflight = |from: &'static str| {
+        app.client
+            .request(reqwest::Method::OPTIONS, app.url("/api/executions"))
+            .header("Origin", from)
+            .header("Access-Control-Request-Method", "POST")
+            .header(
+                "Access-Control-Request-Headers",
+                "authorization,content-type,idempotency-key",
+            )
+            .send()
+    };
+    let res = preflight(origin).await.unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let h = res.headers();
+    assert_eq!(h["access-control-allow-origin"], origin);
+    let methods = h["access-control-allow-methods"].to_str().unwrap();
+    assert!(
+        methods.contains("POST") && methods.contains("DELETE"),
+        "{methods}"
+    );
+    let headers = h["access-control-allow-headers"].to_str().unwrap();
+    for name in [
+        "authorization",
+        "content-type",
+        "idempotency-key",
+        "x-tenant-id",
+    ] {
+        assert!(headers.contains(name), "{headers}");
+    }
+
+    let res = preflight("http://evil.example").await.unwrap();
+    assert!(!res.headers().contains_key("access-control-allow-origin"));
+
+    // The actual call carries the header too, and exposes what a console needs to read.
+    let res = app
+        .as_tenant(reqwest::Method::POST, "/api/executions", "acme")
+        .header("Origin", origin)
+        .json(&json!({"flow_id": "demo.echo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(res.headers()["access-control-allow-origin"], origin);
+    let exposed = res.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(
+        exposed.contains("location") && exposed.contains("x-request-id"),
+        "{exposed}"
+    );
+}
+
+#[tokio::test]
+async fn swagger_ui_is_served_from_the_binary() {
+    let app = TestApp::spawn().await;
+    let res = app.client.get(app.url("/docs/")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let html = res.text().await.unwrap();
+    assert!(html.contains("swagger-ui"), "{html}");
+    let init = app
+        .client
+        .get(app.url("/docs/swagger-initializer.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(init.status(), StatusCode::OK);
+    assert!(init.text().await.unwrap().contains("/openapi.json"));
+    let bundle = app
+        .client
+        .get(app.url("/docs/swagger-ui-bundle.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bundle.status(), StatusCode::OK);
+    assert!(bundle.bytes().await.unwrap().len() > 100_000);
+}
+
+#[tokio::test]
+async fn a_client_that_trickles_its_headers_is_disconnected() {
+    let app = TestApp::spawn_with(|c| c.api.header_read_timeout_ms = 300).await;
+    let mut slow = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: sluice\r\n")
+        .await
+        .unwrap();
+    // The server must close the connection well before this bound; it never answers 200.
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut buf)).await;
+    let closed = matches!(read, Ok(Ok(_)) | Ok(Err(_)));
+    assert!(closed, "the slow connection was not closed");
+    assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
+    // A normal client is unaffected.
+    let res = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_request_id_is_returned_and_in_the_logs() {
+    let redis = TestRedis::start().await;
+    let port = free_port();
+    let mut child = Command::new(sluice_bin())
+        .args(["--log-format", "json", "serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--redis-url", &redis.url()])
+        .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/api/executions");
+    // Wait until the server answers (it logs and binds quickly).
+    let mut res = None;
+    for _ in 0..100 {
+        match client
+            .get(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("X-Tenant-Id", "acme")
+            .header("X-Request-Id", "req-from-the-test-42")
+            .send()
+            .await
+        {
+            Ok(r) => {
+                res = Some(r);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let res = res.expect("sluice serve answered");
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-request-id"], "req-from-the-test-42");
+    // Without one, the server makes one up and returns it.
+    let res = client
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert!(!res.headers()["x-request-id"].is_empty());
+
+    let line = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a log line with the request id");
+        if line.contains("req-from-the-test-42") {
+            break line;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let log: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(log["span"]["request_id"], "req-from-the-test-42", "{line}");
+    assert!(
+        !line.contains(ADMIN_TOKEN),
+        "the token leaked into the log: {line}"
+    );
+}
