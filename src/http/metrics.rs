@@ -8,7 +8,12 @@
 //! - `sluice_http_request_duration_seconds{method,route,status}`: a histogram; `route` is the
 //!   route template (`/api/executions/{id}`), so ids do not multiply series;
 //! - `sluice_queue_depth{shard}`: length of each shard's ready stream, read from Redis at
-//!   scrape time (absent when Redis does not answer).
+//!   scrape time (absent when Redis does not answer);
+//! - `sluice_dead_letters{shard}`: records on each shard's dead-letter stream;
+//! - `sluice_shard_events{shard,event}`: cumulative counts the scripts keep on Redis —
+//!   `completed`, `failed`, `cancelled`, `reclaimed`, `fenced` (late completions refused),
+//!   `dead_lettered`, `dlq_evicted` (dead letters pushed out by the cap), `repaired_*` (sweeper).
+//!   They are gauges because Redis, not this process, holds them; they only grow.
 
 use std::time::Instant;
 
@@ -61,6 +66,12 @@ struct ShardLabels {
     shard: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardEventLabels {
+    shard: String,
+    event: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms to ~16 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
@@ -73,6 +84,8 @@ pub struct Metrics {
     rejections: Family<RejectionLabels, Counter>,
     latency: Family<RequestLabels, Histogram, fn() -> Histogram>,
     queue_depth: Family<ShardLabels, Gauge>,
+    dead_letters: Family<ShardLabels, Gauge>,
+    shard_events: Family<ShardEventLabels, Gauge>,
 }
 
 /// How an admission ended, for the per-tenant counters.
@@ -96,6 +109,18 @@ impl Metrics {
             latency_histogram,
         );
         let queue_depth = Family::<ShardLabels, Gauge>::default();
+        let dead_letters = Family::<ShardLabels, Gauge>::default();
+        let shard_events = Family::<ShardEventLabels, Gauge>::default();
+        registry.register(
+            "sluice_dead_letters",
+            "Records on each shard's dead-letter stream, read at scrape time",
+            dead_letters.clone(),
+        );
+        registry.register(
+            "sluice_shard_events",
+            "Cumulative events per shard kept on Redis (completed, fenced, dlq_evicted, ...)",
+            shard_events.clone(),
+        );
         registry.register(
             "sluice_admissions",
             "Admission requests that reached Redis, by tenant and outcome",
@@ -122,6 +147,8 @@ impl Metrics {
             rejections,
             latency,
             queue_depth,
+            dead_letters,
+            shard_events,
         }
     }
 
@@ -178,8 +205,9 @@ pub async fn observe_latency(State(state): State<AppState>, req: Request, next: 
 
 /// Prometheus metrics (OpenMetrics text).
 ///
-/// Per-tenant admission counters, a request latency histogram, and the depth of each shard's
-/// ready stream read at scrape time. No authentication, like the probes: keep it off public
+/// Per-tenant admission counters, a request latency histogram, and per shard the ready-stream
+/// depth, the dead-letter count and the event counters kept on Redis (completed, fenced,
+/// dlq_evicted, ...), read at scrape time. No authentication, like the probes: keep it off public
 /// networks.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "The metrics", body = String,
@@ -187,16 +215,34 @@ pub async fn observe_latency(State(state): State<AppState>, req: Request, next: 
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.metrics;
     m.queue_depth.clear();
-    match state.store.ready_depths().await {
-        Ok(depths) => {
-            for (shard, len) in depths {
-                let shard = format!("s{:02}", shard.number());
+    m.dead_letters.clear();
+    m.shard_events.clear();
+    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    match state.store.shard_gauges().await {
+        Ok(shards) => {
+            for g in shards {
+                let shard = format!("s{:02}", g.shard.number());
                 m.queue_depth
-                    .get_or_create(&ShardLabels { shard })
-                    .set(i64::try_from(len).unwrap_or(i64::MAX));
+                    .get_or_create(&ShardLabels {
+                        shard: shard.clone(),
+                    })
+                    .set(gauge(g.ready));
+                m.dead_letters
+                    .get_or_create(&ShardLabels {
+                        shard: shard.clone(),
+                    })
+                    .set(gauge(g.dead_letters));
+                for (event, n) in g.events {
+                    m.shard_events
+                        .get_or_create(&ShardEventLabels {
+                            shard: shard.clone(),
+                            event,
+                        })
+                        .set(gauge(n));
+                }
             }
         }
-        Err(e) => tracing::warn!(error = %e, "queue depth not read for /metrics"),
+        Err(e) => tracing::warn!(error = %e, "shard numbers not read for /metrics"),
     }
     let mut body = String::new();
     if encode(&mut body, &m.registry).is_err() {

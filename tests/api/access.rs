@@ -102,6 +102,13 @@ async fn call(app: &TestApp, who: &Who, name: &str) -> StatusCode {
             let id = key["key_id"].as_str().unwrap().to_owned();
             send(Method::DELETE, format!("/api/tenants/acme/api-keys/{id}")).send()
         }
+        "retry" => {
+            let id = app.admitted_id("acme").await;
+            app.cancel("acme", &id).await;
+            send(Method::POST, format!("/api/executions/{id}/retry")).send()
+        }
+        "dead_letters" => send(Method::GET, "/api/dlq".into()).send(),
+        "queue_stats" => send(Method::GET, "/api/queues".into()).send(),
         other => panic!("no call {other}"),
     };
     res.await.unwrap().status()
@@ -118,7 +125,7 @@ async fn each_role_gets_exactly_its_calls() {
         ("platform", Who::Platform("acme")),
     ];
     // Expected status for viewer, editor, tenant admin, platform admin.
-    let matrix: [(&str, [u16; 4]); 14] = [
+    let matrix: [(&str, [u16; 4]); 17] = [
         ("admit", [403, 201, 201, 201]),
         ("get", [200, 200, 200, 200]),
         ("list", [200, 200, 200, 200]),
@@ -132,6 +139,9 @@ async fn each_role_gets_exactly_its_calls() {
         ("create_key", [403, 403, 201, 201]),
         ("list_keys", [403, 403, 200, 200]),
         ("revoke_key", [403, 403, 204, 204]),
+        ("retry", [403, 200, 200, 200]),
+        ("dead_letters", [200, 200, 200, 200]),
+        ("queue_stats", [403, 403, 403, 200]),
         ("get", [200, 200, 200, 200]),
     ];
     let mut wrong = Vec::new();

@@ -467,6 +467,20 @@ async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
         1,
         "the evicted record is counted"
     );
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let shard = format!("s{:02}", app.shard("acme").number());
+    let evicted = format!("sluice_shard_events{{shard=\"{shard}\",event=\"dlq_evicted\"}} 1");
+    assert!(metrics.contains(&evicted), "{evicted} not in:\n{metrics}");
+    let dead = format!("sluice_dead_letters{{shard=\"{shard}\"}} 2");
+    assert!(metrics.contains(&dead), "{dead} not in:\n{metrics}");
     assert_eq!(pending(&app).await.0, 0);
     let len: u64 = app.redis.query(redis::cmd("XLEN").arg(&ready)).await;
     assert_eq!(len, 0, "poison entries were removed from the stream");
