@@ -46,8 +46,9 @@ pub enum Command {
     /// Run flows: read dispatched executions, run them under heartbeated leases, recover
     /// orphans.
     Worker(WorkerArgs),
-    /// Run everything locally: a managed redis-server (data in a local folder, AOF on) and the
-    /// API in dev-auth mode. For trying sluice out, never for production.
+    /// Run everything locally: a managed redis-server (data in a local folder, AOF on), the
+    /// API in dev-auth mode and a worker with the demo flows. For trying sluice out, never for
+    /// production.
     Dev(DevArgs),
     /// Print the OpenAPI document (the one committed as openapi/openapi.json).
     Openapi,
