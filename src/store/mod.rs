@@ -21,6 +21,7 @@ pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
 use scripts::Scripts;
 pub use worker::{
     Completion, DeadLetter, LeaseState, NotRetryable, Outcome, RetryResult, ShardStats, Started,
+    SweepMode, SweepStep, SweepTarget,
 };
 
 /// Why a storage call did not produce an answer.

@@ -435,9 +435,9 @@ impl Store {
         Ok(r.is_some())
     }
 
-    /// One full repair pass over every tenant of every shard; returns repairs by kind.
-    pub async fn sweep(&self, batch: usize) -> Result<HashMap<&'static str, u64>, StoreError> {
-        let mut repaired: HashMap<&'static str, u64> = HashMap::new();
+    /// What the sweeper walks: every tenant of every shard, with the flows it admitted.
+    pub async fn sweep_targets(&self) -> Result<Vec<SweepTarget>, StoreError> {
+        let mut out = Vec::new();
         let mut c = self.conn();
         for shard in self.shards.all() {
             let tenants: Vec<String> = self
@@ -448,66 +448,110 @@ impl Store {
                 )
                 .await?;
             for tenant in tenants {
-                let Ok(t) = TenantId::parse(&tenant) else {
+                let Ok(tenant) = TenantId::parse(&tenant) else {
                     continue;
                 };
                 let flows: Vec<String> = self
                     .bounded(
                         redis::cmd("SMEMBERS")
-                            .arg(shard.flows(&t))
+                            .arg(shard.flows(&tenant))
                             .query_async(&mut c),
                     )
                     .await?;
-                *repaired.entry("slots").or_default() +=
-                    self.sweep_walk(shard, &t, "slots", "", "", batch).await?;
-                *repaired.entry("waiting").or_default() +=
-                    self.sweep_walk(shard, &t, "waiting", "", "", batch).await?;
-                for status in Status::ALL {
-                    let mut n = self
-                        .sweep_walk(shard, &t, "index", status.as_str(), "", batch)
-                        .await?;
-                    for flow in &flows {
-                        n += self
-                            .sweep_walk(shard, &t, "index", status.as_str(), flow, batch)
-                            .await?;
-                    }
-                    *repaired.entry("index").or_default() += n;
-                }
+                out.push(SweepTarget {
+                    shard,
+                    tenant,
+                    flows,
+                });
             }
         }
-        Ok(repaired)
+        Ok(out)
     }
 
-    async fn sweep_walk(
+    /// One batch of repairs (see `migrations-lua/sweep.lua`): returns the next cursor ("0"
+    /// when the walk is done) and the number of repairs.
+    pub async fn sweep_step(
         &self,
-        shard: Shard,
-        tenant: &TenantId,
-        mode: &str,
-        status: &str,
-        flow: &str,
+        step: &SweepStep,
+        cursor: &str,
         batch: usize,
-    ) -> Result<u64, StoreError> {
-        let mut cursor = "0".to_owned();
-        let mut total = 0;
+    ) -> Result<(String, u64), StoreError> {
+        let shard = step.shard;
+        let mut inv = self.scripts.sweep.key(shard.tenant_config(&step.tenant));
+        self.common_args(&mut inv, shard);
+        inv.arg(step.tenant.as_str())
+            .arg(step.mode.as_str())
+            .arg(step.status.map(Status::as_str).unwrap_or(""))
+            .arg(step.flow.as_deref().unwrap_or(""))
+            .arg(cursor)
+            .arg(batch);
         let mut c = self.conn();
-        // SCAN cursors end at "0"; the bound only guards against a runaway walk.
-        for _ in 0..1_000_000 {
-            let mut inv = self.scripts.sweep.key(shard.tenant_config(tenant));
-            self.common_args(&mut inv, shard);
-            inv.arg(tenant.as_str())
-                .arg(mode)
-                .arg(status)
-                .arg(flow)
-                .arg(&cursor)
-                .arg(batch);
-            let (next, n): (String, u64) = self.bounded(inv.invoke_async(&mut c)).await?;
-            total += n;
-            if next == "0" {
-                break;
-            }
-            cursor = next;
+        self.bounded(inv.invoke_async(&mut c)).await
+    }
+}
+
+/// A tenant the sweeper walks.
+#[derive(Debug, Clone)]
+pub struct SweepTarget {
+    pub shard: Shard,
+    pub tenant: TenantId,
+    pub flows: Vec<String>,
+}
+
+/// What one sweep walk covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SweepMode {
+    /// The tenant's slot set.
+    Slots,
+    /// The tenant's waiting set.
+    Waiting,
+    /// One status index (of the tenant, or of one of its flows).
+    Index,
+}
+
+impl SweepMode {
+    /// The mode's name in `sweep.lua` and in the repair counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SweepMode::Slots => "slots",
+            SweepMode::Waiting => "waiting",
+            SweepMode::Index => "index",
         }
-        Ok(total)
+    }
+}
+
+/// One structure to walk with a SCAN cursor.
+#[derive(Debug, Clone)]
+pub struct SweepStep {
+    pub shard: Shard,
+    pub tenant: TenantId,
+    pub mode: SweepMode,
+    pub status: Option<Status>,
+    pub flow: Option<String>,
+}
+
+impl SweepTarget {
+    /// Every walk this tenant needs: slots, waiting, and each status index with and without
+    /// flow.
+    pub fn steps(&self) -> Vec<SweepStep> {
+        let step = |mode, status, flow| SweepStep {
+            shard: self.shard,
+            tenant: self.tenant.clone(),
+            mode,
+            status,
+            flow,
+        };
+        let mut v = vec![
+            step(SweepMode::Slots, None, None),
+            step(SweepMode::Waiting, None, None),
+        ];
+        for status in Status::ALL {
+            v.push(step(SweepMode::Index, Some(status), None));
+            for f in &self.flows {
+                v.push(step(SweepMode::Index, Some(status), Some(f.clone())));
+            }
+        }
+        v
     }
 }
 

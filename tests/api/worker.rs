@@ -515,8 +515,8 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
                 .arg(ghost),
         )
         .await;
-    let store = app.store().await;
-    let repaired = sluice::sweeper::sweep_once(&store, "test", Duration::from_millis(200))
+    let store = std::sync::Arc::new(app.store().await);
+    let repaired = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
         .await
         .expect("took the sweeper turn");
     assert_eq!(repaired["slots"], 1);
@@ -541,8 +541,47 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     assert_eq!(app.counter("repaired_slots").await, 1);
     // Single flight: a second process does not get the turn while it is held.
     assert!(
-        sluice::sweeper::sweep_once(&store, "other", Duration::from_secs(5))
+        sluice::sweeper::sweep_once(store.clone(), "other", Duration::from_secs(5))
             .await
             .is_none()
     );
+}
+
+#[tokio::test]
+async fn the_sweeper_resumes_where_its_budget_ran_out() {
+    let app = TestApp::spawn().await;
+    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let shard = app.shard("acme");
+    app.admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    // 450 ghosts in one index: three batches of 200 at least.
+    let mut c = app.redis.conn().await;
+    let key = shard.status_index(&tenant, sluice::admission::Status::Completed);
+    for i in 0..450 {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&key)
+            .arg(0)
+            .arg(format!("{i:032x}"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let mut sweeper = sluice::sweeper::Sweeper::new(std::sync::Arc::new(app.store().await));
+    let (mut total, mut rounds) = (0, 0);
+    loop {
+        let (repairs, done) = sweeper.advance(1).await.unwrap();
+        total += repairs.values().sum::<u64>();
+        rounds += 1;
+        if done {
+            break;
+        }
+        assert!(rounds < 100, "the walk never finished");
+    }
+    assert_eq!(total, 450);
+    assert!(
+        rounds >= 3,
+        "one call per turn cannot check 450 members in {rounds} turns"
+    );
+    let left: u64 = app.redis.query(redis::cmd("ZCARD").arg(&key)).await;
+    assert_eq!(left, 0);
 }
