@@ -2,7 +2,8 @@
 -- only expired leases from the shard's lease index: the cost follows the orphans, never the
 -- number of running executions. A live lease is never touched: no XCLAIM, no delivery count
 -- or attempt change. An orphan goes back on the ready stream (a new entry; the next start makes
--- it attempt+1), or, when its attempts are used up, is dead-lettered as 'lease_lost'.
+-- it attempt+1), or, when its attempts are used up, is dead-lettered as 'lease_lost'. One whose
+-- cancel was requested ends cancelled.
 --
 -- KEYS[1]  the shard's lease index (routing only)
 -- ARGV[1..4] common (see common.lua)
@@ -16,13 +17,16 @@ local expired = redis.call('ZRANGEBYSCORE', K.leases(), '-inf', now, 'LIMIT', 0,
 local requeued, dead = 0, 0
 for _, id in ipairs(expired) do
   local row = redis.call('HMGET', K.row(id), 'status', 'attempt', 'max_attempts', 'tenant', 'flow',
-    'entry')
+    'entry', 'cancel')
   redis.call('ZREM', K.leases(), id)
   if row[1] == 'running' then
     local tenant, flow, entry = row[4], row[5], row[6]
     drop_entry(entry)
     redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
-    if tonumber(row[2]) >= tonumber(row[3]) then
+    if row[7] == '1' then
+      -- Its cancel was requested while it ran: running it again would only stop it again.
+      finish(tenant, flow, id, 'running', 'cancelled', now, {})
+    elseif tonumber(row[2]) >= tonumber(row[3]) then
       local msg = 'lease expired on attempt ' .. row[2] .. ' of ' .. row[3]
       finish(tenant, flow, id, 'running', 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg })
       dead_letter({ 'execution_id', id, 'tenant_id', tenant, 'flow_id', flow,

@@ -585,3 +585,42 @@ async fn the_sweeper_resumes_where_its_budget_ran_out() {
     let left: u64 = app.redis.query(redis::cmd("ZCARD").arg(&key)).await;
     assert_eq!(left, 0);
 }
+
+#[tokio::test]
+async fn an_orphan_whose_cancel_was_requested_ends_cancelled_not_rerun() {
+    let app = TestApp::spawn().await;
+    // A heartbeat far slower than the lease: the worker never hears of the cancel.
+    let mut a = TestWorker::spawn(
+        &app.redis.url(),
+        &[
+            "--lease-ttl-ms",
+            "500",
+            "--heartbeat-ms",
+            "200",
+            "--scan-ms",
+            "100",
+            "--idle-poll-ms",
+            "20",
+        ],
+    );
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 60000}}),
+        )
+        .await;
+    app.wait_running("acme", &id, 1).await;
+    a.kill9();
+    let res: Value = app.cancel("acme", &id).await.json().await.unwrap();
+    assert_eq!(res["cancel_requested"], true);
+    let _b = TestWorker::spawn(&app.redis.url(), FAST_WORKER);
+    let e = app
+        .wait_terminal("acme", &id, Duration::from_secs(15))
+        .await;
+    assert_eq!(e["status"], "cancelled");
+    assert_eq!(e["attempt"], 1, "it was not started again");
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "dispatched": 0, "waiting": 0})
+    );
+}
