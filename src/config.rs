@@ -293,10 +293,12 @@ impl ApiSettings {
         Wrap::parse_from(["sluice"]).api
     }
 
+    /// `--request-timeout-ms` as a duration.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
 
+    /// `--header-read-timeout-ms` as a duration.
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
     }

@@ -23,6 +23,7 @@ const QUEUE_FULL_RETRY_AFTER: u64 = 5;
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 200;
 
+/// The execution routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_execution, list_executions))

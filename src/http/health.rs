@@ -10,6 +10,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::{ApiError, Problem};
 
+/// The probe routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))

@@ -13,6 +13,7 @@ use super::error::{ApiError, Problem};
 use super::extract::Query;
 use crate::store::{DeadLetter, ShardStats};
 
+/// The dead-letter and queue-statistics routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_dead_letters))
