@@ -92,13 +92,14 @@ impl Direct {
         Ok(())
     }
 
-    /// Admits `{"flow_id":"demo.echo","params":{"n":i}}` with a unique dedup key through
-    /// `Store::admit` from `clients` tasks at once, until `until`.
+    /// Admits `{"flow_id":"demo.echo","params":{"n":i}}` (with a unique dedup key when `dedup`)
+    /// through `Store::admit` from `clients` tasks at once, until `until`.
     pub async fn admit_loop(
         &self,
         clients: usize,
         until: Until,
         tag: &str,
+        dedup: bool,
         progress: Arc<Progress>,
     ) -> anyhow::Result<LoadResult> {
         let start = Instant::now();
@@ -130,7 +131,7 @@ impl Direct {
                         max_attempts: None,
                     };
                     let tenant = &tenants[i as usize % tenants.len()];
-                    let ok = match AdmitRequest::parse(body, Some(&key), 5) {
+                    let ok = match AdmitRequest::parse(body, dedup.then_some(key.as_str()), 5) {
                         Ok(req) => {
                             matches!(store.admit(tenant, &req).await, Ok(Admission::Created(_)))
                         }

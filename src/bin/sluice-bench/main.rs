@@ -33,7 +33,7 @@ use sluice::store::StoreConfig;
 use direct::{Direct, Until};
 use load::{LoadResult, Progress, Workload};
 use procs::{Proc, Scratch, SluiceCmd};
-use report::{Check, CpuShare, E2e, FixedRate, Memory, Phase, Report};
+use report::{Check, CpuShare, E2e, FixedRate, Memory, MemoryPoint, Phase, Report};
 
 /// Quotas high enough that admission never rejects: every execution is dispatched at once.
 const UNLIMITED: u32 = 1_000_000_000;
@@ -86,8 +86,10 @@ pub struct Args {
     /// `sluice worker` processes in the end-to-end phase.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// `--concurrency` of each worker.
-    #[arg(long, default_value_t = 64)]
+    /// `--concurrency` of each worker. High, because `demo.echo` holds nothing while it runs
+    /// and a slot stays busy for the start and completion round trips, which queue behind the
+    /// admissions on Redis: with 64 per worker the workers fall behind the admissions.
+    #[arg(long, default_value_t = 256)]
     worker_concurrency: usize,
     /// `--idle-poll-ms` of each worker.
     #[arg(long, default_value_t = 5)]
@@ -104,6 +106,10 @@ pub struct Args {
     /// The sluice program (default: `sluice` next to this binary).
     #[arg(long)]
     sluice: Option<PathBuf>,
+    /// Threads of the benchmark's own runtime (the load generator). One keeps it from
+    /// competing with the server for the CPU more than it must; raise it on bigger machines.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 impl Args {
@@ -123,9 +129,28 @@ impl Args {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = Args::parse().smoke_sized();
+    let runtime = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(rt) => rt.block_on(bench_main(args)),
+        Err(e) => {
+            eprintln!("sluice-bench: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench_main(args: Args) -> ExitCode {
     // Returning from `run` (or dropping it here on a signal) kills every child process.
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
@@ -247,7 +272,11 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     };
     let (mut serve, addr) =
         procs::start_serve(&cmd, &scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
-    eprintln!("sluice-bench: redis at {redis_url}, sluice serve at http://{addr}");
+    eprintln!(
+        "sluice-bench: redis at {redis_url} (pid {}), sluice serve at http://{addr} (pid {})",
+        redis.pid().unwrap_or(0),
+        serve.pid().unwrap_or(0)
+    );
 
     let tenants: Vec<String> = (0..args.tenants.max(1))
         .map(|i| format!("bench-t{i}"))
@@ -282,6 +311,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
             clients,
             Until::Elapsed(Duration::from_secs(args.ceiling_secs)),
             "ceiling",
+            true,
             p,
         )
     })
@@ -359,23 +389,33 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     report.checks.push(check);
     report.e2e = Some(e2e);
 
-    // 6. Memory per queued execution.
-    direct.reset().await?;
-    let before = direct.used_memory().await?;
-    let (r, _) = phase("memory", &pids, |p| {
-        direct.admit_loop(clients, Until::Count(args.memory_count), "mem", p)
-    })
-    .await?;
-    let after = direct.used_memory().await?;
-    report
-        .checks
-        .push(check_queued("memory", &r, &mut direct).await?);
-    report.memory = Some(Memory {
-        executions: r.outcomes.created,
+    // 6. Memory per queued execution, with a dedup key each (as above) and without.
+    let mut points = Vec::new();
+    for dedup in [true, false] {
+        direct.reset().await?;
+        let before = direct.used_memory().await?;
+        let name = if dedup { "memory" } else { "memory-no-key" };
+        let (r, _) = phase(name, &pids, |p| {
+            direct.admit_loop(clients, Until::Count(args.memory_count), "mem", dedup, p)
+        })
+        .await?;
+        let after = direct.used_memory().await?;
+        report
+            .checks
+            .push(check_queued(name, &r, &mut direct).await?);
+        points.push(MemoryPoint {
+            executions: r.outcomes.created,
+            used_memory_before: before,
+            used_memory_after: after,
+            bytes_per_execution: after.saturating_sub(before) as f64
+                / r.outcomes.created.max(1) as f64,
+        });
+    }
+    let without = points.pop();
+    report.memory = points.pop().map(|with_key| Memory {
         state: "dispatched",
-        used_memory_before: before,
-        used_memory_after: after,
-        bytes_per_execution: after.saturating_sub(before) as f64 / r.outcomes.created.max(1) as f64,
+        with_dedup_key: with_key,
+        without_dedup_key: without,
     });
 
     serve.ensure_running()?;
