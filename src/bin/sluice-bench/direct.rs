@@ -89,7 +89,30 @@ impl Direct {
         store.publish_defaults().await?;
         store.ensure_groups().await?;
         self.store = Arc::new(store);
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut self.conn)
+            .await?;
         Ok(())
+    }
+
+    /// Microseconds Redis spent running scripts (EVALSHA, EVAL) since the last `reset`, by its
+    /// own `INFO commandstats`: Redis's CPU cost of the phase's work, unaffected by how busy
+    /// the rest of the machine is.
+    pub async fn script_usec(&mut self) -> anyhow::Result<u64> {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(info
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split(',')
+                    .find_map(|f| f.strip_prefix("usec="))
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .sum())
     }
 
     /// Admits `{"flow_id":"demo.echo","params":{"n":i}}` (with a unique dedup key when `dedup`)
@@ -176,6 +199,37 @@ impl Direct {
             .context("INFO memory has no used_memory")
     }
 
+    /// `MEMORY USAGE` of every key summed by kind (rows, dedup mappings, status and flow
+    /// indexes, slot sets, ready streams, the rest): where the memory of an execution goes.
+    /// Excludes the keyspace's own hash tables (bucket arrays, the TTL table), so the sum is a
+    /// little under the `used_memory` growth.
+    pub async fn memory_by_kind(&mut self) -> anyhow::Result<BTreeMap<&'static str, u64>> {
+        let mut out = BTreeMap::new();
+        let mut cursor = 0u64;
+        // Bounded like `census`.
+        for _ in 0..10_000_000 {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(5000)
+                .query_async(&mut self.conn)
+                .await?;
+            let mut p = redis::pipe();
+            for k in &keys {
+                p.cmd("MEMORY").arg("USAGE").arg(k).arg("SAMPLES").arg(0);
+            }
+            let sizes: Vec<Option<u64>> = p.query_async(&mut self.conn).await?;
+            for (k, size) in keys.iter().zip(sizes) {
+                *out.entry(key_kind(k)).or_default() += size.unwrap_or(0);
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// The shards' `completed` counters, summed (cheap: for polling while workers drain).
     pub async fn completed(&self) -> anyhow::Result<u64> {
         Ok(self
@@ -250,5 +304,26 @@ impl Direct {
             c.e2e = Some((Latencies::new(e2e), span));
         }
         Ok(c)
+    }
+}
+
+/// The kind of a sluice key, by the name patterns of `src/store/keys.rs`.
+fn key_kind(k: &str) -> &'static str {
+    if k.contains(":exec:") {
+        "rows"
+    } else if k.contains(":dd:") {
+        "dedup mappings"
+    } else if k.contains(":st:") {
+        "status indexes"
+    } else if k.contains(":fl:") {
+        "flow indexes"
+    } else if k.ends_with(":slots") {
+        "slot sets"
+    } else if k.ends_with(":waiting") {
+        "waiting sets"
+    } else if k.ends_with(":ready") {
+        "ready streams"
+    } else {
+        "other"
     }
 }

@@ -316,10 +316,11 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         )
     })
     .await?;
+    let script_us = direct.script_usec().await?;
     report
         .checks
         .push(check_queued("ceiling", &r, &mut direct).await?);
-    report.ceiling = Some(Phase::from(&r, cpu));
+    report.ceiling = Some(Phase::from(&r, cpu, script_us));
 
     // 2. Admission, unique keys.
     direct.reset().await?;
@@ -328,10 +329,11 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         load::closed_loop(&w, clients, Duration::from_secs(args.admission_secs), 0, p)
     })
     .await?;
+    let script_us = direct.script_usec().await?;
     report
         .checks
         .push(check_queued("admission", &r, &mut direct).await?);
-    report.admission = Some(Phase::from(&r, cpu));
+    report.admission = Some(Phase::from(&r, cpu, script_us));
 
     // 3. Admission with replays.
     direct.reset().await?;
@@ -346,10 +348,11 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         )
     })
     .await?;
+    let script_us = direct.script_usec().await?;
     report
         .checks
         .push(check_queued("replay mix", &r, &mut direct).await?);
-    report.replay_mix = Some(Phase::from(&r, cpu));
+    report.replay_mix = Some(Phase::from(&r, cpu, script_us));
     serve.ensure_running()?;
 
     // 4. Fixed rate: open loop at a share of the measured admission maximum.
@@ -367,12 +370,13 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         )
     })
     .await?;
+    let script_us = direct.script_usec().await?;
     report
         .checks
         .push(check_queued("fixed rate", &r, &mut direct).await?);
     report.fixed_rate = Some(FixedRate {
         target_per_sec: rate,
-        phase: Phase::from(&r, cpu),
+        phase: Phase::from(&r, cpu, script_us),
     });
 
     // 5. End-to-end with workers.
@@ -403,7 +407,15 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         report
             .checks
             .push(check_queued(name, &r, &mut direct).await?);
+        let n = r.outcomes.created.max(1);
+        let by_kind = direct
+            .memory_by_kind()
+            .await?
+            .into_iter()
+            .map(|(kind, bytes)| (kind, (bytes as f64 / n as f64).round()))
+            .collect();
         points.push(MemoryPoint {
+            by_kind,
             executions: r.outcomes.created,
             used_memory_before: before,
             used_memory_after: after,
@@ -486,6 +498,7 @@ async fn end_to_end(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu = pids.since(&before, started.elapsed());
+    let script_us = direct.script_usec().await?;
     for wk in &mut workers {
         wk.ensure_running()?;
     }
@@ -534,7 +547,9 @@ async fn end_to_end(
         per_sec: completed as f64 / span.as_secs_f64().max(1e-3),
         span_secs: span.as_secs_f64(),
         admit_to_completed: lat,
-        http: Phase::from(&r, cpu),
+        redis_script_us_per_execution: (script_us as f64 / completed.max(1) as f64 * 100.0).round()
+            / 100.0,
+        http: Phase::from(&r, cpu, script_us),
     };
     Ok((e2e, check))
 }

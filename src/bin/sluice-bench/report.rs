@@ -25,17 +25,22 @@ pub struct Phase {
     pub outcomes: Outcomes,
     pub latency: Percentiles,
     pub cpu: Vec<CpuShare>,
+    /// Redis's time in scripts per 2xx answer (new or replayed), µs, from `INFO commandstats`.
+    pub redis_script_us_per_request: f64,
 }
 
 impl Phase {
-    pub fn from(r: &LoadResult, cpu: Vec<CpuShare>) -> Self {
+    /// The phase's numbers; `script_us` is Redis's script time during it.
+    pub fn from(r: &LoadResult, cpu: Vec<CpuShare>, script_us: u64) -> Self {
         let secs = r.elapsed.as_secs_f64().max(1e-3);
+        let answered = (r.outcomes.created + r.outcomes.replayed).max(1);
         Self {
             per_sec: r.outcomes.created as f64 / secs,
             seconds: secs,
             outcomes: r.outcomes.clone(),
             latency: r.latencies.percentiles(),
             cpu,
+            redis_script_us_per_request: round2(script_us as f64 / answered as f64),
         }
     }
 }
@@ -61,6 +66,8 @@ pub struct E2e {
     pub span_secs: f64,
     /// From the row's `created` to its `finished` (Redis clock, millisecond resolution).
     pub admit_to_completed: Option<Percentiles>,
+    /// Redis's time in scripts (admit + start + complete) per completed execution, µs.
+    pub redis_script_us_per_execution: f64,
     /// The HTTP side of the phase (and CPU of every process, workers included).
     pub http: Phase,
 }
@@ -83,6 +90,8 @@ pub struct MemoryPoint {
     pub used_memory_before: u64,
     pub used_memory_after: u64,
     pub bytes_per_execution: f64,
+    /// `MEMORY USAGE` per execution by key kind (rows, dedup mappings, indexes, ...).
+    pub by_kind: std::collections::BTreeMap<&'static str, f64>,
 }
 
 /// One correctness check.
@@ -327,31 +336,56 @@ impl Report {
                     p.used_memory_before,
                     p.used_memory_after
                 );
+                let parts: Vec<String> = p
+                    .by_kind
+                    .iter()
+                    .filter(|(_, b)| **b >= 1.0)
+                    .map(|(k, b)| format!("{k} {b:.0}"))
+                    .collect();
+                let _ = writeln!(
+                    o,
+                    "{:<24} {:>12}   by key kind: {}",
+                    "",
+                    "",
+                    parts.join(", ")
+                );
             }
         }
 
         let _ = writeln!(o, "\nCPU per phase, in cores (where the time goes):");
-        let mut cpu_line = |name: &str, cpu: &[CpuShare]| {
+        let _ = writeln!(
+            o,
+            "  (and Redis's own time in scripts per request, or per execution end-to-end)"
+        );
+        let mut cpu_line = |name: &str, cpu: &[CpuShare], script_us: f64| {
             let parts: Vec<String> = cpu
                 .iter()
                 .map(|c| format!("{} {:.2}", c.process, c.cores))
                 .collect();
-            let _ = writeln!(o, "  {name:<14} {}", parts.join("  "));
+            let _ = writeln!(
+                o,
+                "  {name:<14} {}   redis scripts {script_us:.1} µs",
+                parts.join("  ")
+            );
         };
         if let Some(p) = &self.ceiling {
-            cpu_line("ceiling", &p.cpu);
+            cpu_line("ceiling", &p.cpu, p.redis_script_us_per_request);
         }
         if let Some(p) = &self.admission {
-            cpu_line("admission", &p.cpu);
+            cpu_line("admission", &p.cpu, p.redis_script_us_per_request);
         }
         if let Some(p) = &self.replay_mix {
-            cpu_line("replay mix", &p.cpu);
+            cpu_line("replay mix", &p.cpu, p.redis_script_us_per_request);
         }
         if let Some(f) = &self.fixed_rate {
-            cpu_line("fixed rate", &f.phase.cpu);
+            cpu_line(
+                "fixed rate",
+                &f.phase.cpu,
+                f.phase.redis_script_us_per_request,
+            );
         }
         if let Some(e) = &self.e2e {
-            cpu_line("end-to-end", &e.http.cpu);
+            cpu_line("end-to-end", &e.http.cpu, e.redis_script_us_per_execution);
         }
 
         let _ = writeln!(o, "\nTargets:");
