@@ -33,7 +33,8 @@ pub struct Direct {
 #[derive(Clone, Copy)]
 pub enum Until {
     Elapsed(Duration),
-    Count(u64),
+    /// This many admissions, or fewer if the time runs out first.
+    Count(u64, Duration),
 }
 
 /// What Redis holds, summed over shards and the benchmark's tenants.
@@ -139,7 +140,7 @@ impl Direct {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let more = match until {
                         Until::Elapsed(d) => start.elapsed() < d,
-                        Until::Count(n) => i < n,
+                        Until::Count(n, d) => i < n && start.elapsed() < d,
                     };
                     if !more {
                         break;

@@ -60,10 +60,10 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     tenants: usize,
     /// Seconds of the ceiling phase.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 6)]
     ceiling_secs: u64,
     /// Seconds of the HTTP admission phase (unique keys).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 8)]
     admission_secs: u64,
     /// Seconds of the HTTP admission phase with replays.
     #[arg(long, default_value_t = 6)]
@@ -97,6 +97,9 @@ pub struct Args {
     /// Executions queued for the memory measurement.
     #[arg(long, default_value_t = 100_000)]
     memory_count: u64,
+    /// Most seconds each memory fill may take (fewer executions are then measured).
+    #[arg(long, default_value_t = 30)]
+    memory_max_secs: u64,
     /// Multiplexed Redis connections of every sluice process and of the direct phases.
     #[arg(long, default_value_t = 4)]
     redis_connections: usize,
@@ -400,7 +403,8 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         let before = direct.used_memory().await?;
         let name = if dedup { "memory" } else { "memory-no-key" };
         let (r, _) = phase(name, &pids, |p| {
-            direct.admit_loop(clients, Until::Count(args.memory_count), "mem", dedup, p)
+            let until = Until::Count(args.memory_count, Duration::from_secs(args.memory_max_secs));
+            direct.admit_loop(clients, until, "mem", dedup, p)
         })
         .await?;
         let after = direct.used_memory().await?;
