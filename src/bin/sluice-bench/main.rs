@@ -113,6 +113,12 @@ pub struct Args {
     /// competing with the server for the CPU more than it must; raise it on bigger machines.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Runtime threads of `sluice serve` (`TOKIO_WORKER_THREADS`); 0 = one per CPU.
+    #[arg(long, default_value_t = 0)]
+    serve_threads: usize,
+    /// Runtime threads of each `sluice worker`; 0 = one per CPU.
+    #[arg(long, default_value_t = 0)]
+    worker_threads: usize,
 }
 
 impl Args {
@@ -272,6 +278,8 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         program,
         redis_url: redis_url.clone(),
         redis_connections: args.redis_connections,
+        serve_threads: args.serve_threads,
+        worker_threads: args.worker_threads,
     };
     let (mut serve, addr) =
         procs::start_serve(&cmd, &scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;

@@ -153,6 +153,18 @@ pub struct SluiceCmd {
     pub redis_url: String,
     /// Multiplexed Redis connections per process.
     pub redis_connections: usize,
+    /// Runtime threads of `serve` and of each worker (`TOKIO_WORKER_THREADS`); 0 = tokio's
+    /// default, one per CPU.
+    pub serve_threads: usize,
+    pub worker_threads: usize,
+}
+
+/// Sets `TOKIO_WORKER_THREADS` (read by `#[tokio::main]`) unless `threads` is 0.
+fn runtime_threads(cmd: &mut Command, threads: usize) -> &mut Command {
+    if threads > 0 {
+        cmd.env("TOKIO_WORKER_THREADS", threads.to_string());
+    }
+    cmd
 }
 
 /// Starts `sluice serve` on a free port and waits until `/readyz` answers 200.
@@ -167,7 +179,7 @@ pub async fn start_serve(
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let mut proc = Proc::spawn(
             "serve",
-            Command::new(&s.program)
+            runtime_threads(&mut Command::new(&s.program), s.serve_threads)
                 .arg("serve")
                 .args(["--listen", &addr.to_string()])
                 .args(["--redis-url", &s.redis_url])
@@ -211,7 +223,7 @@ pub fn start_worker(
 ) -> anyhow::Result<Proc> {
     Proc::spawn(
         &format!("worker-{n}"),
-        Command::new(&s.program)
+        runtime_threads(&mut Command::new(&s.program), s.worker_threads)
             .args(["worker", "--demo-flows"])
             .args(["--redis-url", &s.redis_url])
             .args(["--redis-connections", &s.redis_connections.to_string()])

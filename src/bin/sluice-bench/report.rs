@@ -125,6 +125,10 @@ pub struct Settings {
     pub workers: usize,
     pub worker_concurrency: usize,
     pub redis_connections: usize,
+    /// 0 = tokio's default (one per CPU).
+    pub serve_threads: usize,
+    pub worker_threads: usize,
+    pub bench_threads: usize,
 }
 
 /// The whole report.
@@ -163,6 +167,9 @@ impl Report {
                 workers: args.workers,
                 worker_concurrency: args.worker_concurrency,
                 redis_connections: args.redis_connections,
+                serve_threads: args.serve_threads,
+                worker_threads: args.worker_threads,
+                bench_threads: args.threads,
             },
             ceiling: None,
             admission: None,
