@@ -76,11 +76,15 @@ impl Conn {
 /// same every time for the same `(c, i)`, so a replay is byte-identical to the original.
 #[derive(Clone)]
 pub struct Workload {
+    /// The `sluice serve` under test.
     pub addr: SocketAddr,
+    /// Platform admin token: acts for any tenant with `X-Tenant-Id`.
     pub admin_token: String,
+    /// Requests go round robin over these.
     pub tenants: Vec<String>,
     /// Distinguishes the keys of phases (a phase's keys never collide with another's).
     pub tag: String,
+    /// Flow of every admitted execution (`demo.echo`, so workers can run it).
     pub flow: String,
 }
 
@@ -139,7 +143,9 @@ pub struct LoadResult {
 /// Shared progress counters, printed once a second by `progress`.
 #[derive(Default)]
 pub struct Progress {
+    /// Requests answered (any status).
     pub done: AtomicU64,
+    /// Requests answered with something other than 2xx, or not at all.
     pub errors: AtomicU64,
 }
 

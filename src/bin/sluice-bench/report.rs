@@ -99,6 +99,7 @@ pub struct MemoryPoint {
 pub struct Check {
     pub phase: String,
     pub ok: bool,
+    /// The counts compared: what clients were told, what Redis holds.
     pub detail: String,
 }
 
