@@ -228,24 +228,36 @@ impl Pids {
         Self(v)
     }
 
+    /// CPU seconds of each process, then of the whole machine.
     fn sample(&self) -> Vec<f64> {
         self.0
             .iter()
             .map(|(_, pid)| procs::cpu_seconds(*pid).unwrap_or(0.0))
+            .chain([procs::machine_busy_seconds().unwrap_or(0.0)])
             .collect()
     }
 
-    /// CPU use since `before` over `wall`, as a share of one core per process.
+    /// CPU use since `before` over `wall`, in cores, per process and for the rest of the
+    /// machine (other processes, interrupts).
     fn since(&self, before: &[f64], wall: Duration) -> Vec<CpuShare> {
         let after = self.sample();
-        self.0
+        let cores = |d: f64| (d / wall.as_secs_f64().max(1e-3) * 100.0).round() / 100.0;
+        let deltas: Vec<f64> = before.iter().zip(&after).map(|(b, a)| a - b).collect();
+        let (machine, ours) = deltas.split_last().unwrap_or((&0.0, &[]));
+        let mut out: Vec<CpuShare> = self
+            .0
             .iter()
-            .zip(before.iter().zip(after))
-            .map(|((name, _), (b, a))| CpuShare {
+            .zip(ours)
+            .map(|((name, _), d)| CpuShare {
                 process: name.clone(),
-                cores: ((a - b) / wall.as_secs_f64().max(1e-3) * 100.0).round() / 100.0,
+                cores: cores(*d),
             })
-            .collect()
+            .collect();
+        out.push(CpuShare {
+            process: "rest".into(),
+            cores: cores((machine - ours.iter().sum::<f64>()).max(0.0)),
+        });
+        out
     }
 }
 

@@ -247,3 +247,18 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     // USER_HZ is 100 on every Linux architecture sluice targets.
     Some(ticks / 100.0)
 }
+
+/// CPU time the whole machine has been busy (all CPUs: user, nice, system, interrupts, steal),
+/// in seconds; `None` when `/proc/stat` is unreadable. Minus the benchmark's own processes this
+/// is everything else the machine did — a run disturbed by other work shows it.
+pub fn machine_busy_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .map(|f| f.parse::<f64>().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let busy: f64 = v.iter().take(8).sum::<f64>() - v.get(3)? - v.get(4)?;
+    Some(busy / 100.0)
+}

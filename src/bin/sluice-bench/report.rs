@@ -363,7 +363,11 @@ impl Report {
         let _ = writeln!(o, "\nCPU per phase, in cores (where the time goes):");
         let _ = writeln!(
             o,
-            "  (and Redis's own time in scripts per request, or per execution end-to-end)"
+            "  (rest = everything else on the machine: other processes, interrupts; and Redis's"
+        );
+        let _ = writeln!(
+            o,
+            "  own time in scripts per request, or per execution end-to-end)"
         );
         let mut cpu_line = |name: &str, cpu: &[CpuShare], script_us: f64| {
             let parts: Vec<String> = cpu
