@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds sluice and its benchmark in release mode and runs the benchmark (arguments are passed
+# on: --json, --smoke, --admission-secs 20, ...; see `sluice-bench --help`). The benchmark
+# starts its own redis-server and sluice processes on loopback; nothing else is needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_redis
+cargo build --release --locked --bin sluice --bin sluice-bench
+exec "${CARGO_TARGET_DIR:-target}/release/sluice-bench" "$@"

@@ -1,0 +1,616 @@
+//! `sluice-bench`: the benchmark of sluice's speed targets, measured in one run on loopback.
+//!
+//! It starts its own `redis-server` (no persistence) and `sluice serve` (and, for the
+//! end-to-end phase, `sluice worker` processes) from the `sluice` binary next to its own, then
+//! runs these phases, each from an empty Redis and each bounded in time:
+//!
+//! 1. **ceiling**: `admit.lua` called directly (sluice's `Store::admit`), 64 in flight;
+//! 2. **admission**: `POST /api/executions` over 64 keep-alive connections, unique keys;
+//! 3. **replay mix**: the same with 10 % replays of earlier keys;
+//! 4. **fixed rate**: open loop at 50 % of the admission maximum, latency from the schedule;
+//! 5. **end-to-end**: `demo.echo` admitted over HTTP and completed by workers;
+//! 6. **memory**: Redis `used_memory` per queued execution at 100k executions.
+//!
+//! After every phase it checks what Redis holds against what the clients were told; the
+//! report says so and the exit status is non-zero when a check fails. It is a program with a
+//! report, never part of `cargo test`; `--smoke` runs it for a few seconds in CI so it cannot rot.
+
+mod direct;
+mod load;
+mod procs;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use sluice::store::StoreConfig;
+
+use direct::{Direct, Until};
+use load::{LoadResult, Progress, Workload};
+use procs::{Proc, Scratch, SluiceCmd};
+use report::{Check, CpuShare, E2e, FixedRate, Memory, MemoryPoint, Phase, Report};
+
+/// Quotas high enough that admission never rejects: every execution is dispatched at once.
+const UNLIMITED: u32 = 1_000_000_000;
+/// The platform admin token of the benchmark's own server (loopback only, never exposed).
+const ADMIN_TOKEN: &str = "sluice-bench-admin-token";
+
+/// Measure sluice's admission and end-to-end speed against its own Redis and processes.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sluice-bench", version)]
+pub struct Args {
+    /// Print the report as JSON (progress still goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// A few seconds in all, small counts: checks that the benchmark works, measures nothing.
+    #[arg(long)]
+    smoke: bool,
+    /// Exit non-zero also when a speed target is missed (correctness always counts).
+    #[arg(long)]
+    strict: bool,
+    /// Concurrent clients (connections, or direct calls in flight) in every phase.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Tenants the load is spread over.
+    #[arg(long, default_value_t = 8)]
+    tenants: usize,
+    /// Seconds of the ceiling phase.
+    #[arg(long, default_value_t = 6)]
+    ceiling_secs: u64,
+    /// Seconds of the HTTP admission phase (unique keys).
+    #[arg(long, default_value_t = 8)]
+    admission_secs: u64,
+    /// Seconds of the HTTP admission phase with replays.
+    #[arg(long, default_value_t = 6)]
+    replay_secs: u64,
+    /// Share of replayed keys in the replay phase, percent.
+    #[arg(long, default_value_t = 10)]
+    replay_percent: u64,
+    /// Seconds of the fixed-rate phase.
+    #[arg(long, default_value_t = 8)]
+    fixed_rate_secs: u64,
+    /// Rate of the fixed-rate phase as a share of the measured admission maximum.
+    #[arg(long, default_value_t = 0.5)]
+    fixed_rate_share: f64,
+    /// Seconds of admitting in the end-to-end phase.
+    #[arg(long, default_value_t = 8)]
+    e2e_secs: u64,
+    /// Most seconds to wait afterwards for the workers to complete what was admitted.
+    #[arg(long, default_value_t = 30)]
+    e2e_drain_secs: u64,
+    /// `sluice worker` processes in the end-to-end phase.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// `--concurrency` of each worker. High, because `demo.echo` holds nothing while it runs
+    /// and a slot stays busy for the start and completion round trips, which queue behind the
+    /// admissions on Redis: with 64 per worker the workers fall behind the admissions.
+    #[arg(long, default_value_t = 256)]
+    worker_concurrency: usize,
+    /// `--idle-poll-ms` of each worker.
+    #[arg(long, default_value_t = 5)]
+    idle_poll_ms: u64,
+    /// Executions queued for the memory measurement.
+    #[arg(long, default_value_t = 100_000)]
+    memory_count: u64,
+    /// Most seconds each memory fill may take (fewer executions are then measured).
+    #[arg(long, default_value_t = 30)]
+    memory_max_secs: u64,
+    /// Multiplexed Redis connections of every sluice process and of the direct phases.
+    #[arg(long, default_value_t = 4)]
+    redis_connections: usize,
+    /// The redis-server program.
+    #[arg(long, default_value = "redis-server")]
+    redis_server: PathBuf,
+    /// The sluice program (default: `sluice` next to this binary).
+    #[arg(long)]
+    sluice: Option<PathBuf>,
+    /// Threads of the benchmark's own runtime (the load generator). One keeps it from
+    /// competing with the server for the CPU more than it must; raise it on bigger machines.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Runtime threads of `sluice serve` (`TOKIO_WORKER_THREADS`); 0 = one per CPU.
+    #[arg(long, default_value_t = 0)]
+    serve_threads: usize,
+    /// Runtime threads of each `sluice worker`; 0 = one per CPU.
+    #[arg(long, default_value_t = 0)]
+    worker_threads: usize,
+}
+
+impl Args {
+    fn smoke_sized(mut self) -> Self {
+        if self.smoke {
+            self.clients = self.clients.min(16);
+            self.ceiling_secs = 1;
+            self.admission_secs = 1;
+            self.replay_secs = 1;
+            self.fixed_rate_secs = 1;
+            self.e2e_secs = 1;
+            self.e2e_drain_secs = self.e2e_drain_secs.min(20);
+            self.workers = 1;
+            self.memory_count = self.memory_count.min(2_000);
+        }
+        self
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse().smoke_sized();
+    let runtime = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(rt) => rt.block_on(bench_main(args)),
+        Err(e) => {
+            eprintln!("sluice-bench: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench_main(args: Args) -> ExitCode {
+    // Returning from `run` (or dropping it here on a signal) kills every child process.
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sluice-bench: cannot watch SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = tokio::select! {
+        r = run(args.clone()) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+    };
+    match result {
+        Ok(report) => {
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(text) => println!("{text}"),
+                    Err(e) => {
+                        eprintln!("sluice-bench: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print!("{}", report.human());
+            }
+            if report.correct && (!args.strict || report.targets_met) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("sluice-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where the `sluice` program is: the flag, else next to this binary.
+fn sluice_program(args: &Args) -> anyhow::Result<PathBuf> {
+    if let Some(p) = &args.sluice {
+        return Ok(p.clone());
+    }
+    let exe = std::env::current_exe()?;
+    let p = exe.with_file_name("sluice");
+    anyhow::ensure!(
+        p.exists(),
+        "{} not found: build it too (`cargo build --release --bin sluice --bin sluice-bench`) \
+         or pass --sluice",
+        p.display()
+    );
+    Ok(p)
+}
+
+/// Every process whose CPU time a phase reports.
+struct Pids(Vec<(String, u32)>);
+
+impl Pids {
+    fn of(procs: &[&Proc]) -> Self {
+        let mut v: Vec<(String, u32)> = procs
+            .iter()
+            .filter_map(|p| p.pid().map(|pid| (p.name.clone(), pid)))
+            .collect();
+        v.push(("bench".into(), std::process::id()));
+        Self(v)
+    }
+
+    /// CPU seconds of each process, then of the whole machine.
+    fn sample(&self) -> Vec<f64> {
+        self.0
+            .iter()
+            .map(|(_, pid)| procs::cpu_seconds(*pid).unwrap_or(0.0))
+            .chain([procs::machine_busy_seconds().unwrap_or(0.0)])
+            .collect()
+    }
+
+    /// CPU use since `before` over `wall`, in cores, per process and for the rest of the
+    /// machine (other processes, interrupts).
+    fn since(&self, before: &[f64], wall: Duration) -> Vec<CpuShare> {
+        let after = self.sample();
+        let cores = |d: f64| (d / wall.as_secs_f64().max(1e-3) * 100.0).round() / 100.0;
+        let deltas: Vec<f64> = before.iter().zip(&after).map(|(b, a)| a - b).collect();
+        let (machine, ours) = deltas.split_last().unwrap_or((&0.0, &[]));
+        let mut out: Vec<CpuShare> = self
+            .0
+            .iter()
+            .zip(ours)
+            .map(|((name, _), d)| CpuShare {
+                process: name.clone(),
+                cores: cores(*d),
+            })
+            .collect();
+        out.push(CpuShare {
+            process: "rest".into(),
+            cores: cores((machine - ours.iter().sum::<f64>()).max(0.0)),
+        });
+        out
+    }
+}
+
+/// Runs a phase with a progress line per second; returns its result and CPU shares.
+async fn phase<F: Future<Output = anyhow::Result<LoadResult>>>(
+    name: &str,
+    pids: &Pids,
+    f: impl FnOnce(Arc<Progress>) -> F,
+) -> anyhow::Result<(LoadResult, Vec<CpuShare>)> {
+    let progress = Arc::new(Progress::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = load::progress(name, progress.clone(), stop.clone());
+    let before = pids.sample();
+    let started = Instant::now();
+    let result = f(progress).await;
+    let cpu = pids.since(&before, started.elapsed());
+    stop.store(true, Ordering::Relaxed);
+    ticker.abort();
+    Ok((result?, cpu))
+}
+
+async fn run(args: Args) -> anyhow::Result<Report> {
+    if cfg!(debug_assertions) && !args.smoke {
+        eprintln!("sluice-bench: WARNING: a debug build; measure with --release");
+    }
+    let program = sluice_program(&args)?;
+    let scratch = Scratch::create()?;
+    let (mut redis, redis_url) = procs::start_redis(&args.redis_server, &scratch).await?;
+    let cmd = SluiceCmd {
+        program,
+        redis_url: redis_url.clone(),
+        redis_connections: args.redis_connections,
+        serve_threads: args.serve_threads,
+        worker_threads: args.worker_threads,
+    };
+    let (mut serve, addr) =
+        procs::start_serve(&cmd, &scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
+    eprintln!(
+        "sluice-bench: redis at {redis_url} (pid {}), sluice serve at http://{addr} (pid {})",
+        redis.pid().unwrap_or(0),
+        serve.pid().unwrap_or(0)
+    );
+
+    let tenants: Vec<String> = (0..args.tenants.max(1))
+        .map(|i| format!("bench-t{i}"))
+        .collect();
+    let store_config = StoreConfig {
+        redis_url: redis_url.clone(),
+        connections: args.redis_connections,
+        op_timeout: Duration::from_secs(10),
+        shards: 16,
+        default_max_concurrent: UNLIMITED,
+        default_max_queued: UNLIMITED,
+        retention: Duration::from_secs(30 * 86_400),
+        dedup_ttl: Duration::from_secs(7 * 86_400),
+        dlq_cap: 10_000,
+    };
+    let mut direct = Direct::connect(store_config, &tenants).await?;
+    let workload = |tag: &str| Workload {
+        addr,
+        admin_token: ADMIN_TOKEN.into(),
+        tenants: tenants.clone(),
+        tag: tag.into(),
+        flow: "demo.echo".into(),
+    };
+    let mut report = Report::new(&args);
+    let pids = Pids::of(&[&redis, &serve]);
+    let clients = args.clients.max(1);
+
+    // 1. Ceiling.
+    direct.reset().await?;
+    let (r, cpu) = phase("ceiling", &pids, |p| {
+        direct.admit_loop(
+            clients,
+            Until::Elapsed(Duration::from_secs(args.ceiling_secs)),
+            "ceiling",
+            true,
+            p,
+        )
+    })
+    .await?;
+    let script_us = direct.script_usec().await?;
+    report
+        .checks
+        .push(check_queued("ceiling", &r, &mut direct).await?);
+    report.ceiling = Some(Phase::from(&r, cpu, script_us));
+
+    // 2. Admission, unique keys.
+    direct.reset().await?;
+    let w = workload("adm");
+    let (r, cpu) = phase("admission", &pids, |p| {
+        load::closed_loop(&w, clients, Duration::from_secs(args.admission_secs), 0, p)
+    })
+    .await?;
+    let script_us = direct.script_usec().await?;
+    report
+        .checks
+        .push(check_queued("admission", &r, &mut direct).await?);
+    report.admission = Some(Phase::from(&r, cpu, script_us));
+
+    // 3. Admission with replays.
+    direct.reset().await?;
+    let w = workload("mix");
+    let (r, cpu) = phase("replay-mix", &pids, |p| {
+        load::closed_loop(
+            &w,
+            clients,
+            Duration::from_secs(args.replay_secs),
+            args.replay_percent,
+            p,
+        )
+    })
+    .await?;
+    let script_us = direct.script_usec().await?;
+    report
+        .checks
+        .push(check_queued("replay mix", &r, &mut direct).await?);
+    report.replay_mix = Some(Phase::from(&r, cpu, script_us));
+    serve.ensure_running()?;
+
+    // 4. Fixed rate: open loop at a share of the measured admission maximum.
+    direct.reset().await?;
+    let max = report.admission.as_ref().map(|a| a.per_sec).unwrap_or(0.0);
+    let rate = (max * args.fixed_rate_share).max(10.0);
+    let w = workload("fixed");
+    let (r, cpu) = phase("fixed-rate", &pids, |p| {
+        load::open_loop(
+            &w,
+            clients,
+            rate,
+            Duration::from_secs(args.fixed_rate_secs),
+            p,
+        )
+    })
+    .await?;
+    let script_us = direct.script_usec().await?;
+    report
+        .checks
+        .push(check_queued("fixed rate", &r, &mut direct).await?);
+    report.fixed_rate = Some(FixedRate {
+        target_per_sec: rate,
+        phase: Phase::from(&r, cpu, script_us),
+    });
+
+    // 5. End-to-end with workers.
+    direct.reset().await?;
+    let (e2e, check) = end_to_end(
+        &args,
+        &cmd,
+        &scratch,
+        &mut direct,
+        &workload("e2e"),
+        &[&redis, &serve],
+    )
+    .await?;
+    report.checks.push(check);
+    report.e2e = Some(e2e);
+
+    // 6. Memory per queued execution, with a dedup key each (as above) and without.
+    let mut points = Vec::new();
+    for dedup in [true, false] {
+        direct.reset().await?;
+        let before = direct.used_memory().await?;
+        let name = if dedup { "memory" } else { "memory-no-key" };
+        let (r, _) = phase(name, &pids, |p| {
+            let until = Until::Count(args.memory_count, Duration::from_secs(args.memory_max_secs));
+            direct.admit_loop(clients, until, "mem", dedup, p)
+        })
+        .await?;
+        let after = direct.used_memory().await?;
+        report
+            .checks
+            .push(check_queued(name, &r, &mut direct).await?);
+        let n = r.outcomes.created.max(1);
+        let by_kind = direct
+            .memory_by_kind()
+            .await?
+            .into_iter()
+            .map(|(kind, bytes)| (kind, (bytes as f64 / n as f64).round()))
+            .collect();
+        points.push(MemoryPoint {
+            by_kind,
+            executions: r.outcomes.created,
+            used_memory_before: before,
+            used_memory_after: after,
+            bytes_per_execution: after.saturating_sub(before) as f64
+                / r.outcomes.created.max(1) as f64,
+        });
+    }
+    let without = points.pop();
+    report.memory = points.pop().map(|with_key| Memory {
+        state: "dispatched",
+        with_dedup_key: with_key,
+        without_dedup_key: without,
+    });
+
+    serve.ensure_running()?;
+    redis.ensure_running()?;
+    serve.kill().await;
+    redis.kill().await;
+    report.finish();
+    Ok(report)
+}
+
+/// The end-to-end phase: workers start, `demo.echo` is admitted over HTTP for the phase's
+/// duration, and the phase ends when everything admitted has completed (or the drain limit).
+async fn end_to_end(
+    args: &Args,
+    cmd: &SluiceCmd,
+    scratch: &Scratch,
+    direct: &mut Direct,
+    w: &Workload,
+    others: &[&Proc],
+) -> anyhow::Result<(E2e, Check)> {
+    let mut workers = Vec::new();
+    for n in 1..=args.workers.max(1) {
+        workers.push(procs::start_worker(
+            cmd,
+            scratch,
+            n,
+            args.worker_concurrency,
+            args.idle_poll_ms,
+        )?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !workers.iter().all(|wk| wk.log_contains("worker started")) {
+        for wk in &mut workers {
+            wk.ensure_running()?;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "workers did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut all: Vec<&Proc> = others.to_vec();
+    all.extend(workers.iter());
+    let pids = Pids::of(&all);
+    let before = pids.sample();
+    let started = Instant::now();
+    let (r, _) = phase("end-to-end", &pids, |p| {
+        load::closed_loop(
+            w,
+            args.clients.max(1),
+            Duration::from_secs(args.e2e_secs),
+            0,
+            p,
+        )
+    })
+    .await?;
+    let drain_deadline = Instant::now() + Duration::from_secs(args.e2e_drain_secs);
+    let mut last_print = Instant::now();
+    loop {
+        let done = direct.completed().await?;
+        if done >= r.outcomes.created || Instant::now() > drain_deadline {
+            break;
+        }
+        if last_print.elapsed() >= Duration::from_secs(1) {
+            eprintln!(
+                "[end-to-end] draining: completed={done}/{}",
+                r.outcomes.created
+            );
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cpu = pids.since(&before, started.elapsed());
+    let script_us = direct.script_usec().await?;
+    for wk in &mut workers {
+        wk.ensure_running()?;
+    }
+    for wk in workers {
+        wk.kill().await;
+    }
+    let census = direct.census(true).await?;
+    let completed = census.by_status.get("completed").copied().unwrap_or(0);
+    let (lat, span) = census
+        .e2e
+        .as_ref()
+        .map_or((None, Duration::ZERO), |(l, s)| (Some(l.percentiles()), *s));
+    let ok = r.outcomes.errors == 0
+        && census.rows == r.outcomes.created
+        && completed == r.outcomes.created
+        && census.completed_counter == r.outcomes.created
+        && census.ready == 0
+        && census.pending == 0
+        && census.leases == 0
+        && census.waiting == 0
+        && census.delayed == 0
+        && census.dead_letters == 0;
+    let check = Check {
+        phase: "end-to-end".into(),
+        ok,
+        detail: format!(
+            "2xx={} non-2xx={}; rows={} completed={} (counter {}); ready={} pending={} \
+             leases={} waiting={} delayed={} dead letters={}",
+            r.outcomes.created,
+            r.outcomes.errors,
+            census.rows,
+            completed,
+            census.completed_counter,
+            census.ready,
+            census.pending,
+            census.leases,
+            census.waiting,
+            census.delayed,
+            census.dead_letters
+        ),
+    };
+    let e2e = E2e {
+        admitted: r.outcomes.created,
+        completed,
+        admission_per_sec: r.outcomes.created as f64 / r.elapsed.as_secs_f64(),
+        per_sec: completed as f64 / span.as_secs_f64().max(1e-3),
+        span_secs: span.as_secs_f64(),
+        admit_to_completed: lat,
+        redis_script_us_per_execution: (script_us as f64 / completed.max(1) as f64 * 100.0).round()
+            / 100.0,
+        http: Phase::from(&r, cpu, script_us),
+    };
+    Ok((e2e, check))
+}
+
+/// After an admission phase without workers: every 2xx is one row, one ready-stream entry (all
+/// are dispatched: quotas are unlimited), nothing waiting, pending, leased or dead-lettered.
+async fn check_queued(phase: &str, r: &LoadResult, direct: &mut Direct) -> anyhow::Result<Check> {
+    let c = direct
+        .census(false)
+        .await
+        .with_context(|| format!("census after {phase}"))?;
+    let queued = c.by_status.get("queued").copied().unwrap_or(0);
+    let o = &r.outcomes;
+    let ok = o.errors == 0
+        && o.replay_anomalies == 0
+        && c.rows == o.created
+        && queued == o.created
+        && c.ready + c.waiting == o.created
+        && c.pending == 0
+        && c.leases == 0
+        && c.dead_letters == 0;
+    Ok(Check {
+        phase: phase.into(),
+        ok,
+        detail: format!(
+            "2xx new={} replayed={} non-2xx={} replay anomalies={}; rows={} queued={}; \
+             ready={} waiting={} pending={} dead letters={}",
+            o.created,
+            o.replayed,
+            o.errors,
+            o.replay_anomalies,
+            c.rows,
+            queued,
+            c.ready,
+            c.waiting,
+            c.pending,
+            c.dead_letters
+        ),
+    })
+}

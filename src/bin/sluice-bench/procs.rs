@@ -1,0 +1,264 @@
+//! The processes a benchmark run owns: a `redis-server` (no persistence, data in a temporary
+//! folder) and `sluice serve` / `sluice worker` children, all on loopback. Every child is killed
+//! when its handle drops (`kill_on_drop`), so an error, a panic or Ctrl-C never leaves one
+//! behind; the temporary folder goes with the `Scratch` guard.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+use crate::load::Conn;
+
+/// A temporary folder removed on drop (the logs of the children and Redis's working folder).
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// Creates `$TMPDIR/sluice-bench-<pid>`.
+    pub fn create() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("sluice-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A port that was free a moment ago (a start retries on another if it was taken meanwhile).
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("no free port on loopback")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A child process with a name (for reports) and its log file (for errors).
+pub struct Proc {
+    /// `redis`, `serve`, `worker-1`, ...
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, cmd: &mut Command, log: PathBuf) -> anyhow::Result<Self> {
+        let file = std::fs::File::create(&log)?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    /// The operating system's process id (for CPU accounting); `None` once it exited.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Fails when the process has exited, quoting the end of its log.
+    pub fn ensure_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); its log ends with:\n{}",
+                self.name,
+                tail(&self.log)
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the process's log contains `needle` (how a worker says it is polling: an idle
+    /// poll leaves no trace on Redis).
+    pub fn log_contains(&self, needle: &str) -> bool {
+        std::fs::read_to_string(&self.log).is_ok_and(|t| t.contains(needle))
+    }
+
+    /// Kills (SIGKILL) and reaps the process.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Starts `redis-server` on a free loopback port without persistence and waits for PING.
+pub async fn start_redis(program: &Path, scratch: &Scratch) -> anyhow::Result<(Proc, String)> {
+    for _ in 0..5 {
+        let port = free_port()?;
+        let dir = scratch.path().join("redis");
+        std::fs::create_dir_all(&dir)?;
+        let mut proc = Proc::spawn(
+            "redis",
+            Command::new(program)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .arg("--dir")
+                .arg(&dir)
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"]),
+            scratch.path().join("redis.log"),
+        )
+        .map_err(|e| {
+            e.context(format!(
+                "`{}` must be installed (scripts/test.sh installs it)",
+                program.display()
+            ))
+        })?;
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = redis::Client::open(url.as_str())?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if proc.ensure_running().is_err() {
+                break; // port taken meanwhile: try another
+            }
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok()
+            {
+                return Ok((proc, url));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        proc.kill().await;
+    }
+    bail!("could not start redis-server on a free port")
+}
+
+/// Settings every sluice child shares.
+pub struct SluiceCmd {
+    /// The `sluice` program (normally next to this benchmark's binary).
+    pub program: PathBuf,
+    pub redis_url: String,
+    /// Multiplexed Redis connections per process.
+    pub redis_connections: usize,
+    /// Runtime threads of `serve` and of each worker (`TOKIO_WORKER_THREADS`); 0 = tokio's
+    /// default, one per CPU.
+    pub serve_threads: usize,
+    pub worker_threads: usize,
+}
+
+/// Sets `TOKIO_WORKER_THREADS` (read by `#[tokio::main]`) unless `threads` is 0.
+fn runtime_threads(cmd: &mut Command, threads: usize) -> &mut Command {
+    if threads > 0 {
+        cmd.env("TOKIO_WORKER_THREADS", threads.to_string());
+    }
+    cmd
+}
+
+/// Starts `sluice serve` on a free port and waits until `/readyz` answers 200.
+pub async fn start_serve(
+    s: &SluiceCmd,
+    scratch: &Scratch,
+    admin_token: &str,
+    max_concurrent: u32,
+    max_queued: u32,
+) -> anyhow::Result<(Proc, SocketAddr)> {
+    for attempt in 0..3 {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let mut proc = Proc::spawn(
+            "serve",
+            runtime_threads(&mut Command::new(&s.program), s.serve_threads)
+                .arg("serve")
+                .args(["--listen", &addr.to_string()])
+                .args(["--redis-url", &s.redis_url])
+                .args(["--redis-connections", &s.redis_connections.to_string()])
+                .args(["--default-max-concurrent", &max_concurrent.to_string()])
+                .args(["--default-max-queued", &max_queued.to_string()])
+                // The sweeper would add Redis work the admission numbers should not contain.
+                .args(["--sweep-interval-secs", "0"])
+                .env("SLUICE_ADMIN_TOKEN", admin_token)
+                .env("RUST_LOG", "warn"),
+            scratch.path().join(format!("serve-{attempt}.log")),
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Err(e) = proc.ensure_running() {
+                if attempt == 2 {
+                    return Err(e);
+                }
+                break;
+            }
+            if let Ok(mut c) = Conn::connect(addr).await
+                && let Ok((status, _)) = c.get("/readyz").await
+                && status == 200
+            {
+                return Ok((proc, addr));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proc.kill().await;
+    }
+    bail!("sluice serve did not become ready")
+}
+
+/// Starts `sluice worker --demo-flows` with a short idle poll.
+pub fn start_worker(
+    s: &SluiceCmd,
+    scratch: &Scratch,
+    n: usize,
+    concurrency: usize,
+    idle_poll_ms: u64,
+) -> anyhow::Result<Proc> {
+    Proc::spawn(
+        &format!("worker-{n}"),
+        runtime_threads(&mut Command::new(&s.program), s.worker_threads)
+            .args(["worker", "--demo-flows"])
+            .args(["--redis-url", &s.redis_url])
+            .args(["--redis-connections", &s.redis_connections.to_string()])
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--idle-poll-ms", &idle_poll_ms.to_string()])
+            // Info logs nothing per execution, and says "worker started" (see `has_started`).
+            .env("RUST_LOG", "info"),
+        scratch.path().join(format!("worker-{n}.log")),
+    )
+}
+
+/// CPU time (user + system) a process has used so far, in seconds; `None` when unreadable
+/// (not Linux, or the process is gone).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, i.e. 11 and 12 after ')'.
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on every Linux architecture sluice targets.
+    Some(ticks / 100.0)
+}
+
+/// CPU time the whole machine has been busy (all CPUs: user, nice, system, interrupts, steal),
+/// in seconds; `None` when `/proc/stat` is unreadable. Minus the benchmark's own processes this
+/// is everything else the machine did — a run disturbed by other work shows it.
+pub fn machine_busy_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .map(|f| f.parse::<f64>().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let busy: f64 = v.iter().take(8).sum::<f64>() - v.get(3)? - v.get(4)?;
+    Some(busy / 100.0)
+}

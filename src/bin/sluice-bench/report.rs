@@ -1,0 +1,445 @@
+//! The benchmark's report: the measured numbers, the speed targets with PASS/FAIL, the CPU each
+//! process used per phase (where the time goes), and the correctness checks. Printed for people
+//! or, with `--json`, as one JSON document.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::Args;
+use crate::load::{LoadResult, Outcomes, Percentiles};
+
+/// CPU a process used during a phase, in cores (1.0 = one core busy all the time).
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuShare {
+    pub process: String,
+    pub cores: f64,
+}
+
+/// Throughput and latency of one load phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    /// New executions admitted per second (201s, or `Created` on the direct path).
+    pub per_sec: f64,
+    pub seconds: f64,
+    pub outcomes: Outcomes,
+    pub latency: Percentiles,
+    pub cpu: Vec<CpuShare>,
+    /// Redis's time in scripts per 2xx answer (new or replayed), µs, from `INFO commandstats`.
+    pub redis_script_us_per_request: f64,
+}
+
+impl Phase {
+    /// The phase's numbers; `script_us` is Redis's script time during it.
+    pub fn from(r: &LoadResult, cpu: Vec<CpuShare>, script_us: u64) -> Self {
+        let secs = r.elapsed.as_secs_f64().max(1e-3);
+        let answered = (r.outcomes.created + r.outcomes.replayed).max(1);
+        Self {
+            per_sec: r.outcomes.created as f64 / secs,
+            seconds: secs,
+            outcomes: r.outcomes.clone(),
+            latency: r.latencies.percentiles(),
+            cpu,
+            redis_script_us_per_request: round2(script_us as f64 / answered as f64),
+        }
+    }
+}
+
+/// The open-loop phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct FixedRate {
+    /// The scheduled rate (a share of the admission maximum).
+    pub target_per_sec: f64,
+    /// Latency counts from each request's scheduled send time.
+    pub phase: Phase,
+}
+
+/// The end-to-end phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct E2e {
+    pub admitted: u64,
+    pub completed: u64,
+    /// Admissions per second while admitting (with workers competing for the CPU).
+    pub admission_per_sec: f64,
+    /// Completed executions per second, from the first admission to the last completion.
+    pub per_sec: f64,
+    pub span_secs: f64,
+    /// From the row's `created` to its `finished` (Redis clock, millisecond resolution).
+    pub admit_to_completed: Option<Percentiles>,
+    /// Redis's time in scripts (admit + start + complete) per completed execution, µs.
+    pub redis_script_us_per_execution: f64,
+    /// The HTTP side of the phase (and CPU of every process, workers included).
+    pub http: Phase,
+}
+
+/// Redis memory per queued execution.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// `dispatched` (on a ready stream, holding a slot) or `waiting`.
+    pub state: &'static str,
+    /// Every execution with its own dedup key (what the target is judged on).
+    pub with_dedup_key: MemoryPoint,
+    /// The same without dedup keys (no mapping key with its TTL).
+    pub without_dedup_key: Option<MemoryPoint>,
+}
+
+/// One memory measurement: `used_memory` before and after queueing `executions`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPoint {
+    pub executions: u64,
+    pub used_memory_before: u64,
+    pub used_memory_after: u64,
+    pub bytes_per_execution: f64,
+    /// `MEMORY USAGE` per execution by key kind (rows, dedup mappings, indexes, ...).
+    pub by_kind: std::collections::BTreeMap<&'static str, f64>,
+}
+
+/// One correctness check.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub phase: String,
+    pub ok: bool,
+    /// The counts compared: what clients were told, what Redis holds.
+    pub detail: String,
+}
+
+/// One speed target.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub name: &'static str,
+    pub measured: f64,
+    pub limit: f64,
+    pub unit: &'static str,
+    pub pass: bool,
+}
+
+/// Settings the numbers depend on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub build: &'static str,
+    pub cpus: usize,
+    pub smoke: bool,
+    pub clients: usize,
+    pub tenants: usize,
+    pub replay_percent: u64,
+    pub fixed_rate_share: f64,
+    pub workers: usize,
+    pub worker_concurrency: usize,
+    pub redis_connections: usize,
+    /// 0 = tokio's default (one per CPU).
+    pub serve_threads: usize,
+    pub worker_threads: usize,
+    pub bench_threads: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub settings: Settings,
+    pub ceiling: Option<Phase>,
+    pub admission: Option<Phase>,
+    pub replay_mix: Option<Phase>,
+    pub fixed_rate: Option<FixedRate>,
+    pub e2e: Option<E2e>,
+    pub memory: Option<Memory>,
+    pub targets: Vec<Target>,
+    pub checks: Vec<Check>,
+    /// Every check passed.
+    pub correct: bool,
+    /// Every target met.
+    pub targets_met: bool,
+}
+
+impl Report {
+    pub fn new(args: &Args) -> Self {
+        Self {
+            settings: Settings {
+                build: if cfg!(debug_assertions) {
+                    "debug"
+                } else {
+                    "release"
+                },
+                cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+                smoke: args.smoke,
+                clients: args.clients,
+                tenants: args.tenants,
+                replay_percent: args.replay_percent,
+                fixed_rate_share: args.fixed_rate_share,
+                workers: args.workers,
+                worker_concurrency: args.worker_concurrency,
+                redis_connections: args.redis_connections,
+                serve_threads: args.serve_threads,
+                worker_threads: args.worker_threads,
+                bench_threads: args.threads,
+            },
+            ceiling: None,
+            admission: None,
+            replay_mix: None,
+            fixed_rate: None,
+            e2e: None,
+            memory: None,
+            targets: Vec::new(),
+            checks: Vec::new(),
+            correct: false,
+            targets_met: false,
+        }
+    }
+
+    /// Evaluates the targets and the overall verdicts.
+    pub fn finish(&mut self) {
+        let mut t = Vec::new();
+        if let (Some(c), Some(a)) = (&self.ceiling, &self.admission) {
+            let ratio = a.per_sec / c.per_sec.max(1e-9);
+            t.push(Target {
+                name: "admission / ceiling",
+                measured: round2(ratio),
+                limit: 0.7,
+                unit: "ratio, at least",
+                pass: ratio >= 0.7,
+            });
+        }
+        if let Some(f) = &self.fixed_rate {
+            t.push(Target {
+                name: "p99 at fixed rate",
+                measured: f.phase.latency.p99_ms,
+                limit: 5.0,
+                unit: "ms, at most",
+                pass: f.phase.latency.p99_ms <= 5.0,
+            });
+        }
+        if let (Some(e), Some(a)) = (&self.e2e, &self.admission) {
+            let ratio = e.per_sec / a.per_sec.max(1e-9);
+            t.push(Target {
+                name: "end-to-end / admission",
+                measured: round2(ratio),
+                limit: 0.5,
+                unit: "ratio, at least",
+                pass: ratio >= 0.5,
+            });
+        }
+        if let Some(m) = &self.memory {
+            t.push(Target {
+                name: "Redis memory per queued execution",
+                measured: m.with_dedup_key.bytes_per_execution.round(),
+                limit: 1024.0,
+                unit: "bytes, at most",
+                pass: m.with_dedup_key.bytes_per_execution <= 1024.0,
+            });
+        }
+        self.targets_met = t.iter().all(|t| t.pass);
+        self.targets = t;
+        self.correct = !self.checks.is_empty() && self.checks.iter().all(|c| c.ok);
+    }
+
+    /// The report for people.
+    pub fn human(&self) -> String {
+        let mut o = String::new();
+        let s = &self.settings;
+        let _ = writeln!(
+            o,
+            "\nsluice benchmark — {} build, {} CPUs, {} clients, {} tenants{}",
+            s.build,
+            s.cpus,
+            s.clients,
+            s.tenants,
+            if s.smoke {
+                " (SMOKE RUN: numbers mean nothing)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            o,
+            "\n{:<24} {:>12} {:>9} {:>9} {:>9}   notes",
+            "phase", "per second", "p50 ms", "p99 ms", "p99.9 ms"
+        );
+        let line = |o: &mut String, name: &str, rate: f64, l: &Percentiles, note: String| {
+            let _ = writeln!(
+                o,
+                "{name:<24} {rate:>12.0} {:>9.2} {:>9.2} {:>9.2}   {note}",
+                l.p50_ms, l.p99_ms, l.p999_ms
+            );
+        };
+        if let Some(p) = &self.ceiling {
+            line(
+                &mut o,
+                "ceiling (direct Lua)",
+                p.per_sec,
+                &p.latency,
+                format!("{} admitted in {:.1} s", p.outcomes.created, p.seconds),
+            );
+        }
+        let ceiling = self.ceiling.as_ref().map(|c| c.per_sec).unwrap_or(0.0);
+        if let Some(p) = &self.admission {
+            line(
+                &mut o,
+                "admission (HTTP)",
+                p.per_sec,
+                &p.latency,
+                format!("{:.2} × ceiling", p.per_sec / ceiling.max(1e-9)),
+            );
+        }
+        if let Some(p) = &self.replay_mix {
+            line(
+                &mut o,
+                &format!("admission, {} % replays", s.replay_percent),
+                p.per_sec,
+                &p.latency,
+                format!(
+                    "new only; plus {} replays answered 200",
+                    p.outcomes.replayed
+                ),
+            );
+        }
+        if let Some(f) = &self.fixed_rate {
+            line(
+                &mut o,
+                "fixed rate (open loop)",
+                f.phase.per_sec,
+                &f.phase.latency,
+                format!(
+                    "scheduled {:.0}/s ({:.0} % of admission); latency from schedule",
+                    f.target_per_sec,
+                    s.fixed_rate_share * 100.0
+                ),
+            );
+        }
+        if let Some(e) = &self.e2e
+            && let Some(l) = &e.admit_to_completed
+        {
+            line(
+                &mut o,
+                "end-to-end (demo.echo)",
+                e.per_sec,
+                l,
+                format!(
+                    "admit→completed; {} completed in {:.1} s, admitted at {:.0}/s",
+                    e.completed, e.span_secs, e.admission_per_sec
+                ),
+            );
+        }
+        if let Some(e) = &self.e2e {
+            line(
+                &mut o,
+                "  its HTTP admissions",
+                e.http.per_sec,
+                &e.http.latency,
+                "while workers run what is admitted".into(),
+            );
+        }
+        if let Some(m) = &self.memory {
+            let points = [
+                ("memory, dedup key", Some(&m.with_dedup_key)),
+                ("memory, no dedup key", m.without_dedup_key.as_ref()),
+            ];
+            for (name, p) in points {
+                let Some(p) = p else { continue };
+                let _ = writeln!(
+                    o,
+                    "{name:<24} {:>12.0} bytes of Redis used_memory per {} execution \
+                     ({} executions: {} → {})",
+                    p.bytes_per_execution,
+                    m.state,
+                    p.executions,
+                    p.used_memory_before,
+                    p.used_memory_after
+                );
+                let parts: Vec<String> = p
+                    .by_kind
+                    .iter()
+                    .filter(|(_, b)| **b >= 1.0)
+                    .map(|(k, b)| format!("{k} {b:.0}"))
+                    .collect();
+                let _ = writeln!(
+                    o,
+                    "{:<24} {:>12}   by key kind: {}",
+                    "",
+                    "",
+                    parts.join(", ")
+                );
+            }
+        }
+
+        let _ = writeln!(o, "\nCPU per phase, in cores (where the time goes):");
+        let _ = writeln!(
+            o,
+            "  (rest = everything else on the machine: other processes, interrupts; and Redis's"
+        );
+        let _ = writeln!(
+            o,
+            "  own time in scripts per request, or per execution end-to-end)"
+        );
+        let mut cpu_line = |name: &str, cpu: &[CpuShare], script_us: f64| {
+            let parts: Vec<String> = cpu
+                .iter()
+                .map(|c| format!("{} {:.2}", c.process, c.cores))
+                .collect();
+            let _ = writeln!(
+                o,
+                "  {name:<14} {}   redis scripts {script_us:.1} µs",
+                parts.join("  ")
+            );
+        };
+        if let Some(p) = &self.ceiling {
+            cpu_line("ceiling", &p.cpu, p.redis_script_us_per_request);
+        }
+        if let Some(p) = &self.admission {
+            cpu_line("admission", &p.cpu, p.redis_script_us_per_request);
+        }
+        if let Some(p) = &self.replay_mix {
+            cpu_line("replay mix", &p.cpu, p.redis_script_us_per_request);
+        }
+        if let Some(f) = &self.fixed_rate {
+            cpu_line(
+                "fixed rate",
+                &f.phase.cpu,
+                f.phase.redis_script_us_per_request,
+            );
+        }
+        if let Some(e) = &self.e2e {
+            cpu_line("end-to-end", &e.http.cpu, e.redis_script_us_per_execution);
+        }
+
+        let _ = writeln!(o, "\nTargets:");
+        for t in &self.targets {
+            let _ = writeln!(
+                o,
+                "  {}  {:<36} {:>10}  (limit {} {})",
+                if t.pass { "PASS" } else { "FAIL" },
+                t.name,
+                t.measured,
+                t.limit,
+                t.unit
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nCorrectness (what Redis holds vs what clients were told):"
+        );
+        for c in &self.checks {
+            let _ = writeln!(
+                o,
+                "  {}  {:<12} {}",
+                if c.ok { "PASS" } else { "FAIL" },
+                c.phase,
+                c.detail
+            );
+        }
+        let met = self.targets.iter().filter(|t| t.pass).count();
+        let _ = writeln!(
+            o,
+            "\nRESULT: {}; targets met: {met} of {}\n",
+            if self.correct {
+                "correct"
+            } else {
+                "CORRECTNESS CHECK FAILED"
+            },
+            self.targets.len()
+        );
+        o
+    }
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
