@@ -9,7 +9,7 @@
 -- ARGV[9]  params, JSON text of an object
 -- ARGV[10] max_attempts
 -- ARGV[11] dedup key as given, '' for none
--- ARGV[12] sha256 hex of the dedup key ('' for none)
+-- ARGV[12] digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
 -- ARGV[13] request fingerprint (flow, version, params), hex
 -- ARGV[14] dedup mapping TTL, seconds
 --

@@ -73,6 +73,8 @@ end
 -- Fills free slots of tenant t from its waiting set, oldest first. Members whose row is gone
 -- or no longer waiting are dropped (repair), bounded so one call stays short.
 local function promote(t, now)
+  -- The common case on every release: nobody waits.
+  if redis.call('EXISTS', K.waiting(t)) == 0 then return end
   local max_concurrent = limits(t)
   local free = max_concurrent - redis.call('SCARD', K.slots(t))
   local budget = 1000
@@ -142,14 +144,14 @@ local function dead_letter(record, cap)
   redis.call('HINCRBY', K.stats(), 'dead_lettered', 1)
 end
 
--- Makes an execution terminal: status, times, result, index, slot released (oldest waiting
--- dispatched), retention TTL.
-local function finish(t, flow, id, from, status, now, extra)
-  index_move(t, flow, from, status, id)
+-- Makes a running execution terminal: status, times, result, index, lease gone, slot released
+-- (oldest waiting dispatched), retention TTL. `extra` holds result fields; `drop` names fields
+-- to remove. The caller has already dropped its stream entry.
+local function finish(t, flow, id, status, now, extra, drop)
+  index_move(t, flow, 'running', status, id)
   redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now, unpack(extra))
-  redis.call('HDEL', K.row(id), 'qstate', 'entry', 'lease_owner', 'lease_until')
+  redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until', unpack(drop))
   redis.call('ZREM', K.leases(), id)
-  redis.call('ZREM', K.delayed(), id)
   release_slot(t, id, now)
   redis.call('EXPIRE', K.row(id), RETENTION_SECS)
   redis.call('HINCRBY', K.stats(), status, 1)

@@ -32,21 +32,24 @@ end
 local tenant, flow, entry = row[4], row[5], row[6]
 local now = now_ms()
 
--- The attempt is over: its entry leaves the pending list and the stream, its lease goes.
+-- The attempt is over: its entry leaves the pending list and the stream.
 drop_entry(entry)
+
+if outcome == 'completed' then
+  -- An error of an earlier attempt does not describe a success.
+  finish(tenant, flow, id, 'completed', now, { 'output', output }, { 'err_kind', 'err_msg' })
+  return { 'done', 'completed' }
+elseif outcome == 'cancelled' then
+  finish(tenant, flow, id, 'cancelled', now, {}, {})
+  return { 'done', 'cancelled' }
+end
+
+-- Not terminal: the lease goes here.
 redis.call('ZREM', K.leases(), id)
 redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
-
 if outcome == 'released' then
   requeue(tenant, flow, id, now)
   return { 'released' }
-elseif outcome == 'completed' then
-  redis.call('HDEL', K.row(id), 'err_kind', 'err_msg')
-  finish(tenant, flow, id, 'running', 'completed', now, { 'output', output })
-  return { 'done', 'completed' }
-elseif outcome == 'cancelled' then
-  finish(tenant, flow, id, 'running', 'cancelled', now, {})
-  return { 'done', 'cancelled' }
 end
 
 -- failed
@@ -59,7 +62,7 @@ if backoff ~= '' and not exhausted then
   redis.call('ZADD', K.delayed(), due, id)
   return { 'retrying', due }
 end
-finish(tenant, flow, id, 'running', 'failed', now, { 'err_kind', err_kind, 'err_msg', err_msg })
+finish(tenant, flow, id, 'failed', now, { 'err_kind', err_kind, 'err_msg', err_msg }, {})
 if backoff ~= '' then
   dead_letter({ 'execution_id', id, 'tenant_id', tenant, 'flow_id', flow,
     'reason', err_kind, 'attempts', attempt, 'source_entry', entry or '', 'at', now,

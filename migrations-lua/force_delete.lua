@@ -6,7 +6,7 @@
 -- ARGV[1..4] common (see common.lua)
 -- ARGV[5]  the caller's tenant id
 -- ARGV[6]  execution id
--- ARGV[7]  sha256 hex of the row's dedup key, '' when it has none
+-- ARGV[7]  digest of the row's dedup key (as in admit.lua), '' when it has none
 --
 -- Reply: {'not_found'} (missing, or another tenant's) | {'deleted'}
 local tenant, id, dedup_hash = ARGV[5], ARGV[6], ARGV[7]

@@ -22,18 +22,18 @@ for _, id in ipairs(expired) do
   if row[1] == 'running' then
     local tenant, flow, entry = row[4], row[5], row[6]
     drop_entry(entry)
-    redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
     if row[7] == '1' then
       -- Its cancel was requested while it ran: running it again would only stop it again.
-      finish(tenant, flow, id, 'running', 'cancelled', now, {})
+      finish(tenant, flow, id, 'cancelled', now, {}, {})
     elseif tonumber(row[2]) >= tonumber(row[3]) then
       local msg = 'lease expired on attempt ' .. row[2] .. ' of ' .. row[3]
-      finish(tenant, flow, id, 'running', 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg })
+      finish(tenant, flow, id, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg }, {})
       dead_letter({ 'execution_id', id, 'tenant_id', tenant, 'flow_id', flow,
         'reason', 'lease_lost', 'attempts', row[2], 'source_entry', entry or '', 'at', now,
         'message', msg }, cap)
       dead = dead + 1
     else
+      redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
       requeue(tenant, flow, id, now)
       redis.call('HINCRBY', K.stats(), 'reclaimed', 1)
       requeued = requeued + 1

@@ -39,7 +39,8 @@ pub struct NewExecution {
 pub struct Fingerprint(String);
 
 impl Fingerprint {
-    /// The fingerprint as stored next to the dedup mapping (128 bits of SHA-256, hex).
+    /// The fingerprint as stored next to the dedup mapping (64 bits of SHA-256, hex: it only
+    /// has to tell apart the requests made under one dedup key).
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -118,7 +119,7 @@ fn fingerprint(flow: &FlowId, version: Option<&Version>, params: &str) -> Finger
     }
     h.update([0]);
     h.update(params);
-    Fingerprint(hex::encode(&h.finalize()[..16]))
+    Fingerprint(hex::encode(&h.finalize()[..8]))
 }
 
 #[cfg(test)]

@@ -221,7 +221,7 @@ async fn the_request_id_is_returned_and_in_the_logs() {
         .arg(format!("127.0.0.1:{port}"))
         .args(["--redis-url", &redis.url()])
         .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info,tower_http=debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
