@@ -14,7 +14,8 @@
 -- ARGV[14] dedup mapping TTL, seconds
 --
 -- Reply, one of:
---   {'new', id, row}    admitted; row is HGETALL of the new row
+--   {'new', qstate, now} admitted as 'dispatched' or 'waiting' at `now` (ms); the caller
+--                       knows the rest of the row it asked for
 --   {'dup', id, row}    the dedup key maps to live execution id, admitted with the same request
 --   {'conflict', id}    the dedup key maps to id, admitted with a different request
 --   {'disabled'}        the tenant is disabled; nothing written
@@ -71,4 +72,4 @@ end
 if dedup_key then
   redis.call('SET', dedup_key, id .. ':' .. fingerprint, 'EX', dedup_ttl)
 end
-return { 'new', id, hgetall(id) }
+return { 'new', qstate, now }

@@ -271,8 +271,10 @@ pub struct RedisSettings {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
-    /// Multiplexed connections the API spreads requests over.
-    #[arg(long, env = "SLUICE_REDIS_CONNECTIONS", default_value_t = 4)]
+    /// Multiplexed connections the API spreads requests over. Each pipelines many requests;
+    /// fewer connections mean larger batches per write and read on Redis (faster), more spread
+    /// the client-side work of a many-core server.
+    #[arg(long, env = "SLUICE_REDIS_CONNECTIONS", default_value_t = 2)]
     pub redis_connections: usize,
     /// Upper bound on one Redis operation (connecting included), in milliseconds.
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT_MS", default_value_t = 2_000)]
@@ -309,7 +311,7 @@ impl RedisSettings {
     pub fn for_url(url: impl Into<String>) -> Self {
         Self {
             redis_url: url.into(),
-            redis_connections: 4,
+            redis_connections: 2,
             redis_timeout_ms: 2_000,
             shards: 16,
         }

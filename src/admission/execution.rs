@@ -119,6 +119,38 @@ pub struct Execution {
 }
 
 impl Execution {
+    /// The view of an execution admitted just now, built from its request and what the
+    /// admission script decided (saves reading back the row it wrote).
+    pub fn admitted(
+        id: &str,
+        tenant: &str,
+        req: &super::AdmitRequest,
+        queue_state: QueueState,
+        now_ms: &str,
+    ) -> Result<Self, String> {
+        let now = rfc3339_from_ms_of(now_ms, id)?;
+        Ok(Self {
+            execution_id: id.to_owned(),
+            tenant_id: tenant.to_owned(),
+            flow_id: req.flow.to_string(),
+            version: req.version.as_ref().map(|v| v.to_string()),
+            params: req.params_value.clone(),
+            status: Status::Queued,
+            queue_state: Some(queue_state),
+            dedup_key: req.dedup.as_ref().map(|d| d.to_string()),
+            deduplicated: false,
+            attempt: 0,
+            max_attempts: req.max_attempts,
+            cancel_requested: false,
+            created_at: now.clone(),
+            started_at: None,
+            finished_at: None,
+            updated_at: now,
+            output: None,
+            error: None,
+        })
+    }
+
     /// Builds the client view of a row (`HGETALL` field/value pairs). An error means the row
     /// is not one sluice wrote: a bug or foreign data, reported as such.
     pub fn from_row(

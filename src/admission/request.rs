@@ -53,6 +53,8 @@ pub struct AdmitRequest {
     pub version: Option<Version>,
     /// The params as canonical JSON text (object keys sorted), stored as given to workers.
     pub params: String,
+    /// The same params as a value, for the answer to a new admission.
+    pub params_value: Value,
     pub dedup: Option<DedupKey>,
     pub max_attempts: u32,
     pub fingerprint: Fingerprint,
@@ -96,12 +98,14 @@ impl AdmitRequest {
             });
         }
         // serde_json's map is ordered by key, so this text is canonical for equal params.
-        let params = params.to_string();
+        let params_value = params;
+        let params = params_value.to_string();
         let fingerprint = fingerprint(&flow, version.as_ref(), &params);
         Ok(Self {
             flow,
             version,
             params,
+            params_value,
             dedup,
             max_attempts,
             fingerprint,

@@ -15,7 +15,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::admission::{AdmitRequest, DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
+use crate::admission::{
+    AdmitRequest, DedupKey, Execution, ExecutionId, FlowId, QueueState, Status, TenantId,
+};
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
 use scripts::Scripts;
@@ -289,7 +291,16 @@ impl Store {
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
         match tag.as_str() {
-            "new" => Ok(Admission::Created(execution_from(rest, false)?)),
+            "new" => {
+                let (qstate, now) = (string_at(&rest, 0)?, string_at(&rest, 1)?);
+                let qstate = match qstate.as_str() {
+                    "waiting" => QueueState::Waiting,
+                    _ => QueueState::Dispatched,
+                };
+                Execution::admitted(id.as_str(), tenant.as_str(), req, qstate, &now)
+                    .map(Admission::Created)
+                    .map_err(StoreError::Corrupt)
+            }
             "dup" => Ok(Admission::Replayed(execution_from(rest, true)?)),
             "conflict" => Ok(Admission::Conflict {
                 existing: string_at(&rest, 0)?,
