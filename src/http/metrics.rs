@@ -15,11 +15,8 @@
 //!   `dead_lettered`, `dlq_evicted` (dead letters pushed out by the cap), `repaired_*` (sweeper).
 //!   They are gauges because Redis, not this process, holds them; they only grow.
 
-use std::time::Instant;
-
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -181,26 +178,23 @@ impl Default for Metrics {
     }
 }
 
-/// Middleware: observes every request's duration under its route template.
-pub async fn observe_latency(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = req.method().to_string();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let res = next.run(req).await;
-    state
-        .metrics
-        .latency
-        .get_or_create(&RequestLabels {
-            method,
-            route,
-            status: res.status().as_u16(),
-        })
-        .observe(started.elapsed().as_secs_f64());
-    res
+impl Metrics {
+    /// Records one request's duration under its route template (`None`: no route matched).
+    pub fn observe_latency(
+        &self,
+        method: &str,
+        route: Option<String>,
+        status: StatusCode,
+        took: std::time::Duration,
+    ) {
+        self.latency
+            .get_or_create(&RequestLabels {
+                method: method.to_owned(),
+                route: route.unwrap_or_else(|| "unmatched".to_owned()),
+                status: status.as_u16(),
+            })
+            .observe(took.as_secs_f64());
+    }
 }
 
 /// Prometheus metrics (OpenMetrics text).

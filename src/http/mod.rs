@@ -153,13 +153,11 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
         .merge(SwaggerUi::new("/docs").config(swagger_ui::Config::from("/openapi.json")))
         .fallback(unknown_route)
         .layer(middleware::from_fn_with_state(
-            state.clone(),
-            metrics::observe_latency,
-        ))
-        .layer(middleware::from_fn(problem_for_bare_errors))
-        .layer(middleware::from_fn_with_state(
-            limits.clone(),
-            bound_in_time,
+            Edge {
+                metrics: state.metrics.clone(),
+                request_timeout: limits.request_timeout,
+            },
+            edge,
         ))
         .layer(DefaultBodyLimit::max(limits.body_limit))
         .layer(PropagateRequestIdLayer::x_request_id())
@@ -226,18 +224,35 @@ async fn unknown_route() -> ApiError {
     }
 }
 
-/// Answers 503 `request_timeout` when a request takes longer than the configured limit.
-async fn bound_in_time(State(limits): State<HttpLimits>, req: Request, next: Next) -> Response {
-    match tokio::time::timeout(limits.request_timeout, next.run(req)).await {
-        Ok(res) => res,
+/// What the per-request middleware needs (cheap to clone: it is cloned for every request).
+#[derive(Clone)]
+struct Edge {
+    metrics: Arc<metrics::Metrics>,
+    request_timeout: Duration,
+}
+
+/// Everything done around every request, in one middleware (each layer costs a boxed future
+/// and a clone per request): the time bound (503 `request_timeout`), problem+json for bare
+/// error responses, and the latency histogram, which sees the final status.
+async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let res = match tokio::time::timeout(edge.request_timeout, next.run(req)).await {
+        Ok(res) => problem_for_bare_errors(res),
         Err(_) => ApiError::Timeout.into_response(),
-    }
+    };
+    edge.metrics
+        .observe_latency(method.as_str(), route, res.status(), started.elapsed());
+    res
 }
 
 /// Turns any error response that is not already problem+json (the router's 405, a body-limit
 /// 413 from a layer) into one, so clients parse a single error shape.
-async fn problem_for_bare_errors(req: Request, next: Next) -> Response {
-    let res = next.run(req).await;
+fn problem_for_bare_errors(res: Response) -> Response {
     let status = res.status();
     let is_problem = res
         .headers()
