@@ -271,9 +271,9 @@ pub struct RedisSettings {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
-    /// Multiplexed connections the API spreads requests over. Each pipelines many requests;
-    /// fewer connections mean larger batches per write and read on Redis (faster), more spread
-    /// the client-side work of a many-core server.
+    /// Multiplexed Redis connections this process spreads its calls over. Each pipelines many
+    /// calls; fewer connections mean larger batches per write and read on Redis (faster), more
+    /// spread the client-side work of a many-core server.
     #[arg(long, env = "SLUICE_REDIS_CONNECTIONS", default_value_t = 2)]
     pub redis_connections: usize,
     /// Upper bound on one Redis operation (connecting included), in milliseconds.
