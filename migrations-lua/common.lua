@@ -125,12 +125,19 @@ local function drop_entry(entry)
   end
 end
 
+-- Ends the lease of a running execution: out of the lease index, lease and entry fields gone
+-- (the caller has dropped the entry itself).
+local function end_lease(id)
+  redis.call('ZREM', K.leases(), id)
+  redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
+end
+
 -- Puts a running execution back on the ready stream (it keeps its slot); the next start
 -- increments its attempt.
 local function requeue(t, flow, id, now)
+  end_lease(id)
   index_move(t, flow, 'running', 'queued', id)
   redis.call('HSET', K.row(id), 'status', 'queued', 'updated', now)
-  redis.call('HDEL', K.row(id), 'lease_owner', 'lease_until')
   dispatch_entry(id, now)
 end
 
@@ -148,10 +155,10 @@ end
 -- (oldest waiting dispatched), retention TTL. `extra` holds result fields; `drop` names fields
 -- to remove. The caller has already dropped its stream entry.
 local function finish(t, flow, id, status, now, extra, drop)
+  end_lease(id)
   index_move(t, flow, 'running', status, id)
   redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now, unpack(extra))
-  redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until', unpack(drop))
-  redis.call('ZREM', K.leases(), id)
+  if #drop > 0 then redis.call('HDEL', K.row(id), unpack(drop)) end
   release_slot(t, id, now)
   redis.call('EXPIRE', K.row(id), RETENTION_SECS)
   redis.call('HINCRBY', K.stats(), status, 1)

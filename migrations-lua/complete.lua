@@ -42,12 +42,7 @@ if outcome == 'completed' then
 elseif outcome == 'cancelled' then
   finish(tenant, flow, id, 'cancelled', now, {}, {})
   return { 'done', 'cancelled' }
-end
-
--- Not terminal: the lease goes here.
-redis.call('ZREM', K.leases(), id)
-redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
-if outcome == 'released' then
+elseif outcome == 'released' then
   requeue(tenant, flow, id, now)
   return { 'released' }
 end
@@ -56,6 +51,7 @@ end
 local exhausted = tonumber(attempt) >= tonumber(row[3])
 if backoff ~= '' and not exhausted then
   local due = now + tonumber(backoff)
+  end_lease(id)
   index_move(tenant, flow, 'running', 'queued', id)
   redis.call('HSET', K.row(id), 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
     'err_kind', err_kind, 'err_msg', err_msg)

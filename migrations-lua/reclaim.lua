@@ -18,8 +18,10 @@ local requeued, dead = 0, 0
 for _, id in ipairs(expired) do
   local row = redis.call('HMGET', K.row(id), 'status', 'attempt', 'max_attempts', 'tenant', 'flow',
     'entry', 'cancel')
-  redis.call('ZREM', K.leases(), id)
-  if row[1] == 'running' then
+  if row[1] ~= 'running' then
+    -- Finished or deleted without its lease entry going (repair): nothing to recover.
+    redis.call('ZREM', K.leases(), id)
+  else
     local tenant, flow, entry = row[4], row[5], row[6]
     drop_entry(entry)
     if row[7] == '1' then
@@ -33,7 +35,6 @@ for _, id in ipairs(expired) do
         'message', msg }, cap)
       dead = dead + 1
     else
-      redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
       requeue(tenant, flow, id, now)
       redis.call('HINCRBY', K.stats(), 'reclaimed', 1)
       requeued = requeued + 1
