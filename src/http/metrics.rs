@@ -212,10 +212,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     m.dead_letters.clear();
     m.shard_events.clear();
     let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    match state.store.shard_gauges().await {
+    match state.store.queue_stats().await {
         Ok(shards) => {
             for g in shards {
-                let shard = format!("s{:02}", g.shard.number());
+                let shard = format!("s{:02}", g.shard);
                 m.queue_depth
                     .get_or_create(&ShardLabels {
                         shard: shard.clone(),
@@ -226,7 +226,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
                         shard: shard.clone(),
                     })
                     .set(gauge(g.dead_letters));
-                for (event, n) in g.events {
+                for (event, n) in g.counters {
                     m.shard_events
                         .get_or_create(&ShardEventLabels {
                             shard: shard.clone(),

@@ -1,44 +1,71 @@
-//! Read-only numbers for monitoring, read at scrape time: queue depth, dead letters and the
-//! per-shard event counters the scripts keep.
+//! Read-only numbers for operators (`/api/queues`) and monitoring (`/metrics`): sizes of each
+//! shard's queues and the event counters the scripts keep. Two pipelines for all shards.
 
 use std::collections::HashMap;
 
-use super::{Shard, Store, StoreError};
+use redis::Value;
 
-/// One shard's numbers for `/metrics`.
-#[derive(Debug, Clone)]
-pub struct ShardGauges {
-    pub shard: Shard,
-    /// Entries on the ready stream (dispatched, not yet acknowledged by a worker).
-    pub ready: u64,
-    /// Records on the dead-letter stream.
-    pub dead_letters: u64,
-    /// Cumulative event counts (completed, failed, cancelled, reclaimed, fenced,
-    /// dead_lettered, dlq_evicted, repaired_*).
-    pub events: HashMap<String, u64>,
-}
+use super::keys::WORKER_GROUP;
+use super::{Shard, ShardStats, Store, StoreError};
 
 impl Store {
-    /// Every shard's gauges, in shard order: one pipeline for all shards.
-    pub async fn shard_gauges(&self) -> Result<Vec<ShardGauges>, StoreError> {
+    /// Sizes and counters of every shard, in shard order.
+    pub async fn queue_stats(&self) -> Result<Vec<ShardStats>, StoreError> {
         let shards: Vec<Shard> = self.shards.all().collect();
-        let mut p = redis::pipe();
+        let mut counts = redis::pipe();
+        let mut pending = redis::pipe();
         for s in &shards {
-            p.xlen(s.ready()).xlen(s.dead_letters()).hgetall(s.stats());
+            counts
+                .xlen(s.ready())
+                .zcard(s.leases())
+                .zcard(s.delayed())
+                .xlen(s.dead_letters())
+                .hgetall(s.stats());
+            pending.cmd("XPENDING").arg(s.ready()).arg(WORKER_GROUP);
         }
         let mut c = self.conn();
-        let values: Vec<redis::Value> = self.bounded(p.query_async(&mut c)).await?;
-        let mut it = values.into_iter();
+        let counts: Vec<Value> = self.bounded(counts.query_async(&mut c)).await?;
+        // The groups exist from start-up on; if one was deleted by hand, recreate them and
+        // report nothing pending this time rather than fail the whole answer.
+        let pending: Vec<u64> = match self
+            .bounded_raw(pending.query_async::<Vec<Value>>(&mut c))
+            .await?
+        {
+            Ok(replies) => replies
+                .into_iter()
+                .map(|r| match r {
+                    Value::Array(v) => v
+                        .into_iter()
+                        .next()
+                        .map(redis::from_redis_value::<u64>)
+                        .transpose()
+                        .map(Option::unwrap_or_default),
+                    _ => Ok(0),
+                })
+                .collect::<Result<_, _>>()?,
+            Err(_) => {
+                self.ensure_groups().await?;
+                vec![0; shards.len()]
+            }
+        };
+        let mut counts = counts.into_iter();
         let mut out = Vec::with_capacity(shards.len());
-        for shard in shards {
-            let (Some(ready), Some(dlq), Some(events)) = (it.next(), it.next(), it.next()) else {
-                return Err(StoreError::Corrupt("short gauge pipeline reply".into()));
+        for (shard, pending) in shards.into_iter().zip(pending) {
+            let mut next = || {
+                counts
+                    .next()
+                    .ok_or_else(|| StoreError::Corrupt("short statistics reply".into()))
             };
-            out.push(ShardGauges {
-                shard,
+            let (ready, leases, delayed, dead_letters, counters) =
+                (next()?, next()?, next()?, next()?, next()?);
+            out.push(ShardStats {
+                shard: shard.number(),
                 ready: redis::from_redis_value(ready)?,
-                dead_letters: redis::from_redis_value(dlq)?,
-                events: redis::from_redis_value(events)?,
+                pending,
+                leases: redis::from_redis_value(leases)?,
+                delayed: redis::from_redis_value(delayed)?,
+                dead_letters: redis::from_redis_value(dead_letters)?,
+                counters: redis::from_redis_value::<HashMap<String, u64>>(counters)?,
             });
         }
         Ok(out)

@@ -368,56 +368,6 @@ impl Store {
         Ok(out)
     }
 
-    /// Sizes and counters of every shard, one pipeline per shard.
-    pub async fn queue_stats(&self) -> Result<Vec<ShardStats>, StoreError> {
-        let mut out = Vec::new();
-        let mut c = self.conn();
-        for shard in self.shards.all() {
-            let mut p = redis::pipe();
-            p.cmd("XLEN")
-                .arg(shard.ready())
-                .zcard(shard.leases())
-                .zcard(shard.delayed())
-                .cmd("XLEN")
-                .arg(shard.dead_letters())
-                .hgetall(shard.stats());
-            let (ready, leases, delayed, dead_letters, counters): (
-                u64,
-                u64,
-                u64,
-                u64,
-                HashMap<String, u64>,
-            ) = self.bounded(p.query_async(&mut c)).await?;
-            let pending: redis::RedisResult<Value> = self
-                .bounded_raw(
-                    redis::cmd("XPENDING")
-                        .arg(shard.ready())
-                        .arg(WORKER_GROUP)
-                        .query_async(&mut c),
-                )
-                .await?;
-            let pending = match pending {
-                Ok(Value::Array(v)) => v
-                    .into_iter()
-                    .next()
-                    .map(redis::from_redis_value::<u64>)
-                    .transpose()?
-                    .unwrap_or(0),
-                _ => 0, // no group yet
-            };
-            out.push(ShardStats {
-                shard: shard.number(),
-                ready,
-                pending,
-                leases,
-                delayed,
-                dead_letters,
-                counters,
-            });
-        }
-        Ok(out)
-    }
-
     /// Tries to become the sweeper for `hold`; true when this process should sweep now.
     pub async fn take_sweeper_turn(&self, owner: &str, hold: Duration) -> Result<bool, StoreError> {
         let mut c = self.conn();
