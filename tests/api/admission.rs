@@ -77,7 +77,7 @@ async fn race(key_in: KeyIn) {
     assert_eq!(all_ids.len(), KEYS);
 
     // Through the API: 50 executions, usage 50 (20 holding slots, 30 waiting).
-    let page: Value = app.list("racer", "limit=200").await.json().await.unwrap();
+    let page = app.page("racer", "limit=200").await;
     assert_eq!(page["total"], KEYS);
     let listed: HashSet<_> = page["executions"]
         .as_array()
@@ -241,16 +241,11 @@ async fn another_tenants_execution_is_not_found_for_every_call() {
         assert_eq!(res.status(), StatusCode::NOT_FOUND);
         assert_eq!(problem_code(res).await, "execution_not_found");
     }
-    let page: Value = app.list("tenant-b", "").await.json().await.unwrap();
+    let page = app.page("tenant-b", "").await;
     assert_eq!(page["total"], 0);
     assert_eq!(app.redis.keys().await, keys_before);
     // Still intact for its owner.
-    let got: Value = app
-        .get_execution("tenant-a", id)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let got = app.execution("tenant-a", id).await;
     assert_eq!(got["status"], "queued");
 }
 

@@ -46,28 +46,23 @@ async fn sluice_dev_runs_its_own_redis_and_serves_the_readme_curl() {
     assert_eq!(res.status(), StatusCode::CREATED);
     let created: Value = res.json().await.unwrap();
     let id = created["execution_id"].as_str().unwrap();
-    let got: Value = client
-        .get(format!("{api}/executions/{id}"))
-        .header("X-Tenant-Id", "acme")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(got["params"], json!({"order": 42}));
-    // The embedded worker runs demo.echo: queued → completed, with the params as output.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let done = loop {
-        let e: Value = client
+    let read = || async {
+        client
             .get(format!("{api}/executions/{id}"))
             .header("X-Tenant-Id", "acme")
             .send()
             .await
             .unwrap()
-            .json()
+            .json::<Value>()
             .await
-            .unwrap();
+            .unwrap()
+    };
+    let got = read().await;
+    assert_eq!(got["params"], json!({"order": 42}));
+    // The embedded worker runs demo.echo: queued → completed, with the params as output.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let done = loop {
+        let e = read().await;
         if e["status"] == "completed" {
             break e;
         }

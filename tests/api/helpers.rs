@@ -258,6 +258,16 @@ impl TestApp {
         .unwrap()
     }
 
+    /// An execution's body (for one that exists).
+    pub async fn execution(&self, tenant: &str, id: &str) -> Value {
+        self.get_execution(tenant, id).await.json().await.unwrap()
+    }
+
+    /// A listing page's body.
+    pub async fn page(&self, tenant: &str, query: &str) -> Value {
+        self.list(tenant, query).await.json().await.unwrap()
+    }
+
     pub async fn list(&self, tenant: &str, query: &str) -> Response {
         self.as_tenant(
             reqwest::Method::GET,
@@ -459,7 +469,7 @@ impl TestApp {
     ) -> Value {
         let deadline = Instant::now() + limit;
         loop {
-            let e: Value = self.get_execution(tenant, id).await.json().await.unwrap();
+            let e = self.execution(tenant, id).await;
             if done(&e) {
                 return e;
             }

@@ -70,31 +70,16 @@ async fn filters_by_status_and_flow_combine() {
     let cancelled = even[0].clone();
     app.cancel("acme", &cancelled).await;
 
-    let page: Value = app
-        .list("acme", "status=cancelled")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let page = app.page("acme", "status=cancelled").await;
     assert_eq!(ids(&page), vec![cancelled.clone()]);
     assert_eq!(page["total"], 1);
 
-    let page: Value = app
-        .list("acme", "flow_id=flow.even")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let page = app.page("acme", "flow_id=flow.even").await;
     assert_eq!(page["total"], 3);
     let expected: Vec<String> = even.iter().rev().cloned().collect();
     assert_eq!(ids(&page), expected);
 
-    let page: Value = app
-        .list("acme", "flow_id=flow.even&status=queued")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let page = app.page("acme", "flow_id=flow.even&status=queued").await;
     assert_eq!(page["total"], 2);
     let got: HashSet<String> = ids(&page).into_iter().collect();
     assert_eq!(got, even[1..].iter().cloned().collect());
@@ -103,12 +88,7 @@ async fn filters_by_status_and_flow_combine() {
         assert_eq!(e["flow_id"], "flow.even");
     }
 
-    let page: Value = app
-        .list("acme", "flow_id=flow.none")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let page = app.page("acme", "flow_id=flow.none").await;
     assert_eq!(page["total"], 0);
     assert_eq!(page["next_cursor"], Value::Null);
 }
@@ -131,14 +111,9 @@ async fn rows_that_expired_are_skipped_and_their_index_entries_dropped() {
         .row(&sluice::admission::ExecutionId::parse(&gone).unwrap());
     let _: i64 = app.redis.query(redis::cmd("DEL").arg(key)).await;
 
-    let page: Value = app.list("acme", "").await.json().await.unwrap();
+    let page = app.page("acme", "").await;
     assert_eq!(ids(&page), vec![kept]);
     assert_eq!(page["total"], 1);
-    let page: Value = app
-        .list("acme", "status=cancelled")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let page = app.page("acme", "status=cancelled").await;
     assert_eq!(page["total"], 0);
 }

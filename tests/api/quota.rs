@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, problem_code};
 
 async fn state_of(app: &TestApp, id: &str) -> Value {
-    let e: Value = app.get_execution("acme", id).await.json().await.unwrap();
+    let e = app.execution("acme", id).await;
     e["queue_state"].clone()
 }
 

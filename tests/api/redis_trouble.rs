@@ -57,7 +57,7 @@ async fn a_stopped_redis_is_503_and_a_restarted_one_is_used_again() {
     app.redis.restart().await;
     admit_when_back(&app, Duration::from_secs(15)).await;
     // The AOF brought the earlier execution back, and it is served again.
-    let got: Value = app.get_execution("acme", &id).await.json().await.unwrap();
+    let got = app.execution("acme", &id).await;
     assert_eq!(got["execution_id"], before["execution_id"]);
     let res = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
@@ -102,6 +102,6 @@ async fn admission_survives_script_flush() {
     let _: () = app.redis.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
     let res = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    let page: Value = app.list("acme", "").await.json().await.unwrap();
+    let page = app.page("acme", "").await;
     assert_eq!(page["total"], 2);
 }

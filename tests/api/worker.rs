@@ -68,12 +68,7 @@ async fn saturation_without_churn() {
         let (entries, deliveries) = pending(&app).await;
         max_pending = max_pending.max(entries);
         assert!(deliveries <= 1, "a delivery count grew to {deliveries}");
-        let page: Value = app
-            .list("acme", "status=completed&limit=1")
-            .await
-            .json()
-            .await
-            .unwrap();
+        let page = app.page("acme", "status=completed&limit=1").await;
         if page["total"] == 30 {
             break;
         }
@@ -86,7 +81,7 @@ async fn saturation_without_churn() {
     );
     assert!(max_pending >= 1, "the sampling never saw work running");
     for id in &ids {
-        let e: Value = app.get_execution("acme", id).await.json().await.unwrap();
+        let e = app.execution("acme", id).await;
         assert_eq!(e["status"], "completed");
         assert_eq!(e["attempt"], 1, "{id} ran more than once");
         assert_eq!(e["output"]["attempt"], 1);
@@ -173,7 +168,7 @@ async fn a_paused_workers_late_completion_is_fenced() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let after: Value = app.get_execution("acme", &id).await.json().await.unwrap();
+    let after = app.execution("acme", &id).await;
     assert_eq!(after, done, "the late completion changed the execution");
     assert_eq!(app.counter("completed").await, 1);
 }
@@ -191,7 +186,7 @@ async fn attempts_exhausted_by_dying_workers_dead_letter_as_lease_lost_and_retry
     let next = app
         .admit_with("acme", json!({"flow_id": "demo.echo"}))
         .await;
-    let e: Value = app.get_execution("acme", &next).await.json().await.unwrap();
+    let e = app.execution("acme", &next).await;
     assert_eq!(e["queue_state"], "waiting");
 
     for attempt in 1..=2 {
@@ -268,7 +263,7 @@ async fn short_tasks_are_not_held_up_by_long_ones() {
         assert_eq!(e["output"], json!({"i": i}));
     }
     for id in &long {
-        let e: Value = app.get_execution("acme", id).await.json().await.unwrap();
+        let e = app.execution("acme", id).await;
         assert_eq!(
             e["status"], "running",
             "the long task is still running beside them"
@@ -359,7 +354,7 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
     a.signal("TERM");
     let status = a.wait_exit(Duration::from_secs(10));
     assert!(status.success(), "{status}");
-    let e: Value = app.get_execution("acme", &id).await.json().await.unwrap();
+    let e = app.execution("acme", &id).await;
     assert_eq!(e["status"], "queued");
     assert_eq!(e["queue_state"], "dispatched");
     let _b = TestWorker::spawn(&app.redis.url(), &slow_lease);
@@ -522,14 +517,9 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     assert_eq!(repaired["slots"], 1);
     assert!(repaired["index"] >= 2, "{repaired:?}");
     // The freed slot went to the waiting execution.
-    let e: Value = app
-        .get_execution("acme", &waiting)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let e = app.execution("acme", &waiting).await;
     assert_eq!(e["queue_state"], "dispatched");
-    let page: Value = app.list("acme", "").await.json().await.unwrap();
+    let page = app.page("acme", "").await;
     let ids: BTreeSet<&str> = page["executions"]
         .as_array()
         .unwrap()
