@@ -7,7 +7,8 @@
 --   ARGV[2]  server default max_concurrent (used when the tenant has no own value)
 --   ARGV[3]  server default max_queued
 --   ARGV[4]  retention of terminal rows, seconds
---   ARGV[5..] operation-specific, documented in each file.
+--   ARGV[5]  how long a dedup key keeps mapping to its execution once that is terminal, seconds
+--   ARGV[6..] operation-specific, documented in each file.
 --
 -- Key names mirror src/store/keys.rs; change both together (tests read keys through Rust).
 -- Lua has no rollback: every script decides first and writes after.
@@ -16,6 +17,7 @@ local P = ARGV[1]
 local DEFAULT_MAX_CONCURRENT = tonumber(ARGV[2])
 local DEFAULT_MAX_QUEUED = tonumber(ARGV[3])
 local RETENTION_SECS = tonumber(ARGV[4])
+local DEDUP_TTL_SECS = tonumber(ARGV[5])
 
 local K = {}
 function K.ready() return P .. 'ready' end
@@ -32,6 +34,7 @@ function K.leases() return P .. 'leases' end
 function K.delayed() return P .. 'delayed' end
 function K.dlq() return P .. 'dlq' end
 function K.stats() return P .. 'stats' end
+function K.void(id) return P .. 'void:' .. id end
 
 -- The consumer group every worker reads the ready stream through.
 local GROUP = 'workers'
@@ -70,18 +73,20 @@ local function dispatch(t, id, now)
   dispatch_entry(id, now)
 end
 
--- Fills free slots of tenant t from its waiting set, oldest first. Members whose row is gone
--- or no longer waiting are dropped (repair), bounded so one call stays short.
-local function promote(t, now)
+-- Fills free slots of tenant t from its waiting set, oldest first, handling at most `budget`
+-- members (so one call stays short). Members whose row is gone or no longer waiting are
+-- dropped (repair). Returns true when more could be dispatched now (room left and somebody
+-- still waiting): the caller continues in another call.
+local function promote(t, now, budget)
   -- The common case on every release: nobody waits.
-  if redis.call('EXISTS', K.waiting(t)) == 0 then return end
+  if redis.call('EXISTS', K.waiting(t)) == 0 then return false end
   local max_concurrent = limits(t)
   local free = max_concurrent - redis.call('SCARD', K.slots(t))
-  local budget = 1000
-  while free > 0 and budget > 0 do
+  while free > 0 do
+    if budget <= 0 then return redis.call('EXISTS', K.waiting(t)) == 1 end
     budget = budget - 1
     local popped = redis.call('ZPOPMIN', K.waiting(t))
-    if #popped == 0 then return end
+    if #popped == 0 then return false end
     local id = popped[1]
     local row = redis.call('HMGET', K.row(id), 'status', 'qstate')
     if row[1] == 'queued' and row[2] == 'waiting' then
@@ -89,13 +94,42 @@ local function promote(t, now)
       free = free - 1
     end
   end
+  return false
+end
+
+-- Members promote() handles in a call made for one release or admission.
+local PROMOTE_BUDGET = 100
+
+-- The quota decision of an admission (and of a retry): where a new queued execution of t goes.
+-- FIFO: while anybody of t waits, a newcomer waits behind them, whatever room there is; room
+-- is first given to the oldest waiting (bounded). Returns 'dispatched' or 'waiting', or nil
+-- and a refusal ('disabled', or 'full' with the waiting count). Writes nothing but promotions.
+local function place(t, now)
+  local max_concurrent, max_queued, enabled = limits(t)
+  if not enabled then return nil, 'disabled' end
+  promote(t, now, PROMOTE_BUDGET)
+  local waiting = redis.call('ZCARD', K.waiting(t))
+  if waiting == 0 and redis.call('SCARD', K.slots(t)) < max_concurrent then
+    return 'dispatched'
+  end
+  if waiting >= max_queued then return nil, 'full', waiting end
+  return 'waiting'
+end
+
+-- Enqueues a queued execution where place() decided.
+local function enqueue(t, id, qstate, now)
+  if qstate == 'dispatched' then
+    dispatch(t, id, now)
+  else
+    redis.call('ZADD', K.waiting(t), now, id)
+  end
 end
 
 -- Releases the slot id holds (if any) and dispatches the tenant's oldest waiting executions
 -- into the room made. Set membership makes a second release a no-op.
 local function release_slot(t, id, now)
   if redis.call('SREM', K.slots(t), id) == 1 then
-    promote(t, now)
+    promote(t, now, PROMOTE_BUDGET)
   end
 end
 
@@ -132,12 +166,13 @@ local function end_lease(id)
   redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
 end
 
--- Puts a running execution back on the ready stream (it keeps its slot); the next start
--- increments its attempt.
-local function requeue(t, flow, id, now)
+-- Puts a running execution back on the ready stream (it keeps its slot). `attempt` is what
+-- the row's attempt becomes: the same when the run counted (its lease was lost), one less
+-- when it did not (a graceful release). The fence is never lowered.
+local function requeue(t, flow, id, now, attempt)
   end_lease(id)
   index_move(t, flow, 'running', 'queued', id)
-  redis.call('HSET', K.row(id), 'status', 'queued', 'updated', now)
+  redis.call('HSET', K.row(id), 'status', 'queued', 'attempt', attempt, 'updated', now)
   dispatch_entry(id, now)
 end
 
@@ -151,17 +186,91 @@ local function dead_letter(record, cap)
   redis.call('HINCRBY', K.stats(), 'dead_lettered', 1)
 end
 
+-- A row became terminal: its dedup key (if it still maps to it) now lives DEDUP_TTL_SECS more
+-- and the row itself RETENTION_SECS. Until this moment neither expires.
+local function settle_terminal(t, id)
+  local digest = redis.call('HGET', K.row(id), 'ddh')
+  if digest then
+    local key = K.dedup(t, digest)
+    local mapped = redis.call('GET', key)
+    if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then
+      redis.call('EXPIRE', key, DEDUP_TTL_SECS)
+    end
+  end
+  redis.call('EXPIRE', K.row(id), RETENTION_SECS)
+end
+
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
--- (oldest waiting dispatched), retention TTL. `extra` holds result fields; `drop` names fields
--- to remove. The caller has already dropped its stream entry.
+-- (oldest waiting dispatched), retention and dedup TTLs. `extra` holds result fields; `drop`
+-- names fields to remove. The caller has already dropped its stream entry.
 local function finish(t, flow, id, status, now, extra, drop)
   end_lease(id)
   index_move(t, flow, 'running', status, id)
   redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now, unpack(extra))
   if #drop > 0 then redis.call('HDEL', K.row(id), unpack(drop)) end
   release_slot(t, id, now)
-  redis.call('EXPIRE', K.row(id), RETENTION_SECS)
+  settle_terminal(t, id)
   redis.call('HINCRBY', K.stats(), status, 1)
+end
+
+-- The end of a run whose row was force-deleted while it ran (`deleted` is set): the row was
+-- kept only so that its slot stays taken until the handler stopped or its lease expired. Now
+-- both go.
+local function bury(t, id, entry, now)
+  drop_entry(entry)
+  redis.call('ZREM', K.leases(), id)
+  release_slot(t, id, now)
+  redis.call('DEL', K.row(id))
+end
+
+-- Fields recover() and complete.lua read from a running row, in this order.
+local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'flow', 'entry',
+  'cancel', 'lease_owner', 'deleted' }
+
+-- What happens to a running execution whose run ended without a result (its lease expired, or
+-- its worker could no longer renew it): a cancelled one ends cancelled, a force-deleted one is
+-- buried, one with attempts left goes back on the ready stream (the lost run counted as an
+-- attempt), the rest are dead-lettered as 'lease_lost'. `row` holds RUN_FIELDS. Returns
+-- 'requeued', 'dead_lettered', 'cancelled' or 'buried'.
+local function recover(id, row, now, cap)
+  local tenant, flow, entry = row[5], row[6], row[7]
+  if row[10] == '1' then
+    bury(tenant, id, entry, now)
+    return 'buried'
+  end
+  drop_entry(entry)
+  if row[8] == '1' then
+    finish(tenant, flow, id, 'cancelled', now, {}, {})
+    return 'cancelled'
+  end
+  local attempt, max_attempts = tonumber(row[3]), tonumber(row[4])
+  if attempt >= max_attempts then
+    local msg = 'lease expired on attempt ' .. attempt .. ' of ' .. max_attempts
+    finish(tenant, flow, id, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg }, {})
+    dead_letter({ 'execution_id', id, 'tenant_id', tenant, 'flow_id', flow,
+      'reason', 'lease_lost', 'attempts', attempt, 'source_entry', entry or '', 'at', now,
+      'message', msg }, cap)
+    return 'dead_lettered'
+  end
+  requeue(tenant, flow, id, now, attempt)
+  redis.call('HINCRBY', K.stats(), 'reclaimed', 1)
+  return 'requeued'
+end
+
+-- The execution id a ready-stream entry carries (its fields as XREADGROUP/XRANGE give them).
+local function entry_execution(fields)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'id' then return fields[i + 1] end
+  end
+  return nil
+end
+
+-- A started run as start.lua and adopt.lua report it:
+-- {id, fence, attempt, tenant, flow, version or '', params, max_attempts}.
+local function run_of(id)
+  local r = redis.call('HMGET', K.row(id), 'fence', 'attempt', 'tenant', 'flow', 'version',
+    'params', 'max_attempts')
+  return { id, r[1], r[2], r[3], r[4], r[5] or '', r[6], r[7] }
 end
 
 local function hgetall(id)

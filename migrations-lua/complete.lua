@@ -1,54 +1,78 @@
--- complete.lua: record the end of one attempt, fenced by the attempt number: a worker whose
--- attempt is no longer current (it was reclaimed while paused) changes nothing.
+-- complete.lua: record the end of one run, fenced: only the current run (its fence) of the
+-- worker holding its lease changes anything. A late report of a run that was reclaimed,
+-- retried or finished meanwhile is refused and counted as 'fenced'; a repeat of a report that
+-- was already applied (its reply was lost) is recognised and changes nothing more.
+--
+-- A cancel requested while the run went on is final: whatever the outcome, the execution ends
+-- cancelled, never re-queued or retried.
 --
 -- KEYS[1]  the execution's row key (routing only)
--- ARGV[1..4] common (see common.lua)
--- ARGV[5]  execution id
--- ARGV[6]  attempt the worker ran (the fencing token)
--- ARGV[7]  outcome: 'completed' | 'failed' | 'cancelled' | 'released'
---          (released: the worker is shutting down; the execution goes back on the ready stream)
--- ARGV[8]  output JSON (completed), '' otherwise
--- ARGV[9]  error kind (failed), e.g. 'handler_error'
--- ARGV[10] error message (failed)
--- ARGV[11] retry backoff in ms when the failure may be retried, '' when it may not
--- ARGV[12] dead-letter stream cap
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  execution id
+-- ARGV[7]  fence of the run the worker held
+-- ARGV[8]  consumer name (the worker)
+-- ARGV[9]  outcome: 'completed' | 'failed' | 'cancelled'
+--          | 'released'  (the worker is shutting down: back on the ready stream at once; the
+--                         run does not count as an attempt)
+--          | 'abandoned' (the worker could not renew the lease in time and stopped the run:
+--                         handled like an expired lease, see recover() in common.lua)
+-- ARGV[10] output JSON (completed), '' otherwise
+-- ARGV[11] error kind (failed), e.g. 'handler_error'
+-- ARGV[12] error message (failed)
+-- ARGV[13] retry backoff in ms when the failure may be retried, '' when it may not
+-- ARGV[14] dead-letter stream cap
 --
 -- Reply:
---   {'stale'}               the attempt is not current; nothing changed (counted in stats)
+--   {'stale'}               the run is not current; nothing changed (counted in stats)
+--   {'repeat'}              this run's report was applied before; nothing changed
 --   {'done', status}        terminal now: completed, failed or cancelled
 --   {'dead_lettered'}       failed with attempts exhausted: terminal failed + dead-letter record
 --   {'retrying', due_ms}    failed, attempts left: queued again after the backoff
 --   {'released'}            back on the ready stream for another worker
-local id, attempt, outcome = ARGV[5], ARGV[6], ARGV[7]
-local output, err_kind, err_msg, backoff = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local cap = tonumber(ARGV[12])
+--   {'recovered', how}      abandoned: how recover() handled it
+--   {'deleted'}             the execution was force-deleted while it ran; its slot is free now
+local id, fence, consumer, outcome = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local output, err_kind, err_msg, backoff = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+local cap = tonumber(ARGV[14])
 
-local row = redis.call('HMGET', K.row(id), 'status', 'attempt', 'max_attempts', 'tenant', 'flow',
-  'entry')
-if row[1] ~= 'running' or row[2] ~= attempt then
+local row = redis.call('HMGET', K.row(id), unpack(RUN_FIELDS))
+if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
+  if redis.call('HGET', K.row(id), 'reported') == fence then return { 'repeat' } end
   redis.call('HINCRBY', K.stats(), 'fenced', 1)
   return { 'stale' }
 end
-local tenant, flow, entry = row[4], row[5], row[6]
+local tenant, flow, entry = row[5], row[6], row[7]
 local now = now_ms()
 
--- The attempt is over: its entry leaves the pending list and the stream.
-drop_entry(entry)
+if row[10] == '1' then
+  bury(tenant, id, entry, now)
+  return { 'deleted' }
+end
+if outcome == 'abandoned' then
+  local how = recover(id, row, now, cap)
+  redis.call('HSET', K.row(id), 'reported', fence)
+  return { 'recovered', how }
+end
 
-if outcome == 'completed' then
+-- The run is over: its entry leaves the pending list and the stream. From here on the row
+-- stays, so the report is remembered against a repeat.
+drop_entry(entry)
+redis.call('HSET', K.row(id), 'reported', fence)
+
+if row[8] == '1' or outcome == 'cancelled' then
+  finish(tenant, flow, id, 'cancelled', now, {}, {})
+  return { 'done', 'cancelled' }
+elseif outcome == 'completed' then
   -- An error of an earlier attempt does not describe a success.
   finish(tenant, flow, id, 'completed', now, { 'output', output }, { 'err_kind', 'err_msg' })
   return { 'done', 'completed' }
-elseif outcome == 'cancelled' then
-  finish(tenant, flow, id, 'cancelled', now, {}, {})
-  return { 'done', 'cancelled' }
 elseif outcome == 'released' then
-  requeue(tenant, flow, id, now)
+  requeue(tenant, flow, id, now, tonumber(row[3]) - 1)
   return { 'released' }
 end
 
 -- failed
-local exhausted = tonumber(attempt) >= tonumber(row[3])
+local exhausted = tonumber(row[3]) >= tonumber(row[4])
 if backoff ~= '' and not exhausted then
   local due = now + tonumber(backoff)
   end_lease(id)
@@ -61,7 +85,7 @@ end
 finish(tenant, flow, id, 'failed', now, { 'err_kind', err_kind, 'err_msg', err_msg }, {})
 if backoff ~= '' then
   dead_letter({ 'execution_id', id, 'tenant_id', tenant, 'flow_id', flow,
-    'reason', err_kind, 'attempts', attempt, 'source_entry', entry or '', 'at', now,
+    'reason', err_kind, 'attempts', row[3], 'source_entry', entry or '', 'at', now,
     'message', err_msg }, cap)
   return { 'dead_lettered' }
 end

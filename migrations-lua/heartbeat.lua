@@ -1,26 +1,33 @@
 -- heartbeat.lua: extend the leases one worker holds in one shard, in one call, and tell it
--- which executions it must stop.
+-- which executions it must stop. A lease is extended only for the current run (its fence) and
+-- only for the worker holding it.
 --
 -- KEYS[1]  the shard's lease index (routing only)
--- ARGV[1..4] common (see common.lua)
--- ARGV[5]  lease TTL, milliseconds
--- ARGV[6..] pairs: execution id, attempt the worker runs
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  lease TTL, milliseconds
+-- ARGV[7]  consumer name (the worker)
+-- ARGV[8..] pairs: execution id, fence of the run the worker holds
 --
 -- Reply: one answer per pair, in order:
 --   'ok'      lease extended
---   'cancel'  lease extended, but a cancel was requested: stop and finish as cancelled
---   'lost'    the attempt is no longer current (reclaimed, deleted, finished): stop; any result
---             of this attempt will be refused
-local ttl = tonumber(ARGV[5])
+--   'cancel'  lease extended, but the execution was cancelled or force-deleted: stop and
+--             report the run as cancelled
+--   'lost'    the run is no longer current (reclaimed, finished, retried): stop; any result of
+--             this run will be refused
+local ttl, consumer = tonumber(ARGV[6]), ARGV[7]
 local now = now_ms()
 local answers = {}
-for i = 6, #ARGV, 2 do
-  local id, attempt = ARGV[i], ARGV[i + 1]
-  local row = redis.call('HMGET', K.row(id), 'status', 'attempt', 'cancel')
-  if row[1] == 'running' and row[2] == attempt then
+for i = 8, #ARGV, 2 do
+  local id, fence = ARGV[i], ARGV[i + 1]
+  local row = redis.call('HMGET', K.row(id), 'status', 'fence', 'lease_owner', 'cancel', 'deleted')
+  if row[1] == 'running' and row[2] == fence and row[3] == consumer then
     redis.call('ZADD', K.leases(), now + ttl, id)
     redis.call('HSET', K.row(id), 'lease_until', now + ttl)
-    if row[3] == '1' then table.insert(answers, 'cancel') else table.insert(answers, 'ok') end
+    if row[4] == '1' or row[5] == '1' then
+      table.insert(answers, 'cancel')
+    else
+      table.insert(answers, 'ok')
+    end
   else
     table.insert(answers, 'lost')
   end

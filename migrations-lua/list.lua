@@ -4,17 +4,17 @@
 -- candidates are merged, and only the page's rows are read.
 --
 -- KEYS[1]  a key of the tenant in this shard (routing only)
--- ARGV[1..4] common (see common.lua)
--- ARGV[5]  tenant id
--- ARGV[6]  status filter, '' for all
--- ARGV[7]  flow filter, '' for all
--- ARGV[8]  cursor: the last id of the previous page, '' for the first page
--- ARGV[9]  limit (1..200)
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  tenant id
+-- ARGV[7]  status filter, '' for all
+-- ARGV[8]  flow filter, '' for all
+-- ARGV[9]  cursor: the last id of the previous page, '' for the first page
+-- ARGV[10]  limit (1..200)
 --
 -- Reply: {next_cursor or '', total, id, row, id, row, ...}; index entries whose row has expired are
 -- removed on the way (the sweeper does the same in bulk).
-local tenant, status, flow, cursor = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local limit = tonumber(ARGV[9])
+local tenant, status, flow, cursor = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local limit = tonumber(ARGV[10])
 
 local statuses = STATUSES
 if status ~= '' then statuses = { status } end

@@ -1,36 +1,34 @@
 -- retry.lua: re-queue a failed or cancelled execution under the same id with fresh attempts,
--- through the same quota decision as an admission (its dedup key still maps to it).
+-- through the same quota decision as an admission (place() in common.lua: FIFO behind the
+-- tenant's waiting executions). Its dedup key still maps to it and stops expiring until it is
+-- terminal again. `attempt` starts over; the fence does not (the next start takes the next
+-- fence), so a worker still holding a run from before the retry can never pass for the new one.
 --
 -- KEYS[1]  the execution's row key (routing only)
--- ARGV[1..4] common (see common.lua)
--- ARGV[5]  the caller's tenant id
--- ARGV[6]  execution id
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  the caller's tenant id
+-- ARGV[7]  execution id
 --
 -- Reply: {'not_found'} | {'not_retryable', status} | {'disabled'} | {'full', waiting}
 --      | {'ok', id, row}
-local tenant, id = ARGV[5], ARGV[6]
-local row = redis.call('HMGET', K.row(id), 'tenant', 'status', 'flow')
-if row[1] ~= tenant then return { 'not_found' } end
-local status, flow = row[2], row[3]
+local tenant, id = ARGV[6], ARGV[7]
+local row = redis.call('HMGET', K.row(id), 'tenant', 'status', 'flow', 'ddh', 'deleted')
+if row[1] ~= tenant or row[5] then return { 'not_found' } end
+local status, flow, digest = row[2], row[3], row[4]
 if status ~= 'failed' and status ~= 'cancelled' then return { 'not_retryable', status } end
 
-local max_concurrent, max_queued, enabled = limits(tenant)
-if not enabled then return { 'disabled' } end
-local qstate = 'dispatched'
-if redis.call('SCARD', K.slots(tenant)) >= max_concurrent then
-  local waiting = redis.call('ZCARD', K.waiting(tenant))
-  if waiting >= max_queued then return { 'full', waiting } end
-  qstate = 'waiting'
-end
-
 local now = now_ms()
+local qstate, refusal, waiting = place(tenant, now)
+if not qstate then return { refusal, waiting } end
+
 redis.call('PERSIST', K.row(id))
+if digest then
+  local key = K.dedup(tenant, digest)
+  local mapped = redis.call('GET', key)
+  if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('PERSIST', key) end
+end
 redis.call('HDEL', K.row(id), 'started', 'finished', 'output', 'err_kind', 'err_msg', 'cancel')
 redis.call('HSET', K.row(id), 'status', 'queued', 'qstate', qstate, 'attempt', 0, 'updated', now)
 index_move(tenant, flow, status, 'queued', id)
-if qstate == 'dispatched' then
-  dispatch(tenant, id, now)
-else
-  redis.call('ZADD', K.waiting(tenant), now, id)
-end
+enqueue(tenant, id, qstate, now)
 return { 'ok', id, hgetall(id) }

@@ -1,24 +1,26 @@
--- set_limits.lua: replace a tenant's own limits, then dispatch waiting executions into any
--- room a raised max_concurrent made (in the same step, so none waits for the next release).
+-- set_limits.lua: change the limits a tenant's request names, keep the others, then dispatch
+-- waiting executions into any room a raised max_concurrent made (oldest first, bounded; the
+-- caller continues with promote.lua while the reply says more fit).
 --
 -- KEYS[1]  the tenant's config key (routing only)
--- ARGV[1..4] common (see common.lua)
--- ARGV[5]  tenant id
--- ARGV[6]  max_concurrent, '' for the server default
--- ARGV[7]  max_queued, '' for the server default
--- ARGV[8]  enabled '1' / '0', '' for the default (enabled)
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  tenant id
+-- ARGV[7]  max_concurrent: a number, '' to keep the current value, 'default' for the server's
+-- ARGV[8]  max_queued: likewise
+-- ARGV[9]  enabled: '1' / '0', '' to keep, 'default' (enabled)
+-- ARGV[10] most waiting executions to handle in this call
 --
--- Reply: 'ok'
-local tenant = ARGV[5]
-local values = { max_concurrent = ARGV[6], max_queued = ARGV[7], enabled = ARGV[8] }
+-- Reply: 1 when more waiting executions fit now (call promote.lua), else 0
+local tenant, budget = ARGV[6], tonumber(ARGV[10])
+local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9] }
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
 redis.call('HSET', K.cfg(tenant), 'configured', 1)
 for field, value in pairs(values) do
-  if value == '' then
+  if value == 'default' then
     redis.call('HDEL', K.cfg(tenant), field)
-  else
+  elseif value ~= '' then
     redis.call('HSET', K.cfg(tenant), field, value)
   end
 end
-promote(tenant, now_ms())
-return 'ok'
+if promote(tenant, now_ms(), budget) then return 1 end
+return 0

@@ -1,20 +1,25 @@
 -- start.lua: read up to `count` new entries of the shard's ready stream for one worker and start
 -- each of them, in the same atomic step. So an entry is in the pending list only while a worker
 -- is running it (there is no "read but not started" state to recover from), and a worker reads
--- only as many entries as it has free slots.
+-- only as many entries as it has free slots. If the reply is lost (time-out), the worker finds
+-- what it started with adopt.lua before it starts anything else.
 --
 -- First, retries whose backoff is over are put back on the ready stream (they kept their slot).
 --
+-- Each start increments the row's `fence`, the token that heartbeats and completions name: it
+-- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
+-- current can never pass for the current one. `attempt` counts the starts of the current run.
+--
 -- KEYS[1]  the shard's ready stream (routing only)
--- ARGV[1..4] common (see common.lua)
--- ARGV[5]  consumer name (the worker)
--- ARGV[6]  count: the worker's free slots (>= 1)
--- ARGV[7]  lease TTL, milliseconds
--- ARGV[8]  dead-letter stream cap
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  consumer name (the worker)
+-- ARGV[7]  count: the worker's free slots (>= 1)
+-- ARGV[8]  lease TTL, milliseconds
+-- ARGV[9]  dead-letter stream cap
 --
 -- Reply: a list of started executions, each
---   {id, attempt, tenant, flow, version or '', params, max_attempts}
-local consumer, count, ttl, cap = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+--   {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
+local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
 
 local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'LIMIT', 0, 100)
@@ -30,14 +35,11 @@ if not read then return started end
 
 for _, e in ipairs(read[1][2]) do
   local entry, fields = e[1], e[2]
-  local id = nil
-  for i = 1, #fields, 2 do
-    if fields[i] == 'id' then id = fields[i + 1] end
-  end
+  local id = entry_execution(fields)
   local row = nil
   if id then
     row = redis.call('HMGET', K.row(id), 'status', 'entry', 'attempt', 'max_attempts', 'tenant',
-      'flow', 'params', 'version')
+      'flow', 'cancel')
   end
   if not row or not row[1] then
     -- Poison: an entry naming no execution, or one that does not exist. Dead-lettered once
@@ -48,15 +50,23 @@ for _, e in ipairs(read[1][2]) do
   elseif row[1] ~= 'queued' or row[2] ~= entry then
     -- Cancelled, finished or deleted meanwhile, or an entry superseded by a newer one.
     drop_entry(entry)
-  else
-    local attempt = tonumber(row[3]) + 1
+  elseif row[7] == '1' then
+    -- A queued execution is cancelled at once, so this cannot happen; should it, a cancel
+    -- still wins over a start.
     local tenant, flow = row[5], row[6]
+    drop_entry(entry)
+    index_move(tenant, flow, 'queued', 'running', id)
+    finish(tenant, flow, id, 'cancelled', now, {}, { 'qstate' })
+  else
+    local tenant, flow = row[5], row[6]
+    local attempt = tonumber(row[3]) + 1
+    redis.call('HINCRBY', K.row(id), 'fence', 1)
     index_move(tenant, flow, 'queued', 'running', id)
     redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'started', now,
       'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
     redis.call('HDEL', K.row(id), 'qstate')
     redis.call('ZADD', K.leases(), now + ttl, id)
-    table.insert(started, { id, attempt, tenant, flow, row[8] or '', row[7], row[4] })
+    table.insert(started, run_of(id))
   end
 end
 return started

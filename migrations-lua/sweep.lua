@@ -2,23 +2,23 @@
 -- These repair what should never drift (a crash between Redis and a lost reply cannot cause it,
 -- but retention expiry and manual edits can).
 --
---   mode 'slots'   slot-set members whose execution is terminal or gone: removed, and the
+--   mode 'slots'   slot-set members whose execution is terminal or gone: removed, and any
 --                  room given to the oldest waiting executions
 --   mode 'waiting' waiting-set members whose execution is gone or no longer waiting: removed
 --   mode 'index'   status/flow index members whose row expired or moved on: removed
 --
 -- KEYS[1]  any key of the tenant in this shard (routing only)
--- ARGV[1..4] common (see common.lua)
--- ARGV[5]  tenant id
--- ARGV[6]  mode
--- ARGV[7]  status (mode 'index')
--- ARGV[8]  flow, '' for the status index itself (mode 'index')
--- ARGV[9]  cursor ('0' to begin)
--- ARGV[10] batch size hint
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  tenant id
+-- ARGV[7]  mode
+-- ARGV[8]  status (mode 'index')
+-- ARGV[9]  flow, '' for the status index itself (mode 'index')
+-- ARGV[10]  cursor ('0' to begin)
+-- ARGV[11] batch size hint
 --
 -- Reply: {next_cursor ('0' when done), repaired}
-local tenant, mode, status, flow = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local cursor, count = ARGV[9], ARGV[10]
+local tenant, mode, status, flow = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local cursor, count = ARGV[10], ARGV[11]
 local now = now_ms()
 local repaired = 0
 
@@ -37,7 +37,8 @@ if mode == 'slots' then
       repaired = repaired + 1
     end
   end
-  if repaired > 0 then promote(tenant, now) end
+  -- Room may also be left by an interrupted limit change: give it to the oldest waiting.
+  promote(tenant, now, PROMOTE_BUDGET)
   return counted({ r[1], repaired })
 elseif mode == 'waiting' then
   local r = redis.call('ZSCAN', K.waiting(tenant), cursor, 'COUNT', count)

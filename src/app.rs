@@ -38,6 +38,17 @@ impl Application {
     /// Connects to Redis (recording the shard count on first start), loads the scripts and
     /// binds the listen address.
     pub async fn build(config: AppConfig) -> anyhow::Result<Self> {
+        // An admission makes up to three bounded Redis calls (key lookup, admit, and settling
+        // a lost answer); the request's own bound must not cut in between, or a client would
+        // get a time-out that names no execution although one may have been admitted.
+        let redis_timeout = Duration::from_millis(config.redis.redis_timeout_ms);
+        if config.api.request_timeout() <= redis_timeout * 3 {
+            anyhow::bail!(
+                "--request-timeout-ms ({} ms) must exceed three times --redis-timeout-ms ({} ms)",
+                config.api.request_timeout_ms,
+                config.redis.redis_timeout_ms
+            );
+        }
         let store = Arc::new(
             Store::connect(config.store())
                 .await

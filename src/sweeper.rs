@@ -83,6 +83,8 @@ pub async fn run(store: Arc<Store>, interval: Duration, stop: CancellationToken)
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
+        // The turn is held at most one interval (a stuck process cannot keep it) and given
+        // back when done, so the next interval's turn is free for whoever comes first.
         match store.take_sweeper_turn(&owner, interval).await {
             Ok(true) => {}
             Ok(false) => continue,
@@ -98,6 +100,9 @@ pub async fn run(store: Arc<Store>, interval: Duration, stop: CancellationToken)
                 sweeper = Sweeper::new(store.clone());
             }
         }
+        if let Err(e) = store.end_sweeper_turn(&owner).await {
+            tracing::warn!(error = %e, "sweeper cannot give back its turn");
+        }
     }
 }
 
@@ -112,7 +117,7 @@ pub async fn sweep_once(store: Arc<Store>, owner: &str, hold: Duration) -> Optio
             return None;
         }
     }
-    let mut sweeper = Sweeper::new(store);
+    let mut sweeper = Sweeper::new(store.clone());
     let mut total = Repairs::new();
     // Bounded: one round of a store this size needs far fewer calls.
     for _ in 0..10_000 {
@@ -132,6 +137,9 @@ pub async fn sweep_once(store: Arc<Store>, owner: &str, hold: Duration) -> Optio
         }
     }
     log(&total);
+    if let Err(e) = store.end_sweeper_turn(owner).await {
+        tracing::warn!(error = %e, "sweeper cannot give back its turn");
+    }
     Some(total)
 }
 

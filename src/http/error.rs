@@ -34,6 +34,11 @@ pub enum ApiError {
     QueueFull { waiting: u64, retry_after: u64 },
     #[error("storage is unavailable; retry later")]
     Unavailable(String),
+    /// An admission whose outcome is unknown: `execution_id` may exist now or appear later.
+    #[error(
+        "storage stopped answering after the admission was sent: execution {execution_id} may or may not have been admitted; look it up, or repeat the request with the same Idempotency-Key"
+    )]
+    OutcomeUnknown { execution_id: String, log: String },
     #[error("the request took longer than the server's limit")]
     Timeout,
     /// Any other status without a more specific error (e.g. 405 from the router).
@@ -61,6 +66,13 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Unavailable(m) => ApiError::Unavailable(m),
             StoreError::Corrupt(m) => ApiError::Internal(m),
+            StoreError::OutcomeUnknown {
+                execution_id,
+                detail,
+            } => ApiError::OutcomeUnknown {
+                execution_id: execution_id.to_string(),
+                log: detail,
+            },
         }
     }
 }
@@ -84,7 +96,9 @@ impl ApiError {
             ApiError::IdempotencyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Status { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -102,6 +116,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::QueueFull { .. } => "tenant_queue_full",
             ApiError::Unavailable(_) => "redis_unavailable",
+            ApiError::OutcomeUnknown { .. } => "admission_outcome_unknown",
             ApiError::Timeout => "request_timeout",
             ApiError::Internal(_) => "internal_error",
         }
@@ -110,7 +125,9 @@ impl ApiError {
     fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::QueueFull { retry_after, .. } => Some(*retry_after),
-            ApiError::Unavailable(_) | ApiError::Timeout => Some(UNAVAILABLE_RETRY_AFTER),
+            ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
+                Some(UNAVAILABLE_RETRY_AFTER)
+            }
             _ => None,
         }
     }
@@ -136,7 +153,8 @@ pub struct Problem {
     pub detail: String,
     /// Stable machine code; switch on this, not on `detail`.
     pub code: String,
-    /// The related execution, when there is one (e.g. the holder of a conflicting dedup key).
+    /// The related execution, when there is one: the holder of a conflicting dedup key, or
+    /// the execution an admission of unknown outcome may have created.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub execution_id: Option<String>,
 }
@@ -151,6 +169,9 @@ impl IntoResponse for ApiError {
         match &self {
             ApiError::Internal(m) => tracing::error!(error = %m, "internal error"),
             ApiError::Unavailable(m) => tracing::warn!(error = %m, "redis unavailable"),
+            ApiError::OutcomeUnknown { execution_id, log } => {
+                tracing::warn!(%execution_id, error = %log, "admission outcome unknown")
+            }
             _ => {}
         }
         let problem = Problem {
@@ -161,6 +182,7 @@ impl IntoResponse for ApiError {
             code: self.code().to_owned(),
             execution_id: match &self {
                 ApiError::IdempotencyConflict { existing } => Some(existing.clone()),
+                ApiError::OutcomeUnknown { execution_id, .. } => Some(execution_id.clone()),
                 _ => None,
             },
         };

@@ -14,7 +14,7 @@ use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path};
 use crate::admission::TenantId;
-use crate::store::{TenantLimits, TenantState};
+use crate::store::{Change, TenantLimits, TenantState};
 
 /// The tenant routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -23,17 +23,44 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_tenants))
 }
 
-/// Body of `PUT /api/tenants/{tenant}`; each field absent means the server default.
-#[derive(Debug, Deserialize, ToSchema)]
+/// Body of `PUT /api/tenants/{tenant}`: only the fields it names change. A field absent keeps
+/// its current value (the server default for a tenant never set); `null` drops the tenant's
+/// own value so the server default applies again.
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"max_concurrent": 10, "max_queued": 1000, "enabled": true}))]
 pub struct TenantSettings {
-    /// Executions dispatched or running at once.
-    pub max_concurrent: Option<u32>,
+    /// Executions dispatched or running at once. Raising it dispatches every waiting
+    /// execution that now fits, oldest first.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>, nullable)]
+    pub max_concurrent: Option<Option<u32>>,
     /// Executions waiting beyond `max_concurrent` before admission answers 429.
-    pub max_queued: Option<u32>,
-    /// A disabled tenant's admissions answer 403; its running work is untouched.
-    pub enabled: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>, nullable)]
+    pub max_queued: Option<Option<u32>>,
+    /// A disabled tenant's admissions answer 403; nothing else changes.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<bool>, nullable)]
+    pub enabled: Option<Option<bool>>,
+}
+
+/// Tells a field given as `null` (`Some(None)`) from one left out (`None`, by `default`).
+fn present<'de, T, D>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    T: Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// The store's change for one field of `TenantSettings`.
+fn change<T>(field: Option<Option<T>>) -> Change<T> {
+    match field {
+        None => Change::Keep,
+        Some(None) => Change::Reset,
+        Some(Some(v)) => Change::Set(v),
+    }
 }
 
 /// Live usage of a tenant's quota.
@@ -81,9 +108,10 @@ impl Tenant {
 
 /// Create a tenant or set its limits (platform admin).
 ///
-/// Registers the tenant (so it is listed and can have API keys) and replaces its own values;
-/// absent fields fall back to the server defaults. Raising `max_concurrent` dispatches waiting
-/// executions at once; `enabled: false` makes admissions answer 403 `tenant_disabled` without
+/// Registers the tenant (so it is listed and can have API keys) and changes only the fields
+/// the body names: an absent field keeps its value, `null` restores the server default.
+/// Raising `max_concurrent` dispatches every waiting execution that now fits, oldest first,
+/// before answering; `enabled: false` makes admissions answer 403 `tenant_disabled` without
 /// touching work already admitted.
 #[utoipa::path(
     put,
@@ -110,9 +138,9 @@ pub async fn put_tenant(
     let tenant = TenantId::parse(&tenant)?;
     state.store.register_tenant(&tenant).await?;
     let limits = TenantLimits {
-        max_concurrent: body.max_concurrent,
-        max_queued: body.max_queued,
-        enabled: body.enabled,
+        max_concurrent: change(body.max_concurrent),
+        max_queued: change(body.max_queued),
+        enabled: change(body.enabled),
     };
     let s = state.store.put_tenant(&tenant, &limits).await?;
     Ok(axum::Json(Tenant::new(&tenant, s)))
@@ -194,8 +222,10 @@ pub async fn list_tenants(
 /// Delete a tenant (platform admin).
 ///
 /// Unregisters it, revokes all its API keys (their next request is a 401) and drops its own
-/// limits. Its executions are left as they are: running ones finish, terminal ones expire
-/// with retention; force-delete them first to remove them at once.
+/// limits, so the server defaults apply. Its executions run their course, none stranded:
+/// waiting ones that fit the default limits are dispatched now, the rest as slots free up;
+/// running ones finish; terminal ones expire with retention. Cancel or force-delete them
+/// first to stop them.
 #[utoipa::path(
     delete,
     path = "/api/tenants/{tenant}",

@@ -98,9 +98,10 @@ impl Store {
         Ok(score.is_some())
     }
 
-    /// Unregisters a tenant, revokes all its keys and drops its own limits. Its executions are
-    /// left as they are (they run out and expire with retention). Returns whether it was
-    /// registered.
+    /// Unregisters a tenant, revokes all its keys and drops its own limits (the server defaults
+    /// apply again). Its executions are left to run their course: the waiting ones that fit the
+    /// default limits are dispatched now, the rest as slots free up, so none is stranded.
+    /// Returns whether it was registered.
     pub async fn delete_tenant(&self, tenant: &TenantId) -> Result<bool, StoreError> {
         let mut inv = SCRIPTS.delete_tenant.key(keys::tenants());
         inv.key(keys::tenant_keys(tenant))
@@ -112,6 +113,7 @@ impl Store {
         let _: i64 = self
             .bounded(redis::cmd("DEL").arg(cfg).query_async(&mut c))
             .await?;
+        self.promote_all(tenant).await?;
         Ok(revoked >= 0)
     }
 

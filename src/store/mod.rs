@@ -22,6 +22,7 @@ pub use access::{ApiKeyRecord, KeyCreation};
 pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
 use scripts::Scripts;
 pub use worker::{
+
     Completion, DeadLetter, LeaseState, NotRetryable, Outcome, RetryResult, ShardStats, Started,
     SweepMode, SweepStep, SweepTarget,
 };
@@ -35,6 +36,14 @@ pub enum StoreError {
     /// Redis answered something sluice did not write or expect: a bug or foreign data.
     #[error("unexpected data on redis: {0}")]
     Corrupt(String),
+    /// An admission was sent but neither its answer nor a settling answer came back: the
+    /// execution `execution_id` may exist (now or later). The only error after which
+    /// something may have been admitted.
+    #[error("admission outcome unknown: {detail}")]
+    OutcomeUnknown {
+        execution_id: ExecutionId,
+        detail: String,
+    },
 }
 
 impl From<RedisError> for StoreError {
@@ -73,11 +82,19 @@ pub struct StoreConfig {
     pub default_max_queued: u32,
     /// How long terminal rows are kept.
     pub retention: Duration,
-    /// How long a dedup key maps to its execution, from admission.
+    /// How long a dedup key keeps mapping to its execution once that is terminal (while it is
+    /// queued or running the mapping does not expire).
     pub dedup_ttl: Duration,
     /// Most records a shard's dead-letter stream keeps (older ones are evicted and counted).
     pub dlq_cap: u64,
 }
+
+/// How long the marker of an abandoned admission lives: far longer than a call can stay in
+/// flight (a Redis stalled for a day has bigger problems).
+const VOID_TTL: Duration = Duration::from_secs(86_400);
+
+/// Waiting executions one promotion step handles.
+const PROMOTE_STEP: u32 = 1_000;
 
 /// Outcome of an admission.
 #[derive(Debug)]
@@ -113,12 +130,46 @@ pub struct ListQuery {
     pub limit: u32,
 }
 
-/// A tenant's own limits; `None` means "the server default".
+/// What a tenant update does to one of its limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Change<T> {
+    /// Leave the current value as it is.
+    #[default]
+    Keep,
+    /// Drop the tenant's own value: the server default applies.
+    Reset,
+    /// The tenant's own value from now on.
+    Set(T),
+}
+
+impl<T> Change<T> {
+    /// The same change applied to a converted value.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Change<U> {
+        match self {
+            Change::Keep => Change::Keep,
+            Change::Reset => Change::Reset,
+            Change::Set(v) => Change::Set(f(v)),
+        }
+    }
+}
+
+impl<T: ToString> Change<T> {
+    /// The script's spelling (see `migrations-lua/set_limits.lua`).
+    fn arg(&self) -> String {
+        match self {
+            Change::Keep => String::new(),
+            Change::Reset => "default".into(),
+            Change::Set(v) => v.to_string(),
+        }
+    }
+}
+
+/// A change of a tenant's own limits: only the fields it names change.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TenantLimits {
-    pub max_concurrent: Option<u32>,
-    pub max_queued: Option<u32>,
-    pub enabled: Option<bool>,
+    pub max_concurrent: Change<u32>,
+    pub max_queued: Change<u32>,
+    pub enabled: Change<bool>,
 }
 
 /// A tenant's effective limits and live usage.
@@ -165,6 +216,7 @@ struct Policy {
     max_concurrent: AtomicU32,
     max_queued: AtomicU32,
     retention_secs: AtomicU64,
+    dedup_ttl_secs: AtomicU64,
     dlq_cap: AtomicU64,
 }
 
@@ -186,6 +238,7 @@ impl Store {
             max_concurrent: AtomicU32::new(config.default_max_concurrent),
             max_queued: AtomicU32::new(config.default_max_queued),
             retention_secs: AtomicU64::new(config.retention.as_secs().max(1)),
+            dedup_ttl_secs: AtomicU64::new(config.dedup_ttl.as_secs().max(1)),
             dlq_cap: AtomicU64::new(config.dlq_cap.max(1)),
         };
         let mut store = Self {
@@ -267,6 +320,12 @@ impl Store {
     }
 
     /// Admits one execution in one atomic script (see `migrations-lua/admit.lua`).
+    ///
+    /// The id is minted here, before the call. If the call's answer is lost (time-out, broken
+    /// connection: the script may have run, or may still run when a stalled Redis resumes),
+    /// `abandon.lua` settles it: the admission either happened (answered as created) or can no
+    /// longer happen (`Unavailable`, nothing admitted). Only when that answer is lost too is
+    /// the result `OutcomeUnknown`, naming the id.
     pub async fn admit(
         &self,
         tenant: &TenantId,
@@ -285,10 +344,13 @@ impl Store {
             .arg(req.max_attempts)
             .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
             .arg(&digest)
-            .arg(req.fingerprint.as_str())
-            .arg(self.config.dedup_ttl.as_secs().max(1));
+            .arg(req.fingerprint.as_str());
         let mut c = self.conn();
-        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let reply: Vec<Value> = match self.bounded(inv.invoke_async(&mut c)).await {
+            Ok(reply) => reply,
+            Err(StoreError::Unavailable(lost)) => return self.abandon(tenant, &id, &lost).await,
+            Err(e) => return Err(e),
+        };
         let (tag, rest) = split_tag(reply)?;
         match tag.as_str() {
             "new" => {
@@ -313,6 +375,46 @@ impl Store {
         }
     }
 
+    /// Settles an admission whose answer was lost (see `migrations-lua/abandon.lua`).
+    async fn abandon(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        lost: &str,
+    ) -> Result<Admission, StoreError> {
+        tracing::warn!(%id, error = %lost, "admission answer lost; settling it");
+        let shard = self.shards.shard_of(tenant);
+        let mut inv = self.scripts.abandon.key(shard.row(id));
+        self.common_args(&mut inv, shard);
+        inv.arg(tenant.as_str())
+            .arg(id.as_str())
+            .arg(VOID_TTL.as_secs());
+        let mut c = self.conn();
+        let reply: Vec<Value> = match self.bounded(inv.invoke_async(&mut c)).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                return Err(StoreError::OutcomeUnknown {
+                    execution_id: id.clone(),
+                    detail: format!("{lost}; then, settling it: {e}"),
+                });
+            }
+        };
+        let (tag, rest) = split_tag(reply)?;
+        match tag.as_str() {
+            "admitted" => {
+                let fields: HashMap<String, String> =
+                    redis::from_redis_value(first(&rest)?.clone())?;
+                Execution::from_row(id.as_str(), fields, false)
+                    .map(Admission::Created)
+                    .map_err(StoreError::Corrupt)
+            }
+            "void" => Err(StoreError::Unavailable(format!(
+                "{lost} (nothing was admitted)"
+            ))),
+            other => Err(StoreError::Corrupt(format!("abandon replied {other}"))),
+        }
+    }
+
     /// One execution of a tenant; `None` when missing or another tenant's.
     pub async fn get(
         &self,
@@ -324,7 +426,10 @@ impl Store {
         let fields: HashMap<String, String> = self
             .bounded(redis::cmd("HGETALL").arg(shard.row(id)).query_async(&mut c))
             .await?;
-        if fields.get("tenant").map(String::as_str) != Some(tenant.as_str()) {
+        // A force-deleted row still running is kept only to hold its slot: gone for readers.
+        if fields.get("tenant").map(String::as_str) != Some(tenant.as_str())
+            || fields.contains_key("deleted")
+        {
             return Ok(None);
         }
         Execution::from_row(id.as_str(), fields, false)
@@ -352,38 +457,19 @@ impl Store {
         }
     }
 
-    /// Terminalizes and deletes an execution now, releasing its slot and dedup key
-    /// (see `migrations-lua/force_delete.lua`). Returns whether it existed.
+    /// Terminalizes and deletes an execution now, releasing its dedup key, and its slot
+    /// once no handler runs it (see `migrations-lua/force_delete.lua`). Returns whether it
+    /// existed.
     pub async fn force_delete(
         &self,
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<bool, StoreError> {
         let shard = self.shards.shard_of(tenant);
-        let mut c = self.conn();
-        // Lua has no SHA-256, so the dedup key's digest is computed here. The key of a row
-        // never changes, so reading it first cannot race with anything that matters.
-        let (owner, dedup): (Option<String>, Option<String>) = self
-            .bounded(
-                redis::cmd("HMGET")
-                    .arg(shard.row(id))
-                    .arg("tenant")
-                    .arg("dedup")
-                    .query_async(&mut c),
-            )
-            .await?;
-        if owner.as_deref() != Some(tenant.as_str()) {
-            return Ok(false);
-        }
-        let digest = match dedup {
-            Some(k) => DedupKey::parse(&k)
-                .map_err(|e| StoreError::Corrupt(format!("row {id} dedup key: {}", e.detail)))?
-                .digest(),
-            None => String::new(),
-        };
         let mut inv = self.scripts.force_delete.key(shard.row(id));
         self.common_args(&mut inv, shard);
-        inv.arg(tenant.as_str()).arg(id.as_str()).arg(digest);
+        inv.arg(tenant.as_str()).arg(id.as_str());
+        let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, _) = split_tag(reply)?;
         Ok(tag == "deleted")
@@ -421,26 +507,49 @@ impl Store {
         })
     }
 
-    /// Replaces a tenant's own limits (`None` = the server default) and dispatches waiting
-    /// executions into any room made (see `migrations-lua/set_limits.lua`).
+    /// Changes the limits `limits` names (the others stay) and dispatches every waiting
+    /// execution that now fits, oldest first (see `migrations-lua/set_limits.lua`).
     pub async fn put_tenant(
         &self,
         tenant: &TenantId,
         limits: &TenantLimits,
     ) -> Result<TenantState, StoreError> {
         let shard = self.shards.shard_of(tenant);
-        let text = |v: Option<u32>| v.map(|n| n.to_string()).unwrap_or_default();
         let mut inv = self.scripts.set_limits.key(shard.tenant_config(tenant));
         self.common_args(&mut inv, shard);
         inv.arg(tenant.as_str())
-            .arg(text(limits.max_concurrent))
-            .arg(text(limits.max_queued))
-            .arg(text(limits.enabled.map(u32::from)));
+            .arg(limits.max_concurrent.arg())
+            .arg(limits.max_queued.arg())
+            .arg(limits.enabled.map(u8::from).arg())
+            .arg(PROMOTE_STEP);
         let mut c = self.conn();
-        let _: Value = self.bounded(inv.invoke_async(&mut c)).await?;
+        let more: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
+        if more == 1 {
+            self.promote_all(tenant).await?;
+        }
         self.get_tenant(tenant)
             .await?
             .ok_or_else(|| StoreError::Corrupt("tenant vanished after write".into()))
+    }
+
+    /// Dispatches every waiting execution of `tenant` that fits its limits now, in short
+    /// steps (see `migrations-lua/promote.lua`). An interrupted run leaves a consistent state:
+    /// the rest are dispatched by the next admission, release or sweep of the tenant.
+    pub async fn promote_all(&self, tenant: &TenantId) -> Result<(), StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let mut c = self.conn();
+        // Bounded: each step handles PROMOTE_STEP members, and a tenant has at most
+        // max_queued waiting (100k by default) — far fewer steps than this.
+        for _ in 0..100_000 {
+            let mut inv = self.scripts.promote.key(shard.tenant_config(tenant));
+            self.common_args(&mut inv, shard);
+            inv.arg(tenant.as_str()).arg(PROMOTE_STEP);
+            let more: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
+            if more == 0 {
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 
     /// A tenant's effective limits and usage; `None` for a tenant never configured and without
@@ -480,7 +589,8 @@ impl Store {
         inv.arg(shard.prefix())
             .arg(self.policy.max_concurrent.load(Ordering::Relaxed))
             .arg(self.policy.max_queued.load(Ordering::Relaxed))
-            .arg(self.policy.retention_secs.load(Ordering::Relaxed));
+            .arg(self.policy.retention_secs.load(Ordering::Relaxed))
+            .arg(self.policy.dedup_ttl_secs.load(Ordering::Relaxed));
     }
 
     fn dlq_cap(&self) -> u64 {
@@ -501,6 +611,8 @@ impl Store {
                     .arg(p.max_queued.load(Ordering::Relaxed))
                     .arg("retention_secs")
                     .arg(p.retention_secs.load(Ordering::Relaxed))
+                    .arg("dedup_ttl_secs")
+                    .arg(p.dedup_ttl_secs.load(Ordering::Relaxed))
                     .arg("dlq_cap")
                     .arg(p.dlq_cap.load(Ordering::Relaxed))
                     .query_async(&mut c),
@@ -512,13 +624,21 @@ impl Store {
     /// Adopts the data policy `serve` published, where it did (workers call this).
     pub async fn refresh_defaults(&self) -> Result<(), StoreError> {
         let mut c = self.conn();
-        let (mc, mq, ret, cap): (Option<u32>, Option<u32>, Option<u64>, Option<u64>) = self
+        type Published = (
+            Option<u32>,
+            Option<u32>,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+        );
+        let (mc, mq, ret, dedup, cap): Published = self
             .bounded(
                 redis::cmd("HMGET")
                     .arg(keys::meta())
                     .arg("default_max_concurrent")
                     .arg("default_max_queued")
                     .arg("retention_secs")
+                    .arg("dedup_ttl_secs")
                     .arg("dlq_cap")
                     .query_async(&mut c),
             )
@@ -532,6 +652,9 @@ impl Store {
         }
         if let Some(v) = ret {
             p.retention_secs.store(v.max(1), Ordering::Relaxed);
+        }
+        if let Some(v) = dedup {
+            p.dedup_ttl_secs.store(v.max(1), Ordering::Relaxed);
         }
         if let Some(v) = cap {
             p.dlq_cap.store(v.max(1), Ordering::Relaxed);

@@ -21,6 +21,9 @@ macro_rules! lua {
 /// The loaded-once script handles (each knows its SHA1).
 pub struct Scripts {
     pub admit: Script,
+    pub abandon: Script,
+    pub adopt: Script,
+    pub promote: Script,
     pub cancel: Script,
     pub force_delete: Script,
     pub list: Script,
@@ -37,6 +40,9 @@ impl Scripts {
     pub fn new() -> Self {
         Self {
             admit: Script::new(lua!("admit.lua")),
+            abandon: Script::new(lua!("abandon.lua")),
+            adopt: Script::new(lua!("adopt.lua")),
+            promote: Script::new(lua!("promote.lua")),
             cancel: Script::new(lua!("cancel.lua")),
             force_delete: Script::new(lua!("force_delete.lua")),
             list: Script::new(lua!("list.lua")),
@@ -51,9 +57,12 @@ impl Scripts {
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 11] {
+    pub fn all(&self) -> [&Script; 14] {
         [
             &self.admit,
+            &self.abandon,
+            &self.adopt,
+            &self.promote,
             &self.cancel,
             &self.force_delete,
             &self.list,

@@ -17,7 +17,10 @@ use crate::admission::{ExecutionId, Status, TenantId};
 pub struct Started {
     pub shard: Shard,
     pub id: ExecutionId,
-    /// The fencing token: completion and heartbeats name it.
+    /// The fencing token of this run: heartbeats and the completion name it. It grows with
+    /// every start of the execution and never repeats, also across retries.
+    pub fence: u64,
+    /// Starts of the current run of the execution, 1 on the first (a retry starts over).
     pub attempt: u32,
     pub max_attempts: u32,
     pub tenant: String,
@@ -48,15 +51,25 @@ pub enum Outcome {
         retry_after: Option<Duration>,
     },
     Cancelled,
-    /// The worker is shutting down: put it back for another worker now.
+    /// The worker is shutting down: put it back for another worker now (the run does not
+    /// count as an attempt).
     Released,
+    /// The worker could not renew the lease in time and stopped the run: handled as an
+    /// expired lease would be (re-queued as a counted attempt, or dead-lettered).
+    Abandoned,
 }
 
 /// What the store did with a reported outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Completion {
-    /// The attempt was not current (fenced); nothing changed.
+    /// The run was not current (fenced); nothing changed.
     Stale,
+    /// This run's report had been applied already (an earlier reply was lost).
+    Repeat,
+    /// The execution was force-deleted while it ran; its slot is free now.
+    Deleted,
+    /// Abandoned: re-queued, dead-lettered or cancelled as an expired lease would be.
+    Recovered,
     /// Terminal now, in this status.
     Done(Status),
     /// Failed with attempts exhausted: dead-lettered.
@@ -136,6 +149,9 @@ impl Store {
     }
 
     /// Reads and starts up to `count` executions of one shard for `consumer`.
+    ///
+    /// An error does not mean nothing started: the call may have run with its answer lost.
+    /// Call `adopt` before starting anything else in that shard.
     pub async fn start(
         &self,
         shard: Shard,
@@ -150,40 +166,42 @@ impl Store {
             .arg(lease_ttl.as_millis() as u64)
             .arg(self.dlq_cap());
         let mut c = self.conn();
-        let reply: Vec<(String, u32, String, String, String, String, u32)> =
-            match self.bounded(inv.invoke_async(&mut c)).await {
-                Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
-                    self.ensure_groups().await?;
-                    return Ok(Vec::new());
-                }
-                other => other?,
-            };
-        reply
-            .into_iter()
-            .map(
-                |(id, attempt, tenant, flow, version, params, max_attempts)| {
-                    Ok(Started {
-                        shard,
-                        id: ExecutionId::parse(&id)
-                            .map_err(|_| StoreError::Corrupt(format!("bad id {id}")))?,
-                        attempt,
-                        max_attempts,
-                        tenant,
-                        flow,
-                        version: (!version.is_empty()).then_some(version),
-                        params: serde_json::from_str(&params)
-                            .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,
-                    })
-                },
-            )
-            .collect()
+        let reply: Vec<RunReply> = match self.bounded(inv.invoke_async(&mut c)).await {
+            Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
+                self.ensure_groups().await?;
+                return Ok(Vec::new());
+            }
+            other => other?,
+        };
+        runs_of(shard, reply)
     }
 
-    /// Extends the leases of `held` (id, attempt) in one shard; one answer per pair.
+    /// Every run `consumer` holds in one shard according to Redis, their leases extended (see
+    /// `migrations-lua/adopt.lua`): what a lost `start` answer started is among them.
+    pub async fn adopt(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        most: usize,
+        lease_ttl: Duration,
+    ) -> Result<Vec<Started>, StoreError> {
+        let mut inv = self.scripts.adopt.key(shard.ready());
+        self.common_args(&mut inv, shard);
+        inv.arg(consumer)
+            .arg(most.max(1))
+            .arg(lease_ttl.as_millis() as u64);
+        let mut c = self.conn();
+        let reply: Vec<RunReply> = self.bounded(inv.invoke_async(&mut c)).await?;
+        runs_of(shard, reply)
+    }
+
+    /// Extends the leases `consumer` holds as `held` (id, fence) in one shard; one answer
+    /// per pair.
     pub async fn heartbeat(
         &self,
         shard: Shard,
-        held: &[(ExecutionId, u32)],
+        consumer: &str,
+        held: &[(ExecutionId, u64)],
         lease_ttl: Duration,
     ) -> Result<Vec<LeaseState>, StoreError> {
         if held.is_empty() {
@@ -191,9 +209,9 @@ impl Store {
         }
         let mut inv = self.scripts.heartbeat.key(shard.leases());
         self.common_args(&mut inv, shard);
-        inv.arg(lease_ttl.as_millis() as u64);
-        for (id, attempt) in held {
-            inv.arg(id.as_str()).arg(*attempt);
+        inv.arg(lease_ttl.as_millis() as u64).arg(consumer);
+        for (id, fence) in held {
+            inv.arg(id.as_str()).arg(*fence);
         }
         let mut c = self.conn();
         let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
@@ -207,12 +225,14 @@ impl Store {
             .collect())
     }
 
-    /// Reports how an attempt ended; refused (`Stale`) unless `attempt` is current.
+    /// Reports how the run `fence` of `consumer` ended; refused (`Stale`) unless that run is
+    /// current. Safe to repeat after a lost answer (`Repeat`).
     pub async fn complete(
         &self,
         shard: Shard,
         id: &ExecutionId,
-        attempt: u32,
+        fence: u64,
+        consumer: &str,
         outcome: &Outcome,
     ) -> Result<Completion, StoreError> {
         let (name, output, kind, message, backoff) = match outcome {
@@ -232,11 +252,13 @@ impl Store {
             ),
             Outcome::Cancelled => ("cancelled", String::new(), "", "", String::new()),
             Outcome::Released => ("released", String::new(), "", "", String::new()),
+            Outcome::Abandoned => ("abandoned", String::new(), "", "", String::new()),
         };
         let mut inv = self.scripts.complete.key(shard.row(id));
         self.common_args(&mut inv, shard);
         inv.arg(id.as_str())
-            .arg(attempt)
+            .arg(fence)
+            .arg(consumer)
             .arg(name)
             .arg(output)
             .arg(kind)
@@ -248,6 +270,9 @@ impl Store {
         let (tag, rest) = split_tag(reply)?;
         Ok(match tag.as_str() {
             "stale" => Completion::Stale,
+            "repeat" => Completion::Repeat,
+            "deleted" => Completion::Deleted,
+            "recovered" => Completion::Recovered,
             "dead_lettered" => Completion::DeadLettered,
             "retrying" => Completion::Retrying,
             "released" => Completion::Released,
@@ -385,6 +410,18 @@ impl Store {
         Ok(r.is_some())
     }
 
+    /// Ends this process's sweeper turn, so the next interval's turn is free to take.
+    pub async fn end_sweeper_turn(&self, owner: &str) -> Result<(), StoreError> {
+        static UNLOCK: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(include_str!("../../migrations-lua/sweeper_unlock.lua"))
+        });
+        let mut inv = UNLOCK.key(keys::sweeper_lock());
+        inv.arg(owner);
+        let mut c = self.conn();
+        let _: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(())
+    }
+
     /// What the sweeper walks: every tenant of every shard, with the flows it admitted.
     pub async fn sweep_targets(&self) -> Result<Vec<SweepTarget>, StoreError> {
         let mut out = Vec::new();
@@ -503,6 +540,33 @@ impl SweepTarget {
         }
         v
     }
+}
+
+/// A run as `start.lua` and `adopt.lua` report it:
+/// (id, fence, attempt, tenant, flow, version or '', params, max_attempts).
+type RunReply = (String, u64, u32, String, String, String, String, u32);
+
+fn runs_of(shard: Shard, reply: Vec<RunReply>) -> Result<Vec<Started>, StoreError> {
+    reply
+        .into_iter()
+        .map(
+            |(id, fence, attempt, tenant, flow, version, params, max_attempts)| {
+                Ok(Started {
+                    shard,
+                    id: ExecutionId::parse(&id)
+                        .map_err(|_| StoreError::Corrupt(format!("bad id {id}")))?,
+                    fence,
+                    attempt,
+                    max_attempts,
+                    tenant,
+                    flow,
+                    version: (!version.is_empty()).then_some(version),
+                    params: serde_json::from_str(&params)
+                        .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,
+                })
+            },
+        )
+        .collect()
 }
 
 fn stream_id_key(id: &str) -> (u64, u64) {

@@ -121,6 +121,18 @@ fn output_of(bytes: &[u8], what: &str) -> Result<Value, HandlerError> {
     })
 }
 
+/// Refuses to start a side effect once the lease can no longer be proven held (the runtime
+/// stops such a run anyway; this closes the gap between a resumed process and that stop).
+fn lease_check(ctx: &Context) -> Result<(), HandlerError> {
+    if ctx.lease.is_held() {
+        Ok(())
+    } else {
+        Err(HandlerError::retryable(
+            "lease lapsed before the handler started",
+        ))
+    }
+}
+
 struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,
@@ -136,8 +148,10 @@ impl super::handler::Handler for HttpHandler {
             .header("X-Sluice-Execution-Id", &ctx.execution_id)
             .header("X-Sluice-Tenant-Id", &ctx.tenant_id)
             .header("X-Sluice-Attempt", ctx.attempt.to_string())
+            .header("X-Sluice-Fence", ctx.fence.to_string())
             .json(&ctx.params);
         Box::pin(async move {
+            lease_check(&ctx)?;
             let res = request
                 .send()
                 .await
@@ -175,6 +189,7 @@ impl super::handler::Handler for CommandHandler {
             .env("SLUICE_TENANT_ID", &ctx.tenant_id)
             .env("SLUICE_FLOW_ID", &ctx.flow_id)
             .env("SLUICE_ATTEMPT", ctx.attempt.to_string())
+            .env("SLUICE_FENCE", ctx.fence.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -183,6 +198,7 @@ impl super::handler::Handler for CommandHandler {
         let program = self.program.clone();
         let timeout = self.timeout;
         Box::pin(async move {
+            lease_check(&ctx)?;
             let mut child = cmd
                 .spawn()
                 .map_err(|e| HandlerError::permanent(format!("cannot start {program}: {e}")))?;

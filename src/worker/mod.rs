@@ -1,8 +1,17 @@
 //! The worker runtime: reads dispatched executions only while it has free slots and starts
 //! what it reads in the same atomic step, runs each under a lease that one heartbeat per shard
-//! keeps alive, reports the outcome fenced by the attempt, and recovers orphans (expired leases
-//! only, never live ones). `sluice worker` runs it with flows from a file; Rust programs run it
-//! through `Worker::new` with their own `Registry`.
+//! keeps alive, reports the outcome fenced by the run's token, and recovers orphans (expired
+//! leases only, never live ones). `sluice worker` runs it with flows from a file; Rust programs
+//! run it through `Worker::new` with their own `Registry`.
+//!
+//! What it does under faults:
+//! - a handler runs in its own task: a panic fails the execution like an error, and the
+//!   worker keeps its slot accounting;
+//! - a run whose lease this worker can no longer prove (no renewal got through before the
+//!   deadline: Redis stalled, or this process was paused) is stopped at once and reported as
+//!   abandoned, since another worker may already run it;
+//! - a start call whose answer was lost is followed by `adopt` before anything else starts in
+//!   that shard, so what it started runs here instead of being declared lost a lease later.
 
 mod builtin;
 mod external;
@@ -11,7 +20,7 @@ mod handler;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -21,7 +30,7 @@ use crate::admission::ExecutionId;
 use crate::store::{Completion, LeaseState, Outcome, Shard, Started, Store, StoreError};
 pub use builtin::with_demo_flows;
 pub use external::{FlowSpec, FlowsFile, load_flows};
-pub use handler::{Context, Handler, HandlerError, HandlerFuture, Registry};
+pub use handler::{Context, Handler, HandlerError, HandlerFuture, Lease, Registry};
 
 /// How a worker behaves. The defaults suit production; tests shorten the times.
 #[derive(Debug, Clone)]
@@ -76,11 +85,13 @@ const STOP_NONE: u8 = 0;
 const STOP_CANCEL: u8 = 1;
 const STOP_LOST: u8 = 2;
 const STOP_SHUTDOWN: u8 = 3;
+const STOP_EXPIRED: u8 = 4;
 
 /// An execution this worker runs.
 struct Held {
     shard: Shard,
-    attempt: u32,
+    fence: u64,
+    lease: Lease,
     stop: CancellationToken,
     why: Arc<AtomicU8>,
 }
@@ -178,6 +189,8 @@ impl Worker {
         // a busy one is never starved behind them.
         let mut due = vec![tokio::time::Instant::now(); shards.len()];
         let mut pause = vec![Duration::from_millis(1); shards.len()];
+        // Shards whose last start call failed: it may have started runs all the same.
+        let mut unsure = vec![false; shards.len()];
         let mut next_shard = 0;
         while !stop.is_cancelled() {
             // Reap finished tasks so the set does not grow.
@@ -203,14 +216,32 @@ impl Worker {
                     continue;
                 }
                 let shard = shards[n];
-                let started = self
-                    .store
-                    .start(shard, &self.config.consumer, free, self.config.lease_ttl)
-                    .await
-                    .unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, shard = shard.number(), "cannot start executions");
+                let sent = Instant::now();
+                let result = if unsure[n] {
+                    self.store
+                        .adopt(
+                            shard,
+                            &self.config.consumer,
+                            self.config.concurrency,
+                            self.config.lease_ttl,
+                        )
+                        .await
+                } else {
+                    self.store
+                        .start(shard, &self.config.consumer, free, self.config.lease_ttl)
+                        .await
+                };
+                let started = match result {
+                    Ok(started) => {
+                        unsure[n] = false;
+                        started
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, shard = shard.number(), "cannot start executions; will adopt what the call may have started");
+                        unsure[n] = true;
                         Vec::new()
-                    });
+                    }
+                };
                 if started.is_empty() {
                     pause[n] = (pause[n] * 2).min(self.config.idle_poll);
                     due[n] = now + pause[n];
@@ -219,8 +250,11 @@ impl Worker {
                     due[n] = now;
                 }
                 for s in started {
+                    if held.lock().expect("held map").contains_key(&s.id) {
+                        continue;
+                    }
                     free = free.saturating_sub(1);
-                    self.launch(s, held, freed, runs);
+                    self.launch(s, sent, held, freed, runs);
                 }
             }
             next_shard = (next_shard + 1) % shards.len();
@@ -234,14 +268,24 @@ impl Worker {
         }
     }
 
-    fn launch(&self, s: Started, held: &HeldMap, freed: &Arc<Notify>, runs: &mut JoinSet<()>) {
+    /// Runs a started execution whose lease was granted by a call sent at `sent`.
+    fn launch(
+        &self,
+        s: Started,
+        sent: Instant,
+        held: &HeldMap,
+        freed: &Arc<Notify>,
+        runs: &mut JoinSet<()>,
+    ) {
         let stop = CancellationToken::new();
         let why = Arc::new(AtomicU8::new(STOP_NONE));
+        let lease = Lease::granted(sent, self.config.lease_ttl);
         held.lock().expect("held map").insert(
             s.id.clone(),
             Held {
                 shard: s.shard,
-                attempt: s.attempt,
+                fence: s.fence,
+                lease: lease.clone(),
                 stop: stop.clone(),
                 why: why.clone(),
             },
@@ -253,19 +297,21 @@ impl Worker {
         );
         let (held, freed) = (held.clone(), freed.clone());
         runs.spawn(async move {
-            let (shard, id, attempt) = (s.shard, s.id.clone(), s.attempt);
-            let outcome = run_one(&registry, s, stop, &why, &config).await;
-            report(&store, shard, &id, attempt, &outcome, &config).await;
+            let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
+            let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
+            report(&store, shard, &id, fence, &outcome, &config).await;
             held.lock().expect("held map").remove(&id);
             freed.notify_one();
         });
     }
 }
 
-/// Runs one execution's handler to an outcome.
+/// Runs one execution's handler to an outcome: in its own task (so a panic is caught), and no
+/// longer than this worker can prove it holds the lease.
 async fn run_one(
     registry: &Registry,
     s: Started,
+    lease: Lease,
     stop: CancellationToken,
     why: &AtomicU8,
     config: &WorkerConfig,
@@ -288,22 +334,61 @@ async fn run_one(
         params: s.params,
         attempt: s.attempt,
         max_attempts: s.max_attempts,
+        fence: s.fence,
+        lease: lease.clone(),
         cancel: stop.clone(),
     };
-    let result = tokio::select! {
-        r = handler.run(ctx) => Some(r),
-        _ = stop.cancelled() => None,
+    let mut task = tokio::spawn(handler.run(ctx));
+    let result = loop {
+        tokio::select! {
+            r = &mut task => break Some(r),
+            _ = stop.cancelled() => break None,
+            _ = tokio::time::sleep_until(lease.deadline().into()) => {
+                // A renewal may have moved the deadline while this slept.
+                if !lease.is_held() {
+                    let _ = why.compare_exchange(STOP_NONE, STOP_EXPIRED, Ordering::SeqCst, Ordering::SeqCst);
+                    stop.cancel();
+                    break None;
+                }
+            }
+        }
     };
+    if result.is_none() {
+        // The handler is dropped before the run is reported: nothing of it runs past that.
+        task.abort();
+        let _ = task.await;
+    }
     // A stop decided by the runtime wins over whatever the handler returned while stopping.
     match (why.load(Ordering::SeqCst), result) {
         (STOP_SHUTDOWN, _) => Outcome::Released,
+        (STOP_EXPIRED, _) => Outcome::Abandoned,
         (STOP_CANCEL | STOP_LOST, _) | (_, None) => Outcome::Cancelled,
-        (_, Some(Ok(output))) => Outcome::Completed(output),
-        (_, Some(Err(e))) => Outcome::Failed {
+        (_, Some(Ok(Ok(output)))) => Outcome::Completed(output),
+        (_, Some(Ok(Err(e)))) => Outcome::Failed {
             kind: "handler_error".into(),
             retry_after: e.retryable.then(|| backoff(config, s.attempt)),
             message: e.message,
         },
+        (_, Some(Err(join))) => Outcome::Failed {
+            kind: "handler_panic".into(),
+            retry_after: Some(backoff(config, s.attempt)),
+            message: panic_message(join),
+        },
+    }
+}
+
+/// What a handler's panic said, as far as it can be told.
+fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(payload) => {
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-text panic payload".into());
+            format!("handler panicked: {text}")
+        }
+        Err(e) => format!("handler task ended abnormally: {e}"),
     }
 }
 
@@ -317,25 +402,29 @@ fn backoff(config: &WorkerConfig, attempt: u32) -> Duration {
 }
 
 /// Reports an outcome, retrying while Redis is unavailable for up to one lease TTL (after that
-/// the lease has expired and the orphan scan re-runs the execution anyway).
+/// the lease has expired and the orphan scan re-runs the execution anyway). Repeating is safe:
+/// a report applied before is recognised (`Repeat`).
 async fn report(
     store: &Store,
     shard: Shard,
     id: &ExecutionId,
-    attempt: u32,
+    fence: u64,
     outcome: &Outcome,
     config: &WorkerConfig,
 ) {
     let deadline = tokio::time::Instant::now() + config.lease_ttl;
     let mut pause = Duration::from_millis(50);
     loop {
-        match store.complete(shard, id, attempt, outcome).await {
+        match store
+            .complete(shard, id, fence, &config.consumer, outcome)
+            .await
+        {
             Ok(Completion::Stale) => {
-                tracing::warn!(%id, attempt, "late completion refused: the attempt is no longer current");
+                tracing::warn!(%id, fence, "late completion refused: the run is no longer current");
                 return;
             }
             Ok(done) => {
-                tracing::debug!(%id, attempt, ?done, "execution reported");
+                tracing::debug!(%id, fence, ?done, "execution reported");
                 return;
             }
             Err(e) if tokio::time::Instant::now() < deadline => {
@@ -365,16 +454,20 @@ async fn heartbeat_loop(
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
-        let by_shard: HashMap<Shard, Vec<(ExecutionId, u32)>> = {
+        let by_shard: HashMap<Shard, Vec<(ExecutionId, u64)>> = {
             let held = held.lock().expect("held map");
-            let mut m: HashMap<Shard, Vec<(ExecutionId, u32)>> = HashMap::new();
+            let mut m: HashMap<Shard, Vec<(ExecutionId, u64)>> = HashMap::new();
             for (id, h) in held.iter() {
-                m.entry(h.shard).or_default().push((id.clone(), h.attempt));
+                m.entry(h.shard).or_default().push((id.clone(), h.fence));
             }
             m
         };
         for (shard, list) in by_shard {
-            let answers = match store.heartbeat(shard, &list, config.lease_ttl).await {
+            let sent = Instant::now();
+            let answers = match store
+                .heartbeat(shard, &config.consumer, &list, config.lease_ttl)
+                .await
+            {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, "heartbeat failed");
@@ -382,8 +475,13 @@ async fn heartbeat_loop(
                 }
             };
             let held = held.lock().expect("held map");
-            for ((id, _), state) in list.iter().zip(answers) {
-                let Some(h) = held.get(id) else { continue };
+            for ((id, fence), state) in list.iter().zip(answers) {
+                let Some(h) = held.get(id).filter(|h| h.fence == *fence) else {
+                    continue;
+                };
+                if state != LeaseState::Lost {
+                    h.lease.renewed(sent, config.lease_ttl);
+                }
                 let why = match state {
                     LeaseState::Held => continue,
                     LeaseState::CancelRequested => STOP_CANCEL,
