@@ -104,7 +104,9 @@ pub struct Execution {
     pub dedup_key: Option<String>,
     /// True when this response replays an earlier admission with the same dedup key.
     pub deduplicated: bool,
-    /// How many times a worker has started it; also the fencing token of the current run.
+    /// Starts of its current run: 1 on the first, counted up by each re-run after a lost
+    /// lease or a retryable failure, never above `max_attempts`; `POST .../retry` starts over
+    /// at 0. (Workers are fenced by a separate token that never repeats.)
     pub attempt: u32,
     pub max_attempts: u32,
     pub cancel_requested: bool,

@@ -38,6 +38,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// happen in one step. A repeat with the same dedup key (header `Idempotency-Key` or body
 /// `dedup_key`) and the same request returns the first execution with 200 and
 /// `Idempotent-Replayed: true`.
+///
+/// A 503 `redis_unavailable` guarantees nothing was admitted, also if Redis was only slow: an
+/// admission whose answer was lost is settled before the server answers. Only if that fails
+/// too is the answer 503 `admission_outcome_unknown`, naming the `execution_id` it may have.
 #[utoipa::path(
     post,
     path = "/api/executions",
@@ -59,7 +63,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         (status = 422, description = "Dedup key already used with a different flow, version or params", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "`redis_unavailable`: nothing was admitted. `admission_outcome_unknown`: Redis stopped answering after the admission was sent; the problem's `execution_id` may exist now or later (look it up, or repeat with the same Idempotency-Key)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
     security(("bearer" = []))
@@ -340,7 +344,9 @@ pub async fn delete_execution(
 /// Re-queue a failed or cancelled execution.
 ///
 /// Same id, fresh attempts (`attempt` back to 0), through the same quota decision as an
-/// admission; its dedup key still maps to it.
+/// admission (behind the tenant's waiting executions); its dedup key still maps to it and
+/// stops expiring until it is terminal again. A worker still holding a run from before the
+/// retry can neither renew its lease nor report a result: every run has its own fence.
 #[utoipa::path(
     post,
     path = "/api/executions/{id}/retry",

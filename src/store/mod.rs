@@ -346,8 +346,14 @@ impl Store {
             .arg(&digest)
             .arg(req.fingerprint.as_str());
         let mut c = self.conn();
-        let reply: Vec<Value> = match self.bounded(inv.invoke_async(&mut c)).await {
-            Ok(reply) => reply,
+        let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
+            Ok(Ok(reply)) => reply,
+            // Refused at connect: the call never left this process.
+            Ok(Err(e)) if e.is_connection_refusal() => return Err(e.into()),
+            Ok(Err(e)) => match StoreError::from(e) {
+                StoreError::Unavailable(lost) => return self.abandon(tenant, &id, &lost).await,
+                other => return Err(other),
+            },
             Err(StoreError::Unavailable(lost)) => return self.abandon(tenant, &id, &lost).await,
             Err(e) => return Err(e),
         };

@@ -153,10 +153,14 @@ async fn raising_max_concurrent_dispatches_waiting_executions_at_once() {
     );
     assert_eq!(state_of(&app, &ids[2]).await, "dispatched");
     assert_eq!(state_of(&app, &ids[3]).await, "waiting");
-    // Absent fields return to the server defaults.
-    let tenant = app.put_tenant("acme", &json!({})).await;
+    // Absent fields keep their values; null returns one to the server default.
+    let tenant = app.put_tenant("acme", &json!({"max_queued": 7})).await;
+    assert_eq!(tenant["max_concurrent"], 3);
+    assert_eq!(tenant["max_queued"], 7);
+    assert_eq!(tenant["usage"]["waiting"], 1);
+    let tenant = app.put_tenant("acme", &json!({"max_concurrent": null})).await;
     assert_eq!(tenant["max_concurrent"], 100);
-    assert_eq!(tenant["max_queued"], 100_000);
+    assert_eq!(tenant["max_queued"], 7);
     assert_eq!(tenant["enabled"], true);
     assert_eq!(tenant["usage"]["waiting"], 0);
 }

@@ -357,8 +357,10 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
     let e = app.execution("acme", &id).await;
     assert_eq!(e["status"], "queued");
     assert_eq!(e["queue_state"], "dispatched");
+    // A release is not an attempt: the next worker runs it as attempt 1 again.
+    assert_eq!(e["attempt"], 0);
     let _b = TestWorker::spawn(&app.redis.url(), &slow_lease);
-    app.wait_running("acme", &id, 2).await;
+    app.wait_running("acme", &id, 1).await;
     app.cancel("acme", &id).await;
     assert_eq!(app.counter("reclaimed").await, 0);
 }
@@ -529,12 +531,22 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     assert_eq!(ids, BTreeSet::from([waiting.as_str()]));
     assert_eq!(page["total"], 1);
     assert_eq!(app.counter("repaired_slots").await, 1);
-    // Single flight: a second process does not get the turn while it is held.
+    // Single flight: a second process does not get the turn while one holds it, and gets it
+    // as soon as the holder gives it back (not one hold later).
+    assert!(store.take_sweeper_turn("holder", Duration::from_secs(60)).await.unwrap());
     assert!(
         sluice::sweeper::sweep_once(store.clone(), "other", Duration::from_secs(5))
             .await
             .is_none()
     );
+    store.end_sweeper_turn("holder").await.unwrap();
+    assert!(
+        sluice::sweeper::sweep_once(store.clone(), "other", Duration::from_secs(60))
+            .await
+            .is_some()
+    );
+    // A finished sweep gave its turn back too.
+    assert!(store.take_sweeper_turn("third", Duration::from_secs(5)).await.unwrap());
 }
 
 #[tokio::test]
