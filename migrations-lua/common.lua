@@ -25,6 +25,7 @@ function K.row(id) return P .. 'exec:' .. id end
 function K.cfg(t) return P .. 't:' .. t .. ':cfg' end
 function K.slots(t) return P .. 't:' .. t .. ':slots' end
 function K.waiting(t) return P .. 't:' .. t .. ':waiting' end
+function K.deleting(t) return P .. 't:' .. t .. ':deleting' end
 function K.status_idx(t, s) return P .. 't:' .. t .. ':st:' .. s end
 function K.flow_idx(t, f, s) return P .. 't:' .. t .. ':fl:' .. f .. ':' .. s end
 function K.dedup(t, h) return P .. 't:' .. t .. ':dd:' .. h end
@@ -218,6 +219,7 @@ end
 -- both go.
 local function bury(t, id, entry, now)
   drop_entry(entry)
+  redis.call('SREM', K.deleting(t), id)
   redis.call('ZREM', K.leases(), id)
   release_slot(t, id, now)
   redis.call('DEL', K.row(id))

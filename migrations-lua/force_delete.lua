@@ -5,7 +5,8 @@
 -- A running execution keeps its slot until its handler has stopped (the worker's next
 -- heartbeat answers 'cancel'; its report then frees the slot) or its lease has expired
 -- (reclaim.lua frees it): the quota counts handlers actually running. Until then its row stays
--- hidden, marked `deleted` (every read treats it as missing).
+-- hidden, marked `deleted` (every read treats it as missing), and listed in the tenant's
+-- `deleting` set so that usage still counts it as running.
 --
 -- KEYS[1]  the execution's row key (routing only)
 -- ARGV[1..5] common (see common.lua)
@@ -28,6 +29,7 @@ if digest then
 end
 if status == 'running' then
   redis.call('HSET', K.row(id), 'deleted', 1, 'updated', now)
+  redis.call('SADD', K.deleting(tenant), id)
   return { 'deleted' }
 end
 if status == 'queued' then

@@ -132,6 +132,12 @@ impl Shard {
         format!("{}t:{t}:waiting", self.prefix())
     }
 
+    /// A tenant's force-deleted executions whose handlers still run (set): hidden from every
+    /// read, still holding their slots, counted as running in the tenant's usage.
+    pub fn deleting(self, t: &TenantId) -> String {
+        format!("{}t:{t}:deleting", self.prefix())
+    }
+
     /// A tenant's executions in one status (sorted set, all scores 0, ordered by id = age).
     pub fn status_index(self, t: &TenantId, s: Status) -> String {
         format!("{}t:{t}:st:{}", self.prefix(), s.as_str())

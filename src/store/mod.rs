@@ -187,12 +187,13 @@ pub struct TenantState {
 }
 
 /// Reply of the tenant read pipeline: limits, whether configured, slots, waiting, running,
-/// and how many status indexes exist.
+/// force-deleted still running, and how many status indexes exist.
 type TenantReply = (
     Option<u32>,
     Option<u32>,
     Option<u8>,
     bool,
+    u64,
     u64,
     u64,
     u64,
@@ -569,7 +570,8 @@ impl Store {
             .exists(shard.tenant_config(tenant))
             .scard(shard.slots(tenant))
             .zcard(shard.waiting(tenant))
-            .zcard(shard.status_index(tenant, Status::Running));
+            .zcard(shard.status_index(tenant, Status::Running))
+            .scard(shard.deleting(tenant));
         let indexes: Vec<String> = Status::ALL
             .into_iter()
             .map(|s| shard.status_index(tenant, s))
@@ -577,7 +579,9 @@ impl Store {
         p.exists(indexes);
         let mut c = self.conn();
         let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
-        let (max_c, max_q, enabled, configured, slots, waiting, running, indexes) = reply;
+        let (max_c, max_q, enabled, configured, slots, waiting, running, deleting, indexes) =
+            reply;
+        let running = running + deleting;
         if !configured && indexes == 0 {
             return Ok(None);
         }

@@ -105,6 +105,17 @@ impl TestRedis {
         }
     }
 
+    /// Sends a signal by name (`STOP`, `CONT`) to the server process.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("redis-server runs").id();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
     /// Starts the server again on the same port and data folder.
     pub async fn restart(&mut self) {
         self.kill();
@@ -404,9 +415,15 @@ pub struct TestWorker {
 impl TestWorker {
     /// Starts `sluice worker --demo-flows` against `redis_url` with `args` added.
     pub fn spawn(redis_url: &str, args: &[&str]) -> Self {
+        Self::spawn_env(redis_url, args, &[])
+    }
+
+    /// Like `spawn`, with environment variables set (e.g. `SLUICE_JOURNAL`).
+    pub fn spawn_env(redis_url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let child = Command::new(sluice_bin())
             .args(["worker", "--demo-flows", "--redis-url", redis_url])
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -444,6 +461,13 @@ impl TestWorker {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+impl TestWorker {
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 }
 

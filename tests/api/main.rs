@@ -7,6 +7,7 @@ mod bad_input;
 mod config;
 mod deployment;
 mod dev;
+mod guarantees;
 mod handlers;
 mod helpers;
 mod listing;

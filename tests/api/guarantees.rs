@@ -1,0 +1,600 @@
+//! The guarantees of issue 8, each attacked the way it once broke: real `sluice worker`
+//! processes and a real `redis-server`, paused (SIGSTOP), stalled (CLIENT PAUSE) or raced by a
+//! cancel, retry, force delete or limit change, and the outcome checked as a user would check
+//! it — which run's output was accepted, the final status and attempt, the tenant's usage.
+//! Where timing matters, `demo.journal` leaves the evidence of when each run really ran.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice::admission::{ExecutionId, TenantId};
+use sluice::store::{Completion, LeaseState, Outcome};
+
+use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker};
+
+fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    FAST_WORKER.iter().chain(extra).copied().collect()
+}
+
+/// A `demo.journal` file shared by the workers of one test.
+struct Journal {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Journal {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        Self { _dir: dir, path }
+    }
+
+    fn env(&self) -> [(&str, &str); 1] {
+        [("SLUICE_JOURNAL", self.path.to_str().unwrap())]
+    }
+
+    /// Every line so far.
+    fn lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The line of event `ev` of execution `id`'s run `fence`.
+    fn event(&self, id: &str, fence: u64, ev: &str) -> Option<Value> {
+        self.lines()
+            .into_iter()
+            .find(|l| l["id"] == id && l["fence"] == fence && l["ev"] == ev)
+    }
+
+    /// Waits (at most `limit`) for that line.
+    async fn wait_event(&self, id: &str, fence: u64, ev: &str, limit: Duration) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(l) = self.event(id, fence, ev) {
+                return l;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {ev} of run {fence} of {id} within {limit:?}: {:?}",
+                self.lines()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Waits until the shard counter `name` reaches `at_least` (at most 15 s); returns it.
+async fn wait_counter(app: &TestApp, name: &str, at_least: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let n = app.counter(name).await;
+        if n >= at_least {
+            return n;
+        }
+        assert!(Instant::now() < deadline, "{name} stayed at {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn id_of(e: &Value) -> String {
+    e["execution_id"].as_str().unwrap().to_owned()
+}
+
+/// 1. A retry used to reset the fencing token: a worker paused in the run before the retry
+/// woke up, renewed the new run's lease and had its output accepted.
+#[tokio::test]
+async fn a_retry_fences_off_the_paused_run_from_before_it() {
+    let app = TestApp::spawn().await;
+    let a = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 1500}, "max_attempts": 1}),
+        )
+        .await;
+    app.wait_running("acme", &id, 1).await;
+    a.signal("STOP");
+    let _b = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    // B finds A's lease expired; with no attempt left the execution is dead-lettered.
+    let failed = app
+        .wait_terminal("acme", &id, Duration::from_secs(15))
+        .await;
+    assert_eq!(failed["error"]["kind"], "lease_lost", "{failed}");
+    assert_eq!(app.retry("acme", &id).await.status(), StatusCode::OK);
+    let rerun = app.wait_running("acme", &id, 1).await;
+    // A wakes up with its sleep long over and reports the run it held before the retry.
+    a.signal("CONT");
+    wait_counter(&app, "fenced", 1).await;
+    let done = app
+        .wait_terminal("acme", &id, Duration::from_secs(15))
+        .await;
+    assert_eq!(done["status"], "completed");
+    assert_eq!(
+        done["output"]["fence"], 2,
+        "the accepted output is the run after the retry: {done}"
+    );
+    assert_eq!(done["started_at"], rerun["started_at"]);
+    assert_eq!(done["attempt"], 1);
+}
+
+/// 2. A cancel requested while an attempt ran was lost when that attempt then failed
+/// retryably: it was re-queued and ran again.
+#[tokio::test]
+async fn a_cancel_requested_during_a_failing_attempt_is_final() {
+    let app = TestApp::spawn().await;
+    // Heartbeats far apart: the cancel reaches the worker only through its report.
+    let _w = TestWorker::spawn(
+        &app.redis.url(),
+        &[
+            "--concurrency",
+            "1",
+            "--lease-ttl-ms",
+            "20000",
+            "--heartbeat-ms",
+            "8000",
+            "--idle-poll-ms",
+            "20",
+            "--retry-backoff-ms",
+            "20",
+        ],
+    );
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.journal", "params": {"ms": 800, "fail_attempts": 9},
+                   "max_attempts": 4}),
+        )
+        .await;
+    app.wait_running("acme", &id, 1).await;
+    let res = app.cancel("acme", &id).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let e: Value = res.json().await.unwrap();
+    assert_eq!(e["cancel_requested"], true);
+    let done = app
+        .wait_terminal("acme", &id, Duration::from_secs(15))
+        .await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    assert_eq!(done["attempt"], 1, "it never ran again: {done}");
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "dispatched": 0, "waiting": 0})
+    );
+}
+
+/// 4. A start call whose answer was lost (time-out while Redis stalled) still started the
+/// execution; the worker took the error for "nothing read", and a lease later the execution
+/// was reclaimed as if its worker had died: an attempt burned without any run.
+#[tokio::test]
+async fn a_start_whose_answer_was_lost_is_adopted_not_reclaimed() {
+    let app = TestApp::spawn_with(|c| {
+        // One shard, so every start call of the worker reads the execution's stream; an API
+        // patient enough to wait out the stall.
+        c.redis.shards = 1;
+        c.redis.redis_timeout_ms = 5_000;
+        c.api.request_timeout_ms = 20_000;
+    })
+    .await;
+    let _w = TestWorker::spawn(
+        &app.redis.url(),
+        &[
+            "--redis-timeout-ms",
+            "300",
+            "--lease-ttl-ms",
+            "3000",
+            "--heartbeat-ms",
+            "500",
+            "--scan-ms",
+            "100",
+            // Polls far enough apart that the admission below reaches the stalled server
+            // before the worker's next start call does.
+            "--idle-poll-ms",
+            "200",
+        ],
+    );
+    // The worker is up and polling once it has run something.
+    let warm_up = app.admit_with("acme", json!({"flow_id": "demo.echo"})).await;
+    app.wait_terminal("acme", &warm_up, Duration::from_secs(10))
+        .await;
+    // Scripts wait for 1.5 s: the admission first, then the worker's start call, which times
+    // out on the worker's side and runs on Redis's side once the pause ends.
+    let _: () = app
+        .redis
+        .query(redis::cmd("CLIENT").arg("PAUSE").arg(1_500).arg("WRITE"))
+        .await;
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.sleep", "params": {"ms": 100}}))
+        .await;
+    let done = app
+        .wait_terminal("acme", &id, Duration::from_secs(20))
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["attempt"], 1, "no attempt was lost to a phantom start");
+    assert_eq!(app.counter("reclaimed").await, 0);
+}
+
+/// 5. A handler that panicked left its execution running for ever, its lease renewed and its
+/// tenant's slot held.
+#[tokio::test]
+async fn a_panicking_handler_fails_its_execution_and_the_worker_goes_on() {
+    let app = TestApp::spawn().await;
+    let mut w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.panic", "max_attempts": 2}),
+        )
+        .await;
+    let done = app
+        .wait_terminal("acme", &id, Duration::from_secs(15))
+        .await;
+    assert_eq!(done["status"], "failed");
+    assert_eq!(done["error"]["kind"], "handler_panic");
+    assert!(
+        done["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("panicked on purpose"),
+        "{done}"
+    );
+    assert_eq!(done["attempt"], 2);
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "dispatched": 0, "waiting": 0})
+    );
+    let letters = app.dead_letters().await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0]["reason"], "handler_panic");
+    // The same worker runs the next execution.
+    let next = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 1}}))
+        .await;
+    let next = app
+        .wait_terminal("acme", &next, Duration::from_secs(10))
+        .await;
+    assert_eq!(next["output"], json!({"n": 1}));
+    assert!(w.is_running());
+}
+
+/// 6. Dedup keys expired a fixed time after admission, whatever the status: an execution still
+/// queued or running a week later could be admitted twice under the same key.
+#[tokio::test]
+async fn a_dedup_key_expires_only_once_its_execution_is_terminal() {
+    let app = TestApp::spawn().await;
+    let dedup_ttl = 7 * 24 * 3600;
+    let tenant = TenantId::parse("acme").unwrap();
+    let key = app.shard("acme").dedup(
+        &tenant,
+        &sluice::admission::DedupKey::parse("order-1")
+            .unwrap()
+            .digest(),
+    );
+    let ttl = async |app: &TestApp| -> i64 { app.redis.query(redis::cmd("TTL").arg(&key)).await };
+    let body = json!({"flow_id": "demo.sleep", "params": {"ms": 60000}});
+    let res = app.post_with_key("acme", "order-1", &body).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = id_of(&res.json().await.unwrap());
+    assert_eq!(ttl(&app).await, -1, "no expiry while queued");
+    let _w = TestWorker::spawn(&app.redis.url(), &with(&[]));
+    app.wait_running("acme", &id, 1).await;
+    assert_eq!(ttl(&app).await, -1, "no expiry while running");
+    app.cancel("acme", &id).await;
+    app.wait_terminal("acme", &id, Duration::from_secs(10))
+        .await;
+    let left = ttl(&app).await;
+    assert!(
+        left > dedup_ttl - 60 && left <= dedup_ttl,
+        "the TTL counts from the end: {left}"
+    );
+    // A retry makes it live again, and the key keeps mapping to it.
+    assert_eq!(app.retry("acme", &id).await.status(), StatusCode::OK);
+    assert_eq!(ttl(&app).await, -1);
+    let res = app.post_with_key("acme", "order-1", &body).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(id_of(&res.json().await.unwrap()), id);
+    app.wait_running("acme", &id, 1).await;
+    assert_eq!(ttl(&app).await, -1);
+    app.cancel("acme", &id).await;
+    app.wait_terminal("acme", &id, Duration::from_secs(10))
+        .await;
+    assert!(ttl(&app).await > dedup_ttl - 60);
+}
+
+/// 7. Force-deleting a running execution freed its slot at once while its handler went on
+/// until the next heartbeat: the tenant ran more than `max_concurrent`.
+#[tokio::test]
+async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stops() {
+    let app = TestApp::spawn().await;
+    let journal = Journal::new();
+    let _w = TestWorker::spawn_env(
+        &app.redis.url(),
+        &[
+            "--concurrency",
+            "4",
+            "--lease-ttl-ms",
+            "6000",
+            "--heartbeat-ms",
+            "1000",
+            "--idle-poll-ms",
+            "20",
+        ],
+        &journal.env(),
+    );
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    let long = json!({"flow_id": "demo.journal", "params": {"ms": 30000}});
+    let res = app.post_with_key("acme", "job-x", &long).await;
+    let x = id_of(&res.json().await.unwrap());
+    app.wait_running("acme", &x, 1).await;
+    let y = app
+        .admit_with("acme", json!({"flow_id": "demo.journal", "params": {"ms": 50}}))
+        .await;
+    assert_eq!(app.delete("acme", &x, true).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.get_execution("acme", &x).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    // The key is free at once; the slot is not: x's handler still runs.
+    let res = app.post_with_key("acme", "job-x", &long).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let z = id_of(&res.json().await.unwrap());
+    assert_ne!(z, x);
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 1, "dispatched": 0, "waiting": 2})
+    );
+    let done = app
+        .wait_terminal("acme", &y, Duration::from_secs(15))
+        .await;
+    assert_eq!(done["status"], "completed");
+    let x_end = journal.wait_event(&x, 1, "end", Duration::from_secs(5)).await;
+    let y_start = journal.wait_event(&y, 1, "start", Duration::from_secs(5)).await;
+    assert!(
+        x_end["t"].as_u64() <= y_start["t"].as_u64(),
+        "y started at {} while the deleted x ran until {}",
+        y_start["t"],
+        x_end["t"]
+    );
+    // Its row is gone for good once the handler stopped; z runs next.
+    let row = app.shard("acme").row(&ExecutionId::parse(&x).unwrap());
+    let exists: i64 = app.redis.query(redis::cmd("EXISTS").arg(row)).await;
+    assert_eq!(exists, 0);
+    app.wait_running("acme", &z, 1).await;
+    app.cancel("acme", &z).await;
+}
+
+/// 8a. `PUT /api/tenants/{t}` reset absent fields: `{"enabled": false}` turned a limit of 1
+/// into the default and dispatched everything waiting.
+#[tokio::test]
+async fn disabling_a_tenant_changes_nothing_else() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1, "max_queued": 10}))
+        .await;
+    for _ in 0..3 {
+        app.admit("acme", "demo.echo").await;
+    }
+    let t = app.put_tenant("acme", &json!({"enabled": false})).await;
+    assert_eq!(t["max_concurrent"], 1);
+    assert_eq!(t["max_queued"], 10);
+    assert_eq!(t["enabled"], false);
+    assert_eq!(
+        t["usage"],
+        json!({"running": 0, "dispatched": 1, "waiting": 2})
+    );
+    let res = app
+        .post_execution("acme", &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let t = app.put_tenant("acme", &json!({"enabled": true})).await;
+    assert_eq!(t["max_concurrent"], 1);
+    assert_eq!(t["usage"]["waiting"], 2);
+}
+
+/// 8b. Raising `max_concurrent` dispatched at most 1000 waiting executions; the rest waited
+/// for releases that might never come.
+#[tokio::test]
+async fn raising_the_limit_dispatches_every_waiting_execution_that_fits() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    let n = 1_201;
+    let admitted = futures::future::join_all((0..16).map(|_| async {
+        let mut k = 0;
+        loop {
+            // Claim one of the n admissions.
+            let i = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if i >= n {
+                return k;
+            }
+            app.admit("acme", "demo.echo").await;
+            k += 1;
+        }
+    }))
+    .await;
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    assert_eq!(admitted.iter().sum::<usize>(), n);
+    assert_eq!(app.waiting_len("acme").await, 1_200);
+    let t = app.put_tenant("acme", &json!({"max_concurrent": 5000})).await;
+    assert_eq!(
+        t["usage"],
+        json!({"running": 0, "dispatched": 1201, "waiting": 0})
+    );
+    assert_eq!(app.ready_len("acme").await, 1201);
+}
+
+/// 8c. A new admission overtook older waiting executions when room appeared without their
+/// promotion (an interrupted limit change, a repaired slot): FIFO within a tenant broke.
+#[tokio::test]
+async fn a_new_admission_never_overtakes_an_older_waiting_one() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    let ids: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(id_of(&app.admit("acme", "demo.echo").await));
+        }
+        v
+    };
+    // Room appears with nobody promoted: the limit raised behind sluice's back, as a limit
+    // change interrupted between its write and its promotion steps would leave it.
+    let tenant = TenantId::parse("acme").unwrap();
+    let _: i64 = app
+        .redis
+        .query(
+            redis::cmd("HSET")
+                .arg(app.shard("acme").tenant_config(&tenant))
+                .arg("max_concurrent")
+                .arg(10),
+        )
+        .await;
+    let newest = id_of(&app.admit("acme", "demo.echo").await);
+    // Every one is dispatched, in admission order on the ready stream.
+    let entries: Vec<(String, Vec<String>)> = app
+        .redis
+        .query(
+            redis::cmd("XRANGE")
+                .arg(app.shard("acme").ready())
+                .arg("-")
+                .arg("+"),
+        )
+        .await;
+    let order: Vec<String> = entries.into_iter().map(|(_, f)| f[1].clone()).collect();
+    let mut expected = ids.clone();
+    expected.push(newest);
+    assert_eq!(order, expected);
+}
+
+/// 8d. Deleting a tenant dropped its limits but left its waiting executions stranded until
+/// some slot freed.
+#[tokio::test]
+async fn deleting_a_tenant_leaves_none_of_its_executions_stranded() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    for _ in 0..3 {
+        app.admit("acme", "demo.echo").await;
+    }
+    let res = app
+        .client
+        .delete(app.url("/api/tenants/acme"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    // The server defaults apply again (100 at once): all three are dispatched.
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "dispatched": 3, "waiting": 0})
+    );
+    let _w = TestWorker::spawn(&app.redis.url(), &with(&[]));
+    let page = app.page("acme", "").await;
+    for e in page["executions"].as_array().unwrap() {
+        app.wait_terminal("acme", e["execution_id"].as_str().unwrap(), Duration::from_secs(10))
+            .await;
+    }
+}
+
+/// 9a and 6. `fenced` counted repeated reports that had in fact been applied; and a worker
+/// other than the lease holder could renew or complete a run when it named the right attempt.
+#[tokio::test]
+async fn reports_are_fenced_by_run_and_holder_and_repeats_are_not_counted() {
+    let app = TestApp::spawn().await;
+    let store = app.store().await;
+    let shard = app.shard("acme");
+    let id = id_of(&app.admit("acme", "demo.echo").await);
+    let ttl = Duration::from_secs(30);
+    let started = store.start(shard, "holder", 1, ttl).await.unwrap();
+    assert_eq!(started.len(), 1);
+    let run = &started[0];
+    assert_eq!(run.id.as_str(), id);
+    assert_eq!((run.fence, run.attempt), (1, 1));
+    // Another worker naming the right execution and fence is not the holder.
+    let beat = store
+        .heartbeat(shard, "intruder", &[(run.id.clone(), run.fence)], ttl)
+        .await
+        .unwrap();
+    assert_eq!(beat, vec![LeaseState::Lost]);
+    let done = Outcome::Completed(json!({"by": "intruder"}));
+    let c = store
+        .complete(shard, &run.id, run.fence, "intruder", &done)
+        .await
+        .unwrap();
+    assert_eq!(c, Completion::Stale);
+    // The holder's report, then the same report again (as after a lost reply).
+    let done = Outcome::Completed(json!({"by": "holder"}));
+    let c = store
+        .complete(shard, &run.id, run.fence, "holder", &done)
+        .await
+        .unwrap();
+    assert_eq!(c, Completion::Done(sluice::admission::Status::Completed));
+    let c = store
+        .complete(shard, &run.id, run.fence, "holder", &done)
+        .await
+        .unwrap();
+    assert_eq!(c, Completion::Repeat);
+    assert_eq!(app.counter("fenced").await, 1, "only the intruder was fenced");
+    let e = app.execution("acme", &id).await;
+    assert_eq!(e["output"], json!({"by": "holder"}));
+}
+
+/// The lease holder stops a run it can no longer prove it holds: Redis stalled past the lease,
+/// so another worker may start the execution as soon as Redis is back.
+#[tokio::test]
+async fn a_run_whose_lease_cannot_be_renewed_is_stopped_before_another_starts() {
+    let app = TestApp::spawn().await;
+    let journal = Journal::new();
+    let _w = TestWorker::spawn_env(
+        &app.redis.url(),
+        &[
+            "--redis-timeout-ms",
+            "200",
+            "--lease-ttl-ms",
+            "1500",
+            "--heartbeat-ms",
+            "300",
+            "--scan-ms",
+            "300",
+            "--idle-poll-ms",
+            "20",
+        ],
+        &journal.env(),
+    );
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.journal", "params": {"ms": 4000}, "max_attempts": 3}),
+        )
+        .await;
+    app.wait_running("acme", &id, 1).await;
+    app.redis.signal("STOP");
+    let stopped = journal
+        .wait_event(&id, 1, "end", Duration::from_secs(10))
+        .await;
+    app.redis.signal("CONT");
+    assert_eq!(stopped["how"], "stopped");
+    let start = journal.event(&id, 1, "start").unwrap();
+    let ran = stopped["t"].as_u64().unwrap() - start["t"].as_u64().unwrap();
+    assert!(ran < 4000, "the run went on for {ran} ms");
+    assert!(
+        stopped["t"].as_u64().unwrap() <= stopped["lease_deadline"].as_u64().unwrap() + 500,
+        "stopped long after its lease: {stopped}"
+    );
+    let done = app
+        .wait_terminal("acme", &id, Duration::from_secs(20))
+        .await;
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["output"]["fence"], 2);
+    assert_eq!(done["attempt"], 2, "the stopped run counted as an attempt");
+    let second = journal.event(&id, 2, "start").unwrap();
+    assert!(second["t"].as_u64() >= stopped["t"].as_u64());
+    let runs: BTreeSet<u64> = journal
+        .lines()
+        .iter()
+        .filter(|l| l["ev"] == "start")
+        .map(|l| l["fence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(runs, BTreeSet::from([1, 2]));
+}
