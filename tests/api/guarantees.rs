@@ -431,13 +431,11 @@ async fn raising_the_limit_dispatches_every_waiting_execution_that_fits() {
 async fn a_new_admission_never_overtakes_an_older_waiting_one() {
     let app = TestApp::spawn().await;
     app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
-    let ids: Vec<String> = {
-        let mut v = Vec::new();
-        for _ in 0..3 {
-            v.push(id_of(&app.admit("acme", "demo.echo").await));
-        }
-        v
-    };
+    // One dispatched, 120 waiting: more than one admission promotes on its way (100).
+    let mut ids = Vec::new();
+    for _ in 0..121 {
+        ids.push(id_of(&app.admit("acme", "demo.echo").await));
+    }
     // Room appears with nobody promoted: the limit raised behind sluice's back, as a limit
     // change interrupted between its write and its promotion steps would leave it.
     let tenant = TenantId::parse("acme").unwrap();
@@ -447,11 +445,13 @@ async fn a_new_admission_never_overtakes_an_older_waiting_one() {
             redis::cmd("HSET")
                 .arg(app.shard("acme").tenant_config(&tenant))
                 .arg("max_concurrent")
-                .arg(10),
+                .arg(1000),
         )
         .await;
     let newest = id_of(&app.admit("acme", "demo.echo").await);
-    // Every one is dispatched, in admission order on the ready stream.
+    ids.push(newest.clone());
+    // The oldest were dispatched first, in admission order; the newcomer waits behind the
+    // rest although there is room.
     let entries: Vec<(String, Vec<String>)> = app
         .redis
         .query(
@@ -461,10 +461,35 @@ async fn a_new_admission_never_overtakes_an_older_waiting_one() {
                 .arg("+"),
         )
         .await;
-    let order: Vec<String> = entries.into_iter().map(|(_, f)| f[1].clone()).collect();
-    let mut expected = ids.clone();
-    expected.push(newest);
-    assert_eq!(order, expected);
+    let dispatched: Vec<String> = entries.into_iter().map(|(_, f)| f[1].clone()).collect();
+    assert_eq!(dispatched, ids[..dispatched.len()].to_vec());
+    assert!(dispatched.len() > 1 && dispatched.len() < ids.len(), "{}", dispatched.len());
+    let e = app.execution("acme", &newest).await;
+    assert_eq!(e["queue_state"], "waiting");
+    let waiting: Vec<String> = app
+        .redis
+        .query(
+            redis::cmd("ZRANGE")
+                .arg(app.shard("acme").waiting(&tenant))
+                .arg(0)
+                .arg(-1),
+        )
+        .await;
+    assert_eq!(waiting, ids[dispatched.len()..].to_vec());
+    // The next admissions finish the promotion: then everything is dispatched, in order.
+    let later = id_of(&app.admit("acme", "demo.echo").await);
+    ids.push(later);
+    let entries: Vec<(String, Vec<String>)> = app
+        .redis
+        .query(
+            redis::cmd("XRANGE")
+                .arg(app.shard("acme").ready())
+                .arg("-")
+                .arg("+"),
+        )
+        .await;
+    let dispatched: Vec<String> = entries.into_iter().map(|(_, f)| f[1].clone()).collect();
+    assert_eq!(dispatched, ids);
 }
 
 /// 8d. Deleting a tenant dropped its limits but left its waiting executions stranded until
