@@ -22,7 +22,6 @@ pub use access::{ApiKeyRecord, KeyCreation};
 pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
 use scripts::Scripts;
 pub use worker::{
-
     Completion, DeadLetter, LeaseState, NotRetryable, Outcome, RetryResult, ShardStats, Started,
     SweepMode, SweepStep, SweepTarget,
 };
@@ -579,8 +578,7 @@ impl Store {
         p.exists(indexes);
         let mut c = self.conn();
         let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
-        let (max_c, max_q, enabled, configured, slots, waiting, running, deleting, indexes) =
-            reply;
+        let (max_c, max_q, enabled, configured, slots, waiting, running, deleting, indexes) = reply;
         let running = running + deleting;
         if !configured && indexes == 0 {
             return Ok(None);

@@ -198,7 +198,9 @@ async fn a_start_whose_answer_was_lost_is_adopted_not_reclaimed() {
         ],
     );
     // The worker is up and polling once it has run something.
-    let warm_up = app.admit_with("acme", json!({"flow_id": "demo.echo"})).await;
+    let warm_up = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
     app.wait_terminal("acme", &warm_up, Duration::from_secs(10))
         .await;
     // Scripts wait for 1.5 s: the admission first, then the worker's start call, which times
@@ -208,7 +210,10 @@ async fn a_start_whose_answer_was_lost_is_adopted_not_reclaimed() {
         .query(redis::cmd("CLIENT").arg("PAUSE").arg(1_500).arg("WRITE"))
         .await;
     let id = app
-        .admit_with("acme", json!({"flow_id": "demo.sleep", "params": {"ms": 100}}))
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 100}}),
+        )
         .await;
     let done = app
         .wait_terminal("acme", &id, Duration::from_secs(20))
@@ -225,10 +230,7 @@ async fn a_panicking_handler_fails_its_execution_and_the_worker_goes_on() {
     let app = TestApp::spawn().await;
     let mut w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
     let id = app
-        .admit_with(
-            "acme",
-            json!({"flow_id": "demo.panic", "max_attempts": 2}),
-        )
+        .admit_with("acme", json!({"flow_id": "demo.panic", "max_attempts": 2}))
         .await;
     let done = app
         .wait_terminal("acme", &id, Duration::from_secs(15))
@@ -331,9 +333,15 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
     let x = id_of(&res.json().await.unwrap());
     app.wait_running("acme", &x, 1).await;
     let y = app
-        .admit_with("acme", json!({"flow_id": "demo.journal", "params": {"ms": 50}}))
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.journal", "params": {"ms": 50}}),
+        )
         .await;
-    assert_eq!(app.delete("acme", &x, true).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.delete("acme", &x, true).await.status(),
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(
         app.get_execution("acme", &x).await.status(),
         StatusCode::NOT_FOUND
@@ -347,12 +355,14 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
         app.usage("acme").await,
         json!({"running": 1, "dispatched": 0, "waiting": 2})
     );
-    let done = app
-        .wait_terminal("acme", &y, Duration::from_secs(15))
-        .await;
+    let done = app.wait_terminal("acme", &y, Duration::from_secs(15)).await;
     assert_eq!(done["status"], "completed");
-    let x_end = journal.wait_event(&x, 1, "end", Duration::from_secs(5)).await;
-    let y_start = journal.wait_event(&y, 1, "start", Duration::from_secs(5)).await;
+    let x_end = journal
+        .wait_event(&x, 1, "end", Duration::from_secs(5))
+        .await;
+    let y_start = journal
+        .wait_event(&y, 1, "start", Duration::from_secs(5))
+        .await;
     assert!(
         x_end["t"].as_u64() <= y_start["t"].as_u64(),
         "y started at {} while the deleted x ran until {}",
@@ -417,7 +427,9 @@ async fn raising_the_limit_dispatches_every_waiting_execution_that_fits() {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     assert_eq!(admitted.iter().sum::<usize>(), n);
     assert_eq!(app.waiting_len("acme").await, 1_200);
-    let t = app.put_tenant("acme", &json!({"max_concurrent": 5000})).await;
+    let t = app
+        .put_tenant("acme", &json!({"max_concurrent": 5000}))
+        .await;
     assert_eq!(
         t["usage"],
         json!({"running": 0, "dispatched": 1201, "waiting": 0})
@@ -463,7 +475,11 @@ async fn a_new_admission_never_overtakes_an_older_waiting_one() {
         .await;
     let dispatched: Vec<String> = entries.into_iter().map(|(_, f)| f[1].clone()).collect();
     assert_eq!(dispatched, ids[..dispatched.len()].to_vec());
-    assert!(dispatched.len() > 1 && dispatched.len() < ids.len(), "{}", dispatched.len());
+    assert!(
+        dispatched.len() > 1 && dispatched.len() < ids.len(),
+        "{}",
+        dispatched.len()
+    );
     let e = app.execution("acme", &newest).await;
     assert_eq!(e["queue_state"], "waiting");
     let waiting: Vec<String> = app
@@ -517,8 +533,12 @@ async fn deleting_a_tenant_leaves_none_of_its_executions_stranded() {
     let _w = TestWorker::spawn(&app.redis.url(), &with(&[]));
     let page = app.page("acme", "").await;
     for e in page["executions"].as_array().unwrap() {
-        app.wait_terminal("acme", e["execution_id"].as_str().unwrap(), Duration::from_secs(10))
-            .await;
+        app.wait_terminal(
+            "acme",
+            e["execution_id"].as_str().unwrap(),
+            Duration::from_secs(10),
+        )
+        .await;
     }
 }
 
@@ -560,7 +580,11 @@ async fn reports_are_fenced_by_run_and_holder_and_repeats_are_not_counted() {
         .await
         .unwrap();
     assert_eq!(c, Completion::Repeat);
-    assert_eq!(app.counter("fenced").await, 1, "only the intruder was fenced");
+    assert_eq!(
+        app.counter("fenced").await,
+        1,
+        "only the intruder was fenced"
+    );
     let e = app.execution("acme", &id).await;
     assert_eq!(e["output"], json!({"by": "holder"}));
 }

@@ -171,7 +171,11 @@ impl TestApp {
 
     /// An app whose settings `adjust` may change first.
     pub async fn spawn_with(adjust: impl FnOnce(&mut AppConfig)) -> Self {
-        let redis = TestRedis::start().await;
+        Self::spawn_on(TestRedis::start().await, adjust).await
+    }
+
+    /// An app on a Redis the test started (e.g. to put something in between).
+    pub async fn spawn_on(redis: TestRedis, adjust: impl FnOnce(&mut AppConfig)) -> Self {
         let mut api = ApiSettings::defaults();
         api.listen = "127.0.0.1:0".parse().unwrap();
         api.admin_token = Some(ADMIN_TOKEN.into());

@@ -158,7 +158,9 @@ async fn raising_max_concurrent_dispatches_waiting_executions_at_once() {
     assert_eq!(tenant["max_concurrent"], 3);
     assert_eq!(tenant["max_queued"], 7);
     assert_eq!(tenant["usage"]["waiting"], 1);
-    let tenant = app.put_tenant("acme", &json!({"max_concurrent": null})).await;
+    let tenant = app
+        .put_tenant("acme", &json!({"max_concurrent": null}))
+        .await;
     assert_eq!(tenant["max_concurrent"], 100);
     assert_eq!(tenant["max_queued"], 7);
     assert_eq!(tenant["enabled"], true);

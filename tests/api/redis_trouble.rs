@@ -3,6 +3,7 @@
 //! an admission whose answer was lost is settled: a 503 `redis_unavailable` means nothing was
 //! admitted, also when the stalled script would have run later.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -211,4 +212,174 @@ async fn admission_survives_script_flush() {
     assert_eq!(res.status(), StatusCode::OK);
     let page = app.page("acme", "").await;
     assert_eq!(page["total"], 2);
+}
+
+/// A TCP proxy in front of Redis that can hold what clients send and then deliver it with the
+/// connections in reverse order (each connection's own bytes stay in order): a network that
+/// delays one connection more than another. It lets a test make a later call on one
+/// connection reach Redis before an earlier call on another.
+struct ReorderingProxy {
+    port: u16,
+    state: std::sync::Arc<std::sync::Mutex<ProxyState>>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    holding: bool,
+    /// Held chunks, in arrival order: (connection number, bytes).
+    held: Vec<(usize, Vec<u8>)>,
+    /// Where each connection's bytes go.
+    upstream: Vec<Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>>,
+}
+
+impl ReorderingProxy {
+    async fn start(redis_port: u16) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = std::sync::Arc::new(std::sync::Mutex::new(ProxyState::default()));
+        let shared = state.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
+                else {
+                    continue;
+                };
+                let (mut client_r, mut client_w) = client.into_split();
+                let (mut server_r, mut server_w) = server.into_split();
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+                let n = {
+                    let mut s = shared.lock().unwrap();
+                    s.upstream.push(Some(tx));
+                    s.upstream.len() - 1
+                };
+                tokio::spawn(async move {
+                    while let Some(bytes) = rx.recv().await {
+                        if server_w.write_all(&bytes).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(k) = client_r.read(&mut buf).await {
+                        if k == 0 {
+                            return;
+                        }
+                        let mut s = state.lock().unwrap();
+                        if s.holding {
+                            s.held.push((n, buf[..k].to_vec()));
+                        } else if let Some(tx) = &s.upstream[n] {
+                            let _ = tx.send(buf[..k].to_vec());
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_r, &mut client_w).await;
+                });
+            }
+        });
+        Self { port, state }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn hold(&self) {
+        self.state.lock().unwrap().holding = true;
+    }
+
+    /// How many connections have bytes held.
+    fn held_connections(&self) -> usize {
+        let s = self.state.lock().unwrap();
+        s.held
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<BTreeSet<_>>()
+            .len()
+    }
+
+    /// Delivers what was held, the connection that sent last first, and stops holding.
+    fn release_reversed(&self) {
+        let mut s = self.state.lock().unwrap();
+        let held = std::mem::take(&mut s.held);
+        let mut order: Vec<usize> = Vec::new();
+        for (n, _) in held.iter().rev() {
+            if !order.contains(n) {
+                order.push(*n);
+            }
+        }
+        for n in order {
+            if let Some(tx) = &s.upstream[n] {
+                for (m, bytes) in &held {
+                    if *m == n {
+                        let _ = tx.send(bytes.clone());
+                    }
+                }
+            }
+        }
+        s.holding = false;
+    }
+}
+
+/// The settling call overtakes the admission it settles (it went over another connection, and
+/// the network delivered that one first): the void marker it leaves makes the late admission
+/// refuse, so the 503 `redis_unavailable` the client got stays true.
+#[tokio::test]
+async fn a_late_admission_after_its_settling_call_admits_nothing() {
+    let redis = crate::helpers::TestRedis::start().await;
+    let proxy = ReorderingProxy::start(redis.port).await;
+    let app = TestApp::spawn_on(redis, |c| {
+        c.redis.redis_url = proxy.url();
+        c.redis.redis_timeout_ms = 400;
+        c.api.request_timeout_ms = 3_000;
+    })
+    .await;
+    app.admit("acme", "demo.echo").await;
+    let mut voided = 0;
+    for round in 0..4 {
+        proxy.hold();
+        let nonce = format!("round-{round}");
+        let post = {
+            let (client, url) = (app.client.clone(), app.url("/api/executions"));
+            let nonce = nonce.clone();
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .bearer_auth(crate::helpers::ADMIN_TOKEN)
+                    .header("X-Tenant-Id", "acme")
+                    .json(&json!({"flow_id": "demo.echo", "params": {"nonce": nonce}}))
+                    .send()
+                    .await
+                    .unwrap()
+            })
+        };
+        // Wait for the admission and its settling call to be held on two connections.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while proxy.held_connections() < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        proxy.release_reversed();
+        let res = post.await.unwrap();
+        let status = res.status();
+        let body: Value = res.json().await.unwrap();
+        let page = app.page("acme", "limit=200").await;
+        let with_nonce = page["executions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["params"]["nonce"] == nonce.as_str())
+            .count();
+        match (status, body["code"].as_str()) {
+            (StatusCode::CREATED, _) => assert_eq!(with_nonce, 1),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("redis_unavailable")) => {
+                assert_eq!(with_nonce, 0, "503 redis_unavailable, yet admitted");
+                voided += 1;
+            }
+            other => panic!("unexpected answer {other:?}: {body}"),
+        }
+    }
+    assert!(voided > 0, "the settling call never overtook the admission");
 }

@@ -533,7 +533,12 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     assert_eq!(app.counter("repaired_slots").await, 1);
     // Single flight: a second process does not get the turn while one holds it, and gets it
     // as soon as the holder gives it back (not one hold later).
-    assert!(store.take_sweeper_turn("holder", Duration::from_secs(60)).await.unwrap());
+    assert!(
+        store
+            .take_sweeper_turn("holder", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
     assert!(
         sluice::sweeper::sweep_once(store.clone(), "other", Duration::from_secs(5))
             .await
@@ -546,7 +551,12 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
             .is_some()
     );
     // A finished sweep gave its turn back too.
-    assert!(store.take_sweeper_turn("third", Duration::from_secs(5)).await.unwrap());
+    assert!(
+        store
+            .take_sweeper_turn("third", Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test]
