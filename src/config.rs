@@ -78,7 +78,8 @@ pub struct WorkerSettings {
     /// Flows file (TOML) mapping flow names to `http` or `command` handlers.
     #[arg(long, env = "SLUICE_FLOWS")]
     pub flows: Option<PathBuf>,
-    /// Also run the built-in demo.echo / demo.sleep / demo.fail flows.
+    /// Also run the built-in demo flows (demo.echo, demo.sleep, demo.fail, demo.panic,
+    /// demo.journal).
     #[arg(long, env = "SLUICE_DEMO_FLOWS")]
     pub demo_flows: bool,
     /// Executions run at once by this worker.
@@ -189,7 +190,8 @@ pub struct ApiSettings {
     /// admin. Unsafe anywhere but a developer's machine.
     #[arg(long, env = "SLUICE_DEV_AUTH")]
     pub dev_auth: bool,
-    /// Upper bound on handling one request, in milliseconds.
+    /// Upper bound on handling one request, in milliseconds; must exceed three times
+    /// --redis-timeout-ms (an admission may make three Redis calls).
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
     pub request_timeout_ms: u64,
     /// Largest accepted request body, in bytes.
@@ -219,7 +221,8 @@ pub struct ApiSettings {
     /// How long terminal executions stay readable, in days.
     #[arg(long, env = "SLUICE_RETENTION_DAYS", default_value_t = 30)]
     pub retention_days: u64,
-    /// How long a dedup key maps to its execution, in hours from admission.
+    /// How long a dedup key keeps mapping to its execution after that became terminal, in
+    /// hours (while it is queued or running the mapping never expires).
     #[arg(long, env = "SLUICE_DEDUP_TTL_HOURS", default_value_t = 7 * 24)]
     pub dedup_ttl_hours: u64,
     /// How often the sweeper repairs slot sets and indexes, in seconds (0 = never). One
