@@ -179,9 +179,15 @@ impl TestApp {
         let mut api = ApiSettings::defaults();
         api.listen = "127.0.0.1:0".parse().unwrap();
         api.admin_token = Some(ADMIN_TOKEN.into());
+        // Generous bounds: the suite runs many servers and workers at once on a small
+        // machine, and a test of something else must not fail on a slow moment. Tests of
+        // time-outs set their own.
+        api.request_timeout_ms = 40_000;
+        let mut redis_settings = RedisSettings::for_url(redis.url());
+        redis_settings.redis_timeout_ms = 10_000;
         let mut config = AppConfig {
             api,
-            redis: RedisSettings::for_url(redis.url()),
+            redis: redis_settings,
         };
         adjust(&mut config);
         let app = Application::build(config.clone())
@@ -194,7 +200,7 @@ impl TestApp {
             addr,
             redis,
             client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(20))
+                .timeout(Duration::from_secs(60))
                 .build()
                 .unwrap(),
             shards,
