@@ -1,9 +1,9 @@
 //! Assembling the server: `Application::build` connects to Redis and binds the listener (port
 //! 0 in tests, so the real address is exposed), `run_until_stopped` serves until told to stop.
 //!
-//! Connections are served with hyper-util's builder rather than `axum::serve`, because only it
-//! exposes HTTP/1's header-read timeout (with a timer, without which hyper ignores it): a client
-//! that trickles its headers is disconnected after `--header-read-timeout-ms`.
+//! Connections are served by `crate::server` (hyper-util's builder under a watchdog, with a
+//! connection cap) rather than `axum::serve`, which bounds neither idle connections nor their
+//! number. `/metrics` is served on its own listener when `--metrics-listen` names one.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,33 +11,37 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::http::HeaderValue;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tower::ServiceExt;
 
 use crate::access::TOKEN_PREFIX;
 use crate::config::AppConfig;
 use crate::http::auth::AuthConfig;
 use crate::http::metrics::Metrics;
 use crate::http::{self, AppState, HttpLimits};
+use crate::server::{self, ConnectionLimits};
 use crate::store::Store;
 
 /// A built, bound, not yet serving sluice API.
 pub struct Application {
     listener: TcpListener,
     router: axum::Router,
+    /// `/metrics` on its own address (`--metrics-listen`), when configured.
+    metrics_listener: Option<(TcpListener, axum::Router)>,
+    metrics: Arc<Metrics>,
     store: Arc<Store>,
     sweep_interval: Option<Duration>,
-    header_read_timeout: Duration,
+    limits: ConnectionLimits,
 }
+
+/// File descriptors kept free of connections: Redis connections, the metrics listener's own,
+/// log files, a `sluice dev` worker.
+const FD_RESERVE: u64 = 64;
 
 impl Application {
     /// Connects to Redis (recording the shard count on first start), loads the scripts and
     /// binds the listen address.
     pub async fn build(config: AppConfig) -> anyhow::Result<Self> {
+        check_dev_auth_exposure(&config)?;
         // An admission makes up to three bounded Redis calls (key lookup, admit, and settling
         // a lost answer); the request's own bound must not cut in between, or a client would
         // get a time-out that names no execution although one may have been admitted.
@@ -57,14 +61,18 @@ impl Application {
         // Workers follow the data policy (limit defaults, retention) of the API servers.
         store.publish_defaults().await?;
         store.ensure_groups().await?;
+        let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
         let state = AppState {
             store: store.clone(),
             auth: Arc::new(AuthConfig {
                 admin_token: config.api.admin_token.clone(),
                 dev_auth: config.api.dev_auth,
+                metrics_token: config.api.metrics_token.clone(),
             }),
             default_max_attempts: config.api.default_max_attempts,
-            metrics: Arc::new(Metrics::new()),
+            max_params_bytes: config.api.max_params_bytes,
+            max_page_bytes: config.api.max_page_bytes,
+            metrics: metrics.clone(),
         };
         if let Some(token) = &config.api.admin_token
             && token.expose().starts_with(TOKEN_PREFIX)
@@ -86,17 +94,42 @@ impl Application {
             request_timeout: config.api.request_timeout(),
             body_limit: config.api.body_limit,
             cors_origins,
+            metrics_on_main: config.api.metrics_listen.is_none(),
         };
         let listener = TcpListener::bind(config.api.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.api.listen))?;
+        let metrics_listener = match config.api.metrics_listen {
+            Some(addr) => Some((
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?,
+                http::metrics_router(state.clone(), &limits),
+            )),
+            None => None,
+        };
+        if config.api.metrics_token.is_none() && !exposes_nothing_public(&config) {
+            tracing::warn!(
+                "/metrics answers anyone who reaches {} (tenant ids included): set \
+                 --metrics-token, or --metrics-listen on an internal address",
+                config.api.metrics_listen.unwrap_or(config.api.listen)
+            );
+        }
+        let listeners = if metrics_listener.is_some() { 2 } else { 1 };
+        let connection_limits = ConnectionLimits {
+            max_connections: connection_cap(config.api.max_connections, listeners),
+            header_read_timeout: config.api.header_read_timeout(),
+            request_timeout: config.api.request_timeout(),
+        };
         Ok(Self {
             listener,
             router: http::router(state, limits),
+            metrics_listener,
+            metrics,
             store,
             sweep_interval: (config.api.sweep_interval_secs > 0)
                 .then(|| Duration::from_secs(config.api.sweep_interval_secs)),
-            header_read_timeout: config.api.header_read_timeout(),
+            limits: connection_limits,
         })
     }
 
@@ -105,6 +138,13 @@ impl Application {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// The address `/metrics` is served on, when it has its own (`--metrics-listen`).
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// The storage handle the server uses.
@@ -126,52 +166,121 @@ impl Application {
                 stop.clone(),
             ));
         }
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.header_read_timeout);
-        let graceful = GracefulShutdown::new();
-        tokio::pin!(shutdown);
-        loop {
-            let stream = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            let _ = stream.set_nodelay(true);
-            let router = self.router.clone();
-            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-                router.clone().oneshot(req)
-            });
-            let conn = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                // A client hanging up or timing out is routine, not an error of the server.
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
-        }
-        stop.cancel();
-        drop(self.listener);
-        if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!("connections still open after {SHUTDOWN_GRACE:?}; closing them");
+        let metrics_server = self.metrics_listener.map(|(listener, router)| {
+            tokio::spawn(server::serve(
+                listener,
+                router,
+                self.limits,
+                self.metrics.clone(),
+                stop.clone(),
+                SHUTDOWN_GRACE,
+            ))
+        });
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stopper.cancel();
+        });
+        server::serve(
+            self.listener,
+            self.router,
+            self.limits,
+            self.metrics,
+            stop,
+            SHUTDOWN_GRACE,
+        )
+        .await;
+        if let Some(task) = metrics_server {
+            let _ = task.await;
         }
         Ok(())
     }
+}
+
+/// `--dev-auth` checks no credentials: on anything but loopback that makes everyone who can
+/// reach the port platform admin, so it needs the loudly named override.
+fn check_dev_auth_exposure(config: &AppConfig) -> anyhow::Result<()> {
+    let api = &config.api;
+    if !api.dev_auth || api.dangerously_allow_dev_auth_on_network {
+        return Ok(());
+    }
+    let exposed: Vec<SocketAddr> = std::iter::once(api.listen)
+        .chain(api.metrics_listen)
+        .filter(|a| !a.ip().is_loopback())
+        .collect();
+    if let Some(addr) = exposed.first() {
+        anyhow::bail!(
+            "--dev-auth checks no credentials and {addr} is not a loopback address: anyone who \
+             reaches it would be platform admin. Listen on 127.0.0.1, or pass \
+             --dangerously-allow-dev-auth-on-network if you really mean it"
+        );
+    }
+    Ok(())
+}
+
+/// Whether every address `/metrics` is served on is loopback (then an open `/metrics` is a
+/// local matter and not worth a warning).
+fn exposes_nothing_public(config: &AppConfig) -> bool {
+    config
+        .api
+        .metrics_listen
+        .unwrap_or(config.api.listen)
+        .ip()
+        .is_loopback()
+}
+
+/// The connection cap per listener that fits the open-file limit (raised to its hard limit
+/// first): a cap above it would let idle connections starve the process of descriptors, the
+/// very thing the cap is for.
+fn connection_cap(wanted: usize, listeners: u64) -> usize {
+    let wanted = wanted.max(1);
+    let Some(limit) = raise_open_file_limit() else {
+        return wanted;
+    };
+    let fits = usize::try_from(limit.saturating_sub(FD_RESERVE) / listeners)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    if wanted > fits {
+        tracing::warn!(
+            wanted,
+            open_file_limit = limit,
+            cap = fits,
+            "--max-connections exceeds what the open-file limit allows; lowering it (raise \
+             `ulimit -n` to keep the configured cap)"
+        );
+        return fits;
+    }
+    wanted
+}
+
+/// Raises the soft open-file limit to the hard one (as Go and nginx do) and returns the limit
+/// in force; `None` where it cannot be read.
+#[cfg(unix)]
+fn raise_open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given, which lives on this stack frame.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Some(raised.rlim_cur);
+        }
+    }
+    Some(lim.rlim_cur)
+}
+
+#[cfg(not(unix))]
+fn raise_open_file_limit() -> Option<u64> {
+    None
 }
 
 /// How long shutdown waits for in-flight requests.

@@ -197,10 +197,38 @@ pub struct ApiSettings {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SLUICE_BODY_LIMIT", default_value_t = 1024 * 1024)]
     pub body_limit: usize,
-    /// Upper bound on receiving a request's headers, in milliseconds; a client slower than
-    /// this (slowloris) is disconnected.
+    /// How long a connection may take to deliver a request's headers, in milliseconds,
+    /// counted from its accept and from the end of its previous answer (HTTP/1 and HTTP/2): a
+    /// client slower than this (slowloris), silent, or idle that long is disconnected.
     #[arg(long, env = "SLUICE_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
     pub header_read_timeout_ms: u64,
+    /// Connections open at once on each listener; more are answered 503 and closed at once.
+    /// Keep it well under the process's open-file limit (`ulimit -n`), which the server
+    /// raises to its hard limit at start and then checks this against.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Largest `params` of an execution, in bytes of canonical JSON (413 `params_too_large`).
+    #[arg(long, env = "SLUICE_MAX_PARAMS_BYTES", default_value_t = 64 * 1024)]
+    pub max_params_bytes: usize,
+    /// Byte budget of one listing page (executions' rows as stored): a page that would exceed
+    /// it ends early and still returns a cursor. Bounds what one listing request holds.
+    #[arg(long, env = "SLUICE_MAX_PAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_page_bytes: usize,
+    /// Bearer token that `/metrics` requires (Prometheus: `authorization: {credentials_file:
+    /// ...}`). Without it `/metrics` answers anyone who reaches its address.
+    #[arg(long, env = "SLUICE_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<Secret>,
+    /// Serve `/metrics` on this address only (e.g. an internal interface), not on --listen.
+    #[arg(long, env = "SLUICE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Tenants with a `tenant` label of their own in `/metrics`; admissions of further tenants
+    /// are counted under `tenant="_other"`, so the series stay bounded.
+    #[arg(long, env = "SLUICE_METRICS_TENANT_LIMIT", default_value_t = 1000)]
+    pub metrics_tenant_limit: usize,
+    /// Allow --dev-auth on a listen address other than loopback. Dev auth checks no
+    /// credentials: with this, anyone who reaches the port is platform admin.
+    #[arg(long, env = "SLUICE_DANGEROUSLY_ALLOW_DEV_AUTH_ON_NETWORK")]
+    pub dangerously_allow_dev_auth_on_network: bool,
     /// Browser origin allowed to call the API (CORS), e.g. https://console.example.com;
     /// repeat the flag or separate with commas. None by default: no CORS headers are sent.
     #[arg(

@@ -5,6 +5,7 @@
 //! - [`store`]: Redis — key names, the Lua operations in `migrations-lua/`, one round trip each.
 //! - [`http`]: the API — routes with their OpenAPI docs, errors as problem+json, auth.
 //! - [`app`]: wiring a config into a bound, runnable server.
+//! - [`server`]: serving connections, bounded in number and in time.
 //! - [`worker`]: the worker runtime — handlers, leases, heartbeats, orphan recovery.
 //! - [`sweeper`]: the background repair of what should never drift.
 //! - [`dev`]: the embedded default's managed `redis-server`.
@@ -16,6 +17,7 @@ pub mod app;
 pub mod config;
 pub mod dev;
 pub mod http;
+pub mod server;
 pub mod store;
 pub mod sweeper;
 pub mod telemetry;

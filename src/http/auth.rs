@@ -139,7 +139,7 @@ impl FromRequestParts<AppState> for Caller {
                 let key = PresentedKey::parse(given).ok_or(ApiError::Unauthorized)?;
                 let (own, role) = state
                     .store
-                    .authenticate_key(&key)
+                    .authenticate_key(&key, state.auth.dev_auth)
                     .await?
                     .ok_or(ApiError::Unauthorized)?;
                 if tenant()?.is_some_and(|t| t != own) {
@@ -166,6 +166,14 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// Whether the request carries `Authorization: Bearer <expected>` (constant-time compare).
+pub fn bearer_is(headers: &HeaderMap, expected: &Secret) -> bool {
+    matches!(
+        bearer(headers),
+        Ok(Some(given)) if bool::from(given.as_bytes().ct_eq(expected.expose().as_bytes()))
+    )
+}
+
 /// A tenant key used for another tenant (by `X-Tenant-Id` or a tenant path): the credential
 /// is valid, the tenant is not its own.
 fn tenant_mismatch() -> ApiError {
@@ -182,4 +190,7 @@ pub struct AuthConfig {
     pub admin_token: Option<Secret>,
     /// Dev mode: no credentials needed.
     pub dev_auth: bool,
+    /// The token `/metrics` requires, if configured (never the admin token: a scraper's
+    /// credential should open nothing else).
+    pub metrics_token: Option<Secret>,
 }

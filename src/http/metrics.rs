@@ -6,7 +6,11 @@
 //! - `sluice_admissions_rejected_total{tenant,reason}`: `queue_full`, `tenant_disabled`,
 //!   `invalid`;
 //! - `sluice_http_request_duration_seconds{method,route,status}`: a histogram; `route` is the
-//!   route template (`/api/executions/{id}`), so ids do not multiply series;
+//!   route template (`/api/executions/{id}`, `unmatched` for none), so ids do not multiply
+//!   series, and `method` is one of the methods the API knows or `other` — any token is a
+//!   legal method, and a label taken from the request would let anyone grow the registry;
+//! - `sluice_http_connections_open` and `sluice_http_connections_refused_total` (beyond
+//!   `--max-connections`);
 //! - `sluice_queue_depth{shard}`: length of each shard's ready stream, read from Redis at
 //!   scrape time (absent when Redis does not answer);
 //! - `sluice_dead_letters{shard}`: records on each shard's dead-letter stream;
@@ -14,9 +18,16 @@
 //!   `completed`, `failed`, `cancelled`, `reclaimed`, `fenced` (late completions refused),
 //!   `dead_lettered`, `dlq_evicted` (dead letters pushed out by the cap), `repaired_*` (sweeper).
 //!   They are gauges because Redis, not this process, holds them; they only grow.
+//!
+//! Every label value comes from a closed set: the `tenant` label names at most
+//! `--metrics-tenant-limit` tenants (the first ones seen; later ones are counted under
+//! `_other`, which no tenant id can be), and a deleted tenant's series are removed.
+
+use std::collections::HashSet;
+use std::sync::RwLock;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -29,6 +40,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::bearer_is;
+use super::error::{ApiError, Problem};
 use crate::admission::TenantId;
 
 /// Content type of the exposition.
@@ -38,6 +51,10 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(metrics))
 }
+
+/// The `tenant` label value of tenants beyond `--metrics-tenant-limit` (not a valid tenant id,
+/// so it cannot collide with one).
+pub const OTHER_TENANTS: &str = "_other";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AdmissionLabels {
@@ -53,7 +70,7 @@ struct RejectionLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    method: String,
+    method: &'static str,
     route: String,
     status: u16,
 }
@@ -83,7 +100,16 @@ pub struct Metrics {
     queue_depth: Family<ShardLabels, Gauge>,
     dead_letters: Family<ShardLabels, Gauge>,
     shard_events: Family<ShardEventLabels, Gauge>,
+    connections_open: Gauge,
+    connections_refused: Counter,
+    /// Tenants with their own label value, at most `tenant_limit`.
+    labelled_tenants: RwLock<HashSet<String>>,
+    tenant_limit: usize,
 }
+
+/// Every admission outcome and rejection reason, to remove a tenant's series.
+const OUTCOMES: [&str; 3] = ["admitted", "deduplicated", "conflict"];
+const REASONS: [&str; 3] = ["queue_full", "tenant_disabled", "invalid"];
 
 /// How an admission ended, for the per-tenant counters.
 #[derive(Debug, Clone, Copy)]
@@ -97,8 +123,8 @@ pub enum AdmissionOutcome {
 }
 
 impl Metrics {
-    /// A fresh registry with every sluice metric.
-    pub fn new() -> Self {
+    /// A fresh registry with every sluice metric, labelling at most `tenant_limit` tenants.
+    pub fn new(tenant_limit: usize) -> Self {
         let mut registry = Registry::default();
         let admissions = Family::<AdmissionLabels, Counter>::default();
         let rejections = Family::<RejectionLabels, Counter>::default();
@@ -138,6 +164,18 @@ impl Metrics {
             "Entries on each shard's ready stream, read at scrape time",
             queue_depth.clone(),
         );
+        let connections_open = Gauge::default();
+        let connections_refused = Counter::default();
+        registry.register(
+            "sluice_http_connections_open",
+            "HTTP connections open now",
+            connections_open.clone(),
+        );
+        registry.register(
+            "sluice_http_connections_refused",
+            "HTTP connections refused at the --max-connections cap",
+            connections_refused.clone(),
+        );
         Self {
             registry,
             admissions,
@@ -146,12 +184,79 @@ impl Metrics {
             queue_depth,
             dead_letters,
             shard_events,
+            connections_open,
+            connections_refused,
+            labelled_tenants: RwLock::new(HashSet::new()),
+            tenant_limit,
         }
+    }
+
+    /// The `tenant` label value of `tenant`: its id while there is room, else `_other`.
+    fn tenant_label(&self, tenant: &TenantId) -> String {
+        let id = tenant.as_str();
+        // A poisoned lock only means another request panicked mid-insert; the set is intact.
+        let known = self
+            .labelled_tenants
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(id);
+        if known {
+            return id.to_owned();
+        }
+        let mut set = self
+            .labelled_tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if set.contains(id) || set.len() < self.tenant_limit {
+            set.insert(id.to_owned());
+            id.to_owned()
+        } else {
+            OTHER_TENANTS.to_owned()
+        }
+    }
+
+    /// Drops a deleted tenant's series and frees its label for another tenant.
+    pub fn forget_tenant(&self, tenant: &TenantId) {
+        let removed = self
+            .labelled_tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(tenant.as_str());
+        if !removed {
+            return;
+        }
+        for outcome in OUTCOMES {
+            self.admissions.remove(&AdmissionLabels {
+                tenant: tenant.to_string(),
+                outcome,
+            });
+        }
+        for reason in REASONS {
+            self.rejections.remove(&RejectionLabels {
+                tenant: tenant.to_string(),
+                reason,
+            });
+        }
+    }
+
+    /// A connection was accepted.
+    pub fn connection_opened(&self) {
+        self.connections_open.inc();
+    }
+
+    /// An accepted connection closed.
+    pub fn connection_closed(&self) {
+        self.connections_open.dec();
+    }
+
+    /// A connection was refused at the cap.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     /// Counts one admission of `tenant`.
     pub fn admission(&self, tenant: &TenantId, outcome: AdmissionOutcome) {
-        let tenant = tenant.to_string();
+        let tenant = self.tenant_label(tenant);
         let (counted, reason) = match outcome {
             AdmissionOutcome::Admitted => (Some("admitted"), None),
             AdmissionOutcome::Deduplicated => (Some("deduplicated"), None),
@@ -174,7 +279,24 @@ impl Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(DEFAULT_TENANT_LIMIT)
+    }
+}
+
+/// Tenants labelled by default (`--metrics-tenant-limit`).
+pub const DEFAULT_TENANT_LIMIT: usize = 1000;
+
+/// The `method` label value: the method's name when the API knows it, else `other`.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
     }
 }
 
@@ -182,14 +304,14 @@ impl Metrics {
     /// Records one request's duration under its route template (`None`: no route matched).
     pub fn observe_latency(
         &self,
-        method: &str,
+        method: &Method,
         route: Option<String>,
         status: StatusCode,
         took: std::time::Duration,
     ) {
         self.latency
             .get_or_create(&RequestLabels {
-                method: method.to_owned(),
+                method: method_label(method),
                 route: route.unwrap_or_else(|| "unmatched".to_owned()),
                 status: status.as_u16(),
             })
@@ -199,14 +321,28 @@ impl Metrics {
 
 /// Prometheus metrics (OpenMetrics text).
 ///
-/// Per-tenant admission counters, a request latency histogram, and per shard the ready-stream
-/// depth, the dead-letter count and the event counters kept on Redis (completed, fenced,
-/// dlq_evicted, ...), read at scrape time. No authentication, like the probes: keep it off public
-/// networks.
+/// Per-tenant admission counters, a request latency histogram, connection counts, and per
+/// shard the ready-stream depth, the dead-letter count and the event counters kept on Redis
+/// (completed, fenced, dlq_evicted, ...), read at scrape time. With `--metrics-token` it needs
+/// `Authorization: Bearer <metrics token>`; with `--metrics-listen` it is served only on that
+/// address (and answers 404 here).
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "The metrics", body = String,
-        content_type = "application/openmetrics-text")))]
-pub async fn metrics(State(state): State<AppState>) -> Response {
+    responses(
+        (status = 200, description = "The metrics", body = String,
+            content_type = "application/openmetrics-text"),
+        (status = 401, description = "`--metrics-token` is set and the request does not carry it",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 404, description = "Served on another address (`--metrics-listen`)",
+            body = Problem, content_type = "application/problem+json"),
+    ),
+    security((), ("metrics_bearer" = [])))]
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(token) = &state.auth.metrics_token
+        && !bearer_is(&headers, token)
+    {
+        return ApiError::Unauthorized.into_response();
+    }
     let m = &state.metrics;
     m.queue_depth.clear();
     m.dead_letters.clear();
@@ -239,8 +375,8 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         Err(e) => tracing::warn!(error = %e, "shard numbers not read for /metrics"),
     }
     let mut body = String::new();
-    if encode(&mut body, &m.registry).is_err() {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    if let Err(e) = encode(&mut body, &m.registry) {
+        return ApiError::Internal(format!("metrics encoding failed: {e}")).into_response();
     }
     let mut res = body.into_response();
     res.headers_mut()

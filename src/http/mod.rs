@@ -44,6 +44,10 @@ pub struct AppState {
     pub auth: Arc<AuthConfig>,
     /// `max_attempts` of executions that do not say.
     pub default_max_attempts: u32,
+    /// Largest `params` accepted, in bytes of canonical JSON.
+    pub max_params_bytes: usize,
+    /// Byte budget of one listing page.
+    pub max_page_bytes: usize,
     /// The Prometheus registry `/metrics` renders.
     pub metrics: Arc<metrics::Metrics>,
 }
@@ -55,6 +59,8 @@ pub struct HttpLimits {
     pub body_limit: usize,
     /// Browser origins allowed to call the API (CORS); empty = no CORS headers at all.
     pub cors_origins: Vec<HeaderValue>,
+    /// Whether `/metrics` is served with the API (false: on its own listener).
+    pub metrics_on_main: bool,
 }
 
 #[derive(OpenApi)]
@@ -89,20 +95,30 @@ impl Modify for BearerAuth {
                 .into(),
         );
         components.add_security_scheme("bearer", SecurityScheme::Http(scheme));
+        let mut metrics = Http::new(HttpAuthScheme::Bearer);
+        metrics.description = Some(
+            "The metrics token (`--metrics-token`), for `/metrics` only; without one configured \
+             `/metrics` needs no credentials."
+                .into(),
+        );
+        components.add_security_scheme("metrics_bearer", SecurityScheme::Http(metrics));
     }
 }
 
-fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+/// The API's routes and its OpenAPI document; `/metrics` is routed separately (it may have a
+/// listener of its own) but documented here.
+fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
     let (router, mut spec) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(executions::routes())
         .merge(tenants::routes())
         .merge(api_keys::routes())
         .merge(queues::routes())
         .merge(health::routes())
-        .merge(metrics::routes())
         .split_for_parts();
+    let (metrics_router, metrics_spec) = metrics::routes().split_for_parts();
+    spec.merge(metrics_spec);
     document_tenant_header(&mut spec);
-    (router, spec)
+    (router, metrics_router, spec)
 }
 
 /// Documents `X-Tenant-Id` once per `/api/executions` path (so every operation there, present
@@ -135,12 +151,15 @@ fn document_tenant_header(spec: &mut utoipa::openapi::OpenApi) {
 /// The OpenAPI document of this build (what `/openapi.json` serves and `sluice openapi`
 /// prints).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_routes().1
+    api_routes().2
 }
 
 /// The whole HTTP application with its middleware.
 pub fn router(state: AppState, limits: HttpLimits) -> Router {
-    let (routes, spec) = api_routes();
+    let (mut routes, metrics_routes, spec) = api_routes();
+    if limits.metrics_on_main {
+        routes = routes.merge(metrics_routes);
+    }
     let spec = Arc::new(spec);
     let mut app = routes
         .route(
@@ -172,6 +191,23 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
         app = app.layer(cors);
     }
     app.with_state(state)
+}
+
+/// `/metrics` alone, for its own listener (`--metrics-listen`), with the same per-request
+/// bounds and error shape as the API.
+pub fn metrics_router(state: AppState, limits: &HttpLimits) -> Router {
+    let (_, metrics_routes, _) = api_routes();
+    metrics_routes
+        .fallback(unknown_route)
+        .layer(middleware::from_fn_with_state(
+            Edge {
+                metrics: state.metrics.clone(),
+                request_timeout: limits.request_timeout,
+            },
+            edge,
+        ))
+        .layer(DefaultBodyLimit::max(limits.body_limit))
+        .with_state(state)
 }
 
 /// The span every request's logs are in (an access line per request at `debug`: enable it
@@ -246,7 +282,7 @@ async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
         Err(_) => ApiError::Timeout.into_response(),
     };
     edge.metrics
-        .observe_latency(method.as_str(), route, res.status(), started.elapsed());
+        .observe_latency(&method, route, res.status(), started.elapsed());
     res
 }
 

@@ -249,6 +249,7 @@ pub async fn delete_tenant(
     caller.require(Role::PlatformAdmin)?;
     let tenant = TenantId::parse(&tenant)?;
     if state.store.delete_tenant(&tenant).await? {
+        state.metrics.forget_tenant(&tenant);
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(tenant_not_found())

@@ -157,6 +157,8 @@ pub fn free_port() -> u16 {
 /// The real application on a free port, with its own Redis.
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served when it has its own listener (`--metrics-listen`).
+    pub metrics_addr: Option<SocketAddr>,
     pub redis: TestRedis,
     pub client: reqwest::Client,
     shards: ShardMap,
@@ -194,10 +196,12 @@ impl TestApp {
             .await
             .expect("app builds");
         let addr = app.address();
+        let metrics_addr = app.metrics_address();
         let shards = app.store().shards();
         tokio::spawn(app.run_until_stopped(std::future::pending()));
         Self {
             addr,
+            metrics_addr,
             redis,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
@@ -206,6 +210,17 @@ impl TestApp {
             shards,
             config,
         }
+    }
+
+    /// Another server on the same Redis, with this app's settings as `adjust` changes them
+    /// (as a second process would run); its address. It serves until the test ends.
+    pub async fn spawn_beside(&self, adjust: impl FnOnce(&mut AppConfig)) -> SocketAddr {
+        let mut config = self.config.clone();
+        adjust(&mut config);
+        let app = Application::build(config).await.expect("app builds");
+        let addr = app.address();
+        tokio::spawn(app.run_until_stopped(std::future::pending()));
+        addr
     }
 
     /// A second store handle on the app's Redis (as another process would have).

@@ -5,6 +5,7 @@ mod access;
 mod admission;
 mod bad_input;
 mod config;
+mod connections;
 mod deployment;
 mod dev;
 mod guarantees;

@@ -281,3 +281,155 @@ async fn the_request_id_is_returned_and_in_the_logs() {
         "the token leaked into the log: {line}"
     );
 }
+
+/// Series of `metric` in an exposition.
+fn series<'a>(text: &'a str, metric: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
+        .collect()
+}
+
+#[tokio::test]
+async fn metric_labels_come_from_closed_sets() {
+    let app = TestApp::spawn_with(|c| c.api.metrics_tenant_limit = 2).await;
+    // Any token is a legal HTTP method: none of them may become a label value.
+    for i in 0..40 {
+        let method = reqwest::Method::from_bytes(format!("M{i}X").as_bytes()).unwrap();
+        let res = app
+            .client
+            .request(method, app.url("/api/executions"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let long = reqwest::Method::from_bytes("L".repeat(10_000).as_bytes()).unwrap();
+    let res = app
+        .client
+        .request(long, app.url("/x"))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_client_error());
+    // Tenants beyond the limit share one label value.
+    for tenant in ["t1", "t2", "t3", "t4"] {
+        app.admit(tenant, "demo.echo").await;
+    }
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let latency = series(&text, "sluice_http_request_duration_seconds_count");
+    assert!(
+        latency
+            .iter()
+            .all(|l| !l.contains("M1X") && !l.contains("LLLL")),
+        "{latency:#?}"
+    );
+    assert!(
+        latency
+            .iter()
+            .any(|l| l.contains(r#"method="other",route="/api/executions",status="405""#)),
+        "{latency:#?}"
+    );
+    let admitted = series(&text, "sluice_admissions_total");
+    let want = [
+        r#"sluice_admissions_total{tenant="t1",outcome="admitted"} 1"#,
+        r#"sluice_admissions_total{tenant="t2",outcome="admitted"} 1"#,
+        r#"sluice_admissions_total{tenant="_other",outcome="admitted"} 2"#,
+    ];
+    let mut got = admitted.clone();
+    got.sort();
+    let mut want = want.to_vec();
+    want.sort();
+    assert_eq!(got, want);
+    assert!(text.len() < 64 * 1024, "{} bytes", text.len());
+
+    // A deleted tenant's series go, and its label is free for another tenant.
+    app.put_tenant("t1", &json!({})).await;
+    let res = app
+        .client
+        .delete(app.url("/api/tenants/t1"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    app.admit("t5", "demo.echo").await;
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let admitted = series(&text, "sluice_admissions_total");
+    assert!(
+        !admitted.iter().any(|l| l.contains(r#""t1""#)),
+        "{admitted:#?}"
+    );
+    assert!(
+        admitted.iter().any(|l| l.contains(r#""t5""#)),
+        "{admitted:#?}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_can_require_their_own_token() {
+    let app = TestApp::spawn_with(|c| c.api.metrics_token = Some("scrape-secret".into())).await;
+    let get = |token: Option<&'static str>| {
+        let mut req = app.client.get(app.url("/metrics"));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    for token in [None, Some(ADMIN_TOKEN), Some("scrape-secreT")] {
+        let res = get(token).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{token:?}");
+        assert_eq!(res.headers()["www-authenticate"], "Bearer");
+        assert_eq!(crate::helpers::problem_code(res).await, "unauthorized");
+    }
+    let res = get(Some("scrape-secret")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.text().await.unwrap().contains("sluice_queue_depth"));
+    // The probes stay open.
+    let res = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn metrics_can_have_their_own_address() {
+    let app =
+        TestApp::spawn_with(|c| c.api.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(crate::helpers::problem_code(res).await, "route_not_found");
+    let own = app.metrics_addr.expect("a metrics address");
+    assert_ne!(own, app.addr);
+    let res = app
+        .client
+        .get(format!("http://{own}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.text().await.unwrap().contains("sluice_queue_depth"));
+    // Only /metrics there: the API is not reachable through it.
+    let res = app
+        .client
+        .get(format!("http://{own}/api/executions"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("X-Tenant-Id", "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}

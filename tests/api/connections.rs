@@ -1,0 +1,208 @@
+//! Connections are bounded for anyone who can reach the port: silent, idle and preface-only
+//! connections are closed (HTTP/1 and HTTP/2), and past `--max-connections` newcomers are
+//! refused while the connections already served keep working. Real TCP connections, no mocks.
+
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helpers::TestApp;
+
+/// The HTTP/2 connection preface and an empty SETTINGS frame: all an h2c client must send.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Reads until the server closes the connection (EOF or reset), at most `limit`; what was
+/// read, or `None` when the connection was still open at the deadline.
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut buf = [0u8; 4096];
+        let left = deadline.checked_duration_since(Instant::now())?;
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(out),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// One `GET path` on a kept-alive HTTP/1.1 connection; the status line and body.
+async fn get_on(stream: &mut TcpStream, path: &str) -> (String, String) {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: sluice\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .expect("a content-length");
+            if body.len() >= len {
+                let status = head.lines().next().unwrap_or_default().to_owned();
+                return (status, body[..len].to_owned());
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .expect("an answer within 10 s");
+        let n = tokio::time::timeout(left, stream.read(&mut chunk))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed before answering: {text}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test]
+async fn silent_idle_and_preface_only_connections_are_closed_http1_and_http2() {
+    let timeout = Duration::from_millis(400);
+    let app = TestApp::spawn_with(|c| c.api.header_read_timeout_ms = 400).await;
+    let opened = Instant::now();
+    // Connections that never send a byte.
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(TcpStream::connect(app.addr).await.unwrap());
+    }
+    // h2c connections that send the preface and nothing else.
+    let mut preface_only = Vec::new();
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(app.addr).await.unwrap();
+        s.write_all(H2_PREFACE).await.unwrap();
+        preface_only.push(s);
+    }
+    // An HTTP/1.1 connection served once, then idle.
+    let mut idle_h1 = TcpStream::connect(app.addr).await.unwrap();
+    let (status, _) = get_on(&mut idle_h1, "/healthz").await;
+    assert!(status.contains("200"), "{status}");
+    // An HTTP/2 connection served once, then idle.
+    let io = TokioIo::new(TcpStream::connect(app.addr).await.unwrap());
+    let (mut h2, h2_conn) = hyper::client::conn::http2::handshake::<
+        _,
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(TokioExecutor::new(), io)
+    .await
+    .unwrap();
+    let h2_closed = tokio::spawn(async move {
+        let _ = h2_conn.await;
+        Instant::now()
+    });
+    let req = hyper::Request::get(app.url("/healthz"))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    assert_eq!(h2.send_request(req).await.unwrap().status(), 200);
+
+    for (what, streams) in [
+        ("silent", &mut silent),
+        ("preface-only h2c", &mut preface_only),
+    ] {
+        for s in streams.iter_mut() {
+            let read = read_until_closed(s, Duration::from_secs(10)).await;
+            assert!(read.is_some(), "a {what} connection stayed open");
+        }
+    }
+    assert!(
+        read_until_closed(&mut idle_h1, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "an idle HTTP/1.1 connection stayed open"
+    );
+    let closed_at = tokio::time::timeout(Duration::from_secs(10), h2_closed)
+        .await
+        .expect("an idle HTTP/2 connection stayed open")
+        .unwrap();
+    // Closed by the timeout, not by accident: none of this happens before it.
+    assert!(closed_at - opened >= timeout, "{:?}", closed_at - opened);
+    // And the server still serves new clients.
+    let res = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+}
+
+#[tokio::test]
+async fn a_connection_is_not_closed_while_it_keeps_asking() {
+    let app = TestApp::spawn_with(|c| c.api.header_read_timeout_ms = 400).await;
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    // Requests every 150 ms for well over the timeout, all on the one connection.
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let (status, _) = get_on(&mut conn, "/healthz").await;
+        assert!(status.contains("200"), "{status}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+#[tokio::test]
+async fn past_the_cap_newcomers_are_refused_and_served_connections_keep_working() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_connections = 4;
+        // Long enough that no connection of this test idles out on its own.
+        c.api.header_read_timeout_ms = 60_000;
+    })
+    .await;
+    // A client holding a slot: served, and kept alive.
+    let mut holder = TcpStream::connect(app.addr).await.unwrap();
+    let (status, _) = get_on(&mut holder, "/healthz").await;
+    assert!(status.contains("200"), "{status}");
+    // Three silent connections take the other slots. The listener accepts in connection
+    // order, so they are counted before the next one is looked at.
+    let mut squatters = Vec::new();
+    for _ in 0..3 {
+        squatters.push(TcpStream::connect(app.addr).await.unwrap());
+    }
+    // The fifth is answered 503 and closed at once.
+    let mut refused = TcpStream::connect(app.addr).await.unwrap();
+    let answer = read_until_closed(&mut refused, Duration::from_secs(10))
+        .await
+        .expect("the connection past the cap was not closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("too_many_connections"), "{answer}");
+    // The squatters were not disturbed: still open.
+    for s in &mut squatters {
+        assert!(
+            read_until_closed(s, Duration::from_millis(200))
+                .await
+                .is_none(),
+            "a connection within the cap was closed"
+        );
+    }
+    // The holder is still served, and sees the refusal counted.
+    let (status, metrics) = get_on(&mut holder, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        metrics.contains("sluice_http_connections_refused_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_http_connections_open 4"),
+        "{metrics}"
+    );
+    // A slot freed is a slot for the next client (once the server saw the close).
+    drop(squatters.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut next = TcpStream::connect(app.addr).await.unwrap();
+        next.write_all(b"GET /healthz HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until_closed(&mut next, Duration::from_secs(10))
+            .await
+            .unwrap_or_default();
+        if String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed slot was never reused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
