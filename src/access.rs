@@ -6,6 +6,10 @@
 //! bits, the lookup handle, safe to show and log) and 64 of secret (256 random bits). Only the
 //! SHA-256 of the secret is stored; with 256 random bits a plain hash is as strong as a slow
 //! password hash, and it keeps authentication one cheap lookup.
+//!
+//! A key minted by a server in dev-auth mode (where anybody may mint one) is stored with a
+//! hash of its own domain ([`KeyOrigin::DevAuth`]): a server with real authentication on the
+//! same Redis never accepts it.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -72,12 +76,31 @@ impl std::fmt::Display for KeyId {
     }
 }
 
-/// A token as presented by a caller, split into its lookup id and its secret's hash.
-#[derive(Debug)]
+/// Who minted a key, which decides how its secret is hashed for storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOrigin {
+    /// A server that authenticates its callers: valid everywhere.
+    Authenticated,
+    /// A server in dev-auth mode, where nobody is authenticated: valid only on such servers.
+    DevAuth,
+}
+
+/// Prefix hashed before the secret of a dev-auth key, so its stored hash can never match
+/// what a normal server computes.
+const DEV_AUTH_DOMAIN: &str = "sluice dev-auth key\0";
+
+/// A token as presented by a caller, split into its lookup id and its secret.
 pub struct PresentedKey {
     pub id: KeyId,
-    /// SHA-256 hex of the presented secret.
-    pub secret_hash: String,
+    secret: String,
+}
+
+impl std::fmt::Debug for PresentedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PresentedKey")
+            .field("id", &self.id)
+            .finish()
+    }
 }
 
 impl PresentedKey {
@@ -90,13 +113,21 @@ impl PresentedKey {
         }
         Some(Self {
             id: KeyId::parse(id)?,
-            secret_hash: hash_secret(secret),
+            secret: secret.to_owned(),
         })
     }
 
-    /// Whether the presented secret is the one stored (constant time).
-    pub fn matches(&self, stored_hash: &str) -> bool {
-        bool::from(self.secret_hash.as_bytes().ct_eq(stored_hash.as_bytes()))
+    /// Whether the presented secret is the one stored (constant time), for a key minted with
+    /// real authentication or, when `accept_dev_auth`, in dev-auth mode.
+    pub fn matches(&self, stored_hash: &str, accept_dev_auth: bool) -> bool {
+        let is = |origin| {
+            bool::from(
+                hash_secret(&self.secret, origin)
+                    .as_bytes()
+                    .ct_eq(stored_hash.as_bytes()),
+            )
+        };
+        is(KeyOrigin::Authenticated) || (accept_dev_auth && is(KeyOrigin::DevAuth))
     }
 }
 
@@ -112,7 +143,7 @@ pub struct GeneratedKey {
 
 impl GeneratedKey {
     /// Draws a new key from the operating system's random source.
-    pub fn generate() -> Result<Self, getrandom::Error> {
+    pub fn generate(origin: KeyOrigin) -> Result<Self, getrandom::Error> {
         let mut id = [0u8; KEY_ID_BYTES];
         let mut secret = [0u8; SECRET_BYTES];
         getrandom::fill(&mut id)?;
@@ -120,14 +151,19 @@ impl GeneratedKey {
         let (id, secret) = (hex::encode(id), hex::encode(secret));
         Ok(Self {
             token: format!("{TOKEN_PREFIX}{id}_{secret}"),
-            secret_hash: hash_secret(&secret),
+            secret_hash: hash_secret(&secret, origin),
             id: KeyId(id),
         })
     }
 }
 
-fn hash_secret(secret: &str) -> String {
-    hex::encode(Sha256::digest(secret.as_bytes()))
+fn hash_secret(secret: &str, origin: KeyOrigin) -> String {
+    let mut h = Sha256::new();
+    if origin == KeyOrigin::DevAuth {
+        h.update(DEV_AUTH_DOMAIN);
+    }
+    h.update(secret.as_bytes());
+    hex::encode(h.finalize())
 }
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
@@ -140,17 +176,27 @@ mod tests {
 
     #[test]
     fn a_generated_token_parses_back_to_its_id_and_hash() {
-        let k = GeneratedKey::generate().unwrap();
+        let k = GeneratedKey::generate(KeyOrigin::Authenticated).unwrap();
         assert!(k.token.starts_with("sk_"));
         let p = PresentedKey::parse(&k.token).unwrap();
         assert_eq!(p.id, k.id);
-        assert!(p.matches(&k.secret_hash));
+        assert!(p.matches(&k.secret_hash, false));
+        assert!(p.matches(&k.secret_hash, true));
         assert!(!k.token.contains(&k.secret_hash));
+        assert!(!format!("{p:?}").contains(&k.token[20..]));
+    }
+
+    #[test]
+    fn a_dev_auth_key_matches_only_where_dev_auth_keys_are_accepted() {
+        let k = GeneratedKey::generate(KeyOrigin::DevAuth).unwrap();
+        let p = PresentedKey::parse(&k.token).unwrap();
+        assert!(!p.matches(&k.secret_hash, false));
+        assert!(p.matches(&k.secret_hash, true));
     }
 
     #[test]
     fn malformed_tokens_do_not_parse() {
-        let k = GeneratedKey::generate().unwrap();
+        let k = GeneratedKey::generate(KeyOrigin::Authenticated).unwrap();
         for bad in [
             "",
             "sk_",
@@ -166,12 +212,12 @@ mod tests {
 
     #[test]
     fn a_different_secret_does_not_match() {
-        let a = GeneratedKey::generate().unwrap();
-        let b = GeneratedKey::generate().unwrap();
+        let a = GeneratedKey::generate(KeyOrigin::Authenticated).unwrap();
+        let b = GeneratedKey::generate(KeyOrigin::Authenticated).unwrap();
         assert!(
             !PresentedKey::parse(&a.token)
                 .unwrap()
-                .matches(&b.secret_hash)
+                .matches(&b.secret_hash, true)
         );
     }
 }

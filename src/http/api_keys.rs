@@ -17,7 +17,7 @@ use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
 use super::extract::{Json, Path};
 use super::tenants::tenant_not_found;
-use crate::access::{KeyId, KeyRole};
+use crate::access::{KeyId, KeyOrigin, KeyRole};
 use crate::admission::TenantId;
 use crate::store::{ApiKeyRecord, KeyCreation};
 
@@ -114,7 +114,10 @@ pub struct ApiKeyList {
     request_body = NewApiKey,
     responses(
         (status = 201, description = "Created; the token is in this answer only", body = CreatedApiKey,
-            headers(("Location" = String, description = "URL of the key (for DELETE)"))),
+            headers(
+                ("Location" = String, description = "URL of the key (for DELETE)"),
+                ("Cache-Control" = String, description = "`no-store`: the token must not be kept by any cache"),
+            )),
         (status = 400, description = "Invalid tenant id or body", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
@@ -141,11 +144,16 @@ pub async fn create_api_key(
             detail: format!("name must be 1–{MAX_NAME_LEN} characters without control characters"),
         });
     }
+    let origin = if state.auth.dev_auth {
+        KeyOrigin::DevAuth
+    } else {
+        KeyOrigin::Authenticated
+    };
     let now_ms = i64::try_from(OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
         .map_err(|_| ApiError::Internal("clock out of range".into()))?;
     match state
         .store
-        .create_api_key(&tenant, body.role, body.name.as_deref(), now_ms)
+        .create_api_key(&tenant, body.role, body.name.as_deref(), now_ms, origin)
         .await?
     {
         KeyCreation::Created(record, key) => {
@@ -155,9 +163,12 @@ pub async fn create_api_key(
                 token: key.token,
             };
             let mut res = (StatusCode::CREATED, axum::Json(created)).into_response();
+            let headers = res.headers_mut();
             if let Ok(v) = HeaderValue::from_str(&location) {
-                res.headers_mut().insert(header::LOCATION, v);
+                headers.insert(header::LOCATION, v);
             }
+            // The token is in this answer only: no cache (browser, proxy) may keep a copy.
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             Ok(res)
         }
         KeyCreation::NoTenant => Err(tenant_not_found()),

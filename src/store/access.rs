@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::{Store, StoreError, keys};
-use crate::access::{GeneratedKey, KeyId, KeyRole, PresentedKey};
+use crate::access::{GeneratedKey, KeyId, KeyOrigin, KeyRole, PresentedKey};
 use crate::admission::TenantId;
 
 /// The access scripts (standalone: they do not use the shard helpers of `common.lua`). Called
@@ -117,18 +117,19 @@ impl Store {
         Ok(revoked >= 0)
     }
 
-    /// Generates and stores a key for a registered tenant.
+    /// Generates and stores a key for a registered tenant (`origin`: see `KeyOrigin`).
     pub async fn create_api_key(
         &self,
         tenant: &TenantId,
         role: KeyRole,
         name: Option<&str>,
         now_ms: i64,
+        origin: KeyOrigin,
     ) -> Result<KeyCreation, StoreError> {
         // A collision of 64 random bits is not expected; the script refuses one anyway, and
         // a second draw settles it.
         for _ in 0..3 {
-            let key = GeneratedKey::generate()
+            let key = GeneratedKey::generate(origin)
                 .map_err(|e| StoreError::Unavailable(format!("no randomness: {e}")))?;
             let mut inv = SCRIPTS.create.key(keys::api_key(key.id.as_str()));
             inv.key(keys::tenant_keys(tenant))
@@ -207,10 +208,12 @@ impl Store {
     }
 
     /// The tenant and role of a presented key, or `None` when it is unknown, revoked, of a
-    /// deleted tenant, or its secret does not match.
+    /// deleted tenant, or its secret does not match (a dev-auth key matches only when
+    /// `accept_dev_auth`).
     pub async fn authenticate_key(
         &self,
         key: &PresentedKey,
+        accept_dev_auth: bool,
     ) -> Result<Option<(TenantId, KeyRole)>, StoreError> {
         let mut inv = SCRIPTS.auth.key(keys::api_key(key.id.as_str()));
         inv.key(keys::tenants())
@@ -221,7 +224,7 @@ impl Store {
         let [tenant, role, hash] = reply.as_slice() else {
             return Ok(None);
         };
-        if !key.matches(hash) {
+        if !key.matches(hash, accept_dev_auth) {
             return Ok(None);
         }
         let tenant = TenantId::parse(tenant).map_err(|e| StoreError::Corrupt(e.detail))?;

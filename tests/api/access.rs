@@ -561,3 +561,92 @@ async fn invalid_key_requests_are_400() {
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
     }
 }
+
+#[tokio::test]
+async fn keys_minted_under_dev_auth_never_work_on_a_server_that_authenticates() {
+    let dev = TestApp::spawn_with(|c| {
+        c.api.dev_auth = true;
+        c.api.admin_token = None;
+    })
+    .await;
+    let normal = dev
+        .spawn_beside(|c| {
+            c.api.dev_auth = false;
+            c.api.admin_token = Some(ADMIN_TOKEN.into());
+        })
+        .await;
+    // In dev mode anybody registers a tenant and mints a key, without credentials.
+    let res = dev
+        .client
+        .put(dev.url("/api/tenants/acme"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = dev
+        .client
+        .post(dev.url("/api/tenants/acme/api-keys"))
+        .json(&json!({"role": "admin"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let dev_token = res.json::<Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let list = |base: String, token: String| {
+        let client = dev.client.clone();
+        async move {
+            client
+                .get(format!("{base}/api/executions"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let normal_base = format!("http://{normal}");
+    // The dev server takes it; the authenticating one on the same Redis does not.
+    let res = list(dev.url(""), dev_token.clone()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = list(normal_base.clone(), dev_token).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(problem_code(res).await, "unauthorized");
+    // A key minted with real authentication works on both.
+    let res = dev
+        .client
+        .post(format!("{normal_base}/api/tenants/acme/api-keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"role": "viewer"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let token = res.json::<Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        list(normal_base, token.clone()).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(list(dev.url(""), token).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_answer_carrying_a_token_is_never_cached() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let res = app
+        .client
+        .post(app.url("/api/tenants/acme/api-keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"role": "viewer"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+}

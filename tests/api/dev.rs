@@ -124,3 +124,42 @@ fn sluice_dev_says_clearly_when_redis_server_is_missing() {
     assert!(stderr.contains("apt-get install redis-server"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn dev_auth_refuses_a_network_address_unless_told_loudly() {
+    let out = Command::new(sluice_bin())
+        .args(["serve", "--dev-auth", "--listen", "0.0.0.0:0"])
+        .args(["--redis-url", "redis://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--dangerously-allow-dev-auth-on-network"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("cannot use redis"),
+        "checked before Redis: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn dev_auth_on_a_network_address_needs_the_override() {
+    let redis = crate::helpers::TestRedis::start().await;
+    let mut api = sluice::config::ApiSettings::defaults();
+    api.dev_auth = true;
+    api.listen = "0.0.0.0:0".parse().unwrap();
+    let mut config = sluice::config::AppConfig {
+        api,
+        redis: sluice::config::RedisSettings::for_url(redis.url()),
+    };
+    let refused = sluice::Application::build(config.clone()).await;
+    assert!(refused.is_err());
+    config.api.dangerously_allow_dev_auth_on_network = true;
+    assert!(sluice::Application::build(config.clone()).await.is_ok());
+    // Loopback needs nothing.
+    config.api.dangerously_allow_dev_auth_on_network = false;
+    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    assert!(sluice::Application::build(config).await.is_ok());
+}
