@@ -11,10 +11,8 @@
 //! hash of its own domain ([`KeyOrigin::DevAuth`]): a server with real authentication on the
 //! same Redis never accepts it.
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use utoipa::ToSchema;
 
 /// Prefix of every tenant API key; tells it apart from the platform admin token.
 pub const TOKEN_PREFIX: &str = "sk_";
@@ -22,8 +20,7 @@ const KEY_ID_BYTES: usize = 8;
 const SECRET_BYTES: usize = 32;
 
 /// The role a tenant API key grants, weakest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KeyRole {
     /// Read executions.
     Viewer,

@@ -1,16 +1,15 @@
-//! An execution as clients see it, rebuilt from its Redis row.
+//! An execution as sluice knows it, rebuilt from its Redis row. Not the wire format: the API's
+//! JSON shape is `http::executions::wire`, built from this, so a storage change cannot change
+//! the contract by accident.
 
 use std::collections::HashMap;
 
-use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
-use utoipa::ToSchema;
 
 /// Lifecycle of an execution: `queued` → `running` → one terminal status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Queued,
     Running,
@@ -53,50 +52,28 @@ impl Status {
 
 /// Where a queued execution waits: over its tenant's concurrency limit (`waiting`), or on the
 /// ready stream with a slot of its tenant, for a worker to start (`dispatched`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueState {
     Waiting,
     Dispatched,
 }
 
 /// Why an execution failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorInfo {
     /// Machine-readable kind, e.g. `handler_error`, `lease_lost`, `poison`.
     pub kind: String,
     pub message: String,
 }
 
-/// One execution, as returned by every execution call.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({
-    "execution_id": "019abc12d3e47f80a1b2c3d4e5f60718",
-    "tenant_id": "acme",
-    "flow_id": "demo.echo",
-    "version": null,
-    "params": {"order": 42},
-    "status": "queued",
-    "queue_state": "dispatched",
-    "dedup_key": "order-42",
-    "deduplicated": false,
-    "attempt": 0,
-    "max_attempts": 5,
-    "cancel_requested": false,
-    "created_at": "2026-11-29T09:00:00.123Z",
-    "started_at": null,
-    "finished_at": null,
-    "updated_at": "2026-11-29T09:00:00.123Z",
-    "output": null,
-    "error": null
-}))]
+/// One execution: its request, where it is in its lifecycle, and how its last run ended.
+#[derive(Debug, Clone)]
 pub struct Execution {
     /// 32 lowercase hex characters (a UUIDv7, so ids sort by creation time).
     pub execution_id: String,
     pub tenant_id: String,
     pub flow_id: String,
     pub version: Option<String>,
-    #[schema(value_type = Object)]
     pub params: Value,
     pub status: Status,
     /// Set only while `queued`.
@@ -115,7 +92,6 @@ pub struct Execution {
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     pub updated_at: String,
-    #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
     pub error: Option<ErrorInfo>,
 }

@@ -1,6 +1,6 @@
 //! The admission domain: what a request to start an execution is, once parsed, and what an
-//! execution looks like to a client. No HTTP and no Redis types live here; the HTTP layer
-//! parses into these types at the edge and the store persists them.
+//! execution is. No HTTP and no Redis types live here; the HTTP layer parses into these types
+//! at the edge (and renders them as its own wire types), and the store persists them.
 
 mod execution;
 mod ids;
@@ -8,4 +8,4 @@ mod request;
 
 pub use execution::{ErrorInfo, Execution, QueueState, Status, rfc3339_from_ms};
 pub use ids::{DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version};
-pub use request::{AdmitRequest, Fingerprint, MAX_ATTEMPTS_LIMIT, NewExecution};
+pub use request::{AdmitInput, AdmitRequest, Fingerprint, MAX_ATTEMPTS_LIMIT};

@@ -1,35 +1,22 @@
-//! A request to start an execution: the body as a client sends it, and the parsed form the
-//! store admits.
+//! A request to start an execution: its fields as a client gave them, and the parsed form the
+//! store admits. (The JSON body itself is `http::executions::wire::NewExecution`.)
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
-use utoipa::ToSchema;
 
 use super::ids::{DedupKey, FlowId, InvalidInput, Version};
 
 /// Upper bound on `max_attempts`; more is almost always a mistake in the client.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
 
-/// The body of `POST /api/executions`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"flow_id": "demo.echo", "params": {"order": 42}, "dedup_key": "order-42"}))]
-pub struct NewExecution {
-    /// Flow to run: `^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$`.
+/// The fields of an admission request as the client gave them, not yet checked.
+#[derive(Debug, Clone, Default)]
+pub struct AdmitInput {
     pub flow_id: String,
-    /// Optional flow version label (1–64 characters).
-    #[serde(default)]
     pub version: Option<String>,
-    /// JSON object handed to the flow; `{}` when absent.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    /// Must be a JSON object; `None` and `null` mean `{}`.
     pub params: Option<Value>,
-    /// Idempotency key (1–256 bytes); may instead come from the `Idempotency-Key` header.
-    #[serde(default)]
     pub dedup_key: Option<String>,
-    /// How many times a worker may try it (1–100, default 5).
-    #[serde(default)]
     pub max_attempts: Option<u32>,
 }
 
@@ -64,7 +51,7 @@ impl AdmitRequest {
     /// Parses a body and the optional `Idempotency-Key` header. Both keys given and different
     /// is refused, since the client's intent is then unknowable.
     pub fn parse(
-        body: NewExecution,
+        body: AdmitInput,
         header_key: Option<&str>,
         default_max_attempts: u32,
     ) -> Result<Self, InvalidInput> {
@@ -131,8 +118,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn body(v: Value) -> NewExecution {
-        serde_json::from_value(v).unwrap()
+    fn body(v: Value) -> AdmitInput {
+        let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        AdmitInput {
+            flow_id: text("flow_id").unwrap_or_default(),
+            version: text("version"),
+            params: v.get("params").cloned(),
+            dedup_key: text("dedup_key"),
+            max_attempts: v
+                .get("max_attempts")
+                .and_then(Value::as_u64)
+                .map(|n| n as u32),
+        }
     }
 
     #[test]

@@ -15,9 +15,9 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
-use super::extract::{Json, Path};
+use super::extract::{JsonBody, Path};
 use super::tenants::tenant_not_found;
-use crate::access::{KeyId, KeyOrigin, KeyRole};
+use crate::access::{self, KeyId, KeyOrigin};
 use crate::admission::TenantId;
 use crate::store::{ApiKeyRecord, KeyCreation};
 
@@ -31,6 +31,38 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(revoke_api_key))
 }
 
+/// The role an API key grants, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyRole {
+    /// Read executions.
+    Viewer,
+    /// Also submit, cancel and retry executions.
+    Editor,
+    /// Also force-delete executions, read the tenant and manage its API keys.
+    Admin,
+}
+
+impl From<KeyRole> for access::KeyRole {
+    fn from(r: KeyRole) -> Self {
+        match r {
+            KeyRole::Viewer => access::KeyRole::Viewer,
+            KeyRole::Editor => access::KeyRole::Editor,
+            KeyRole::Admin => access::KeyRole::Admin,
+        }
+    }
+}
+
+impl From<access::KeyRole> for KeyRole {
+    fn from(r: access::KeyRole) -> Self {
+        match r {
+            access::KeyRole::Viewer => KeyRole::Viewer,
+            access::KeyRole::Editor => KeyRole::Editor,
+            access::KeyRole::Admin => KeyRole::Admin,
+        }
+    }
+}
+
 /// Body of `POST /api/tenants/{tenant}/api-keys`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -38,7 +70,13 @@ pub fn routes() -> OpenApiRouter<AppState> {
 pub struct NewApiKey {
     /// What the key may do.
     pub role: KeyRole,
-    /// A label to recognise the key by (1–64 visible characters), e.g. where it is used.
+    /// A label to recognise the key by, e.g. where it is used: 1–64 characters, no control
+    /// characters.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
     pub name: Option<String>,
 }
 
@@ -53,11 +91,14 @@ pub struct NewApiKey {
 }))]
 pub struct ApiKey {
     /// The key's public id (also inside its token); use it to revoke the key.
+    #[schema(pattern = "^[0-9a-f]{16}$")]
     pub key_id: String,
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
     pub tenant_id: String,
     pub role: KeyRole,
     pub name: Option<String>,
     /// RFC 3339.
+    #[schema(format = DateTime)]
     pub created_at: String,
 }
 
@@ -71,7 +112,7 @@ impl ApiKey {
         Self {
             key_id: r.id.to_string(),
             tenant_id: r.tenant.to_string(),
-            role: r.role,
+            role: r.role.into(),
             name: r.name.clone(),
             created_at,
         }
@@ -92,6 +133,7 @@ pub struct CreatedApiKey {
     #[serde(flatten)]
     pub key: ApiKey,
     /// `Authorization: Bearer <token>`. Shown only in this answer; sluice stores a hash.
+    #[schema(pattern = "^sk_[0-9a-f]{16}_[0-9a-f]{64}$")]
     pub token: String,
 }
 
@@ -110,7 +152,7 @@ pub struct ApiKeyList {
     post,
     path = "/api/tenants/{tenant}/api-keys",
     tag = "api-keys",
-    params(("tenant" = String, Path, description = "Tenant id")),
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
     request_body = NewApiKey,
     responses(
         (status = 201, description = "Created; the token is in this answer only", body = CreatedApiKey,
@@ -130,10 +172,11 @@ pub async fn create_api_key(
     State(state): State<AppState>,
     caller: Caller,
     Path(tenant): Path<String>,
-    Json(body): Json<NewApiKey>,
+    body: JsonBody<NewApiKey>,
 ) -> Result<Response, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
     caller.admin_of(&tenant, Role::TenantAdmin)?;
+    let body = body.parse().await?;
     if let Some(name) = &body.name
         && (name.is_empty()
             || name.chars().count() > MAX_NAME_LEN
@@ -153,7 +196,13 @@ pub async fn create_api_key(
         .map_err(|_| ApiError::Internal("clock out of range".into()))?;
     match state
         .store
-        .create_api_key(&tenant, body.role, body.name.as_deref(), now_ms, origin)
+        .create_api_key(
+            &tenant,
+            body.role.into(),
+            body.name.as_deref(),
+            now_ms,
+            origin,
+        )
         .await?
     {
         KeyCreation::Created(record, key) => {
@@ -180,7 +229,7 @@ pub async fn create_api_key(
     get,
     path = "/api/tenants/{tenant}/api-keys",
     tag = "api-keys",
-    params(("tenant" = String, Path, description = "Tenant id")),
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
     responses(
         (status = 200, description = "The tenant's live keys", body = ApiKeyList),
         (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
@@ -211,8 +260,8 @@ pub async fn list_api_keys(
     path = "/api/tenants/{tenant}/api-keys/{key_id}",
     tag = "api-keys",
     params(
-        ("tenant" = String, Path, description = "Tenant id"),
-        ("key_id" = String, Path, description = "Key id (16 lowercase hex)"),
+        ("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id"),
+        ("key_id" = String, Path, pattern = "^[0-9a-f]{16}$", description = "Key id (16 lowercase hex)"),
     ),
     responses(
         (status = 204, description = "Revoked"),

@@ -1,6 +1,8 @@
 //! Operator views of the queues: dead letters (`/api/dlq`) and per-shard statistics
 //! (`/api/queues`).
 
+use std::collections::BTreeMap;
+
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -11,7 +13,7 @@ use super::AppState;
 use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
 use super::extract::Query;
-use crate::store::{DeadLetter, ShardStats};
+use crate::store;
 
 /// The dead-letter and queue-statistics routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -24,10 +26,48 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DeadLetterParams {
-    /// Page size, 1–200 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
-    /// `next_before` of the previous page: only older records.
+    /// `next_before` of the previous page: only older records. A record id, `<ms>-<seq>`;
+    /// numbers beyond the largest id mean "no bound".
+    #[param(pattern = "^[0-9]{1,20}-[0-9]{1,20}$")]
     pub before: Option<String>,
+}
+
+/// One dead-letter record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetter {
+    /// The record's id in its shard's dead-letter stream (`<ms>-<seq>`).
+    #[schema(pattern = "^[0-9]{1,20}-[0-9]{1,20}$")]
+    pub entry_id: String,
+    pub execution_id: String,
+    pub tenant_id: Option<String>,
+    pub flow_id: Option<String>,
+    /// `lease_lost`, `handler_error` or `poison`.
+    pub reason: String,
+    pub attempts: u32,
+    /// The ready-stream entry that carried the execution.
+    pub source_entry: String,
+    /// RFC 3339 (or the raw milliseconds of a record sluice did not write).
+    pub dead_lettered_at: String,
+    pub message: String,
+}
+
+impl From<store::DeadLetter> for DeadLetter {
+    fn from(d: store::DeadLetter) -> Self {
+        Self {
+            entry_id: d.entry_id,
+            execution_id: d.execution_id,
+            tenant_id: d.tenant_id,
+            flow_id: d.flow_id,
+            reason: d.reason,
+            attempts: d.attempts,
+            source_entry: d.source_entry,
+            dead_lettered_at: d.dead_lettered_at,
+            message: d.message,
+        }
+    }
 }
 
 /// A page of dead letters, newest first.
@@ -35,6 +75,7 @@ pub struct DeadLetterParams {
 pub struct DeadLetterPage {
     pub dead_letters: Vec<DeadLetter>,
     /// Pass as `before` for older records; null when this page was not full.
+    #[schema(pattern = "^[0-9]{1,20}-[0-9]{1,20}$")]
     pub next_before: Option<String>,
 }
 
@@ -50,8 +91,9 @@ pub struct DeadLetterPage {
     params(DeadLetterParams),
     responses(
         (status = 200, description = "One page", body = DeadLetterPage),
-        (status = 400, description = "Invalid paging", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid paging, or the platform admin named an invalid X-Tenant-Id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -75,32 +117,80 @@ pub async fn list_dead_letters(
             detail: "limit must be between 1 and 200".into(),
         });
     }
-    if let Some(b) = &p.before
-        && !is_stream_id(b)
-    {
-        return Err(ApiError::BadRequest {
-            code: "invalid_cursor",
-            detail: "before must be a next_before returned by this call".into(),
-        });
-    }
+    let before = p
+        .before
+        .as_deref()
+        .map(|b| {
+            record_bound(b).ok_or_else(|| ApiError::BadRequest {
+                code: "invalid_cursor",
+                detail: "before must be a record id <ms>-<seq>, as next_before returns".into(),
+            })
+        })
+        .transpose()?
+        .flatten();
     let records = state
         .store
-        .dead_letters(tenant, p.before.as_deref(), limit as usize)
+        .dead_letters(tenant, before, limit as usize)
         .await?;
     let next_before = (records.len() == limit as usize)
         .then(|| records.last().map(|r| r.entry_id.clone()))
         .flatten();
     Ok(axum::Json(DeadLetterPage {
-        dead_letters: records,
+        dead_letters: records.into_iter().map(Into::into).collect(),
         next_before,
     }))
 }
 
-fn is_stream_id(s: &str) -> bool {
-    let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
-    !ms.is_empty()
-        && ms.bytes().all(|b| b.is_ascii_digit())
-        && seq.bytes().all(|b| b.is_ascii_digit())
+/// The exclusive upper bound a `before` cursor names, as numbers Redis accepts: `None` for
+/// not a record id at all, `Some(None)` for no bound (a number beyond the largest id: every
+/// record is older), `Some(Some((ms, seq)))` otherwise. Built from the numbers, never from the
+/// caller's text, so Redis never sees input it would refuse.
+fn record_bound(s: &str) -> Option<Option<(u64, u64)>> {
+    let (ms, seq) = s.split_once('-')?;
+    let digits = |t: &str| !t.is_empty() && t.len() <= 20 && t.bytes().all(|b| b.is_ascii_digit());
+    if !digits(ms) || !digits(seq) {
+        return None;
+    }
+    let Ok(ms) = ms.parse::<u64>() else {
+        return Some(None);
+    };
+    Some(match seq.parse::<u64>() {
+        Ok(seq) => Some((ms, seq)),
+        // Beyond the largest sequence of `ms`: everything up to the next millisecond.
+        Err(_) => ms.checked_add(1).map(|next| (next, 0)),
+    })
+}
+
+/// Counters and sizes of one shard.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardStats {
+    pub shard: u16,
+    /// Entries on the ready stream (dispatched, not yet started, plus running ones).
+    pub ready: u64,
+    /// Entries read by a worker and not yet acknowledged (= executions running).
+    pub pending: u64,
+    /// Leases held.
+    pub leases: u64,
+    /// Failed executions waiting out a retry backoff.
+    pub delayed: u64,
+    pub dead_letters: u64,
+    /// Counters since the shard's creation: completed, failed, cancelled, reclaimed, fenced,
+    /// dead_lettered, dlq_evicted, repaired_*.
+    pub counters: BTreeMap<String, u64>,
+}
+
+impl From<store::ShardStats> for ShardStats {
+    fn from(s: store::ShardStats) -> Self {
+        Self {
+            shard: s.shard,
+            ready: s.ready,
+            pending: s.pending,
+            leases: s.leases,
+            delayed: s.delayed,
+            dead_letters: s.dead_letters,
+            counters: s.counters.into_iter().collect(),
+        }
+    }
 }
 
 /// Per-shard queue statistics.
@@ -118,6 +208,7 @@ pub struct QueueStats {
     tag = "operations",
     responses(
         (status = 200, description = "Statistics", body = QueueStats),
+        (status = 400, description = "The platform admin named an invalid X-Tenant-Id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
@@ -130,6 +221,48 @@ pub async fn queue_stats(
 ) -> Result<axum::Json<QueueStats>, ApiError> {
     caller.require(Role::PlatformAdmin)?;
     Ok(axum::Json(QueueStats {
-        shards: state.store.queue_stats().await?,
+        shards: state
+            .store
+            .queue_stats()
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record_bound;
+
+    #[test]
+    fn dead_letter_cursors_become_numbers_redis_accepts() {
+        assert_eq!(
+            record_bound("1700000000000-3"),
+            Some(Some((1_700_000_000_000, 3)))
+        );
+        assert_eq!(record_bound("0-0"), Some(Some((0, 0))));
+        assert_eq!(record_bound("007-01"), Some(Some((7, 1))));
+        // Past the largest id: no bound at all, or the next millisecond.
+        assert_eq!(record_bound("99999999999999999999-0"), Some(None));
+        assert_eq!(record_bound("5-99999999999999999999"), Some(Some((6, 0))));
+        assert_eq!(
+            record_bound("18446744073709551615-99999999999999999999"),
+            Some(None)
+        );
+        for bad in [
+            "",
+            "5",
+            "5-",
+            "-5",
+            "a-1",
+            "1-b",
+            "1-2-3",
+            "+1-2",
+            " 1-2",
+            "123456789012345678901-0",
+        ] {
+            assert_eq!(record_bound(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -88,7 +88,7 @@ pub type RetryResult = Result<Option<Admission>, NotRetryable>;
 pub struct NotRetryable(pub String);
 
 /// One dead-letter record.
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone)]
 pub struct DeadLetter {
     /// The record's id in its shard's dead-letter stream.
     pub entry_id: String,
@@ -106,7 +106,7 @@ pub struct DeadLetter {
 }
 
 /// Counters and sizes of one shard.
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone)]
 pub struct ShardStats {
     pub shard: u16,
     /// Entries on the ready stream (dispatched, not yet started, plus running ones).
@@ -336,20 +336,25 @@ impl Store {
         })
     }
 
-    /// The newest dead letters, newest first, older than `before` (a record id) when given.
-    /// With `tenant`, only that tenant's records (of its shard); otherwise every shard's.
+    /// The newest dead letters, newest first, older than the record id `before` (`(ms, seq)`)
+    /// when given. With `tenant`, only that tenant's records (of its shard); otherwise every
+    /// shard's.
     pub async fn dead_letters(
         &self,
         tenant: Option<&TenantId>,
-        before: Option<&str>,
+        before: Option<(u64, u64)>,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, StoreError> {
+        // Nothing is older than the smallest id (and Redis refuses an exclusive range below it).
+        if before == Some((0, 0)) {
+            return Ok(Vec::new());
+        }
         let shards: Vec<Shard> = match tenant {
             Some(t) => vec![self.shards.shard_of(t)],
             None => self.shards.all().collect(),
         };
         let max = before
-            .map(|b| format!("({b}"))
+            .map(|(ms, seq)| format!("({ms}-{seq}"))
             .unwrap_or_else(|| "+".into());
         let mut out = Vec::new();
         let mut c = self.conn();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
-use sluice::admission::{AdmitRequest, NewExecution, TenantId};
+use sluice::admission::{AdmitInput, AdmitRequest, TenantId};
 use sluice::store::{Admission, ShardMap, Store, StoreConfig};
 use tokio::task::JoinSet;
 
@@ -147,7 +147,7 @@ impl Direct {
                     }
                     let t = Instant::now();
                     let key = format!("{tag}-{i}");
-                    let body = NewExecution {
+                    let body = AdmitInput {
                         flow_id: "demo.echo".into(),
                         version: None,
                         params: Some(json!({ "n": i })),

@@ -1,21 +1,25 @@
-//! `/api/executions`: admit, read, list, cancel and delete executions. Each handler parses its
-//! input into domain types at the edge and makes one storage call.
+//! `/api/executions`: admit, read, list, cancel and delete executions. Each handler checks the
+//! caller's role, parses its input into domain types at the edge and makes one storage call;
+//! the JSON shapes are in `wire`.
+
+pub mod wire;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
-use super::extract::{Json, Path, Query};
+use super::extract::{JsonBody, Path, Query};
 use super::metrics::AdmissionOutcome;
-use crate::admission::{AdmitRequest, Execution, ExecutionId, FlowId, NewExecution, Status};
+use crate::admission::{AdmitRequest, ExecutionId, FlowId, Status};
 use crate::store::{Admission, ListQuery, NotRetryable};
+use wire::{Execution, ExecutionPage, NewExecution};
 
 /// Seconds a client should wait after `tenant_queue_full`.
 const QUEUE_FULL_RETRY_AFTER: u64 = 5;
@@ -48,7 +52,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
     tag = "executions",
     request_body = NewExecution,
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "Dedup key (1–256 bytes); must equal body dedup_key when both are given"),
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256,
+            pattern = "^[!-~]([ -~]*[!-~])?$",
+            description = "Dedup key: 1–256 visible ASCII characters (other UTF-8 goes in the body's `dedup_key`); must equal the body's `dedup_key` when both are given"),
     ),
     responses(
         (status = 201, description = "Admitted", body = Execution,
@@ -58,7 +64,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body exceeds `--body-limit`. `params_too_large`: `params` exceed `--max-params-bytes`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Dedup key already used with a different flow, version or params", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json",
@@ -72,9 +78,12 @@ pub async fn create_execution(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-    Json(body): Json<NewExecution>,
+    body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_with(Role::Editor)?;
+    let body = body.parse().await.inspect_err(|_| {
+        state.metrics.admission(tenant, AdmissionOutcome::Invalid);
+    })?;
     let header_key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => Some(v.to_str().map_err(|_| ApiError::BadRequest {
@@ -83,8 +92,10 @@ pub async fn create_execution(
                 "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)".into(),
         })?),
     };
-    let req =
-        AdmitRequest::parse(body, header_key, state.default_max_attempts).inspect_err(|_| {
+    let req = AdmitRequest::parse(body.into(), header_key, state.default_max_attempts)
+        .map_err(ApiError::from)
+        .and_then(|req| params_within(req, state.max_params_bytes))
+        .inspect_err(|_| {
             state.metrics.admission(tenant, AdmissionOutcome::Invalid);
         })?;
     let admission = state.store.admit(tenant, &req).await?;
@@ -101,20 +112,36 @@ pub async fn create_execution(
     match admission {
         Admission::Created(e) => {
             let location = format!("/api/executions/{}", e.execution_id);
-            let mut res = (StatusCode::CREATED, axum::Json(e)).into_response();
+            let mut res = (StatusCode::CREATED, axum::Json(Execution::from(e))).into_response();
             if let Ok(v) = HeaderValue::from_str(&location) {
                 res.headers_mut().insert(header::LOCATION, v);
             }
             Ok(res)
         }
         Admission::Replayed(e) => {
-            let mut res = (StatusCode::OK, axum::Json(e)).into_response();
+            let mut res = (StatusCode::OK, axum::Json(Execution::from(e))).into_response();
             res.headers_mut()
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(res)
         }
         refused => Err(refusal(refused)),
     }
+}
+
+/// Refuses params larger than the server allows (measured as the canonical JSON the store
+/// keeps, so the limit means the same whatever the client's formatting).
+fn params_within(req: AdmitRequest, max: usize) -> Result<AdmitRequest, ApiError> {
+    if req.params.len() > max {
+        return Err(ApiError::Status {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "params_too_large",
+            detail: format!(
+                "params take {} bytes as canonical JSON; the limit is {max}",
+                req.params.len()
+            ),
+        });
+    }
+    Ok(req)
 }
 
 /// The error for an admission (or retry) that did not queue anything.
@@ -141,7 +168,7 @@ fn refusal(a: Admission) -> ApiError {
     get,
     path = "/api/executions/{id}",
     tag = "executions",
-    params(("id" = String, Path, description = "Execution id (32 lowercase hex)")),
+    params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id (32 lowercase hex)")),
     responses(
         (status = 200, description = "The execution", body = Execution),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
@@ -163,7 +190,7 @@ pub async fn get_execution(
         .store
         .get(tenant, &id)
         .await?
-        .map(axum::Json)
+        .map(|e| axum::Json(e.into()))
         .ok_or_else(ApiError::execution_not_found)
 }
 
@@ -172,29 +199,25 @@ pub async fn get_execution(
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
     /// Only executions in this status.
-    #[param(value_type = Option<Status>)]
+    #[param(value_type = Option<wire::Status>)]
     pub status: Option<String>,
     /// Only executions of this flow.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")]
     pub flow_id: Option<String>,
-    /// Page size, 1–200 (default 50).
+    /// Page size (default 50); a page also ends early at the server's byte budget.
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9a-f]{32}$")]
     pub cursor: Option<String>,
-}
-
-/// A page of executions, newest first.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ExecutionPage {
-    pub executions: Vec<Execution>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    pub next_cursor: Option<String>,
-    /// How many executions match the filters in all.
-    pub total: u64,
 }
 
 /// List the caller's tenant's executions, newest first.
 ///
-/// The cost of a call is proportional to the page size, not to the tenant's history.
+/// The cost of a call is proportional to the page size, not to the tenant's history. A page
+/// holds at most `limit` executions and ends early once their stored size reaches the server's
+/// byte budget (`--max-page-bytes`, 4 MiB by default; at least one execution per page);
+/// `next_cursor` is set whenever more may follow.
 #[utoipa::path(
     get,
     path = "/api/executions",
@@ -247,10 +270,11 @@ pub async fn list_executions(
             })
             .transpose()?,
         limit,
+        byte_budget: state.max_page_bytes,
     };
     let page = state.store.list(tenant, &query).await?;
     Ok(axum::Json(ExecutionPage {
-        executions: page.executions,
+        executions: page.executions.into_iter().map(Into::into).collect(),
         next_cursor: page.next_cursor,
         total: page.total,
     }))
@@ -265,7 +289,7 @@ pub async fn list_executions(
     post,
     path = "/api/executions/{id}/cancel",
     tag = "executions",
-    params(("id" = String, Path, description = "Execution id")),
+    params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id")),
     responses(
         (status = 200, description = "The execution after the request", body = Execution),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
@@ -281,10 +305,16 @@ pub async fn cancel_execution(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Execution>, ApiError> {
-    cancel(&state, &caller, &id).await.map(axum::Json)
+    cancel(&state, &caller, &id)
+        .await
+        .map(|e| axum::Json(e.into()))
 }
 
-async fn cancel(state: &AppState, caller: &Caller, id: &str) -> Result<Execution, ApiError> {
+async fn cancel(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<crate::admission::Execution, ApiError> {
     let tenant = caller.tenant_with(Role::Editor)?;
     let id = ExecutionId::parse(id)?;
     state
@@ -311,7 +341,7 @@ pub struct DeleteParams {
     delete,
     path = "/api/executions/{id}",
     tag = "executions",
-    params(("id" = String, Path, description = "Execution id"), DeleteParams),
+    params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id"), DeleteParams),
     responses(
         (status = 200, description = "Cancelled (without force)", body = Execution),
         (status = 204, description = "Deleted (force)"),
@@ -330,7 +360,8 @@ pub async fn delete_execution(
     Query(p): Query<DeleteParams>,
 ) -> Result<Response, ApiError> {
     if p.force != Some(true) {
-        return Ok(axum::Json(cancel(&state, &caller, &id).await?).into_response());
+        let e = cancel(&state, &caller, &id).await?;
+        return Ok(axum::Json(Execution::from(e)).into_response());
     }
     let tenant = caller.tenant_with(Role::TenantAdmin)?;
     let id = ExecutionId::parse(&id)?;
@@ -351,7 +382,7 @@ pub async fn delete_execution(
     post,
     path = "/api/executions/{id}/retry",
     tag = "executions",
-    params(("id" = String, Path, description = "Execution id")),
+    params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id")),
     responses(
         (status = 200, description = "Queued again", body = Execution),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
@@ -380,7 +411,7 @@ pub async fn retry_execution(
             ),
         }),
         Ok(None) => Err(ApiError::execution_not_found()),
-        Ok(Some(Admission::Created(e) | Admission::Replayed(e))) => Ok(axum::Json(e)),
+        Ok(Some(Admission::Created(e) | Admission::Replayed(e))) => Ok(axum::Json(e.into())),
         Ok(Some(refused)) => Err(refusal(refused)),
     }
 }

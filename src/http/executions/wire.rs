@@ -1,0 +1,215 @@
+//! The JSON shapes of `/api/executions`: what clients send and receive, and the OpenAPI schema
+//! that says so. Built from the domain types (`admission`), never the other way round, so a
+//! change of the row format or of the domain cannot change the contract unnoticed (the
+//! committed `openapi/openapi.json` and the tests would show it).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::admission::{self, AdmitInput};
+
+/// Lifecycle of an execution: `queued` → `running` → one terminal status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl From<admission::Status> for Status {
+    fn from(s: admission::Status) -> Self {
+        match s {
+            admission::Status::Queued => Status::Queued,
+            admission::Status::Running => Status::Running,
+            admission::Status::Completed => Status::Completed,
+            admission::Status::Failed => Status::Failed,
+            admission::Status::Cancelled => Status::Cancelled,
+        }
+    }
+}
+
+/// Where a queued execution waits: over its tenant's concurrency limit (`waiting`), or on the
+/// ready stream with a slot of its tenant, for a worker to start (`dispatched`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueState {
+    Waiting,
+    Dispatched,
+}
+
+impl From<admission::QueueState> for QueueState {
+    fn from(q: admission::QueueState) -> Self {
+        match q {
+            admission::QueueState::Waiting => QueueState::Waiting,
+            admission::QueueState::Dispatched => QueueState::Dispatched,
+        }
+    }
+}
+
+/// Why an execution failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorInfo {
+    /// Machine-readable kind, e.g. `handler_error`, `lease_lost`, `poison`.
+    pub kind: String,
+    pub message: String,
+}
+
+/// One execution, as returned by every execution call.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({
+    "execution_id": "019abc12d3e47f80a1b2c3d4e5f60718",
+    "tenant_id": "acme",
+    "flow_id": "demo.echo",
+    "version": null,
+    "params": {"order": 42},
+    "status": "queued",
+    "queue_state": "dispatched",
+    "dedup_key": "order-42",
+    "deduplicated": false,
+    "attempt": 0,
+    "max_attempts": 5,
+    "cancel_requested": false,
+    "created_at": "2026-11-29T09:00:00.123Z",
+    "started_at": null,
+    "finished_at": null,
+    "updated_at": "2026-11-29T09:00:00.123Z",
+    "output": null,
+    "error": null
+}))]
+pub struct Execution {
+    /// 32 lowercase hex characters (a UUIDv7, so ids sort by creation time).
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    pub execution_id: String,
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    pub tenant_id: String,
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")]
+    pub flow_id: String,
+    #[schema(min_length = 1, max_length = 64)]
+    pub version: Option<String>,
+    #[schema(value_type = Object)]
+    pub params: Value,
+    pub status: Status,
+    /// Set only while `queued`.
+    pub queue_state: Option<QueueState>,
+    #[schema(min_length = 1, max_length = 256)]
+    pub dedup_key: Option<String>,
+    /// True when this response replays an earlier admission with the same dedup key.
+    pub deduplicated: bool,
+    /// Starts of its current run: 1 on the first, counted up by each re-run after a lost
+    /// lease or a retryable failure, never above `max_attempts`; `POST .../retry` starts over
+    /// at 0. (Workers are fenced by a separate token that never repeats.)
+    #[schema(maximum = 100)]
+    pub attempt: u32,
+    #[schema(minimum = 1, maximum = 100)]
+    pub max_attempts: u32,
+    pub cancel_requested: bool,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    #[schema(format = DateTime)]
+    pub started_at: Option<String>,
+    #[schema(format = DateTime)]
+    pub finished_at: Option<String>,
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+    /// What the flow returned (any JSON value), once completed.
+    #[schema(value_type = Option<Value>)]
+    pub output: Option<Value>,
+    pub error: Option<ErrorInfo>,
+}
+
+impl From<admission::Execution> for Execution {
+    fn from(e: admission::Execution) -> Self {
+        Self {
+            execution_id: e.execution_id,
+            tenant_id: e.tenant_id,
+            flow_id: e.flow_id,
+            version: e.version,
+            params: e.params,
+            status: e.status.into(),
+            queue_state: e.queue_state.map(Into::into),
+            dedup_key: e.dedup_key,
+            deduplicated: e.deduplicated,
+            attempt: e.attempt,
+            max_attempts: e.max_attempts,
+            cancel_requested: e.cancel_requested,
+            created_at: e.created_at,
+            started_at: e.started_at,
+            finished_at: e.finished_at,
+            updated_at: e.updated_at,
+            output: e.output,
+            error: e.error.map(|e| ErrorInfo {
+                kind: e.kind,
+                message: e.message,
+            }),
+        }
+    }
+}
+
+/// The body of `POST /api/executions`.
+///
+/// `dedup_key` is at most 256 *bytes* of UTF-8 (JSON Schema counts characters, so
+/// `maxLength` alone allows more); when the `Idempotency-Key` header is sent too, both must
+/// be equal.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"flow_id": "demo.echo", "params": {"order": 42}, "dedup_key": "order-42"}))]
+pub struct NewExecution {
+    /// Flow to run.
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")]
+    pub flow_id: String,
+    /// Optional flow version label: 1–64 characters, no control characters.
+    #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
+    pub version: Option<String>,
+    /// JSON object handed to the flow; `{}` when absent or null. At most `--max-params-bytes`
+    /// (64 KiB by default) as canonical JSON, else 413 `params_too_large`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub params: Option<Value>,
+    /// Idempotency key: 1–256 bytes of UTF-8 without control characters; may instead come
+    /// from the `Idempotency-Key` header.
+    #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
+    pub dedup_key: Option<String>,
+    /// How many times a worker may start it (default 5).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
+    pub max_attempts: Option<u32>,
+}
+
+impl From<NewExecution> for AdmitInput {
+    fn from(b: NewExecution) -> Self {
+        Self {
+            flow_id: b.flow_id,
+            version: b.version,
+            params: b.params,
+            dedup_key: b.dedup_key,
+            max_attempts: b.max_attempts,
+        }
+    }
+}
+
+/// A page of executions, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionPage {
+    /// At most `limit`, and fewer when the page reached its byte budget.
+    pub executions: Vec<Execution>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    pub next_cursor: Option<String>,
+    /// How many executions match the filters in all.
+    pub total: u64,
+}
