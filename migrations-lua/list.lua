@@ -1,7 +1,9 @@
 -- list.lua: one page of a tenant's executions, newest first, optionally filtered by status
 -- and/or flow. Cost is proportional to the page: each status index is read from the cursor for
 -- at most limit+1 ids (execution ids are time-ordered, so lexical order is age order), the
--- candidates are merged, and only the page's rows are read.
+-- candidates are merged, and only the page's rows are read. The page also ends early once its
+-- rows add up to the byte budget (the first row is always included, so every page makes
+-- progress): one call never returns more than the budget plus one row.
 --
 -- KEYS[1]  a key of the tenant in this shard (routing only)
 -- ARGV[1..5] common (see common.lua)
@@ -10,11 +12,15 @@
 -- ARGV[8]  flow filter, '' for all
 -- ARGV[9]  cursor: the last id of the previous page, '' for the first page
 -- ARGV[10]  limit (1..200)
+-- ARGV[11]  byte budget: the page ends before the row that would take its rows' field names
+--           and values past this many bytes
 --
--- Reply: {next_cursor or '', total, id, row, id, row, ...}; index entries whose row has expired are
--- removed on the way (the sweeper does the same in bulk).
+-- Reply: {next_cursor or '', total, id, row, id, row, ...}; next_cursor is set whenever more
+-- may follow (also after a page cut short by the budget). Index entries whose row has expired
+-- are removed on the way (the sweeper does the same in bulk).
 local tenant, status, flow, cursor = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local limit = tonumber(ARGV[10])
+local budget = tonumber(ARGV[11])
 
 local statuses = STATUSES
 if status ~= '' then statuses = { status } end
@@ -36,9 +42,18 @@ table.sort(candidates, function(a, b) return a > b end)
 
 local next_cursor = ''
 local reply = { '', 0 }
+local used = 0
 for i = 1, math.min(limit, #candidates) do
   local id = candidates[i]
   local row = hgetall(id)
+  local size = #id
+  for j = 1, #row do size = size + #row[j] end
+  if used > 0 and used + size > budget then
+    -- Over the budget: this row starts the next page.
+    next_cursor = candidates[i - 1]
+    break
+  end
+  used = used + size
   if #row == 0 then
     -- The row expired; its flow is unknown now unless filtered on, so the sweeper cleans the
     -- flow index otherwise.

@@ -1,10 +1,15 @@
 //! Request extractors whose rejections are problem+json like every other error, instead of
-//! axum's plain-text defaults.
+//! axum's plain-text defaults; and deferred ones, which a handler parses only after its
+//! permission checks.
 
-use axum::extract::FromRequest;
-use axum::extract::FromRequestParts;
+use std::convert::Infallible;
+use std::marker::PhantomData;
+
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::http::StatusCode;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, Uri};
+use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
@@ -22,6 +27,60 @@ pub struct Path<T>(pub T);
 #[derive(Debug, FromRequestParts)]
 #[from_request(via(axum::extract::Query), rejection(ApiError))]
 pub struct Query<T>(pub T);
+
+/// A JSON body that is read and parsed only when the handler calls [`JsonBody::parse`], after
+/// it checked the caller's role: a caller without the right learns nothing about what the
+/// server would make of the body (no parser detail in a 400, no 413 or 415), and the body is
+/// not even read for it.
+pub struct JsonBody<T> {
+    req: Request,
+    _into: PhantomData<fn() -> T>,
+}
+
+impl<S: Send + Sync, T> FromRequest<S> for JsonBody<T> {
+    type Rejection = Infallible;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, Infallible> {
+        Ok(Self {
+            req,
+            _into: PhantomData,
+        })
+    }
+}
+
+impl<T: DeserializeOwned> JsonBody<T> {
+    /// Reads and parses the body (content type, size limit and JSON checked as by `Json`).
+    pub async fn parse(self) -> Result<T, ApiError> {
+        let Json(body) = Json::<T>::from_request(self.req, &()).await?;
+        Ok(body)
+    }
+}
+
+/// Query parameters parsed only when the handler calls [`QueryLater::parse`], after its
+/// permission checks (see [`JsonBody`]).
+pub struct QueryLater<T> {
+    uri: Uri,
+    _into: PhantomData<fn() -> T>,
+}
+
+impl<S: Send + Sync, T> FromRequestParts<S> for QueryLater<T> {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Self {
+            uri: parts.uri.clone(),
+            _into: PhantomData,
+        })
+    }
+}
+
+impl<T: DeserializeOwned> QueryLater<T> {
+    /// Parses the query string.
+    pub fn parse(&self) -> Result<T, ApiError> {
+        let axum::extract::Query(q) = axum::extract::Query::try_from_uri(&self.uri)?;
+        Ok(q)
+    }
+}
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {

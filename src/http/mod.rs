@@ -11,6 +11,7 @@ pub mod extract;
 pub mod health;
 pub mod metrics;
 pub mod queues;
+mod spec;
 pub mod tenants;
 
 use std::sync::Arc;
@@ -25,11 +26,7 @@ use axum::routing::get;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
-use utoipa::openapi::Required;
-use utoipa::openapi::path::{Parameter, ParameterIn};
-use utoipa::openapi::schema::{ObjectBuilder, Type};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::{Modify, OpenApi};
+use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{self as swagger_ui, SwaggerUi};
 
@@ -63,52 +60,8 @@ pub struct HttpLimits {
     pub metrics_on_main: bool,
 }
 
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "sluice",
-        description = "Execution admission on Redis: duplicates collapse to one execution, \
-            tenants stay inside their quotas, queued work waits without being mistaken for \
-            dead work. Errors are RFC 9457 problem documents with a stable `code`.",
-        license(name = "Apache-2.0")
-    ),
-    modifiers(&BearerAuth),
-    tags(
-        (name = "executions", description = "Admit, read, list, cancel and delete executions"),
-        (name = "tenants", description = "The tenant registry, tenant limits and usage"),
-        (name = "api-keys", description = "Tenant API keys: created and shown once, listed by id, revoked"),
-        (name = "operations", description = "Health and readiness probes, metrics, dead letters and queue statistics"),
-    )
-)]
-struct ApiDoc;
-
-struct BearerAuth;
-
-impl Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        let mut scheme = Http::new(HttpAuthScheme::Bearer);
-        scheme.description = Some(
-            "A tenant API key (`sk_<key id>_<secret>`, role viewer, editor or admin; the tenant \
-             comes from the key) or the platform admin token (acts for the tenant named in \
-             `X-Tenant-Id`)."
-                .into(),
-        );
-        components.add_security_scheme("bearer", SecurityScheme::Http(scheme));
-        let mut metrics = Http::new(HttpAuthScheme::Bearer);
-        metrics.description = Some(
-            "The metrics token (`--metrics-token`), for `/metrics` only; without one configured \
-             `/metrics` needs no credentials."
-                .into(),
-        );
-        components.add_security_scheme("metrics_bearer", SecurityScheme::Http(metrics));
-    }
-}
-
-/// The API's routes and its OpenAPI document; `/metrics` is routed separately (it may have a
-/// listener of its own) but documented here.
 fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
-    let (router, mut spec) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut spec) = OpenApiRouter::with_openapi(spec::ApiDoc::openapi())
         .merge(executions::routes())
         .merge(tenants::routes())
         .merge(api_keys::routes())
@@ -117,35 +70,8 @@ fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi
         .split_for_parts();
     let (metrics_router, metrics_spec) = metrics::routes().split_for_parts();
     spec.merge(metrics_spec);
-    document_tenant_header(&mut spec);
+    spec::document_common(&mut spec);
     (router, metrics_router, spec)
-}
-
-/// Documents `X-Tenant-Id` once per `/api/executions` path (so every operation there, present
-/// and future, has it): how the platform admin says which tenant it acts for.
-fn document_tenant_header(spec: &mut utoipa::openapi::OpenApi) {
-    let header = Parameter::builder()
-        .name("X-Tenant-Id")
-        .parameter_in(ParameterIn::Header)
-        .required(Required::False)
-        .description(Some(
-            "The tenant the platform admin token acts for. With a tenant API key it may be \
-             omitted (the key names its tenant); naming another tenant is a 403 \
-             `tenant_mismatch`.",
-        ))
-        .schema(Some(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .pattern(Some("^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")),
-        ))
-        .build();
-    for (path, item) in spec.paths.paths.iter_mut() {
-        if path.starts_with("/api/executions") {
-            item.parameters
-                .get_or_insert_with(Vec::new)
-                .push(header.clone().into());
-        }
-    }
 }
 
 /// The OpenAPI document of this build (what `/openapi.json` serves and `sluice openapi`

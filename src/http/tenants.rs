@@ -5,14 +5,14 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
-use super::extract::{Json, Path};
+use super::extract::{JsonBody, Path, QueryLater};
 use crate::admission::TenantId;
 use crate::store::{Change, TenantLimits, TenantState};
 
@@ -33,11 +33,11 @@ pub struct TenantSettings {
     /// Executions dispatched or running at once. Raising it dispatches every waiting
     /// execution that now fits, oldest first.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u32>, nullable)]
+    #[schema(value_type = Option<u32>, nullable, format = Int64, maximum = 4294967295_u64)]
     pub max_concurrent: Option<Option<u32>>,
     /// Executions waiting beyond `max_concurrent` before admission answers 429.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u32>, nullable)]
+    #[schema(value_type = Option<u32>, nullable, format = Int64, maximum = 4294967295_u64)]
     pub max_queued: Option<Option<u32>>,
     /// A disabled tenant's admissions answer 403; nothing else changes.
     #[serde(default, deserialize_with = "present")]
@@ -83,8 +83,11 @@ pub struct TenantUsage {
     "usage": {"running": 3, "dispatched": 7, "waiting": 42}
 }))]
 pub struct Tenant {
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
     pub tenant_id: String,
+    #[schema(format = Int64, maximum = 4294967295_u64)]
     pub max_concurrent: u32,
+    #[schema(format = Int64, maximum = 4294967295_u64)]
     pub max_queued: u32,
     pub enabled: bool,
     pub usage: TenantUsage,
@@ -117,7 +120,7 @@ impl Tenant {
     put,
     path = "/api/tenants/{tenant}",
     tag = "tenants",
-    params(("tenant" = String, Path, description = "Tenant id")),
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
     request_body = TenantSettings,
     responses(
         (status = 200, description = "The tenant after the change", body = Tenant),
@@ -132,10 +135,11 @@ pub async fn put_tenant(
     State(state): State<AppState>,
     caller: Caller,
     Path(tenant): Path<String>,
-    Json(body): Json<TenantSettings>,
+    body: JsonBody<TenantSettings>,
 ) -> Result<axum::Json<Tenant>, ApiError> {
     caller.require(Role::PlatformAdmin)?;
     let tenant = TenantId::parse(&tenant)?;
+    let body = body.parse().await?;
     state.store.register_tenant(&tenant).await?;
     let limits = TenantLimits {
         max_concurrent: change(body.max_concurrent),
@@ -151,7 +155,7 @@ pub async fn put_tenant(
     get,
     path = "/api/tenants/{tenant}",
     tag = "tenants",
-    params(("tenant" = String, Path, description = "Tenant id")),
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
     responses(
         (status = 200, description = "The tenant", body = Tenant),
         (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
@@ -183,22 +187,43 @@ pub fn tenant_not_found() -> ApiError {
     }
 }
 
-/// The registered tenants.
+/// Paging of `GET /api/tenants`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TenantListParams {
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page: tenants after this id.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    pub cursor: Option<String>,
+}
+
+/// A page of the registered tenants, in tenant id order.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TenantList {
-    /// In tenant id order.
     pub tenants: Vec<Tenant>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    pub next_cursor: Option<String>,
 }
+
+/// Page size of `GET /api/tenants` when `limit` is not given, and the most a page may hold.
+const DEFAULT_TENANT_PAGE: u32 = 50;
+const MAX_TENANT_PAGE: u32 = 200;
 
 /// List the registered tenants with their limits and usage (platform admin).
 ///
-/// Tenants are registered by `PUT /api/tenants/{tenant}`. One Redis round trip per tenant.
+/// Tenants are registered by `PUT /api/tenants/{tenant}`. Paged by tenant id; a page costs two
+/// Redis round trips whatever its size or the registry's.
 #[utoipa::path(
     get,
     path = "/api/tenants",
     tag = "tenants",
+    params(TenantListParams),
     responses(
-        (status = 200, description = "Every registered tenant", body = TenantList),
+        (status = 200, description = "One page of registered tenants", body = TenantList),
+        (status = 400, description = "Invalid paging, or an invalid X-Tenant-Id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
@@ -208,15 +233,42 @@ pub struct TenantList {
 pub async fn list_tenants(
     State(state): State<AppState>,
     caller: Caller,
+    query: QueryLater<TenantListParams>,
 ) -> Result<axum::Json<TenantList>, ApiError> {
     caller.require(Role::PlatformAdmin)?;
-    let mut tenants = Vec::new();
-    for id in state.store.list_tenants().await? {
-        if let Some(s) = state.store.get_tenant(&id).await? {
-            tenants.push(Tenant::new(&id, s));
-        }
+    let p = query.parse()?;
+    let limit = p.limit.unwrap_or(DEFAULT_TENANT_PAGE);
+    if !(1..=MAX_TENANT_PAGE).contains(&limit) {
+        return Err(ApiError::BadRequest {
+            code: "invalid_limit",
+            detail: format!("limit must be between 1 and {MAX_TENANT_PAGE}"),
+        });
     }
-    Ok(axum::Json(TenantList { tenants }))
+    let after = p
+        .cursor
+        .as_deref()
+        .map(|c| {
+            TenantId::parse(c).map_err(|_| ApiError::BadRequest {
+                code: "invalid_cursor",
+                detail: "cursor must be a next_cursor returned by this call".into(),
+            })
+        })
+        .transpose()?;
+    let (ids, more) = state
+        .store
+        .list_tenants(after.as_ref(), limit as usize)
+        .await?;
+    let states = state.store.get_tenants(&ids).await?;
+    let next_cursor = more.then(|| ids.last().map(ToString::to_string)).flatten();
+    let tenants = ids
+        .iter()
+        .zip(states)
+        .filter_map(|(id, s)| Some(Tenant::new(id, s?)))
+        .collect();
+    Ok(axum::Json(TenantList {
+        tenants,
+        next_cursor,
+    }))
 }
 
 /// Delete a tenant (platform admin).
@@ -230,7 +282,7 @@ pub async fn list_tenants(
     delete,
     path = "/api/tenants/{tenant}",
     tag = "tenants",
-    params(("tenant" = String, Path, description = "Tenant id")),
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),

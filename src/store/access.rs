@@ -67,21 +67,35 @@ impl Store {
         Ok(())
     }
 
-    /// Registered tenants, in id order.
-    pub async fn list_tenants(&self) -> Result<Vec<TenantId>, StoreError> {
+    /// Up to `limit` registered tenants after `after` (exclusive), in id order, and whether
+    /// more follow. One round trip whatever the registry's size.
+    pub async fn list_tenants(
+        &self,
+        after: Option<&TenantId>,
+        limit: usize,
+    ) -> Result<(Vec<TenantId>, bool), StoreError> {
         let mut c = self.conn();
+        let min = after.map_or_else(|| "-".to_owned(), |t| format!("({t}"));
         let ids: Vec<String> = self
             .bounded(
                 redis::cmd("ZRANGE")
                     .arg(keys::tenants())
+                    .arg(min)
+                    .arg("+")
+                    .arg("BYLEX")
+                    .arg("LIMIT")
                     .arg(0)
-                    .arg(-1)
+                    .arg(limit + 1)
                     .query_async(&mut c),
             )
             .await?;
-        ids.iter()
+        let more = ids.len() > limit;
+        let ids = ids
+            .iter()
+            .take(limit)
             .map(|t| TenantId::parse(t).map_err(|e| StoreError::Corrupt(e.detail)))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((ids, more))
     }
 
     /// Whether a tenant is registered.

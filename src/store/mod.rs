@@ -127,6 +127,8 @@ pub struct ListQuery {
     pub flow: Option<FlowId>,
     pub cursor: Option<ExecutionId>,
     pub limit: u32,
+    /// Bytes of rows (field names and values, as stored) after which the page ends early.
+    pub byte_budget: usize,
 }
 
 /// What a tenant update does to one of its limits.
@@ -184,6 +186,9 @@ pub struct TenantState {
     /// Executions over the concurrency limit, in FIFO order.
     pub waiting: u64,
 }
+
+/// Commands `tenant_reads` adds per tenant.
+const TENANT_READS: usize = 9;
 
 /// Reply of the tenant read pipeline: limits, whether configured, slots, waiting, running,
 /// force-deleted still running, and how many status indexes exist.
@@ -493,7 +498,8 @@ impl Store {
             .arg(q.status.map(Status::as_str).unwrap_or(""))
             .arg(q.flow.as_ref().map(FlowId::as_str).unwrap_or(""))
             .arg(q.cursor.as_ref().map(ExecutionId::as_str).unwrap_or(""))
-            .arg(q.limit);
+            .arg(q.limit)
+            .arg(q.byte_budget.max(1));
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let mut it = reply.into_iter();
@@ -561,8 +567,43 @@ impl Store {
     /// A tenant's effective limits and usage; `None` for a tenant never configured and without
     /// executions.
     pub async fn get_tenant(&self, tenant: &TenantId) -> Result<Option<TenantState>, StoreError> {
-        let shard = self.shards.shard_of(tenant);
         let mut p = redis::pipe();
+        self.tenant_reads(&mut p, tenant);
+        let mut c = self.conn();
+        let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
+        Ok(self.tenant_state(reply))
+    }
+
+    /// Several tenants' limits and usage (as `get_tenant`), in one pipelined round trip.
+    pub async fn get_tenants(
+        &self,
+        tenants: &[TenantId],
+    ) -> Result<Vec<Option<TenantState>>, StoreError> {
+        if tenants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for t in tenants {
+            self.tenant_reads(&mut p, t);
+        }
+        let mut c = self.conn();
+        let replies: Vec<Value> = self.bounded(p.query_async(&mut c)).await?;
+        if replies.len() != tenants.len() * TENANT_READS {
+            return Err(StoreError::Corrupt("short tenant reply".into()));
+        }
+        let mut out = Vec::with_capacity(tenants.len());
+        let mut replies = replies.into_iter();
+        for _ in tenants {
+            let one: Vec<Value> = replies.by_ref().take(TENANT_READS).collect();
+            let reply: TenantReply = redis::from_redis_value(Value::Array(one))?;
+            out.push(self.tenant_state(reply));
+        }
+        Ok(out)
+    }
+
+    /// Adds the reads of one tenant's limits and usage to `p` (`TENANT_READS` commands).
+    fn tenant_reads(&self, p: &mut redis::Pipeline, tenant: &TenantId) {
+        let shard = self.shards.shard_of(tenant);
         p.hget(shard.tenant_config(tenant), "max_concurrent")
             .hget(shard.tenant_config(tenant), "max_queued")
             .hget(shard.tenant_config(tenant), "enabled")
@@ -576,21 +617,23 @@ impl Store {
             .map(|s| shard.status_index(tenant, s))
             .collect();
         p.exists(indexes);
-        let mut c = self.conn();
-        let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
+    }
+
+    /// The state the reads of `tenant_reads` describe.
+    fn tenant_state(&self, reply: TenantReply) -> Option<TenantState> {
         let (max_c, max_q, enabled, configured, slots, waiting, running, deleting, indexes) = reply;
         let running = running + deleting;
         if !configured && indexes == 0 {
-            return Ok(None);
+            return None;
         }
-        Ok(Some(TenantState {
+        Some(TenantState {
             max_concurrent: max_c.unwrap_or(self.policy.max_concurrent.load(Ordering::Relaxed)),
             max_queued: max_q.unwrap_or(self.policy.max_queued.load(Ordering::Relaxed)),
             enabled: enabled != Some(0),
             running,
             dispatched: slots.saturating_sub(running),
             waiting,
-        }))
+        })
     }
 
     fn common_args(&self, inv: &mut redis::ScriptInvocation<'_>, shard: Shard) {

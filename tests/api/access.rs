@@ -650,3 +650,52 @@ async fn the_answer_carrying_a_token_is_never_cached() {
     assert_eq!(res.status(), StatusCode::CREATED);
     assert_eq!(res.headers()["cache-control"], "no-store");
 }
+
+#[tokio::test]
+async fn the_role_is_checked_before_the_body_is_looked_at() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let viewer = Who::Key(app.key_token("acme", "viewer").await);
+    let tenant_admin = Who::Key(app.key_token("acme", "admin").await);
+    let bodies: [(&str, Vec<u8>); 4] = [
+        ("application/json", b"{not json".to_vec()),
+        ("application/json", br#"{"unknown": 1}"#.to_vec()),
+        ("text/plain", b"hello".to_vec()),
+        ("application/json", vec![b' '; 2 * 1024 * 1024]),
+    ];
+    let calls = [
+        (&viewer, Method::POST, "/api/executions"),
+        (&tenant_admin, Method::PUT, "/api/tenants/acme"),
+        (&viewer, Method::POST, "/api/tenants/acme/api-keys"),
+    ];
+    for (who, method, path) in calls {
+        for (content_type, body) in &bodies {
+            let res = app
+                .request_as(who, method.clone(), path)
+                .header("Content-Type", *content_type)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), StatusCode::FORBIDDEN, "{method} {path}");
+            assert_eq!(problem_code(res).await, "insufficient_role");
+        }
+    }
+    // With the role, the same bodies are judged on their merits.
+    let editor = Who::Key(app.key_token("acme", "editor").await);
+    let res = app
+        .request_as(&editor, Method::POST, "/api/executions")
+        .header("Content-Type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    // Listing tenants: the query is not parsed for a caller who may not list.
+    let res = app
+        .request_as(&tenant_admin, Method::GET, "/api/tenants?limit=zero")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}

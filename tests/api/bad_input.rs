@@ -362,3 +362,95 @@ async fn missing_or_wrong_credentials_are_401() {
     }
     assert_eq!(app.row_count().await, 0);
 }
+
+#[tokio::test]
+async fn params_are_bounded_in_bytes_below_the_body_limit() {
+    let app = TestApp::spawn().await;
+    // `{"b":"x…x"}` is the blob plus 8 bytes of canonical JSON.
+    let limit = 64 * 1024;
+    let body = |n: usize| json!({"flow_id": "demo.echo", "params": {"b": "x".repeat(n)}});
+    let res = app.post_execution("acme", &body(limit - 8)).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let res = app.post_execution("acme", &body(limit - 7)).await;
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(problem_code(res).await, "params_too_large");
+    assert_eq!(app.row_count().await, 1);
+
+    // The limit is a setting.
+    let small = TestApp::spawn_with(|c| c.api.max_params_bytes = 100).await;
+    let res = small.post_execution("acme", &body(100)).await;
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let res = small.post_execution("acme", &body(92)).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn dead_letter_cursors_are_checked_before_redis_sees_them() {
+    let app = TestApp::spawn().await;
+    // Two records of acme's shard, with ids chosen to sit at the edges.
+    let key = app.shard("acme").dead_letters();
+    for id in ["1-1", "5-0"] {
+        let _: String = app
+            .redis
+            .query(
+                redis::cmd("XADD")
+                    .arg(&key)
+                    .arg(id)
+                    .arg("execution_id")
+                    .arg(format!("e{id}"))
+                    .arg("tenant_id")
+                    .arg("acme")
+                    .arg("reason")
+                    .arg("poison")
+                    .arg("attempts")
+                    .arg(1)
+                    .arg("at")
+                    .arg(1000),
+            )
+            .await;
+    }
+    let page = |before: &'static str| {
+        app.as_tenant(
+            reqwest::Method::GET,
+            &format!("/api/dlq?before={before}"),
+            "acme",
+        )
+        .send()
+    };
+    for (before, want) in [
+        ("5-0", vec!["1-1"]),
+        ("5-1", vec!["5-0", "1-1"]),
+        ("0-0", vec![]),
+        ("1-1", vec![]),
+        ("99999999999999999999-0", vec!["5-0", "1-1"]),
+        ("4-99999999999999999999", vec!["1-1"]),
+        (
+            "18446744073709551615-18446744073709551615",
+            vec!["5-0", "1-1"],
+        ),
+    ] {
+        let res = page(before).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "before={before}");
+        let body: serde_json::Value = res.json().await.unwrap();
+        let got: Vec<&str> = body["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["entry_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, want, "before={before}");
+    }
+    for before in [
+        "5-",
+        "-5",
+        "5",
+        "a-1",
+        "1-2-3",
+        "123456789012345678901-0",
+        "%2B1-0",
+    ] {
+        let res = page(before).await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "before={before}");
+        assert_eq!(problem_code(res).await, "invalid_cursor", "before={before}");
+    }
+}

@@ -117,3 +117,90 @@ async fn rows_that_expired_are_skipped_and_their_index_entries_dropped() {
     let page = app.page("acme", "status=cancelled").await;
     assert_eq!(page["total"], 0);
 }
+
+#[tokio::test]
+async fn a_page_ends_at_its_byte_budget_and_the_cursor_walks_on() {
+    let app = TestApp::spawn_with(|c| c.api.max_page_bytes = 4000).await;
+    let blob = "x".repeat(1000);
+    let mut admitted = Vec::new();
+    for i in 0..10 {
+        let id = app
+            .admit_with(
+                "acme",
+                serde_json::json!({"flow_id": "demo.echo", "params": {"i": i, "blob": blob}}),
+            )
+            .await;
+        admitted.push(id);
+    }
+    // One execution far over the budget still gets a page of its own.
+    let huge = app
+        .admit_with(
+            "acme",
+            serde_json::json!({"flow_id": "demo.echo", "params": {"blob": "y".repeat(20_000)}}),
+        )
+        .await;
+    admitted.push(huge.clone());
+
+    let first = app.page("acme", "limit=200").await;
+    assert_eq!(ids(&first), vec![huge], "the big one alone");
+    assert!(first["next_cursor"].is_string());
+    let mut seen = ids(&first);
+    let mut cursor = first["next_cursor"].as_str().map(str::to_owned);
+    let mut pages = 1;
+    while let Some(c) = cursor {
+        let page = app.page("acme", &format!("limit=200&cursor={c}")).await;
+        let got = ids(&page);
+        assert!(
+            (1..=3).contains(&got.len()),
+            "a ~1 KB row each in a 4000-byte budget: {}",
+            got.len()
+        );
+        assert_eq!(page["total"], 11);
+        seen.extend(got);
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        pages += 1;
+        assert!(pages < 20, "the cursor does not advance");
+    }
+    let newest_first: Vec<String> = admitted.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+}
+
+#[tokio::test]
+async fn the_tenant_registry_is_listed_in_pages() {
+    let app = TestApp::spawn().await;
+    let names = ["t-a", "t-b", "t-c", "t-d", "t-e"];
+    for t in names.iter().rev() {
+        app.put_tenant(t, &serde_json::json!({"max_concurrent": 3}))
+            .await;
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let path = match &cursor {
+            Some(c) => format!("/api/tenants?limit=2&cursor={c}"),
+            None => "/api/tenants?limit=2".to_owned(),
+        };
+        let page = app.get_json(None, &path).await;
+        let tenants = page["tenants"].as_array().unwrap();
+        assert!(tenants.len() <= 2);
+        for t in tenants {
+            assert_eq!(t["max_concurrent"], 3);
+            seen.push(t["tenant_id"].as_str().unwrap().to_owned());
+        }
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(seen, names);
+    for bad in ["limit=0", "limit=201", "cursor=a%7Bb"] {
+        let res = app
+            .client
+            .get(app.url(&format!("/api/tenants?{bad}")))
+            .bearer_auth(crate::helpers::ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
