@@ -464,16 +464,7 @@ async fn a_new_admission_never_overtakes_an_older_waiting_one() {
     ids.push(newest.clone());
     // The oldest were dispatched first, in admission order; the newcomer waits behind the
     // rest although there is room.
-    let entries: Vec<(String, Vec<String>)> = app
-        .redis
-        .query(
-            redis::cmd("XRANGE")
-                .arg(app.shard("acme").ready())
-                .arg("-")
-                .arg("+"),
-        )
-        .await;
-    let dispatched: Vec<String> = entries.into_iter().map(|(_, f)| f[1].clone()).collect();
+    let dispatched = app.ready_ids("acme").await;
     assert_eq!(dispatched, ids[..dispatched.len()].to_vec());
     assert!(
         dispatched.len() > 1 && dispatched.len() < ids.len(),
@@ -495,16 +486,7 @@ async fn a_new_admission_never_overtakes_an_older_waiting_one() {
     // The next admissions finish the promotion: then everything is dispatched, in order.
     let later = id_of(&app.admit("acme", "demo.echo").await);
     ids.push(later);
-    let entries: Vec<(String, Vec<String>)> = app
-        .redis
-        .query(
-            redis::cmd("XRANGE")
-                .arg(app.shard("acme").ready())
-                .arg("-")
-                .arg("+"),
-        )
-        .await;
-    let dispatched: Vec<String> = entries.into_iter().map(|(_, f)| f[1].clone()).collect();
+    let dispatched = app.ready_ids("acme").await;
     assert_eq!(dispatched, ids);
 }
 

@@ -385,6 +385,28 @@ impl TestApp {
         self.redis.query(redis::cmd("XLEN").arg(key)).await
     }
 
+    /// The execution ids on a tenant's shard's ready stream, oldest entry first.
+    pub async fn ready_ids(&self, tenant: &str) -> Vec<String> {
+        let entries: Vec<(String, Vec<String>)> = self
+            .redis
+            .query(
+                redis::cmd("XRANGE")
+                    .arg(self.shard(tenant).ready())
+                    .arg("-")
+                    .arg("+"),
+            )
+            .await;
+        entries
+            .into_iter()
+            .filter_map(|(_, fields)| {
+                fields
+                    .chunks(2)
+                    .find(|f| f[0] == "id")
+                    .map(|f| f[1].clone())
+            })
+            .collect()
+    }
+
     /// Members of a tenant's waiting set.
     pub async fn waiting_len(&self, tenant: &str) -> u64 {
         let t = TenantId::parse(tenant).unwrap();
