@@ -8,8 +8,10 @@
 //!   the process stays clear of its open-file limit.
 //! - **Waiting for a request.** A connection with no request in flight must deliver the next
 //!   request's headers within `header_read_timeout`: counted from the accept (so a client that
-//!   sends nothing at all, or only the HTTP/2 preface, is closed too) and from the end of its
-//!   previous response (keep-alive idle). HTTP/1 and HTTP/2 alike; HTTP/2 gets a GOAWAY first.
+//!   sends nothing at all, or only the HTTP/2 preface, is closed too) and from the last byte of
+//!   its previous answer that went out (keep-alive idle; an answer still being written to a
+//!   slow reader keeps the connection busy as long as bytes move). HTTP/1 and HTTP/2 alike;
+//!   HTTP/2 gets a GOAWAY first.
 //! - **Stalled peers.** A connection with a request in flight that moves no byte in either
 //!   direction for `request_timeout + header_read_timeout` is closed: the handler is bounded by
 //!   `request_timeout`, so that silence means the client stopped reading its answer.
@@ -59,7 +61,7 @@ const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
 content-type: application/problem+json\r\n\
 retry-after: 1\r\n\
 connection: close\r\n\
-content-length: 195\r\n\
+content-length: 193\r\n\
 \r\n\
 {\"type\":\"urn:sluice:problem:too_many_connections\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"the server has no room for another connection; retry later\",\"code\":\"too_many_connections\"}";
 
@@ -137,25 +139,28 @@ fn refuse(stream: TcpStream) {
 }
 
 /// Serves one connection under the watchdog (see the module docs).
-async fn serve_connection(
+async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
-    stream: TcpStream,
+    stream: S,
     router: axum::Router,
     limits: ConnectionLimits,
     stop: CancellationToken,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Watched {
         inner: stream,
         activity: activity.clone(),
     });
     let tracked = activity.clone();
+    // A request counts as in flight from its headers until its answer's body is handed over
+    // (or dropped); hyper may still be writing it then, which `last_write` follows.
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let guard = tracked.begin();
         let router = router.clone();
         async move {
             let res = router.oneshot(req).await?;
-            // The request counts as in flight until its answer's body is sent (or dropped).
             Ok::<_, Infallible>(res.map(|body| {
                 Body::new(body.map_frame(move |frame| {
                     let _ = &guard;
@@ -199,8 +204,9 @@ async fn serve_connection(
     };
     tracing::debug!(reason, "closing connection");
     conn.as_mut().graceful_shutdown();
-    // Phase 2: let requests in flight finish; drop the connection once nothing is in flight
-    // and it did not close by itself within the grace (an HTTP/2 peer ignoring the GOAWAY).
+    // Phase 2: let requests in flight finish and answers be written; drop the connection once
+    // nothing is in flight and nothing was written for the grace (an HTTP/2 peer ignoring the
+    // GOAWAY, or a reader that stopped reading).
     let asked = Instant::now();
     let hard_limit = asked + stalled_after.max(Duration::from_secs(30));
     loop {
@@ -209,7 +215,8 @@ async fn serve_connection(
             _ = conn.as_mut() => return,
             () = tokio::time::sleep_until(next.into()) => {
                 let now = Instant::now();
-                let quiet = activity.in_flight() == 0 && now >= asked + CLOSE_GRACE;
+                let quiet = activity.in_flight() == 0
+                    && now >= asked.max(activity.last_write()) + CLOSE_GRACE;
                 let stalled = activity.last_io() + stalled_after <= now;
                 if quiet || stalled || now >= hard_limit {
                     return;
@@ -220,12 +227,13 @@ async fn serve_connection(
 }
 
 /// What the watchdog knows of one connection: requests in flight, and when it last became
-/// idle or moved a byte (milliseconds since it was accepted).
+/// idle, moved a byte, or wrote one (milliseconds since it was accepted).
 struct Activity {
     started: Instant,
     in_flight: AtomicUsize,
     idle_since_ms: AtomicU64,
     last_io_ms: AtomicU64,
+    last_write_ms: AtomicU64,
 }
 
 impl Activity {
@@ -235,6 +243,7 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
             last_io_ms: AtomicU64::new(0),
+            last_write_ms: AtomicU64::new(0),
         }
     }
 
@@ -257,17 +266,29 @@ impl Activity {
     }
 
     /// When the connection will have waited `timeout` for a request, counting from when it
-    /// last became idle.
+    /// last became idle or, later, last wrote a byte of an answer.
     fn idle_deadline(&self, timeout: Duration) -> Instant {
-        self.at(self.idle_since_ms.load(Ordering::Acquire)) + timeout
+        let idle = self.idle_since_ms.load(Ordering::Acquire);
+        let wrote = self.last_write_ms.load(Ordering::Relaxed);
+        self.at(idle.max(wrote)) + timeout
     }
 
     fn last_io(&self) -> Instant {
         self.at(self.last_io_ms.load(Ordering::Relaxed))
     }
 
-    fn touch(&self) {
+    fn last_write(&self) -> Instant {
+        self.at(self.last_write_ms.load(Ordering::Relaxed))
+    }
+
+    fn read_some(&self) {
         self.last_io_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    fn wrote_some(&self) {
+        let now = self.elapsed_ms();
+        self.last_io_ms.store(now, Ordering::Relaxed);
+        self.last_write_ms.store(now, Ordering::Relaxed);
     }
 }
 
@@ -284,13 +305,13 @@ impl Drop for InFlight {
     }
 }
 
-/// The TCP stream, noting every byte moved for the stalled-peer rule.
-struct Watched {
-    inner: TcpStream,
+/// The connection's stream, noting every byte moved for the stalled-peer rule.
+struct Watched<S> {
+    inner: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -299,13 +320,13 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.touch();
+            self.activity.read_some();
         }
         res
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -313,7 +334,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let res = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(res, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+            self.activity.wrote_some();
         }
         res
     }
@@ -325,7 +346,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let res = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(res, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+            self.activity.wrote_some();
         }
         res
     }
@@ -346,6 +367,92 @@ impl AsyncWrite for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
+
+    const BIG: usize = 32 * 1024;
+
+    /// A connection over an in-memory pipe of `pipe` bytes to a router with one 32 KiB answer
+    /// (200 ms timeouts); the client half.
+    fn connection(pipe: usize) -> tokio::io::DuplexStream {
+        let (client, server) = tokio::io::duplex(pipe);
+        let router =
+            axum::Router::new().route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }));
+        let limits = ConnectionLimits {
+            max_connections: 1,
+            header_read_timeout: Duration::from_millis(200),
+            request_timeout: Duration::from_millis(200),
+        };
+        tokio::spawn(async move {
+            let builder = auto::Builder::new(TokioExecutor::new());
+            serve_connection(&builder, server, router, limits, CancellationToken::new()).await;
+        });
+        client
+    }
+
+    async fn read_all(client: &mut tokio::io::DuplexStream) -> usize {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut got))
+            .await
+            .expect("the connection ends")
+            .expect("a clean end");
+        got.len()
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_its_answer_is_cut_off() {
+        let mut client = connection(1024);
+        client
+            .write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // Not reading: the server's writes stall once the pipe is full.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let got = read_all(&mut client).await;
+        assert!(got < BIG, "the whole answer arrived: {got} bytes");
+    }
+
+    /// Reads one answer (headers and a `BIG` body) in 1 KiB reads `pause` apart.
+    async fn read_answer(client: &mut tokio::io::DuplexStream, pause: Duration) -> Vec<u8> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n")
+                && got.len() >= end + 4 + BIG
+            {
+                return got;
+            }
+            let mut buf = [0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+                .await
+                .expect("a read")
+                .unwrap_or(0);
+            assert!(n > 0, "closed after {} bytes", got.len());
+            got.extend_from_slice(&buf[..n]);
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_gets_its_whole_answer_and_keeps_its_connection() {
+        let mut client = connection(1024);
+        let get = b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+        client.write_all(get).await.unwrap();
+        // 1 KiB every 50 ms: ~1.6 s for the answer, far past the 200 ms timeouts plus the
+        // close grace, but bytes keep moving, so it is neither idle nor stalled.
+        let first = read_answer(&mut client, Duration::from_millis(50)).await;
+        assert!(first.starts_with(b"HTTP/1.1 200"));
+        // Still a kept-alive connection: a second request is served on it.
+        client.write_all(get).await.unwrap();
+        let second = read_answer(&mut client, Duration::ZERO).await;
+        assert!(second.starts_with(b"HTTP/1.1 200"));
+        // Then, idle, it is closed.
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest))
+            .await
+            .expect("the idle connection is closed")
+            .unwrap();
+    }
 
     #[test]
     fn the_refusal_is_a_complete_problem_answer() {

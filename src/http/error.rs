@@ -148,6 +148,7 @@ pub struct Problem {
     pub type_: String,
     /// The HTTP status phrase.
     pub title: String,
+    #[schema(minimum = 400, maximum = 599)]
     pub status: u16,
     /// What went wrong, for a human.
     pub detail: String,

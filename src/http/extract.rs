@@ -3,13 +3,16 @@
 //! permission checks.
 
 use std::convert::Infallible;
+use std::fmt;
 use std::marker::PhantomData;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri};
-use serde::de::DeserializeOwned;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use super::error::ApiError;
 
@@ -49,10 +52,68 @@ impl<S: Send + Sync, T> FromRequest<S> for JsonBody<T> {
 }
 
 impl<T: DeserializeOwned> JsonBody<T> {
-    /// Reads and parses the body (content type, size limit and JSON checked as by `Json`).
+    /// Reads and parses the body (content type, size limit and JSON checked as by `Json`),
+    /// which must be a JSON object.
     pub async fn parse(self) -> Result<T, ApiError> {
-        let Json(body) = Json::<T>::from_request(self.req, &()).await?;
+        let Json(ObjectOnly(body)) = Json::<ObjectOnly<T>>::from_request(self.req, &()).await?;
         Ok(body)
+    }
+}
+
+/// A struct read from a JSON object only. Serde's derived structs also accept an array of
+/// their fields in order (`[null, null]` would be a tenant update), which the schema does not
+/// allow and no client means.
+struct ObjectOnly<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Object(PhantomData)).map(ObjectOnly)
+    }
+}
+
+/// A `u32` field written as any JSON number with a whole value: `5`, `5.0` and `5e0` alike.
+/// JSON Schema's `integer` admits all three, so a client following the schema may send any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeU32(pub u32);
+
+impl<'de> Deserialize<'de> for WholeU32 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Whole;
+        impl Visitor<'_> for Whole {
+            type Value = WholeU32;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number from 0 to 4294967295")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<WholeU32, E> {
+                u32::try_from(v)
+                    .map(WholeU32)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<WholeU32, E> {
+                u32::try_from(v)
+                    .map(WholeU32)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<WholeU32, E> {
+                if v.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&v) {
+                    // Whole and in range: the conversion is exact.
+                    Ok(WholeU32(v as u32))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Float(v), &self))
+                }
+            }
+        }
+        d.deserialize_any(Whole)
     }
 }
 
@@ -126,5 +187,50 @@ impl From<QueryRejection> for ApiError {
             code: "invalid_query",
             detail: r.body_text(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_numbers_in_any_spelling_are_u32() {
+        for (text, want) in [
+            ("5", 5),
+            ("5.0", 5),
+            ("5e0", 5),
+            ("-0.0", 0),
+            ("4294967295", u32::MAX),
+        ] {
+            let got: WholeU32 = serde_json::from_str(text).unwrap();
+            assert_eq!(got.0, want, "{text}");
+        }
+        for text in [
+            "5.5",
+            "-1",
+            "4294967296",
+            "4294967296.0",
+            "1e10",
+            "\"5\"",
+            "null",
+        ] {
+            assert!(serde_json::from_str::<WholeU32>(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn bodies_are_objects_only() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Body {
+            a: Option<u32>,
+        }
+        let ok: ObjectOnly<Body> = serde_json::from_str(r#"{"a": 1}"#).unwrap();
+        assert_eq!(ok.0.a, Some(1));
+        // Serde's derived struct alone takes the array form; the wrapper does not.
+        assert!(serde_json::from_str::<Body>("[1]").is_ok());
+        assert!(serde_json::from_str::<ObjectOnly<Body>>("[1]").is_err());
+        assert!(serde_json::from_str::<ObjectOnly<Body>>(r#"{"b": 1}"#).is_err());
     }
 }

@@ -46,6 +46,8 @@ pub struct DeadLetter {
     pub flow_id: Option<String>,
     /// `lease_lost`, `handler_error` or `poison`.
     pub reason: String,
+    /// Starts of the run that was dead-lettered (at most its `max_attempts`).
+    #[schema(maximum = 100)]
     pub attempts: u32,
     /// The ready-stream entry that carried the execution.
     pub source_entry: String,
@@ -164,6 +166,7 @@ fn record_bound(s: &str) -> Option<Option<(u64, u64)>> {
 /// Counters and sizes of one shard.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ShardStats {
+    #[schema(maximum = 65535)]
     pub shard: u16,
     /// Entries on the ready stream (dispatched, not yet started, plus running ones).
     pub ready: u64,

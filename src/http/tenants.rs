@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
-use super::extract::{JsonBody, Path, QueryLater};
+use super::extract::{JsonBody, Path, QueryLater, WholeU32};
 use crate::admission::TenantId;
 use crate::store::{Change, TenantLimits, TenantState};
 
@@ -34,11 +34,11 @@ pub struct TenantSettings {
     /// execution that now fits, oldest first.
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, nullable, format = Int64, maximum = 4294967295_u64)]
-    pub max_concurrent: Option<Option<u32>>,
+    pub max_concurrent: Option<Option<WholeU32>>,
     /// Executions waiting beyond `max_concurrent` before admission answers 429.
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, nullable, format = Int64, maximum = 4294967295_u64)]
-    pub max_queued: Option<Option<u32>>,
+    pub max_queued: Option<Option<WholeU32>>,
     /// A disabled tenant's admissions answer 403; nothing else changes.
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<bool>, nullable)]
@@ -142,8 +142,8 @@ pub async fn put_tenant(
     let body = body.parse().await?;
     state.store.register_tenant(&tenant).await?;
     let limits = TenantLimits {
-        max_concurrent: change(body.max_concurrent),
-        max_queued: change(body.max_queued),
+        max_concurrent: change(body.max_concurrent).map(|w| w.0),
+        max_queued: change(body.max_queued).map(|w| w.0),
         enabled: change(body.enabled),
     };
     let s = state.store.put_tenant(&tenant, &limits).await?;

@@ -81,3 +81,108 @@ fn every_error_is_a_documented_problem_and_every_api_call_is_secured() {
         }
     }
 }
+
+/// Every schema in `v`, recursively (properties, items, parameters' schemas, ...).
+fn schemas<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+    match v {
+        Value::Object(map) => {
+            if map.contains_key("type") {
+                out.push(v);
+            }
+            for child in map.values() {
+                schemas(child, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| schemas(i, out)),
+        _ => {}
+    }
+}
+
+fn types(schema: &Value) -> Vec<&str> {
+    match &schema["type"] {
+        Value::String(t) => vec![t.as_str()],
+        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => vec![],
+    }
+}
+
+/// The document says what the server enforces: every header the API reads is a parameter,
+/// every answer the shared machinery can give is a response, every id and paging parameter has
+/// its pattern or bounds, and integer formats hold the values the code allows.
+#[test]
+fn the_document_is_as_strict_as_the_server() {
+    let spec = serde_json::to_value(sluice::http::openapi()).unwrap();
+    let mut problems = Vec::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        let shared: Vec<&Value> = item["parameters"]
+            .as_array()
+            .map(|a| a.iter().collect())
+            .unwrap_or_default();
+        let names: Vec<&str> = shared.iter().filter_map(|p| p["name"].as_str()).collect();
+        if !names.contains(&"X-Request-Id") {
+            problems.push(format!("{path}: X-Request-Id undocumented"));
+        }
+        if path.starts_with("/api/") && !names.contains(&"X-Tenant-Id") {
+            problems.push(format!("{path}: X-Tenant-Id undocumented"));
+        }
+        for (method, op) in item.as_object().unwrap() {
+            if method == "parameters" {
+                continue;
+            }
+            let responses = op["responses"].as_object().unwrap();
+            let mut need: Vec<&str> = Vec::new();
+            if path.starts_with("/api/") {
+                need.extend(["400", "401", "403", "503"]);
+            }
+            if op.get("requestBody").is_some() {
+                need.extend(["413", "415"]);
+            }
+            for status in need {
+                if !responses.contains_key(status) {
+                    problems.push(format!("{method} {path}: {status} undocumented"));
+                }
+            }
+            if let Some(r) = responses.get("401")
+                && r["headers"].get("WWW-Authenticate").is_none()
+            {
+                problems.push(format!("{method} {path}: 401 without WWW-Authenticate"));
+            }
+            for status in ["429", "503"] {
+                if let Some(r) = responses.get(status)
+                    && r["headers"].get("Retry-After").is_none()
+                {
+                    problems.push(format!("{method} {path}: {status} without Retry-After"));
+                }
+            }
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                let name = p["name"].as_str().unwrap();
+                let schema = &p["schema"];
+                let bounded = match types(schema).first().copied() {
+                    Some("string") => {
+                        schema.get("pattern").is_some() || schema.get("enum").is_some()
+                    }
+                    Some("integer") => {
+                        schema.get("minimum").is_some() && schema.get("maximum").is_some()
+                    }
+                    Some("boolean") => true,
+                    _ => schema.get("$ref").is_some() || schema.get("oneOf").is_some(),
+                };
+                if !bounded {
+                    problems.push(format!("{method} {path}: parameter {name} unbounded"));
+                }
+            }
+        }
+    }
+    let mut all = Vec::new();
+    schemas(&spec, &mut all);
+    for s in all {
+        if s["format"] == "int32"
+            && s["maximum"]
+                .as_i64()
+                .is_none_or(|m| m > i64::from(i32::MAX))
+        {
+            problems.push(format!("int32 without a maximum that fits: {s}"));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}

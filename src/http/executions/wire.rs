@@ -8,6 +8,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::admission::{self, AdmitInput};
+use crate::http::extract::WholeU32;
 
 /// Lifecycle of an execution: `queued` → `running` → one terminal status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -186,8 +187,8 @@ pub struct NewExecution {
     pub dedup_key: Option<String>,
     /// How many times a worker may start it (default 5).
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 100)]
-    pub max_attempts: Option<u32>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100)]
+    pub max_attempts: Option<WholeU32>,
 }
 
 impl From<NewExecution> for AdmitInput {
@@ -197,7 +198,7 @@ impl From<NewExecution> for AdmitInput {
             version: b.version,
             params: b.params,
             dedup_key: b.dedup_key,
-            max_attempts: b.max_attempts,
+            max_attempts: b.max_attempts.map(|m| m.0),
         }
     }
 }

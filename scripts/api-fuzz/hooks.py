@@ -1,0 +1,52 @@
+"""Schemathesis hooks for sluice: the rules of the API that OpenAPI cannot state, told to the
+generator so that the data it calls valid is valid. Each is documented in the schema's
+descriptions; nothing here loosens a check.
+
+- `dedup_key` counts UTF-8 bytes (at most 256); JSON Schema's maxLength counts characters.
+- The `Idempotency-Key` header and the body's `dedup_key`, when both are sent, must be equal
+  (else 400 `dedup_key_mismatch`).
+"""
+
+import schemathesis
+from schemathesis import GenerationMode
+
+
+def _positive(case):
+    meta = case.meta
+    return meta is None or meta.generation.mode == GenerationMode.POSITIVE
+
+
+@schemathesis.hook
+def filter_case(context, case):
+    if not _positive(case):
+        return True
+    if case.operation.method.upper() != "POST" or case.operation.path != "/api/executions":
+        return True
+    body = case.body if isinstance(case.body, dict) else {}
+    body_key = body.get("dedup_key")
+    header_key = (case.headers or {}).get("Idempotency-Key")
+    if isinstance(body_key, str) and len(body_key.encode("utf-8")) > 256:
+        return False
+    if isinstance(body_key, str) and isinstance(header_key, str) and body_key != header_key:
+        return False
+    return True
+
+
+@schemathesis.hook
+def map_case(context, case):
+    """In stateful sequences, `DELETE /api/executions/{id}` is the force delete.
+
+    Without `force=true` that call is a cancel (the contract of DESIGN.md): the execution stays
+    readable, which Schemathesis' use-after-free check would take for a deleted resource still
+    served. Only the force delete deletes, so sequences that delete use it and the check then
+    holds the server to "gone means 404". The other phases still send both forms.
+    """
+    meta = case.meta
+    if (
+        meta is not None
+        and meta.phase.name == "stateful"
+        and case.operation.method.upper() == "DELETE"
+        and case.operation.path == "/api/executions/{id}"
+    ):
+        case.query = {**(case.query or {}), "force": "true"}
+    return case
