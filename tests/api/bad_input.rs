@@ -55,6 +55,19 @@ fn cases() -> Vec<Case> {
             "invalid_body",
         ),
         post_json("body not an object", "[1, 2]", bad, "invalid_body"),
+        // Serde's structs also read an array of their fields in order; the API does not.
+        post_json(
+            "body as a field array",
+            r#"["demo.echo"]"#,
+            bad,
+            "invalid_body",
+        ),
+        post_json(
+            "max_attempts not whole",
+            r#"{"flow_id": "f", "max_attempts": 2.5}"#,
+            bad,
+            "invalid_body",
+        ),
         post_json(
             "empty flow_id",
             r#"{"flow_id": ""}"#,
@@ -268,6 +281,13 @@ fn cases() -> Vec<Case> {
     });
     v.push(Case {
         method: Method::PUT,
+        path: "/api/tenants/acme".into(),
+        tenant: None,
+        body: Some((Some("application/json"), b"[null, null]".to_vec())),
+        ..get("tenant limits as a field array", "", "invalid_body")
+    });
+    v.push(Case {
+        method: Method::PUT,
         path: "/api/tenants/a%7Bb".into(),
         tenant: None,
         body: Some((Some("application/json"), b"{}".to_vec())),
@@ -453,4 +473,26 @@ async fn dead_letter_cursors_are_checked_before_redis_sees_them() {
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "before={before}");
         assert_eq!(problem_code(res).await, "invalid_cursor", "before={before}");
     }
+}
+
+#[tokio::test]
+async fn whole_numbers_are_integers_in_any_json_spelling() {
+    let app = TestApp::spawn().await;
+    // JSON Schema's `integer` admits 5.0 and 1e1; so does the server.
+    let res = app
+        .post_execution(
+            "acme",
+            &json!({"flow_id": "demo.echo", "max_attempts": 5.0}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(
+        res.json::<serde_json::Value>().await.unwrap()["max_attempts"],
+        5
+    );
+    let tenant = app
+        .put_tenant("acme", &json!({"max_concurrent": 1e1, "max_queued": 7.0}))
+        .await;
+    assert_eq!(tenant["max_concurrent"], 10);
+    assert_eq!(tenant["max_queued"], 7);
 }
