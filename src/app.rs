@@ -72,6 +72,7 @@ impl Application {
             default_max_attempts: config.api.default_max_attempts,
             max_params_bytes: config.api.max_params_bytes,
             max_page_bytes: config.api.max_page_bytes,
+            max_api_keys: config.api.max_api_keys_per_tenant,
             metrics: metrics.clone(),
         };
         if let Some(token) = &config.api.admin_token

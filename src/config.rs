@@ -214,6 +214,10 @@ pub struct ApiSettings {
     /// it ends early and still returns a cursor. Bounds what one listing request holds.
     #[arg(long, env = "SLUICE_MAX_PAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_page_bytes: usize,
+    /// Live API keys one tenant may have; creating more answers 409 `too_many_api_keys`
+    /// (revoke one first). Keeps a tenant's key list, which is read whole, bounded.
+    #[arg(long, env = "SLUICE_MAX_API_KEYS_PER_TENANT", default_value_t = 100)]
+    pub max_api_keys_per_tenant: usize,
     /// Bearer token that `/metrics` requires (Prometheus: `authorization: {credentials_file:
     /// ...}`). Without it `/metrics` answers anyone who reaches its address.
     #[arg(long, env = "SLUICE_METRICS_TOKEN", hide_env_values = true)]

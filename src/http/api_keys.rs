@@ -147,7 +147,8 @@ pub struct ApiKeyList {
 /// Create an API key for a tenant (platform admin, or the tenant's admin key).
 ///
 /// The answer holds the token once; store it, sluice cannot show it again. The tenant must
-/// exist (`PUT /api/tenants/{tenant}`).
+/// exist (`PUT /api/tenants/{tenant}`) and have fewer than `--max-api-keys-per-tenant` (100)
+/// live keys.
 #[utoipa::path(
     post,
     path = "/api/tenants/{tenant}/api-keys",
@@ -164,6 +165,7 @@ pub struct ApiKeyList {
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Not a registered tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`too_many_api_keys`: the tenant has `--max-api-keys-per-tenant` live keys", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -185,6 +187,18 @@ pub async fn create_api_key(
         return Err(ApiError::BadRequest {
             code: "invalid_key_name",
             detail: format!("name must be 1–{MAX_NAME_LEN} characters without control characters"),
+        });
+    }
+    // Checked before the (atomic) creation: concurrent creations may each see room, so a
+    // tenant can overshoot by the requests in flight at once, never without bound.
+    if state.store.count_api_keys(&tenant).await? >= state.max_api_keys {
+        return Err(ApiError::Status {
+            status: StatusCode::CONFLICT,
+            code: "too_many_api_keys",
+            detail: format!(
+                "this tenant has {} live API keys, the most it may have; revoke one first",
+                state.max_api_keys
+            ),
         });
     }
     let origin = if state.auth.dev_auth {

@@ -45,6 +45,8 @@ pub struct AppState {
     pub max_params_bytes: usize,
     /// Byte budget of one listing page.
     pub max_page_bytes: usize,
+    /// Live API keys a tenant may have.
+    pub max_api_keys: usize,
     /// The Prometheus registry `/metrics` renders.
     pub metrics: Arc<metrics::Metrics>,
 }

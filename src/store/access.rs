@@ -179,6 +179,17 @@ impl Store {
         Err(StoreError::Corrupt("could not draw a free key id".into()))
     }
 
+    /// How many live keys a tenant has.
+    pub async fn count_api_keys(&self, tenant: &TenantId) -> Result<usize, StoreError> {
+        let mut c = self.conn();
+        self.bounded(
+            redis::cmd("SCARD")
+                .arg(keys::tenant_keys(tenant))
+                .query_async(&mut c),
+        )
+        .await
+    }
+
     /// A tenant's live keys, in key-id order.
     pub async fn list_api_keys(&self, tenant: &TenantId) -> Result<Vec<ApiKeyRecord>, StoreError> {
         let mut c = self.conn();

@@ -699,3 +699,32 @@ async fn the_role_is_checked_before_the_body_is_looked_at() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
 }
+
+#[tokio::test]
+async fn a_tenant_has_a_bounded_number_of_keys() {
+    let app = TestApp::spawn_with(|c| c.api.max_api_keys_per_tenant = 2).await;
+    app.create_tenant("acme").await;
+    let first = app.create_key("acme", "viewer").await;
+    app.create_key("acme", "viewer").await;
+    let create = || {
+        app.client
+            .post(app.url("/api/tenants/acme/api-keys"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"role": "viewer"}))
+            .send()
+    };
+    let res = create().await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "too_many_api_keys");
+    // Revoking one makes room again.
+    let id = first["key_id"].as_str().unwrap();
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/tenants/acme/api-keys/{id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    assert_eq!(create().await.unwrap().status(), StatusCode::CREATED);
+}
