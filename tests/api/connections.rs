@@ -206,3 +206,71 @@ async fn past_the_cap_newcomers_are_refused_and_served_connections_keep_working(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The reproduction of the report: a server whose open-file limit is low (here 128, soft and
+/// hard) keeps its cap under it, so silent connections beyond it are refused with a 503
+/// instead of starving the process of descriptors, and a client holding a slot is served.
+#[tokio::test]
+async fn the_cap_stays_under_the_open_file_limit() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let redis = crate::helpers::TestRedis::start().await;
+    let port = crate::helpers::free_port();
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 128 && exec {} serve --listen 127.0.0.1:{port} --redis-url {} \
+             --header-read-timeout-ms 60000",
+            crate::helpers::sluice_bin().display(),
+            redis.url()
+        ))
+        .env("SLUICE_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut holder = loop {
+        if let Ok(s) = TcpStream::connect(addr).await {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "sluice serve did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (status, _) = get_on(&mut holder, "/healthz").await;
+    assert!(status.contains("200"), "{status}");
+    // Far more silent connections than 128 descriptors could hold next to everything else.
+    let mut silent = Vec::new();
+    for _ in 0..150 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // The last ones were refused at once, with the problem answer.
+    let mut refused = 0;
+    for s in silent.iter_mut().rev().take(20) {
+        let answer = read_until_closed(s, Duration::from_secs(10))
+            .await
+            .expect("a connection past the cap was left open");
+        assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 503"));
+        refused += 1;
+    }
+    assert_eq!(refused, 20);
+    // The slot holder is still served: the process has descriptors left.
+    let (status, _) = get_on(&mut holder, "/healthz").await;
+    assert!(status.contains("200"), "{status}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let warned = rx
+        .try_iter()
+        .any(|l| l.contains("--max-connections exceeds what the open-file limit allows"));
+    assert!(warned, "no warning about the lowered cap");
+}
