@@ -109,11 +109,15 @@ impl Application {
             )),
             None => None,
         };
-        if config.api.metrics_token.is_none() && !exposes_nothing_public(&config) {
+        // On its own address the operator chose who reaches it; on the API's, everybody does.
+        if config.api.metrics_token.is_none()
+            && config.api.metrics_listen.is_none()
+            && !config.api.listen.ip().is_loopback()
+        {
             tracing::warn!(
                 "/metrics answers anyone who reaches {} (tenant ids included): set \
-                 --metrics-token, or --metrics-listen on an internal address",
-                config.api.metrics_listen.unwrap_or(config.api.listen)
+                 --metrics-listen to an internal address, or --metrics-token",
+                config.api.listen
             );
         }
         let listeners = if metrics_listener.is_some() { 2 } else { 1 };
@@ -217,17 +221,6 @@ fn check_dev_auth_exposure(config: &AppConfig) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Whether every address `/metrics` is served on is loopback (then an open `/metrics` is a
-/// local matter and not worth a warning).
-fn exposes_nothing_public(config: &AppConfig) -> bool {
-    config
-        .api
-        .metrics_listen
-        .unwrap_or(config.api.listen)
-        .ip()
-        .is_loopback()
 }
 
 /// The connection cap per listener that fits the open-file limit (raised to its hard limit
