@@ -217,6 +217,14 @@ async fn the_cap_stays_under_the_open_file_limit() {
 
     let redis = crate::helpers::TestRedis::start().await;
     let port = crate::helpers::free_port();
+    /// Kills the server also when an assertion fails first.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(format!(
@@ -232,6 +240,7 @@ async fn the_cap_stays_under_the_open_file_limit() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    let child = Killed(child);
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -267,8 +276,7 @@ async fn the_cap_stays_under_the_open_file_limit() {
     // The slot holder is still served: the process has descriptors left.
     let (status, _) = get_on(&mut holder, "/healthz").await;
     assert!(status.contains("200"), "{status}");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let warned = rx
         .try_iter()
         .any(|l| l.contains("--max-connections exceeds what the open-file limit allows"));
