@@ -8,6 +8,7 @@ mod config;
 mod connections;
 mod deployment;
 mod dev;
+mod faults;
 mod guarantees;
 mod handlers;
 mod helpers;
