@@ -17,7 +17,7 @@ mod builtin;
 mod external;
 mod handler;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -96,7 +96,50 @@ struct Held {
     why: Arc<AtomicU8>,
 }
 
-type HeldMap = Arc<Mutex<HashMap<ExecutionId, Held>>>;
+/// What a worker runs, and what it must never start again: a run (execution, fence) is
+/// started at most once by a worker, whatever an `adopt` answer says.
+#[derive(Default)]
+struct Runs {
+    held: HashMap<ExecutionId, Held>,
+    /// Per shard with an `adopt` call out: runs that ended meanwhile. Redis may have run the
+    /// call before it heard of their end, so its answer can still name them.
+    ended_while_adopting: HashMap<Shard, HashSet<(ExecutionId, u64)>>,
+    /// Runs whose end could not be reported (Redis unreachable for a lease): Redis shows them
+    /// held by this worker until their lease expires. The newest `UNREPORTED_KEPT`.
+    unreported: VecDeque<(ExecutionId, u64)>,
+}
+
+/// How many unreported runs a worker remembers (they are rare: each took a lease-long outage).
+const UNREPORTED_KEPT: usize = 1024;
+
+impl Runs {
+    /// Whether an `adopt` answer naming this run of `shard` may be run here.
+    fn may_adopt(&self, shard: Shard, id: &ExecutionId, fence: u64) -> bool {
+        let run = (id.clone(), fence);
+        !self.held.contains_key(id)
+            && !self
+                .ended_while_adopting
+                .get(&shard)
+                .is_some_and(|ended| ended.contains(&run))
+            && !self.unreported.contains(&run)
+    }
+
+    /// A run is over (reported, or given up on when `reported` is false).
+    fn ended(&mut self, shard: Shard, id: &ExecutionId, fence: u64, reported: bool) {
+        if let Some(ended) = self.ended_while_adopting.get_mut(&shard) {
+            ended.insert((id.clone(), fence));
+        }
+        if !reported {
+            if self.unreported.len() >= UNREPORTED_KEPT {
+                self.unreported.pop_front();
+            }
+            self.unreported.push_back((id.clone(), fence));
+        }
+        self.held.remove(id);
+    }
+}
+
+type HeldMap = Arc<Mutex<Runs>>;
 
 /// A worker bound to a store and a registry of flows.
 pub struct Worker {
@@ -163,7 +206,7 @@ impl Worker {
         })
         .await;
         if drained.is_err() {
-            for h in held.lock().expect("held map").values() {
+            for h in held.lock().expect("held map").held.values() {
                 h.why.store(STOP_SHUTDOWN, Ordering::SeqCst);
                 h.stop.cancel();
             }
@@ -198,7 +241,7 @@ impl Worker {
             let mut free = self
                 .config
                 .concurrency
-                .saturating_sub(held.lock().expect("held map").len());
+                .saturating_sub(held.lock().expect("held map").held.len());
             if free == 0 {
                 tokio::select! {
                     _ = freed.notified() => {}
@@ -217,7 +260,14 @@ impl Worker {
                 }
                 let shard = shards[n];
                 let sent = Instant::now();
-                let result = if unsure[n] {
+                let adopting = unsure[n];
+                if adopting {
+                    held.lock()
+                        .expect("held map")
+                        .ended_while_adopting
+                        .insert(shard, HashSet::new());
+                }
+                let result = if adopting {
                     self.store
                         .adopt(
                             shard,
@@ -249,10 +299,16 @@ impl Worker {
                     pause[n] = Duration::from_millis(1);
                     due[n] = now;
                 }
+                let started: Vec<Started> = {
+                    let mut runs = held.lock().expect("held map");
+                    let started = started
+                        .into_iter()
+                        .filter(|s| !adopting || runs.may_adopt(shard, &s.id, s.fence))
+                        .collect();
+                    runs.ended_while_adopting.remove(&shard);
+                    started
+                };
                 for s in started {
-                    if held.lock().expect("held map").contains_key(&s.id) {
-                        continue;
-                    }
                     free = free.saturating_sub(1);
                     self.launch(s, sent, held, freed, runs);
                 }
@@ -280,7 +336,7 @@ impl Worker {
         let stop = CancellationToken::new();
         let why = Arc::new(AtomicU8::new(STOP_NONE));
         let lease = Lease::granted(sent, self.config.lease_ttl);
-        held.lock().expect("held map").insert(
+        held.lock().expect("held map").held.insert(
             s.id.clone(),
             Held {
                 shard: s.shard,
@@ -299,8 +355,10 @@ impl Worker {
         runs.spawn(async move {
             let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
             let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
-            report(&store, shard, &id, fence, &outcome, &config).await;
-            held.lock().expect("held map").remove(&id);
+            let reported = report(&store, shard, &id, fence, &outcome, &config).await;
+            held.lock()
+                .expect("held map")
+                .ended(shard, &id, fence, reported);
             freed.notify_one();
         });
     }
@@ -403,7 +461,7 @@ fn backoff(config: &WorkerConfig, attempt: u32) -> Duration {
 
 /// Reports an outcome, retrying while Redis is unavailable for up to one lease TTL (after that
 /// the lease has expired and the orphan scan re-runs the execution anyway). Repeating is safe:
-/// a report applied before is recognised (`Repeat`).
+/// a report applied before is recognised (`Repeat`). Returns whether Redis answered.
 async fn report(
     store: &Store,
     shard: Shard,
@@ -411,7 +469,7 @@ async fn report(
     fence: u64,
     outcome: &Outcome,
     config: &WorkerConfig,
-) {
+) -> bool {
     let deadline = tokio::time::Instant::now() + config.lease_ttl;
     let mut pause = Duration::from_millis(50);
     loop {
@@ -421,11 +479,11 @@ async fn report(
         {
             Ok(Completion::Stale) => {
                 tracing::warn!(%id, fence, "late completion refused: the run is no longer current");
-                return;
+                return true;
             }
             Ok(done) => {
                 tracing::debug!(%id, fence, ?done, "execution reported");
-                return;
+                return true;
             }
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::warn!(%id, error = %e, "cannot report completion yet; retrying");
@@ -434,7 +492,7 @@ async fn report(
             }
             Err(e) => {
                 tracing::error!(%id, error = %e, "giving up reporting; the orphan scan will re-run it");
-                return;
+                return false;
             }
         }
     }
@@ -455,9 +513,9 @@ async fn heartbeat_loop(
             _ = stop.cancelled() => return,
         }
         let by_shard: HashMap<Shard, Vec<(ExecutionId, u64)>> = {
-            let held = held.lock().expect("held map");
+            let runs = held.lock().expect("held map");
             let mut m: HashMap<Shard, Vec<(ExecutionId, u64)>> = HashMap::new();
-            for (id, h) in held.iter() {
+            for (id, h) in runs.held.iter() {
                 m.entry(h.shard).or_default().push((id.clone(), h.fence));
             }
             m
@@ -474,9 +532,9 @@ async fn heartbeat_loop(
                     continue;
                 }
             };
-            let held = held.lock().expect("held map");
+            let runs = held.lock().expect("held map");
             for ((id, fence), state) in list.iter().zip(answers) {
-                let Some(h) = held.get(id).filter(|h| h.fence == *fence) else {
+                let Some(h) = runs.held.get(id).filter(|h| h.fence == *fence) else {
                     continue;
                 };
                 if state != LeaseState::Lost {
