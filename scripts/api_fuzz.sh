@@ -19,9 +19,5 @@ if [ ! -x "$bin" ]; then
 fi
 work="$target/api-fuzz"
 venv="$work/venv"
-if ! "$venv/bin/schemathesis" --version 2>/dev/null | grep -q "$ST_VERSION"; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$ST_VERSION"
-fi
+ensure_pinned_venv "$venv" schemathesis "$ST_VERSION" schemathesis
 "$venv/bin/python" scripts/api_fuzz.py "$bin" "$venv/bin/schemathesis" "$work"

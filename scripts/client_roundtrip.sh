@@ -18,11 +18,7 @@ if [ ! -x "$bin" ]; then
 fi
 work="$target/client-roundtrip"
 venv="$work/venv"
-if ! "$venv/bin/openapi-python-client" --version 2>/dev/null | grep -q "$OPC_VERSION"; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "openapi-python-client==$OPC_VERSION"
-fi
+ensure_pinned_venv "$venv" openapi-python-client "$OPC_VERSION" openapi-python-client
 rm -rf "$work/gen"
 mkdir -p "$work/gen"
 if ! "$venv/bin/openapi-python-client" generate --path openapi/openapi.json \

@@ -42,3 +42,14 @@ ensure_python_venv() {
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
 }
+
+# A virtualenv at $1 with the PyPI package $2 pinned at version $3, whose command $4 reports
+# that version; made (or remade) only when it does not, so later runs reuse it.
+ensure_pinned_venv() {
+  local venv="$1" package="$2" version="$3" command="$4"
+  if ! "$venv/bin/$command" --version 2>/dev/null | grep -q "$version"; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$package==$version"
+  fi
+}
