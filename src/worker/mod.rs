@@ -498,7 +498,8 @@ async fn report(
     }
 }
 
-/// Extends every held lease once per interval: one call per shard, not per execution.
+/// Extends every held lease once per interval: one call per shard, not per execution, the
+/// shards' calls at the same time.
 async fn heartbeat_loop(
     store: Arc<Store>,
     held: HeldMap,
@@ -520,38 +521,54 @@ async fn heartbeat_loop(
             }
             m
         };
+        // Each shard's renewal on its own task: one slow shard must not hold back the others'
+        // (their runs would be stopped when their local lease deadline passes).
+        let mut beats = JoinSet::new();
         for (shard, list) in by_shard {
-            let sent = Instant::now();
-            let answers = match store
-                .heartbeat(shard, &config.consumer, &list, config.lease_ttl)
-                .await
-            {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "heartbeat failed");
-                    continue;
-                }
-            };
-            let runs = held.lock().expect("held map");
-            for ((id, fence), state) in list.iter().zip(answers) {
-                let Some(h) = runs.held.get(id).filter(|h| h.fence == *fence) else {
-                    continue;
-                };
-                if state != LeaseState::Lost {
-                    h.lease.renewed(sent, config.lease_ttl);
-                }
-                let why = match state {
-                    LeaseState::Held => continue,
-                    LeaseState::CancelRequested => STOP_CANCEL,
-                    LeaseState::Lost => STOP_LOST,
-                };
-                tracing::info!(%id, ?state, "stopping execution");
-                let _ = h
-                    .why
-                    .compare_exchange(STOP_NONE, why, Ordering::SeqCst, Ordering::SeqCst);
-                h.stop.cancel();
-            }
+            let (store, held, config) = (store.clone(), held.clone(), config.clone());
+            beats.spawn(async move { renew(&store, &held, &config, shard, list).await });
         }
+        while beats.join_next().await.is_some() {}
+    }
+}
+
+/// Renews the leases this worker holds in one shard, and stops the runs Redis says to stop.
+async fn renew(
+    store: &Store,
+    held: &HeldMap,
+    config: &WorkerConfig,
+    shard: Shard,
+    list: Vec<(ExecutionId, u64)>,
+) {
+    let sent = Instant::now();
+    let answers = match store
+        .heartbeat(shard, &config.consumer, &list, config.lease_ttl)
+        .await
+    {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, shard = shard.number(), "heartbeat failed");
+            return;
+        }
+    };
+    let runs = held.lock().expect("held map");
+    for ((id, fence), state) in list.iter().zip(answers) {
+        let Some(h) = runs.held.get(id).filter(|h| h.fence == *fence) else {
+            continue;
+        };
+        if state != LeaseState::Lost {
+            h.lease.renewed(sent, config.lease_ttl);
+        }
+        let why = match state {
+            LeaseState::Held => continue,
+            LeaseState::CancelRequested => STOP_CANCEL,
+            LeaseState::Lost => STOP_LOST,
+        };
+        tracing::info!(%id, ?state, "stopping execution");
+        let _ = h
+            .why
+            .compare_exchange(STOP_NONE, why, Ordering::SeqCst, Ordering::SeqCst);
+        h.stop.cancel();
     }
 }
 
