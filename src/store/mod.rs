@@ -351,14 +351,15 @@ impl Store {
             .arg(&digest)
             .arg(req.fingerprint.as_str());
         let mut c = self.conn();
-        let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
-            Ok(Ok(reply)) => reply,
+        let sent = match self.bounded_raw(inv.invoke_async(&mut c)).await {
             // Refused at connect: the call never left this process.
             Ok(Err(e)) if e.is_connection_refusal() => return Err(e.into()),
-            Ok(Err(e)) => match StoreError::from(e) {
-                StoreError::Unavailable(lost) => return self.abandon(tenant, &id, &lost).await,
-                other => return Err(other),
-            },
+            Ok(r) => r.map_err(StoreError::from),
+            Err(timeout) => Err(timeout),
+        };
+        let reply: Vec<Value> = match sent {
+            Ok(reply) => reply,
+            // Sent, answer lost: it may have run, or may still run.
             Err(StoreError::Unavailable(lost)) => return self.abandon(tenant, &id, &lost).await,
             Err(e) => return Err(e),
         };
