@@ -56,7 +56,7 @@ impl Application {
         let store = Arc::new(
             Store::connect(config.store())
                 .await
-                .with_context(|| format!("cannot use redis at {}", config.redis.redis_url))?,
+                .with_context(|| format!("cannot use redis at {}", config.redis.target()))?,
         );
         // Workers follow the data policy (limit defaults, retention) of the API servers.
         store.publish_defaults().await?;

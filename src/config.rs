@@ -13,7 +13,7 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::store::StoreConfig;
+use crate::store::{RedisTarget, StoreConfig};
 
 /// sluice: execution admission on Redis — duplicates collapse to one execution, tenants stay
 /// inside their quotas, and queued work is never mistaken for dead work.
@@ -175,6 +175,10 @@ pub struct DevArgs {
     /// Shard count recorded at first start.
     #[arg(long, env = "SLUICE_SHARDS", default_value_t = 16)]
     pub shards: u16,
+    /// Start a local three-master Redis Cluster (in `--data-dir`, ports chosen at its first
+    /// start) instead of one redis-server.
+    #[arg(long, env = "SLUICE_DEV_CLUSTER")]
+    pub cluster: bool,
 }
 
 /// Settings of the HTTP API and of admission.
@@ -306,6 +310,18 @@ pub struct RedisSettings {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    /// Redis Cluster seed nodes, comma-separated (e.g.
+    /// `redis://10.0.0.1:6379,redis://10.0.0.2:6379`): any reachable one is enough, the rest of
+    /// the cluster is discovered. When given, sluice runs on that cluster and `--redis-url` is
+    /// not used.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_CLUSTER",
+        value_delimiter = ',',
+        num_args = 1..,
+        conflicts_with = "redis_url"
+    )]
+    pub redis_cluster: Vec<String>,
     /// Multiplexed Redis connections this process spreads its calls over. Each pipelines many
     /// calls; fewer connections mean larger batches per write and read on Redis (faster), more
     /// spread the client-side work of a many-core server.
@@ -344,8 +360,18 @@ impl ApiSettings {
 impl RedisSettings {
     /// Settings for a Redis at `url`, otherwise the defaults.
     pub fn for_url(url: impl Into<String>) -> Self {
+        Self::for_target(RedisTarget::Standalone(url.into()))
+    }
+
+    /// Settings for `target`, otherwise the defaults.
+    pub fn for_target(target: RedisTarget) -> Self {
+        let (redis_url, redis_cluster) = match target {
+            RedisTarget::Standalone(url) => (url, Vec::new()),
+            RedisTarget::Cluster(seeds) => ("redis://127.0.0.1:6379".to_owned(), seeds),
+        };
         Self {
-            redis_url: url.into(),
+            redis_url,
+            redis_cluster,
             redis_connections: 2,
             redis_timeout_ms: 2_000,
             shards: 16,
@@ -368,10 +394,19 @@ impl AppConfig {
 }
 
 impl RedisSettings {
+    /// Where Redis is: the cluster when seed nodes are given, else the URL.
+    pub fn target(&self) -> RedisTarget {
+        if self.redis_cluster.is_empty() {
+            RedisTarget::Standalone(self.redis_url.clone())
+        } else {
+            RedisTarget::Cluster(self.redis_cluster.clone())
+        }
+    }
+
     /// The store's configuration, with the data policy of `api`.
     pub fn store_config(&self, api: &ApiSettings) -> StoreConfig {
         StoreConfig {
-            redis_url: self.redis_url.clone(),
+            redis: self.target(),
             connections: self.redis_connections,
             op_timeout: Duration::from_millis(self.redis_timeout_ms),
             shards: self.shards,

@@ -1,6 +1,7 @@
 //! The embedded default: a `redis-server` that `sluice dev` starts, owns and stops, with its
 //! data (AOF on) in a local folder, so trying sluice needs nothing but the binary and Redis
-//! installed.
+//! installed. `sluice dev --cluster` starts a local three-master Redis Cluster instead, formed
+//! by `form_cluster` (which the test suite uses too).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -9,17 +10,202 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
-/// A redis-server child process on loopback.
+use crate::store::RedisTarget;
+
+/// The redis-server child processes `sluice dev` owns: one standalone server, or the nodes of
+/// a local cluster.
 pub struct ManagedRedis {
+    nodes: Vec<ManagedNode>,
+    cluster: bool,
+}
+
+impl ManagedRedis {
+    /// One standalone server on `port` (0 = a free one) with its data in `data_dir`.
+    pub async fn start(program: &Path, data_dir: &Path, port: u16) -> anyhow::Result<Self> {
+        let node = ManagedNode::start(program, data_dir, port, &[]).await?;
+        Ok(Self {
+            nodes: vec![node],
+            cluster: false,
+        })
+    }
+
+    /// A local Redis Cluster of `masters` masters, each in `data_dir/node-<i>`. The ports are
+    /// chosen at the first start and kept in `data_dir/cluster-ports` (each node's
+    /// `nodes.conf` names its peers by port, so a restart must reuse them); the cluster is
+    /// formed once and comes back by itself on later starts.
+    pub async fn start_cluster(
+        program: &Path,
+        data_dir: &Path,
+        masters: usize,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("cannot create data folder {}", data_dir.display()))?;
+        let ports_file = data_dir.join("cluster-ports");
+        let ports: Vec<u16> = match std::fs::read_to_string(&ports_file) {
+            Ok(text) => text
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("{} is damaged", ports_file.display()))?,
+            Err(_) => {
+                let ports = (0..masters)
+                    .map(|_| free_port())
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let text: Vec<String> = ports.iter().map(u16::to_string).collect();
+                std::fs::write(&ports_file, text.join(" "))
+                    .with_context(|| format!("cannot write {}", ports_file.display()))?;
+                ports
+            }
+        };
+        let mut nodes = Vec::with_capacity(ports.len());
+        for (i, port) in ports.iter().enumerate() {
+            let dir = data_dir.join(format!("node-{i}"));
+            nodes.push(ManagedNode::start(program, &dir, *port, &cluster_node_args(5_000)).await?);
+        }
+        form_cluster(&ports, 0, Duration::from_secs(20)).await?;
+        Ok(Self {
+            nodes,
+            cluster: true,
+        })
+    }
+
+    /// Where sluice finds this Redis.
+    pub fn target(&self) -> RedisTarget {
+        if self.cluster {
+            RedisTarget::Cluster(self.nodes.iter().map(ManagedNode::url).collect())
+        } else {
+            RedisTarget::Standalone(self.nodes[0].url())
+        }
+    }
+
+    /// Stops every node cleanly (SHUTDOWN flushes the AOF).
+    pub async fn stop(self) {
+        for node in self.nodes {
+            node.stop().await;
+        }
+    }
+}
+
+/// The arguments that make a redis-server a cluster node: its cluster state in `nodes.conf`
+/// beside its data, peers declared failed after `node_timeout_ms`, and a master's outage
+/// taking down only its own slots (sluice keeps serving the shards on the other masters).
+pub fn cluster_node_args(node_timeout_ms: u64) -> Vec<String> {
+    [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        &node_timeout_ms.to_string(),
+        "--cluster-require-full-coverage",
+        "no",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Forms a Redis Cluster of the loopback nodes on `ports` (started with `cluster_node_args`):
+/// the first `ports.len() / (1 + replicas)` are masters sharing the 16384 slots evenly, the
+/// rest replicate them in turn. Waits until every node sees the whole cluster and all slots
+/// served. A cluster formed before (its nodes restarted with their `nodes.conf`) is only
+/// waited for.
+pub async fn form_cluster(ports: &[u16], replicas: usize, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    let masters = ports.len() / (1 + replicas);
+    anyhow::ensure!(masters >= 1, "a cluster needs a master");
+    let mut conns = Vec::with_capacity(ports.len());
+    for port in ports {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+        conns.push(client.get_multiplexed_async_connection().await?);
+    }
+    let info = |c: &redis::aio::MultiplexedConnection| {
+        let mut c = c.clone();
+        async move {
+            redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async::<String>(&mut c)
+                .await
+        }
+    };
+    let field = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let fresh = field(&info(&conns[0]).await?, "cluster_slots_assigned") == 0;
+    if fresh {
+        for (m, conn) in conns.iter().enumerate().take(masters) {
+            let first = m * 16_384 / masters;
+            let last = (m + 1) * 16_384 / masters - 1;
+            let () = redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(first)
+                .arg(last)
+                .query_async(&mut conn.clone())
+                .await?;
+        }
+        for port in &ports[1..] {
+            let () = redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(*port)
+                .query_async(&mut conns[0].clone())
+                .await?;
+        }
+    }
+    // Bounded by `limit`: gossip needs a second or two on loopback.
+    let mut replicated = !fresh || replicas == 0;
+    loop {
+        let mut ok = true;
+        for conn in &conns {
+            let text = info(conn).await?;
+            ok &= text.contains("cluster_state:ok")
+                && field(&text, "cluster_known_nodes") == ports.len() as u64
+                && field(&text, "cluster_slots_ok") == 16_384;
+        }
+        if ok && !replicated {
+            for r in masters..ports.len() {
+                let master = (r - masters) % masters;
+                let id: String = redis::cmd("CLUSTER")
+                    .arg("MYID")
+                    .query_async(&mut conns[master].clone())
+                    .await?;
+                let () = redis::cmd("CLUSTER")
+                    .arg("REPLICATE")
+                    .arg(id)
+                    .query_async(&mut conns[r].clone())
+                    .await?;
+            }
+            replicated = true;
+            continue;
+        }
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the redis cluster on ports {ports:?} did not form within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One redis-server child process on loopback.
+struct ManagedNode {
     child: Child,
     port: u16,
     log: PathBuf,
 }
 
-impl ManagedRedis {
-    /// Starts `program` on `port` (0 = a free one) with its data in `data_dir`, and waits until
-    /// it answers PING (at most 10 s).
-    pub async fn start(program: &Path, data_dir: &Path, port: u16) -> anyhow::Result<Self> {
+impl ManagedNode {
+    /// Starts `program` on `port` (0 = a free one) with its data in `data_dir` and `extra`
+    /// arguments, and waits until it answers PING (at most 10 s).
+    async fn start(
+        program: &Path,
+        data_dir: &Path,
+        port: u16,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("cannot create data folder {}", data_dir.display()))?;
         let data_dir = data_dir
@@ -35,6 +221,7 @@ impl ManagedRedis {
             .args(["--save", "", "--daemonize", "no"])
             .arg("--logfile")
             .arg(&log)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -55,7 +242,7 @@ impl ManagedRedis {
     }
 
     /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
+    fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
@@ -89,7 +276,7 @@ impl ManagedRedis {
     }
 
     /// Stops Redis cleanly (SHUTDOWN flushes the AOF), killing it if it does not comply.
-    pub async fn stop(mut self) {
+    async fn stop(mut self) {
         if let Ok(client) = redis::Client::open(self.url())
             && let Ok(mut c) = client.get_multiplexed_async_connection().await
         {

@@ -46,19 +46,22 @@ async fn main() -> anyhow::Result<()> {
             let registry = args.worker.registry()?;
             let store = Store::connect(args.redis.store_config(&ApiSettings::defaults()))
                 .await
-                .with_context(|| format!("cannot use redis at {}", args.redis.redis_url))?;
+                .with_context(|| format!("cannot use redis at {}", args.redis.target()))?;
             store.refresh_defaults().await?;
             let worker = Worker::new(Arc::new(store), registry, args.worker.worker_config());
             worker.run(shutdown_signal()).await?;
             Ok(())
         }
         Command::Dev(args) => {
-            let redis = ManagedRedis::start(&args.redis_server, &args.data_dir, args.redis_port)
-                .await
-                .context("sluice dev could not start its redis-server")?;
+            let redis = if args.cluster {
+                ManagedRedis::start_cluster(&args.redis_server, &args.data_dir, 3).await
+            } else {
+                ManagedRedis::start(&args.redis_server, &args.data_dir, args.redis_port).await
+            }
+            .context("sluice dev could not start its redis-server")?;
             let mut api = args.api;
             api.dev_auth = true;
-            let mut settings = RedisSettings::for_url(redis.url());
+            let mut settings = RedisSettings::for_target(redis.target());
             settings.shards = args.shards;
             let mut worker_settings = WorkerSettings::defaults();
             worker_settings.demo_flows = true;
@@ -108,7 +111,7 @@ fn print_dev_banner(app: &Application, redis: &ManagedRedis, data_dir: &std::pat
          -H 'Content-Type: application/json' -H 'Idempotency-Key: order-42' \
          -d '{{\"flow_id\":\"demo.echo\",\"params\":{{\"order\":42}}}}'\n\
          \nStop with Ctrl-C.\n",
-        redis.url(),
+        redis.target(),
         data_dir.display()
     );
 }

@@ -3,6 +3,7 @@
 //! Redis that is down or stuck turns into `StoreError::Unavailable` quickly, never a hang.
 
 mod access;
+mod conn;
 mod keys;
 mod scripts;
 mod stats;
@@ -12,13 +13,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::admission::{
     AdmitRequest, DedupKey, Execution, ExecutionId, FlowId, QueueState, Status, TenantId,
 };
 pub use access::{ApiKeyRecord, KeyCreation};
+pub use conn::{Conn, RedisTarget};
 pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
 use scripts::Scripts;
 pub use worker::{
@@ -70,7 +71,7 @@ impl From<redis::ParsingError> for StoreError {
 /// How the store connects and the server-wide defaults its scripts apply.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    pub redis_url: String,
+    pub redis: RedisTarget,
     /// Multiplexed connections to spread requests over (each carries many in flight).
     pub connections: usize,
     /// Upper bound on one storage operation, connection setup included.
@@ -206,7 +207,7 @@ type TenantReply = (
 
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
 pub struct Store {
-    conns: Vec<ConnectionManager>,
+    conns: Vec<Conn>,
     next: AtomicUsize,
     scripts: Scripts,
     shards: ShardMap,
@@ -229,16 +230,9 @@ impl Store {
     /// Connects, and reads (or records, on first start) the shard count and layout version.
     /// Fails when Redis cannot be reached: a server should not start blind.
     pub async fn connect(config: StoreConfig) -> Result<Self, StoreError> {
-        let client = redis::Client::open(config.redis_url.as_str())
-            .map_err(|e| StoreError::Unavailable(format!("bad redis url: {e}")))?;
-        let cm_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.op_timeout))
-            .set_response_timeout(Some(config.op_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let conns = (0..config.connections.max(1))
-            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), cm_config.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let conns = Conn::open(&config.redis, config.connections, config.op_timeout)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("bad redis address: {e}")))?;
         let policy = Policy {
             max_concurrent: AtomicU32::new(config.default_max_concurrent),
             max_queued: AtomicU32::new(config.default_max_queued),
@@ -352,8 +346,9 @@ impl Store {
             .arg(req.fingerprint.as_str());
         let mut c = self.conn();
         let sent = match self.bounded_raw(inv.invoke_async(&mut c)).await {
-            // Refused at connect: the call never left this process.
-            Ok(Err(e)) if e.is_connection_refusal() => return Err(e.into()),
+            // Refused at connect, or refused by Redis before running (a redirect, a frozen
+            // shard, a cluster settling): nothing was admitted.
+            Ok(Err(e)) if conn::did_not_run(&e) => return Err(e.into()),
             Ok(r) => r.map_err(StoreError::from),
             Err(timeout) => Err(timeout),
         };
@@ -715,7 +710,7 @@ impl Store {
     }
 
     /// A connection for one operation: round robin over the multiplexed connections.
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         self.conns[i].clone()
     }

@@ -228,10 +228,10 @@ async fn the_cap_stays_under_the_open_file_limit() {
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 128 && exec {} serve --listen 127.0.0.1:{port} --redis-url {} \
+            "ulimit -n 128 && exec {} serve --listen 127.0.0.1:{port} {} \
              --header-read-timeout-ms 60000",
             crate::helpers::sluice_bin().display(),
-            redis.url()
+            redis.args().join(" ")
         ))
         .env("SLUICE_ADMIN_TOKEN", crate::helpers::ADMIN_TOKEN)
         .env("RUST_LOG", "warn")

@@ -152,7 +152,7 @@ async fn dev_auth_on_a_network_address_needs_the_override() {
     api.listen = "0.0.0.0:0".parse().unwrap();
     let mut config = sluice::config::AppConfig {
         api,
-        redis: sluice::config::RedisSettings::for_url(redis.url()),
+        redis: redis.settings(),
     };
     let refused = sluice::Application::build(config.clone()).await;
     assert!(refused.is_err());

@@ -91,7 +91,7 @@ fn id_of(e: &Value) -> String {
 #[tokio::test]
 async fn a_retry_fences_off_the_paused_run_from_before_it() {
     let app = TestApp::spawn().await;
-    let a = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let a = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     let id = app
         .admit_with(
             "acme",
@@ -100,7 +100,7 @@ async fn a_retry_fences_off_the_paused_run_from_before_it() {
         .await;
     app.wait_running("acme", &id, 1).await;
     a.signal("STOP");
-    let _b = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let _b = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     // B finds A's lease expired; with no attempt left the execution is dead-lettered.
     let failed = app
         .wait_terminal("acme", &id, Duration::from_secs(15))
@@ -130,7 +130,7 @@ async fn a_cancel_requested_during_a_failing_attempt_is_final() {
     let app = TestApp::spawn().await;
     // Heartbeats far apart: the cancel reaches the worker only through its report.
     let _w = TestWorker::spawn(
-        &app.redis.url(),
+        &app.redis,
         &[
             "--concurrency",
             "1",
@@ -181,7 +181,7 @@ async fn a_start_whose_answer_was_lost_is_adopted_not_reclaimed() {
     })
     .await;
     let _w = TestWorker::spawn(
-        &app.redis.url(),
+        &app.redis,
         &[
             "--redis-timeout-ms",
             "300",
@@ -205,10 +205,7 @@ async fn a_start_whose_answer_was_lost_is_adopted_not_reclaimed() {
         .await;
     // Scripts wait for 1.5 s: the admission first, then the worker's start call, which times
     // out on the worker's side and runs on Redis's side once the pause ends.
-    let _: () = app
-        .redis
-        .query(redis::cmd("CLIENT").arg("PAUSE").arg(1_500).arg("WRITE"))
-        .await;
+    app.redis.pause(1_500, "WRITE").await;
     let id = app
         .admit_with(
             "acme",
@@ -228,7 +225,7 @@ async fn a_start_whose_answer_was_lost_is_adopted_not_reclaimed() {
 #[tokio::test]
 async fn a_panicking_handler_fails_its_execution_and_the_worker_goes_on() {
     let app = TestApp::spawn().await;
-    let mut w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let mut w = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     let id = app
         .admit_with("acme", json!({"flow_id": "demo.panic", "max_attempts": 2}))
         .await;
@@ -282,7 +279,7 @@ async fn a_dedup_key_expires_only_once_its_execution_is_terminal() {
     assert_eq!(res.status(), StatusCode::CREATED);
     let id = id_of(&res.json().await.unwrap());
     assert_eq!(ttl(&app).await, -1, "no expiry while queued");
-    let _w = TestWorker::spawn(&app.redis.url(), &with(&[]));
+    let _w = TestWorker::spawn(&app.redis, &with(&[]));
     app.wait_running("acme", &id, 1).await;
     assert_eq!(ttl(&app).await, -1, "no expiry while running");
     app.cancel("acme", &id).await;
@@ -314,7 +311,7 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
     let app = TestApp::spawn().await;
     let journal = Journal::new();
     let _w = TestWorker::spawn_env(
-        &app.redis.url(),
+        &app.redis,
         &[
             "--concurrency",
             "4",
@@ -512,7 +509,7 @@ async fn deleting_a_tenant_leaves_none_of_its_executions_stranded() {
         app.usage("acme").await,
         json!({"running": 0, "dispatched": 3, "waiting": 0})
     );
-    let _w = TestWorker::spawn(&app.redis.url(), &with(&[]));
+    let _w = TestWorker::spawn(&app.redis, &with(&[]));
     let page = app.page("acme", "").await;
     for e in page["executions"].as_array().unwrap() {
         app.wait_terminal(
@@ -578,7 +575,7 @@ async fn a_run_whose_lease_cannot_be_renewed_is_stopped_before_another_starts() 
     let app = TestApp::spawn().await;
     let journal = Journal::new();
     let _w = TestWorker::spawn_env(
-        &app.redis.url(),
+        &app.redis,
         &[
             "--redis-timeout-ms",
             "200",

@@ -7,47 +7,58 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use sluice::Application;
 use sluice::admission::{ExecutionId, TenantId};
 use sluice::config::{ApiSettings, AppConfig, RedisSettings};
-use sluice::store::{Shard, ShardMap};
+use sluice::store::{Conn, RedisTarget, Shard, ShardMap};
 
 /// The platform admin token every `TestApp` is configured with.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
-/// A `redis-server` owned by one test: killed when dropped, restartable on the same port.
-pub struct TestRedis {
-    child: Option<Child>,
-    pub port: u16,
-    dir: tempfile::TempDir,
+/// Whether this run of the suite puts every test on a local 3-master Redis Cluster instead of
+/// one server (`SLUICE_TEST_CLUSTER=1`; `scripts/test.sh` runs the suite both ways).
+pub fn cluster_mode() -> bool {
+    std::env::var("SLUICE_TEST_CLUSTER").is_ok_and(|v| v == "1")
 }
 
-impl TestRedis {
-    /// Starts a fresh Redis (AOF on, so a restart keeps the data) and waits until it answers.
-    pub async fn start() -> Self {
-        let mut dir = tempfile::tempdir().expect("temp dir");
-        // A free port can be taken between probing and binding; try a few.
+/// The Redis one test owns: a standalone `redis-server`, or the nodes of a local Redis
+/// Cluster. Killed when dropped, restartable on the same ports and data.
+pub struct TestRedis {
+    nodes: Vec<TestNode>,
+    cluster: bool,
+    /// How many of `nodes` are masters (the rest are replicas).
+    masters: usize,
+    /// Only the standalone port, for tests that talk to one server.
+    pub port: u16,
+}
+
+/// One `redis-server` process.
+struct TestNode {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl TestNode {
+    /// Starts a node on a free port (a free port can be taken between probing and binding:
+    /// tries a few).
+    async fn start(extra: &[String]) -> Self {
         for _ in 0..5 {
-            let port = free_port();
-            let mut r = Self {
+            let mut node = Self {
                 child: None,
-                port,
-                dir,
+                port: free_port(),
+                dir: tempfile::tempdir().expect("temp dir"),
+                extra: extra.to_vec(),
             };
-            if r.spawn().await {
-                return r;
+            if node.spawn().await {
+                return node;
             }
-            dir = r.into_dir();
+            node.kill();
         }
         panic!("could not start redis-server on a free port");
-    }
-
-    fn into_dir(mut self) -> tempfile::TempDir {
-        self.kill();
-        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
     }
 
     async fn spawn(&mut self) -> bool {
@@ -56,6 +67,7 @@ impl TestRedis {
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--appendonly", "yes", "--save", ""])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -68,7 +80,7 @@ impl TestRedis {
             {
                 return false;
             }
-            if let Ok(mut c) = self.try_conn().await
+            if let Ok(mut c) = self.direct().await
                 && redis::cmd("PING")
                     .query_async::<String>(&mut c)
                     .await
@@ -81,32 +93,24 @@ impl TestRedis {
         false
     }
 
-    /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
+    fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    async fn try_conn(&self) -> redis::RedisResult<MultiplexedConnection> {
+    async fn direct(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
         redis::Client::open(self.url())?
             .get_multiplexed_async_connection()
             .await
     }
 
-    /// A direct connection, for asserting what Redis holds.
-    pub async fn conn(&self) -> MultiplexedConnection {
-        self.try_conn().await.expect("redis connection")
-    }
-
-    /// Kills the server (SIGKILL: no goodbye to clients).
-    pub fn kill(&mut self) {
+    fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    /// Sends a signal by name (`STOP`, `CONT`) to the server process.
-    pub fn signal(&self, sig: &str) {
+    fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("redis-server runs").id();
         let ok = Command::new("kill")
             .args([&format!("-{sig}"), &pid.to_string()])
@@ -115,21 +119,190 @@ impl TestRedis {
             .success();
         assert!(ok, "kill -{sig} failed");
     }
+}
 
-    /// Starts the server again on the same port and data folder.
-    pub async fn restart(&mut self) {
-        self.kill();
-        assert!(self.spawn().await, "redis-server did not come back");
+impl TestRedis {
+    /// A fresh Redis (AOF on, so a restart keeps the data) that answers: a 3-master cluster
+    /// in cluster mode (`cluster_mode()`), else one server.
+    pub async fn start() -> Self {
+        if cluster_mode() {
+            Self::start_cluster(3, 0).await
+        } else {
+            Self::start_standalone().await
+        }
     }
 
-    /// Every key on the server, sorted.
-    pub async fn keys(&self) -> BTreeSet<String> {
-        let mut c = self.conn().await;
-        redis::cmd("KEYS")
-            .arg("*")
+    /// One standalone server, whatever the mode (for tests of one server's behaviour).
+    pub async fn start_standalone() -> Self {
+        let node = TestNode::start(&[]).await;
+        Self {
+            port: node.port,
+            nodes: vec![node],
+            cluster: false,
+            masters: 1,
+        }
+    }
+
+    /// A local Redis Cluster of `masters` masters with `replicas` replicas each, formed and
+    /// serving every slot (peers are declared failed after 2 s, so failovers are quick).
+    pub async fn start_cluster(masters: usize, replicas: usize) -> Self {
+        let args = sluice::dev::cluster_node_args(2_000);
+        let mut nodes = Vec::new();
+        for _ in 0..masters * (1 + replicas) {
+            nodes.push(TestNode::start(&args).await);
+        }
+        let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+        sluice::dev::form_cluster(&ports, replicas, Duration::from_secs(30))
+            .await
+            .expect("the test cluster forms");
+        Self {
+            port: 0,
+            nodes,
+            cluster: true,
+            masters,
+        }
+    }
+
+    /// Whether this is a cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// Where sluice finds this Redis.
+    pub fn target(&self) -> RedisTarget {
+        if self.cluster {
+            RedisTarget::Cluster(self.nodes.iter().map(TestNode::url).collect())
+        } else {
+            RedisTarget::Standalone(self.nodes[0].url())
+        }
+    }
+
+    /// The settings that point sluice at this Redis.
+    pub fn settings(&self) -> RedisSettings {
+        RedisSettings::for_target(self.target())
+    }
+
+    /// The command-line arguments that point a `sluice` process at this Redis.
+    pub fn args(&self) -> Vec<String> {
+        match self.target() {
+            RedisTarget::Standalone(url) => vec!["--redis-url".into(), url],
+            RedisTarget::Cluster(seeds) => vec!["--redis-cluster".into(), seeds.join(",")],
+        }
+    }
+
+    /// A connection for asserting what Redis holds (on a cluster, routed by key; KEYS, DBSIZE
+    /// and the like go to every master).
+    pub async fn conn(&self) -> Conn {
+        Conn::open(&self.target(), 1, Duration::from_secs(10))
+            .await
+            .expect("redis connection")
+            .remove(0)
+    }
+
+    /// Kills every node (SIGKILL: no goodbye to clients).
+    pub fn kill(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+    }
+
+    /// Kills node `i` only (on a cluster, node `i < masters` is a master).
+    pub fn kill_node(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`) to every node.
+    pub fn signal(&self, sig: &str) {
+        for n in &self.nodes {
+            n.signal(sig);
+        }
+    }
+
+    /// How many masters the cluster was formed with (1 when standalone).
+    pub fn masters(&self) -> usize {
+        self.masters
+    }
+
+    /// Starts every node again on the same port and data folder (a cluster re-forms from its
+    /// nodes.conf) and waits until it serves.
+    pub async fn restart(&mut self) {
+        self.kill();
+        for n in &mut self.nodes {
+            assert!(n.spawn().await, "redis-server did not come back");
+        }
+        if self.cluster {
+            let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+            sluice::dev::form_cluster(&ports, 0, Duration::from_secs(30))
+                .await
+                .expect("the test cluster re-forms");
+        }
+    }
+
+    /// The index (into the nodes this Redis was started with) of the master serving `slot`
+    /// now, by the cluster's own slot table.
+    pub async fn master_of_slot(&self, slot: u16) -> usize {
+        let mut c = self.nodes[0].direct().await.expect("redis connection");
+        let table: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        for range in table {
+            let redis::Value::Array(range) = range else {
+                continue;
+            };
+            let from: u16 = redis::from_redis_value(range[0].clone()).unwrap();
+            let to: u16 = redis::from_redis_value(range[1].clone()).unwrap();
+            if (from..=to).contains(&slot) {
+                let redis::Value::Array(master) = &range[2] else {
+                    panic!("CLUSTER SLOTS without a master");
+                };
+                let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
+                return self.nodes.iter().position(|n| n.port == port).unwrap();
+            }
+        }
+        panic!("slot {slot} is not served");
+    }
+
+    /// The hash slot of `key`.
+    pub async fn slot_of(&self, key: &str) -> u16 {
+        let mut c = self.nodes[0].direct().await.expect("redis connection");
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
             .query_async(&mut c)
             .await
             .unwrap()
+    }
+
+    /// Every key on the server (on a cluster, on every master), sorted.
+    pub async fn keys(&self) -> BTreeSet<String> {
+        let mut all = BTreeSet::new();
+        for n in &self.nodes[..self.masters] {
+            let mut c = n.direct().await.expect("redis connection");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            all.extend(keys);
+        }
+        all
+    }
+
+    /// `CLIENT PAUSE <ms> <mode>` on every node: the whole Redis stalls (`ALL`) or holds its
+    /// writes (`WRITE`), as one stuck server would.
+    pub async fn pause(&self, ms: u64, mode: &str) {
+        for n in &self.nodes {
+            let mut c = n.direct().await.expect("redis connection");
+            let () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(ms)
+                .arg(mode)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
     }
 
     /// Runs one command and parses the reply.
@@ -185,7 +358,7 @@ impl TestApp {
         // machine, and a test of something else must not fail on a slow moment. Tests of
         // time-outs set their own.
         api.request_timeout_ms = 40_000;
-        let mut redis_settings = RedisSettings::for_url(redis.url());
+        let mut redis_settings = redis.settings();
         redis_settings.redis_timeout_ms = 10_000;
         let mut config = AppConfig {
             api,
@@ -364,6 +537,12 @@ impl TestApp {
         res.json::<Value>().await.unwrap()["usage"].clone()
     }
 
+    /// The index of the master serving `tenant`'s shard (on a cluster).
+    pub async fn master_of(&self, tenant: &str) -> usize {
+        let slot = self.redis.slot_of(&self.shard(tenant).prefix()).await;
+        self.redis.master_of_slot(slot).await
+    }
+
     /// The shard holding a tenant's keys (to assert on Redis directly).
     pub fn shard(&self, tenant: &str) -> Shard {
         self.shards.shard_of(&TenantId::parse(tenant).unwrap())
@@ -460,15 +639,16 @@ pub struct TestWorker {
 }
 
 impl TestWorker {
-    /// Starts `sluice worker --demo-flows` against `redis_url` with `args` added.
-    pub fn spawn(redis_url: &str, args: &[&str]) -> Self {
-        Self::spawn_env(redis_url, args, &[])
+    /// Starts `sluice worker --demo-flows` against `redis` with `args` added.
+    pub fn spawn(redis: &TestRedis, args: &[&str]) -> Self {
+        Self::spawn_env(redis, args, &[])
     }
 
     /// Like `spawn`, with environment variables set (e.g. `SLUICE_JOURNAL`).
-    pub fn spawn_env(redis_url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+    pub fn spawn_env(redis: &TestRedis, args: &[&str], env: &[(&str, &str)]) -> Self {
         let child = Command::new(sluice_bin())
-            .args(["worker", "--demo-flows", "--redis-url", redis_url])
+            .args(["worker", "--demo-flows"])
+            .args(redis.args())
             .args(args)
             .envs(env.iter().copied())
             .env("RUST_LOG", "warn")

@@ -219,7 +219,7 @@ async fn the_request_id_is_returned_and_in_the_logs() {
     let mut child = Command::new(sluice_bin())
         .args(["--log-format", "json", "serve", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
-        .args(["--redis-url", &redis.url()])
+        .args(redis.args())
         .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("RUST_LOG", "info,tower_http=debug")
         .stdout(Stdio::piped())

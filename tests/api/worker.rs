@@ -49,7 +49,7 @@ async fn claim_calls(app: &TestApp) -> String {
 #[tokio::test]
 async fn saturation_without_churn() {
     let app = TestApp::spawn().await;
-    let _worker = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    let _worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
     // Each lasts 3 lease TTLs and 12 scan periods.
     let mut ids = Vec::new();
     for _ in 0..30 {
@@ -105,7 +105,7 @@ async fn saturation_without_churn() {
 #[tokio::test]
 async fn a_killed_workers_executions_are_rerun_once_by_another() {
     let app = TestApp::spawn().await;
-    let mut a = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    let mut a = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
     let ids = [
         app.admit_with(
             "acme",
@@ -122,7 +122,7 @@ async fn a_killed_workers_executions_are_rerun_once_by_another() {
         app.wait_running("acme", id, 1).await;
     }
     a.kill9();
-    let _b = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    let _b = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
     for id in &ids {
         let e = app.wait_terminal("acme", id, Duration::from_secs(20)).await;
         assert_eq!(e["status"], "completed");
@@ -142,7 +142,7 @@ async fn a_killed_workers_executions_are_rerun_once_by_another() {
 #[tokio::test]
 async fn a_paused_workers_late_completion_is_fenced() {
     let app = TestApp::spawn().await;
-    let a = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let a = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     let id = app
         .admit_with(
             "acme",
@@ -151,7 +151,7 @@ async fn a_paused_workers_late_completion_is_fenced() {
         .await;
     app.wait_running("acme", &id, 1).await;
     a.signal("STOP");
-    let _b = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let _b = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     let done = app
         .wait_terminal("acme", &id, Duration::from_secs(20))
         .await;
@@ -190,11 +190,11 @@ async fn attempts_exhausted_by_dying_workers_dead_letter_as_lease_lost_and_retry
     assert_eq!(e["queue_state"], "waiting");
 
     for attempt in 1..=2 {
-        let mut w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+        let mut w = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
         app.wait_running("acme", &doomed, attempt).await;
         w.kill9();
     }
-    let _survivor = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "1"]));
+    let _survivor = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     let dead = app
         .wait_terminal("acme", &doomed, Duration::from_secs(20))
         .await;
@@ -233,7 +233,7 @@ async fn attempts_exhausted_by_dying_workers_dead_letter_as_lease_lost_and_retry
 #[tokio::test]
 async fn short_tasks_are_not_held_up_by_long_ones() {
     let app = TestApp::spawn().await;
-    let _w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "4"]));
+    let _w = TestWorker::spawn(&app.redis, &with(&["--concurrency", "4"]));
     let long: Vec<String> = {
         let mut v = Vec::new();
         for _ in 0..2 {
@@ -276,7 +276,7 @@ async fn short_tasks_are_not_held_up_by_long_ones() {
 async fn cancelling_a_running_execution_stops_it_and_releases_the_slot_once() {
     let app = TestApp::spawn().await;
     app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
-    let _w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "2"]));
+    let _w = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
     let id = app
         .admit_with(
             "acme",
@@ -335,7 +335,7 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
         "--idle-poll-ms",
         "20",
     ];
-    let mut a = TestWorker::spawn(&app.redis.url(), &slow_lease);
+    let mut a = TestWorker::spawn(&app.redis, &slow_lease);
     let quick = app
         .admit_with(
             "acme",
@@ -359,7 +359,7 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
     assert_eq!(e["queue_state"], "dispatched");
     // A release is not an attempt: the next worker runs it as attempt 1 again.
     assert_eq!(e["attempt"], 0);
-    let _b = TestWorker::spawn(&app.redis.url(), &slow_lease);
+    let _b = TestWorker::spawn(&app.redis, &slow_lease);
     app.wait_running("acme", &id, 1).await;
     app.cancel("acme", &id).await;
     assert_eq!(app.counter("reclaimed").await, 0);
@@ -368,7 +368,7 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
 #[tokio::test]
 async fn handler_failures_retry_then_dead_letter_and_permanent_ones_fail_at_once() {
     let app = TestApp::spawn().await;
-    let _w = TestWorker::spawn(&app.redis.url(), &with(&["--concurrency", "4"]));
+    let _w = TestWorker::spawn(&app.redis, &with(&["--concurrency", "4"]));
     let flaky = app
         .admit_with(
             "acme",
@@ -440,7 +440,7 @@ async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
             .await
             .unwrap();
     }
-    let _w = TestWorker::spawn(&app.redis.url(), FAST_WORKER);
+    let _w = TestWorker::spawn(&app.redis, FAST_WORKER);
     let deadline = Instant::now() + Duration::from_secs(10);
     while app.counter("dead_lettered").await < 3 {
         assert!(
@@ -603,7 +603,7 @@ async fn an_orphan_whose_cancel_was_requested_ends_cancelled_not_rerun() {
     let app = TestApp::spawn().await;
     // A heartbeat far slower than the lease: the worker never hears of the cancel.
     let mut a = TestWorker::spawn(
-        &app.redis.url(),
+        &app.redis,
         &[
             "--lease-ttl-ms",
             "500",
@@ -625,7 +625,7 @@ async fn an_orphan_whose_cancel_was_requested_ends_cancelled_not_rerun() {
     a.kill9();
     let res: Value = app.cancel("acme", &id).await.json().await.unwrap();
     assert_eq!(res["cancel_requested"], true);
-    let _b = TestWorker::spawn(&app.redis.url(), FAST_WORKER);
+    let _b = TestWorker::spawn(&app.redis, FAST_WORKER);
     let e = app
         .wait_terminal("acme", &id, Duration::from_secs(15))
         .await;

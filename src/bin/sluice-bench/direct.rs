@@ -64,7 +64,10 @@ impl Direct {
     /// Connects with the server's data policy.
     pub async fn connect(config: StoreConfig, tenants: &[String]) -> anyhow::Result<Self> {
         let store = Store::connect(config.clone()).await?;
-        let conn = redis::Client::open(config.redis_url.as_str())?
+        let sluice::store::RedisTarget::Standalone(url) = &config.redis else {
+            anyhow::bail!("the benchmark runs on standalone redis");
+        };
+        let conn = redis::Client::open(url.as_str())?
             .get_multiplexed_async_connection()
             .await?;
         let tenants = tenants

@@ -308,7 +308,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         .map(|i| format!("bench-t{i}"))
         .collect();
     let store_config = StoreConfig {
-        redis_url: redis_url.clone(),
+        redis: sluice::store::RedisTarget::Standalone(redis_url.clone()),
         connections: args.redis_connections,
         op_timeout: Duration::from_secs(10),
         shards: 16,
