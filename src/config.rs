@@ -52,6 +52,35 @@ pub enum Command {
     Dev(DevArgs),
     /// Print the OpenAPI document (the one committed as openapi/openapi.json).
     Openapi,
+    /// Operate on the Redis Cluster sluice runs on: see where shards live, move one.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+/// `sluice cluster ...`.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// List every shard with its hash slot, its master and whether it is frozen.
+    Shards {
+        #[command(flatten)]
+        redis: RedisSettings,
+    },
+    /// Move a shard (its one hash slot) to another master, losing nothing: the shard is frozen
+    /// (its calls answer 503, retryable) while its keys are copied, then served by the new
+    /// master. Run it again to finish a move that was interrupted.
+    MoveShard {
+        /// The shard's number (see `sluice cluster shards`).
+        #[arg(long)]
+        shard: u16,
+        /// The master to move it to: `host:port` as the cluster names it, or its node id.
+        #[arg(long)]
+        to: String,
+        /// Keys copied per MIGRATE call (each call blocks the source node while it runs).
+        #[arg(long, default_value_t = 100)]
+        keys_per_call: usize,
+        #[command(flatten)]
+        redis: RedisSettings,
+    },
 }
 
 /// `sluice serve`.

@@ -10,8 +10,11 @@ use anyhow::Context;
 use sluice::app::{Application, shutdown_signal};
 use std::sync::Arc;
 
-use sluice::config::{ApiSettings, AppConfig, Cli, Command, RedisSettings, WorkerSettings};
+use sluice::config::{
+    ApiSettings, AppConfig, Cli, ClusterCommand, Command, RedisSettings, WorkerSettings,
+};
 use sluice::dev::ManagedRedis;
+use sluice::reshard::Cluster;
 use sluice::store::Store;
 use sluice::worker::Worker;
 
@@ -22,6 +25,34 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Openapi => {
             println!("{}", sluice::http::openapi().to_pretty_json()?);
+            Ok(())
+        }
+        Command::Cluster(ClusterCommand::Shards { redis }) => {
+            let cluster = Cluster::connect(redis.store_config(&ApiSettings::defaults())).await?;
+            println!("{:>5}  {:>5}  {:<22}  frozen", "shard", "slot", "master");
+            for p in cluster.shards().await? {
+                println!(
+                    "{:>5}  {:>5}  {:<22}  {}",
+                    p.shard.number(),
+                    p.slot,
+                    p.master,
+                    if p.frozen { "yes" } else { "no" }
+                );
+            }
+            Ok(())
+        }
+        Command::Cluster(ClusterCommand::MoveShard {
+            shard,
+            to,
+            keys_per_call,
+            redis,
+        }) => {
+            let cluster = Cluster::connect(redis.store_config(&ApiSettings::defaults())).await?;
+            let moved = cluster.move_shard(shard, &to, keys_per_call).await?;
+            println!(
+                "shard {shard} (slot {}) moved from {} to {}: {} keys in {:?}",
+                moved.slot, moved.from, moved.to, moved.keys, moved.took
+            );
             Ok(())
         }
         Command::Serve(args) => {

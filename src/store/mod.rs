@@ -4,6 +4,8 @@
 
 mod access;
 mod conn;
+mod freeze_tmp;
+pub use freeze_tmp::frozen_key;
 mod keys;
 mod scripts;
 mod stats;

@@ -218,6 +218,11 @@ impl TestRedis {
         }
     }
 
+    /// `127.0.0.1:<port>` of node `i`, as the cluster names it.
+    pub fn node_address(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.nodes[i].port)
+    }
+
     /// How many masters the cluster was formed with (1 when standalone).
     pub fn masters(&self) -> usize {
         self.masters
