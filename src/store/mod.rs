@@ -7,6 +7,7 @@ mod conn;
 mod freeze_tmp;
 pub use freeze_tmp::frozen_key;
 mod keys;
+mod layout;
 mod scripts;
 mod stats;
 mod worker;
@@ -23,6 +24,7 @@ use crate::admission::{
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use conn::{Conn, RedisTarget};
 pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
+pub use layout::{Layout, slot_of_tag};
 use scripts::Scripts;
 pub use worker::{
     Completion, DeadLetter, LeaseState, NotRetryable, Outcome, RetryResult, ShardStats, Started,
