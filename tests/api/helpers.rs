@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use sluice::Application;
 use sluice::admission::{ExecutionId, TenantId};
 use sluice::config::{ApiSettings, AppConfig, RedisSettings};
+use sluice::store::keys::{self, KeyKind};
 use sluice::store::{Shard, ShardMap};
 
 /// The platform admin token every `TestApp` is configured with.
@@ -375,7 +376,7 @@ impl TestApp {
             .keys()
             .await
             .iter()
-            .filter(|k| k.contains(":exec:"))
+            .filter(|k| keys::parse(k).is_some_and(|n| n.kind == KeyKind::Row))
             .count()
     }
 

@@ -9,6 +9,7 @@ mod connections;
 mod deployment;
 mod dev;
 mod faults;
+mod fences;
 mod guarantees;
 mod handlers;
 mod helpers;

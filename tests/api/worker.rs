@@ -473,7 +473,7 @@ async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
         .text()
         .await
         .unwrap();
-    let shard = format!("s{:02}", app.shard("acme").number());
+    let shard = app.shard("acme").label();
     let evicted = format!("sluice_shard_events{{shard=\"{shard}\",event=\"dlq_evicted\"}} 1");
     assert!(metrics.contains(&evicted), "{evicted} not in:\n{metrics}");
     let dead = format!("sluice_dead_letters{{shard=\"{shard}\"}} 2");
