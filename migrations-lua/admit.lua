@@ -1,6 +1,13 @@
+#!lua
 -- admit.lua: admit one execution, atomically: dedup claim, row, indexes, quota decision, enqueue.
 --
--- KEYS[1]  the new execution's row key (routing only; rebuilt from ARGV[1])
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the new execution's row          KEYS[3]  its void marker (abandon.lua)
+-- KEYS[4]  the tenant's limits (cfg)        KEYS[5]  its slot set
+-- KEYS[6]  its waiting set                  KEYS[7]  its 'queued' status index
+-- KEYS[8]  its 'queued' index of the flow   KEYS[9]  its set of flows
+-- KEYS[10] the shard's tenant set           KEYS[11] the shard's ready stream
+-- KEYS[12] the dedup mapping (only when a dedup key is given)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id (validated: no braces, colons or spaces)
 -- ARGV[7]  new execution id (32 lowercase hex, minted by the caller)
@@ -21,15 +28,23 @@
 --   {'disabled'}        the tenant is disabled; nothing written
 --   {'full', waiting}   no room and the waiting set is at max_queued; nothing written
 --                       (only older waiting executions may have been dispatched)
-local tenant, id, flow, version, params = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local tenant, id, flow = ARGV[6], ARGV[7], ARGV[8]
+local ROW, VOID = declared(2, K.row(id)), declared(3, K.void(id))
+declared(4, K.cfg(tenant)); declared(5, K.slots(tenant)); declared(6, K.waiting(tenant))
+local QUEUED_IDX, FLOW_QUEUED_IDX =
+  declared(7, K.status_idx(tenant, 'queued')), declared(8, K.flow_idx(tenant, flow, 'queued'))
+local FLOWS, TENANTS = declared(9, K.flows(tenant)), declared(10, K.tenants())
+declared(11, K.ready())
+
+local version, params = ARGV[9], ARGV[10]
 local max_attempts, dedup, dedup_hash, fingerprint = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
 
 -- The caller gave up on this admission and was told nothing happened: keep it that way.
-if redis.call('EXISTS', K.void(id)) == 1 then return { 'void' } end
+if redis.call('EXISTS', VOID) == 1 then return { 'void' } end
 
 local dedup_key = nil
 if dedup ~= '' then
-  dedup_key = K.dedup(tenant, dedup_hash)
+  dedup_key = declared(12, K.dedup(tenant, dedup_hash))
   local mapped = redis.call('GET', dedup_key)
   if mapped then
     local sep = string.find(mapped, ':', 1, true)
@@ -54,11 +69,12 @@ if version ~= '' then table.insert(row, 'version'); table.insert(row, version) e
 if dedup ~= '' then
   for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
 end
-redis.call('HSET', K.row(id), unpack(row))
-index_add(tenant, flow, 'queued', id)
+redis.call('HSET', ROW, unpack(row))
+redis.call('ZADD', QUEUED_IDX, 0, id)
+redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
 -- Registries the sweeper walks (set members: repeated admissions cost nothing more).
-redis.call('SADD', K.tenants(), tenant)
-redis.call('SADD', K.flows(tenant), flow)
+redis.call('SADD', TENANTS, tenant)
+redis.call('SADD', FLOWS, flow)
 enqueue(tenant, id, qstate, now)
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- adopt.lua: what one worker holds in a shard according to Redis. A worker that lost the reply
 -- of its start call (time-out, broken connection) cannot know what that call started; it calls
 -- this before starting anything else there, and runs (adopts) whatever it holds but does not
@@ -8,7 +9,8 @@
 -- reads and starts in one step; every end of a run acknowledges its entry), so this costs what
 -- the worker holds, never what the shard holds.
 --
--- KEYS[1]  the shard's ready stream (routing only)
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the shard's ready stream    KEYS[3]  its lease index
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  consumer name (the worker)
 -- ARGV[7]  most entries to look at (the worker's concurrency is enough)
@@ -17,18 +19,19 @@
 --
 -- Reply: a list of the executions the consumer holds, each as in start.lua:
 --   {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
+local READY, LEASES = declared(2, K.ready()), declared(3, K.leases())
 local consumer, count, ttl = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = now_ms()
 local held = {}
-local pending = redis.call('XPENDING', K.ready(), GROUP, '-', '+', count, consumer)
+local pending = redis.call('XPENDING', READY, GROUP, '-', '+', count, consumer)
 for _, p in ipairs(pending) do
   local entry = p[1]
-  local read = redis.call('XRANGE', K.ready(), entry, entry)
+  local read = redis.call('XRANGE', READY, entry, entry)
   local id = read[1] and entry_execution(read[1][2])
   if id then
     local row = redis.call('HMGET', K.row(id), 'status', 'entry', 'lease_owner', 'deleted')
     if row[1] == 'running' and row[2] == entry and row[3] == consumer and not row[4] then
-      redis.call('ZADD', K.leases(), now + ttl, id)
+      redis.call('ZADD', LEASES, now + ttl, id)
       redis.call('HSET', K.row(id), 'lease_until', now + ttl)
       table.insert(held, run_of(id))
     end

@@ -1,17 +1,28 @@
+#!lua flags=allow-oom
 -- cancel.lua: cancel one execution of a tenant.
 --   queued  -> 'cancelled' now: off its queue, slot released, oldest waiting dispatched.
 --   running -> 'cancel_requested' set; the worker holding it stops it, and no path (retry
 --              backoff, reclaim, release) runs it again: it ends cancelled.
 --   terminal -> unchanged (cancel is idempotent).
 --
--- KEYS[1]  the execution's row key (routing only)
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the execution's row
+-- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its waiting set
+-- KEYS[6]  its 'queued' status index   KEYS[7]  its 'cancelled' status index
+-- KEYS[8]  the shard's ready stream    KEYS[9]  its retry delays  KEYS[10] its counters
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
 --
 -- Reply: {'not_found'} (missing, or another tenant's) | {'ok', id, row}
 local tenant, id = ARGV[6], ARGV[7]
-local row = redis.call('HMGET', K.row(id), 'tenant', 'status', 'qstate', 'entry', 'flow',
+local ROW = declared(2, K.row(id))
+declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
+local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
+local CANCELLED_IDX = declared(7, K.status_idx(tenant, 'cancelled'))
+declared(8, K.ready()); declared(9, K.delayed())
+local STATS = declared(10, K.stats())
+local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow',
   'deleted')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
@@ -19,16 +30,18 @@ local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
 local now = now_ms()
 if status == 'queued' then
   unqueue(tenant, id, qstate, entry, now)
-  index_remove(tenant, flow, 'queued', id)
-  index_add(tenant, flow, 'cancelled', id)
-  redis.call('HSET', K.row(id), 'status', 'cancelled', 'cancel', 1, 'finished', now,
+  redis.call('ZREM', QUEUED_IDX, id)
+  redis.call('ZREM', K.flow_idx(tenant, flow, 'queued'), id)
+  redis.call('ZADD', CANCELLED_IDX, 0, id)
+  redis.call('ZADD', K.flow_idx(tenant, flow, 'cancelled'), 0, id)
+  redis.call('HSET', ROW, 'status', 'cancelled', 'cancel', 1, 'finished', now,
     'updated', now)
-  redis.call('HDEL', K.row(id), 'qstate', 'entry')
+  redis.call('HDEL', ROW, 'qstate', 'entry')
   settle_terminal(tenant, id)
-  redis.call('HINCRBY', K.stats(), 'cancelled', 1)
+  redis.call('HINCRBY', STATS, 'cancelled', 1)
 elseif status == 'running' then
-  if redis.call('HGET', K.row(id), 'cancel') ~= '1' then
-    redis.call('HSET', K.row(id), 'cancel', 1, 'updated', now)
+  if redis.call('HGET', ROW, 'cancel') ~= '1' then
+    redis.call('HSET', ROW, 'cancel', 1, 'updated', now)
   end
 end
 return { 'ok', id, hgetall(id) }

@@ -1,19 +1,22 @@
--- common.lua: helpers prepended to every sluice script. Not an operation on its own.
+-- common.lua: helpers of every shard script (composed after guard.lua, which has already
+-- checked ARGV[1] and KEYS against each other and refused while the shard is frozen). Not an
+-- operation on its own.
 --
--- Calling convention shared by every script:
---   KEYS[1]  a key inside the shard (routes the call on Redis Cluster); each script names it.
---   ARGV[1]  the shard prefix, e.g. "sluice:{s07}:"; every other key is built from it below,
---            so one call only ever touches one hash slot.
+-- Calling convention shared by every shard script (see guard.lua for KEYS[1] and ARGV[1]):
+--   ARGV[1]  the shard prefix, e.g. "sluice:{s07}:"
 --   ARGV[2]  server default max_concurrent (used when the tenant has no own value)
 --   ARGV[3]  server default max_queued
 --   ARGV[4]  retention of terminal rows, seconds
 --   ARGV[5]  how long a dedup key keeps mapping to its execution once that is terminal, seconds
 --   ARGV[6..] operation-specific, documented in each file.
+--   KEYS[1]  the shard's freeze marker; KEYS[2..] the keys the operation names, each read
+--            through declared(i, K.<builder>(...)), which checks it is the name the builders
+--            below give: declared and used keys cannot drift apart.
 --
--- Key names mirror src/store/keys.rs; change both together (tests read keys through Rust).
+-- Key names mirror src/store/keys.rs; change both together (a test runs these builders
+-- against the Rust ones).
 -- Lua has no rollback: every script decides first and writes after.
 
-local P = ARGV[1]
 local DEFAULT_MAX_CONCURRENT = tonumber(ARGV[2])
 local DEFAULT_MAX_QUEUED = tonumber(ARGV[3])
 local RETENTION_SECS = tonumber(ARGV[4])
@@ -36,6 +39,16 @@ function K.delayed() return P .. 'delayed' end
 function K.dlq() return P .. 'dlq' end
 function K.stats() return P .. 'stats' end
 function K.void(id) return P .. 'void:' .. id end
+function K.frozen() return P .. 'frozen' end
+
+-- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
+-- Called at the top of a script, before any write.
+local function declared(i, expected)
+  if KEYS[i] ~= expected then
+    error('sluice: KEYS[' .. i .. '] is ' .. tostring(KEYS[i]) .. ', expected ' .. expected)
+  end
+  return KEYS[i]
+end
 
 -- The consumer group every worker reads the ready stream through.
 local GROUP = 'workers'

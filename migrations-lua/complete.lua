@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- complete.lua: record the end of one run, fenced: only the current run (its fence) of the
 -- worker holding its lease changes anything. A late report of a run that was reclaimed,
 -- retried or finished meanwhile is refused and counted as 'fenced'; a repeat of a report that
@@ -6,7 +7,10 @@
 -- A cancel requested while the run went on is final: whatever the outcome, the execution ends
 -- cancelled, never re-queued or retried.
 --
--- KEYS[1]  the execution's row key (routing only)
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the execution's row
+-- KEYS[3]  the shard's ready stream    KEYS[4]  its lease index   KEYS[5]  its retry delays
+-- KEYS[6]  its dead-letter stream      KEYS[7]  its counters
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  execution id
 -- ARGV[7]  fence of the run the worker held
@@ -31,14 +35,19 @@
 --   {'released'}            back on the ready stream for another worker
 --   {'recovered', how}      abandoned: how recover() handled it
 --   {'deleted'}             the execution was force-deleted while it ran; its slot is free now
-local id, fence, consumer, outcome = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local id = ARGV[6]
+local ROW = declared(2, K.row(id))
+declared(3, K.ready()); declared(4, K.leases())
+local DELAYED, STATS = declared(5, K.delayed()), declared(7, K.stats())
+declared(6, K.dlq())
+local fence, consumer, outcome = ARGV[7], ARGV[8], ARGV[9]
 local output, err_kind, err_msg, backoff = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 local cap = tonumber(ARGV[14])
 
-local row = redis.call('HMGET', K.row(id), unpack(RUN_FIELDS))
+local row = redis.call('HMGET', ROW, unpack(RUN_FIELDS))
 if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
-  if redis.call('HGET', K.row(id), 'reported') == fence then return { 'repeat' } end
-  redis.call('HINCRBY', K.stats(), 'fenced', 1)
+  if redis.call('HGET', ROW, 'reported') == fence then return { 'repeat' } end
+  redis.call('HINCRBY', STATS, 'fenced', 1)
   return { 'stale' }
 end
 local tenant, flow, entry = row[5], row[6], row[7]
@@ -50,14 +59,14 @@ if row[10] == '1' then
 end
 if outcome == 'abandoned' then
   local how = recover(id, row, now, cap)
-  redis.call('HSET', K.row(id), 'reported', fence)
+  redis.call('HSET', ROW, 'reported', fence)
   return { 'recovered', how }
 end
 
 -- The run is over: its entry leaves the pending list and the stream. From here on the row
 -- stays, so the report is remembered against a repeat.
 drop_entry(entry)
-redis.call('HSET', K.row(id), 'reported', fence)
+redis.call('HSET', ROW, 'reported', fence)
 
 if row[8] == '1' or outcome == 'cancelled' then
   finish(tenant, flow, id, 'cancelled', now, {}, {})
@@ -77,9 +86,9 @@ if backoff ~= '' and not exhausted then
   local due = now + tonumber(backoff)
   end_lease(id)
   index_move(tenant, flow, 'running', 'queued', id)
-  redis.call('HSET', K.row(id), 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
+  redis.call('HSET', ROW, 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
     'err_kind', err_kind, 'err_msg', err_msg)
-  redis.call('ZADD', K.delayed(), due, id)
+  redis.call('ZADD', DELAYED, due, id)
   return { 'retrying', due }
 end
 finish(tenant, flow, id, 'failed', now, { 'err_kind', err_kind, 'err_msg', err_msg }, {})

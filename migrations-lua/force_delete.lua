@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- force_delete.lua: terminalize and delete one execution now, whatever its state: off its
 -- queue, indexes cleaned, dedup key released (only if it still maps to this execution), row
 -- gone for every reader. The same dedup key then admits a new id.
@@ -8,14 +9,23 @@
 -- hidden, marked `deleted` (every read treats it as missing), and listed in the tenant's
 -- `deleting` set so that usage still counts it as running.
 --
--- KEYS[1]  the execution's row key (routing only)
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the execution's row
+-- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its waiting set
+-- KEYS[6]  its force-deleted set
+-- KEYS[7]  the shard's ready stream    KEYS[8]  its retry delays  KEYS[9]  its lease index
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
 --
 -- Reply: {'not_found'} (missing, another tenant's, or deleted already) | {'deleted'}
 local tenant, id = ARGV[6], ARGV[7]
-local row = redis.call('HMGET', K.row(id), 'tenant', 'status', 'qstate', 'entry', 'flow', 'ddh',
+local ROW = declared(2, K.row(id))
+declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
+local DELETING = declared(6, K.deleting(tenant))
+declared(7, K.ready()); declared(8, K.delayed())
+local LEASES = declared(9, K.leases())
+local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow', 'ddh',
   'deleted')
 if row[1] ~= tenant or row[7] then return { 'not_found' } end
 local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[6]
@@ -28,8 +38,8 @@ if digest then
   if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('DEL', key) end
 end
 if status == 'running' then
-  redis.call('HSET', K.row(id), 'deleted', 1, 'updated', now)
-  redis.call('SADD', K.deleting(tenant), id)
+  redis.call('HSET', ROW, 'deleted', 1, 'updated', now)
+  redis.call('SADD', DELETING, id)
   return { 'deleted' }
 end
 if status == 'queued' then
@@ -38,6 +48,6 @@ else
   -- Terminal: its release already happened (SREM makes this a no-op).
   release_slot(tenant, id, now)
 end
-redis.call('ZREM', K.leases(), id)
-redis.call('DEL', K.row(id))
+redis.call('ZREM', LEASES, id)
+redis.call('DEL', ROW)
 return { 'deleted' }

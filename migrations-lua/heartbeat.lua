@@ -1,8 +1,11 @@
+#!lua flags=allow-oom
 -- heartbeat.lua: extend the leases one worker holds in one shard, in one call, and tell it
 -- which executions it must stop. A lease is extended only for the current run (its fence) and
 -- only for the worker holding it.
 --
--- KEYS[1]  the shard's lease index (routing only)
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the shard's lease index
+-- KEYS[3..] the row of each execution named in ARGV[8..], in order
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  lease TTL, milliseconds
 -- ARGV[7]  consumer name (the worker)
@@ -14,15 +17,17 @@
 --             report the run as cancelled
 --   'lost'    the run is no longer current (reclaimed, finished, retried): stop; any result of
 --             this run will be refused
+local LEASES = declared(2, K.leases())
 local ttl, consumer = tonumber(ARGV[6]), ARGV[7]
 local now = now_ms()
 local answers = {}
 for i = 8, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
-  local row = redis.call('HMGET', K.row(id), 'status', 'fence', 'lease_owner', 'cancel', 'deleted')
+  local ROW = declared(3 + (i - 8) / 2, K.row(id))
+  local row = redis.call('HMGET', ROW, 'status', 'fence', 'lease_owner', 'cancel', 'deleted')
   if row[1] == 'running' and row[2] == fence and row[3] == consumer then
-    redis.call('ZADD', K.leases(), now + ttl, id)
-    redis.call('HSET', K.row(id), 'lease_until', now + ttl)
+    redis.call('ZADD', LEASES, now + ttl, id)
+    redis.call('HSET', ROW, 'lease_until', now + ttl)
     if row[4] == '1' or row[5] == '1' then
       table.insert(answers, 'cancel')
     else

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- list.lua: one page of a tenant's executions, newest first, optionally filtered by status
 -- and/or flow. Cost is proportional to the page: each status index is read from the cursor for
 -- at most limit+1 ids (execution ids are time-ordered, so lexical order is age order), the
@@ -5,7 +6,11 @@
 -- rows add up to the byte budget (the first row is always included, so every page makes
 -- progress): one call never returns more than the budget plus one row.
 --
--- KEYS[1]  a key of the tenant in this shard (routing only)
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2..n+1]    the tenant's status index of each of the n statuses listed (the one of the
+--                 filter, or all five in the order queued, running, completed, failed,
+--                 cancelled)
+-- KEYS[n+2..2n+1] with a flow filter: the flow's index of each of those statuses, same order
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id
 -- ARGV[7]  status filter, '' for all
@@ -24,13 +29,18 @@ local budget = tonumber(ARGV[11])
 
 local statuses = STATUSES
 if status ~= '' then statuses = { status } end
+local status_idx, flow_idx = {}, {}
+for i, s in ipairs(statuses) do
+  status_idx[s] = declared(1 + i, K.status_idx(tenant, s))
+  if flow ~= '' then flow_idx[s] = declared(1 + #statuses + i, K.flow_idx(tenant, flow, s)) end
+end
 local max = '+'
 if cursor ~= '' then max = '(' .. cursor end
 
 local candidates, source, total = {}, {}, 0
 for _, s in ipairs(statuses) do
-  local idx
-  if flow ~= '' then idx = K.flow_idx(tenant, flow, s) else idx = K.status_idx(tenant, s) end
+  local idx = status_idx[s]
+  if flow ~= '' then idx = flow_idx[s] end
   total = total + redis.call('ZCARD', idx)
   local ids = redis.call('ZRANGE', idx, max, '-', 'BYLEX', 'REV', 'LIMIT', 0, limit + 1)
   for _, id in ipairs(ids) do
@@ -57,8 +67,8 @@ for i = 1, math.min(limit, #candidates) do
   if #row == 0 then
     -- The row expired; its flow is unknown now unless filtered on, so the sweeper cleans the
     -- flow index otherwise.
-    redis.call('ZREM', K.status_idx(tenant, source[id]), id)
-    if flow ~= '' then redis.call('ZREM', K.flow_idx(tenant, flow, source[id]), id) end
+    redis.call('ZREM', status_idx[source[id]], id)
+    if flow ~= '' then redis.call('ZREM', flow_idx[source[id]], id) end
     total = total - 1
   else
     table.insert(reply, id)

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- start.lua: read up to `count` new entries of the shard's ready stream for one worker and start
 -- each of them, in the same atomic step. So an entry is in the pending list only while a worker
 -- is running it (there is no "read but not started" state to recover from), and a worker reads
@@ -10,7 +11,9 @@
 -- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
 -- current can never pass for the current one. `attempt` counts the starts of the current run.
 --
--- KEYS[1]  the shard's ready stream (routing only)
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the shard's ready stream    KEYS[3]  its retry delays  KEYS[4]  its lease index
+-- KEYS[5]  its dead-letter stream      KEYS[6]  its counters
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  consumer name (the worker)
 -- ARGV[7]  count: the worker's free slots (>= 1)
@@ -19,17 +22,20 @@
 --
 -- Reply: a list of started executions, each
 --   {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
+local READY, DELAYED, LEASES = declared(2, K.ready()), declared(3, K.delayed()),
+  declared(4, K.leases())
+declared(5, K.dlq()); declared(6, K.stats())
 local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
 
-local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'LIMIT', 0, 100)
+local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
-  redis.call('ZREM', K.delayed(), id)
+  redis.call('ZREM', DELAYED, id)
   if redis.call('HGET', K.row(id), 'status') == 'queued' then dispatch_entry(id, now) end
 end
 
 local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
-  'STREAMS', K.ready(), '>')
+  'STREAMS', READY, '>')
 local started = {}
 if not read then return started end
 
@@ -65,7 +71,7 @@ for _, e in ipairs(read[1][2]) do
     redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'started', now,
       'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
     redis.call('HDEL', K.row(id), 'qstate')
-    redis.call('ZADD', K.leases(), now + ttl, id)
+    redis.call('ZADD', LEASES, now + ttl, id)
     table.insert(started, run_of(id))
   end
 end

@@ -1,15 +1,18 @@
+#!lua flags=allow-oom
 -- tenant_delete.lua: remove a tenant from the registry and revoke all its API keys, in one
 -- step. Its executions and limits live in its shard and are handled by the caller.
 --
--- KEYS[1]  the tenant registry, sluice:{acl}:tenants
--- KEYS[2]  the tenant's key set, sluice:{acl}:t:<tenant>:keys
+-- KEYS[1]  the access freeze marker, sluice:{acl}:frozen (see guard.lua)
+-- KEYS[2]  the tenant registry, sluice:{acl}:tenants
+-- KEYS[3]  the tenant's key set, sluice:{acl}:t:<tenant>:keys
 -- ARGV[1]  the access prefix, sluice:{acl}: (key records are built from it)
 -- ARGV[2]  tenant id
 --
 -- Reply: the number of keys revoked, or -1 when the tenant was not registered.
-local existed = redis.call('ZREM', KEYS[1], ARGV[2])
-local ids = redis.call('SMEMBERS', KEYS[2])
-for _, id in ipairs(ids) do redis.call('DEL', ARGV[1] .. 'key:' .. id) end
-redis.call('DEL', KEYS[2])
+local TENANTS, KEYSET = KEYS[2], KEYS[3]
+local existed = redis.call('ZREM', TENANTS, ARGV[2])
+local ids = redis.call('SMEMBERS', KEYSET)
+for _, id in ipairs(ids) do redis.call('DEL', A.key(id)) end
+redis.call('DEL', KEYSET)
 if existed == 0 then return -1 end
 return #ids

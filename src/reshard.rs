@@ -183,7 +183,7 @@ impl Cluster {
             .find(|m| m.serves(slot))
             .with_context(|| format!("slot {slot} has no master"))?
             .clone();
-        let frozen_key = crate::store::frozen_key(shard);
+        let frozen_key = shard.frozen();
         let mut moved = 0;
         if source.id != target.id {
             // 1. Freeze: from here on every script of this shard refuses.

@@ -18,6 +18,8 @@
 //!   `completed`, `failed`, `cancelled`, `reclaimed`, `fenced` (late completions refused),
 //!   `dead_lettered`, `dlq_evicted` (dead letters pushed out by the cap), `repaired_*` (sweeper).
 //!   They are gauges because Redis, not this process, holds them; they only grow.
+//! - `sluice_shards_unreadable`: shards whose numbers could not be read at this scrape (their
+//!   series above are absent; the other shards are reported as usual).
 //!
 //! Every label value comes from a closed set: the `tenant` label names at most
 //! `--metrics-tenant-limit` tenants (the first ones seen; later ones are counted under
@@ -100,6 +102,7 @@ pub struct Metrics {
     queue_depth: Family<ShardLabels, Gauge>,
     dead_letters: Family<ShardLabels, Gauge>,
     shard_events: Family<ShardEventLabels, Gauge>,
+    shards_unreadable: Gauge,
     connections_open: Gauge,
     connections_refused: Counter,
     /// Tenants with their own label value, at most `tenant_limit`.
@@ -164,6 +167,12 @@ impl Metrics {
             "Entries on each shard's ready stream, read at scrape time",
             queue_depth.clone(),
         );
+        let shards_unreadable = Gauge::default();
+        registry.register(
+            "sluice_shards_unreadable",
+            "Shards whose numbers could not be read from Redis at this scrape",
+            shards_unreadable.clone(),
+        );
         let connections_open = Gauge::default();
         let connections_refused = Counter::default();
         registry.register(
@@ -184,6 +193,7 @@ impl Metrics {
             queue_depth,
             dead_letters,
             shard_events,
+            shards_unreadable,
             connections_open,
             connections_refused,
             labelled_tenants: RwLock::new(HashSet::new()),
@@ -348,32 +358,37 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     m.dead_letters.clear();
     m.shard_events.clear();
     let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    match state.store.queue_stats().await {
-        Ok(shards) => {
-            for g in shards {
-                let shard = format!("s{:02}", g.shard);
-                m.queue_depth
-                    .get_or_create(&ShardLabels {
-                        shard: shard.clone(),
-                    })
-                    .set(gauge(g.ready));
-                m.dead_letters
-                    .get_or_create(&ShardLabels {
-                        shard: shard.clone(),
-                    })
-                    .set(gauge(g.dead_letters));
-                for (event, n) in g.counters {
-                    m.shard_events
-                        .get_or_create(&ShardEventLabels {
-                            shard: shard.clone(),
-                            event,
-                        })
-                        .set(gauge(n));
-                }
+    let mut unreadable = 0;
+    for report in state.store.queue_stats().await {
+        let g = match report.stats {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(shard = %report.shard.label(), error = %e, "shard numbers not read for /metrics");
+                unreadable += 1;
+                continue;
             }
+        };
+        let shard = report.shard.label();
+        m.queue_depth
+            .get_or_create(&ShardLabels {
+                shard: shard.clone(),
+            })
+            .set(gauge(g.ready));
+        m.dead_letters
+            .get_or_create(&ShardLabels {
+                shard: shard.clone(),
+            })
+            .set(gauge(g.dead_letters));
+        for (event, n) in g.counters {
+            m.shard_events
+                .get_or_create(&ShardEventLabels {
+                    shard: shard.clone(),
+                    event,
+                })
+                .set(gauge(n));
         }
-        Err(e) => tracing::warn!(error = %e, "shard numbers not read for /metrics"),
     }
+    m.shards_unreadable.set(unreadable);
     let mut body = String::new();
     if let Err(e) = encode(&mut body, &m.registry) {
         return ApiError::Internal(format!("metrics encoding failed: {e}")).into_response();

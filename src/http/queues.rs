@@ -196,15 +196,30 @@ impl From<store::ShardStats> for ShardStats {
     }
 }
 
+/// A shard whose statistics could not be read (the others are reported anyway).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnavailableShard {
+    #[schema(maximum = 65535)]
+    pub shard: u16,
+    /// Why, e.g. a time-out or a refusal by Redis.
+    pub error: String,
+}
+
 /// Per-shard queue statistics.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct QueueStats {
+    /// Every shard that answered, in shard order.
     pub shards: Vec<ShardStats>,
+    /// Shards that did not answer (each shard is read on its own); empty when all did.
+    pub unavailable: Vec<UnavailableShard>,
 }
 
 /// Queue statistics of every shard (platform admin): ready and pending entries, leases,
 /// delayed retries, dead letters, and counters (completed, failed, cancelled, reclaimed,
 /// fenced late completions, dead-lettered, evicted dead letters, sweeper repairs).
+///
+/// Each shard is read on its own: one that does not answer is listed in `unavailable` and
+/// the others are reported (503 only when no shard answered).
 #[utoipa::path(
     get,
     path = "/api/queues",
@@ -214,7 +229,7 @@ pub struct QueueStats {
         (status = 400, description = "The platform admin named an invalid X-Tenant-Id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable: no shard answered", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -223,14 +238,29 @@ pub async fn queue_stats(
     caller: Caller,
 ) -> Result<axum::Json<QueueStats>, ApiError> {
     caller.require(Role::PlatformAdmin)?;
+    let mut shards = Vec::new();
+    let mut unavailable = Vec::new();
+    let mut last_error = None;
+    for report in state.store.queue_stats().await {
+        match report.stats {
+            Ok(s) => shards.push(s.into()),
+            Err(e) => {
+                unavailable.push(UnavailableShard {
+                    shard: report.shard.number(),
+                    error: e.to_string(),
+                });
+                last_error = Some(e);
+            }
+        }
+    }
+    if shards.is_empty()
+        && let Some(e) = last_error
+    {
+        return Err(e.into());
+    }
     Ok(axum::Json(QueueStats {
-        shards: state
-            .store
-            .queue_stats()
-            .await?
-            .into_iter()
-            .map(Into::into)
-            .collect(),
+        shards,
+        unavailable,
     }))
 }
 

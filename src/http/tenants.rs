@@ -214,8 +214,9 @@ const MAX_TENANT_PAGE: u32 = 200;
 
 /// List the registered tenants with their limits and usage (platform admin).
 ///
-/// Tenants are registered by `PUT /api/tenants/{tenant}`. Paged by tenant id; a page costs two
-/// Redis round trips whatever its size or the registry's.
+/// Tenants are registered by `PUT /api/tenants/{tenant}`. Paged by tenant id; a page costs one
+/// round trip to the registry, then one per shard its tenants live in (all at the same time),
+/// whatever its size or the registry's. A page is complete or refused (503).
 #[utoipa::path(
     get,
     path = "/api/tenants",
@@ -258,7 +259,14 @@ pub async fn list_tenants(
         .store
         .list_tenants(after.as_ref(), limit as usize)
         .await?;
-    let states = state.store.get_tenants(&ids).await?;
+    // Read per shard, concurrently. A page is all or nothing: a tenant left out because its
+    // shard did not answer would be skipped for good by the cursor, so any failure is a 503.
+    let states = state
+        .store
+        .get_tenants(&ids)
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
     let next_cursor = more.then(|| ids.last().map(ToString::to_string)).flatten();
     let tenants = ids
         .iter()

@@ -1,34 +1,15 @@
 //! Access data on Redis: the tenant registry and tenant API keys. Everything here lives under
 //! the `{acl}` hash tag (see `keys::acl_prefix` for why not in the tenants' shards); a tenant's
-//! limits and executions stay in its shard and are handled in `store/mod.rs`.
+//! limits and executions stay in its shard and are handled in `store/tenants.rs`.
 //!
 //! Key lookups are not cached: a revoked key or a deleted tenant is refused on the very next
 //! request, at the cost of one small script call per authenticated request.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
-
-use redis::Script;
 
 use super::{Store, StoreError, keys};
 use crate::access::{GeneratedKey, KeyId, KeyOrigin, KeyRole, PresentedKey};
 use crate::admission::TenantId;
-
-/// The access scripts (standalone: they do not use the shard helpers of `common.lua`). Called
-/// with EVALSHA and a NOSCRIPT fallback like the others.
-struct AccessScripts {
-    create: Script,
-    revoke: Script,
-    auth: Script,
-    delete_tenant: Script,
-}
-
-static SCRIPTS: LazyLock<AccessScripts> = LazyLock::new(|| AccessScripts {
-    create: Script::new(include_str!("../../migrations-lua/api_key_create.lua")),
-    revoke: Script::new(include_str!("../../migrations-lua/api_key_revoke.lua")),
-    auth: Script::new(include_str!("../../migrations-lua/api_key_auth.lua")),
-    delete_tenant: Script::new(include_str!("../../migrations-lua/tenant_delete.lua")),
-});
 
 /// What an API key grants (never its secret or hash).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,9 +98,9 @@ impl Store {
     /// default limits are dispatched now, the rest as slots free up, so none is stranded.
     /// Returns whether it was registered.
     pub async fn delete_tenant(&self, tenant: &TenantId) -> Result<bool, StoreError> {
-        let mut inv = SCRIPTS.delete_tenant.key(keys::tenants());
-        inv.key(keys::tenant_keys(tenant))
-            .arg(keys::acl_prefix())
+        let mut inv = self.acl_script(&self.scripts.tenant_delete);
+        inv.key(keys::tenants())
+            .key(keys::tenant_keys(tenant))
             .arg(tenant.as_str());
         let mut c = self.conn();
         let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
@@ -145,8 +126,9 @@ impl Store {
         for _ in 0..3 {
             let key = GeneratedKey::generate(origin)
                 .map_err(|e| StoreError::Unavailable(format!("no randomness: {e}")))?;
-            let mut inv = SCRIPTS.create.key(keys::api_key(key.id.as_str()));
-            inv.key(keys::tenant_keys(tenant))
+            let mut inv = self.acl_script(&self.scripts.api_key_create);
+            inv.key(keys::api_key(key.id.as_str()))
+                .key(keys::tenant_keys(tenant))
                 .key(keys::tenants())
                 .arg(key.id.as_str())
                 .arg(tenant.as_str())
@@ -223,8 +205,9 @@ impl Store {
 
     /// Revokes one of a tenant's keys; `false` when it has no such key.
     pub async fn revoke_api_key(&self, tenant: &TenantId, id: &KeyId) -> Result<bool, StoreError> {
-        let mut inv = SCRIPTS.revoke.key(keys::api_key(id.as_str()));
-        inv.key(keys::tenant_keys(tenant))
+        let mut inv = self.acl_script(&self.scripts.api_key_revoke);
+        inv.key(keys::api_key(id.as_str()))
+            .key(keys::tenant_keys(tenant))
             .arg(id.as_str())
             .arg(tenant.as_str());
         let mut c = self.conn();
@@ -240,9 +223,9 @@ impl Store {
         key: &PresentedKey,
         accept_dev_auth: bool,
     ) -> Result<Option<(TenantId, KeyRole)>, StoreError> {
-        let mut inv = SCRIPTS.auth.key(keys::api_key(key.id.as_str()));
-        inv.key(keys::tenants())
-            .arg(keys::acl_prefix())
+        let mut inv = self.acl_script(&self.scripts.api_key_auth);
+        inv.key(keys::api_key(key.id.as_str()))
+            .key(keys::tenants())
             .arg(key.id.as_str());
         let mut c = self.conn();
         let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
@@ -256,6 +239,17 @@ impl Store {
         let role = KeyRole::parse(role)
             .ok_or_else(|| StoreError::Corrupt(format!("key {} has role {role}", key.id)))?;
         Ok(Some((tenant, role)))
+    }
+}
+
+impl Store {
+    /// A call of an access script in the calling convention of `migrations-lua/guard.lua`:
+    /// KEYS[1] the access freeze marker, ARGV[1] the access prefix; the caller adds the
+    /// operation's keys and arguments.
+    fn acl_script<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.key(keys::acl_frozen());
+        inv.arg(keys::acl_prefix());
+        inv
     }
 }
 

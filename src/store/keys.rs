@@ -1,6 +1,8 @@
-//! Every Redis key name sluice uses, one function per key. Nothing else in the crate formats
-//! key names; the Lua scripts build the same names from the shard prefix in
-//! `migrations-lua/common.lua` (change both together).
+//! Every Redis key name sluice uses, one function per key, and `parse` to read a name back.
+//! Nothing else in the crate (nor its tests and benchmark) formats or matches key names; the
+//! Lua scripts build the same names from the prefix in `migrations-lua/common.lua` and
+//! `acl_keys.lua` (change both together: `tests/api/fences.rs` runs those builders on Redis
+//! and compares them with these).
 //!
 //! All keys of a tenant live in its shard and carry the shard's hash tag (`{s07}`), so each
 //! script touches one slot on Redis Cluster. User input never forms a hash tag: only validated
@@ -11,6 +13,23 @@ use crate::admission::{ExecutionId, FlowId, Status, TenantId};
 /// Version of the key layout this build reads and writes. A change of layout ships as a
 /// numbered migration and bumps this.
 pub const LAYOUT_VERSION: u32 = 1;
+
+/// Every sluice key starts with this.
+const ROOT: &str = "sluice:";
+
+/// Hash tag of the cluster-wide records: the settings fixed at first start and the sweeper
+/// lock.
+const META_PREFIX: &str = "sluice:{meta}:";
+
+/// The prefix of the `{meta}` keys (ARGV[1] of the scripts on them).
+pub fn meta_prefix() -> &'static str {
+    META_PREFIX
+}
+
+/// The freeze marker of the `{meta}` tag (see `Shard::frozen`).
+pub fn meta_frozen() -> &'static str {
+    "sluice:{meta}:frozen"
+}
 
 /// The lock that makes one sweeper run at a time across all `serve` processes.
 pub fn sweeper_lock() -> &'static str {
@@ -23,6 +42,11 @@ pub const WORKER_GROUP: &str = "workers";
 /// The cluster-wide record of settings fixed at first start (shard count, layout version).
 pub fn meta() -> &'static str {
     "sluice:{meta}:config"
+}
+
+/// A glob (`SCAN ... MATCH`) matching every execution row of every shard.
+pub fn row_pattern() -> &'static str {
+    "sluice:{s*}:exec:*"
 }
 
 /// Hash tag of access-control data: API-key records, each tenant's set of key ids, and the
@@ -38,6 +62,11 @@ const ACL_PREFIX: &str = "sluice:{acl}:";
 /// The prefix of every access-control key; the access scripts get it as an argument.
 pub fn acl_prefix() -> &'static str {
     ACL_PREFIX
+}
+
+/// The freeze marker of the access data (see `Shard::frozen`).
+pub fn acl_frozen() -> String {
+    format!("{ACL_PREFIX}frozen")
 }
 
 /// An API key's record (a hash: tenant, role, name, created, SHA-256 of the secret). `key_id`
@@ -58,7 +87,7 @@ pub fn tenants() -> String {
 }
 
 /// One shard: a hash tag and the keys under it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Shard(u16);
 
 impl Shard {
@@ -74,7 +103,25 @@ impl Shard {
 
     /// The prefix of every key in this shard, e.g. `sluice:{s07}:`; scripts get it as ARGV[1].
     pub fn prefix(self) -> String {
-        format!("sluice:{{s{:02}}}:", self.0)
+        format!("{ROOT}{{{}}}:", self.label())
+    }
+
+    /// The shard's label in metrics and logs, e.g. `s07` (the text of its hash tag).
+    pub fn label(self) -> String {
+        format!("s{:02}", self.0)
+    }
+
+    /// The freeze marker: while it exists every script of the shard refuses to run (with a
+    /// TRYAGAIN error, before touching anything), so the shard's slot can be moved between
+    /// cluster nodes without a script running half on each side.
+    pub fn frozen(self) -> String {
+        format!("{}frozen", self.prefix())
+    }
+
+    /// The marker of an abandoned admission of `id` (see `migrations-lua/abandon.lua`): while it
+    /// lives, an admission of that id that arrives late is refused.
+    pub fn void(self, id: &ExecutionId) -> String {
+        format!("{}void:{id}", self.prefix())
     }
 
     /// The ready stream (consumer group `workers`): dispatched executions waiting for a worker.
@@ -191,49 +238,279 @@ impl ShardMap {
     }
 }
 
+/// What a sluice key is, read back from its name: the inverse of the builders above, for code
+/// that walks Redis (the benchmark's census, the test suite's assertions) and must not match
+/// names by hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    Row,
+    Void,
+    Frozen,
+    Ready,
+    Leases,
+    Delayed,
+    DeadLetters,
+    Stats,
+    Tenants,
+    TenantConfig,
+    Slots,
+    Waiting,
+    Deleting,
+    Flows,
+    StatusIndex,
+    FlowIndex,
+    Dedup,
+    /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
+    Access,
+    /// Anything under the `{meta}` tag.
+    Meta,
+}
+
+/// A parsed key name (see `parse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyName<'a> {
+    pub kind: KeyKind,
+    /// The shard of a shard key.
+    pub shard: Option<Shard>,
+    /// The tenant a per-tenant key belongs to.
+    pub tenant: Option<&'a str>,
+    /// The execution id of a row or void marker.
+    pub id: Option<&'a str>,
+}
+
+/// Reads a key name back; `None` for a name no builder here makes.
+pub fn parse(key: &str) -> Option<KeyName<'_>> {
+    let name = |kind| KeyName {
+        kind,
+        shard: None,
+        tenant: None,
+        id: None,
+    };
+    if key.starts_with(ACL_PREFIX) {
+        return Some(name(KeyKind::Access));
+    }
+    if key.starts_with(META_PREFIX) {
+        return Some(name(KeyKind::Meta));
+    }
+    let rest = key.strip_prefix(ROOT)?.strip_prefix("{s")?;
+    let (number, rest) = rest.split_once("}:")?;
+    if number.len() < 2 || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let shard = Some(Shard(number.parse().ok()?));
+    let at = |kind| {
+        Some(KeyName {
+            shard,
+            ..name(kind)
+        })
+    };
+    if let Some(id) = rest.strip_prefix("exec:") {
+        return Some(KeyName {
+            id: Some(id),
+            ..at(KeyKind::Row)?
+        });
+    }
+    if let Some(id) = rest.strip_prefix("void:") {
+        return Some(KeyName {
+            id: Some(id),
+            ..at(KeyKind::Void)?
+        });
+    }
+    let Some(per_tenant) = rest.strip_prefix("t:") else {
+        return match rest {
+            "frozen" => at(KeyKind::Frozen),
+            "ready" => at(KeyKind::Ready),
+            "leases" => at(KeyKind::Leases),
+            "delayed" => at(KeyKind::Delayed),
+            "dlq" => at(KeyKind::DeadLetters),
+            "stats" => at(KeyKind::Stats),
+            "tenants" => at(KeyKind::Tenants),
+            _ => None,
+        };
+    };
+    // Tenant ids contain no colon (`TenantId::parse`), so the first colon ends it.
+    let (tenant, tail) = per_tenant.split_once(':')?;
+    let kind = match tail {
+        "cfg" => KeyKind::TenantConfig,
+        "slots" => KeyKind::Slots,
+        "waiting" => KeyKind::Waiting,
+        "deleting" => KeyKind::Deleting,
+        "flows" => KeyKind::Flows,
+        _ if tail.starts_with("st:") => KeyKind::StatusIndex,
+        _ if tail.starts_with("fl:") => KeyKind::FlowIndex,
+        _ if tail.starts_with("dd:") => KeyKind::Dedup,
+        _ => return None,
+    };
+    Some(KeyName {
+        tenant: Some(tenant),
+        ..at(kind)?
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_tenant_always_maps_to_the_same_shard() {
-        let map = ShardMap::new(16);
-        let t = TenantId::parse("acme").unwrap();
-        assert_eq!(map.shard_of(&t), map.shard_of(&t));
-        assert!(map.shard_of(&t).number() < 16);
-        // Pinned: a change would move existing tenants away from their keys. FNV-1a-64 of
-        // "acme" is 0x0724d383f4f6de0f (reference implementation), and that mod 16 is 15.
-        assert_eq!(map.shard_of(&t).number(), 15);
+    /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, mod 16384.
+    fn cluster_slot(key: &str) -> u16 {
+        let mut tagged = key.as_bytes();
+        if let Some(open) = key.find('{')
+            && let Some(len) = key[open + 1..].find('}')
+            && len > 0
+        {
+            tagged = &key.as_bytes()[open + 1..open + 1 + len];
+        }
+        let mut crc: u16 = 0;
+        for &b in tagged {
+            crc ^= u16::from(b) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc % 16384
     }
 
     #[test]
-    fn every_key_of_a_tenant_carries_its_shard_tag() {
+    fn cluster_slot_matches_redis() {
+        // `CLUSTER KEYSLOT` answers of Redis 7.0.
+        assert_eq!(cluster_slot("foo"), 12182);
+        assert_eq!(
+            cluster_slot("{user1000}.following"),
+            cluster_slot("user1000")
+        );
+        assert_eq!(cluster_slot("123456789"), 12739); // 0x31c3
+    }
+
+    #[test]
+    fn a_tenant_maps_to_a_pinned_shard() {
+        // Pinned: a change would move existing tenants away from their keys. FNV-1a-64 of
+        // "acme" is 0x0724d383f4f6de0f (reference implementation): 15 of 16, 3 of 4.
+        let t = TenantId::parse("acme").unwrap();
+        assert_eq!(ShardMap::new(16).shard_of(&t).number(), 15);
+        assert_eq!(ShardMap::new(4).shard_of(&t).number(), 3);
+        assert_eq!(ShardMap::new(1).shard_of(&t).number(), 0);
+        assert_eq!(ShardMap::new(0).count(), 1);
+        // Tenants spread: 64 tenants over 16 shards reach more than half of them.
+        let map = ShardMap::new(16);
+        let used: std::collections::HashSet<u16> = (0..64)
+            .map(|i| {
+                map.shard_of(&TenantId::parse(&format!("tenant-{i}")).unwrap())
+                    .number()
+            })
+            .collect();
+        assert!(used.len() > 8, "{used:?}");
+    }
+
+    #[test]
+    fn every_key_of_a_tenant_is_in_its_shard_slot() {
         let t = TenantId::parse("acme").unwrap();
         let s = ShardMap::new(16).shard_of(&t);
-        let tag = format!("{{s{:02}}}", s.number());
+        assert_eq!(s.prefix(), "sluice:{s15}:");
+        let slot = cluster_slot("s15");
         let id = ExecutionId::new();
         let f = FlowId::parse("demo.echo").unwrap();
-        for k in [
+        let keys = [
+            s.frozen(),
             s.ready(),
+            s.leases(),
+            s.delayed(),
+            s.dead_letters(),
+            s.stats(),
+            s.tenants(),
+            s.flows(&t),
             s.row(&id),
+            s.void(&id),
             s.slots(&t),
             s.waiting(&t),
+            s.deleting(&t),
             s.tenant_config(&t),
             s.status_index(&t, Status::Queued),
             s.flow_index(&t, &f, Status::Failed),
             s.dedup(&t, "ab"),
-        ] {
-            assert_eq!(k.find('{'), Some(7), "{k}");
-            assert!(k.contains(&tag), "{k}");
+        ];
+        for k in &keys {
+            assert!(k.starts_with("sluice:{s15}:"), "{k}");
+            assert_eq!(cluster_slot(k), slot, "{k}");
         }
+        // Another shard is another slot.
+        assert_ne!(cluster_slot(&Shard::new(3).ready()), slot);
     }
 
     #[test]
-    fn access_keys_share_one_tag() {
+    fn access_and_meta_keys_share_their_own_slots() {
         let t = TenantId::parse("acme").unwrap();
-        for k in [api_key("0123456789abcdef"), tenant_keys(&t), tenants()] {
-            assert!(k.starts_with(acl_prefix()), "{k}");
+        let acl = cluster_slot("acl");
+        for k in [
+            api_key("0123456789abcdef"),
+            tenant_keys(&t),
+            tenants(),
+            acl_frozen(),
+        ] {
             assert!(k.starts_with("sluice:{acl}:"), "{k}");
+            assert_eq!(cluster_slot(&k), acl, "{k}");
+        }
+        let meta_slot = cluster_slot("meta");
+        for k in [meta(), sweeper_lock(), meta_frozen()] {
+            assert!(k.starts_with(meta_prefix()), "{k}");
+            assert_eq!(cluster_slot(k), meta_slot, "{k}");
+        }
+        assert_eq!(acl_prefix(), "sluice:{acl}:");
+        assert_eq!(meta_prefix(), "sluice:{meta}:");
+    }
+
+    #[test]
+    fn key_names_read_back_as_what_they_are() {
+        let t = TenantId::parse("acme").unwrap();
+        let s = Shard::new(7);
+        let id = ExecutionId::new();
+        let f = FlowId::parse("demo.echo").unwrap();
+        let tenant_keys = [
+            (s.tenant_config(&t), KeyKind::TenantConfig),
+            (s.slots(&t), KeyKind::Slots),
+            (s.waiting(&t), KeyKind::Waiting),
+            (s.deleting(&t), KeyKind::Deleting),
+            (s.flows(&t), KeyKind::Flows),
+            (s.status_index(&t, Status::Running), KeyKind::StatusIndex),
+            (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
+            (s.dedup(&t, "00ff"), KeyKind::Dedup),
+        ];
+        for (k, kind) in tenant_keys {
+            let n = parse(&k).unwrap_or_else(|| panic!("{k}"));
+            assert_eq!(
+                (n.kind, n.shard, n.tenant),
+                (kind, Some(s), Some("acme")),
+                "{k}"
+            );
+        }
+        for (k, kind) in [
+            (s.frozen(), KeyKind::Frozen),
+            (s.ready(), KeyKind::Ready),
+            (s.leases(), KeyKind::Leases),
+            (s.delayed(), KeyKind::Delayed),
+            (s.dead_letters(), KeyKind::DeadLetters),
+            (s.stats(), KeyKind::Stats),
+            (s.tenants(), KeyKind::Tenants),
+        ] {
+            let n = parse(&k).unwrap();
+            assert_eq!((n.kind, n.shard, n.tenant), (kind, Some(s), None), "{k}");
+        }
+        let row_key = s.row(&id);
+        let row = parse(&row_key).unwrap();
+        assert_eq!((row.kind, row.id), (KeyKind::Row, Some(id.as_str())));
+        assert_eq!(parse(&s.void(&id)).unwrap().kind, KeyKind::Void);
+        assert_eq!(parse(&tenants()).unwrap().kind, KeyKind::Access);
+        assert_eq!(parse(meta()).unwrap().kind, KeyKind::Meta);
+        for foreign in [
+            "other",
+            "sluice:x",
+            "sluice:{s7x}:ready",
+            "sluice:{s07}:nope",
+        ] {
+            assert_eq!(parse(foreign), None, "{foreign}");
         }
     }
 }

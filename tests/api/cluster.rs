@@ -318,7 +318,43 @@ async fn moving_a_shard_under_load_loses_nothing() {
     );
     let frozen: bool = app
         .redis
-        .query(redis::cmd("EXISTS").arg(format!("{}frozen", app.shard(tenant).prefix())))
+        .query(redis::cmd("EXISTS").arg(app.shard(tenant).frozen()))
         .await;
     assert!(!frozen, "the shard is still frozen");
+}
+
+/// On a cluster, Redis itself stands between a wrong shard tag and the data too: an admission
+/// whose keys span two shards' slots is refused (CROSSSLOT) before it runs, and one whose
+/// prefix names another shard is refused by the scripts' own check. Nothing is written.
+#[tokio::test]
+async fn a_wrong_shard_tag_fails_loudly_on_a_cluster() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    use crate::fences::{admit_call, eval};
+    use sluice::admission::{ExecutionId, Status, TenantId};
+    use sluice::store::{Shard, composed_source, operation};
+
+    let redis = crate::helpers::TestRedis::start().await;
+    let admit = composed_source("shard", operation("admit.lua").unwrap());
+    let id = ExecutionId::new();
+    let (k, a) = admit_call(Shard::new(3), Shard::new(3), &id);
+    eval(&redis, &admit, &k, &a)
+        .await
+        .expect("the right call admits");
+    let before = redis.keys().await;
+
+    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &ExecutionId::new());
+    k[6] = Shard::new(4).status_index(&TenantId::parse("acme").unwrap(), Status::Queued);
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string().to_lowercase().contains("crossslot")
+            || e.to_string().to_lowercase().contains("crossed slots"),
+        "{e}"
+    );
+    let (k, a) = admit_call(Shard::new(3), Shard::new(5), &ExecutionId::new());
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(e.to_string().contains("outside the prefix"), "{e}");
+    assert_eq!(redis.keys().await, before);
 }

@@ -1203,14 +1203,17 @@ async fn final_state(api: &Api, redis_url: &str) -> Final {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg("sluice:*:exec:*")
+            .arg(sluice::store::keys::row_pattern())
             .arg("COUNT")
             .arg(1000)
             .query_async(&mut conn)
             .await
             .expect("SCAN");
         for key in keys {
-            let id = key.rsplit(':').next().unwrap_or_default().to_owned();
+            let Some(id) = sluice::store::keys::parse(&key).and_then(|n| n.id) else {
+                continue;
+            };
+            let id = id.to_owned();
             if execs.contains_key(&id) {
                 continue;
             }

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use sluice::Application;
 use sluice::admission::{ExecutionId, TenantId};
 use sluice::config::{ApiSettings, AppConfig, RedisSettings};
+use sluice::store::keys::{self, KeyKind};
 use sluice::store::{Conn, RedisTarget, Shard, ShardMap};
 
 /// The platform admin token every `TestApp` is configured with.
@@ -310,6 +311,21 @@ impl TestRedis {
         }
     }
 
+    /// `INFO <section>` of every master, one after the other.
+    pub async fn info(&self, section: &str) -> String {
+        let mut all = String::new();
+        for n in &self.nodes[..self.masters] {
+            let mut c = n.direct().await.expect("redis connection");
+            let text: String = redis::cmd("INFO")
+                .arg(section)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            all.push_str(&text);
+        }
+        all
+    }
+
     /// Runs one command and parses the reply.
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
         let mut c = self.conn().await;
@@ -559,7 +575,7 @@ impl TestApp {
             .keys()
             .await
             .iter()
-            .filter(|k| k.contains(":exec:"))
+            .filter(|k| keys::parse(k).is_some_and(|n| n.kind == KeyKind::Row))
             .count()
     }
 

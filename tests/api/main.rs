@@ -10,6 +10,7 @@ mod connections;
 mod deployment;
 mod dev;
 mod faults;
+mod fences;
 mod guarantees;
 mod handlers;
 mod helpers;

@@ -89,7 +89,7 @@ async fn metrics_count_admissions_per_tenant_and_show_queue_depth() {
     }
     // Queue depth: acme's three executions are on its shard's ready stream; every shard has
     // a gauge.
-    let shard = format!("s{:02}", app.shard("acme").number());
+    let shard = app.shard("acme").label();
     assert_eq!(
         sample(&text, &format!(r#"sluice_queue_depth{{shard="{shard}"}}"#)),
         Some(3.0),

@@ -36,10 +36,7 @@ async fn pending(app: &TestApp) -> (u64, u64) {
 }
 
 async fn claim_calls(app: &TestApp) -> String {
-    let info: String = app
-        .redis
-        .query(redis::cmd("INFO").arg("commandstats"))
-        .await;
+    let info = app.redis.info("commandstats").await;
     info.lines()
         .filter(|l| l.contains("xclaim") || l.contains("xautoclaim"))
         .collect::<Vec<_>>()
@@ -473,7 +470,7 @@ async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
         .text()
         .await
         .unwrap();
-    let shard = format!("s{:02}", app.shard("acme").number());
+    let shard = app.shard("acme").label();
     let evicted = format!("sluice_shard_events{{shard=\"{shard}\",event=\"dlq_evicted\"}} 1");
     assert!(metrics.contains(&evicted), "{evicted} not in:\n{metrics}");
     let dead = format!("sluice_dead_letters{{shard=\"{shard}\"}} 2");

@@ -12,13 +12,11 @@ use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
 use sluice::admission::{AdmitInput, AdmitRequest, TenantId};
-use sluice::store::{Admission, ShardMap, Store, StoreConfig};
+use sluice::store::keys::{self, KeyKind};
+use sluice::store::{Admission, ShardMap, ShardStats, Store, StoreConfig};
 use tokio::task::JoinSet;
 
 use crate::load::{Latencies, LoadResult, Outcomes, Progress};
-
-/// Row keys look like `sluice:{s07}:exec:<id>` (see `Shard::row` in `src/store/keys.rs`).
-const ROW_PATTERN: &str = "sluice:*:exec:*";
 
 /// The benchmark's own handle on Redis: a `Store` configured like the server's, plus a plain
 /// connection for the census.
@@ -237,19 +235,31 @@ impl Direct {
     /// The shards' `completed` counters, summed (cheap: for polling while workers drain).
     pub async fn completed(&self) -> anyhow::Result<u64> {
         Ok(self
-            .store
-            .queue_stats()
+            .shard_stats()
             .await?
             .iter()
             .map(|s| s.counters.get("completed").copied().unwrap_or(0))
             .sum())
     }
 
+    /// Every shard's statistics; an error when any shard did not answer (a census counts all).
+    async fn shard_stats(&self) -> anyhow::Result<Vec<ShardStats>> {
+        let mut out = Vec::new();
+        for report in self.store.queue_stats().await {
+            out.push(
+                report
+                    .stats
+                    .with_context(|| format!("shard {}", report.shard.label()))?,
+            );
+        }
+        Ok(out)
+    }
+
     /// Counts what Redis holds. With `times`, also reads every completed row's admission and
     /// completion time.
     pub async fn census(&mut self, times: bool) -> anyhow::Result<Census> {
         let mut c = Census::default();
-        for s in self.store.queue_stats().await? {
+        for s in self.shard_stats().await? {
             c.ready += s.ready;
             c.pending += s.pending;
             c.leases += s.leases;
@@ -273,7 +283,7 @@ impl Direct {
             let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg(ROW_PATTERN)
+                .arg(keys::row_pattern())
                 .arg("COUNT")
                 .arg(5000)
                 .query_async(&mut self.conn)
@@ -311,23 +321,16 @@ impl Direct {
     }
 }
 
-/// The kind of a sluice key, by the name patterns of `src/store/keys.rs`.
+/// The kind of a sluice key, as the keys module reads it back.
 fn key_kind(k: &str) -> &'static str {
-    if k.contains(":exec:") {
-        "rows"
-    } else if k.contains(":dd:") {
-        "dedup mappings"
-    } else if k.contains(":st:") {
-        "status indexes"
-    } else if k.contains(":fl:") {
-        "flow indexes"
-    } else if k.ends_with(":slots") {
-        "slot sets"
-    } else if k.ends_with(":waiting") {
-        "waiting sets"
-    } else if k.ends_with(":ready") {
-        "ready streams"
-    } else {
-        "other"
+    match keys::parse(k).map(|n| n.kind) {
+        Some(KeyKind::Row) => "rows",
+        Some(KeyKind::Dedup) => "dedup mappings",
+        Some(KeyKind::StatusIndex) => "status indexes",
+        Some(KeyKind::FlowIndex) => "flow indexes",
+        Some(KeyKind::Slots) => "slot sets",
+        Some(KeyKind::Waiting) => "waiting sets",
+        Some(KeyKind::Ready) => "ready streams",
+        _ => "other",
     }
 }

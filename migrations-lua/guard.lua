@@ -1,0 +1,38 @@
+-- guard.lua: the fences every sluice script runs before anything else. Not an operation on its
+-- own: src/store/scripts.rs composes each script as
+--   <the operation's own shebang line> + guard.lua [+ common.lua for shard scripts] + operation
+-- so the `#!lua` shebang is always the first line (Redis 7 then checks, on a cluster, that
+-- every key the script touches is in the slot of the keys it declared).
+--
+-- Calling convention shared by every script:
+--   ARGV[1]  the key prefix of the one hash tag the call works in: a shard ("sluice:{s07}:"),
+--            or the access data ("sluice:{acl}:").
+--   KEYS[1]  the freeze marker under that prefix, <prefix>frozen
+--   KEYS[2..] every other key whose name follows from the call's arguments (each script's
+--            header lists them); keys found only in data read inside (ids popped from a set or
+--            read from a stream, a row's flow or status) are built from ARGV[1].
+--
+-- The fences, in order:
+--   1. ARGV[1] has the shape of a sluice prefix with a hash tag, and every KEYS[i] starts with
+--      it: a call whose keys and prefix disagree (a wrong shard tag) fails loudly here, also on
+--      a standalone Redis, where nothing else would notice.
+--   2. KEYS[1] is exactly the prefix's freeze marker.
+--   3. While the marker exists (a slot move is under way) the script refuses with a TRYAGAIN
+--      error and has touched nothing: the caller treats it as "did not run, retry later".
+local P = ARGV[1]
+if type(P) ~= 'string' or not string.find(P, '^sluice:{[^{}]+}:$') then
+  return redis.error_reply('ERR sluice fence: ARGV[1] is not a key prefix: ' .. tostring(P))
+end
+for i = 1, #KEYS do
+  if string.sub(KEYS[i], 1, #P) ~= P then
+    return redis.error_reply('ERR sluice fence: KEYS[' .. i .. '] ' .. KEYS[i] ..
+      ' is outside the prefix ' .. P)
+  end
+end
+if KEYS[1] ~= P .. 'frozen' then
+  return redis.error_reply('ERR sluice fence: KEYS[1] must be ' .. P .. 'frozen, not ' ..
+    tostring(KEYS[1]))
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.error_reply('TRYAGAIN shard frozen for a slot move')
+end

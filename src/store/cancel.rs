@@ -1,0 +1,67 @@
+//! Ending an execution on a caller's request: cancel (`migrations-lua/cancel.lua`) and force
+//! delete (`migrations-lua/force_delete.lua`).
+
+use redis::Value;
+
+use super::row::{execution_from, split_tag};
+use super::{Store, StoreError};
+use crate::admission::{Execution, ExecutionId, Status, TenantId};
+
+impl Store {
+    /// Cancels an execution (see `migrations-lua/cancel.lua`); `None` when not found.
+    pub async fn cancel(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<Option<Execution>, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let keys = [
+            shard.row(id),
+            shard.tenant_config(tenant),
+            shard.slots(tenant),
+            shard.waiting(tenant),
+            shard.status_index(tenant, Status::Queued),
+            shard.status_index(tenant, Status::Cancelled),
+            shard.ready(),
+            shard.delayed(),
+            shard.stats(),
+        ];
+        let mut inv = self.shard_script(&self.scripts.cancel, shard, &keys);
+        inv.arg(tenant.as_str()).arg(id.as_str());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        match tag.as_str() {
+            "ok" => Ok(Some(execution_from(rest, false)?)),
+            "not_found" => Ok(None),
+            other => Err(StoreError::Corrupt(format!("cancel replied {other}"))),
+        }
+    }
+
+    /// Terminalizes and deletes an execution now, releasing its dedup key, and its slot
+    /// once no handler runs it (see `migrations-lua/force_delete.lua`). Returns whether it
+    /// existed.
+    pub async fn force_delete(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<bool, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let keys = [
+            shard.row(id),
+            shard.tenant_config(tenant),
+            shard.slots(tenant),
+            shard.waiting(tenant),
+            shard.deleting(tenant),
+            shard.ready(),
+            shard.delayed(),
+            shard.leases(),
+        ];
+        let mut inv = self.shard_script(&self.scripts.force_delete, shard, &keys);
+        inv.arg(tenant.as_str()).arg(id.as_str());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, _) = split_tag(reply)?;
+        Ok(tag == "deleted")
+    }
+}

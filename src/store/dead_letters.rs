@@ -1,0 +1,165 @@
+//! Executions that failed for good: retrying one (`migrations-lua/retry.lua`, same id, fresh
+//! attempts) and reading the shards' dead-letter streams, newest first.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use super::row::{execution_from, split_tag};
+use super::{Admission, Shard, Store, StoreError};
+use crate::admission::{ExecutionId, Status, TenantId};
+
+/// Result of `Store::retry`.
+pub type RetryResult = Result<Option<Admission>, NotRetryable>;
+
+/// The execution is in a status that cannot be retried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotRetryable(pub String);
+
+/// One dead-letter record.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The record's id in its shard's dead-letter stream.
+    pub entry_id: String,
+    pub execution_id: String,
+    pub tenant_id: Option<String>,
+    pub flow_id: Option<String>,
+    /// `lease_lost`, `handler_error` or `poison`.
+    pub reason: String,
+    pub attempts: u32,
+    /// The ready-stream entry that carried the execution.
+    pub source_entry: String,
+    /// RFC 3339.
+    pub dead_lettered_at: String,
+    pub message: String,
+}
+
+impl Store {
+    /// Re-queues a failed or cancelled execution with fresh attempts. `Ok(None)`: not found.
+    pub async fn retry(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<RetryResult, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let keys = [
+            shard.row(id),
+            shard.tenant_config(tenant),
+            shard.slots(tenant),
+            shard.waiting(tenant),
+            shard.status_index(tenant, Status::Queued),
+            shard.ready(),
+        ];
+        let mut inv = self.shard_script(&self.scripts.retry, shard, &keys);
+        inv.arg(tenant.as_str()).arg(id.as_str());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        Ok(match tag.as_str() {
+            "not_found" => Ok(None),
+            "not_retryable" => Err(NotRetryable(
+                rest.into_iter()
+                    .next()
+                    .map(redis::from_redis_value)
+                    .transpose()?
+                    .unwrap_or_default(),
+            )),
+            "disabled" => Ok(Some(Admission::Disabled)),
+            "full" => Ok(Some(Admission::QueueFull {
+                waiting: rest
+                    .into_iter()
+                    .next()
+                    .map(redis::from_redis_value)
+                    .transpose()?
+                    .unwrap_or_default(),
+            })),
+            "ok" => Ok(Some(Admission::Created(execution_from(rest, false)?))),
+            other => return Err(StoreError::Corrupt(format!("retry replied {other}"))),
+        })
+    }
+
+    /// The newest dead letters, newest first, older than the record id `before` (`(ms, seq)`)
+    /// when given. With `tenant`, only that tenant's records (of its shard); otherwise every
+    /// shard's.
+    pub async fn dead_letters(
+        &self,
+        tenant: Option<&TenantId>,
+        before: Option<(u64, u64)>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        // Nothing is older than the smallest id (and Redis refuses an exclusive range below it).
+        if before == Some((0, 0)) {
+            return Ok(Vec::new());
+        }
+        let shards: Vec<Shard> = match tenant {
+            Some(t) => vec![self.shards.shard_of(t)],
+            None => self.shards.all().collect(),
+        };
+        let max = before
+            .map(|(ms, seq)| format!("({ms}-{seq}"))
+            .unwrap_or_else(|| "+".into());
+        let mut out = Vec::new();
+        let mut c = self.conn();
+        for shard in shards {
+            // A tenant's records are mixed with its shard neighbours': read in bounded pages
+            // until `limit` of its own are found or the stream is exhausted.
+            let mut upper = max.clone();
+            let mut found = 0;
+            for _ in 0..64 {
+                let page: Vec<(String, HashMap<String, String>)> = self
+                    .bounded(
+                        redis::cmd("XREVRANGE")
+                            .arg(shard.dead_letters())
+                            .arg(&upper)
+                            .arg("-")
+                            .arg("COUNT")
+                            .arg(limit.max(1) * 4)
+                            .query_async(&mut c),
+                    )
+                    .await?;
+                let Some((last, _)) = page.last() else { break };
+                upper = format!("({last}");
+                let n = page.len();
+                for (entry_id, f) in page {
+                    if let Some(t) = tenant
+                        && f.get("tenant_id").map(String::as_str) != Some(t.as_str())
+                    {
+                        continue;
+                    }
+                    out.push(dead_letter_of(entry_id, f));
+                    found += 1;
+                }
+                if found >= limit || n < limit.max(1) * 4 {
+                    break;
+                }
+            }
+        }
+        // Record ids are "<ms>-<seq>": newest first across shards.
+        out.sort_by_key(|d| std::cmp::Reverse(stream_id_key(&d.entry_id)));
+        out.truncate(limit);
+        Ok(out)
+    }
+}
+
+fn stream_id_key(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+fn dead_letter_of(entry_id: String, mut f: HashMap<String, String>) -> DeadLetter {
+    let mut take = |k: &str| f.remove(k).unwrap_or_default();
+    let at = take("at");
+    let tenant = take("tenant_id");
+    let flow = take("flow_id");
+    DeadLetter {
+        execution_id: take("execution_id"),
+        reason: take("reason"),
+        attempts: take("attempts").parse().unwrap_or(0),
+        source_entry: take("source_entry"),
+        message: take("message"),
+        tenant_id: (!tenant.is_empty()).then_some(tenant),
+        flow_id: (!flow.is_empty()).then_some(flow),
+        dead_lettered_at: crate::admission::rfc3339_from_ms(&at).unwrap_or(at),
+        entry_id,
+    }
+}

@@ -1,0 +1,311 @@
+//! The worker's side of an execution's lease (`migrations-lua/start.lua`, `adopt.lua`,
+//! `heartbeat.lua`, `complete.lua`, `reclaim.lua`): starting what a worker reads, finding what
+//! a lost start answer started, keeping leases alive, reporting how a run ended, and
+//! recovering runs whose lease expired. Each call is one script on one shard.
+
+use std::time::Duration;
+
+use redis::Value;
+use serde_json::Value as Json;
+
+use super::keys::WORKER_GROUP;
+use super::row::split_tag;
+use super::{Shard, Store, StoreError};
+use crate::admission::{ExecutionId, Status};
+
+/// An execution a worker has just started (it holds the lease for `attempt`).
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub shard: Shard,
+    pub id: ExecutionId,
+    /// The fencing token of this run: heartbeats and the completion name it. It grows with
+    /// every start of the execution and never repeats, also across retries.
+    pub fence: u64,
+    /// Starts of the current run of the execution, 1 on the first (a retry starts over).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub tenant: String,
+    pub flow: String,
+    pub version: Option<String>,
+    pub params: Json,
+}
+
+/// What a heartbeat learned about one held execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Extended; keep going.
+    Held,
+    /// Extended, but a cancel was requested: stop and finish as cancelled.
+    CancelRequested,
+    /// This attempt is no longer current: stop; its result will be refused.
+    Lost,
+}
+
+/// How an attempt ended, as the worker reports it.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Completed(Json),
+    Failed {
+        kind: String,
+        message: String,
+        /// `Some(backoff)` when another attempt may follow (if any are left).
+        retry_after: Option<Duration>,
+    },
+    Cancelled,
+    /// The worker is shutting down: put it back for another worker now (the run does not
+    /// count as an attempt).
+    Released,
+    /// The worker could not renew the lease in time and stopped the run: handled as an
+    /// expired lease would be (re-queued as a counted attempt, or dead-lettered).
+    Abandoned,
+}
+
+/// What the store did with a reported outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// The run was not current (fenced); nothing changed.
+    Stale,
+    /// This run's report had been applied already (an earlier reply was lost).
+    Repeat,
+    /// The execution was force-deleted while it ran; its slot is free now.
+    Deleted,
+    /// Abandoned: re-queued, dead-lettered or cancelled as an expired lease would be.
+    Recovered,
+    /// Terminal now, in this status.
+    Done(Status),
+    /// Failed with attempts exhausted: dead-lettered.
+    DeadLettered,
+    /// Failed; queued again after the backoff.
+    Retrying,
+    /// Back on the ready stream.
+    Released,
+}
+
+impl Store {
+    /// Creates the `workers` consumer group on every ready stream (idempotent).
+    pub async fn ensure_groups(&self) -> Result<(), StoreError> {
+        for shard in self.shards.all() {
+            self.ensure_group(shard).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates the `workers` consumer group on one shard's ready stream (idempotent).
+    pub async fn ensure_group(&self, shard: Shard) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        let r: redis::RedisResult<()> = self
+            .bounded_raw(
+                redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(shard.ready())
+                    .arg(WORKER_GROUP)
+                    .arg("0")
+                    .arg("MKSTREAM")
+                    .query_async(&mut c),
+            )
+            .await?;
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads and starts up to `count` executions of one shard for `consumer`.
+    ///
+    /// An error does not mean nothing started: the call may have run with its answer lost.
+    /// Call `adopt` before starting anything else in that shard.
+    pub async fn start(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        count: usize,
+        lease_ttl: Duration,
+    ) -> Result<Vec<Started>, StoreError> {
+        let keys = [
+            shard.ready(),
+            shard.delayed(),
+            shard.leases(),
+            shard.dead_letters(),
+            shard.stats(),
+        ];
+        let mut inv = self.shard_script(&self.scripts.start, shard, &keys);
+        inv.arg(consumer)
+            .arg(count.max(1))
+            .arg(lease_ttl.as_millis() as u64)
+            .arg(self.dlq_cap());
+        let mut c = self.conn();
+        let reply: Vec<RunReply> = match self.bounded(inv.invoke_async(&mut c)).await {
+            Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
+                self.ensure_group(shard).await?;
+                return Ok(Vec::new());
+            }
+            other => other?,
+        };
+        runs_of(shard, reply)
+    }
+
+    /// Every run `consumer` holds in one shard according to Redis, their leases extended (see
+    /// `migrations-lua/adopt.lua`): what a lost `start` answer started is among them.
+    pub async fn adopt(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        most: usize,
+        lease_ttl: Duration,
+    ) -> Result<Vec<Started>, StoreError> {
+        let keys = [shard.ready(), shard.leases()];
+        let mut inv = self.shard_script(&self.scripts.adopt, shard, &keys);
+        inv.arg(consumer)
+            .arg(most.max(1))
+            .arg(lease_ttl.as_millis() as u64);
+        let mut c = self.conn();
+        let reply: Vec<RunReply> = self.bounded(inv.invoke_async(&mut c)).await?;
+        runs_of(shard, reply)
+    }
+
+    /// Extends the leases `consumer` holds as `held` (id, fence) in one shard; one answer
+    /// per pair.
+    pub async fn heartbeat(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        held: &[(ExecutionId, u64)],
+        lease_ttl: Duration,
+    ) -> Result<Vec<LeaseState>, StoreError> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut keys = vec![shard.leases()];
+        keys.extend(held.iter().map(|(id, _)| shard.row(id)));
+        let mut inv = self.shard_script(&self.scripts.heartbeat, shard, &keys);
+        inv.arg(lease_ttl.as_millis() as u64).arg(consumer);
+        for (id, fence) in held {
+            inv.arg(id.as_str()).arg(*fence);
+        }
+        let mut c = self.conn();
+        let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(reply
+            .iter()
+            .map(|s| match s.as_str() {
+                "ok" => LeaseState::Held,
+                "cancel" => LeaseState::CancelRequested,
+                _ => LeaseState::Lost,
+            })
+            .collect())
+    }
+
+    /// Reports how the run `fence` of `consumer` ended; refused (`Stale`) unless that run is
+    /// current. Safe to repeat after a lost answer (`Repeat`).
+    pub async fn complete(
+        &self,
+        shard: Shard,
+        id: &ExecutionId,
+        fence: u64,
+        consumer: &str,
+        outcome: &Outcome,
+    ) -> Result<Completion, StoreError> {
+        let (name, output, kind, message, backoff) = match outcome {
+            Outcome::Completed(v) => ("completed", v.to_string(), "", "", String::new()),
+            Outcome::Failed {
+                kind,
+                message,
+                retry_after,
+            } => (
+                "failed",
+                String::new(),
+                kind.as_str(),
+                message.as_str(),
+                retry_after
+                    .map(|d| d.as_millis().to_string())
+                    .unwrap_or_default(),
+            ),
+            Outcome::Cancelled => ("cancelled", String::new(), "", "", String::new()),
+            Outcome::Released => ("released", String::new(), "", "", String::new()),
+            Outcome::Abandoned => ("abandoned", String::new(), "", "", String::new()),
+        };
+        let keys = [
+            shard.row(id),
+            shard.ready(),
+            shard.leases(),
+            shard.delayed(),
+            shard.dead_letters(),
+            shard.stats(),
+        ];
+        let mut inv = self.shard_script(&self.scripts.complete, shard, &keys);
+        inv.arg(id.as_str())
+            .arg(fence)
+            .arg(consumer)
+            .arg(name)
+            .arg(output)
+            .arg(kind)
+            .arg(message)
+            .arg(backoff)
+            .arg(self.dlq_cap());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        Ok(match tag.as_str() {
+            "stale" => Completion::Stale,
+            "repeat" => Completion::Repeat,
+            "deleted" => Completion::Deleted,
+            "recovered" => Completion::Recovered,
+            "dead_lettered" => Completion::DeadLettered,
+            "retrying" => Completion::Retrying,
+            "released" => Completion::Released,
+            "done" => {
+                let s: String = redis::from_redis_value(
+                    rest.into_iter()
+                        .next()
+                        .ok_or_else(|| StoreError::Corrupt("done without status".into()))?,
+                )?;
+                Completion::Done(
+                    Status::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("status {s}")))?,
+                )
+            }
+            other => return Err(StoreError::Corrupt(format!("complete replied {other}"))),
+        })
+    }
+
+    /// Recovers up to `batch` executions of one shard whose lease expired; returns
+    /// (re-queued, dead-lettered).
+    pub async fn reclaim(&self, shard: Shard, batch: usize) -> Result<(u64, u64), StoreError> {
+        let keys = [
+            shard.leases(),
+            shard.ready(),
+            shard.dead_letters(),
+            shard.stats(),
+        ];
+        let mut inv = self.shard_script(&self.scripts.reclaim, shard, &keys);
+        inv.arg(batch.max(1)).arg(self.dlq_cap());
+        let mut c = self.conn();
+        self.bounded(inv.invoke_async(&mut c)).await
+    }
+}
+
+/// A run as `start.lua` and `adopt.lua` report it:
+/// (id, fence, attempt, tenant, flow, version or '', params, max_attempts).
+type RunReply = (String, u64, u32, String, String, String, String, u32);
+
+fn runs_of(shard: Shard, reply: Vec<RunReply>) -> Result<Vec<Started>, StoreError> {
+    reply
+        .into_iter()
+        .map(
+            |(id, fence, attempt, tenant, flow, version, params, max_attempts)| {
+                Ok(Started {
+                    shard,
+                    id: ExecutionId::parse(&id)
+                        .map_err(|_| StoreError::Corrupt(format!("bad id {id}")))?,
+                    fence,
+                    attempt,
+                    max_attempts,
+                    tenant,
+                    flow,
+                    version: (!version.is_empty()).then_some(version),
+                    params: serde_json::from_str(&params)
+                        .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,
+                })
+            },
+        )
+        .collect()
+}

@@ -1,0 +1,65 @@
+//! The row codec: how a script reply and an execution's row (a Redis hash, as `HGETALL` gives
+//! it) become values. The field names themselves are the scripts' and
+//! `admission::Execution::from_row`'s; everything here only takes replies apart.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use super::StoreError;
+use crate::admission::Execution;
+
+/// A tagged script reply (`{'tag', ...}`): the tag and the rest.
+pub(super) fn split_tag(reply: Vec<Value>) -> Result<(String, Vec<Value>), StoreError> {
+    let mut it = reply.into_iter();
+    let tag = it
+        .next()
+        .ok_or_else(|| StoreError::Corrupt("empty script reply".into()))?;
+    Ok((redis::from_redis_value(tag)?, it.collect()))
+}
+
+/// The first value after a reply's tag.
+pub(super) fn first(rest: &[Value]) -> Result<&Value, StoreError> {
+    rest.first()
+        .ok_or_else(|| StoreError::Corrupt("script reply too short".into()))
+}
+
+/// The `i`-th value after a reply's tag, as a string.
+pub(super) fn string_at(rest: &[Value], i: usize) -> Result<String, StoreError> {
+    let v = rest
+        .get(i)
+        .ok_or_else(|| StoreError::Corrupt("script reply too short".into()))?;
+    Ok(redis::from_redis_value(v.clone())?)
+}
+
+/// Reads `id, row` from a script reply's remainder.
+pub(super) fn execution_from(
+    rest: Vec<Value>,
+    deduplicated: bool,
+) -> Result<Execution, StoreError> {
+    let mut it = rest.into_iter();
+    let (Some(id), Some(row)) = (it.next(), it.next()) else {
+        return Err(StoreError::Corrupt("script reply lacks the row".into()));
+    };
+    row_to_execution(id, row, deduplicated)
+}
+
+/// An execution from its id and its row as `HGETALL` returns it.
+pub(super) fn row_to_execution(
+    id: Value,
+    row: Value,
+    deduplicated: bool,
+) -> Result<Execution, StoreError> {
+    let id: String = redis::from_redis_value(id)?;
+    let fields: HashMap<String, String> = redis::from_redis_value(row)?;
+    from_fields(&id, fields, deduplicated)
+}
+
+/// An execution from its id and its row's fields.
+pub(super) fn from_fields(
+    id: &str,
+    fields: HashMap<String, String>,
+    deduplicated: bool,
+) -> Result<Execution, StoreError> {
+    Execution::from_row(id, fields, deduplicated).map_err(StoreError::Corrupt)
+}

@@ -1,0 +1,214 @@
+//! The sweeper's storage side: one sweeper turn at a time across processes (a lock on the
+//! `{meta}` tag), what to walk (every tenant of every shard, read per shard and concurrently),
+//! and one batch of repairs (`migrations-lua/sweep.lua`).
+
+use std::time::Duration;
+
+use super::{Shard, Store, StoreError, keys};
+use crate::admission::{FlowId, Status, TenantId};
+
+impl Store {
+    /// Tries to become the sweeper for `hold`; true when this process should sweep now.
+    pub async fn take_sweeper_turn(&self, owner: &str, hold: Duration) -> Result<bool, StoreError> {
+        let mut c = self.conn();
+        let r: Option<String> = self
+            .bounded(
+                redis::cmd("SET")
+                    .arg(keys::sweeper_lock())
+                    .arg(owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(hold.as_millis() as u64)
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(r.is_some())
+    }
+
+    /// Ends this process's sweeper turn, so the next interval's turn is free to take.
+    pub async fn end_sweeper_turn(&self, owner: &str) -> Result<(), StoreError> {
+        let mut inv = self.scripts.sweeper_unlock.key(keys::meta_frozen());
+        inv.key(keys::sweeper_lock())
+            .arg(keys::meta_prefix())
+            .arg(owner);
+        let mut c = self.conn();
+        let _: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(())
+    }
+
+    /// What the sweeper walks: every tenant of every shard, with the flows it admitted. Each
+    /// shard is read on its own (its tenant set, then one pipeline for its tenants' flow
+    /// sets), all shards at the same time; a shard that cannot be read is reported in
+    /// `unreachable` and the others are walked anyway.
+    pub async fn sweep_targets(&self) -> Result<SweepTargets, StoreError> {
+        let reads = self
+            .shards
+            .all()
+            .map(|shard| async move { (shard, self.shard_targets(shard).await) });
+        let mut out = SweepTargets::default();
+        for (shard, result) in futures_util::future::join_all(reads).await {
+            match result {
+                Ok(targets) => out.targets.extend(targets),
+                Err(e) => {
+                    tracing::warn!(shard = %shard.label(), error = %e, "shard not swept this round");
+                    out.unreachable.push((shard, e));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The sweep targets of one shard: two round trips on its slot.
+    async fn shard_targets(&self, shard: Shard) -> Result<Vec<SweepTarget>, StoreError> {
+        let mut c = self.conn();
+        let tenants: Vec<String> = self
+            .bounded(
+                redis::cmd("SMEMBERS")
+                    .arg(shard.tenants())
+                    .query_async(&mut c),
+            )
+            .await?;
+        let tenants: Vec<TenantId> = tenants
+            .iter()
+            .filter_map(|t| TenantId::parse(t).ok())
+            .collect();
+        if tenants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for t in &tenants {
+            p.smembers(shard.flows(t));
+        }
+        let flows: Vec<Vec<String>> = self.bounded(p.query_async(&mut c)).await?;
+        Ok(tenants
+            .into_iter()
+            .zip(flows)
+            .map(|(tenant, flows)| SweepTarget {
+                shard,
+                tenant,
+                // A flow name sluice did not write cannot name a key: not walked.
+                flows: flows
+                    .into_iter()
+                    .filter(|f| FlowId::parse(f).is_ok())
+                    .collect(),
+            })
+            .collect())
+    }
+
+    /// One batch of repairs (see `migrations-lua/sweep.lua`): returns the next cursor ("0"
+    /// when the walk is done) and the number of repairs.
+    pub async fn sweep_step(
+        &self,
+        step: &SweepStep,
+        cursor: &str,
+        batch: usize,
+    ) -> Result<(String, u64), StoreError> {
+        let shard = step.shard;
+        let t = &step.tenant;
+        let mut keys = vec![
+            shard.stats(),
+            shard.tenant_config(t),
+            shard.slots(t),
+            shard.waiting(t),
+            shard.ready(),
+        ];
+        if let (SweepMode::Index, Some(status)) = (step.mode, step.status) {
+            keys.push(match step.flow.as_deref().map(FlowId::parse) {
+                None => shard.status_index(t, status),
+                Some(Ok(flow)) => shard.flow_index(t, &flow, status),
+                Some(Err(e)) => return Err(StoreError::Corrupt(format!("flow {e:?}"))),
+            });
+        }
+        let mut inv = self.shard_script(&self.scripts.sweep, shard, &keys);
+        inv.arg(step.tenant.as_str())
+            .arg(step.mode.as_str())
+            .arg(step.status.map(Status::as_str).unwrap_or(""))
+            .arg(step.flow.as_deref().unwrap_or(""))
+            .arg(cursor)
+            .arg(batch);
+        let mut c = self.conn();
+        self.bounded(inv.invoke_async(&mut c)).await
+    }
+}
+
+/// What the sweeper walks this round (iterate it for the targets).
+#[derive(Debug, Default)]
+pub struct SweepTargets {
+    pub targets: Vec<SweepTarget>,
+    /// Shards whose targets could not be read: skipped this round.
+    pub unreachable: Vec<(Shard, StoreError)>,
+}
+
+impl IntoIterator for SweepTargets {
+    type Item = SweepTarget;
+    type IntoIter = std::vec::IntoIter<SweepTarget>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.targets.into_iter()
+    }
+}
+
+/// A tenant the sweeper walks.
+#[derive(Debug, Clone)]
+pub struct SweepTarget {
+    pub shard: Shard,
+    pub tenant: TenantId,
+    pub flows: Vec<String>,
+}
+
+/// What one sweep walk covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SweepMode {
+    /// The tenant's slot set.
+    Slots,
+    /// The tenant's waiting set.
+    Waiting,
+    /// One status index (of the tenant, or of one of its flows).
+    Index,
+}
+
+impl SweepMode {
+    /// The mode's name in `sweep.lua` and in the repair counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SweepMode::Slots => "slots",
+            SweepMode::Waiting => "waiting",
+            SweepMode::Index => "index",
+        }
+    }
+}
+
+/// One structure to walk with a SCAN cursor.
+#[derive(Debug, Clone)]
+pub struct SweepStep {
+    pub shard: Shard,
+    pub tenant: TenantId,
+    pub mode: SweepMode,
+    pub status: Option<Status>,
+    pub flow: Option<String>,
+}
+
+impl SweepTarget {
+    /// Every walk this tenant needs: slots, waiting, and each status index with and without
+    /// flow.
+    pub fn steps(&self) -> Vec<SweepStep> {
+        let step = |mode, status, flow| SweepStep {
+            shard: self.shard,
+            tenant: self.tenant.clone(),
+            mode,
+            status,
+            flow,
+        };
+        let mut v = vec![
+            step(SweepMode::Slots, None, None),
+            step(SweepMode::Waiting, None, None),
+        ];
+        for status in Status::ALL {
+            v.push(step(SweepMode::Index, Some(status), None));
+            for f in &self.flows {
+                v.push(step(SweepMode::Index, Some(status), Some(f.clone())));
+            }
+        }
+        v
+    }
+}

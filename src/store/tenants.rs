@@ -1,0 +1,250 @@
+//! A tenant's limits and usage: changing limits (`migrations-lua/set_limits.lua`), dispatching
+//! the waiting executions that fit (`migrations-lua/promote.lua`), and reading limits and usage
+//! (plain pipelines, one per shard). The registry of tenants and their API keys live under the
+//! `{acl}` tag instead (`access.rs`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use redis::Value;
+
+use super::{Shard, Store, StoreError};
+use crate::admission::{Status, TenantId};
+
+/// Waiting executions one promotion step handles.
+const PROMOTE_STEP: u32 = 1_000;
+
+/// What a tenant update does to one of its limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Change<T> {
+    /// Leave the current value as it is.
+    #[default]
+    Keep,
+    /// Drop the tenant's own value: the server default applies.
+    Reset,
+    /// The tenant's own value from now on.
+    Set(T),
+}
+
+impl<T> Change<T> {
+    /// The same change applied to a converted value.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Change<U> {
+        match self {
+            Change::Keep => Change::Keep,
+            Change::Reset => Change::Reset,
+            Change::Set(v) => Change::Set(f(v)),
+        }
+    }
+}
+
+impl<T: ToString> Change<T> {
+    /// The script's spelling (see `migrations-lua/set_limits.lua`).
+    fn arg(&self) -> String {
+        match self {
+            Change::Keep => String::new(),
+            Change::Reset => "default".into(),
+            Change::Set(v) => v.to_string(),
+        }
+    }
+}
+
+/// A change of a tenant's own limits: only the fields it names change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantLimits {
+    pub max_concurrent: Change<u32>,
+    pub max_queued: Change<u32>,
+    pub enabled: Change<bool>,
+}
+
+/// A tenant's effective limits and live usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantState {
+    pub max_concurrent: u32,
+    pub max_queued: u32,
+    pub enabled: bool,
+    /// Executions running now.
+    pub running: u64,
+    /// Executions on the ready stream, holding a slot, not yet started.
+    pub dispatched: u64,
+    /// Executions over the concurrency limit, in FIFO order.
+    pub waiting: u64,
+}
+
+/// Commands `tenant_reads` adds per tenant.
+const TENANT_READS: usize = 9;
+
+/// Reply of the tenant read pipeline: limits, whether configured, slots, waiting, running,
+/// force-deleted still running, and how many status indexes exist.
+type TenantReply = (
+    Option<u32>,
+    Option<u32>,
+    Option<u8>,
+    bool,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+);
+
+impl Store {
+    /// Changes the limits `limits` names (the others stay) and dispatches every waiting
+    /// execution that now fits, oldest first (see `migrations-lua/set_limits.lua`).
+    pub async fn put_tenant(
+        &self,
+        tenant: &TenantId,
+        limits: &TenantLimits,
+    ) -> Result<TenantState, StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let keys = promote_keys(shard, tenant);
+        let mut inv = self.shard_script(&self.scripts.set_limits, shard, &keys);
+        inv.arg(tenant.as_str())
+            .arg(limits.max_concurrent.arg())
+            .arg(limits.max_queued.arg())
+            .arg(limits.enabled.map(u8::from).arg())
+            .arg(PROMOTE_STEP);
+        let mut c = self.conn();
+        let more: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
+        if more == 1 {
+            self.promote_all(tenant).await?;
+        }
+        self.get_tenant(tenant)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("tenant vanished after write".into()))
+    }
+
+    /// Dispatches every waiting execution of `tenant` that fits its limits now, in short
+    /// steps (see `migrations-lua/promote.lua`). An interrupted run leaves a consistent state:
+    /// the rest are dispatched by the next admission, release or sweep of the tenant.
+    pub async fn promote_all(&self, tenant: &TenantId) -> Result<(), StoreError> {
+        let shard = self.shards.shard_of(tenant);
+        let keys = promote_keys(shard, tenant);
+        let mut c = self.conn();
+        // Bounded: each step handles PROMOTE_STEP members, and a tenant has at most
+        // max_queued waiting (100k by default) — far fewer steps than this.
+        for _ in 0..100_000 {
+            let mut inv = self.shard_script(&self.scripts.promote, shard, &keys);
+            inv.arg(tenant.as_str()).arg(PROMOTE_STEP);
+            let more: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
+            if more == 0 {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// A tenant's effective limits and usage; `None` for a tenant never configured and without
+    /// executions.
+    pub async fn get_tenant(&self, tenant: &TenantId) -> Result<Option<TenantState>, StoreError> {
+        let mut p = redis::pipe();
+        tenant_reads(&mut p, self.shards.shard_of(tenant), tenant);
+        let mut c = self.conn();
+        let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
+        Ok(self.tenant_state(reply))
+    }
+
+    /// Several tenants' limits and usage (as `get_tenant`), in the order asked: one pipeline
+    /// per shard (a pipeline never spans hash slots), all shards at the same time. A shard that
+    /// cannot be read fails only its own tenants' entries.
+    pub async fn get_tenants(
+        &self,
+        tenants: &[TenantId],
+    ) -> Vec<Result<Option<TenantState>, StoreError>> {
+        let mut by_shard: BTreeMap<Shard, Vec<usize>> = BTreeMap::new();
+        for (i, t) in tenants.iter().enumerate() {
+            by_shard.entry(self.shards.shard_of(t)).or_default().push(i);
+        }
+        let reads = by_shard.into_iter().map(|(shard, members)| async move {
+            let result = self.tenant_states(shard, &members, tenants).await;
+            (members, result)
+        });
+        let mut out: Vec<Result<Option<TenantState>, StoreError>> =
+            tenants.iter().map(|_| Ok(None)).collect();
+        for (members, result) in futures_util::future::join_all(reads).await {
+            match result {
+                Ok(states) => {
+                    for (i, s) in members.into_iter().zip(states) {
+                        out[i] = Ok(s);
+                    }
+                }
+                Err(e) => {
+                    for i in members {
+                        out[i] = Err(StoreError::Unavailable(e.to_string()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The states of `tenants[i]` for each `i` of `members`, all of `shard`, in one pipeline.
+    async fn tenant_states(
+        &self,
+        shard: Shard,
+        members: &[usize],
+        tenants: &[TenantId],
+    ) -> Result<Vec<Option<TenantState>>, StoreError> {
+        let mut p = redis::pipe();
+        for &i in members {
+            tenant_reads(&mut p, shard, &tenants[i]);
+        }
+        let mut c = self.conn();
+        let replies: Vec<Value> = self.bounded(p.query_async(&mut c)).await?;
+        if replies.len() != members.len() * TENANT_READS {
+            return Err(StoreError::Corrupt("short tenant reply".into()));
+        }
+        let mut replies = replies.into_iter();
+        let mut out = Vec::with_capacity(members.len());
+        for _ in members {
+            let one: Vec<Value> = replies.by_ref().take(TENANT_READS).collect();
+            let reply: TenantReply = redis::from_redis_value(Value::Array(one))?;
+            out.push(self.tenant_state(reply));
+        }
+        Ok(out)
+    }
+
+    /// The state the reads of `tenant_reads` describe.
+    fn tenant_state(&self, reply: TenantReply) -> Option<TenantState> {
+        let (max_c, max_q, enabled, configured, slots, waiting, running, deleting, indexes) = reply;
+        let running = running + deleting;
+        if !configured && indexes == 0 {
+            return None;
+        }
+        Some(TenantState {
+            max_concurrent: max_c.unwrap_or(self.policy.max_concurrent.load(Ordering::Relaxed)),
+            max_queued: max_q.unwrap_or(self.policy.max_queued.load(Ordering::Relaxed)),
+            enabled: enabled != Some(0),
+            running,
+            dispatched: slots.saturating_sub(running),
+            waiting,
+        })
+    }
+}
+
+/// KEYS[2..] of `set_limits.lua` and `promote.lua`.
+fn promote_keys(shard: Shard, tenant: &TenantId) -> [String; 4] {
+    [
+        shard.tenant_config(tenant),
+        shard.slots(tenant),
+        shard.waiting(tenant),
+        shard.ready(),
+    ]
+}
+
+/// Adds the reads of one tenant's limits and usage to `p` (`TENANT_READS` commands, all in
+/// the tenant's shard).
+fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
+    p.hget(shard.tenant_config(tenant), "max_concurrent")
+        .hget(shard.tenant_config(tenant), "max_queued")
+        .hget(shard.tenant_config(tenant), "enabled")
+        .exists(shard.tenant_config(tenant))
+        .scard(shard.slots(tenant))
+        .zcard(shard.waiting(tenant))
+        .zcard(shard.status_index(tenant, Status::Running))
+        .scard(shard.deleting(tenant));
+    let indexes: Vec<String> = Status::ALL
+        .into_iter()
+        .map(|s| shard.status_index(tenant, s))
+        .collect();
+    p.exists(indexes);
+}

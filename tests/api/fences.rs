@@ -1,0 +1,363 @@
+//! The fences of the Lua scripts (`migrations-lua/guard.lua`): keys and prefix must agree
+//! (a wrong shard tag fails loudly, also on a standalone Redis), the Lua key builders name the
+//! same keys as `src/store/keys.rs`, and a shard's freeze marker stops every script of the
+//! shard — admission, cancel, a worker's start — until it is removed.
+
+use std::time::Duration;
+
+use redis::Value as RedisValue;
+use reqwest::StatusCode;
+use serde_json::json;
+use sluice::admission::{ExecutionId, FlowId, Status, TenantId};
+use sluice::store::{Shard, composed_source, keys, operation};
+
+use crate::helpers::{FAST_WORKER, TestApp, TestRedis, TestWorker, problem_code};
+
+/// EVAL of `source` with `keys` and `args`; Redis's own answer (an error reply is `Err`).
+pub(crate) async fn eval(
+    redis: &TestRedis,
+    source: &str,
+    keys: &[String],
+    args: &[String],
+) -> redis::RedisResult<RedisValue> {
+    let mut c = redis.conn().await;
+    redis::cmd("EVAL")
+        .arg(source)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .query_async(&mut c)
+        .await
+}
+
+/// The common arguments of a shard script (ARGV[1..5]) for `prefix`.
+fn common(prefix: &str) -> Vec<String> {
+    vec![
+        prefix.into(),
+        "10".into(),
+        "100".into(),
+        "60".into(),
+        "60".into(),
+    ]
+}
+
+#[tokio::test]
+async fn lua_key_builders_name_the_keys_the_rust_keys_module_does() {
+    let redis = TestRedis::start().await;
+    // Every builder of common.lua, against the function of keys.rs that names the same key.
+    let op = "#!lua flags=no-writes
+local t, id, f, h = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local out = { K.frozen(), K.ready(), K.leases(), K.delayed(), K.dlq(), K.stats(), K.tenants(),
+  K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
+  K.dedup(t, h) }
+for _, s in ipairs(STATUSES) do
+  table.insert(out, K.status_idx(t, s))
+  table.insert(out, K.flow_idx(t, f, s))
+end
+return out";
+    let source = composed_source("shard", op);
+    for (n, tenant, flow) in [
+        (0, "a", "f"),
+        (7, "acme.eu-1", "billing/invoice-v2"),
+        (15, "X_9-z", "demo.echo"),
+        (123, "tenant", "x"),
+    ] {
+        let s = Shard::new(n);
+        let t = TenantId::parse(tenant).unwrap();
+        let f = FlowId::parse(flow).unwrap();
+        let id = ExecutionId::new();
+        let digest = "00112233445566778899aabbccddeeff";
+        let mut expected = vec![
+            s.frozen(),
+            s.ready(),
+            s.leases(),
+            s.delayed(),
+            s.dead_letters(),
+            s.stats(),
+            s.tenants(),
+            s.row(&id),
+            s.void(&id),
+            s.tenant_config(&t),
+            s.slots(&t),
+            s.waiting(&t),
+            s.deleting(&t),
+            s.flows(&t),
+            s.dedup(&t, digest),
+        ];
+        for st in Status::ALL {
+            expected.push(s.status_index(&t, st));
+            expected.push(s.flow_index(&t, &f, st));
+        }
+        let mut args = common(&s.prefix());
+        args.extend([tenant.into(), id.to_string(), flow.into(), digest.into()]);
+        let got = eval(&redis, &source, &[s.frozen()], &args).await.unwrap();
+        let got: Vec<String> = redis::from_redis_value(got).unwrap();
+        assert_eq!(got, expected, "shard {n}, tenant {tenant}");
+    }
+
+    // The access builders (acl_keys.lua) against keys.rs.
+    let op = "#!lua flags=no-writes
+return { A.frozen(), A.key(ARGV[2]), A.tenant_keys(ARGV[3]), A.tenants() }";
+    let t = TenantId::parse("acme").unwrap();
+    let args = vec![
+        keys::acl_prefix().to_owned(),
+        "0123456789abcdef".into(),
+        "acme".into(),
+    ];
+    let got = eval(
+        &redis,
+        &composed_source("acl", op),
+        &[keys::acl_frozen()],
+        &args,
+    )
+    .await
+    .unwrap();
+    let got: Vec<String> = redis::from_redis_value(got).unwrap();
+    assert_eq!(
+        got,
+        [
+            keys::acl_frozen(),
+            keys::api_key("0123456789abcdef"),
+            keys::tenant_keys(&t),
+            keys::tenants()
+        ]
+    );
+}
+
+/// KEYS and ARGV of an admission of `id` for tenant `acme` in shard `keys_of`, with the
+/// prefix of shard `prefix_of` (the same shard for a correct call).
+pub(crate) fn admit_call(
+    keys_of: Shard,
+    prefix_of: Shard,
+    id: &ExecutionId,
+) -> (Vec<String>, Vec<String>) {
+    let t = TenantId::parse("acme").unwrap();
+    let f = FlowId::parse("demo.echo").unwrap();
+    let s = keys_of;
+    let keys = vec![
+        s.frozen(),
+        s.row(id),
+        s.void(id),
+        s.tenant_config(&t),
+        s.slots(&t),
+        s.waiting(&t),
+        s.status_index(&t, Status::Queued),
+        s.flow_index(&t, &f, Status::Queued),
+        s.flows(&t),
+        s.tenants(),
+        s.ready(),
+    ];
+    let mut args = common(&prefix_of.prefix());
+    args.extend(
+        [
+            "acme",
+            id.as_str(),
+            "demo.echo",
+            "",
+            "{}",
+            "5",
+            "",
+            "",
+            "fingerprint",
+        ]
+        .map(String::from),
+    );
+    (keys, args)
+}
+
+#[tokio::test]
+async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
+    // One server: nothing but the scripts' own check stands between a wrong tag and the data.
+    // (On a cluster, Redis itself refuses keys of several slots: `cluster.rs`.)
+    let redis = TestRedis::start_standalone().await;
+    let admit = composed_source("shard", operation("admit.lua").unwrap());
+    let id = ExecutionId::new();
+
+    // The right call admits (the harness is sound).
+    let (k, a) = admit_call(Shard::new(3), Shard::new(3), &id);
+    let ok: Vec<RedisValue> =
+        redis::from_redis_value(eval(&redis, &admit, &k, &a).await.unwrap()).unwrap();
+    assert_eq!(ok[0], RedisValue::BulkString(b"new".to_vec()));
+    let before = redis.keys().await;
+
+    // Keys of shard 3, prefix of shard 5: refused before anything is read or written.
+    let other = ExecutionId::new();
+    let (k, a) = admit_call(Shard::new(3), Shard::new(5), &other);
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string().contains("outside the prefix sluice:{s05}:"),
+        "{e}"
+    );
+    // One key of another shard among the right ones: the same.
+    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &other);
+    k[6] = Shard::new(4).status_index(&TenantId::parse("acme").unwrap(), Status::Queued);
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(e.to_string().contains("KEYS[7] sluice:{s04}:"), "{e}");
+    // The right shard, but a key that is not the one the script uses: named in the error.
+    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &other);
+    k[1] = Shard::new(3).row(&ExecutionId::new());
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string().contains("KEYS[2] is sluice:{s03}:exec:"),
+        "{e}"
+    );
+    // No freeze marker first: refused.
+    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &other);
+    k.remove(0);
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("KEYS[1] must be sluice:{s03}:frozen"),
+        "{e}"
+    );
+    // A prefix that is no prefix (it would match every key).
+    let (k, mut a) = admit_call(Shard::new(3), Shard::new(3), &other);
+    a[0] = "sluice:".into();
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(e.to_string().contains("not a key prefix"), "{e}");
+    assert_eq!(redis.keys().await, before, "a refused call wrote something");
+
+    // The access scripts are fenced the same way: a shard prefix with the {acl} keys.
+    let auth = composed_source("acl", operation("api_key_auth.lua").unwrap());
+    let k = vec![
+        keys::acl_frozen(),
+        keys::api_key("0123456789abcdef"),
+        keys::tenants(),
+    ];
+    let a = vec![Shard::new(3).prefix(), "0123456789abcdef".into()];
+    let e = eval(&redis, &auth, &k, &a).await.unwrap_err();
+    assert!(e.to_string().contains("outside the prefix"), "{e}");
+}
+
+#[tokio::test]
+async fn a_frozen_shard_refuses_every_script_until_the_marker_goes() {
+    let app = TestApp::spawn().await;
+    let store = app.store().await;
+    let shard = app.shard("acme");
+    // A tenant of another shard, to show that a freeze is per shard.
+    let neighbour = (0..200)
+        .map(|i| format!("t{i}"))
+        .find(|t| app.shard(t) != shard)
+        .unwrap();
+    let queued = app.admit("acme", "demo.echo").await;
+    let queued = queued["execution_id"].as_str().unwrap().to_owned();
+
+    store.freeze_shard(shard).await.unwrap();
+    assert!(store.is_frozen(shard).await.unwrap());
+    assert!(
+        !store
+            .is_frozen(Shard::new(shard.number() ^ 1))
+            .await
+            .unwrap()
+    );
+    let keys_before = app.redis.keys().await;
+    let row_before: Vec<String> = app
+        .redis
+        .query(redis::cmd("HGETALL").arg(shard.row(&ExecutionId::parse(&queued).unwrap())))
+        .await;
+
+    // Admission: 503, retryable, and "nothing was admitted" (not an unknown outcome: Redis
+    // answered that the script did not run).
+    for body in [
+        json!({"flow_id": "demo.echo"}),
+        json!({"flow_id": "demo.echo", "dedup_key": "k1"}),
+    ] {
+        let res = app.post_execution("acme", &body).await;
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(res.headers().contains_key("retry-after"));
+        assert_eq!(problem_code(res).await, "redis_unavailable");
+    }
+    // Cancel: 503 and the execution untouched.
+    let res = app.cancel("acme", &queued).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(problem_code(res).await, "redis_unavailable");
+    let e = app.execution("acme", &queued).await;
+    assert_eq!(e["status"], "queued");
+    assert_eq!(e["cancel_requested"], false);
+    // Limits: refused too.
+    let res = app
+        .client
+        .put(app.url("/api/tenants/acme"))
+        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+        .json(&json!({"max_concurrent": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // A worker starts nothing in the frozen shard.
+    let _worker = TestWorker::spawn(&app.redis, FAST_WORKER);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(app.execution("acme", &queued).await["status"], "queued");
+    let pending: Vec<RedisValue> = app
+        .redis
+        .query(
+            redis::cmd("XPENDING")
+                .arg(shard.ready())
+                .arg(sluice::store::WORKER_GROUP),
+        )
+        .await;
+    assert_eq!(pending[0], RedisValue::Int(0), "a run started: {pending:?}");
+
+    // Nothing changed in the frozen shard (the other shards' keys may have).
+    let in_shard = |ks: &std::collections::BTreeSet<String>| -> Vec<String> {
+        ks.iter()
+            .filter(|k| k.starts_with(&shard.prefix()))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(in_shard(&app.redis.keys().await), in_shard(&keys_before));
+    let row_after: Vec<String> = app
+        .redis
+        .query(redis::cmd("HGETALL").arg(shard.row(&ExecutionId::parse(&queued).unwrap())))
+        .await;
+    assert_eq!(row_after, row_before);
+
+    // Another shard works meanwhile (its execution runs to the end).
+    let other = app.admit(&neighbour, "demo.echo").await;
+    let other = other["execution_id"].as_str().unwrap();
+    let done = app
+        .wait_terminal(&neighbour, other, Duration::from_secs(15))
+        .await;
+    assert_eq!(done["status"], "completed");
+
+    // The marker goes: everything works again, the waiting work included.
+    store.unfreeze_shard(shard).await.unwrap();
+    assert!(!store.is_frozen(shard).await.unwrap());
+    let done = app
+        .wait_terminal("acme", &queued, Duration::from_secs(15))
+        .await;
+    assert_eq!(done["status"], "completed");
+    let fresh = app.admit("acme", "demo.echo").await;
+    let fresh = fresh["execution_id"].as_str().unwrap().to_owned();
+    let res = app.cancel("acme", &fresh).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn frozen_access_data_refuses_key_scripts_until_thawed() {
+    let app = TestApp::spawn().await;
+    let store = app.store().await;
+    app.put_tenant("acme", &json!({})).await;
+    store.freeze_access().await.unwrap();
+    assert!(store.is_access_frozen().await.unwrap());
+    let res = app
+        .client
+        .post(app.url("/api/tenants/acme/api-keys"))
+        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+        .json(&json!({"role": "viewer"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    store.unfreeze_access().await.unwrap();
+    let res = app
+        .client
+        .post(app.url("/api/tenants/acme/api-keys"))
+        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+        .json(&json!({"role": "viewer"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
