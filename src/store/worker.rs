@@ -126,26 +126,31 @@ pub struct ShardStats {
 impl Store {
     /// Creates the `workers` consumer group on every ready stream (idempotent).
     pub async fn ensure_groups(&self) -> Result<(), StoreError> {
-        let mut c = self.conn();
         for shard in self.shards.all() {
-            let r: redis::RedisResult<()> = self
-                .bounded_raw(
-                    redis::cmd("XGROUP")
-                        .arg("CREATE")
-                        .arg(shard.ready())
-                        .arg(WORKER_GROUP)
-                        .arg("0")
-                        .arg("MKSTREAM")
-                        .query_async(&mut c),
-                )
-                .await?;
-            match r {
-                Ok(()) => {}
-                Err(e) if e.code() == Some("BUSYGROUP") => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.ensure_group(shard).await?;
         }
         Ok(())
+    }
+
+    /// Creates the `workers` consumer group on one shard's ready stream (idempotent).
+    pub async fn ensure_group(&self, shard: Shard) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        let r: redis::RedisResult<()> = self
+            .bounded_raw(
+                redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(shard.ready())
+                    .arg(WORKER_GROUP)
+                    .arg("0")
+                    .arg("MKSTREAM")
+                    .query_async(&mut c),
+            )
+            .await?;
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Reads and starts up to `count` executions of one shard for `consumer`.
@@ -168,7 +173,7 @@ impl Store {
         let mut c = self.conn();
         let reply: Vec<RunReply> = match self.bounded(inv.invoke_async(&mut c)).await {
             Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
-                self.ensure_groups().await?;
+                self.ensure_group(shard).await?;
                 return Ok(Vec::new());
             }
             other => other?,
@@ -430,32 +435,39 @@ impl Store {
     /// What the sweeper walks: every tenant of every shard, with the flows it admitted.
     pub async fn sweep_targets(&self) -> Result<Vec<SweepTarget>, StoreError> {
         let mut out = Vec::new();
-        let mut c = self.conn();
         for shard in self.shards.all() {
-            let tenants: Vec<String> = self
+            out.extend(self.shard_sweep_targets(shard).await?);
+        }
+        Ok(out)
+    }
+
+    /// What the sweeper walks in one shard: its tenants, with the flows each admitted.
+    pub async fn shard_sweep_targets(&self, shard: Shard) -> Result<Vec<SweepTarget>, StoreError> {
+        let mut out = Vec::new();
+        let mut c = self.conn();
+        let tenants: Vec<String> = self
+            .bounded(
+                redis::cmd("SMEMBERS")
+                    .arg(shard.tenants())
+                    .query_async(&mut c),
+            )
+            .await?;
+        for tenant in tenants {
+            let Ok(tenant) = TenantId::parse(&tenant) else {
+                continue;
+            };
+            let flows: Vec<String> = self
                 .bounded(
                     redis::cmd("SMEMBERS")
-                        .arg(shard.tenants())
+                        .arg(shard.flows(&tenant))
                         .query_async(&mut c),
                 )
                 .await?;
-            for tenant in tenants {
-                let Ok(tenant) = TenantId::parse(&tenant) else {
-                    continue;
-                };
-                let flows: Vec<String> = self
-                    .bounded(
-                        redis::cmd("SMEMBERS")
-                            .arg(shard.flows(&tenant))
-                            .query_async(&mut c),
-                    )
-                    .await?;
-                out.push(SweepTarget {
-                    shard,
-                    tenant,
-                    flows,
-                });
-            }
+            out.push(SweepTarget {
+                shard,
+                tenant,
+                flows,
+            });
         }
         Ok(out)
     }
