@@ -18,12 +18,16 @@ fn with(extra: &[&'static str]) -> Vec<&'static str> {
     FAST_WORKER.iter().chain(extra).copied().collect()
 }
 
-/// A tenant whose shard is none of `taken`.
-fn tenant_elsewhere(app: &TestApp, taken: &[Shard]) -> String {
-    (0..1000)
-        .map(|i| format!("t{i}"))
-        .find(|t| !taken.contains(&app.shard(t)))
-        .expect("some tenant lands on another shard")
+/// Two tenants: one of the first shard (the first that a walk over the shards in order
+/// visits, so breaking it would hold back every other one) and one of another shard.
+fn first_and_other(app: &TestApp) -> (String, String) {
+    let find = |on_first: bool| {
+        (0..1000)
+            .map(|i| format!("t{i}"))
+            .find(|t| (app.shard(t).number() == 0) == on_first)
+            .expect("tenants land on every shard")
+    };
+    (find(true), find(false))
 }
 
 /// Where a broken key's real value waits (same hash tag, so the same slot on a cluster).
@@ -75,8 +79,8 @@ async fn assert_completed(app: &TestApp, tenant: &str, ids: &[String]) {
 #[tokio::test]
 async fn a_broken_shard_holds_back_no_other_shard_and_is_picked_up_once_repaired() {
     let app = TestApp::spawn().await;
-    let broken = "acme";
-    let healthy = tenant_elsewhere(&app, &[app.shard(broken)]);
+    let (broken, healthy) = first_and_other(&app);
+    let broken = broken.as_str();
     let ready = app.shard(broken).ready();
 
     // Broken before the worker starts, with work queued on it and its consumer group gone
@@ -204,7 +208,8 @@ async fn many_shards_racing_for_slots_never_run_more_handlers_than_the_concurren
 #[tokio::test]
 async fn the_sweeper_goes_on_past_a_shard_it_cannot_read_and_sweeps_it_once_repaired() {
     let app = TestApp::spawn().await;
-    let (a, b) = ("acme", tenant_elsewhere(&app, &[app.shard("acme")]));
+    let (a, b) = first_and_other(&app);
+    let a = a.as_str();
     let (sa, sb) = (app.shard(a), app.shard(&b));
     let (ta, tb) = (TenantId::parse(a).unwrap(), TenantId::parse(&b).unwrap());
     app.admit_with(a, json!({"flow_id": "demo.echo"})).await;
