@@ -15,8 +15,7 @@ use sluice::config::{
 };
 use sluice::dev::ManagedRedis;
 use sluice::reshard::Cluster;
-use sluice::store::Store;
-use sluice::worker::Worker;
+use sluice::worker::{Worker, connect_store};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -75,12 +74,19 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Worker(args) => {
             let registry = args.worker.registry()?;
-            let store = Store::connect(args.redis.store_config(&ApiSettings::defaults()))
-                .await
-                .with_context(|| format!("cannot use redis at {}", args.redis.target()))?;
-            store.refresh_defaults().await?;
+            let shutdown = shutdown_signal();
+            tokio::pin!(shutdown);
+            // A worker may start before its Redis: it waits for it (stopping still works).
+            let store = tokio::select! {
+                store = connect_store(args.redis.store_config(&ApiSettings::defaults())) => store
+                    .with_context(|| format!("cannot use redis at {}", args.redis.target()))?,
+                _ = &mut shutdown => return Ok(()),
+            };
+            if let Err(e) = store.refresh_defaults().await {
+                tracing::warn!(error = %e, "cannot read the server defaults yet; will retry");
+            }
             let worker = Worker::new(Arc::new(store), registry, args.worker.worker_config());
-            worker.run(shutdown_signal()).await?;
+            worker.run(shutdown).await?;
             Ok(())
         }
         Command::Dev(args) => {

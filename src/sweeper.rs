@@ -6,14 +6,19 @@
 //! first does the work. A turn has a budget of script calls, and the walk resumes where the
 //! last turn of this process stopped, so a tenant with years of history costs a bounded amount
 //! per interval instead of a full scan every time.
+//!
+//! Each shard is walked on its own, the shards of a turn at the same time, the budget shared
+//! out over those with work: a shard whose calls fail (its Redis down, or data it cannot read)
+//! is tried again next turn, and the other shards' walks go on meanwhile.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Store, StoreError, SweepStep};
+use crate::store::{Shard, Store, StoreError, SweepStep};
 
 /// Members checked per script call: keeps each call short.
 const BATCH: usize = 200;
@@ -23,52 +28,187 @@ const CALLS_PER_TURN: usize = 1_000;
 /// Repairs made, by kind (`slots`, `waiting`, `index`).
 pub type Repairs = HashMap<&'static str, u64>;
 
-/// A resumable walk over everything the sweeper checks.
+/// What one turn of sweeping did.
+#[derive(Debug, Default)]
+pub struct Turn {
+    pub repairs: Repairs,
+    /// The round is complete: every shard was walked to its end, or gave up after an error.
+    /// The next turn starts a new round.
+    pub done: bool,
+    /// Shards whose calls failed in this turn: each is tried again next turn, starting its
+    /// walk over, while the other shards go on where they were.
+    pub failed: Vec<(Shard, StoreError)>,
+}
+
+/// A resumable walk over everything the sweeper checks: one walk per shard, each with its own
+/// position and errors, so a shard that fails or does not answer holds back no other shard.
 pub struct Sweeper {
     store: Arc<Store>,
-    /// Walks not started yet in this round.
-    queue: VecDeque<SweepStep>,
-    /// The walk in progress and its SCAN cursor.
-    current: Option<(SweepStep, String)>,
+    shards: Vec<Shard>,
+    /// The walk of each shard of `shards`, at the same position.
+    walks: Vec<Walk>,
+    /// Which shard gets the first share of a budget that does not divide evenly (rotates).
+    next: usize,
+}
+
+/// Where the sweep of one shard stands in the current round.
+enum Walk {
+    /// To be started (its tenants read) at the next turn.
+    Due,
+    /// Walks not started yet, and the walk in progress with its SCAN cursor.
+    Walking {
+        queue: VecDeque<SweepStep>,
+        current: Option<(SweepStep, String)>,
+    },
+    /// Walked to the end in this round.
+    Finished,
+    /// A call failed in this round: tried again, from the start, next turn.
+    Failed,
+}
+
+impl Walk {
+    /// Whether this round needs nothing more of the shard (a failed shard does not hold the
+    /// round up: it is tried again next turn, or in the next round).
+    fn settled(&self) -> bool {
+        matches!(self, Walk::Finished | Walk::Failed)
+    }
 }
 
 impl Sweeper {
     /// A sweeper with nothing walked yet.
     pub fn new(store: Arc<Store>) -> Self {
+        let shards: Vec<Shard> = store.shards().all().collect();
+        let walks = shards.iter().map(|_| Walk::Due).collect();
         Self {
             store,
-            queue: VecDeque::new(),
-            current: None,
+            shards,
+            walks,
+            next: 0,
         }
     }
 
-    /// Sweeps for at most `calls` script calls (a round starts over once everything was
-    /// walked); returns the repairs made and whether the round is complete.
-    pub async fn advance(&mut self, calls: usize) -> Result<(Repairs, bool), StoreError> {
-        let mut repairs = Repairs::new();
-        if self.queue.is_empty() && self.current.is_none() {
-            for target in self.store.sweep_targets().await? {
-                self.queue.extend(target.steps());
+    /// Sweeps for at most `calls` script calls, shared out over the shards that have work and
+    /// made on all of them at once (a round starts over once everything was walked).
+    pub async fn advance(&mut self, calls: usize) -> Turn {
+        let mut turn = Turn::default();
+        if self.walks.iter().all(Walk::settled) {
+            self.walks.iter_mut().for_each(|w| *w = Walk::Due);
+        }
+        self.start_walks(&mut turn).await;
+        let mut budget = calls;
+        while budget > 0 {
+            let walking: Vec<usize> = (0..self.walks.len())
+                .map(|i| (self.next + i) % self.walks.len())
+                .filter(|&i| matches!(self.walks[i], Walk::Walking { .. }))
+                .collect();
+            if walking.is_empty() {
+                break;
+            }
+            self.next = (self.next + 1) % self.walks.len();
+            let mut steps = JoinSet::new();
+            for (k, &i) in walking.iter().enumerate() {
+                let share = budget / walking.len() + usize::from(k < budget % walking.len());
+                if share == 0 {
+                    continue;
+                }
+                // Failed unless the task hands the walk back (it might panic).
+                let walk = std::mem::replace(&mut self.walks[i], Walk::Failed);
+                let store = self.store.clone();
+                steps.spawn(async move { (i, walk_for(&store, walk, share).await) });
+            }
+            while let Some(stepped) = steps.join_next().await {
+                let Ok((i, (walk, used, repairs, error))) = stepped else {
+                    continue;
+                };
+                budget = budget.saturating_sub(used);
+                for (k, n) in repairs {
+                    *turn.repairs.entry(k).or_default() += n;
+                }
+                if let Some(e) = error {
+                    turn.failed.push((self.shards[i], e));
+                }
+                self.walks[i] = walk;
             }
         }
-        for _ in 0..calls {
-            let (step, cursor) = match self.current.take() {
-                Some(c) => c,
-                None => match self.queue.pop_front() {
-                    Some(step) => (step, "0".to_owned()),
-                    None => return Ok((repairs, true)),
-                },
-            };
-            let (next, n) = self.store.sweep_step(&step, &cursor, BATCH).await?;
-            if n > 0 {
-                *repairs.entry(step.mode.as_str()).or_default() += n;
-            }
-            if next != "0" {
-                self.current = Some((step, next));
-            }
-        }
-        Ok((repairs, self.queue.is_empty() && self.current.is_none()))
+        turn.done = self.walks.iter().all(Walk::settled);
+        turn
     }
+
+    /// Reads the tenants of every shard whose walk is due (or failed before), all at once.
+    async fn start_walks(&mut self, turn: &mut Turn) {
+        let mut reads = JoinSet::new();
+        for (i, walk) in self.walks.iter().enumerate() {
+            if matches!(walk, Walk::Due | Walk::Failed) {
+                let store = self.store.clone();
+                let shard = self.shards[i];
+                reads.spawn(async move { (i, store.shard_sweep_targets(shard).await) });
+            }
+        }
+        while let Some(read) = reads.join_next().await {
+            let Ok((i, targets)) = read else { continue };
+            self.walks[i] = match targets {
+                Ok(targets) => {
+                    let queue: VecDeque<SweepStep> =
+                        targets.iter().flat_map(|t| t.steps()).collect();
+                    if queue.is_empty() {
+                        Walk::Finished
+                    } else {
+                        Walk::Walking {
+                            queue,
+                            current: None,
+                        }
+                    }
+                }
+                Err(e) => {
+                    turn.failed.push((self.shards[i], e));
+                    Walk::Failed
+                }
+            };
+        }
+    }
+}
+
+/// Walks one shard for at most `calls` script calls: the walk as it stands afterwards, the
+/// calls made, the repairs, and the error that ended it early.
+async fn walk_for(
+    store: &Store,
+    walk: Walk,
+    calls: usize,
+) -> (Walk, usize, Repairs, Option<StoreError>) {
+    let mut repairs = Repairs::new();
+    let Walk::Walking {
+        mut queue,
+        mut current,
+    } = walk
+    else {
+        return (walk, 0, repairs, None);
+    };
+    for used in 0..calls {
+        let (step, cursor) = match current.take() {
+            Some(c) => c,
+            None => match queue.pop_front() {
+                Some(step) => (step, "0".to_owned()),
+                None => return (Walk::Finished, used, repairs, None),
+            },
+        };
+        match store.sweep_step(&step, &cursor, BATCH).await {
+            Ok((next, n)) => {
+                if n > 0 {
+                    *repairs.entry(step.mode.as_str()).or_default() += n;
+                }
+                if next != "0" {
+                    current = Some((step, next));
+                }
+            }
+            Err(e) => return (Walk::Failed, used + 1, repairs, Some(e)),
+        }
+    }
+    let walk = if queue.is_empty() && current.is_none() {
+        Walk::Finished
+    } else {
+        Walk::Walking { queue, current }
+    };
+    (walk, calls, repairs, None)
 }
 
 /// Sweeps every `interval` until `stop` is cancelled.
@@ -93,13 +233,9 @@ pub async fn run(store: Arc<Store>, interval: Duration, stop: CancellationToken)
                 continue;
             }
         }
-        match sweeper.advance(CALLS_PER_TURN).await {
-            Ok((repairs, _)) => log(&repairs),
-            Err(e) => {
-                tracing::warn!(error = %e, "sweep failed; starting over next turn");
-                sweeper = Sweeper::new(store.clone());
-            }
-        }
+        let turn = sweeper.advance(CALLS_PER_TURN).await;
+        log(&turn.repairs);
+        log_failures(&turn.failed);
         if let Err(e) = store.end_sweeper_turn(&owner).await {
             tracing::warn!(error = %e, "sweeper cannot give back its turn");
         }
@@ -119,21 +255,16 @@ pub async fn sweep_once(store: Arc<Store>, owner: &str, hold: Duration) -> Optio
     }
     let mut sweeper = Sweeper::new(store.clone());
     let mut total = Repairs::new();
-    // Bounded: one round of a store this size needs far fewer calls.
+    // Bounded: one round of a store this size needs far fewer calls. A shard that fails is
+    // left out of this sweep (the others are swept all the same) and logged.
     for _ in 0..10_000 {
-        match sweeper.advance(CALLS_PER_TURN).await {
-            Ok((repairs, done)) => {
-                for (k, n) in repairs {
-                    *total.entry(k).or_default() += n;
-                }
-                if done {
-                    break;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "sweep failed");
-                return None;
-            }
+        let turn = sweeper.advance(CALLS_PER_TURN).await;
+        for (k, n) in turn.repairs {
+            *total.entry(k).or_default() += n;
+        }
+        log_failures(&turn.failed);
+        if turn.done {
+            break;
         }
     }
     log(&total);
@@ -148,5 +279,15 @@ fn log(repairs: &Repairs) {
         if *n > 0 {
             tracing::warn!(kind, repaired = n, "sweeper repaired drift");
         }
+    }
+}
+
+fn log_failures(failed: &[(Shard, StoreError)]) {
+    for (shard, e) in failed {
+        tracing::warn!(
+            shard = shard.number(),
+            error = %e,
+            "cannot sweep this shard now; it starts over next turn, the others go on"
+        );
     }
 }

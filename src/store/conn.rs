@@ -26,6 +26,20 @@ pub enum RedisTarget {
     Cluster(Vec<String>),
 }
 
+impl RedisTarget {
+    /// Whether the addresses are well formed (nothing is contacted).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            RedisTarget::Standalone(url) => redis::Client::open(url.as_str())
+                .map(drop)
+                .map_err(|e| format!("bad redis url {url}: {e}")),
+            RedisTarget::Cluster(seeds) => ClusterClient::new(seeds.iter().map(String::as_str))
+                .map(drop)
+                .map_err(|e| format!("bad redis cluster seed nodes {}: {e}", seeds.join(","))),
+        }
+    }
+}
+
 impl std::fmt::Display for RedisTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -44,7 +44,7 @@ impl Store {
         let reads = self
             .shards
             .all()
-            .map(|shard| async move { (shard, self.shard_targets(shard).await) });
+            .map(|shard| async move { (shard, self.shard_sweep_targets(shard).await) });
         let mut out = SweepTargets::default();
         for (shard, result) in futures_util::future::join_all(reads).await {
             match result {
@@ -59,7 +59,7 @@ impl Store {
     }
 
     /// The sweep targets of one shard: two round trips on its slot.
-    async fn shard_targets(&self, shard: Shard) -> Result<Vec<SweepTarget>, StoreError> {
+    pub async fn shard_sweep_targets(&self, shard: Shard) -> Result<Vec<SweepTarget>, StoreError> {
         let mut c = self.conn();
         let tenants: Vec<String> = self
             .bounded(

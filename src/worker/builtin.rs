@@ -101,8 +101,9 @@ impl Drop for JournalEnd {
     }
 }
 
-/// Appends one line to `$SLUICE_JOURNAL`: the event plus who, which run and when. One write
-/// per line on a file opened for appending, so several worker processes can share the file.
+/// Appends one line to `$SLUICE_JOURNAL`: the event plus who, which run and when (`t` in
+/// milliseconds, `t_us` in microseconds since the epoch). One write per line on a file opened
+/// for appending, so several worker processes can share the file.
 fn journal_line(ctx: &Context, mut event: Value) {
     let Some(path) = std::env::var_os("SLUICE_JOURNAL") else {
         return;
@@ -112,7 +113,14 @@ fn journal_line(ctx: &Context, mut event: Value) {
     event["fence"] = json!(ctx.fence);
     event["attempt"] = json!(ctx.attempt);
     event["pid"] = json!(std::process::id());
-    event["t"] = json!(ms_since_epoch(SystemTime::now()));
+    let now = SystemTime::now();
+    event["t"] = json!(ms_since_epoch(now));
+    // The same instant in microseconds: overlaps of short runs are told apart.
+    event["t_us"] = json!(
+        now.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0)
+    );
     let mut line = event.to_string();
     line.push('\n');
     let written = std::fs::OpenOptions::new()

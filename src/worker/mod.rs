@@ -4,6 +4,12 @@
 //! leases only, never live ones). `sluice worker` runs it with flows from a file; Rust programs
 //! run it through `Worker::new` with their own `Registry`.
 //!
+//! Each shard is served on its own: one pickup task per shard starts its executions
+//! (`pickup.rs`), one orphan scan per shard, and the heartbeat renews each shard's leases in a
+//! call of its own, all at the same time. So a shard whose Redis is slow or down (on a cluster,
+//! a master) delays only its own executions. The shards share the worker's slots: a start call
+//! asks for no more executions than slots it reserved first.
+//!
 //! What it does under faults:
 //! - a handler runs in its own task: a panic fails the execution like an error, and the
 //!   worker keeps its slot accounting;
@@ -11,26 +17,33 @@
 //!   deadline: Redis stalled, or this process was paused) is stopped at once and reported as
 //!   abandoned, since another worker may already run it;
 //! - a start call whose answer was lost is followed by `adopt` before anything else starts in
-//!   that shard, so what it started runs here instead of being declared lost a lease later.
+//!   that shard (its slots stay reserved until then), so what it started runs here instead of
+//!   being declared lost a lease later;
+//! - a shard that cannot be reached, also at start, is retried by its own pickup, which creates
+//!   the shard's consumer group again before its next call; the other shards go on.
 
 mod builtin;
 mod external;
 mod handler;
+mod pickup;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::ExecutionId;
-use crate::store::{Completion, LeaseState, Outcome, Shard, Started, Store, StoreError};
+use crate::store::{
+    Completion, LeaseState, Outcome, Shard, Started, Store, StoreConfig, StoreError,
+};
 pub use builtin::with_demo_flows;
 pub use external::{FlowSpec, FlowsFile, load_flows};
 pub use handler::{Context, Handler, HandlerError, HandlerFuture, Lease, Registry};
+use pickup::Pickup;
 
 /// How a worker behaves. The defaults suit production; tests shorten the times.
 #[derive(Debug, Clone)]
@@ -141,6 +154,58 @@ impl Runs {
 
 type HeldMap = Arc<Mutex<Runs>>;
 
+/// What the worker's tasks share: the pickups (one per shard) reserve slots and launch runs.
+struct Shared {
+    store: Arc<Store>,
+    registry: Arc<Registry>,
+    config: WorkerConfig,
+    held: HeldMap,
+    /// One permit per execution this worker may run at once. A pickup reserves permits before
+    /// its start call asks for that many; each run keeps one until its end was reported (or
+    /// given up on), so however many shards race, no more than `concurrency` handlers run.
+    slots: Arc<Semaphore>,
+    /// The tasks of running executions; taken out and drained at shutdown.
+    runs: Mutex<JoinSet<()>>,
+}
+
+impl Shared {
+    /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`.
+    fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit) {
+        let stop = CancellationToken::new();
+        let why = Arc::new(AtomicU8::new(STOP_NONE));
+        let lease = Lease::granted(sent, self.config.lease_ttl);
+        self.held.lock().expect("held map").held.insert(
+            s.id.clone(),
+            Held {
+                shard: s.shard,
+                fence: s.fence,
+                lease: lease.clone(),
+                stop: stop.clone(),
+                why: why.clone(),
+            },
+        );
+        // The task holds what it needs, not `Shared`: dropping the worker aborts the runs.
+        let (store, registry, config, held) = (
+            self.store.clone(),
+            self.registry.clone(),
+            self.config.clone(),
+            self.held.clone(),
+        );
+        let mut runs = self.runs.lock().expect("run set");
+        // Reap finished tasks so the set does not grow.
+        while runs.try_join_next().is_some() {}
+        runs.spawn(async move {
+            let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
+            let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
+            let reported = report(&store, shard, &id, fence, &outcome, &config).await;
+            held.lock()
+                .expect("held map")
+                .ended(shard, &id, fence, reported);
+            drop(slot);
+        });
+    }
+}
+
 /// A worker bound to a store and a registry of flows.
 pub struct Worker {
     store: Arc<Store>,
@@ -161,52 +226,80 @@ impl Worker {
     /// Runs until `shutdown` completes, then stops reading, lets running executions finish
     /// for up to the drain timeout, and releases the leases of the rest so another worker
     /// takes them at once.
+    ///
+    /// Every shard is served on its own: its pickup (starts), its orphan scan and its
+    /// heartbeat call run beside the other shards', so a shard that does not answer (its
+    /// Redis down or stuck) delays only its own executions. A shard that cannot be reached at
+    /// start is picked up once it answers; nothing here fails the worker.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), StoreError> {
-        self.store.ensure_groups().await?;
-        let held: HeldMap = Arc::default();
-        let freed = Arc::new(Notify::new());
+        let shared = Arc::new(Shared {
+            store: self.store.clone(),
+            registry: self.registry.clone(),
+            config: self.config.clone(),
+            held: HeldMap::default(),
+            slots: Arc::new(Semaphore::new(
+                self.config.concurrency.min(Semaphore::MAX_PERMITS),
+            )),
+            runs: Mutex::new(JoinSet::new()),
+        });
         let stop_reading = CancellationToken::new();
         let stop_background = CancellationToken::new();
-        let mut runs = JoinSet::new();
         let mut background = JoinSet::new();
         background.spawn(heartbeat_loop(
             self.store.clone(),
-            held.clone(),
+            shared.held.clone(),
             self.config.clone(),
             stop_background.clone(),
         ));
-        background.spawn(reclaim_loop(
+        background.spawn(policy_loop(
             self.store.clone(),
             self.config.clone(),
             stop_background.clone(),
         ));
+        let mut pickups = JoinSet::new();
+        for shard in self.store.shards().all() {
+            background.spawn(reclaim_loop(
+                self.store.clone(),
+                shard,
+                self.config.clone(),
+                stop_background.clone(),
+            ));
+            pickups.spawn(Pickup::new(shared.clone(), shard).run(stop_reading.clone()));
+        }
         tracing::info!(
             consumer = %self.config.consumer,
             concurrency = self.config.concurrency,
+            shards = self.store.shards().count(),
             flows = ?self.registry.flows(),
             "worker started"
         );
 
-        {
-            let reading = self.read_loop(&held, &freed, &mut runs, stop_reading.clone());
-            tokio::pin!(reading);
+        tokio::pin!(shutdown);
+        loop {
             tokio::select! {
-                _ = &mut reading => {}
-                _ = shutdown => {
-                    stop_reading.cancel();
-                    reading.await;
+                _ = &mut shutdown => break,
+                // Pickups end only when told to; one that panicked is a bug: fail loudly, as
+                // the worker did when it read all shards in one loop.
+                Some(ended) = pickups.join_next() => {
+                    if let Err(e) = ended && e.is_panic() {
+                        std::panic::resume_unwind(e.into_panic());
+                    }
                 }
             }
         }
+        stop_reading.cancel();
+        // Each pickup finishes the call it has out and launches what that call started.
+        while pickups.join_next().await.is_some() {}
 
         // Drain: wait for running executions, up to the drain timeout.
+        let mut runs = std::mem::take(&mut *shared.runs.lock().expect("run set"));
         tracing::info!(running = runs.len(), "worker draining");
         let drained = tokio::time::timeout(self.config.drain_timeout, async {
             while runs.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
-            for h in held.lock().expect("held map").held.values() {
+            for h in shared.held.lock().expect("held map").held.values() {
                 h.why.store(STOP_SHUTDOWN, Ordering::SeqCst);
                 h.stop.cancel();
             }
@@ -218,149 +311,25 @@ impl Worker {
         tracing::info!("worker stopped");
         Ok(())
     }
+}
 
-    async fn read_loop(
-        &self,
-        held: &HeldMap,
-        freed: &Arc<Notify>,
-        runs: &mut JoinSet<()>,
-        stop: CancellationToken,
-    ) {
-        let shards: Vec<Shard> = self.store.shards().all().collect();
-        // Each shard is polled on its own schedule: again at once while it has work, with a
-        // doubling pause (up to `idle_poll`) while it is empty, so idle shards cost little and
-        // a busy one is never starved behind them.
-        let mut due = vec![tokio::time::Instant::now(); shards.len()];
-        let mut pause = vec![Duration::from_millis(1); shards.len()];
-        // Shards whose last start call failed: it may have started runs all the same.
-        let mut unsure = vec![false; shards.len()];
-        let mut next_shard = 0;
-        while !stop.is_cancelled() {
-            // Reap finished tasks so the set does not grow.
-            while runs.try_join_next().is_some() {}
-            let mut free = self
-                .config
-                .concurrency
-                .saturating_sub(held.lock().expect("held map").held.len());
-            if free == 0 {
-                tokio::select! {
-                    _ = freed.notified() => {}
-                    _ = stop.cancelled() => {}
-                }
-                continue;
-            }
-            let now = tokio::time::Instant::now();
-            for i in 0..shards.len() {
-                let n = (next_shard + i) % shards.len();
-                if free == 0 || stop.is_cancelled() {
-                    break;
-                }
-                if due[n] > now {
-                    continue;
-                }
-                let shard = shards[n];
-                let sent = Instant::now();
-                let adopting = unsure[n];
-                if adopting {
-                    held.lock()
-                        .expect("held map")
-                        .ended_while_adopting
-                        .insert(shard, HashSet::new());
-                }
-                let result = if adopting {
-                    self.store
-                        .adopt(
-                            shard,
-                            &self.config.consumer,
-                            self.config.concurrency,
-                            self.config.lease_ttl,
-                        )
-                        .await
-                } else {
-                    self.store
-                        .start(shard, &self.config.consumer, free, self.config.lease_ttl)
-                        .await
-                };
-                let started = match result {
-                    Ok(started) => {
-                        unsure[n] = false;
-                        started
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, shard = shard.number(), "cannot start executions; will adopt what the call may have started");
-                        unsure[n] = true;
-                        Vec::new()
-                    }
-                };
-                if started.is_empty() {
-                    pause[n] = (pause[n] * 2).min(self.config.idle_poll);
-                    due[n] = now + pause[n];
-                } else {
-                    pause[n] = Duration::from_millis(1);
-                    due[n] = now;
-                }
-                let started: Vec<Started> = {
-                    let mut runs = held.lock().expect("held map");
-                    let started = started
-                        .into_iter()
-                        .filter(|s| !adopting || runs.may_adopt(shard, &s.id, s.fence))
-                        .collect();
-                    runs.ended_while_adopting.remove(&shard);
-                    started
-                };
-                for s in started {
-                    free = free.saturating_sub(1);
-                    self.launch(s, sent, held, freed, runs);
-                }
-            }
-            next_shard = (next_shard + 1) % shards.len();
-            let earliest = due.iter().min().copied().unwrap_or(now);
-            if earliest > tokio::time::Instant::now() {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(earliest) => {}
-                    _ = stop.cancelled() => {}
-                }
-            }
-        }
+/// Connects to Redis for a worker, waiting for it when it cannot be reached yet (a worker may
+/// start before its Redis): retried with a warning, every few seconds at most. Only an error
+/// that waiting cannot cure (a malformed URL, data sluice does not understand) ends it.
+pub async fn connect_store(config: StoreConfig) -> Result<Store, StoreError> {
+    if let Err(e) = config.redis.check() {
+        return Err(StoreError::Corrupt(e));
     }
-
-    /// Runs a started execution whose lease was granted by a call sent at `sent`.
-    fn launch(
-        &self,
-        s: Started,
-        sent: Instant,
-        held: &HeldMap,
-        freed: &Arc<Notify>,
-        runs: &mut JoinSet<()>,
-    ) {
-        let stop = CancellationToken::new();
-        let why = Arc::new(AtomicU8::new(STOP_NONE));
-        let lease = Lease::granted(sent, self.config.lease_ttl);
-        held.lock().expect("held map").held.insert(
-            s.id.clone(),
-            Held {
-                shard: s.shard,
-                fence: s.fence,
-                lease: lease.clone(),
-                stop: stop.clone(),
-                why: why.clone(),
-            },
-        );
-        let (store, registry, config) = (
-            self.store.clone(),
-            self.registry.clone(),
-            self.config.clone(),
-        );
-        let (held, freed) = (held.clone(), freed.clone());
-        runs.spawn(async move {
-            let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
-            let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
-            let reported = report(&store, shard, &id, fence, &outcome, &config).await;
-            held.lock()
-                .expect("held map")
-                .ended(shard, &id, fence, reported);
-            freed.notify_one();
-        });
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match Store::connect(config.clone()).await {
+            Err(StoreError::Unavailable(e)) => {
+                tracing::warn!(error = %e, retry_in = ?pause, "redis cannot be reached yet; the worker waits for it");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
+        }
     }
 }
 
@@ -572,9 +541,9 @@ async fn renew(
     }
 }
 
-/// Looks for expired leases in every shard once per scan interval.
-async fn reclaim_loop(store: Arc<Store>, config: WorkerConfig, stop: CancellationToken) {
-    const BATCH: usize = 100;
+/// Follows the data policy `serve` publishes (tenant limit defaults, retention, dead-letter
+/// cap), read again once per scan interval.
+async fn policy_loop(store: Arc<Store>, config: WorkerConfig, stop: CancellationToken) {
     let mut tick = tokio::time::interval(config.scan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -585,27 +554,39 @@ async fn reclaim_loop(store: Arc<Store>, config: WorkerConfig, stop: Cancellatio
         if let Err(e) = store.refresh_defaults().await {
             tracing::warn!(error = %e, "cannot refresh server defaults");
         }
-        for shard in store.shards().all() {
-            // Bounded: at most 100 batches per shard per tick.
-            for _ in 0..100 {
-                match store.reclaim(shard, BATCH).await {
-                    Ok((requeued, dead)) => {
-                        if requeued + dead > 0 {
-                            tracing::info!(
-                                shard = shard.number(),
-                                requeued,
-                                dead,
-                                "orphans recovered"
-                            );
-                        }
-                        if ((requeued + dead) as usize) < BATCH {
-                            break;
-                        }
+    }
+}
+
+/// Looks for expired leases in one shard once per scan interval. Each shard has its own loop,
+/// so a shard that does not answer delays no other shard's orphans.
+async fn reclaim_loop(
+    store: Arc<Store>,
+    shard: Shard,
+    config: WorkerConfig,
+    stop: CancellationToken,
+) {
+    const BATCH: usize = 100;
+    let mut tick = tokio::time::interval(config.scan_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        // Bounded: at most 100 batches per tick.
+        for _ in 0..100 {
+            match store.reclaim(shard, BATCH).await {
+                Ok((requeued, dead)) => {
+                    if requeued + dead > 0 {
+                        tracing::info!(shard = shard.number(), requeued, dead, "orphans recovered");
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "orphan scan failed");
+                    if ((requeued + dead) as usize) < BATCH {
                         break;
                     }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, shard = shard.number(), "orphan scan failed");
+                    break;
                 }
             }
         }

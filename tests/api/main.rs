@@ -19,4 +19,5 @@ mod openapi;
 mod operability;
 mod quota;
 mod redis_trouble;
+mod shards;
 mod worker;

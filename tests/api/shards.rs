@@ -1,0 +1,307 @@
+//! Shards are served on their own (issue 11): a shard whose calls fail — here for real, its
+//! keys replaced by a value of the wrong type so Redis refuses every call on them, as a broken
+//! master would — holds back no other shard's starts, orphan scans or sweeps, and is picked up
+//! again once it is repaired; a worker started before its Redis waits for it; and however many
+//! shards race for a worker's slots, it never runs more handlers than its concurrency.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sluice::admission::{Status, TenantId};
+use sluice::store::Shard;
+
+use crate::helpers::{FAST_WORKER, TestApp, TestWorker};
+
+fn with(extra: &[&'static str]) -> Vec<&'static str> {
+    FAST_WORKER.iter().chain(extra).copied().collect()
+}
+
+/// Two tenants: one of the first shard (the first that a walk over the shards in order
+/// visits, so breaking it would hold back every other one) and one of another shard.
+fn first_and_other(app: &TestApp) -> (String, String) {
+    let find = |on_first: bool| {
+        (0..1000)
+            .map(|i| format!("t{i}"))
+            .find(|t| (app.shard(t).number() == 0) == on_first)
+            .expect("tenants land on every shard")
+    };
+    (find(true), find(false))
+}
+
+/// Where a broken key's real value waits (same hash tag, so the same slot on a cluster).
+fn parked(key: &str) -> String {
+    format!("{key}:parked")
+}
+
+/// Breaks `key`: its value moves aside and a string takes its place, so every command and
+/// script on it fails with WRONGTYPE.
+async fn break_key(app: &TestApp, key: &str) {
+    let _: () = app
+        .redis
+        .query(redis::cmd("RENAME").arg(key).arg(parked(key)))
+        .await;
+    let _: () = app
+        .redis
+        .query(redis::cmd("SET").arg(key).arg("broken"))
+        .await;
+}
+
+/// Puts the real value of a key `break_key` broke back.
+async fn repair_key(app: &TestApp, key: &str) {
+    let _: i64 = app.redis.query(redis::cmd("DEL").arg(key)).await;
+    let _: () = app
+        .redis
+        .query(redis::cmd("RENAME").arg(parked(key)).arg(key))
+        .await;
+}
+
+async fn admit_echoes(app: &TestApp, tenant: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(
+            app.admit_with(tenant, json!({"flow_id": "demo.echo", "params": {"i": i}}))
+                .await,
+        );
+    }
+    ids
+}
+
+async fn assert_completed(app: &TestApp, tenant: &str, ids: &[String]) {
+    for id in ids {
+        let e = app.wait_terminal(tenant, id, Duration::from_secs(20)).await;
+        assert_eq!(e["status"], "completed", "{e}");
+        assert_eq!(e["attempt"], 1, "{e}");
+    }
+}
+
+#[tokio::test]
+async fn a_broken_shard_holds_back_no_other_shard_and_is_picked_up_once_repaired() {
+    let app = TestApp::spawn().await;
+    let (broken, healthy) = first_and_other(&app);
+    let broken = broken.as_str();
+    let ready = app.shard(broken).ready();
+
+    // Broken before the worker starts, with work queued on it and its consumer group gone
+    // with the data (as a master that came back empty but for this stream would have).
+    let queued = admit_echoes(&app, broken, 3).await;
+    break_key(&app, &ready).await;
+    let _: () = app
+        .redis
+        .query(
+            redis::cmd("XGROUP")
+                .arg("DESTROY")
+                .arg(parked(&ready))
+                .arg("workers"),
+        )
+        .await;
+    let mut worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
+    let ids = admit_echoes(&app, &healthy, 6).await;
+    assert_completed(&app, &healthy, &ids).await;
+    assert!(
+        worker.is_running(),
+        "a shard failing at start stopped the worker"
+    );
+    for id in &queued {
+        let e = app.execution(broken, id).await;
+        assert_eq!(e["status"], "queued", "{e}");
+    }
+    // Repaired: its pickup creates the group again and starts what waited.
+    repair_key(&app, &ready).await;
+    assert_completed(&app, broken, &queued).await;
+
+    // Broken while the worker runs: its starts fail, then the `adopt` calls that follow a
+    // failed start fail too (and keep that start's slot reserved); the other shard goes on
+    // with the slot left.
+    break_key(&app, &ready).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids = admit_echoes(&app, &healthy, 6).await;
+    assert_completed(&app, &healthy, &ids).await;
+    assert!(worker.is_running());
+    repair_key(&app, &ready).await;
+    let later = admit_echoes(&app, broken, 3).await;
+    assert_completed(&app, broken, &later).await;
+
+    assert_eq!(app.counter("completed").await, 18);
+    assert_eq!(app.counter("reclaimed").await, 0);
+    assert!(app.dead_letters().await.is_empty());
+}
+
+#[tokio::test]
+async fn many_shards_racing_for_slots_never_run_more_handlers_than_the_concurrency() {
+    let app = TestApp::spawn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.jsonl");
+    let tenants: Vec<String> = (0..24).map(|i| format!("c{i}")).collect();
+    let shards: BTreeSet<u16> = tenants.iter().map(|t| app.shard(t).number()).collect();
+    assert!(shards.len() >= 8, "tenants on {} shards only", shards.len());
+    // A backlog on every one of those shards before the worker starts, so their pickups all
+    // race for slots from the first moment.
+    let mut ids = Vec::new();
+    for (i, t) in tenants.iter().enumerate() {
+        for j in 0..10 {
+            let ms = 100 + (i * 7 + j * 13) % 100;
+            ids.push(
+                app.admit_with(t, json!({"flow_id": "demo.journal", "params": {"ms": ms}}))
+                    .await,
+            );
+        }
+    }
+    const CONCURRENCY: i64 = 20;
+    let _worker = TestWorker::spawn_env(
+        &app.redis,
+        &[
+            "--concurrency",
+            "20",
+            "--lease-ttl-ms",
+            "3000",
+            "--heartbeat-ms",
+            "500",
+            "--scan-ms",
+            "100",
+            "--idle-poll-ms",
+            "20",
+        ],
+        &[("SLUICE_JOURNAL", journal.to_str().unwrap())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.counter("completed").await < ids.len() as u64 {
+        assert!(Instant::now() < deadline, "the backlog was not worked off");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let mut events: Vec<(u64, i64)> = Vec::new();
+    let mut runs = HashSet::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let t = v["t_us"].as_u64().expect("t_us");
+        if v["ev"] == "start" {
+            assert!(
+                runs.insert((v["id"].to_string(), v["fence"].as_u64())),
+                "a run started twice: {line}"
+            );
+            events.push((t, 1));
+        } else {
+            assert_eq!(v["how"], "ok", "{line}");
+            events.push((t, -1));
+        }
+    }
+    assert_eq!(runs.len(), ids.len(), "each execution ran exactly once");
+    // At the same microsecond an end counts before a start (a slot is given back after its
+    // run's end was written, so that order is the real one).
+    events.sort();
+    let (mut running, mut most) = (0, 0);
+    for (_, d) in events {
+        running += d;
+        most = most.max(running);
+    }
+    assert!(
+        most <= CONCURRENCY,
+        "{most} handlers ran at once with concurrency {CONCURRENCY}"
+    );
+    assert_eq!(most, CONCURRENCY, "the backlog never filled every slot");
+    assert_eq!(app.counter("reclaimed").await, 0);
+}
+
+#[tokio::test]
+async fn the_sweeper_goes_on_past_a_shard_it_cannot_read_and_sweeps_it_once_repaired() {
+    let app = TestApp::spawn().await;
+    let (a, b) = first_and_other(&app);
+    let a = a.as_str();
+    let (sa, sb) = (app.shard(a), app.shard(&b));
+    let (ta, tb) = (TenantId::parse(a).unwrap(), TenantId::parse(&b).unwrap());
+    app.admit_with(a, json!({"flow_id": "demo.echo"})).await;
+    app.admit_with(&b, json!({"flow_id": "demo.echo"})).await;
+    let ghost = |n: u32| format!("{n:032x}");
+    let haunt = |shard: Shard, t: &TenantId, n: u32| {
+        redis::cmd("ZADD")
+            .arg(shard.status_index(t, Status::Completed))
+            .arg(0)
+            .arg(ghost(n))
+            .clone()
+    };
+    let haunted = |shard: Shard, t: &TenantId, n: u32| {
+        redis::cmd("ZSCORE")
+            .arg(shard.status_index(t, Status::Completed))
+            .arg(ghost(n))
+            .clone()
+    };
+    let _: i64 = app.redis.query(&mut haunt(sa, &ta, 1)).await;
+    let _: i64 = app.redis.query(&mut haunt(sb, &tb, 2)).await;
+    let store = std::sync::Arc::new(app.store().await);
+    let hold = Duration::from_secs(5);
+
+    // Shard A's tenant list cannot be read: B is swept all the same.
+    break_key(&app, &sa.tenants()).await;
+    let repairs = sluice::sweeper::sweep_once(store.clone(), "test", hold)
+        .await
+        .expect("took the turn");
+    assert_eq!(repairs.get("index"), Some(&1), "{repairs:?}");
+    let left: Option<f64> = app.redis.query(&mut haunted(sb, &tb, 2)).await;
+    assert_eq!(left, None, "the healthy shard was not swept");
+    let left: Option<f64> = app.redis.query(&mut haunted(sa, &ta, 1)).await;
+    assert_eq!(left, Some(0.0));
+
+    // Shard A fails in the middle of its walk now (its tenant's waiting set is not a set):
+    // B's walk goes on.
+    repair_key(&app, &sa.tenants()).await;
+    let _: () = app
+        .redis
+        .query(redis::cmd("SET").arg(sa.waiting(&ta)).arg("broken"))
+        .await;
+    let _: i64 = app.redis.query(&mut haunt(sb, &tb, 3)).await;
+    let mut sweeper = sluice::sweeper::Sweeper::new(store.clone());
+    let turn = sweeper.advance(1_000).await;
+    assert_eq!(
+        turn.failed.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![sa],
+        "{:?}",
+        turn.failed
+    );
+    assert!(turn.done, "a failed shard does not hold the round up");
+    assert_eq!(turn.repairs.get("index"), Some(&1), "{:?}", turn.repairs);
+    let left: Option<f64> = app.redis.query(&mut haunted(sb, &tb, 3)).await;
+    assert_eq!(left, None);
+
+    // Repaired: the next turn sweeps it.
+    let _: i64 = app
+        .redis
+        .query(redis::cmd("DEL").arg(sa.waiting(&ta)))
+        .await;
+    let turn = sweeper.advance(1_000).await;
+    assert!(turn.failed.is_empty(), "{:?}", turn.failed);
+    assert_eq!(turn.repairs.get("index"), Some(&1), "{:?}", turn.repairs);
+    let left: Option<f64> = app.redis.query(&mut haunted(sa, &ta, 1)).await;
+    assert_eq!(left, None, "the repaired shard was not swept");
+}
+
+#[tokio::test]
+async fn a_worker_started_while_redis_is_down_waits_for_it() {
+    let mut app = TestApp::spawn().await;
+    app.redis.kill();
+    let mut worker = TestWorker::spawn(&app.redis, FAST_WORKER);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(worker.is_running(), "the worker gave up on Redis");
+    app.redis.restart().await;
+    // The API reconnects too; its first answers may still be 503.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let id = loop {
+        let res = app
+            .post_execution("acme", &json!({"flow_id": "demo.echo"}))
+            .await;
+        if res.status() == StatusCode::CREATED {
+            break res.json::<Value>().await.unwrap()["execution_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        }
+        assert!(Instant::now() < deadline, "no admission after the restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let e = app
+        .wait_terminal("acme", &id, Duration::from_secs(20))
+        .await;
+    assert_eq!(e["status"], "completed");
+}
