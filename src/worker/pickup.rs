@@ -26,16 +26,17 @@ pub(super) struct Pickup {
     shard: Shard,
     shared: Arc<Shared>,
     /// Most slots one start call reserves: the worker's concurrency shared out over the shards
-    /// (at least one). A call whose answer was lost keeps its slots until `adopt` tells what it
-    /// started, so a stuck shard holds no more than its share and the others keep the rest.
+    /// (at least one), so one busy shard cannot take every slot in one call.
     share: usize,
     /// Whether the shard's consumer group is known to exist: ensured before the first start
     /// and again after any failure (the shard's Redis may have come back without it).
     group_ready: bool,
-    /// The slots of a start call whose answer was lost: it may have started up to that many
-    /// runs, so they stay reserved and nothing else starts in this shard until `adopt` tells
-    /// what it holds.
-    unsure: Option<OwnedSemaphorePermit>,
+    /// Whether a start call's answer was lost: it may have started runs, so nothing else starts
+    /// in this shard until `adopt` tells what it holds. Its slots are given back meanwhile —
+    /// a shard whose master is down may stay unsure for long, and must not starve the others.
+    /// The runs it started hold no slot until adopted; any that then find no free slot are
+    /// left to their lease (another worker reruns them), so the concurrency still holds.
+    unsure: bool,
     /// Whether the last call failed: an outage is logged once when it begins and once when it
     /// ends, not at every poll.
     failing: bool,
@@ -50,7 +51,7 @@ impl Pickup {
             shared,
             share,
             group_ready: false,
-            unsure: None,
+            unsure: false,
             failing: false,
         }
     }
@@ -85,8 +86,8 @@ impl Pickup {
             }
             self.group_ready = true;
         }
-        if let Some(reserved) = self.unsure.take() {
-            return Some(self.adopt(reserved).await);
+        if self.unsure {
+            return Some(self.adopt().await);
         }
         let reserved = self.reserve(stop).await?;
         Some(self.start(reserved).await)
@@ -123,14 +124,14 @@ impl Pickup {
         {
             Ok(started) => {
                 self.answered();
-                self.launch_all(started, sent, reserved)
+                self.launch_all(started, sent, Some(reserved))
             }
             Err(e) => {
                 self.failed(
                     &e,
                     "cannot start executions; will adopt what the call may have started",
                 );
-                self.unsure = Some(reserved);
+                self.unsure = true;
                 0
             }
         }
@@ -138,7 +139,7 @@ impl Pickup {
 
     /// Asks Redis what this worker holds in the shard after a start whose answer was lost, and
     /// runs what it does not know of, never a run it already ended (see `Runs::may_adopt`).
-    async fn adopt(&mut self, reserved: OwnedSemaphorePermit) -> usize {
+    async fn adopt(&mut self) -> usize {
         let (store, config, shard) = (&self.shared.store, &self.shared.config, self.shard);
         self.shared
             .held
@@ -171,23 +172,32 @@ impl Pickup {
         match result {
             Ok(_) => {
                 self.answered();
-                self.launch_all(adopted, sent, reserved)
+                self.unsure = false;
+                // The slots free now (none is waited for: a run that finds none is left to
+                // its lease, see `unsure`).
+                let free = self.shared.slots.available_permits().min(adopted.len());
+                match u32::try_from(free)
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .and_then(|n| self.shared.slots.clone().try_acquire_many_owned(n).ok())
+                {
+                    reserved => self.launch_all(adopted, sent, reserved),
+                }
             }
             Err(e) => {
                 self.failed(&e, "cannot find out what a lost start call started");
-                self.unsure = Some(reserved);
                 0
             }
         }
     }
 
-    /// Runs each started execution on a slot of `reserved`; the slots left over go back when
-    /// `reserved` is dropped.
+    /// Runs each started execution on a slot of `reserved` (or one free now); the slots left
+    /// over go back when `reserved` is dropped.
     fn launch_all(
         &self,
         started: Vec<Started>,
         sent: Instant,
-        mut reserved: OwnedSemaphorePermit,
+        mut reserved: Option<OwnedSemaphorePermit>,
     ) -> usize {
         let mut launched = 0;
         for s in started {
@@ -195,7 +205,8 @@ impl Pickup {
             // reservation only if this worker forgot runs it could not report (more than
             // `UNREPORTED_KEPT`): then a free slot is needed, or the run is left to expire.
             let slot = reserved
-                .split(1)
+                .as_mut()
+                .and_then(|r| r.split(1))
                 .or_else(|| self.shared.slots.clone().try_acquire_owned().ok());
             let Some(slot) = slot else {
                 tracing::warn!(
