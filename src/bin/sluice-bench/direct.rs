@@ -2,6 +2,11 @@
 //! `Store::admit`, i.e. one EVALSHA of `admit.lua` with the server's argument shape), the fast
 //! fill for the memory measurement, the reset between phases, and the census every correctness
 //! check reads (rows, queue entries, leases, dead letters).
+//!
+//! The same on a Redis Cluster: what names a key goes through `sluice::store::Conn` (routed to
+//! the master of the key's slot, one shard's keys at a time, since every key of a shard shares
+//! its hash tag); what is node-wide (FLUSHALL, CONFIG RESETSTAT, INFO, SCAN) goes to every
+//! master over its own connection and is summed, or kept per master where the report says so.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,21 +15,38 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, Value};
 use serde_json::json;
 use sluice::admission::{AdmitInput, AdmitRequest, TenantId};
 use sluice::store::keys::{self, KeyKind};
-use sluice::store::{Admission, ShardMap, ShardStats, Store, StoreConfig};
+use sluice::store::{Admission, Conn, Shard, ShardMap, Store, StoreConfig, WORKER_GROUP};
 use tokio::task::JoinSet;
 
 use crate::load::{Latencies, LoadResult, Outcomes, Progress};
 
-/// The benchmark's own handle on Redis: a `Store` configured like the server's, plus a plain
-/// connection for the census.
+/// The benchmark's own handle on Redis: a `Store` configured like the server's, plus
+/// connections for the census.
 pub struct Direct {
     config: StoreConfig,
     store: Arc<Store>,
-    conn: MultiplexedConnection,
+    /// Routed by key (on a cluster, to the master serving the key's slot).
+    conn: Conn,
+    /// One connection to each node (the server, or every master of a cluster), for commands
+    /// that act on one node's whole keyspace.
+    nodes: Vec<MultiplexedConnection>,
+    /// `127.0.0.1:<port>` of each node, in `nodes` order.
+    addrs: Vec<String>,
     tenants: Vec<TenantId>,
+}
+
+/// Which shards and tenants one node (a master of a cluster) serves.
+#[derive(Debug, Clone, Default)]
+pub struct NodeLoad {
+    /// `127.0.0.1:<port>`.
+    pub addr: String,
+    pub shards: Vec<u16>,
+    /// The benchmark's tenants whose shard is on this node.
+    pub tenants: usize,
 }
 
 /// When a direct load stops.
@@ -40,6 +62,9 @@ pub enum Until {
 pub struct Census {
     /// Execution rows (found by SCAN, not through any index).
     pub rows: u64,
+    /// Rows on each node (in `Direct`'s node order), and of those the completed ones.
+    pub rows_by_node: Vec<u64>,
+    pub completed_by_node: Vec<u64>,
     /// Rows by `status` field.
     pub by_status: BTreeMap<String, u64>,
     /// Entries on the ready streams.
@@ -59,15 +84,25 @@ pub struct Census {
 }
 
 impl Direct {
-    /// Connects with the server's data policy.
-    pub async fn connect(config: StoreConfig, tenants: &[String]) -> anyhow::Result<Self> {
+    /// Connects with the server's data policy; `nodes` are the URLs of the server, or of every
+    /// master of the cluster `config.redis` names.
+    pub async fn connect(
+        config: StoreConfig,
+        tenants: &[String],
+        nodes: &[String],
+    ) -> anyhow::Result<Self> {
         let store = Store::connect(config.clone()).await?;
-        let sluice::store::RedisTarget::Standalone(url) = &config.redis else {
-            anyhow::bail!("the benchmark runs on standalone redis");
-        };
-        let conn = redis::Client::open(url.as_str())?
-            .get_multiplexed_async_connection()
-            .await?;
+        let conn = Conn::open(&config.redis, 1, config.op_timeout)
+            .await?
+            .remove(0);
+        let mut node_conns = Vec::with_capacity(nodes.len());
+        for url in nodes {
+            node_conns.push(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            );
+        }
         let tenants = tenants
             .iter()
             .map(|t| TenantId::parse(t).map_err(|e| anyhow::anyhow!("tenant {t}: {}", e.detail)))
@@ -76,45 +111,118 @@ impl Direct {
             config,
             store: Arc::new(store),
             conn,
+            nodes: node_conns,
+            addrs: nodes
+                .iter()
+                .map(|u| u.trim_start_matches("redis://").to_owned())
+                .collect(),
             tenants,
         })
     }
 
-    /// Empties Redis and sets it up as a first `sluice serve` start would (meta record, scripts,
-    /// published defaults, consumer groups), so each phase starts from the same state.
+    /// Empties Redis (every node) and sets it up as a first `sluice serve` start would (meta
+    /// record, scripts, published defaults, consumer groups), so each phase starts from the
+    /// same state.
     pub async fn reset(&mut self) -> anyhow::Result<()> {
-        let () = redis::cmd("FLUSHALL")
-            .arg("SYNC")
-            .query_async(&mut self.conn)
-            .await?;
+        for node in &mut self.nodes {
+            let () = redis::cmd("FLUSHALL").arg("SYNC").query_async(node).await?;
+        }
         let store = Store::connect(self.config.clone()).await?;
         store.publish_defaults().await?;
         store.ensure_groups().await?;
         self.store = Arc::new(store);
-        let () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut self.conn)
-            .await?;
+        for node in &mut self.nodes {
+            let () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(node)
+                .await?;
+        }
         Ok(())
     }
 
-    /// Microseconds Redis spent running scripts (EVALSHA, EVAL) since the last `reset`, by its
-    /// own `INFO commandstats`: Redis's CPU cost of the phase's work, unaffected by how busy
-    /// the rest of the machine is.
-    pub async fn script_usec(&mut self) -> anyhow::Result<u64> {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut self.conn)
-            .await?;
-        Ok(info
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split(',')
-                    .find_map(|f| f.strip_prefix("usec="))
-                    .and_then(|v| v.parse::<u64>().ok())
+    /// Which shards (and how many of the benchmark's tenants) each master of a cluster serves,
+    /// by the slot of each shard's hash tag and `CLUSTER SLOTS`.
+    pub async fn layout(&mut self) -> anyhow::Result<Vec<NodeLoad>> {
+        let addrs = &self.addrs;
+        let mut out: Vec<NodeLoad> = addrs
+            .iter()
+            .map(|a| NodeLoad {
+                addr: a.clone(),
+                ..NodeLoad::default()
             })
-            .sum())
+            .collect();
+        let shards = self.store.shards();
+        // (first slot, last slot, node index) of every slot range.
+        let mut ranges = Vec::new();
+        let slots: Vec<Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.nodes[0])
+            .await?;
+        for range in slots {
+            let Value::Array(r) = range else { continue };
+            let (Some(first), Some(last), Some(Value::Array(master))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                continue;
+            };
+            let first: u16 = redis::from_redis_value_ref(first)?;
+            let last: u16 = redis::from_redis_value_ref(last)?;
+            let port: u16 = redis::from_redis_value_ref(
+                master.get(1).context("CLUSTER SLOTS without a port")?,
+            )?;
+            let node = addrs
+                .iter()
+                .position(|a| a.ends_with(&format!(":{port}")))
+                .context("CLUSTER SLOTS names a node the benchmark did not start")?;
+            ranges.push((first, last, node));
+        }
+        let mut node_of: Vec<usize> = Vec::new();
+        for shard in shards.all() {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(shard.ready())
+                .query_async(&mut self.nodes[0])
+                .await?;
+            let node = ranges
+                .iter()
+                .find(|(a, b, _)| (*a..=*b).contains(&slot))
+                .map(|r| r.2)
+                .with_context(|| format!("slot {slot} is served by no node"))?;
+            node_of.push(node);
+        }
+        for shard in shards.all() {
+            out[node_of[usize::from(shard.number())]]
+                .shards
+                .push(shard.number());
+        }
+        for t in &self.tenants {
+            out[node_of[usize::from(shards.shard_of(t).number())]].tenants += 1;
+        }
+        Ok(out)
+    }
+
+    /// Microseconds each node spent running scripts (EVALSHA, EVAL) since the last `reset`, by
+    /// its own `INFO commandstats`: Redis's CPU cost of the phase's work, unaffected by how
+    /// busy the rest of the machine is.
+    pub async fn script_usec(&mut self) -> anyhow::Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        for node in &mut self.nodes {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(node)
+                .await?;
+            out.push(
+                info.lines()
+                    .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                    .filter_map(|l| {
+                        l.split(',')
+                            .find_map(|f| f.strip_prefix("usec="))
+                            .and_then(|v| v.parse::<u64>().ok())
+                    })
+                    .sum(),
+            );
+        }
+        Ok(out)
     }
 
     /// Admits `{"flow_id":"demo.echo","params":{"n":i}}` (with a unique dedup key when `dedup`)
@@ -189,16 +297,18 @@ impl Direct {
         })
     }
 
-    /// Redis's `used_memory`, bytes.
+    /// Redis's `used_memory`, bytes, summed over the nodes.
     pub async fn used_memory(&mut self) -> anyhow::Result<u64> {
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut self.conn)
-            .await?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("used_memory:"))
-            .and_then(|v| v.trim().parse().ok())
-            .context("INFO memory has no used_memory")
+        let mut sum = 0;
+        for node in &mut self.nodes {
+            let info: String = redis::cmd("INFO").arg("memory").query_async(node).await?;
+            sum += info
+                .lines()
+                .find_map(|l| l.strip_prefix("used_memory:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .context("INFO memory has no used_memory")?;
+        }
+        Ok(sum)
     }
 
     /// `MEMORY USAGE` of every key summed by kind (rows, dedup mappings, status and flow
@@ -207,111 +317,150 @@ impl Direct {
     /// little under the `used_memory` growth.
     pub async fn memory_by_kind(&mut self) -> anyhow::Result<BTreeMap<&'static str, u64>> {
         let mut out = BTreeMap::new();
-        let mut cursor = 0u64;
-        // Bounded like `census`.
-        for _ in 0..10_000_000 {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(5000)
-                .query_async(&mut self.conn)
-                .await?;
-            let mut p = redis::pipe();
-            for k in &keys {
-                p.cmd("MEMORY").arg("USAGE").arg(k).arg("SAMPLES").arg(0);
-            }
-            let sizes: Vec<Option<u64>> = p.query_async(&mut self.conn).await?;
-            for (k, size) in keys.iter().zip(sizes) {
-                *out.entry(key_kind(k)).or_default() += size.unwrap_or(0);
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
+        for node in &mut self.nodes {
+            let mut cursor = 0u64;
+            // Bounded like `census`.
+            for _ in 0..10_000_000 {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(5000)
+                    .query_async(node)
+                    .await?;
+                let mut p = redis::pipe();
+                for k in &keys {
+                    p.cmd("MEMORY").arg("USAGE").arg(k).arg("SAMPLES").arg(0);
+                }
+                let sizes: Vec<Option<u64>> = p.query_async(node).await?;
+                for (k, size) in keys.iter().zip(sizes) {
+                    *out.entry(key_kind(k)).or_default() += size.unwrap_or(0);
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
         }
         Ok(out)
     }
 
     /// The shards' `completed` counters, summed (cheap: for polling while workers drain).
-    pub async fn completed(&self) -> anyhow::Result<u64> {
-        Ok(self
-            .shard_stats()
-            .await?
-            .iter()
-            .map(|s| s.counters.get("completed").copied().unwrap_or(0))
-            .sum())
+    pub async fn completed(&mut self) -> anyhow::Result<u64> {
+        let mut sum = 0;
+        for shard in self.store.shards().all() {
+            let n: Option<u64> = self.conn.hget(shard.stats(), "completed").await?;
+            sum += n.unwrap_or(0);
+        }
+        Ok(sum)
     }
 
-    /// Every shard's statistics; an error when any shard did not answer (a census counts all).
-    async fn shard_stats(&self) -> anyhow::Result<Vec<ShardStats>> {
-        let mut out = Vec::new();
-        for report in self.store.queue_stats().await {
-            out.push(
-                report
-                    .stats
-                    .with_context(|| format!("shard {}", report.shard.label()))?,
-            );
-        }
-        Ok(out)
+    /// One shard's queue sizes and `completed` counter, in one call to the master of its slot
+    /// (all the shard's keys share its hash tag). Not `Store::queue_stats`, whose single
+    /// pipeline over all shards a cluster refuses (cross-slot).
+    async fn shard_counts(&mut self, s: Shard) -> anyhow::Result<ShardCounts> {
+        let mut p = redis::pipe();
+        p.xlen(s.ready())
+            .zcard(s.leases())
+            .zcard(s.delayed())
+            .xlen(s.dead_letters())
+            .hget(s.stats(), "completed")
+            .cmd("XPENDING")
+            .arg(s.ready())
+            .arg(WORKER_GROUP);
+        let (ready, leases, delayed, dead_letters, completed, pending): (
+            u64,
+            u64,
+            u64,
+            u64,
+            Option<u64>,
+            Value,
+        ) = p.query_async(&mut self.conn).await?;
+        // XPENDING's summary form: [count, first id, last id, consumers].
+        let pending = match pending {
+            Value::Array(v) => v
+                .first()
+                .map(redis::from_redis_value_ref::<u64>)
+                .transpose()?
+                .unwrap_or(0),
+            _ => 0,
+        };
+        Ok(ShardCounts {
+            ready,
+            pending,
+            leases,
+            delayed,
+            dead_letters,
+            completed: completed.unwrap_or(0),
+        })
     }
 
     /// Counts what Redis holds. With `times`, also reads every completed row's admission and
     /// completion time.
     pub async fn census(&mut self, times: bool) -> anyhow::Result<Census> {
         let mut c = Census::default();
-        for s in self.shard_stats().await? {
+        let shards: ShardMap = self.store.shards();
+        for shard in shards.all() {
+            let s = self.shard_counts(shard).await?;
             c.ready += s.ready;
             c.pending += s.pending;
             c.leases += s.leases;
             c.delayed += s.delayed;
             c.dead_letters += s.dead_letters;
-            c.completed_counter += s.counters.get("completed").copied().unwrap_or(0);
+            c.completed_counter += s.completed;
         }
-        let shards: ShardMap = self.store.shards();
-        let mut p = redis::pipe();
         for t in &self.tenants {
-            p.zcard(shards.shard_of(t).waiting(t));
+            let n: u64 = self.conn.zcard(shards.shard_of(t).waiting(t)).await?;
+            c.waiting += n;
         }
-        let waiting: Vec<u64> = p.query_async(&mut self.conn).await?;
-        c.waiting = waiting.iter().sum();
 
         let mut e2e = Vec::new();
         let (mut first, mut last) = (u64::MAX, 0u64);
-        let mut cursor = 0u64;
-        // Bounded: SCAN ends when the cursor returns to 0; the cap guards against a server bug.
-        for _ in 0..10_000_000 {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(keys::row_pattern())
-                .arg("COUNT")
-                .arg(5000)
-                .query_async(&mut self.conn)
-                .await?;
-            let mut p = redis::pipe();
-            for k in &keys {
-                p.cmd("HMGET")
-                    .arg(k)
-                    .arg("status")
-                    .arg("created")
-                    .arg("finished");
-            }
-            let rows: Vec<(Option<String>, Option<u64>, Option<u64>)> =
-                p.query_async(&mut self.conn).await?;
-            for (status, created, finished) in rows {
-                let Some(status) = status else { continue }; // deleted between SCAN and HMGET
-                c.rows += 1;
-                if times && let (Some(a), Some(b)) = (created, finished) {
-                    e2e.push((b.saturating_sub(a) * 1000).min(u64::from(u32::MAX)) as u32);
-                    first = first.min(a);
-                    last = last.max(b);
+        for node in &mut self.nodes {
+            let (mut rows_here, mut completed_here) = (0, 0);
+            let mut cursor = 0u64;
+            // Bounded: SCAN ends when the cursor returns to 0; the cap guards against a server
+            // bug.
+            for _ in 0..10_000_000 {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::row_pattern())
+                    .arg("COUNT")
+                    .arg(5000)
+                    .query_async(node)
+                    .await?;
+                // Every key SCAN returned is on this node, so one pipeline reads them all.
+                let mut p = redis::pipe();
+                for k in &keys {
+                    p.cmd("HMGET")
+                        .arg(k)
+                        .arg("status")
+                        .arg("created")
+                        .arg("finished");
                 }
-                *c.by_status.entry(status).or_default() += 1;
+                let rows: Vec<(Option<String>, Option<u64>, Option<u64>)> =
+                    p.query_async(node).await?;
+                for (status, created, finished) in rows {
+                    let Some(status) = status else { continue }; // deleted between SCAN and HMGET
+                    rows_here += 1;
+                    if times && let (Some(a), Some(b)) = (created, finished) {
+                        e2e.push((b.saturating_sub(a) * 1000).min(u64::from(u32::MAX)) as u32);
+                        first = first.min(a);
+                        last = last.max(b);
+                    }
+                    if status == "completed" {
+                        completed_here += 1;
+                    }
+                    *c.by_status.entry(status).or_default() += 1;
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
+            c.rows += rows_here;
+            c.rows_by_node.push(rows_here);
+            c.completed_by_node.push(completed_here);
         }
         if times {
             let span = Duration::from_millis(last.saturating_sub(first.min(last)));
@@ -319,6 +468,16 @@ impl Direct {
         }
         Ok(c)
     }
+}
+
+/// One shard's queue sizes.
+struct ShardCounts {
+    ready: u64,
+    pending: u64,
+    leases: u64,
+    delayed: u64,
+    dead_letters: u64,
+    completed: u64,
 }
 
 /// The kind of a sluice key, as the keys module reads it back.

@@ -1,8 +1,9 @@
 //! `sluice-bench`: the benchmark of sluice's speed targets, measured in one run on loopback.
 //!
-//! It starts its own `redis-server` (no persistence) and `sluice serve` (and, for the
-//! end-to-end phase, `sluice worker` processes) from the `sluice` binary next to its own, then
-//! runs these phases, each from an empty Redis and each bounded in time:
+//! It starts its own `redis-server` (no persistence) — or, with `--cluster`, a local Redis
+//! Cluster of `--cluster-masters` masters — and `sluice serve` (and, for the end-to-end phase,
+//! `sluice worker` processes) from the `sluice` binary next to its own, then runs these phases,
+//! each from an empty Redis and each bounded in time:
 //!
 //! 1. **ceiling**: `admit.lua` called directly (sluice's `Store::admit`), 64 in flight;
 //! 2. **admission**: `POST /api/executions` over 64 keep-alive connections, unique keys;
@@ -12,8 +13,11 @@
 //! 6. **memory**: Redis `used_memory` per queued execution at 100k executions.
 //!
 //! After every phase it checks what Redis holds against what the clients were told; the
-//! report says so and the exit status is non-zero when a check fails. It is a program with a
-//! report, never part of `cargo test`; `--smoke` runs it for a few seconds in CI so it cannot rot.
+//! report says so and the exit status is non-zero when a check fails. On a cluster the report
+//! adds each master's admissions/s and script CPU; `--compare-standalone` runs the standalone
+//! and the cluster benchmark one after the other and prints both with a comparison table. It
+//! is a program with a report, never part of `cargo test`; `--smoke` runs it for a few seconds
+//! in CI so it cannot rot.
 
 mod direct;
 mod load;
@@ -30,10 +34,13 @@ use anyhow::Context;
 use clap::Parser;
 use sluice::store::StoreConfig;
 
-use direct::{Direct, Until};
+use direct::{Census, Direct, Until};
 use load::{LoadResult, Progress, Workload};
 use procs::{Proc, Scratch, SluiceCmd};
-use report::{Check, CpuShare, E2e, FixedRate, Memory, MemoryPoint, Phase, Report};
+use report::{
+    Check, Comparison, CpuShare, E2e, FixedRate, Master, MasterShare, Memory, MemoryPoint, Phase,
+    Report,
+};
 
 /// Quotas high enough that admission never rejects: every execution is dispatched at once.
 const UNLIMITED: u32 = 1_000_000_000;
@@ -122,6 +129,17 @@ pub struct Args {
     /// Runtime threads of each `sluice worker`; 0 = one per CPU.
     #[arg(long, default_value_t = 0)]
     worker_threads: usize,
+    /// Run on a local Redis Cluster (masters only, no persistence) instead of one
+    /// redis-server: sluice gets `--redis-cluster`, and the report adds each master's share.
+    #[arg(long)]
+    cluster: bool,
+    /// Masters of the `--cluster` cluster.
+    #[arg(long, default_value_t = 3)]
+    cluster_masters: usize,
+    /// Run the whole benchmark twice, on one redis-server and then on the cluster
+    /// (`--cluster-masters`), and print both reports and a comparison table.
+    #[arg(long, conflicts_with = "cluster")]
+    compare_standalone: bool,
 }
 
 impl Args {
@@ -172,24 +190,39 @@ async fn bench_main(args: Args) -> ExitCode {
         }
     };
     let result = tokio::select! {
-        r = run(args.clone()) => r,
+        r = run_all(args.clone()) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         _ = term.recv() => Err(anyhow::anyhow!("terminated")),
     };
+    let passed = |r: &Report| r.correct && (!args.strict || r.targets_met);
     match result {
-        Ok(report) => {
-            if args.json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(text) => println!("{text}"),
-                    Err(e) => {
-                        eprintln!("sluice-bench: {e}");
-                        return ExitCode::FAILURE;
-                    }
+        Ok(reports) => {
+            let (text, ok) = match &reports {
+                Outcome::One(report) => (
+                    if args.json {
+                        serde_json::to_string_pretty(report).map(|t| t + "\n")
+                    } else {
+                        Ok(report.human())
+                    },
+                    passed(report),
+                ),
+                Outcome::Compared(c) => (
+                    if args.json {
+                        serde_json::to_string_pretty(c).map(|t| t + "\n")
+                    } else {
+                        Ok(c.human())
+                    },
+                    passed(&c.standalone) && passed(&c.cluster),
+                ),
+            };
+            match text {
+                Ok(text) => print!("{text}"),
+                Err(e) => {
+                    eprintln!("sluice-bench: {e}");
+                    return ExitCode::FAILURE;
                 }
-            } else {
-                print!("{}", report.human());
             }
-            if report.correct && (!args.strict || report.targets_met) {
+            if ok {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
@@ -200,6 +233,37 @@ async fn bench_main(args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One report, or a standalone and a cluster one (`--compare-standalone`).
+enum Outcome {
+    One(Box<Report>),
+    Compared(Box<Comparison>),
+}
+
+/// The run the flags ask for: one, or standalone then cluster.
+async fn run_all(args: Args) -> anyhow::Result<Outcome> {
+    if !args.compare_standalone {
+        return Ok(Outcome::One(Box::new(run(args).await?)));
+    }
+    eprintln!(
+        "sluice-bench: standalone first, then a cluster of {} masters",
+        args.cluster_masters
+    );
+    let standalone = run(Args {
+        cluster: false,
+        ..args.clone()
+    })
+    .await?;
+    let cluster = run(Args {
+        cluster: true,
+        ..args
+    })
+    .await?;
+    Ok(Outcome::Compared(Box::new(Comparison {
+        standalone,
+        cluster,
+    })))
 }
 
 /// Where the `sluice` program is: the flag, else next to this binary.
@@ -264,6 +328,11 @@ impl Pids {
     }
 }
 
+/// The Redis nodes and `serve` (the processes every phase's CPU shares name).
+fn redis_and<'a>(redis: &'a procs::Redis, serve: &'a Proc) -> Vec<&'a Proc> {
+    redis.nodes.iter().chain([serve]).collect()
+}
+
 /// Runs a phase with a progress line per second; returns its result and CPU shares.
 async fn phase<F: Future<Output = anyhow::Result<LoadResult>>>(
     name: &str,
@@ -288,19 +357,29 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     }
     let program = sluice_program(&args)?;
     let scratch = Scratch::create()?;
-    let (mut redis, redis_url) = procs::start_redis(&args.redis_server, &scratch).await?;
+    let mut redis = if args.cluster {
+        procs::start_cluster(&args.redis_server, &scratch, args.cluster_masters).await?
+    } else {
+        procs::start_redis(&args.redis_server, &scratch).await?
+    };
+    let target = redis.target();
     let cmd = SluiceCmd {
         program,
-        redis_url: redis_url.clone(),
+        redis: target.clone(),
         redis_connections: args.redis_connections,
         serve_threads: args.serve_threads,
         worker_threads: args.worker_threads,
     };
     let (mut serve, addr) =
         procs::start_serve(&cmd, &scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
+    let redis_pids: Vec<String> = redis
+        .nodes
+        .iter()
+        .map(|n| n.pid().unwrap_or(0).to_string())
+        .collect();
     eprintln!(
-        "sluice-bench: redis at {redis_url} (pid {}), sluice serve at http://{addr} (pid {})",
-        redis.pid().unwrap_or(0),
+        "sluice-bench: redis at {target} (pid {}), sluice serve at http://{addr} (pid {})",
+        redis_pids.join(", "),
         serve.pid().unwrap_or(0)
     );
 
@@ -308,7 +387,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         .map(|i| format!("bench-t{i}"))
         .collect();
     let store_config = StoreConfig {
-        redis: sluice::store::RedisTarget::Standalone(redis_url.clone()),
+        redis: target.clone(),
         connections: args.redis_connections,
         op_timeout: Duration::from_secs(10),
         shards: 16,
@@ -318,7 +397,16 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         dedup_ttl: Duration::from_secs(7 * 86_400),
         dlq_cap: 10_000,
     };
-    let mut direct = Direct::connect(store_config, &tenants).await?;
+    let mut direct = Direct::connect(store_config, &tenants, &redis.urls).await?;
+    // Each master's address, for the per-master shares (none when standalone).
+    let masters: Option<Vec<String>> = args.cluster.then(|| {
+        redis
+            .urls
+            .iter()
+            .map(|u| u.trim_start_matches("redis://").to_owned())
+            .collect()
+    });
+    let masters = masters.as_deref();
     let workload = |tag: &str| Workload {
         addr,
         admin_token: ADMIN_TOKEN.into(),
@@ -327,7 +415,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         flow: "demo.echo".into(),
     };
     let mut report = Report::new(&args);
-    let pids = Pids::of(&[&redis, &serve]);
+    let pids = Pids::of(&redis_and(&redis, &serve));
     let clients = args.clients.max(1);
 
     // 1. Ceiling.
@@ -343,10 +431,23 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     })
     .await?;
     let script_us = direct.script_usec().await?;
-    report
-        .checks
-        .push(check_queued("ceiling", &r, &mut direct).await?);
-    report.ceiling = Some(Phase::from(&r, cpu, script_us));
+    if masters.is_some() {
+        report.masters = Some(
+            direct
+                .layout()
+                .await?
+                .into_iter()
+                .map(|n| Master {
+                    node: n.addr,
+                    shards: n.shards,
+                    tenants: n.tenants,
+                })
+                .collect(),
+        );
+    }
+    let (check, census) = check_queued("ceiling", &r, &mut direct).await?;
+    report.checks.push(check);
+    report.ceiling = Some(phase_report(&r, cpu, &script_us, &census, masters));
 
     // 2. Admission, unique keys.
     direct.reset().await?;
@@ -356,10 +457,9 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     })
     .await?;
     let script_us = direct.script_usec().await?;
-    report
-        .checks
-        .push(check_queued("admission", &r, &mut direct).await?);
-    report.admission = Some(Phase::from(&r, cpu, script_us));
+    let (check, census) = check_queued("admission", &r, &mut direct).await?;
+    report.checks.push(check);
+    report.admission = Some(phase_report(&r, cpu, &script_us, &census, masters));
 
     // 3. Admission with replays.
     direct.reset().await?;
@@ -375,10 +475,9 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     })
     .await?;
     let script_us = direct.script_usec().await?;
-    report
-        .checks
-        .push(check_queued("replay mix", &r, &mut direct).await?);
-    report.replay_mix = Some(Phase::from(&r, cpu, script_us));
+    let (check, census) = check_queued("replay mix", &r, &mut direct).await?;
+    report.checks.push(check);
+    report.replay_mix = Some(phase_report(&r, cpu, &script_us, &census, masters));
     serve.ensure_running()?;
 
     // 4. Fixed rate: open loop at a share of the measured admission maximum.
@@ -397,12 +496,11 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     })
     .await?;
     let script_us = direct.script_usec().await?;
-    report
-        .checks
-        .push(check_queued("fixed rate", &r, &mut direct).await?);
+    let (check, census) = check_queued("fixed rate", &r, &mut direct).await?;
+    report.checks.push(check);
     report.fixed_rate = Some(FixedRate {
         target_per_sec: rate,
-        phase: Phase::from(&r, cpu, script_us),
+        phase: phase_report(&r, cpu, &script_us, &census, masters),
     });
 
     // 5. End-to-end with workers.
@@ -413,7 +511,8 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         &scratch,
         &mut direct,
         &workload("e2e"),
-        &[&redis, &serve],
+        &redis_and(&redis, &serve),
+        masters,
     )
     .await?;
     report.checks.push(check);
@@ -433,7 +532,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         let after = direct.used_memory().await?;
         report
             .checks
-            .push(check_queued(name, &r, &mut direct).await?);
+            .push(check_queued(name, &r, &mut direct).await?.0);
         let n = r.outcomes.created.max(1);
         let by_kind = direct
             .memory_by_kind()
@@ -474,6 +573,7 @@ async fn end_to_end(
     direct: &mut Direct,
     w: &Workload,
     others: &[&Proc],
+    masters: Option<&[String]>,
 ) -> anyhow::Result<(E2e, Check)> {
     let mut workers = Vec::new();
     for n in 1..=args.workers.max(1) {
@@ -525,7 +625,8 @@ async fn end_to_end(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu = pids.since(&before, started.elapsed());
-    let script_us = direct.script_usec().await?;
+    let scripts = direct.script_usec().await?;
+    let script_us: u64 = scripts.iter().sum();
     for wk in &mut workers {
         wk.ensure_running()?;
     }
@@ -577,13 +678,35 @@ async fn end_to_end(
         redis_script_us_per_execution: (script_us as f64 / completed.max(1) as f64 * 100.0).round()
             / 100.0,
         http: Phase::from(&r, cpu, script_us),
+        per_master: masters
+            .map(|m| MasterShare::of(m, &census.completed_by_node, &scripts, span.as_secs_f64())),
     };
     Ok((e2e, check))
 }
 
+/// A phase's numbers from its load, CPU shares and each node's script time; on a cluster
+/// (`masters`) with each master's share of the rows the census found.
+fn phase_report(
+    r: &LoadResult,
+    cpu: Vec<CpuShare>,
+    script_us: &[u64],
+    census: &Census,
+    masters: Option<&[String]>,
+) -> Phase {
+    let mut p = Phase::from(r, cpu, script_us.iter().sum());
+    p.per_master = masters
+        .map(|m| MasterShare::of(m, &census.rows_by_node, script_us, r.elapsed.as_secs_f64()));
+    p
+}
+
 /// After an admission phase without workers: every 2xx is one row, one ready-stream entry (all
 /// are dispatched: quotas are unlimited), nothing waiting, pending, leased or dead-lettered.
-async fn check_queued(phase: &str, r: &LoadResult, direct: &mut Direct) -> anyhow::Result<Check> {
+/// Returns the census too.
+async fn check_queued(
+    phase: &str,
+    r: &LoadResult,
+    direct: &mut Direct,
+) -> anyhow::Result<(Check, Census)> {
     let c = direct
         .census(false)
         .await
@@ -598,7 +721,7 @@ async fn check_queued(phase: &str, r: &LoadResult, direct: &mut Direct) -> anyho
         && c.pending == 0
         && c.leases == 0
         && c.dead_letters == 0;
-    Ok(Check {
+    let check = Check {
         phase: phase.into(),
         ok,
         detail: format!(
@@ -615,5 +738,6 @@ async fn check_queued(phase: &str, r: &LoadResult, direct: &mut Direct) -> anyho
             c.pending,
             c.dead_letters
         ),
-    })
+    };
+    Ok((check, c))
 }

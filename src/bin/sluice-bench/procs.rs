@@ -1,5 +1,5 @@
-//! The processes a benchmark run owns: a `redis-server` (no persistence, data in a temporary
-//! folder) and `sluice serve` / `sluice worker` children, all on loopback. Every child is killed
+//! The processes a benchmark run owns: a `redis-server` or the masters of a local Redis Cluster
+//! (no persistence, data in a temporary folder) and `sluice serve` / `sluice worker` children, all on loopback. Every child is killed
 //! when its handle drops (`kill_on_drop`), so an error, a panic or Ctrl-C never leaves one
 //! behind; the temporary folder goes with the `Scratch` guard.
 
@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use sluice::store::RedisTarget;
 use tokio::process::{Child, Command};
 
 use crate::load::Conn;
@@ -103,20 +104,100 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
+/// The Redis a run owns: one `redis-server`, or the masters of a local Redis Cluster (no
+/// replicas), each a child process without persistence.
+pub struct Redis {
+    /// `redis`, or `redis-1` ... `redis-<N>` (the names CPU shares are reported under).
+    pub nodes: Vec<Proc>,
+    /// `redis://127.0.0.1:<port>` of each node, in `nodes` order.
+    pub urls: Vec<String>,
+    cluster: bool,
+}
+
+impl Redis {
+    /// Where sluice finds this Redis (a cluster is named by all its masters as seeds).
+    pub fn target(&self) -> RedisTarget {
+        if self.cluster {
+            RedisTarget::Cluster(self.urls.clone())
+        } else {
+            RedisTarget::Standalone(self.urls[0].clone())
+        }
+    }
+
+    /// Fails when a node has exited.
+    pub fn ensure_running(&mut self) -> anyhow::Result<()> {
+        self.nodes.iter_mut().try_for_each(Proc::ensure_running)
+    }
+
+    /// Kills every node.
+    pub async fn kill(self) {
+        for n in self.nodes {
+            n.kill().await;
+        }
+    }
+}
+
 /// Starts `redis-server` on a free loopback port without persistence and waits for PING.
-pub async fn start_redis(program: &Path, scratch: &Scratch) -> anyhow::Result<(Proc, String)> {
+pub async fn start_redis(program: &Path, scratch: &Scratch) -> anyhow::Result<Redis> {
+    let (proc, url) = start_node(program, scratch, "redis", &[]).await?;
+    Ok(Redis {
+        nodes: vec![proc],
+        urls: vec![url],
+        cluster: false,
+    })
+}
+
+/// Starts `masters` cluster-enabled `redis-server`s (`sluice::dev::cluster_node_args`, no
+/// persistence) and forms a cluster of them with `sluice::dev::form_cluster`: masters only,
+/// the 16384 slots shared evenly.
+pub async fn start_cluster(
+    program: &Path,
+    scratch: &Scratch,
+    masters: usize,
+) -> anyhow::Result<Redis> {
+    anyhow::ensure!(masters >= 1, "a cluster needs at least one master");
+    let args = sluice::dev::cluster_node_args(5_000);
+    let mut nodes = Vec::with_capacity(masters);
+    let mut urls = Vec::with_capacity(masters);
+    for i in 1..=masters {
+        let (proc, url) = start_node(program, scratch, &format!("redis-{i}"), &args).await?;
+        nodes.push(proc);
+        urls.push(url);
+    }
+    let ports: Vec<u16> = urls
+        .iter()
+        .map(|u| u.rsplit(':').next().and_then(|p| p.parse().ok()))
+        .collect::<Option<_>>()
+        .context("a node url without a port")?;
+    sluice::dev::form_cluster(&ports, 0, Duration::from_secs(30)).await?;
+    Ok(Redis {
+        nodes,
+        urls,
+        cluster: true,
+    })
+}
+
+/// Starts one `redis-server` named `name` (its folder and log in the scratch folder) on a free
+/// loopback port without persistence, with `extra` arguments, and waits for PING.
+async fn start_node(
+    program: &Path,
+    scratch: &Scratch,
+    name: &str,
+    extra: &[String],
+) -> anyhow::Result<(Proc, String)> {
     for _ in 0..5 {
         let port = free_port()?;
-        let dir = scratch.path().join("redis");
+        let dir = scratch.path().join(name);
         std::fs::create_dir_all(&dir)?;
         let mut proc = Proc::spawn(
-            "redis",
+            name,
             Command::new(program)
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .arg("--dir")
                 .arg(&dir)
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"]),
-            scratch.path().join("redis.log"),
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .args(extra),
+            scratch.path().join(format!("{name}.log")),
         )
         .map_err(|e| {
             e.context(format!(
@@ -150,13 +231,24 @@ pub async fn start_redis(program: &Path, scratch: &Scratch) -> anyhow::Result<(P
 pub struct SluiceCmd {
     /// The `sluice` program (normally next to this benchmark's binary).
     pub program: PathBuf,
-    pub redis_url: String,
+    /// The Redis every child uses (`--redis-url` or `--redis-cluster`).
+    pub redis: RedisTarget,
     /// Multiplexed Redis connections per process.
     pub redis_connections: usize,
     /// Runtime threads of `serve` and of each worker (`TOKIO_WORKER_THREADS`); 0 = tokio's
     /// default, one per CPU.
     pub serve_threads: usize,
     pub worker_threads: usize,
+}
+
+impl SluiceCmd {
+    /// The arguments that point a sluice process at the Redis.
+    fn redis_args(&self) -> [String; 2] {
+        match &self.redis {
+            RedisTarget::Standalone(url) => ["--redis-url".into(), url.clone()],
+            RedisTarget::Cluster(seeds) => ["--redis-cluster".into(), seeds.join(",")],
+        }
+    }
 }
 
 /// Sets `TOKIO_WORKER_THREADS` (read by `#[tokio::main]`) unless `threads` is 0.
@@ -182,7 +274,7 @@ pub async fn start_serve(
             runtime_threads(&mut Command::new(&s.program), s.serve_threads)
                 .arg("serve")
                 .args(["--listen", &addr.to_string()])
-                .args(["--redis-url", &s.redis_url])
+                .args(s.redis_args())
                 .args(["--redis-connections", &s.redis_connections.to_string()])
                 .args(["--default-max-concurrent", &max_concurrent.to_string()])
                 .args(["--default-max-queued", &max_queued.to_string()])
@@ -225,7 +317,7 @@ pub fn start_worker(
         &format!("worker-{n}"),
         runtime_threads(&mut Command::new(&s.program), s.worker_threads)
             .args(["worker", "--demo-flows"])
-            .args(["--redis-url", &s.redis_url])
+            .args(s.redis_args())
             .args(["--redis-connections", &s.redis_connections.to_string()])
             .args(["--concurrency", &concurrency.to_string()])
             .args(["--idle-poll-ms", &idle_poll_ms.to_string()])

@@ -1,6 +1,7 @@
 //! The benchmark's report: the measured numbers, the speed targets with PASS/FAIL, the CPU each
 //! process used per phase (where the time goes), and the correctness checks. Printed for people
-//! or, with `--json`, as one JSON document.
+//! or, with `--json`, as one JSON document. On a Redis Cluster it also has each master's share
+//! (admissions/s and script CPU); `--compare-standalone` puts two reports side by side.
 
 use std::fmt::Write;
 
@@ -27,6 +28,57 @@ pub struct Phase {
     pub cpu: Vec<CpuShare>,
     /// Redis's time in scripts per 2xx answer (new or replayed), µs, from `INFO commandstats`.
     pub redis_script_us_per_request: f64,
+    /// On a cluster: each master's share of the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_master: Option<Vec<MasterShare>>,
+}
+
+/// One master's share of a phase on a cluster.
+#[derive(Debug, Clone, Serialize)]
+pub struct MasterShare {
+    /// `127.0.0.1:<port>`.
+    pub node: String,
+    /// Executions this master holds after the phase (admitted, or completed end-to-end).
+    pub executions: u64,
+    /// Those per second of the phase (end-to-end: of its span).
+    pub per_sec: f64,
+    /// Microseconds this master spent in scripts during the phase (`INFO commandstats`).
+    pub script_us: u64,
+    /// The same as a share of one core over the phase.
+    pub script_cores: f64,
+}
+
+impl MasterShare {
+    /// Shares of `executions[i]` per node over `secs`, with each node's script time.
+    pub fn of(nodes: &[String], executions: &[u64], script_us: &[u64], secs: f64) -> Vec<Self> {
+        let secs = secs.max(1e-3);
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let n = executions.get(i).copied().unwrap_or(0);
+                let us = script_us.get(i).copied().unwrap_or(0);
+                Self {
+                    node: node.clone(),
+                    executions: n,
+                    per_sec: n as f64 / secs,
+                    script_us: us,
+                    script_cores: round2(us as f64 / 1e6 / secs),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A master of the cluster and what it serves.
+#[derive(Debug, Clone, Serialize)]
+pub struct Master {
+    /// `127.0.0.1:<port>`.
+    pub node: String,
+    /// The shards whose hash tag's slot it serves.
+    pub shards: Vec<u16>,
+    /// How many of the benchmark's tenants live in those shards.
+    pub tenants: usize,
 }
 
 impl Phase {
@@ -41,6 +93,7 @@ impl Phase {
             latency: r.latencies.percentiles(),
             cpu,
             redis_script_us_per_request: round2(script_us as f64 / answered as f64),
+            per_master: None,
         }
     }
 }
@@ -70,6 +123,10 @@ pub struct E2e {
     pub redis_script_us_per_execution: f64,
     /// The HTTP side of the phase (and CPU of every process, workers included).
     pub http: Phase,
+    /// On a cluster: each master's completed executions per second of the span, and its
+    /// script time over the whole phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_master: Option<Vec<MasterShare>>,
 }
 
 /// Redis memory per queued execution.
@@ -130,12 +187,18 @@ pub struct Settings {
     pub serve_threads: usize,
     pub worker_threads: usize,
     pub bench_threads: usize,
+    /// Masters of the Redis Cluster the run used (absent: one standalone server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_masters: Option<usize>,
 }
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub settings: Settings,
+    /// On a cluster: its masters, the shards each serves and the tenants in them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub masters: Option<Vec<Master>>,
     pub ceiling: Option<Phase>,
     pub admission: Option<Phase>,
     pub replay_mix: Option<Phase>,
@@ -171,7 +234,9 @@ impl Report {
                 serve_threads: args.serve_threads,
                 worker_threads: args.worker_threads,
                 bench_threads: args.threads,
+                cluster_masters: args.cluster.then_some(args.cluster_masters),
             },
+            masters: None,
             ceiling: None,
             admission: None,
             replay_mix: None,
@@ -237,11 +302,15 @@ impl Report {
         let s = &self.settings;
         let _ = writeln!(
             o,
-            "\nsluice benchmark — {} build, {} CPUs, {} clients, {} tenants{}",
+            "\nsluice benchmark — {} build, {} CPUs, {} clients, {} tenants{}{}",
             s.build,
             s.cpus,
             s.clients,
             s.tenants,
+            match s.cluster_masters {
+                Some(n) => format!(", Redis Cluster of {n} masters (no replicas)"),
+                None => String::new(),
+            },
             if s.smoke {
                 " (SMOKE RUN: numbers mean nothing)"
             } else {
@@ -360,6 +429,8 @@ impl Report {
             }
         }
 
+        self.human_per_master(&mut o);
+
         let _ = writeln!(o, "\nCPU per phase, in cores (where the time goes):");
         let _ = writeln!(
             o,
@@ -435,6 +506,160 @@ impl Report {
                 "CORRECTNESS CHECK FAILED"
             },
             self.targets.len()
+        );
+        o
+    }
+}
+
+impl Report {
+    /// On a cluster: which shards each master serves, its executions per second in each phase,
+    /// and its script time in each phase as a share of a core.
+    fn human_per_master(&self, o: &mut String) {
+        let Some(masters) = &self.masters else { return };
+        let phases: [(&str, Option<&Vec<MasterShare>>); 5] = [
+            (
+                "ceiling/s",
+                self.ceiling.as_ref().and_then(|p| p.per_master.as_ref()),
+            ),
+            (
+                "admission/s",
+                self.admission.as_ref().and_then(|p| p.per_master.as_ref()),
+            ),
+            (
+                "replay mix/s",
+                self.replay_mix.as_ref().and_then(|p| p.per_master.as_ref()),
+            ),
+            (
+                "fixed rate/s",
+                self.fixed_rate
+                    .as_ref()
+                    .and_then(|f| f.phase.per_master.as_ref()),
+            ),
+            (
+                "e2e/s",
+                self.e2e.as_ref().and_then(|e| e.per_master.as_ref()),
+            ),
+        ];
+        let _ = writeln!(
+            o,
+            "\nPer master (a tenant's executions go to the master serving its shard's slot):"
+        );
+        let mut head = format!("  {:<18} {:>6} {:>7}", "master", "shards", "tenants");
+        for (name, _) in &phases {
+            let _ = write!(head, " {name:>12}");
+        }
+        let _ = writeln!(o, "{head}");
+        for (i, m) in masters.iter().enumerate() {
+            let mut line = format!("  {:<18} {:>6} {:>7}", m.node, m.shards.len(), m.tenants);
+            for (_, shares) in &phases {
+                match shares.and_then(|v| v.get(i)) {
+                    Some(sh) => {
+                        let _ = write!(line, " {:>12.0}", sh.per_sec);
+                    }
+                    None => {
+                        let _ = write!(line, " {:>12}", "-");
+                    }
+                }
+            }
+            let _ = writeln!(o, "{line}");
+        }
+        let _ = writeln!(
+            o,
+            "  redis script CPU per master, in cores (INFO commandstats usec / phase seconds):"
+        );
+        for (i, m) in masters.iter().enumerate() {
+            let mut line = format!("  {:<18} {:>6} {:>7}", m.node, "", "");
+            for (_, shares) in &phases {
+                match shares.and_then(|v| v.get(i)) {
+                    Some(sh) => {
+                        let _ = write!(line, " {:>12.2}", sh.script_cores);
+                    }
+                    None => {
+                        let _ = write!(line, " {:>12}", "-");
+                    }
+                }
+            }
+            let _ = writeln!(o, "{line}");
+        }
+    }
+}
+
+/// Standalone and cluster runs of the same settings, side by side (`--compare-standalone`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub standalone: Report,
+    pub cluster: Report,
+}
+
+impl Comparison {
+    /// Both reports, then the table of the numbers that matter for the comparison.
+    pub fn human(&self) -> String {
+        let mut o = String::new();
+        o.push_str(&self.standalone.human());
+        o.push_str(&self.cluster.human());
+        let masters = self.cluster.settings.cluster_masters.unwrap_or(0);
+        let rate = |p: Option<&Phase>| p.map_or("-".to_owned(), |p| format!("{:.0}", p.per_sec));
+        let per_master = |p: Option<&Phase>| {
+            p.and_then(|p| p.per_master.as_ref()).map_or_else(
+                || "-".to_owned(),
+                |v| {
+                    v.iter()
+                        .map(|m| format!("{:.0}", m.per_sec))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                },
+            )
+        };
+        let e2e = |r: &Report| {
+            r.e2e
+                .as_ref()
+                .map_or("-".to_owned(), |e| format!("{:.0}", e.per_sec))
+        };
+        let (s, c) = (&self.standalone, &self.cluster);
+        let _ = writeln!(
+            o,
+            "standalone vs cluster ({masters} masters), one session on this machine:\n"
+        );
+        let _ = writeln!(o, "  {:<34} {:>12} {:>24}", "", "standalone", "cluster");
+        let rows = [
+            (
+                "ceiling admissions/s",
+                rate(s.ceiling.as_ref()),
+                rate(c.ceiling.as_ref()),
+            ),
+            (
+                "  per master",
+                rate(s.ceiling.as_ref()),
+                per_master(c.ceiling.as_ref()),
+            ),
+            (
+                "HTTP admissions/s",
+                rate(s.admission.as_ref()),
+                rate(c.admission.as_ref()),
+            ),
+            (
+                "  per master",
+                rate(s.admission.as_ref()),
+                per_master(c.admission.as_ref()),
+            ),
+            ("e2e completed/s", e2e(s), e2e(c)),
+        ];
+        for (name, a, b) in rows {
+            let _ = writeln!(o, "  {name:<34} {a:>12} {b:>24}");
+        }
+        let _ = writeln!(
+            o,
+            "\nRESULT: standalone {}, cluster {}\n",
+            if s.correct {
+                "correct"
+            } else {
+                "CORRECTNESS CHECK FAILED"
+            },
+            if c.correct {
+                "correct"
+            } else {
+                "CORRECTNESS CHECK FAILED"
+            }
         );
         o
     }
