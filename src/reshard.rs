@@ -164,7 +164,7 @@ impl Cluster {
             "there is no shard {number} (shards 0 to {})",
             self.store.shards().count() - 1
         );
-        let shard = Shard::new(number);
+        let shard = self.store.shards().shard(number);
         let slot = self.slot_of(shard).await?;
         let masters = self.masters().await?;
         let target = masters

@@ -4,15 +4,15 @@
 //! `acl_keys.lua` (change both together: `tests/api/fences.rs` runs those builders on Redis
 //! and compares them with these).
 //!
-//! All keys of a tenant live in its shard and carry the shard's hash tag (`{s07}`), so each
-//! script touches one slot on Redis Cluster. User input never forms a hash tag: only validated
-//! ids appear after the tag.
+//! All keys of a tenant live in its shard and carry the shard's hash tag (`{s07.19}`, see
+//! `layout`), so each script touches one slot on Redis Cluster. User input never forms a hash
+//! tag: only validated ids appear after the tag.
 
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+use super::layout::Layout;
 use crate::admission::{ExecutionId, FlowId, Status, TenantId};
-
-/// Version of the key layout this build reads and writes. A change of layout ships as a
-/// numbered migration and bumps this.
-pub const LAYOUT_VERSION: u32 = 1;
 
 /// Every sluice key starts with this.
 const ROOT: &str = "sluice:";
@@ -86,29 +86,34 @@ pub fn tenants() -> String {
     format!("{ACL_PREFIX}tenants")
 }
 
-/// One shard: a hash tag and the keys under it.
+/// One shard: a number, a hash tag and the keys under it. Made by a `ShardMap` (which knows
+/// the layout, and so the tag) or read back from a key name by `parse`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Shard(u16);
+pub struct Shard {
+    number: u16,
+    tag: &'static str,
+}
 
 impl Shard {
-    /// The shard with this number (0-based).
-    pub fn new(n: u16) -> Self {
-        Self(n)
-    }
-
     /// The shard's number.
     pub fn number(self) -> u16 {
-        self.0
+        self.number
     }
 
-    /// The prefix of every key in this shard, e.g. `sluice:{s07}:`; scripts get it as ARGV[1].
+    /// The text of its hash tag, e.g. `s07.19` (layout 2) or `s07` (layout 1).
+    pub fn tag(self) -> &'static str {
+        self.tag
+    }
+
+    /// The prefix of every key in this shard, e.g. `sluice:{s07.19}:`; scripts get it as
+    /// ARGV[1].
     pub fn prefix(self) -> String {
-        format!("{ROOT}{{{}}}:", self.label())
+        format!("{ROOT}{{{}}}:", self.tag)
     }
 
-    /// The shard's label in metrics and logs, e.g. `s07` (the text of its hash tag).
+    /// The shard's label in metrics and logs, e.g. `s07` (the same in every layout).
     pub fn label(self) -> String {
-        format!("s{:02}", self.0)
+        format!("s{:02}", self.number)
     }
 
     /// The freeze marker: while it exists every script of the shard refuses to run (with a
@@ -201,24 +206,69 @@ impl Shard {
     }
 }
 
-/// Maps tenants to shards. The count is fixed at first start and recorded in `meta()`, since
-/// changing it would move tenants' keys.
+/// The one copy of each tag text: `Shard` stays `Copy` and cheap, and a process holds at most
+/// a few dozen tags (its shard count, in one or two layouts, plus what `parse` read back).
+fn intern(tag: String) -> &'static str {
+    static TAGS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut tags = TAGS.get_or_init(Mutex::default).lock().expect("tag table");
+    if let Some(t) = tags.get(tag.as_str()) {
+        return t;
+    }
+    let t: &'static str = Box::leak(tag.into_boxed_str());
+    tags.insert(t);
+    t
+}
+
+/// Maps tenants to shards. The count and the layout are fixed at first start and recorded in
+/// `meta()`, since changing either would move tenants' keys.
 #[derive(Debug, Clone, Copy)]
 pub struct ShardMap {
     count: u16,
+    layout: Layout,
+    /// Each shard's tag, computed once.
+    tags: &'static [&'static str],
 }
 
 impl ShardMap {
-    /// A map over `count` shards (at least 1).
-    pub fn new(count: u16) -> Self {
+    /// A map over `count` shards (at least 1) named by `layout`.
+    pub fn new(count: u16, layout: Layout) -> Self {
+        static MAPS: OnceLock<Mutex<Vec<(u16, Layout, &'static [&'static str])>>> = OnceLock::new();
+        let count = count.max(1);
+        let mut maps = MAPS.get_or_init(Mutex::default).lock().expect("map table");
+        let tags = match maps.iter().find(|(c, l, _)| *c == count && *l == layout) {
+            Some((_, _, tags)) => *tags,
+            None => {
+                let tags: Vec<&'static str> =
+                    (0..count).map(|n| intern(layout.tag(n, count))).collect();
+                let tags: &'static [&'static str] = Box::leak(tags.into_boxed_slice());
+                maps.push((count, layout, tags));
+                tags
+            }
+        };
         Self {
-            count: count.max(1),
+            count,
+            layout,
+            tags,
         }
     }
 
     /// How many shards there are.
     pub fn count(self) -> u16 {
         self.count
+    }
+
+    /// How shard tags are named.
+    pub fn layout(self) -> Layout {
+        self.layout
+    }
+
+    /// Shard `n` (taken modulo the count).
+    pub fn shard(self, n: u16) -> Shard {
+        let number = n % self.count;
+        Shard {
+            number,
+            tag: self.tags[usize::from(number)],
+        }
     }
 
     /// The shard of a tenant: FNV-1a of its id, modulo the shard count. Stable across
@@ -229,12 +279,12 @@ impl ShardMap {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
-        Shard((h % u64::from(self.count)) as u16)
+        self.shard((h % u64::from(self.count)) as u16)
     }
 
     /// Every shard.
     pub fn all(self) -> impl Iterator<Item = Shard> {
-        (0..self.count).map(Shard)
+        (0..self.count).map(move |n| self.shard(n))
     }
 }
 
@@ -292,12 +342,21 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
     if key.starts_with(META_PREFIX) {
         return Some(name(KeyKind::Meta));
     }
-    let rest = key.strip_prefix(ROOT)?.strip_prefix("{s")?;
-    let (number, rest) = rest.split_once("}:")?;
-    if number.len() < 2 || !number.bytes().all(|b| b.is_ascii_digit()) {
+    let rest = key.strip_prefix(ROOT)?.strip_prefix('{')?;
+    let (tag, rest) = rest.split_once("}:")?;
+    // `s07` (layout 1) or `s07.19` (layout 2).
+    let (number, suffix) = tag
+        .strip_prefix('s')?
+        .split_once('.')
+        .unwrap_or((&tag[1..], "0"));
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    if number.len() < 2 || !digits(number) || !digits(suffix) {
         return None;
     }
-    let shard = Some(Shard(number.parse().ok()?));
+    let shard = Some(Shard {
+        number: number.parse().ok()?,
+        tag: intern(tag.to_owned()),
+    });
     let at = |kind| {
         Some(KeyName {
             shard,
@@ -390,12 +449,12 @@ mod tests {
         // Pinned: a change would move existing tenants away from their keys. FNV-1a-64 of
         // "acme" is 0x0724d383f4f6de0f (reference implementation): 15 of 16, 3 of 4.
         let t = TenantId::parse("acme").unwrap();
-        assert_eq!(ShardMap::new(16).shard_of(&t).number(), 15);
-        assert_eq!(ShardMap::new(4).shard_of(&t).number(), 3);
-        assert_eq!(ShardMap::new(1).shard_of(&t).number(), 0);
-        assert_eq!(ShardMap::new(0).count(), 1);
+        assert_eq!(ShardMap::new(16, Layout::CURRENT).shard_of(&t).number(), 15);
+        assert_eq!(ShardMap::new(4, Layout::CURRENT).shard_of(&t).number(), 3);
+        assert_eq!(ShardMap::new(1, Layout::CURRENT).shard_of(&t).number(), 0);
+        assert_eq!(ShardMap::new(0, Layout::CURRENT).count(), 1);
         // Tenants spread: 64 tenants over 16 shards reach more than half of them.
-        let map = ShardMap::new(16);
+        let map = ShardMap::new(16, Layout::CURRENT);
         let used: std::collections::HashSet<u16> = (0..64)
             .map(|i| {
                 map.shard_of(&TenantId::parse(&format!("tenant-{i}")).unwrap())
@@ -407,10 +466,16 @@ mod tests {
 
     #[test]
     fn every_key_of_a_tenant_is_in_its_shard_slot() {
+        for (layout, tag) in [(Layout::Legacy, "s15"), (Layout::SlotAligned, "s15.59")] {
+            keys_of_a_tenant_share_the_slot_of(ShardMap::new(16, layout), tag);
+        }
+    }
+
+    fn keys_of_a_tenant_share_the_slot_of(map: ShardMap, tag: &str) {
         let t = TenantId::parse("acme").unwrap();
-        let s = ShardMap::new(16).shard_of(&t);
-        assert_eq!(s.prefix(), "sluice:{s15}:");
-        let slot = cluster_slot("s15");
+        let s = map.shard_of(&t);
+        assert_eq!(s.prefix(), format!("sluice:{{{tag}}}:"));
+        let slot = cluster_slot(tag);
         let id = ExecutionId::new();
         let f = FlowId::parse("demo.echo").unwrap();
         let keys = [
@@ -433,11 +498,11 @@ mod tests {
             s.dedup(&t, "ab"),
         ];
         for k in &keys {
-            assert!(k.starts_with("sluice:{s15}:"), "{k}");
+            assert!(k.starts_with(&s.prefix()), "{k}");
             assert_eq!(cluster_slot(k), slot, "{k}");
         }
         // Another shard is another slot.
-        assert_ne!(cluster_slot(&Shard::new(3).ready()), slot);
+        assert_ne!(cluster_slot(&map.shard(3).ready()), slot);
     }
 
     #[test]
@@ -465,7 +530,7 @@ mod tests {
     #[test]
     fn key_names_read_back_as_what_they_are() {
         let t = TenantId::parse("acme").unwrap();
-        let s = Shard::new(7);
+        let s = ShardMap::new(16, Layout::CURRENT).shard(7);
         let id = ExecutionId::new();
         let f = FlowId::parse("demo.echo").unwrap();
         let tenant_keys = [
@@ -509,8 +574,13 @@ mod tests {
             "sluice:x",
             "sluice:{s7x}:ready",
             "sluice:{s07}:nope",
+            "sluice:{s07.x}:ready",
         ] {
             assert_eq!(parse(foreign), None, "{foreign}");
         }
+        // A layout-1 key reads back as the layout-1 shard.
+        let legacy = ShardMap::new(16, Layout::Legacy).shard(7);
+        assert_eq!(parse(&legacy.ready()).unwrap().shard, Some(legacy));
+        assert_ne!(Some(legacy), Some(s));
     }
 }

@@ -39,7 +39,7 @@ pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::Admission;
 pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, NotRetryable, RetryResult};
-pub use keys::{LAYOUT_VERSION, Shard, ShardMap, WORKER_GROUP};
+pub use keys::{Shard, ShardMap, WORKER_GROUP};
 pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Started};
 pub use list::{ListQuery, Page};
@@ -159,7 +159,7 @@ impl Store {
             conns,
             next: AtomicUsize::new(0),
             scripts: Scripts::new(),
-            shards: ShardMap::new(config.shards),
+            shards: ShardMap::new(config.shards, Layout::CURRENT),
             config,
             policy,
         };
@@ -178,7 +178,7 @@ impl Store {
             .bounded(
                 redis::pipe()
                     .hset_nx(keys::meta(), "shards", self.config.shards)
-                    .hset_nx(keys::meta(), "layout", LAYOUT_VERSION)
+                    .hset_nx(keys::meta(), "layout", Layout::CURRENT.number())
                     .hget(keys::meta(), "shards")
                     .hget(keys::meta(), "layout")
                     .query_async(&mut c),
@@ -189,10 +189,18 @@ impl Store {
                 "meta record lacks shards/layout".into(),
             ));
         };
-        if layout > LAYOUT_VERSION {
+        let Some(layout) = Layout::from_number(layout) else {
             return Err(StoreError::Corrupt(format!(
-                "redis holds key layout {layout}, this build knows up to {LAYOUT_VERSION}: upgrade sluice"
+                "redis holds key layout {layout}, this build knows up to {}: upgrade sluice",
+                Layout::CURRENT.number()
             )));
+        };
+        if layout != Layout::CURRENT {
+            tracing::warn!(
+                layout = layout.number(),
+                "this Redis uses an older key layout (shards crowd some cluster masters); \
+                 `sluice migrate-layout` moves it to the current one"
+            );
         }
         if shards != self.config.shards {
             tracing::warn!(
@@ -202,7 +210,7 @@ impl Store {
             );
         }
         self.load_scripts().await?;
-        Ok(ShardMap::new(shards))
+        Ok(ShardMap::new(shards, layout))
     }
 
     /// Loads every script (also after `SCRIPT FLUSH`); calls fall back on their own anyway.

@@ -334,26 +334,39 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_cluster() {
     }
     use crate::fences::{admit_call, eval};
     use sluice::admission::{ExecutionId, Status, TenantId};
-    use sluice::store::{Shard, composed_source, operation};
+    use sluice::store::{composed_source, operation};
 
     let redis = crate::helpers::TestRedis::start().await;
     let admit = composed_source("shard", operation("admit.lua").unwrap());
     let id = ExecutionId::new();
-    let (k, a) = admit_call(Shard::new(3), Shard::new(3), &id);
+    let (k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(3),
+        &id,
+    );
     eval(&redis, &admit, &k, &a)
         .await
         .expect("the right call admits");
     let before = redis.keys().await;
 
-    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &ExecutionId::new());
-    k[6] = Shard::new(4).status_index(&TenantId::parse("acme").unwrap(), Status::Queued);
+    let (mut k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(3),
+        &ExecutionId::new(),
+    );
+    k[6] =
+        crate::helpers::shard_no(4).status_index(&TenantId::parse("acme").unwrap(), Status::Queued);
     let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
     assert!(
         e.to_string().to_lowercase().contains("crossslot")
             || e.to_string().to_lowercase().contains("crossed slots"),
         "{e}"
     );
-    let (k, a) = admit_call(Shard::new(3), Shard::new(5), &ExecutionId::new());
+    let (k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(5),
+        &ExecutionId::new(),
+    );
     let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
     assert!(e.to_string().contains("outside the prefix"), "{e}");
     assert_eq!(redis.keys().await, before);

@@ -62,7 +62,7 @@ return out";
         (15, "X_9-z", "demo.echo"),
         (123, "tenant", "x"),
     ] {
-        let s = Shard::new(n);
+        let s = crate::helpers::shard_no(n);
         let t = TenantId::parse(tenant).unwrap();
         let f = FlowId::parse(flow).unwrap();
         let id = ExecutionId::new();
@@ -174,7 +174,11 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
     let id = ExecutionId::new();
 
     // The right call admits (the harness is sound).
-    let (k, a) = admit_call(Shard::new(3), Shard::new(3), &id);
+    let (k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(3),
+        &id,
+    );
     let ok: Vec<RedisValue> =
         redis::from_redis_value(eval(&redis, &admit, &k, &a).await.unwrap()).unwrap();
     assert_eq!(ok[0], RedisValue::BulkString(b"new".to_vec()));
@@ -182,36 +186,69 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
 
     // Keys of shard 3, prefix of shard 5: refused before anything is read or written.
     let other = ExecutionId::new();
-    let (k, a) = admit_call(Shard::new(3), Shard::new(5), &other);
+    let (k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(5),
+        &other,
+    );
     let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
     assert!(
-        e.to_string().contains("outside the prefix sluice:{s05}:"),
+        e.to_string().contains(&format!(
+            "outside the prefix {}",
+            crate::helpers::shard_no(5).prefix()
+        )),
         "{e}"
     );
     // One key of another shard among the right ones: the same.
-    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &other);
-    k[6] = Shard::new(4).status_index(&TenantId::parse("acme").unwrap(), Status::Queued);
-    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
-    assert!(e.to_string().contains("KEYS[7] sluice:{s04}:"), "{e}");
-    // The right shard, but a key that is not the one the script uses: named in the error.
-    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &other);
-    k[1] = Shard::new(3).row(&ExecutionId::new());
-    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
-    assert!(
-        e.to_string().contains("KEYS[2] is sluice:{s03}:exec:"),
-        "{e}"
+    let (mut k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(3),
+        &other,
     );
-    // No freeze marker first: refused.
-    let (mut k, a) = admit_call(Shard::new(3), Shard::new(3), &other);
-    k.remove(0);
+    k[6] =
+        crate::helpers::shard_no(4).status_index(&TenantId::parse("acme").unwrap(), Status::Queued);
     let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
     assert!(
         e.to_string()
-            .contains("KEYS[1] must be sluice:{s03}:frozen"),
+            .contains(&format!("KEYS[7] {}", crate::helpers::shard_no(4).prefix())),
+        "{e}"
+    );
+    // The right shard, but a key that is not the one the script uses: named in the error.
+    let (mut k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(3),
+        &other,
+    );
+    k[1] = crate::helpers::shard_no(3).row(&ExecutionId::new());
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string().contains(&format!(
+            "KEYS[2] is {}exec:",
+            crate::helpers::shard_no(3).prefix()
+        )),
+        "{e}"
+    );
+    // No freeze marker first: refused.
+    let (mut k, a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(3),
+        &other,
+    );
+    k.remove(0);
+    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string().contains(&format!(
+            "KEYS[1] must be {}frozen",
+            crate::helpers::shard_no(3).prefix()
+        )),
         "{e}"
     );
     // A prefix that is no prefix (it would match every key).
-    let (k, mut a) = admit_call(Shard::new(3), Shard::new(3), &other);
+    let (k, mut a) = admit_call(
+        crate::helpers::shard_no(3),
+        crate::helpers::shard_no(3),
+        &other,
+    );
     a[0] = "sluice:".into();
     let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
     assert!(e.to_string().contains("not a key prefix"), "{e}");
@@ -224,7 +261,10 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
         keys::api_key("0123456789abcdef"),
         keys::tenants(),
     ];
-    let a = vec![Shard::new(3).prefix(), "0123456789abcdef".into()];
+    let a = vec![
+        crate::helpers::shard_no(3).prefix(),
+        "0123456789abcdef".into(),
+    ];
     let e = eval(&redis, &auth, &k, &a).await.unwrap_err();
     assert!(e.to_string().contains("outside the prefix"), "{e}");
 }
@@ -246,7 +286,7 @@ async fn a_frozen_shard_refuses_every_script_until_the_marker_goes() {
     assert!(store.is_frozen(shard).await.unwrap());
     assert!(
         !store
-            .is_frozen(Shard::new(shard.number() ^ 1))
+            .is_frozen(crate::helpers::shard_no(shard.number() ^ 1))
             .await
             .unwrap()
     );

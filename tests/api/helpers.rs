@@ -339,6 +339,12 @@ impl Drop for TestRedis {
     }
 }
 
+/// Shard `n` of a default store (16 shards, the current layout): for tests that call scripts
+/// or read keys of a shard directly.
+pub fn shard_no(n: u16) -> Shard {
+    ShardMap::new(16, sluice::store::Layout::CURRENT).shard(n)
+}
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

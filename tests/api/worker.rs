@@ -19,7 +19,7 @@ async fn pending(app: &TestApp) -> (u64, u64) {
     let mut c = app.redis.conn().await;
     let (mut entries, mut max_deliveries) = (0, 0);
     for n in 0..16u16 {
-        let key = sluice::store::Shard::new(n).ready();
+        let key = crate::helpers::shard_no(n).ready();
         let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
             .arg(&key)
             .arg("workers")
