@@ -232,7 +232,9 @@ pub struct ShardMap {
 impl ShardMap {
     /// A map over `count` shards (at least 1) named by `layout`.
     pub fn new(count: u16, layout: Layout) -> Self {
-        static MAPS: OnceLock<Mutex<Vec<(u16, Layout, &'static [&'static str])>>> = OnceLock::new();
+        /// The tags of each (count, layout) a map was made for.
+        type Tags = Vec<(u16, Layout, &'static [&'static str])>;
+        static MAPS: OnceLock<Mutex<Tags>> = OnceLock::new();
         let count = count.max(1);
         let mut maps = MAPS.get_or_init(Mutex::default).lock().expect("map table");
         let tags = match maps.iter().find(|(c, l, _)| *c == count && *l == layout) {

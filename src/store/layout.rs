@@ -53,7 +53,7 @@ pub const SLOTS: u32 = 16_384;
 
 /// The cluster slot of a key whose hash tag is `tag` (CRC16/XMODEM mod 16384, as Redis).
 pub fn slot_of_tag(tag: &str) -> u16 {
-    (crc16(tag.as_bytes()) % SLOTS as u16) as u16
+    crc16(tag.as_bytes()) % SLOTS as u16
 }
 
 /// The first `s<NN>.<k>` whose slot lies within 1/8 of a shard's width of the middle of shard
