@@ -176,13 +176,11 @@ impl Pickup {
                 // The slots free now (none is waited for: a run that finds none is left to
                 // its lease, see `unsure`).
                 let free = self.shared.slots.available_permits().min(adopted.len());
-                match u32::try_from(free)
+                let reserved = u32::try_from(free)
                     .ok()
                     .filter(|n| *n > 0)
-                    .and_then(|n| self.shared.slots.clone().try_acquire_many_owned(n).ok())
-                {
-                    reserved => self.launch_all(adopted, sent, reserved),
-                }
+                    .and_then(|n| self.shared.slots.clone().try_acquire_many_owned(n).ok());
+                self.launch_all(adopted, sent, reserved)
             }
             Err(e) => {
                 self.failed(&e, "cannot find out what a lost start call started");
