@@ -52,6 +52,12 @@ pub enum Command {
     Dev(DevArgs),
     /// Print the OpenAPI document (the one committed as openapi/openapi.json).
     Openapi,
+    /// Move data written with an older key layout to the current one (stop or expect 503s
+    /// from running sluice processes until they are restarted; see the README).
+    MigrateLayout {
+        #[command(flatten)]
+        redis: RedisSettings,
+    },
     /// Operate on the Redis Cluster sluice runs on: see where shards live, move one.
     #[command(subcommand)]
     Cluster(ClusterCommand),

@@ -17,6 +17,7 @@ pub mod app;
 pub mod config;
 pub mod dev;
 pub mod http;
+pub mod migrate;
 pub mod reshard;
 pub mod server;
 pub mod store;

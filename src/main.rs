@@ -26,6 +26,22 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", sluice::http::openapi().to_pretty_json()?);
             Ok(())
         }
+        Command::MigrateLayout { redis } => {
+            match sluice::migrate::migrate_layout(redis.store_config(&ApiSettings::defaults()))
+                .await?
+            {
+                None => println!("already on the current key layout; nothing to do"),
+                Some(m) => println!(
+                    "key layout {} -> {}: {} keys in {:?}. Restart every sluice process: \
+                     those still running answer 503 for the old shards.",
+                    m.from.number(),
+                    m.to.number(),
+                    m.keys,
+                    m.took
+                ),
+            }
+            Ok(())
+        }
         Command::Cluster(ClusterCommand::Shards { redis }) => {
             let cluster = Cluster::connect(redis.store_config(&ApiSettings::defaults())).await?;
             println!("{:>5}  {:>5}  {:<22}  frozen", "shard", "slot", "master");

@@ -89,7 +89,7 @@ impl Cluster {
     }
 
     /// A direct connection to the node at `host:port`, with the seed's credentials.
-    async fn node(&self, host: &str, port: u16) -> anyhow::Result<MultiplexedConnection> {
+    pub async fn node(&self, host: &str, port: u16) -> anyhow::Result<MultiplexedConnection> {
         let info = self
             .seed
             .clone()

@@ -14,6 +14,7 @@ mod fences;
 mod guarantees;
 mod handlers;
 mod helpers;
+mod layout;
 mod listing;
 mod openapi;
 mod operability;
