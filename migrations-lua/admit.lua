@@ -28,6 +28,7 @@
 --   {'disabled'}        the tenant is disabled; nothing written
 --   {'full', waiting}   no room and the waiting set is at max_queued; nothing written
 --                       (only older waiting executions may have been dispatched)
+--   {'moved', n}        the tenant is pinned to dedicated shard n (pin.lua); nothing written
 local tenant, id, flow = ARGV[6], ARGV[7], ARGV[8]
 local ROW, VOID = declared(2, K.row(id)), declared(3, K.void(id))
 declared(4, K.cfg(tenant)); declared(5, K.slots(tenant)); declared(6, K.waiting(tenant))
@@ -38,6 +39,10 @@ declared(11, K.ready())
 
 local version, params = ARGV[9], ARGV[10]
 local max_attempts, dedup, dedup_hash, fingerprint = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
+
+-- A caller that has not learned of the tenant's pin yet is sent on.
+local pinned = redis.call('HGET', K.cfg(tenant), 'pinned')
+if pinned then return { 'moved', pinned } end
 
 -- The caller gave up on this admission and was told nothing happened: keep it that way.
 if redis.call('EXISTS', VOID) == 1 then return { 'void' } end

@@ -13,11 +13,14 @@
 -- ARGV[9]  enabled: '1' / '0', '' to keep, 'default' (enabled)
 -- ARGV[10] most waiting executions to handle in this call
 --
--- Reply: 1 when more waiting executions fit now (call promote.lua), else 0
+-- Reply: 1 when more waiting executions fit now (call promote.lua), else 0; -1 - n when the
+-- tenant is pinned to dedicated shard n (pin.lua): nothing written
 local tenant = ARGV[6]
 local CFG = declared(2, K.cfg(tenant))
 declared(3, K.slots(tenant)); declared(4, K.waiting(tenant)); declared(5, K.ready())
 local budget = tonumber(ARGV[10])
+local pinned = redis.call('HGET', CFG, 'pinned')
+if pinned then return -1 - tonumber(pinned) end
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9] }
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
 redis.call('HSET', CFG, 'configured', 1)

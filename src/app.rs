@@ -171,6 +171,7 @@ impl Application {
                 stop.clone(),
             ));
         }
+        tokio::spawn(follow_pins(self.store.clone(), stop.clone()));
         let metrics_server = self.metrics_listener.map(|(listener, router)| {
             tokio::spawn(server::serve(
                 listener,
@@ -299,5 +300,25 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+/// How often a server rereads the tenants pinned to dedicated shards. A stale server is safe
+/// meanwhile (admissions and limit changes are sent on by Redis), but its reads of a newly
+/// pinned tenant look in the old shard until then.
+const PIN_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Rereads the pins every `PIN_REFRESH` until `stop`.
+async fn follow_pins(store: Arc<Store>, stop: tokio_util::sync::CancellationToken) {
+    let mut tick = tokio::time::interval(PIN_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(e) = store.refresh_pins().await {
+            tracing::debug!(error = %e, "cannot reread the pinned tenants");
+        }
     }
 }

@@ -368,6 +368,10 @@ pub struct RedisSettings {
     /// Shard count recorded at first start (later starts use the recorded one).
     #[arg(long, env = "SLUICE_SHARDS", default_value_t = 16)]
     pub shards: u16,
+    /// Shards kept for tenants pinned to a shard of their own, recorded at first start (see
+    /// `POST /api/tenants/{tenant}/dedicated-shard`).
+    #[arg(long, env = "SLUICE_DEDICATED_SHARDS", default_value_t = 2)]
+    pub dedicated_shards: u16,
 }
 
 impl ApiSettings {
@@ -410,6 +414,7 @@ impl RedisSettings {
             redis_connections: 2,
             redis_timeout_ms: 2_000,
             shards: 16,
+            dedicated_shards: 2,
         }
     }
 }
@@ -445,6 +450,7 @@ impl RedisSettings {
             connections: self.redis_connections,
             op_timeout: Duration::from_millis(self.redis_timeout_ms),
             shards: self.shards,
+            dedicated_shards: self.dedicated_shards,
             default_max_concurrent: api.default_max_concurrent,
             default_max_queued: api.default_max_queued,
             retention: Duration::from_secs(api.retention_days * 86_400),

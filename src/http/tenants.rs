@@ -14,13 +14,80 @@ use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
 use crate::admission::TenantId;
-use crate::store::{Change, TenantLimits, TenantState};
+use crate::store::{Change, Pin, TenantLimits, TenantState};
 
 /// The tenant routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(put_tenant, get_tenant, delete_tenant))
         .routes(routes!(list_tenants))
+        .routes(routes!(pin_tenant))
+}
+
+/// Answer of `POST /api/tenants/{tenant}/dedicated-shard`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"tenant_id": "acme", "shard": 16, "hash_tag": "s16.57"}))]
+pub struct DedicatedShard {
+    pub tenant_id: String,
+    /// The shard's number (dedicated shards come after the hashed ones).
+    pub shard: u16,
+    /// The hash tag all the tenant's keys now carry: `CLUSTER KEYSLOT <hash_tag>` names the
+    /// slot to move (`sluice cluster move-shard --shard <shard>` does it).
+    pub hash_tag: String,
+}
+
+/// Pin a tenant to a dedicated shard of its own (platform admin).
+///
+/// A tenant's quota, FIFO order and dedup live in one Redis hash slot, so on Redis Cluster a
+/// tenant uses at most one master, shared with the other tenants hashed to its shard. A
+/// tenant expected to be hot gets one of the dedicated shards here (`--dedicated-shards`, 2 by
+/// default); `sluice cluster move-shard` can then put that shard on a master of its own. Only a
+/// tenant without executions can be pinned (they cannot follow it atomically): pin before it
+/// starts. Pinning a pinned tenant answers its shard again. Its own limits move with it.
+#[utoipa::path(
+    post,
+    path = "/api/tenants/{tenant}/dedicated-shard",
+    tag = "tenants",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
+    responses(
+        (status = 200, description = "Pinned (now or before)", body = DedicatedShard),
+        (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The tenant has executions (`tenant_has_executions`), or every dedicated shard is taken (`no_dedicated_shard_free`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pin_tenant(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+) -> Result<axum::Json<DedicatedShard>, ApiError> {
+    caller.require(Role::PlatformAdmin)?;
+    let tenant = TenantId::parse(&tenant)?;
+    let conflict = |code: &'static str, detail: String| ApiError::Status {
+        status: StatusCode::CONFLICT,
+        code,
+        detail,
+    };
+    match state.store.pin_tenant(&tenant).await? {
+        Pin::Pinned(shard) => Ok(axum::Json(DedicatedShard {
+            tenant_id: tenant.to_string(),
+            shard: shard.number(),
+            hash_tag: shard.tag().to_owned(),
+        })),
+        Pin::Busy(n) => Err(conflict(
+            "tenant_has_executions",
+            format!(
+                "tenant {tenant} has {n} executions in its shard; only a tenant without executions can be pinned"
+            ),
+        )),
+        Pin::NoneFree => Err(conflict(
+            "no_dedicated_shard_free",
+            "every dedicated shard is pinned to a tenant already (see --dedicated-shards)".into(),
+        )),
+    }
 }
 
 /// Body of `PUT /api/tenants/{tenant}`: only the fields it names change. A field absent keeps

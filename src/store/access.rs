@@ -104,7 +104,7 @@ impl Store {
             .arg(tenant.as_str());
         let mut c = self.conn();
         let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
-        let cfg = self.shards.shard_of(tenant).tenant_config(tenant);
+        let cfg = self.shard_of(tenant).tenant_config(tenant);
         let _: i64 = self
             .bounded(redis::cmd("DEL").arg(cfg).query_async(&mut c))
             .await?;

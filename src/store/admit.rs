@@ -45,68 +45,80 @@ impl Store {
         tenant: &TenantId,
         req: &AdmitRequest,
     ) -> Result<Admission, StoreError> {
-        let shard = self.shards.shard_of(tenant);
         let id = ExecutionId::new();
-        let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
-        let mut keys = vec![
-            shard.row(&id),
-            shard.void(&id),
-            shard.tenant_config(tenant),
-            shard.slots(tenant),
-            shard.waiting(tenant),
-            shard.status_index(tenant, Status::Queued),
-            shard.flow_index(tenant, &req.flow, Status::Queued),
-            shard.flows(tenant),
-            shard.tenants(),
-            shard.ready(),
-        ];
-        if req.dedup.is_some() {
-            keys.push(shard.dedup(tenant, &digest));
-        }
-        let mut inv = self.shard_script(&self.scripts.admit, shard, &keys);
-        inv.arg(tenant.as_str())
-            .arg(id.as_str())
-            .arg(req.flow.as_str())
-            .arg(req.version.as_ref().map(|v| v.as_str()).unwrap_or(""))
-            .arg(&req.params)
-            .arg(req.max_attempts)
-            .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
-            .arg(&digest)
-            .arg(req.fingerprint.as_str());
-        let mut c = self.conn();
-        let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
-            Ok(Ok(reply)) => reply,
-            // Refused at connect: the call never left this process.
-            Ok(Err(e)) if e.is_connection_refusal() => return Err(e.into()),
-            // Sent, answer lost: it may have run, or may still run.
-            Ok(Err(e)) if is_lost(&e) => return self.abandon(tenant, &id, &e.to_string()).await,
-            Err(timeout) => return self.abandon(tenant, &id, &timeout.to_string()).await,
-            // Anything else is an answer (an error reply: Redis itself says the script did not
-            // run, or failed before writing) or never left this process.
-            Ok(Err(e)) => return Err(e.into()),
-        };
-        let (tag, rest) = split_tag(reply)?;
-        match tag.as_str() {
-            "new" => {
-                let (qstate, now) = (string_at(&rest, 0)?, string_at(&rest, 1)?);
-                let qstate = match qstate.as_str() {
-                    "waiting" => QueueState::Waiting,
-                    _ => QueueState::Dispatched,
-                };
-                Execution::admitted(id.as_str(), tenant.as_str(), req, qstate, &now)
-                    .map(Admission::Created)
-                    .map_err(StoreError::Corrupt)
+        // Twice at most: a tenant pinned since this process last read the pins is sent on.
+        for _ in 0..2 {
+            let shard = self.shard_of(tenant);
+            let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
+            let mut keys = vec![
+                shard.row(&id),
+                shard.void(&id),
+                shard.tenant_config(tenant),
+                shard.slots(tenant),
+                shard.waiting(tenant),
+                shard.status_index(tenant, Status::Queued),
+                shard.flow_index(tenant, &req.flow, Status::Queued),
+                shard.flows(tenant),
+                shard.tenants(),
+                shard.ready(),
+            ];
+            if req.dedup.is_some() {
+                keys.push(shard.dedup(tenant, &digest));
             }
-            "dup" => Ok(Admission::Replayed(execution_from(rest, true)?)),
-            "conflict" => Ok(Admission::Conflict {
-                existing: string_at(&rest, 0)?,
-            }),
-            "disabled" => Ok(Admission::Disabled),
-            "full" => Ok(Admission::QueueFull {
-                waiting: redis::from_redis_value(first(&rest)?.clone())?,
-            }),
-            other => Err(StoreError::Corrupt(format!("admit replied {other}"))),
+            let mut inv = self.shard_script(&self.scripts.admit, shard, &keys);
+            inv.arg(tenant.as_str())
+                .arg(id.as_str())
+                .arg(req.flow.as_str())
+                .arg(req.version.as_ref().map(|v| v.as_str()).unwrap_or(""))
+                .arg(&req.params)
+                .arg(req.max_attempts)
+                .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
+                .arg(&digest)
+                .arg(req.fingerprint.as_str());
+            let mut c = self.conn();
+            let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
+                Ok(Ok(reply)) => reply,
+                // Refused at connect: the call never left this process.
+                Ok(Err(e)) if e.is_connection_refusal() => return Err(e.into()),
+                // Sent, answer lost: it may have run, or may still run.
+                Ok(Err(e)) if is_lost(&e) => {
+                    return self.abandon(tenant, &id, &e.to_string()).await;
+                }
+                Err(timeout) => return self.abandon(tenant, &id, &timeout.to_string()).await,
+                // Anything else is an answer (an error reply: Redis itself says the script did not
+                // run, or failed before writing) or never left this process.
+                Ok(Err(e)) => return Err(e.into()),
+            };
+            let (tag, rest) = split_tag(reply)?;
+            return match tag.as_str() {
+                "new" => {
+                    let (qstate, now) = (string_at(&rest, 0)?, string_at(&rest, 1)?);
+                    let qstate = match qstate.as_str() {
+                        "waiting" => QueueState::Waiting,
+                        _ => QueueState::Dispatched,
+                    };
+                    Execution::admitted(id.as_str(), tenant.as_str(), req, qstate, &now)
+                        .map(Admission::Created)
+                        .map_err(StoreError::Corrupt)
+                }
+                "dup" => Ok(Admission::Replayed(execution_from(rest, true)?)),
+                "conflict" => Ok(Admission::Conflict {
+                    existing: string_at(&rest, 0)?,
+                }),
+                "disabled" => Ok(Admission::Disabled),
+                "full" => Ok(Admission::QueueFull {
+                    waiting: redis::from_redis_value(first(&rest)?.clone())?,
+                }),
+                "moved" => {
+                    self.refresh_pins().await?;
+                    continue;
+                }
+                other => Err(StoreError::Corrupt(format!("admit replied {other}"))),
+            };
         }
+        Err(StoreError::Corrupt(format!(
+            "tenant {tenant} was sent on twice"
+        )))
     }
 
     /// Settles an admission whose answer was lost (see `migrations-lua/abandon.lua`).
@@ -117,7 +129,7 @@ impl Store {
         lost: &str,
     ) -> Result<Admission, StoreError> {
         tracing::warn!(%id, error = %lost, "admission answer lost; settling it");
-        let shard = self.shards.shard_of(tenant);
+        let shard = self.shard_of(tenant);
         let keys = [shard.row(id), shard.void(id)];
         let mut inv = self.shard_script(&self.scripts.abandon, shard, &keys);
         inv.arg(tenant.as_str())

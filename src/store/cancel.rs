@@ -14,7 +14,7 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<Option<Execution>, StoreError> {
-        let shard = self.shards.shard_of(tenant);
+        let shard = self.shard_of(tenant);
         let keys = [
             shard.row(id),
             shard.tenant_config(tenant),
@@ -46,7 +46,7 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<bool, StoreError> {
-        let shard = self.shards.shard_of(tenant);
+        let shard = self.shard_of(tenant);
         let keys = [
             shard.row(id),
             shard.tenant_config(tenant),

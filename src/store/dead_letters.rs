@@ -41,7 +41,7 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<RetryResult, StoreError> {
-        let shard = self.shards.shard_of(tenant);
+        let shard = self.shard_of(tenant);
         let keys = [
             shard.row(id),
             shard.tenant_config(tenant),
@@ -92,7 +92,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let shards: Vec<Shard> = match tenant {
-            Some(t) => vec![self.shards.shard_of(t)],
+            Some(t) => vec![self.shard_of(t)],
             None => self.shards.all().collect(),
         };
         let max = before

@@ -31,6 +31,12 @@ pub fn meta_frozen() -> &'static str {
     "sluice:{meta}:frozen"
 }
 
+/// The tenants pinned to dedicated shards (a hash: `t:<tenant>` → shard number, and
+/// `s:<number>` → tenant; see `Store::pin_tenant`).
+pub fn pins() -> &'static str {
+    "sluice:{meta}:pins"
+}
+
 /// The lock that makes one sweeper run at a time across all `serve` processes.
 pub fn sweeper_lock() -> &'static str {
     "sluice:{meta}:sweeper"
@@ -220,43 +226,67 @@ fn intern(tag: String) -> &'static str {
 }
 
 /// Maps tenants to shards. The count and the layout are fixed at first start and recorded in
-/// `meta()`, since changing either would move tenants' keys.
+/// `meta()`, since changing either would move tenants' keys. Tenants hash to the first `count`
+/// shards; the `dedicated` ones after them are kept for tenants pinned to a shard of their
+/// own (`Store::pin_tenant`).
 #[derive(Debug, Clone, Copy)]
 pub struct ShardMap {
     count: u16,
+    dedicated: u16,
     layout: Layout,
     /// Each shard's tag, computed once.
     tags: &'static [&'static str],
 }
 
 impl ShardMap {
-    /// A map over `count` shards (at least 1) named by `layout`.
+    /// A map over `count` shards (at least 1) named by `layout`, none dedicated.
     pub fn new(count: u16, layout: Layout) -> Self {
-        /// The tags of each (count, layout) a map was made for.
-        type Tags = Vec<(u16, Layout, &'static [&'static str])>;
+        Self::with_dedicated(count, 0, layout)
+    }
+
+    /// A map over `count` hashed and `dedicated` dedicated shards named by `layout`.
+    pub fn with_dedicated(count: u16, dedicated: u16, layout: Layout) -> Self {
+        /// The tags of each (count, dedicated, layout) a map was made for.
+        type Tags = Vec<(u16, u16, Layout, &'static [&'static str])>;
         static MAPS: OnceLock<Mutex<Tags>> = OnceLock::new();
         let count = count.max(1);
+        let dedicated = dedicated.min(u16::MAX - count);
         let mut maps = MAPS.get_or_init(Mutex::default).lock().expect("map table");
-        let tags = match maps.iter().find(|(c, l, _)| *c == count && *l == layout) {
-            Some((_, _, tags)) => *tags,
+        let found = maps
+            .iter()
+            .find(|(c, d, l, _)| *c == count && *d == dedicated && *l == layout);
+        let tags = match found {
+            Some((_, _, _, tags)) => *tags,
             None => {
-                let tags: Vec<&'static str> =
-                    (0..count).map(|n| intern(layout.tag(n, count))).collect();
+                let tags: Vec<&'static str> = (0..count + dedicated)
+                    .map(|n| intern(layout.tag(n, count)))
+                    .collect();
                 let tags: &'static [&'static str] = Box::leak(tags.into_boxed_slice());
-                maps.push((count, layout, tags));
+                maps.push((count, dedicated, layout, tags));
                 tags
             }
         };
         Self {
             count,
+            dedicated,
             layout,
             tags,
         }
     }
 
-    /// How many shards there are.
+    /// How many shards tenants hash to.
     pub fn count(self) -> u16 {
         self.count
+    }
+
+    /// How many shards are kept for pinned tenants (numbered from `count()` on).
+    pub fn dedicated(self) -> u16 {
+        self.dedicated
+    }
+
+    /// Whether `shard` is a dedicated one.
+    pub fn is_dedicated(self, shard: Shard) -> bool {
+        shard.number >= self.count
     }
 
     /// How shard tags are named.
@@ -264,9 +294,9 @@ impl ShardMap {
         self.layout
     }
 
-    /// Shard `n` (taken modulo the count).
+    /// Shard `n` (taken modulo the number of all shards).
     pub fn shard(self, n: u16) -> Shard {
-        let number = n % self.count;
+        let number = n % (self.count + self.dedicated);
         Shard {
             number,
             tag: self.tags[usize::from(number)],
@@ -284,9 +314,9 @@ impl ShardMap {
         self.shard((h % u64::from(self.count)) as u16)
     }
 
-    /// Every shard.
+    /// Every shard, the dedicated ones last.
     pub fn all(self) -> impl Iterator<Item = Shard> {
-        (0..self.count).map(move |n| self.shard(n))
+        (0..self.count + self.dedicated).map(move |n| self.shard(n))
     }
 }
 

@@ -39,11 +39,13 @@ impl Layout {
         self as u32
     }
 
-    /// The hash tag (without braces) of shard `n` of `count`.
+    /// The hash tag (without braces) of shard `n` when `count` shards are hashed to. Shards
+    /// from `count` on are dedicated (a pinned tenant has one to itself).
     pub fn tag(self, n: u16, count: u16) -> String {
         match self {
             Layout::Legacy => format!("s{n:02}"),
-            Layout::SlotAligned => aligned_tag(n, count),
+            Layout::SlotAligned if n < count => aligned_tag(n, count),
+            Layout::SlotAligned => dedicated_tag(n, count),
         }
     }
 }
@@ -61,7 +63,22 @@ pub fn slot_of_tag(tag: &str) -> u16 {
 fn aligned_tag(n: u16, count: u16) -> String {
     let count = u32::from(count.max(1));
     let middle = (2 * u32::from(n) + 1) * SLOTS / (2 * count);
-    let window = (SLOTS / (8 * count)).max(1);
+    search(n, middle, (SLOTS / (8 * count)).max(1))
+}
+
+/// Dedicated shard `n` (`n >= count`) shares the range of hashed shard `(n - count) % count`,
+/// a quarter of a range away from its middle: on the same master by default (an operator moves
+/// it where the hot tenant should run, with `sluice cluster move-shard`), never in the slot of
+/// a hashed shard (their windows do not meet).
+fn dedicated_tag(n: u16, count: u16) -> String {
+    let host = u32::from((n - count) % count.max(1));
+    let count = u32::from(count.max(1));
+    let middle = (2 * host + 1) * SLOTS / (2 * count) + SLOTS / (4 * count);
+    search(n, middle, (SLOTS / (16 * count)).max(1))
+}
+
+/// The first `s<NN>.<k>` whose slot is within `window` of `middle`.
+fn search(n: u16, middle: u32, window: u32) -> String {
     // Bounded: a window of w slots is hit after about 16384 / (2w + 1) tries.
     for k in 0..10_000_000u32 {
         let tag = format!("s{n:02}.{k}");
@@ -151,4 +168,18 @@ mod tests {
     }
 
     const PINNED_FIRST_FOUR: [&str; 4] = ["s00.164", "s01.21", "s02.19", "s03.12"];
+
+    #[test]
+    fn dedicated_shards_never_share_a_slot_with_another_shard() {
+        for (count, dedicated) in [(16u16, 4u16), (16, 16), (8, 4), (64, 8)] {
+            let slots: std::collections::HashSet<u16> = (0..count + dedicated)
+                .map(|n| slot_of_tag(&Layout::SlotAligned.tag(n, count)))
+                .collect();
+            assert_eq!(
+                slots.len(),
+                usize::from(count + dedicated),
+                "{count}+{dedicated}"
+            );
+        }
+    }
 }

@@ -37,7 +37,7 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<Option<Execution>, StoreError> {
-        let shard = self.shards.shard_of(tenant);
+        let shard = self.shard_of(tenant);
         let mut c = self.conn();
         let fields: HashMap<String, String> = self
             .bounded(redis::cmd("HGETALL").arg(shard.row(id)).query_async(&mut c))
@@ -53,7 +53,7 @@ impl Store {
 
     /// One page of a tenant's executions (see `migrations-lua/list.lua`).
     pub async fn list(&self, tenant: &TenantId, q: &ListQuery) -> Result<Page, StoreError> {
-        let shard = self.shards.shard_of(tenant);
+        let shard = self.shard_of(tenant);
         let statuses: Vec<Status> = match q.status {
             Some(s) => vec![s],
             None => Status::ALL.to_vec(),

@@ -22,6 +22,7 @@ pub mod keys;
 mod layout;
 mod lease;
 mod list;
+mod pin;
 mod row;
 mod scripts;
 mod stats;
@@ -43,6 +44,7 @@ pub use keys::{Shard, ShardMap, WORKER_GROUP};
 pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Started};
 pub use list::{ListQuery, Page};
+pub use pin::Pin;
 use scripts::Scripts;
 #[doc(hidden)]
 pub use scripts::{composed_source, operation};
@@ -109,6 +111,8 @@ pub struct StoreConfig {
     pub op_timeout: Duration,
     /// Shard count to record at first start; an existing record wins.
     pub shards: u16,
+    /// Dedicated shards (for pinned tenants) to record at first start; a record wins.
+    pub dedicated_shards: u16,
     pub default_max_concurrent: u32,
     pub default_max_queued: u32,
     /// How long terminal rows are kept.
@@ -126,6 +130,8 @@ pub struct Store {
     next: AtomicUsize,
     scripts: Scripts,
     shards: ShardMap,
+    /// Tenants pinned to a dedicated shard (see `pin`): tenant id → shard number.
+    pins: std::sync::RwLock<std::collections::HashMap<String, u16>>,
     config: StoreConfig,
     policy: Policy,
 }
@@ -160,10 +166,12 @@ impl Store {
             next: AtomicUsize::new(0),
             scripts: Scripts::new(),
             shards: ShardMap::new(config.shards, Layout::CURRENT),
+            pins: Default::default(),
             config,
             policy,
         };
         store.shards = store.init_meta().await?;
+        store.refresh_pins().await?;
         Ok(store)
     }
 
@@ -174,13 +182,16 @@ impl Store {
 
     async fn init_meta(&self) -> Result<ShardMap, StoreError> {
         let mut c = self.conn();
-        let (_, _, shards, layout): (Value, Value, Option<u16>, Option<u32>) = self
+        type Meta = (Value, Value, Value, Option<u16>, Option<u32>, Option<u16>);
+        let (_, _, _, shards, layout, dedicated): Meta = self
             .bounded(
                 redis::pipe()
                     .hset_nx(keys::meta(), "shards", self.config.shards)
                     .hset_nx(keys::meta(), "layout", Layout::CURRENT.number())
+                    .hset_nx(keys::meta(), "dedicated", self.config.dedicated_shards)
                     .hget(keys::meta(), "shards")
                     .hget(keys::meta(), "layout")
+                    .hget(keys::meta(), "dedicated")
                     .query_async(&mut c),
             )
             .await?;
@@ -210,7 +221,11 @@ impl Store {
             );
         }
         self.load_scripts().await?;
-        Ok(ShardMap::new(shards, layout))
+        Ok(ShardMap::with_dedicated(
+            shards,
+            dedicated.unwrap_or(0),
+            layout,
+        ))
     }
 
     /// Loads every script (also after `SCRIPT FLUSH`); calls fall back on their own anyway.

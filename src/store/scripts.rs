@@ -89,6 +89,7 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "force_delete.lua" => op!("force_delete.lua"),
         "list.lua" => op!("list.lua"),
         "set_limits.lua" => op!("set_limits.lua"),
+        "pin.lua" => op!("pin.lua"),
         "start.lua" => op!("start.lua"),
         "heartbeat.lua" => op!("heartbeat.lua"),
         "complete.lua" => op!("complete.lua"),
@@ -114,6 +115,7 @@ pub struct Scripts {
     pub force_delete: Script,
     pub list: Script,
     pub set_limits: Script,
+    pub pin: Script,
     pub start: Script,
     pub heartbeat: Script,
     pub complete: Script,
@@ -140,6 +142,7 @@ impl Scripts {
             force_delete: shard(op!("force_delete.lua")),
             list: shard(op!("list.lua")),
             set_limits: shard(op!("set_limits.lua")),
+            pin: shard(op!("pin.lua")),
             start: shard(op!("start.lua")),
             heartbeat: shard(op!("heartbeat.lua")),
             complete: shard(op!("complete.lua")),
@@ -155,7 +158,7 @@ impl Scripts {
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 19] {
+    pub fn all(&self) -> [&Script; 20] {
         [
             &self.admit,
             &self.abandon,
@@ -165,6 +168,7 @@ impl Scripts {
             &self.force_delete,
             &self.list,
             &self.set_limits,
+            &self.pin,
             &self.start,
             &self.heartbeat,
             &self.complete,
@@ -201,6 +205,7 @@ mod tests {
             "force_delete.lua",
             "list.lua",
             "set_limits.lua",
+            "pin.lua",
             "start.lua",
             "heartbeat.lua",
             "complete.lua",

@@ -87,6 +87,14 @@ type TenantReply = (
     u64,
 );
 
+/// What `set_limits.lua` did.
+pub(super) enum Limits {
+    /// Written; `more` when waiting executions now fit (promote them).
+    Set { more: bool },
+    /// The tenant is pinned elsewhere: nothing written.
+    Moved,
+}
+
 impl Store {
     /// Changes the limits `limits` names (the others stay) and dispatches every waiting
     /// execution that now fits, oldest first (see `migrations-lua/set_limits.lua`).
@@ -95,7 +103,34 @@ impl Store {
         tenant: &TenantId,
         limits: &TenantLimits,
     ) -> Result<TenantState, StoreError> {
-        let shard = self.shards.shard_of(tenant);
+        // Twice at most: a tenant pinned since this process last read the pins is sent on.
+        for _ in 0..2 {
+            let shard = self.shard_of(tenant);
+            match self.set_limits_in(shard, tenant, limits).await? {
+                Limits::Set { more: true } => self.promote_all(tenant).await?,
+                Limits::Set { more: false } => {}
+                Limits::Moved => {
+                    self.refresh_pins().await?;
+                    continue;
+                }
+            }
+            return self
+                .get_tenant(tenant)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt("tenant vanished after write".into()));
+        }
+        Err(StoreError::Corrupt(format!(
+            "tenant {tenant} was sent on twice"
+        )))
+    }
+
+    /// Runs `set_limits.lua` for `tenant` on `shard`.
+    pub(super) async fn set_limits_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        limits: &TenantLimits,
+    ) -> Result<Limits, StoreError> {
         let keys = promote_keys(shard, tenant);
         let mut inv = self.shard_script(&self.scripts.set_limits, shard, &keys);
         inv.arg(tenant.as_str())
@@ -104,20 +139,18 @@ impl Store {
             .arg(limits.enabled.map(u8::from).arg())
             .arg(PROMOTE_STEP);
         let mut c = self.conn();
-        let more: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
-        if more == 1 {
-            self.promote_all(tenant).await?;
-        }
-        self.get_tenant(tenant)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt("tenant vanished after write".into()))
+        let reply: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(match reply {
+            r if r < 0 => Limits::Moved,
+            r => Limits::Set { more: r == 1 },
+        })
     }
 
     /// Dispatches every waiting execution of `tenant` that fits its limits now, in short
     /// steps (see `migrations-lua/promote.lua`). An interrupted run leaves a consistent state:
     /// the rest are dispatched by the next admission, release or sweep of the tenant.
     pub async fn promote_all(&self, tenant: &TenantId) -> Result<(), StoreError> {
-        let shard = self.shards.shard_of(tenant);
+        let shard = self.shard_of(tenant);
         let keys = promote_keys(shard, tenant);
         let mut c = self.conn();
         // Bounded: each step handles PROMOTE_STEP members, and a tenant has at most
@@ -137,7 +170,7 @@ impl Store {
     /// executions.
     pub async fn get_tenant(&self, tenant: &TenantId) -> Result<Option<TenantState>, StoreError> {
         let mut p = redis::pipe();
-        tenant_reads(&mut p, self.shards.shard_of(tenant), tenant);
+        tenant_reads(&mut p, self.shard_of(tenant), tenant);
         let mut c = self.conn();
         let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
         Ok(self.tenant_state(reply))
@@ -152,7 +185,7 @@ impl Store {
     ) -> Vec<Result<Option<TenantState>, StoreError>> {
         let mut by_shard: BTreeMap<Shard, Vec<usize>> = BTreeMap::new();
         for (i, t) in tenants.iter().enumerate() {
-            by_shard.entry(self.shards.shard_of(t)).or_default().push(i);
+            by_shard.entry(self.shard_of(t)).or_default().push(i);
         }
         let reads = by_shard.into_iter().map(|(shard, members)| async move {
             let result = self.tenant_states(shard, &members, tenants).await;

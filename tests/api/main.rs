@@ -18,6 +18,7 @@ mod layout;
 mod listing;
 mod openapi;
 mod operability;
+mod pinning;
 mod quota;
 mod redis_trouble;
 mod shards;

@@ -391,6 +391,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         connections: args.redis_connections,
         op_timeout: Duration::from_secs(10),
         shards: 16,
+        dedicated_shards: 2,
         default_max_concurrent: UNLIMITED,
         default_max_queued: UNLIMITED,
         retention: Duration::from_secs(30 * 86_400),

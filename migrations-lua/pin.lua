@@ -1,0 +1,32 @@
+#!lua flags=allow-oom
+-- pin.lua: mark a tenant of this (hashed) shard as pinned to a dedicated shard, so that every
+-- admission or limit change for it that still arrives here (from a process that has not yet
+-- learned the pin) is sent on instead of writing here. Only a tenant with nothing in this
+-- shard can be pinned: its executions cannot follow it to another slot atomically.
+--
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set   KEYS[4]  its waiting set
+-- KEYS[5]  its force-deleted, still running set
+-- KEYS[6..10] its status indexes: queued, running, completed, failed, cancelled
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  tenant id
+-- ARGV[7]  the dedicated shard's number
+--
+-- Reply, one of:
+--   {'pinned', n, max_concurrent, max_queued, enabled}  pinned to shard n (now, or before);
+--                        the tenant's own limits ('' where it has none), to copy there
+--   {'busy', executions} the tenant has executions here; nothing written
+local tenant, target = ARGV[6], ARGV[7]
+local CFG = declared(2, K.cfg(tenant))
+local SLOTS, WAITING = declared(3, K.slots(tenant)), declared(4, K.waiting(tenant))
+local DELETING = declared(5, K.deleting(tenant))
+local held = redis.call('SCARD', SLOTS) + redis.call('ZCARD', WAITING)
+  + redis.call('SCARD', DELETING)
+for i, s in ipairs(STATUSES) do
+  held = held + redis.call('ZCARD', declared(5 + i, K.status_idx(tenant, s)))
+end
+local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled')
+if v[1] then return { 'pinned', v[1], v[2] or '', v[3] or '', v[4] or '' } end
+if held > 0 then return { 'busy', held } end
+redis.call('HSET', CFG, 'pinned', target)
+return { 'pinned', target, v[2] or '', v[3] or '', v[4] or '' }

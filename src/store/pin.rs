@@ -1,0 +1,161 @@
+//! Pinning a hot tenant to a shard of its own.
+//!
+//! A tenant's quota, FIFO and dedup live in one hash slot, so one tenant can use at most one
+//! master's core; and tenants hashed to the same shard share its master. A tenant expected to
+//! be hot can be given one of the dedicated shards (numbered after the hashed ones, see
+//! `ShardMap`), which `sluice cluster move-shard` can then put on a master of its own.
+//!
+//! The pins live in one `{meta}` hash: `t:<tenant>` → shard number, and `s:<number>` → tenant
+//! (claimed with HSETNX, so two pins never share a shard). Every process reads them at start
+//! and whenever Redis says it routed a tenant to the wrong shard: `pin.lua` marks the tenant
+//! in its hashed shard, and `admit.lua` and `set_limits.lua` answer `moved` there. Only a
+//! tenant with nothing in its hashed shard can be pinned (its executions cannot follow it to
+//! another slot atomically): pin a tenant before it starts, or after it has drained and its
+//! rows have expired or been deleted.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use super::row::split_tag;
+use super::{Change, Shard, Store, StoreError, TenantLimits, keys};
+use crate::admission::{Status, TenantId};
+
+/// What pinning a tenant did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pin {
+    /// The tenant is pinned to this dedicated shard (now, or since before).
+    Pinned(Shard),
+    /// The tenant has this many executions in its hashed shard: nothing changed.
+    Busy(u64),
+    /// Every dedicated shard is taken (see `--dedicated-shards`): nothing changed.
+    NoneFree,
+}
+
+impl Store {
+    /// The shard holding `tenant`'s keys: its dedicated one when pinned, else its hashed one.
+    pub fn shard_of(&self, tenant: &TenantId) -> Shard {
+        let pinned = self
+            .pins
+            .read()
+            .expect("pins")
+            .get(tenant.as_str())
+            .copied();
+        match pinned {
+            Some(n) => self.shards.shard(n),
+            None => self.shards.shard_of(tenant),
+        }
+    }
+
+    /// Reads the pins again (at start, and when a script says a tenant moved).
+    pub async fn refresh_pins(&self) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        let all: HashMap<String, String> = self
+            .bounded(redis::cmd("HGETALL").arg(keys::pins()).query_async(&mut c))
+            .await?;
+        let total = self.shards.count() + self.shards.dedicated();
+        let pins = all
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("t:")?.to_owned(), v.parse().ok()?)))
+            .filter(|(_, n): &(String, u16)| *n >= self.shards.count() && *n < total)
+            .collect();
+        *self.pins.write().expect("pins") = pins;
+        Ok(())
+    }
+
+    /// Gives `tenant` a dedicated shard of its own (see the module comment).
+    pub async fn pin_tenant(&self, tenant: &TenantId) -> Result<Pin, StoreError> {
+        self.refresh_pins().await?;
+        let hashed = self.shards.shard_of(tenant);
+        let current = self.shard_of(tenant);
+        if current != hashed {
+            return Ok(Pin::Pinned(current));
+        }
+        let Some(target) = self.claim_dedicated(tenant).await? else {
+            return Ok(Pin::NoneFree);
+        };
+        let mut keys = vec![
+            hashed.tenant_config(tenant),
+            hashed.slots(tenant),
+            hashed.waiting(tenant),
+            hashed.deleting(tenant),
+        ];
+        keys.extend(Status::ALL.map(|s| hashed.status_index(tenant, s)));
+        let mut inv = self.shard_script(&self.scripts.pin, hashed, &keys);
+        inv.arg(tenant.as_str()).arg(target.number());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        let text = |i: usize| -> Result<String, StoreError> {
+            Ok(redis::from_redis_value(rest.get(i).cloned().ok_or_else(
+                || StoreError::Corrupt("pin reply too short".into()),
+            )?)?)
+        };
+        match tag.as_str() {
+            "busy" => {
+                let held: u64 = text(0)?.parse().unwrap_or(0);
+                let _: Value = self
+                    .bounded(
+                        redis::cmd("HDEL")
+                            .arg(keys::pins())
+                            .arg(format!("s:{}", target.number()))
+                            .query_async(&mut c),
+                    )
+                    .await?;
+                Ok(Pin::Busy(held))
+            }
+            "pinned" => {
+                let number: u16 = text(0)?
+                    .parse()
+                    .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
+                let shard = self.shards.shard(number);
+                // The tenant's own limits go with it; absent ones stay the server defaults.
+                let limit = |v: String| match v.parse::<u32>() {
+                    Ok(n) => Change::Set(n),
+                    Err(_) => Change::Keep,
+                };
+                let limits = TenantLimits {
+                    max_concurrent: limit(text(1)?),
+                    max_queued: limit(text(2)?),
+                    enabled: match text(3)?.as_str() {
+                        "0" => Change::Set(false),
+                        _ => Change::Keep,
+                    },
+                };
+                self.set_limits_in(shard, tenant, &limits).await?;
+                let () = self
+                    .bounded(
+                        redis::cmd("HSET")
+                            .arg(keys::pins())
+                            .arg(format!("t:{tenant}"))
+                            .arg(number)
+                            .query_async(&mut c),
+                    )
+                    .await?;
+                self.refresh_pins().await?;
+                Ok(Pin::Pinned(shard))
+            }
+            other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
+        }
+    }
+
+    /// Claims a free dedicated shard for `tenant` (or finds the one it claimed before).
+    async fn claim_dedicated(&self, tenant: &TenantId) -> Result<Option<Shard>, StoreError> {
+        let mut c = self.conn();
+        let (count, dedicated) = (self.shards.count(), self.shards.dedicated());
+        for n in count..count + dedicated {
+            let (_, holder): (Value, Option<String>) = self
+                .bounded(
+                    redis::pipe()
+                        .hset_nx(keys::pins(), format!("s:{n}"), tenant.as_str())
+                        .hget(keys::pins(), format!("s:{n}"))
+                        .query_async(&mut c),
+                )
+                .await?;
+            if holder.as_deref() == Some(tenant.as_str()) {
+                return Ok(Some(self.shards.shard(n)));
+            }
+        }
+        Ok(None)
+    }
+}

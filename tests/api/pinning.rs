@@ -1,0 +1,102 @@
+//! Pinning a hot tenant to a dedicated shard (`POST /api/tenants/{t}/dedicated-shard`): its
+//! keys move to a shard no other tenant hashes to, a server that has not yet learned the pin
+//! is sent on by Redis (one id per Idempotency-Key across both), and only a tenant without
+//! executions can be pinned. Runs on both suite modes.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_TOKEN, TestApp, TestWorker, problem_code};
+
+async fn pin(app: &TestApp, tenant: &str) -> reqwest::Response {
+    app.client
+        .post(app.url(&format!("/api/tenants/{tenant}/dedicated-shard")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_pinned_tenant_gets_a_shard_of_its_own_and_stale_servers_are_sent_on() {
+    let mut app = TestApp::spawn().await;
+    // A second server, started before the pin: it routes `hot` to its hashed shard.
+    let fresh = app.addr;
+    let stale = app.spawn_beside(|_| {}).await;
+    app.put_tenant("hot", &json!({"max_queued": 500})).await;
+
+    let res = pin(&app, "hot").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let pinned: Value = res.json().await.unwrap();
+    let number = pinned["shard"].as_u64().unwrap();
+    assert!(
+        number >= 16,
+        "a dedicated shard comes after the 16 hashed ones: {pinned}"
+    );
+    let tag = pinned["hash_tag"].as_str().unwrap().to_owned();
+    // Pinning again answers the same shard.
+    let again: Value = pin(&app, "hot").await.json().await.unwrap();
+    assert_eq!(again, pinned);
+
+    // The stale server admits first; Redis sends it on, so both agree on one execution.
+    app.addr = stale;
+    let res = app
+        .post_with_key("hot", "order-1", &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["execution_id"].clone();
+    app.addr = fresh;
+    let res = app
+        .post_with_key("hot", "order-1", &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.json::<Value>().await.unwrap()["execution_id"], id);
+    let row = format!("sluice:{{{tag}}}:exec:{}", id.as_str().unwrap());
+    assert!(
+        app.redis.keys().await.contains(&row),
+        "the row is under {tag}"
+    );
+    // Its own limits went with it, and a change through the stale server lands there too.
+    app.addr = stale;
+    app.put_tenant("hot", &json!({"max_concurrent": 3})).await;
+    app.addr = fresh;
+    let t = app.get_json(None, "/api/tenants/hot").await;
+    assert_eq!(
+        (t["max_queued"].as_u64(), t["max_concurrent"].as_u64()),
+        (Some(500), Some(3)),
+        "{t}"
+    );
+
+    // Workers serve the dedicated shard like any other.
+    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
+    let done = app
+        .wait_terminal("hot", id.as_str().unwrap(), Duration::from_secs(15))
+        .await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
+
+#[tokio::test]
+async fn only_a_tenant_without_executions_can_be_pinned_and_dedicated_shards_run_out() {
+    let app = TestApp::spawn().await;
+    app.admit("busy", "demo.echo").await;
+    let res = pin(&app, "busy").await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "tenant_has_executions");
+    // Nothing changed: it still admits where it was.
+    let again = app.admit("busy", "demo.echo").await;
+    assert_eq!(again["status"], "queued");
+
+    // Two dedicated shards by default: the third pin finds none free.
+    for t in ["hot-a", "hot-b"] {
+        assert_eq!(pin(&app, t).await.status(), StatusCode::OK);
+    }
+    let res = pin(&app, "hot-c").await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "no_dedicated_shard_free");
+    // The busy tenant's refusal freed the shard it had claimed: both pins got distinct ones.
+    let a: Value = pin(&app, "hot-a").await.json().await.unwrap();
+    let b: Value = pin(&app, "hot-b").await.json().await.unwrap();
+    assert_ne!(a["shard"], b["shard"]);
+}
