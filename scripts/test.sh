@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Runs sluice's whole test suite: the Rust tests (every test starts its own redis-server on a
-# free port), then the generated-client round trip (a Python client generated from
-# openapi/openapi.json drives a live server), then Schemathesis against a live server as each
-# kind of caller (about two minutes). Installs redis-server, and python3 with venv, when
-# missing.
+# Runs sluice's whole test suite:
+#   1. the Rust tests, every test on its own redis-server on a free port;
+#   2. the integration suite again, every test on its own local 3-master Redis Cluster
+#      (SLUICE_TEST_CLUSTER=1; three `redis-server --cluster-enabled yes`, slots assigned by the
+#      test helpers), which also runs the cluster-only tests: a master killed, a failover, a
+#      shard moved under load;
+#   3. the generated-client round trip (a Python client generated from openapi/openapi.json
+#      drives a live server);
+#   4. Schemathesis against a live server as each kind of caller (about two minutes).
+# Installs redis-server, and python3 with venv, when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_redis
 cargo test --locked "$@"
+SLUICE_TEST_CLUSTER=1 cargo test --locked --test api "$@"
 bash scripts/client_roundtrip.sh
 bash scripts/api_fuzz.sh
