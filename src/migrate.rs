@@ -42,7 +42,7 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
     if old.layout() == Layout::CURRENT {
         return Ok(None);
     }
-    let new = ShardMap::new(old.count(), Layout::CURRENT);
+    let new = ShardMap::with_dedicated(old.count(), old.dedicated(), Layout::CURRENT);
     for shard in old.all() {
         store.freeze_shard(shard).await?;
     }

@@ -30,6 +30,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 pub struct DedicatedShard {
     pub tenant_id: String,
     /// The shard's number (dedicated shards come after the hashed ones).
+    #[schema(maximum = 65535)]
     pub shard: u16,
     /// The hash tag all the tenant's keys now carry: `CLUSTER KEYSLOT <hash_tag>` names the
     /// slot to move (`sluice cluster move-shard --shard <shard>` does it).

@@ -88,14 +88,14 @@ async fn metrics_count_admissions_per_tenant_and_show_queue_depth() {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
     // Queue depth: acme's three executions are on its shard's ready stream; every shard has
-    // a gauge.
+    // a gauge (the 16 hashed ones and the 2 dedicated ones).
     let shard = app.shard("acme").label();
     assert_eq!(
         sample(&text, &format!(r#"sluice_queue_depth{{shard="{shard}"}}"#)),
         Some(3.0),
         "{text}"
     );
-    assert_eq!(text.matches("sluice_queue_depth{").count(), 16);
+    assert_eq!(text.matches("sluice_queue_depth{").count(), 18);
 }
 
 #[tokio::test]
