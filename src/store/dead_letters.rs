@@ -98,45 +98,65 @@ impl Store {
         let max = before
             .map(|(ms, seq)| format!("({ms}-{seq}"))
             .unwrap_or_else(|| "+".into());
+        // Every shard at the same time: a slow master delays the answer by its own time only.
+        // A shard that fails fails the page (records left out would be skipped for good by the
+        // `before` cursor).
+        let reads = shards
+            .into_iter()
+            .map(|shard| self.shard_dead_letters(shard, tenant, &max, limit));
         let mut out = Vec::new();
-        let mut c = self.conn();
-        for shard in shards {
-            // A tenant's records are mixed with its shard neighbours': read in bounded pages
-            // until `limit` of its own are found or the stream is exhausted.
-            let mut upper = max.clone();
-            let mut found = 0;
-            for _ in 0..64 {
-                let page: Vec<(String, HashMap<String, String>)> = self
-                    .bounded(
-                        redis::cmd("XREVRANGE")
-                            .arg(shard.dead_letters())
-                            .arg(&upper)
-                            .arg("-")
-                            .arg("COUNT")
-                            .arg(limit.max(1) * 4)
-                            .query_async(&mut c),
-                    )
-                    .await?;
-                let Some((last, _)) = page.last() else { break };
-                upper = format!("({last}");
-                let n = page.len();
-                for (entry_id, f) in page {
-                    if let Some(t) = tenant
-                        && f.get("tenant_id").map(String::as_str) != Some(t.as_str())
-                    {
-                        continue;
-                    }
-                    out.push(dead_letter_of(entry_id, f));
-                    found += 1;
-                }
-                if found >= limit || n < limit.max(1) * 4 {
-                    break;
-                }
-            }
+        for page in futures_util::future::join_all(reads).await {
+            out.extend(page?);
         }
         // Record ids are "<ms>-<seq>": newest first across shards.
         out.sort_by_key(|d| std::cmp::Reverse(stream_id_key(&d.entry_id)));
         out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Up to `limit` dead letters of one shard (of `tenant` only, when given), newest first,
+    /// below `max` (an XREVRANGE bound).
+    async fn shard_dead_letters(
+        &self,
+        shard: Shard,
+        tenant: Option<&TenantId>,
+        max: &str,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut out = Vec::new();
+        let mut c = self.conn();
+        // A tenant's records are mixed with its shard neighbours': read in bounded pages
+        // until `limit` of its own are found or the stream is exhausted.
+        let mut upper = max.to_owned();
+        let mut found = 0;
+        for _ in 0..64 {
+            let page: Vec<(String, HashMap<String, String>)> = self
+                .bounded(
+                    redis::cmd("XREVRANGE")
+                        .arg(shard.dead_letters())
+                        .arg(&upper)
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(limit.max(1) * 4)
+                        .query_async(&mut c),
+                )
+                .await?;
+            let Some((last, _)) = page.last() else { break };
+            upper = format!("({last}");
+            let n = page.len();
+            for (entry_id, f) in page {
+                if let Some(t) = tenant
+                    && f.get("tenant_id").map(String::as_str) != Some(t.as_str())
+                {
+                    continue;
+                }
+                out.push(dead_letter_of(entry_id, f));
+                found += 1;
+            }
+            if found >= limit || n < limit.max(1) * 4 {
+                break;
+            }
+        }
         Ok(out)
     }
 }
