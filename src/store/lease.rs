@@ -82,12 +82,14 @@ pub enum Completion {
 }
 
 impl Store {
-    /// Creates the `workers` consumer group on every ready stream (idempotent).
+    /// Creates the `workers` consumer group on every ready stream (idempotent), all shards at
+    /// the same time; every shard is tried, and the first failure is returned.
     pub async fn ensure_groups(&self) -> Result<(), StoreError> {
-        for shard in self.shards.all() {
-            self.ensure_group(shard).await?;
-        }
-        Ok(())
+        let all = self.shards.all().map(|shard| self.ensure_group(shard));
+        futures_util::future::join_all(all)
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// Creates the `workers` consumer group on one shard's ready stream (idempotent).
