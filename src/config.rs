@@ -365,6 +365,13 @@ pub struct RedisSettings {
     /// Upper bound on one Redis operation (connecting included), in milliseconds.
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT_MS", default_value_t = 2_000)]
     pub redis_timeout_ms: u64,
+    /// Replicas that must hold a script's writes before its answer counts (WAIT after every
+    /// script call, bounded by a quarter of --redis-timeout-ms), so an acknowledged write
+    /// survives its master's crash and failover. 0 (default): asynchronous replication, as
+    /// Redis does it. When fewer replicas acknowledge in time the answer is given anyway and a
+    /// warning logged (use Redis's `min-replicas-to-write` to refuse writes instead).
+    #[arg(long, env = "SLUICE_REDIS_REPLICA_ACKS", default_value_t = 0)]
+    pub redis_replica_acks: u32,
     /// Shard count recorded at first start (later starts use the recorded one).
     #[arg(long, env = "SLUICE_SHARDS", default_value_t = 16)]
     pub shards: u16,
@@ -413,6 +420,7 @@ impl RedisSettings {
             redis_cluster,
             redis_connections: 2,
             redis_timeout_ms: 2_000,
+            redis_replica_acks: 0,
             shards: 16,
             dedicated_shards: 2,
         }
@@ -449,6 +457,7 @@ impl RedisSettings {
             redis: self.target(),
             connections: self.redis_connections,
             op_timeout: Duration::from_millis(self.redis_timeout_ms),
+            replica_acks: self.redis_replica_acks,
             shards: self.shards,
             dedicated_shards: self.dedicated_shards,
             default_max_concurrent: api.default_max_concurrent,

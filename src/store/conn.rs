@@ -9,13 +9,23 @@
 //! redirect (`MOVED`, `ASK`), `TRYAGAIN` (also a frozen shard, see `keys::frozen`),
 //! `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY` (a demoted master), or a connection that
 //! was refused or not found. The caller's time bound (`Store::bounded`) limits the resending.
+//!
+//! Redis replicates asynchronously: a master that crashes right after answering a script may
+//! not have passed the write on, and the replica promoted in its place never saw it. With
+//! `replica_acks` set (`--redis-replica-acks`), every script call that succeeded is followed by
+//! `WAIT <n> <ms>` on the same master (Redis counts the replicas that hold everything that
+//! connection wrote), so a write is answered only once that many replicas have it — see
+//! `ReplicaAcks` for what happens when they do not answer in time.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 /// Where sluice's Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,23 +63,31 @@ impl std::fmt::Display for RedisTarget {
 /// the socket(s)).
 #[derive(Clone)]
 pub enum Conn {
-    Standalone(ConnectionManager),
+    Standalone {
+        conn: ConnectionManager,
+        acks: Option<ReplicaAcks>,
+    },
     Cluster {
         conn: ClusterConnection,
         /// How long to keep resending a call that did not run.
         settle: Duration,
+        acks: Option<ReplicaAcks>,
     },
 }
 
 impl Conn {
     /// `count` connections to `target`, each connecting lazily (a server may start before
-    /// Redis is up) and bounding connection set-up and answers by `timeout`.
+    /// Redis is up) and bounding connection set-up and answers by `timeout`. With
+    /// `replica_acks` > 0, each script call that succeeded waits for that many replicas of its
+    /// master to hold its writes (see `ReplicaAcks`).
     pub async fn open(
         target: &RedisTarget,
         count: usize,
         timeout: Duration,
+        replica_acks: u32,
     ) -> Result<Vec<Conn>, RedisError> {
         let count = count.max(1);
+        let acks = (replica_acks > 0).then(|| ReplicaAcks::new(replica_acks, timeout));
         match target {
             RedisTarget::Standalone(url) => {
                 let client = redis::Client::open(url.as_str())?;
@@ -80,8 +98,12 @@ impl Conn {
                     .set_max_delay(Duration::from_millis(200));
                 (0..count)
                     .map(|_| {
-                        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                            .map(Conn::Standalone)
+                        ConnectionManager::new_lazy_with_config(client.clone(), config.clone()).map(
+                            |conn| Conn::Standalone {
+                                conn,
+                                acks: acks.clone(),
+                            },
+                        )
                     })
                     .collect()
             }
@@ -100,11 +122,244 @@ impl Conn {
                     conns.push(Conn::Cluster {
                         conn: client.get_pending_async_connection_with_config(config),
                         settle: timeout / 2,
+                        acks: acks.clone(),
                     });
                 }
                 Ok(conns)
             }
         }
+    }
+
+    /// Sends one command; a cluster connection resends it while the answer proves it did not
+    /// run and the cluster is settling.
+    async fn send(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Conn::Standalone { conn, .. } => conn.req_packed_command(cmd).await,
+            Conn::Cluster { conn, settle, .. } => {
+                let until = Instant::now() + *settle;
+                let mut n = 0;
+                loop {
+                    match conn.req_packed_command(cmd).await {
+                        Err(e) if settling(&e) && Instant::now() < until => {
+                            n += 1;
+                            tokio::time::sleep(pause(n)).await;
+                        }
+                        other => return other,
+                    }
+                }
+            }
+        }
+    }
+
+    /// `WAIT` for the replicas `acks` asks for, on the master that ran `script`. `Ok` when
+    /// enough replicas acknowledged, or when they did not in time (logged; see `ReplicaAcks`);
+    /// an I/O error when WAIT got no answer, so the caller treats the script's answer as lost
+    /// (the script may have run; its write may be gone with its master).
+    async fn wait_for_replicas(
+        &mut self,
+        acks: &ReplicaAcks,
+        script: &ScriptCall<'_>,
+    ) -> Result<(), RedisError> {
+        // The master of the script's first key's slot ran it (standalone: the one server).
+        let route = match self {
+            Conn::Standalone { .. } => None,
+            Conn::Cluster { .. } => match script.first_key {
+                Some(key) => Some(Route::with_key(key, SlotAddr::Master)),
+                // A script without keys went to any node: nothing to wait on (sluice's
+                // scripts all name keys).
+                None => return Ok(()),
+            },
+        };
+        match acks.state(route) {
+            Short::No => {}
+            Short::Yes => return Ok(()),
+            // Whether the master has its replicas back, without blocking the connection.
+            Short::Probe => match self.replicas_online(route).await {
+                Some(n) if n >= acks.replicas => acks.recovered(route),
+                Some(_) => return Ok(()),
+                // WAIT tells.
+                None => {}
+            },
+        }
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(acks.replicas).arg(acks.wait_ms());
+        let reply = self.route(wait, route).await;
+        match reply {
+            Ok(Value::Int(n)) if n >= i64::from(acks.replicas) => Ok(()),
+            Ok(Value::Int(n)) => {
+                acks.fell_short(route, script, n);
+                Ok(())
+            }
+            other => {
+                let why = match other {
+                    Ok(v) => format!("unexpected reply {v:?}"),
+                    Err(e) => e.to_string(),
+                };
+                Err(RedisError::from(std::io::Error::other(format!(
+                    "the script ran, but whether its replicas have its writes is unknown \
+                     (WAIT failed: {why})"
+                ))))
+            }
+        }
+    }
+
+    /// How many replicas the master `route` leads to (standalone: the server) has online, by
+    /// `INFO replication` (answered at once, unlike WAIT); `None` if it does not say.
+    async fn replicas_online(&mut self, route: Option<Route>) -> Option<u32> {
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        let text: String = redis::from_redis_value(self.route(info, route).await.ok()?).ok()?;
+        let online = text
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .count();
+        u32::try_from(online).ok()
+    }
+
+    /// Sends `cmd` once to the master `route` leads to (standalone: the server).
+    async fn route(&mut self, cmd: Cmd, route: Option<Route>) -> Result<Value, RedisError> {
+        match (self, route) {
+            (Conn::Standalone { conn, .. }, _) => conn.req_packed_command(&cmd).await,
+            (Conn::Cluster { conn, .. }, Some(route)) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                conn.route_command(cmd, routing).await
+            }
+            (Conn::Cluster { .. }, None) => Err(RedisError::from((
+                ErrorKind::Client,
+                "a cluster command needs a route",
+            ))),
+        }
+    }
+
+    fn acks(&self) -> Option<&ReplicaAcks> {
+        match self {
+            Conn::Standalone { acks, .. } | Conn::Cluster { acks, .. } => acks.as_ref(),
+        }
+    }
+}
+
+/// `--redis-replica-acks`: how many replicas must hold a script's writes before its answer is
+/// returned, and what happens when they do not say so in time.
+///
+/// WAIT blocks the whole (multiplexed) connection on Redis until it returns, so a master with
+/// too few replicas (a replica down, or a promoted replica that has none yet) would hold every
+/// call on that connection for the WAIT time-out. Instead, when WAIT comes back short, the
+/// answer is returned anyway (replication falls back to asynchronous, as without the setting)
+/// and a warning is logged; that slot's calls then skip WAIT, and at most once per
+/// `PROBE_EVERY` one of them asks the master how many replicas it has online (`INFO
+/// replication`, which does not block): once enough are back, WAIT resumes. To refuse writes
+/// while replicas are missing instead, use Redis's own `min-replicas-to-write` (a script then
+/// fails before it writes, and the caller gets a 503).
+///
+/// Shared by the clones of a connection and by the connections opened together.
+#[derive(Clone)]
+pub struct ReplicaAcks {
+    replicas: u32,
+    /// WAIT's own time-out (a quarter of the operation's bound).
+    wait: Duration,
+    /// Slots (their masters; `None` standalone) whose WAIT came back short, and when their
+    /// master is next asked for its replicas.
+    short: Arc<Mutex<HashMap<Option<Route>, Instant>>>,
+}
+
+/// How often a master whose replicas fell short is asked whether they are back.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// Whether a slot's master fell short of replicas.
+enum Short {
+    /// No (as far as is known): WAIT.
+    No,
+    /// Yes: skip WAIT.
+    Yes,
+    /// Yes, and it is time to ask again.
+    Probe,
+}
+
+impl ReplicaAcks {
+    fn new(replicas: u32, op_timeout: Duration) -> Self {
+        Self {
+            replicas,
+            wait: (op_timeout / 4).max(Duration::from_millis(1)),
+            short: Arc::default(),
+        }
+    }
+
+    /// WAIT's time-out argument (never 0, which would wait forever).
+    fn wait_ms(&self) -> u64 {
+        (self.wait.as_millis() as u64).max(1)
+    }
+
+    /// Whether calls on `route` skip WAIT for now; a `Probe` answer is given to one caller per
+    /// `PROBE_EVERY`.
+    fn state(&self, route: Option<Route>) -> Short {
+        let mut short = self.short.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(next_probe) = short.get_mut(&route) else {
+            return Short::No;
+        };
+        let now = Instant::now();
+        if now < *next_probe {
+            return Short::Yes;
+        }
+        *next_probe = now + PROBE_EVERY;
+        Short::Probe
+    }
+
+    /// The master `route` leads to has enough replicas online again.
+    fn recovered(&self, route: Option<Route>) {
+        let mut short = self.short.lock().unwrap_or_else(|e| e.into_inner());
+        if short.remove(&route).is_some() {
+            tracing::info!(
+                ?route,
+                "replicas are back: waiting for their acknowledgements again"
+            );
+        }
+    }
+
+    /// Records that the master `route` leads to had only `got` replicas acknowledge
+    /// `script`'s writes in time.
+    fn fell_short(&self, route: Option<Route>, script: &ScriptCall<'_>, got: i64) {
+        let mut short = self.short.lock().unwrap_or_else(|e| e.into_inner());
+        let first = short.insert(route, Instant::now() + PROBE_EVERY).is_none();
+        drop(short);
+        if first {
+            let key = script.first_key.map(String::from_utf8_lossy);
+            tracing::warn!(
+                key = key.as_deref().unwrap_or(""),
+                acknowledged = got,
+                wanted = self.replicas,
+                wait_ms = self.wait_ms(),
+                "fewer replicas than --redis-replica-acks acknowledged a write in time; \
+                 answering without them on this key's slot until they are back (a crash of \
+                 its master meanwhile may lose acknowledged writes)"
+            );
+        }
+    }
+}
+
+/// An `EVALSHA` / `EVAL` call (read-only variants excluded) and its first key, if any.
+struct ScriptCall<'a> {
+    first_key: Option<&'a [u8]>,
+}
+
+impl<'a> ScriptCall<'a> {
+    fn of(cmd: &'a Cmd) -> Option<Self> {
+        let mut args = cmd.args_iter();
+        let Some(Arg::Simple(name)) = args.next() else {
+            return None;
+        };
+        if !(name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL")) {
+            return None;
+        }
+        let _script = args.next();
+        let keys: usize = match args.next() {
+            Some(Arg::Simple(n)) => std::str::from_utf8(n).ok()?.parse().ok()?,
+            _ => return None,
+        };
+        let first_key = match args.next() {
+            Some(Arg::Simple(k)) if keys > 0 => Some(k),
+            _ => None,
+        };
+        Some(Self { first_key })
     }
 }
 
@@ -143,22 +398,18 @@ fn pause(n: u32) -> Duration {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Standalone(c) => c.req_packed_command(cmd),
-            Conn::Cluster { conn, settle } => Box::pin(async move {
-                let until = Instant::now() + *settle;
-                let mut n = 0;
-                loop {
-                    match conn.req_packed_command(cmd).await {
-                        Err(e) if settling(&e) && Instant::now() < until => {
-                            n += 1;
-                            tokio::time::sleep(pause(n)).await;
-                        }
-                        other => return other,
-                    }
-                }
-            }),
-        }
+        Box::pin(async move {
+            let value = self.send(cmd).await?;
+            // A script that answered an error wrote nothing (scripts validate before they
+            // write), so there is nothing to wait for.
+            if !matches!(value, Value::ServerError(_))
+                && let Some(acks) = self.acks().cloned()
+                && let Some(script) = ScriptCall::of(cmd)
+            {
+                self.wait_for_replicas(&acks, &script).await?;
+            }
+            Ok(value)
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -168,8 +419,8 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster { conn, settle } => Box::pin(async move {
+            Conn::Standalone { conn, .. } => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster { conn, settle, .. } => Box::pin(async move {
                 let until = Instant::now() + *settle;
                 let mut n = 0;
                 loop {
@@ -187,7 +438,7 @@ impl ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Standalone(c) => c.get_db(),
+            Conn::Standalone { conn, .. } => conn.get_db(),
             Conn::Cluster { conn, .. } => conn.get_db(),
         }
     }

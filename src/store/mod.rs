@@ -109,6 +109,9 @@ pub struct StoreConfig {
     pub connections: usize,
     /// Upper bound on one storage operation, connection setup included.
     pub op_timeout: Duration,
+    /// Replicas that must acknowledge a script's writes before its answer is returned
+    /// (`--redis-replica-acks`; 0 = asynchronous replication).
+    pub replica_acks: u32,
     /// Shard count to record at first start; an existing record wins.
     pub shards: u16,
     /// Dedicated shards (for pinned tenants) to record at first start; a record wins.
@@ -151,9 +154,14 @@ impl Store {
     /// Connects, and reads (or records, on first start) the shard count and layout version.
     /// Fails when Redis cannot be reached: a server should not start blind.
     pub async fn connect(config: StoreConfig) -> Result<Self, StoreError> {
-        let conns = Conn::open(&config.redis, config.connections, config.op_timeout)
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("bad redis address: {e}")))?;
+        let conns = Conn::open(
+            &config.redis,
+            config.connections,
+            config.op_timeout,
+            config.replica_acks,
+        )
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("bad redis address: {e}")))?;
         let policy = Policy {
             max_concurrent: AtomicU32::new(config.default_max_concurrent),
             max_queued: AtomicU32::new(config.default_max_queued),

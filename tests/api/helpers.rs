@@ -194,7 +194,7 @@ impl TestRedis {
     /// A connection for asserting what Redis holds (on a cluster, routed by key; KEYS, DBSIZE
     /// and the like go to every master).
     pub async fn conn(&self) -> Conn {
-        Conn::open(&self.target(), 1, Duration::from_secs(10))
+        Conn::open(&self.target(), 1, Duration::from_secs(10), 0)
             .await
             .expect("redis connection")
             .remove(0)
@@ -244,10 +244,18 @@ impl TestRedis {
         }
     }
 
+    /// The first node that was not killed (to ask the cluster about itself).
+    fn live_node(&self) -> &TestNode {
+        self.nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a node that runs")
+    }
+
     /// The index (into the nodes this Redis was started with) of the master serving `slot`
     /// now, by the cluster's own slot table.
     pub async fn master_of_slot(&self, slot: u16) -> usize {
-        let mut c = self.nodes[0].direct().await.expect("redis connection");
+        let mut c = self.live_node().direct().await.expect("redis connection");
         let table: Vec<redis::Value> = redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut c)
@@ -272,7 +280,7 @@ impl TestRedis {
 
     /// The hash slot of `key`.
     pub async fn slot_of(&self, key: &str) -> u16 {
-        let mut c = self.nodes[0].direct().await.expect("redis connection");
+        let mut c = self.live_node().direct().await.expect("redis connection");
         redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)

@@ -92,7 +92,7 @@ impl Direct {
         nodes: &[String],
     ) -> anyhow::Result<Self> {
         let store = Store::connect(config.clone()).await?;
-        let conn = Conn::open(&config.redis, 1, config.op_timeout)
+        let conn = Conn::open(&config.redis, 1, config.op_timeout, config.replica_acks)
             .await?
             .remove(0);
         let mut node_conns = Vec::with_capacity(nodes.len());

@@ -390,6 +390,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         redis: target.clone(),
         connections: args.redis_connections,
         op_timeout: Duration::from_secs(10),
+        replica_acks: 0,
         shards: 16,
         dedicated_shards: 2,
         default_max_concurrent: UNLIMITED,
