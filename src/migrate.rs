@@ -47,7 +47,7 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
         store.freeze_shard(shard).await?;
     }
     let mut nodes = node_connections(&config).await?;
-    let mut conn = Conn::open(&config.redis, 1, config.op_timeout)
+    let mut conn = Conn::open(&config.redis, 1, config.op_timeout, 0)
         .await?
         .remove(0);
     let mut moved = 0;

@@ -4,11 +4,14 @@
 //! Both are multiplexed (many calls in flight on one socket) and both leave the question "did
 //! a call whose answer was lost run?" to the caller: neither resends a call after an I/O error
 //! or a time-out. The redis crate's cluster client would (it retries a request after a broken
-//! connection), which could run a script twice; so its own retries are off, and this module
-//! resends only on answers that prove the call did not run on the node that answered: a
-//! redirect (`MOVED`, `ASK`), `TRYAGAIN` (also a frozen shard, see `keys::frozen`),
-//! `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY` (a demoted master), or a connection that
-//! was refused or not found. The caller's time bound (`Store::bounded`) limits the resending.
+//! connection), which could run a script twice; so its own retries are off, and on a cluster
+//! this module resends a call only while the answers prove it did not run and the cluster is
+//! settling: `MOVED` (a failover or slot move the client learns from), `CLUSTERDOWN`,
+//! `MASTERDOWN`, `LOADING`, `READONLY` (a demoted master), or a node that refused the
+//! connection. It gives up after half the operation's time bound and hands back the last such
+//! answer, so the caller still knows nothing ran. `TRYAGAIN` (a frozen shard, or a multi-key
+//! call during a slot move) and `ASK` are handed back at once: they last as long as the move,
+//! and a script must never run on the partial copy an `ASK` points to.
 //!
 //! Redis replicates asynchronously: a master that crashes right after answering a script may
 //! not have passed the write on, and the replica promoted in its place never saw it. With
