@@ -61,9 +61,11 @@ local function now_ms()
 end
 
 -- The tenant's effective limits: its own values where set, else the server defaults.
+-- Also whether the tenant is pinned to another shard (pin.lua): then its number.
 local function limits(t)
-  local v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled')
-  return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED, v[3] ~= '0'
+  local v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned')
+  return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
+    v[3] ~= '0', v[4]
 end
 
 local function index_add(t, flow, status, id)
@@ -117,9 +119,11 @@ local PROMOTE_BUDGET = 100
 -- The quota decision of an admission (and of a retry): where a new queued execution of t goes.
 -- FIFO: while anybody of t waits, a newcomer waits behind them, whatever room there is; room
 -- is first given to the oldest waiting (bounded). Returns 'dispatched' or 'waiting', or nil
--- and a refusal ('disabled', or 'full' with the waiting count). Writes nothing but promotions.
+-- and a refusal ('disabled'; 'full' with the waiting count; 'moved' with the shard a pinned
+-- tenant lives in now, see pin.lua). Writes nothing but promotions.
 local function place(t, now)
-  local max_concurrent, max_queued, enabled = limits(t)
+  local max_concurrent, max_queued, enabled, pinned = limits(t)
+  if pinned then return nil, 'moved', pinned end
   if not enabled then return nil, 'disabled' end
   promote(t, now, PROMOTE_BUDGET)
   local waiting = redis.call('ZCARD', K.waiting(t))

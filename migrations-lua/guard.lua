@@ -23,8 +23,9 @@ local P = ARGV[1]
 if type(P) ~= 'string' or not string.find(P, '^sluice:{[^{}]+}:$') then
   return redis.error_reply('ERR sluice fence: ARGV[1] is not a key prefix: ' .. tostring(P))
 end
+-- A plain find anchored at 1: no pattern, no substring allocated (this runs on every call).
 for i = 1, #KEYS do
-  if string.sub(KEYS[i], 1, #P) ~= P then
+  if string.find(KEYS[i], P, 1, true) ~= 1 then
     return redis.error_reply('ERR sluice fence: KEYS[' .. i .. '] ' .. KEYS[i] ..
       ' is outside the prefix ' .. P)
   end

@@ -213,19 +213,25 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
             .contains(&format!("KEYS[7] {}", crate::helpers::shard_no(4).prefix())),
         "{e}"
     );
-    // The right shard, but a key that is not the one the script uses: named in the error.
-    let (mut k, a) = admit_call(
-        crate::helpers::shard_no(3),
-        crate::helpers::shard_no(3),
-        &other,
-    );
-    k[1] = crate::helpers::shard_no(3).row(&ExecutionId::new());
-    let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
+    // The right shard, but a key that is not the one the script uses: named in the error
+    // (every script but admit.lua checks the positions; admit's are checked by
+    // `admit_declares_the_keys_it_writes`).
+    let s3 = crate::helpers::shard_no(3);
+    let acme = TenantId::parse("acme").unwrap();
+    let set_limits = composed_source("shard", operation("set_limits.lua").unwrap());
+    let k = vec![
+        s3.frozen(),
+        s3.slots(&acme), // should be the tenant's cfg
+        s3.slots(&acme),
+        s3.waiting(&acme),
+        s3.ready(),
+    ];
+    let mut a = common(&s3.prefix());
+    a.extend(["acme", "5", "", "", "100"].map(String::from));
+    let e = eval(&redis, &set_limits, &k, &a).await.unwrap_err();
     assert!(
-        e.to_string().contains(&format!(
-            "KEYS[2] is {}exec:",
-            crate::helpers::shard_no(3).prefix()
-        )),
+        e.to_string()
+            .contains(&format!("KEYS[2] is {}t:acme:slots", s3.prefix())),
         "{e}"
     );
     // No freeze marker first: refused.
@@ -400,4 +406,81 @@ async fn frozen_access_data_refuses_key_scripts_until_thawed() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+/// admit.lua does not rebuild its declared keys to check their positions (it is the hot path):
+/// the keys `Store::admit` declares must be the ones the script writes, with the right
+/// contents. A swapped pair in the caller's list would put a flow in the tenant registry, an id
+/// in the wrong index, or the row under another name.
+#[tokio::test]
+async fn admit_declares_the_keys_it_writes() {
+    let app = TestApp::spawn().await;
+    let before = app.redis.keys().await;
+    let res = app
+        .post_with_key("acme", "order-9", &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id: String = res.json::<serde_json::Value>().await.unwrap()["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let written: Vec<String> = app
+        .redis
+        .keys()
+        .await
+        .difference(&before)
+        .cloned()
+        .collect();
+    let t = TenantId::parse("acme").unwrap();
+    let f = FlowId::parse("demo.echo").unwrap();
+    let s = app.shard("acme");
+    let eid = ExecutionId::parse(&id).unwrap();
+    let digest = sluice::admission::DedupKey::parse("order-9")
+        .unwrap()
+        .digest();
+    let mut expected = vec![
+        s.row(&eid),
+        s.status_index(&t, Status::Queued),
+        s.flow_index(&t, &f, Status::Queued),
+        s.flows(&t),
+        s.tenants(),
+        s.slots(&t),
+        s.dedup(&t, &digest),
+    ];
+    expected.sort();
+    // (The ready stream exists from start-up on: its consumer group is made then.)
+    let entries: u64 = app.redis.query(redis::cmd("XLEN").arg(s.ready())).await;
+    assert_eq!(entries, 1);
+    let mut written = written;
+    written.sort();
+    assert_eq!(written, expected);
+    let q = |c: &mut redis::Cmd| {
+        let c = c.clone();
+        let app = &app;
+        async move { app.redis.query::<Vec<String>>(&mut c.clone()).await }
+    };
+    assert_eq!(q(redis::cmd("SMEMBERS").arg(s.tenants())).await, ["acme"]);
+    assert_eq!(
+        q(redis::cmd("SMEMBERS").arg(s.flows(&t))).await,
+        ["demo.echo"]
+    );
+    for index in [
+        s.status_index(&t, Status::Queued),
+        s.flow_index(&t, &f, Status::Queued),
+    ] {
+        assert_eq!(
+            q(redis::cmd("ZRANGE").arg(index).arg(0).arg(-1)).await,
+            [id.clone()]
+        );
+    }
+    let tenant: Option<String> = app
+        .redis
+        .query(redis::cmd("HGET").arg(s.row(&eid)).arg("tenant"))
+        .await;
+    assert_eq!(tenant.as_deref(), Some("acme"));
+    let mapping: String = app
+        .redis
+        .query(redis::cmd("GET").arg(s.dedup(&t, &digest)))
+        .await;
+    assert!(mapping.starts_with(&format!("{id}:")), "{mapping}");
 }
