@@ -79,20 +79,6 @@ impl Store {
         Ok((ids, more))
     }
 
-    /// Whether a tenant is registered.
-    pub async fn tenant_registered(&self, tenant: &TenantId) -> Result<bool, StoreError> {
-        let mut c = self.conn();
-        let score: Option<f64> = self
-            .bounded(
-                redis::cmd("ZSCORE")
-                    .arg(keys::tenants())
-                    .arg(tenant.as_str())
-                    .query_async(&mut c),
-            )
-            .await?;
-        Ok(score.is_some())
-    }
-
     /// Unregisters a tenant, revokes all its keys and drops its own limits (the server defaults
     /// apply again). Its executions are left to run their course: the waiting ones that fit the
     /// default limits are dispatched now, the rest as slots free up, so none is stranded.

@@ -184,12 +184,6 @@ impl Scripts {
     }
 }
 
-impl Default for Scripts {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

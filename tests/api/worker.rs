@@ -14,21 +14,22 @@ fn with(extra: &[&'static str]) -> Vec<&'static str> {
     FAST_WORKER.iter().chain(extra).copied().collect()
 }
 
-/// Pending-list facts of every shard's ready stream: (entries, highest delivery count).
+/// Pending-list facts of every shard's ready stream (the app's own shard map, dedicated shards
+/// included): (entries, highest delivery count). Every stream and group exists from the
+/// server's start on, so an error (a wrong name) fails the test rather than reading as zero.
 async fn pending(app: &TestApp) -> (u64, u64) {
     let mut c = app.redis.conn().await;
     let (mut entries, mut max_deliveries) = (0, 0);
-    for n in 0..16u16 {
-        let key = crate::helpers::shard_no(n).ready();
+    for shard in app.store().await.shards().all() {
         let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-            .arg(&key)
-            .arg("workers")
+            .arg(shard.ready())
+            .arg(sluice::store::WORKER_GROUP)
             .arg("-")
             .arg("+")
             .arg(1000)
             .query_async(&mut c)
             .await
-            .unwrap_or_default();
+            .unwrap_or_else(|e| panic!("XPENDING of {}: {e}", shard.ready()));
         entries += rows.len() as u64;
         max_deliveries = max_deliveries.max(rows.iter().map(|r| r.3).max().unwrap_or(0));
     }
