@@ -186,10 +186,26 @@ impl Cluster {
         let frozen_key = shard.frozen();
         let mut moved = 0;
         if source.id != target.id {
-            // 1. Freeze: from here on every script of this shard refuses.
-            self.store.freeze_shard(shard).await?;
             let mut src = self.node(&source.host, source.port).await?;
             let mut tgt = self.node(&target.host, target.port).await?;
+            // A run interrupted after copying every key (the marker included) left the source
+            // empty and the target holding the shard: only the hand-over is left (the marker
+            // cannot be written through the source any more: it would answer ASK).
+            let count = |c: &mut MultiplexedConnection| {
+                let mut c = c.clone();
+                async move {
+                    redis::cmd("CLUSTER")
+                        .arg("COUNTKEYSINSLOT")
+                        .arg(slot)
+                        .query_async::<u64>(&mut c)
+                        .await
+                }
+            };
+            let copied = count(&mut src).await? == 0 && count(&mut tgt).await? > 0;
+            // 1. Freeze: from here on every script of this shard refuses.
+            if !copied {
+                self.store.freeze_shard(shard).await?;
+            }
             // 2. Open the slot on both sides (idempotent).
             let () = redis::cmd("CLUSTER")
                 .arg("SETSLOT")

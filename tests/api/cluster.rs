@@ -652,3 +652,110 @@ async fn a_master_failover_costs_only_its_tenants_a_few_seconds_and_loses_nothin
         keys.iter().filter(|(t, _, _, _)| *t == victim).count()
     );
 }
+
+/// A move interrupted after every key was copied (the marker last) but before the slot was
+/// handed over: the source is empty and answers ASK for the shard, so the marker cannot be
+/// written through it. Running the same command again must finish the move, not fail.
+#[tokio::test]
+async fn an_interrupted_move_is_finished_by_running_it_again() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let tenant = "halfway";
+    let ids: Vec<String> = {
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            ids.push(
+                app.admit_with(tenant, json!({"flow_id": "demo.echo"}))
+                    .await,
+            );
+        }
+        ids
+    };
+    let shard = app.shard(tenant);
+    let slot = app.redis.slot_of(&shard.prefix()).await;
+    let from = app.master_of(tenant).await;
+    let to = (from + 1) % app.redis.masters();
+    let (mut src, mut tgt) = (
+        app.redis.node_conn(from).await,
+        app.redis.node_conn(to).await,
+    );
+    let id_of = |c: &mut redis::aio::MultiplexedConnection| {
+        let mut c = c.clone();
+        async move {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async::<String>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    let (src_id, tgt_id) = (id_of(&mut src).await, id_of(&mut tgt).await);
+    // What `move-shard` does up to the hand-over, by hand.
+    app.store().await.freeze_shard(shard).await.unwrap();
+    let setslot = |state: &str, node: &str| {
+        let mut c = redis::cmd("CLUSTER");
+        c.arg("SETSLOT").arg(slot).arg(state).arg(node);
+        c
+    };
+    let () = setslot("IMPORTING", &src_id)
+        .query_async(&mut tgt)
+        .await
+        .unwrap();
+    let () = setslot("MIGRATING", &tgt_id)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(10_000)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    assert!(keys.contains(&shard.frozen()), "{keys:?}");
+    let (host, port) = app
+        .redis
+        .node_address(to)
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_owned(), p.to_owned()))
+        .unwrap();
+    let _: redis::Value = redis::cmd("MIGRATE")
+        .arg(&host)
+        .arg(&port)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+
+    let out = std::process::Command::new(crate::helpers::sluice_bin())
+        .args([
+            "cluster",
+            "move-shard",
+            "--shard",
+            &shard.number().to_string(),
+        ])
+        .args(["--to", &app.redis.node_address(to)])
+        .args(app.redis.args())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "move-shard did not finish the move: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(app.master_of(tenant).await, to);
+    assert!(!app.store().await.is_frozen(shard).await.unwrap());
+    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "4"]);
+    for id in &ids {
+        let done = app.wait_terminal(tenant, id, Duration::from_secs(20)).await;
+        assert_eq!(done["status"], "completed", "{done}");
+    }
+}

@@ -219,6 +219,11 @@ impl TestRedis {
         }
     }
 
+    /// A direct connection to node `i` (for node-wide or slot-migration commands).
+    pub async fn node_conn(&self, i: usize) -> redis::aio::MultiplexedConnection {
+        self.nodes[i].direct().await.expect("redis connection")
+    }
+
     /// `127.0.0.1:<port>` of node `i`, as the cluster names it.
     pub fn node_address(&self, i: usize) -> String {
         format!("127.0.0.1:{}", self.nodes[i].port)
