@@ -401,6 +401,10 @@ fn pause(n: u32) -> Duration {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        // One server without replica acks: the connection's own call, nothing in between.
+        if let Conn::Standalone { conn, acks: None } = self {
+            return conn.req_packed_command(cmd);
+        }
         Box::pin(async move {
             let value = self.send(cmd).await?;
             // A script that answered an error wrote nothing (scripts validate before they
