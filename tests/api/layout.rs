@@ -116,3 +116,73 @@ async fn migrate_layout_moves_every_key_and_old_processes_stop_writing() {
     let fresh = app.admit("acme", "demo.echo").await;
     assert_eq!(fresh["status"], "queued");
 }
+
+/// A migration interrupted half-way — one row copied but its original not yet deleted,
+/// another copied and deleted, the rest untouched — is finished by running it again: every
+/// execution is found once under its new name, and runs.
+#[tokio::test]
+async fn an_interrupted_migration_is_finished_by_running_it_again() {
+    use sluice::store::{Layout, ShardMap};
+    let redis = TestRedis::start().await;
+    let _: () = redis
+        .query(
+            redis::cmd("HSET")
+                .arg(sluice::store::keys::meta())
+                .arg("shards")
+                .arg(16)
+                .arg("dedicated")
+                .arg(2)
+                .arg("layout")
+                .arg(1),
+        )
+        .await;
+    let mut app = TestApp::spawn_on(redis, |_| {}).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            app.admit_with("acme", json!({"flow_id": "demo.echo"}))
+                .await,
+        );
+    }
+    // What a first run had done when it stopped.
+    let old = app.shard("acme");
+    let new = ShardMap::with_dedicated(16, 2, Layout::CURRENT).shard(old.number());
+    app.store().await.freeze_shard(old).await.unwrap();
+    for (i, id) in ids.iter().take(2).enumerate() {
+        let id = sluice::admission::ExecutionId::parse(id).unwrap();
+        let dump: Vec<u8> = app.redis.query(redis::cmd("DUMP").arg(old.row(&id))).await;
+        let () = app
+            .redis
+            .query(redis::cmd("RESTORE").arg(new.row(&id)).arg(0).arg(dump))
+            .await;
+        if i == 1 {
+            let _: u64 = app.redis.query(redis::cmd("DEL").arg(old.row(&id))).await;
+        }
+    }
+
+    let out = std::process::Command::new(sluice_bin())
+        .arg("migrate-layout")
+        .args(app.redis.args())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let keys = app.redis.keys().await;
+    let stale: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with(&old.prefix()) && **k != old.frozen())
+        .collect();
+    assert!(stale.is_empty(), "{stale:?}");
+    app.addr = app.spawn_beside(|_| {}).await;
+    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
+    for id in &ids {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(15)).await;
+        assert_eq!(e["status"], "completed", "{e}");
+    }
+    let page = app.get_json(Some("acme"), "/api/executions?limit=10").await;
+    assert_eq!(page["total"], 3, "{page}");
+}
