@@ -1,8 +1,9 @@
 #!lua flags=allow-oom
 -- cancel.lua: cancel one execution of a tenant.
 --   queued  -> 'cancelled' now: off its queue, slot released, oldest waiting dispatched.
---   running -> 'cancel_requested' set; the worker holding it stops it, and no path (retry
---              backoff, reclaim, release) runs it again: it ends cancelled.
+--   running -> 'cancel_requested' set; the worker holding it is told at once (tell_holder in
+--              common.lua) and stops it, and no path (retry backoff, reclaim, release) runs it
+--              again: it ends cancelled.
 --   terminal -> unchanged (cancel is idempotent).
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
@@ -40,8 +41,10 @@ if status == 'queued' then
   settle_terminal(tenant, id)
   redis.call('HINCRBY', STATS, 'cancelled', 1)
 elseif status == 'running' then
-  if redis.call('HGET', ROW, 'cancel') ~= '1' then
+  local run = redis.call('HMGET', ROW, 'cancel', 'lease_owner')
+  if run[1] ~= '1' then
     redis.call('HSET', ROW, 'cancel', 1, 'updated', now)
+    tell_holder(run[2], id)
   end
 end
 return { 'ok', id, hgetall(id) }

@@ -40,6 +40,7 @@ function K.dlq() return P .. 'dlq' end
 function K.stats() return P .. 'stats' end
 function K.void(id) return P .. 'void:' .. id end
 function K.frozen() return P .. 'frozen' end
+function K.bell() return P .. 'bell' end
 
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
@@ -78,10 +79,59 @@ local function index_remove(t, flow, status, id)
   redis.call('ZREM', K.flow_idx(t, flow, status), id)
 end
 
+-- The shard's doorbell: a list a worker with a free slot waits on (BLPOP, on a connection of
+-- its own), so new work wakes it at once instead of being polled for. Every entry put on the
+-- ready stream pushes one token (at most BELL_CAP are kept: enough to wake that many idle
+-- workers; the one that drains the stream clears the rest, see start.lua), and a token popped
+-- by a worker that then died is put back by the orphan scan (reclaim.lua). The bell key is the
+-- ready stream's companion and always built here from the shard prefix.
+local BELL_CAP = 256
+
+local function ring()
+  if redis.call('LLEN', K.bell()) < BELL_CAP then redis.call('RPUSH', K.bell(), 1) end
+end
+
+-- Whether the shard's ready stream holds entries no worker has read yet: those after the
+-- consumer group's last-delivered id. Exact (deleted entries do not count), and O(1).
+local function undelivered()
+  local groups = redis.call('XINFO', 'GROUPS', K.ready())
+  for _, g in ipairs(groups) do
+    local name, last = nil, nil
+    for i = 1, #g, 2 do
+      if g[i] == 'name' then name = g[i + 1] end
+      if g[i] == 'last-delivered-id' then last = g[i + 1] end
+    end
+    if name == GROUP then
+      return #redis.call('XRANGE', K.ready(), '(' .. last, '+', 'COUNT', 1) > 0
+    end
+  end
+  return false
+end
+
 -- Puts a queued execution on the shard's ready stream and gives it a slot of its tenant.
 local function dispatch_entry(id, now)
   local entry = redis.call('XADD', K.ready(), '*', 'id', id)
   redis.call('HSET', K.row(id), 'qstate', 'dispatched', 'entry', entry, 'updated', now)
+  ring()
+end
+
+-- Retries whose backoff is over go back on the ready stream (they kept their slot), at most
+-- `most` per call. Returns the due time (ms) of the next one still waiting, or 0 for none.
+local function promote_due(now, most)
+  local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'LIMIT', 0, most)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', K.delayed(), id)
+    if redis.call('HGET', K.row(id), 'status') == 'queued' then dispatch_entry(id, now) end
+  end
+  local next_due = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  return tonumber(next_due[2]) or 0
+end
+
+-- Tells the worker holding a running execution's lease to look at it now (a cancel or a force
+-- delete): the worker subscribes to this channel and asks Redis (a heartbeat) what to do, so
+-- the message only shortens the wait for its next heartbeat and is safe to lose.
+local function tell_holder(owner, id)
+  if owner and owner ~= '' then redis.call('PUBLISH', 'sluice:stop:' .. owner, id) end
 end
 
 local function dispatch(t, id, now)

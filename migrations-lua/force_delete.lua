@@ -3,8 +3,9 @@
 -- queue, indexes cleaned, dedup key released (only if it still maps to this execution), row
 -- gone for every reader. The same dedup key then admits a new id.
 --
--- A running execution keeps its slot until its handler has stopped (the worker's next
--- heartbeat answers 'cancel'; its report then frees the slot) or its lease has expired
+-- A running execution keeps its slot until its handler has stopped (the worker holding it is
+-- told at once, see tell_holder in common.lua, and its heartbeat answers 'cancel'; its report
+-- then frees the slot) or its lease has expired
 -- (reclaim.lua frees it): the quota counts handlers actually running. Until then its row stays
 -- hidden, marked `deleted` (every read treats it as missing), and listed in the tenant's
 -- `deleting` set so that usage still counts it as running.
@@ -40,6 +41,7 @@ end
 if status == 'running' then
   redis.call('HSET', ROW, 'deleted', 1, 'updated', now)
   redis.call('SADD', DELETING, id)
+  tell_holder(redis.call('HGET', ROW, 'lease_owner'), id)
   return { 'deleted' }
 end
 if status == 'queued' then

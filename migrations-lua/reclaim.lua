@@ -7,16 +7,24 @@
 -- 'lease_lost' when its attempts are used up, cancelled when its cancel was requested, or, if
 -- it was force-deleted while it ran, removed with its slot.
 --
+-- It is also every worker's safety poll of the shard (workers are woken by the doorbell, see
+-- ring() in common.lua, and this call is the one they make when nothing wakes them): retries
+-- whose backoff is over are put back on the ready stream, and a stream holding unread entries
+-- with an empty bell (its token was popped by a worker that died or stalled before starting)
+-- gets a token again, so no lost wake-up strands work for longer than one scan interval.
+--
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's lease index     KEYS[3]  its ready stream
--- KEYS[4]  its dead-letter stream      KEYS[5]  its counters
+-- KEYS[4]  its dead-letter stream      KEYS[5]  its counters     KEYS[6]  its retry delays
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  most orphans to handle in this call
 -- ARGV[7]  dead-letter stream cap
 --
--- Reply: {requeued, dead_lettered}
+-- Reply: {requeued, dead_lettered, unread, next_due}
+--   unread    1 when the ready stream holds entries no worker has read yet (after this call)
+--   next_due  when the shard's next retry backoff ends (ms), 0 for none
 local LEASES = declared(2, K.leases())
-declared(3, K.ready()); declared(4, K.dlq()); declared(5, K.stats())
+declared(3, K.ready()); declared(4, K.dlq()); declared(5, K.stats()); declared(6, K.delayed())
 local batch, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, batch)
@@ -32,4 +40,10 @@ for _, id in ipairs(expired) do
     if how == 'dead_lettered' then dead = dead + 1 end
   end
 end
-return { requeued, dead }
+local next_due = promote_due(now, batch)
+local unread = 0
+if undelivered() then
+  unread = 1
+  if redis.call('EXISTS', K.bell()) == 0 then redis.call('RPUSH', K.bell(), 1) end
+end
+return { requeued, dead, unread, next_due }

@@ -7,6 +7,11 @@
 --
 -- First, retries whose backoff is over are put back on the ready stream (they kept their slot).
 --
+-- The doorbell (see ring() in common.lua): a call that read fewer entries than it asked for
+-- has emptied the stream of unread entries, so it clears the bell (no idle worker is woken for
+-- nothing); one that read all it asked for leaves at least one token, so another worker with a
+-- free slot is woken for what may remain.
+--
 -- Each start increments the row's `fence`, the token that heartbeats and completions name: it
 -- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
 -- current can never pass for the current one. `attempt` counts the starts of the current run.
@@ -20,26 +25,32 @@
 -- ARGV[8]  lease TTL, milliseconds
 -- ARGV[9]  dead-letter stream cap
 --
--- Reply: a list of started executions, each
---   {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
-local READY, DELAYED, LEASES = declared(2, K.ready()), declared(3, K.delayed()),
-  declared(4, K.leases())
+-- Reply: {more, next_due, started}
+--   more      1 when the call read as many entries as it asked for (more may be waiting), else 0
+--   next_due  when the shard's next retry backoff ends (ms), 0 for none
+--   started   a list of started executions, each
+--             {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
+local READY, LEASES = declared(2, K.ready()), declared(4, K.leases())
+declared(3, K.delayed())
 declared(5, K.dlq()); declared(6, K.stats())
 local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
 
-local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 100)
-for _, id in ipairs(due) do
-  redis.call('ZREM', DELAYED, id)
-  if redis.call('HGET', K.row(id), 'status') == 'queued' then dispatch_entry(id, now) end
-end
+local next_due = promote_due(now, 100)
 
 local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
   'STREAMS', READY, '>')
+local entries = read and read[1][2] or {}
+local more = 0
+if #entries < count then
+  redis.call('DEL', K.bell())
+else
+  more = 1
+  if redis.call('EXISTS', K.bell()) == 0 then redis.call('RPUSH', K.bell(), 1) end
+end
 local started = {}
-if not read then return started end
 
-for _, e in ipairs(read[1][2]) do
+for _, e in ipairs(entries) do
   local entry, fields = e[1], e[2]
   local id = entry_execution(fields)
   local row = nil
@@ -75,4 +86,4 @@ for _, e in ipairs(read[1][2]) do
     table.insert(started, run_of(id))
   end
 end
-return started
+return { more, next_due, started }

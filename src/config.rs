@@ -126,7 +126,8 @@ pub struct WorkerSettings {
     /// Heartbeat interval, in milliseconds (well under the lease TTL).
     #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = 10_000)]
     pub heartbeat_ms: u64,
-    /// Orphan scan interval, in milliseconds.
+    /// Orphan scan interval, in milliseconds: each shard's one periodic call, which is also
+    /// the safety poll for wake-ups that were lost (workers are woken by Redis, not polling).
     #[arg(long, env = "SLUICE_SCAN_MS", default_value_t = 5_000)]
     pub scan_ms: u64,
     /// On SIGTERM/SIGINT, how long running executions may finish before their leases are
@@ -139,9 +140,6 @@ pub struct WorkerSettings {
     /// Cap of the retry backoff, in milliseconds.
     #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = 300_000)]
     pub retry_backoff_max_ms: u64,
-    /// Longest pause between polls of the ready streams when idle, in milliseconds.
-    #[arg(long, env = "SLUICE_IDLE_POLL_MS", default_value_t = 100)]
-    pub idle_poll_ms: u64,
 }
 
 impl WorkerSettings {
@@ -155,7 +153,6 @@ impl WorkerSettings {
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             retry_backoff: Duration::from_millis(self.retry_backoff_ms),
             retry_backoff_max: Duration::from_millis(self.retry_backoff_max_ms),
-            idle_poll: Duration::from_millis(self.idle_poll_ms.max(1)),
             consumer: crate::worker::default_consumer(),
         }
     }

@@ -42,6 +42,14 @@ pub fn sweeper_lock() -> &'static str {
     "sluice:{meta}:sweeper"
 }
 
+/// The Pub/Sub channel a worker (by its consumer name) listens on to hear at once that an
+/// execution it runs was cancelled or force-deleted (see `tell_holder` in
+/// `migrations-lua/common.lua`). A channel, not a key: on a cluster a publish reaches every
+/// node, so the worker may listen on any of them.
+pub fn stop_channel(consumer: &str) -> String {
+    format!("{ROOT}stop:{consumer}")
+}
+
 /// The consumer group of every ready stream.
 pub const WORKER_GROUP: &str = "workers";
 
@@ -138,6 +146,13 @@ impl Shard {
     /// The ready stream (consumer group `workers`): dispatched executions waiting for a worker.
     pub fn ready(self) -> String {
         format!("{}ready", self.prefix())
+    }
+
+    /// The ready stream's doorbell: a list of wake-up tokens, one pushed per entry put on the
+    /// stream (capped), that workers with a free slot wait on with `BLPOP` instead of polling
+    /// (see `ring` in `migrations-lua/common.lua`). Built inside the scripts from the prefix.
+    pub fn bell(self) -> String {
+        format!("{}bell", self.prefix())
     }
 
     /// Running executions by lease expiry (ms): the orphan scan reads only expired ones.
@@ -329,6 +344,7 @@ pub enum KeyKind {
     Void,
     Frozen,
     Ready,
+    Bell,
     Leases,
     Delayed,
     DeadLetters,
@@ -411,6 +427,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         return match rest {
             "frozen" => at(KeyKind::Frozen),
             "ready" => at(KeyKind::Ready),
+            "bell" => at(KeyKind::Bell),
             "leases" => at(KeyKind::Leases),
             "delayed" => at(KeyKind::Delayed),
             "dlq" => at(KeyKind::DeadLetters),
@@ -513,6 +530,7 @@ mod tests {
         let keys = [
             s.frozen(),
             s.ready(),
+            s.bell(),
             s.leases(),
             s.delayed(),
             s.dead_letters(),
@@ -586,6 +604,7 @@ mod tests {
         for (k, kind) in [
             (s.frozen(), KeyKind::Frozen),
             (s.ready(), KeyKind::Ready),
+            (s.bell(), KeyKind::Bell),
             (s.leases(), KeyKind::Leases),
             (s.delayed(), KeyKind::Delayed),
             (s.dead_letters(), KeyKind::DeadLetters),

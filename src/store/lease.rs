@@ -3,7 +3,7 @@
 //! a lost start answer started, keeping leases alive, reporting how a run ended, and
 //! recovering runs whose lease expired. Each call is one script on one shard.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 use serde_json::Value as Json;
@@ -123,7 +123,7 @@ impl Store {
         consumer: &str,
         count: usize,
         lease_ttl: Duration,
-    ) -> Result<Vec<Started>, StoreError> {
+    ) -> Result<StartBatch, StoreError> {
         let keys = [
             shard.ready(),
             shard.delayed(),
@@ -137,14 +137,19 @@ impl Store {
             .arg(lease_ttl.as_millis() as u64)
             .arg(self.dlq_cap());
         let mut c = self.conn();
-        let reply: Vec<RunReply> = match self.bounded(inv.invoke_async(&mut c)).await {
-            Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
-                self.ensure_group(shard).await?;
-                return Ok(Vec::new());
-            }
-            other => other?,
-        };
-        runs_of(shard, reply)
+        let (more, next_due, runs): (u8, u64, Vec<RunReply>) =
+            match self.bounded(inv.invoke_async(&mut c)).await {
+                Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
+                    self.ensure_group(shard).await?;
+                    return Ok(StartBatch::default());
+                }
+                other => other?,
+            };
+        Ok(StartBatch {
+            started: runs_of(shard, runs)?,
+            more: more == 1,
+            next_due: due_at(next_due),
+        })
     }
 
     /// Every run `consumer` holds in one shard according to Redis, their leases extended (see
@@ -269,20 +274,61 @@ impl Store {
         })
     }
 
-    /// Recovers up to `batch` executions of one shard whose lease expired; returns
-    /// (re-queued, dead-lettered).
-    pub async fn reclaim(&self, shard: Shard, batch: usize) -> Result<(u64, u64), StoreError> {
+    /// Recovers up to `batch` executions of one shard whose lease expired, and is the worker's
+    /// safety poll of the shard: due retries go back on the ready stream, and a doorbell whose
+    /// token was lost is rung again (see `migrations-lua/reclaim.lua`).
+    pub async fn reclaim(&self, shard: Shard, batch: usize) -> Result<Reclaimed, StoreError> {
         let keys = [
             shard.leases(),
             shard.ready(),
             shard.dead_letters(),
             shard.stats(),
+            shard.delayed(),
         ];
         let mut inv = self.shard_script(&self.scripts.reclaim, shard, &keys);
         inv.arg(batch.max(1)).arg(self.dlq_cap());
         let mut c = self.conn();
-        self.bounded(inv.invoke_async(&mut c)).await
+        let (requeued, dead_lettered, unread, next_due): (u64, u64, u8, u64) =
+            self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(Reclaimed {
+            requeued,
+            dead_lettered,
+            unread: unread == 1,
+            next_due: due_at(next_due),
+        })
     }
+}
+
+/// What one `start` call did in a shard.
+#[derive(Debug, Default)]
+pub struct StartBatch {
+    /// The executions it started, for the caller to run.
+    pub started: Vec<Started>,
+    /// Whether it read all it asked for: more may be waiting, so the caller asks again (with a
+    /// free slot) instead of waiting for the doorbell. `false` means the stream held no more
+    /// unread entries (and the call cleared the shard's doorbell).
+    pub more: bool,
+    /// When the shard's next retry backoff ends (`SystemTime`), if any is waiting.
+    pub next_due: Option<SystemTime>,
+}
+
+/// What one orphan scan (`reclaim`) did in a shard.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reclaimed {
+    /// Orphans put back on the ready stream.
+    pub requeued: u64,
+    /// Orphans whose attempts were used up: failed and dead-lettered.
+    pub dead_lettered: u64,
+    /// Whether the ready stream holds entries no worker has read: work the caller may start
+    /// although no doorbell woke it.
+    pub unread: bool,
+    /// When the shard's next retry backoff ends, if any is waiting.
+    pub next_due: Option<SystemTime>,
+}
+
+/// A Redis time in ms since the epoch as a `SystemTime`; 0 means none.
+fn due_at(ms: u64) -> Option<SystemTime> {
+    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// A run as `start.lua` and `adopt.lua` report it:

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +43,7 @@ use crate::store::{
 pub use builtin::with_demo_flows;
 pub use external::{FlowSpec, FlowsFile, load_flows};
 pub use handler::{Context, Handler, HandlerError, HandlerFuture, Lease, Registry};
-use pickup::Pickup;
+use pickup::{Pickup, Wake};
 
 /// How a worker behaves. The defaults suit production; tests shorten the times.
 #[derive(Debug, Clone)]
@@ -54,7 +54,8 @@ pub struct WorkerConfig {
     pub lease_ttl: Duration,
     /// How often held leases are extended (well under `lease_ttl`).
     pub heartbeat_interval: Duration,
-    /// How often expired leases are looked for.
+    /// How often expired leases are looked for, in each shard. The same call is the worker's
+    /// safety poll: it puts due retries back and finds work whose wake-up was lost.
     pub scan_interval: Duration,
     /// On shutdown, how long running executions may finish before their leases are released.
     pub drain_timeout: Duration,
@@ -62,8 +63,6 @@ pub struct WorkerConfig {
     pub retry_backoff: Duration,
     /// Cap of that backoff.
     pub retry_backoff_max: Duration,
-    /// Longest pause between polls of the ready streams when there is no work.
-    pub idle_poll: Duration,
     /// Consumer name in the `workers` group (unique per worker process).
     pub consumer: String,
 }
@@ -78,7 +77,6 @@ impl Default for WorkerConfig {
             drain_timeout: Duration::from_secs(30),
             retry_backoff: Duration::from_secs(1),
             retry_backoff_max: Duration::from_secs(300),
-            idle_poll: Duration::from_millis(100),
             consumer: default_consumer(),
         }
     }
@@ -166,6 +164,9 @@ struct Shared {
     slots: Arc<Semaphore>,
     /// The tasks of running executions; taken out and drained at shutdown.
     runs: Mutex<JoinSet<()>>,
+    /// Per shard: how its pickup is woken besides its doorbell (the orphan scan's nudge, a
+    /// retry coming due).
+    wakes: HashMap<Shard, Arc<Wake>>,
 }
 
 impl Shared {
@@ -185,11 +186,12 @@ impl Shared {
             },
         );
         // The task holds what it needs, not `Shared`: dropping the worker aborts the runs.
-        let (store, registry, config, held) = (
+        let (store, registry, config, held, wake) = (
             self.store.clone(),
             self.registry.clone(),
             self.config.clone(),
             self.held.clone(),
+            self.wakes.get(&s.shard).cloned(),
         );
         let mut runs = self.runs.lock().expect("run set");
         // Reap finished tasks so the set does not grow.
@@ -198,6 +200,18 @@ impl Shared {
             let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
             let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
             let reported = report(&store, shard, &id, fence, &outcome, &config).await;
+            // A retry after a backoff: this worker looks again when it is due (any worker's
+            // orphan scan would put it back too, later).
+            if let (
+                Outcome::Failed {
+                    retry_after: Some(wait),
+                    ..
+                },
+                Some(wake),
+            ) = (&outcome, wake)
+            {
+                wake.set_due_in(*wait);
+            }
             held.lock()
                 .expect("held map")
                 .ended(shard, &id, fence, reported);
@@ -232,6 +246,12 @@ impl Worker {
     /// Redis down or stuck) delays only its own executions. A shard that cannot be reached at
     /// start is picked up once it answers; nothing here fails the worker.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), StoreError> {
+        let wakes: HashMap<Shard, Arc<Wake>> = self
+            .store
+            .shards()
+            .all()
+            .map(|shard| (shard, Arc::new(Wake::default())))
+            .collect();
         let shared = Arc::new(Shared {
             store: self.store.clone(),
             registry: self.registry.clone(),
@@ -241,30 +261,37 @@ impl Worker {
                 self.config.concurrency.min(Semaphore::MAX_PERMITS),
             )),
             runs: Mutex::new(JoinSet::new()),
+            wakes: wakes.clone(),
         });
         let stop_reading = CancellationToken::new();
         let stop_background = CancellationToken::new();
         let mut background = JoinSet::new();
+        let beat_now = Arc::new(Notify::new());
         background.spawn(heartbeat_loop(
             self.store.clone(),
             shared.held.clone(),
             self.config.clone(),
+            beat_now.clone(),
             stop_background.clone(),
         ));
-        background.spawn(policy_loop(
+        background.spawn(stop_listener(
             self.store.clone(),
+            shared.held.clone(),
             self.config.clone(),
+            beat_now,
             stop_background.clone(),
         ));
+        background.spawn(policy_loop(self.store.clone(), stop_background.clone()));
         let mut pickups = JoinSet::new();
-        for shard in self.store.shards().all() {
+        for (shard, wake) in wakes {
             background.spawn(reclaim_loop(
                 self.store.clone(),
                 shard,
+                wake.clone(),
                 self.config.clone(),
                 stop_background.clone(),
             ));
-            pickups.spawn(Pickup::new(shared.clone(), shard).run(stop_reading.clone()));
+            pickups.spawn(Pickup::new(shared.clone(), shard, wake).run(stop_reading.clone()));
         }
         tracing::info!(
             consumer = %self.config.consumer,
@@ -469,10 +496,12 @@ async fn report(
 
 /// Extends every held lease once per interval: one call per shard, not per execution, the
 /// shards' calls at the same time.
+/// `now` asks for a beat at once (stop messages may have been missed).
 async fn heartbeat_loop(
     store: Arc<Store>,
     held: HeldMap,
     config: WorkerConfig,
+    now: Arc<Notify>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(config.heartbeat_interval);
@@ -480,6 +509,7 @@ async fn heartbeat_loop(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = now.notified() => {}
             _ = stop.cancelled() => return,
         }
         let by_shard: HashMap<Shard, Vec<(ExecutionId, u64)>> = {
@@ -541,10 +571,74 @@ async fn renew(
     }
 }
 
+/// Listens for the stop messages of this worker's runs (a cancel or a force delete published
+/// by Redis, see `store::wake`) and answers each with a heartbeat of that run alone: Redis, not
+/// the message, says whether and why to stop, so a stray or repeated message is harmless. While
+/// the listener is disconnected the regular heartbeat still catches every stop; after each
+/// (re)connection one beat runs at once for what may have been missed.
+async fn stop_listener(
+    store: Arc<Store>,
+    held: HeldMap,
+    config: WorkerConfig,
+    beat_now: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let mut pause = Duration::from_millis(100);
+    let mut connected_once = false;
+    loop {
+        let listener = tokio::select! {
+            l = store.listen_for_stops(&config.consumer) => l,
+            _ = stop.cancelled() => return,
+        };
+        let mut listener = match listener {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?pause, "cannot listen for stop messages; heartbeats still bring them");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.cancelled() => return,
+                }
+                pause = (pause * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        pause = Duration::from_millis(100);
+        if connected_once {
+            beat_now.notify_one();
+        }
+        connected_once = true;
+        loop {
+            let id = tokio::select! {
+                id = listener.next() => id,
+                _ = stop.cancelled() => return,
+            };
+            let Some(id) = id else { break };
+            let Ok(id) = ExecutionId::parse(&id) else {
+                continue;
+            };
+            let run = {
+                let runs = held.lock().expect("held map");
+                runs.held.get(&id).map(|h| (h.shard, h.fence))
+            };
+            if let Some((shard, fence)) = run {
+                let (store, held, config) = (store.clone(), held.clone(), config.clone());
+                tokio::spawn(async move {
+                    renew(&store, &held, &config, shard, vec![(id, fence)]).await;
+                });
+            }
+        }
+        tracing::debug!("stop message connection ended; reconnecting");
+    }
+}
+
+/// How often the data policy `serve` publishes is read again. It changes only when `serve`
+/// restarts with other settings, so this is slow: an idle worker's calls are its orphan scans.
+const POLICY_REFRESH: Duration = Duration::from_secs(60);
+
 /// Follows the data policy `serve` publishes (tenant limit defaults, retention, dead-letter
-/// cap), read again once per scan interval.
-async fn policy_loop(store: Arc<Store>, config: WorkerConfig, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(config.scan_interval);
+/// cap), read again every `POLICY_REFRESH`.
+async fn policy_loop(store: Arc<Store>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(POLICY_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -558,10 +652,13 @@ async fn policy_loop(store: Arc<Store>, config: WorkerConfig, stop: Cancellation
 }
 
 /// Looks for expired leases in one shard once per scan interval. Each shard has its own loop,
-/// so a shard that does not answer delays no other shard's orphans.
+/// so a shard that does not answer delays no other shard's orphans. The same call is the
+/// shard's safety poll: it tells of unread work (its pickup is nudged: a doorbell token may
+/// have been lost) and of the next retry due.
 async fn reclaim_loop(
     store: Arc<Store>,
     shard: Shard,
+    wake: Arc<Wake>,
     config: WorkerConfig,
     stop: CancellationToken,
 ) {
@@ -576,11 +673,22 @@ async fn reclaim_loop(
         // Bounded: at most 100 batches per tick.
         for _ in 0..100 {
             match store.reclaim(shard, BATCH).await {
-                Ok((requeued, dead)) => {
-                    if requeued + dead > 0 {
-                        tracing::info!(shard = shard.number(), requeued, dead, "orphans recovered");
+                Ok(r) => {
+                    if r.requeued + r.dead_lettered > 0 {
+                        tracing::info!(
+                            shard = shard.number(),
+                            requeued = r.requeued,
+                            dead = r.dead_lettered,
+                            "orphans recovered"
+                        );
                     }
-                    if ((requeued + dead) as usize) < BATCH {
+                    if let Some(due) = r.next_due {
+                        wake.set_due(due);
+                    }
+                    if ((r.requeued + r.dead_lettered) as usize) < BATCH {
+                        if r.unread {
+                            wake.nudge();
+                        }
                         break;
                     }
                 }

@@ -1,33 +1,117 @@
 //! Picking up work from one shard. A worker runs one `Pickup` per shard, each on its own task
-//! with its own schedule, error state and `adopt` bookkeeping, so a shard whose Redis is slow
-//! or down delays only its own executions: the other shards' starts go on at their own pace.
-//! What pickups share is the worker's slots (a semaphore of `concurrency` permits, reserved
-//! before a start call asks for that many) and the runs it holds.
+//! with its own doorbell connection, error state and `adopt` bookkeeping, so a shard whose
+//! Redis is slow or down delays only its own executions. What pickups share is the worker's
+//! slots (a semaphore of `concurrency` permits, reserved before a start call asks for that
+//! many) and the runs it holds.
 //!
-//! Today a pickup polls its shard (again at once while it has work, with a doubling pause up to
-//! `idle_poll` while it is empty or failing); a wake-up from Redis would replace `idle`, the
-//! rest stays as it is.
+//! A pickup never polls. It is in one of three states:
+//!
+//! - **serving**: it has free slots and the shard may have work, so it calls `start` again at
+//!   once for as long as each call reads all it asked for;
+//! - **listening**: the shard's stream had no unread entry at its last call, so it blocks on the
+//!   shard's doorbell (`BLPOP` on a connection of its own, see `store::wake`) and also wakes for
+//!   a retry whose backoff ends (`Wake::due`), a nudge from the orphan scan (which found unread
+//!   work nobody was woken for), and shutdown;
+//! - **queued for a slot**: the shard has work but every slot is taken, so it waits its turn on
+//!   the slots (first come, first served), then serves. A token that arrives meanwhile is given
+//!   back to the bell for a worker that has room.
+//!
+//! A wake-up costs one call per slot that freed or per token rung, never a round of calls over
+//! every shard; an idle worker sends nothing but its orphan scans.
 
 use std::collections::HashSet;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::store::{Shard, Started, StoreError};
+use crate::store::{BellConn, Shard, StartBatch, Started, StoreError};
 
-/// The pause after a call that started something: none to speak of.
-const FIRST_PAUSE: Duration = Duration::from_millis(1);
+/// First pause after a failed call on the shard; it doubles up to `FAILING_PAUSE_MAX`.
+const FAILING_PAUSE: Duration = Duration::from_millis(20);
+const FAILING_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// How a shard's pickup is woken besides its doorbell: by the orphan scan (`nudge`) and by
+/// the end of a retry backoff (`set_due`). Shared between the pickup and the worker's other
+/// tasks.
+#[derive(Default)]
+pub(super) struct Wake {
+    notify: Notify,
+    /// The earliest known end of a retry backoff in the shard.
+    due: Mutex<Option<Instant>>,
+}
+
+impl Wake {
+    /// The shard may have work nobody was woken for: look now.
+    pub(super) fn nudge(&self) {
+        self.notify.notify_one();
+    }
+
+    /// A retry of the shard is due at `at` (Redis time): look then.
+    pub(super) fn set_due(&self, at: SystemTime) {
+        let wait = at
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        self.set_due_in(wait);
+    }
+
+    /// A retry of the shard is due after `wait`.
+    pub(super) fn set_due_in(&self, wait: Duration) {
+        let at = Instant::now() + wait;
+        let mut due = self.due.lock().expect("due");
+        if due.is_none_or(|d| at < d) {
+            *due = Some(at);
+            drop(due);
+            self.notify.notify_one();
+        }
+    }
+
+    /// The due time if it has come (and forgets it), else when it comes.
+    fn take_due(&self) -> (bool, Option<Instant>) {
+        let mut due = self.due.lock().expect("due");
+        match *due {
+            Some(d) if d <= Instant::now() => {
+                *due = None;
+                (true, None)
+            }
+            other => (false, other),
+        }
+    }
+}
+
+/// A `BLPOP` on the shard's doorbell that is out: kept across wake-ups of other kinds, so a
+/// token Redis hands to it is never dropped unread.
+type BellWait = Pin<Box<dyn Future<Output = (Option<BellConn>, Result<Shard, StoreError>)> + Send>>;
+
+/// What the last round of serving found.
+enum Served {
+    /// No unread entry is left (or the shard failed): wait for a wake-up.
+    Drained,
+    /// Work may be left but no slot is free: wait for one.
+    NoSlot,
+    /// A call failed: pause before the next.
+    Failed,
+}
 
 /// Starts executions of one shard for its worker.
 pub(super) struct Pickup {
     shard: Shard,
     shared: Arc<Shared>,
+    wake: Arc<Wake>,
     /// Most slots one start call reserves: the worker's concurrency shared out over the shards
     /// (at least one), so one busy shard cannot take every slot in one call.
     share: usize,
+    /// The doorbell connection while no `BLPOP` is out on it.
+    bell: Option<BellConn>,
+    /// The `BLPOP` out on it, if any.
+    ringing: Option<BellWait>,
+    /// Pause before the next doorbell connection after one failed (doubling; zero once a
+    /// token came through).
+    bell_pause: Duration,
     /// Whether the shard's consumer group is known to exist: ensured before the first start
     /// and again after any failure (the shard's Redis may have come back without it).
     group_ready: bool,
@@ -38,18 +122,22 @@ pub(super) struct Pickup {
     /// left to their lease (another worker reruns them), so the concurrency still holds.
     unsure: bool,
     /// Whether the last call failed: an outage is logged once when it begins and once when it
-    /// ends, not at every poll.
+    /// ends, not at every retry.
     failing: bool,
 }
 
 impl Pickup {
-    pub(super) fn new(shared: Arc<Shared>, shard: Shard) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, shard: Shard, wake: Arc<Wake>) -> Self {
         let shards = usize::from(shared.store.shards().count()).max(1);
         let share = shared.config.concurrency.div_ceil(shards).max(1);
         Self {
             shard,
             shared,
+            wake,
             share,
+            bell: None,
+            ringing: None,
+            bell_pause: Duration::ZERO,
             group_ready: false,
             unsure: false,
             failing: false,
@@ -59,58 +147,90 @@ impl Pickup {
     /// Picks up work until `stop` is cancelled. A call already sent is always awaited and what
     /// it started is run (drained like the rest): stopping never loses a start's answer.
     pub(super) async fn run(mut self, stop: CancellationToken) {
-        let mut pause = FIRST_PAUSE;
-        while let Some(launched) = self.pick_up(&stop).await {
-            if launched > 0 {
-                pause = FIRST_PAUSE;
-                continue;
-            }
-            pause = (pause * 2).min(self.shared.config.idle_poll);
-            if !idle(pause, &stop).await {
+        let mut pause = FAILING_PAUSE;
+        // A worker that starts looks once: work may be waiting from before.
+        let mut slot = None;
+        loop {
+            if stop.is_cancelled() {
                 return;
             }
-        }
-    }
-
-    /// One call on the shard: `adopt` when a start's answer was lost, else a start of as many
-    /// executions as slots could be reserved. How many runs it launched; `None` once `stop`
-    /// is cancelled (checked before a call is sent, never while one is out).
-    async fn pick_up(&mut self, stop: &CancellationToken) -> Option<usize> {
-        if stop.is_cancelled() {
-            return None;
-        }
-        if !self.group_ready {
-            if let Err(e) = self.shared.store.ensure_group(self.shard).await {
-                self.failed(&e, "cannot create the shard's consumer group");
-                return Some(0);
+            let served = self.serve(slot.take()).await;
+            let next = match served {
+                Served::Failed => {
+                    let wait = pause;
+                    pause = (pause * 2).min(FAILING_PAUSE_MAX);
+                    self.pause(wait, &stop).await
+                }
+                Served::NoSlot => {
+                    pause = FAILING_PAUSE;
+                    self.wait_for_slot(&stop).await
+                }
+                Served::Drained => {
+                    pause = FAILING_PAUSE;
+                    self.listen(&stop).await
+                }
+            };
+            match next {
+                Some(permit) => slot = permit,
+                None => return,
             }
-            self.group_ready = true;
         }
-        if self.unsure {
-            return Some(self.adopt().await);
-        }
-        let reserved = self.reserve(stop).await?;
-        Some(self.start(reserved).await)
     }
 
-    /// Waits for a free slot, then takes as many more as are free, up to `share`.
-    async fn reserve(&self, stop: &CancellationToken) -> Option<OwnedSemaphorePermit> {
-        let slots = &self.shared.slots;
-        let mut reserved = tokio::select! {
-            permit = slots.clone().acquire_owned() => permit.expect("the slots are never closed"),
-            _ = stop.cancelled() => return None,
-        };
+    /// Serves the shard while it has work and the worker has room: `adopt` after a lost start
+    /// answer, then start calls, each of as many executions as slots could be reserved
+    /// (`first` is a slot reserved already), again at once while a call reads all it asked for.
+    async fn serve(&mut self, mut first: Option<OwnedSemaphorePermit>) -> Served {
+        loop {
+            if !self.group_ready {
+                if let Err(e) = self.shared.store.ensure_group(self.shard).await {
+                    self.failed(&e, "cannot create the shard's consumer group");
+                    return Served::Failed;
+                }
+                self.group_ready = true;
+            }
+            if self.unsure {
+                if !self.adopt().await {
+                    return Served::Failed;
+                }
+                continue;
+            }
+            let Some(reserved) = first
+                .take()
+                .map(|p| self.top_up(p))
+                .or_else(|| self.reserve())
+            else {
+                return Served::NoSlot;
+            };
+            match self.start(reserved).await {
+                Some(batch) if batch.more => {}
+                Some(_) => return Served::Drained,
+                None => return Served::Failed,
+            }
+        }
+    }
+
+    /// Takes as many free slots as there are, up to `share`, without waiting; `None` when none
+    /// is free.
+    fn reserve(&self) -> Option<OwnedSemaphorePermit> {
+        let first = self.shared.slots.clone().try_acquire_owned().ok()?;
+        Some(self.top_up(first))
+    }
+
+    /// Adds free slots to `reserved`, up to `share`.
+    fn top_up(&self, mut reserved: OwnedSemaphorePermit) -> OwnedSemaphorePermit {
         while reserved.num_permits() < self.share {
-            match slots.clone().try_acquire_owned() {
+            match self.shared.slots.clone().try_acquire_owned() {
                 Ok(more) => reserved.merge(more),
                 Err(_) => break,
             }
         }
-        Some(reserved)
+        reserved
     }
 
-    /// Starts up to `reserved` executions and runs them; the unused slots go back.
-    async fn start(&mut self, reserved: OwnedSemaphorePermit) -> usize {
+    /// Starts up to `reserved` executions and runs them; the unused slots go back. `None` when
+    /// the call failed (its answer may be lost: the shard is then `unsure`).
+    async fn start(&mut self, reserved: OwnedSemaphorePermit) -> Option<StartBatch> {
         let (store, config) = (&self.shared.store, &self.shared.config);
         let sent = Instant::now();
         match store
@@ -122,9 +242,14 @@ impl Pickup {
             )
             .await
         {
-            Ok(started) => {
+            Ok(mut batch) => {
                 self.answered();
-                self.launch_all(started, sent, Some(reserved))
+                if let Some(due) = batch.next_due {
+                    self.wake.set_due(due);
+                }
+                let started = std::mem::take(&mut batch.started);
+                self.launch_all(started, sent, Some(reserved));
+                Some(batch)
             }
             Err(e) => {
                 self.failed(
@@ -132,14 +257,147 @@ impl Pickup {
                     "cannot start executions; will adopt what the call may have started",
                 );
                 self.unsure = true;
-                0
+                None
             }
+        }
+    }
+
+    /// Waits for a wake-up: a doorbell token, a due retry, a nudge, or `stop` (`None`). With a
+    /// token comes a reserved slot if one is free (else the token is given back and the pickup
+    /// waits for a slot, see `wait_for_slot`).
+    async fn listen(&mut self, stop: &CancellationToken) -> Option<Option<OwnedSemaphorePermit>> {
+        loop {
+            let (due_now, due_at) = self.wake.take_due();
+            if due_now {
+                return Some(None);
+            }
+            let mut ringing = self.ringing.take().unwrap_or_else(|| self.ring());
+            let due = async move {
+                match due_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                (conn, rung) = &mut ringing => {
+                    self.bell = conn;
+                    match rung {
+                        Ok(_) => {
+                            self.bell_pause = Duration::ZERO;
+                            return Some(self.slot_for_token().await);
+                        }
+                        Err(e) => {
+                            // The connection is gone or was sent away (a failover, a slot
+                            // move): another is opened after a pause, and the shard is looked
+                            // at once in case a token went with the old one.
+                            tracing::debug!(error = %e, shard = self.shard.number(), "doorbell wait failed");
+                            self.bell_pause = (self.bell_pause * 2).clamp(FAILING_PAUSE, FAILING_PAUSE_MAX);
+                            return Some(None);
+                        }
+                    }
+                }
+                _ = self.wake.notify.notified() => {
+                    self.ringing = Some(ringing);
+                    // A nudge, or a new due time: look (a due time in the future loops back).
+                    if self.wake.take_due().1.is_none_or(|at| at <= Instant::now()) {
+                        return Some(None);
+                    }
+                }
+                _ = due => self.ringing = Some(ringing),
+                _ = stop.cancelled() => return None,
+            }
+        }
+    }
+
+    /// A `BLPOP` on the shard's doorbell, on its connection (opened first when there is none,
+    /// after `bell_pause` when the last one failed). The future owns the connection and hands
+    /// it back with the answer, so it can be kept across other wake-ups without losing a token.
+    fn ring(&mut self) -> BellWait {
+        let (store, shard, pause, conn) = (
+            self.shared.store.clone(),
+            self.shard,
+            self.bell_pause,
+            self.bell.take(),
+        );
+        Box::pin(async move {
+            tokio::time::sleep(pause).await;
+            let mut conn = match conn {
+                Some(c) => c,
+                None => match store.open_bell(vec![shard]).await {
+                    Ok(c) => c,
+                    Err(e) => return (None, Err(e)),
+                },
+            };
+            let r = conn.wait().await;
+            // A connection whose wait failed is not used again.
+            (r.is_ok().then_some(conn), r)
+        })
+    }
+
+    /// A token arrived: a free slot to serve with, or none (the token goes back to the bell for
+    /// a worker with room, and the pickup queues for a slot).
+    async fn slot_for_token(&mut self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(p) = self.shared.slots.clone().try_acquire_owned() {
+            return Some(p);
+        }
+        self.give_back().await;
+        None
+    }
+
+    /// Puts a token this pickup cannot use back on the shard's bell.
+    async fn give_back(&mut self) {
+        if let Err(e) = self.shared.store.ring(self.shard).await {
+            tracing::debug!(error = %e, shard = self.shard.number(), "cannot give a doorbell token back");
+        }
+    }
+
+    /// Waits for a free slot (first come, first served among the shards that have work),
+    /// giving back any token its doorbell hands over meanwhile. `None` on `stop`.
+    async fn wait_for_slot(
+        &mut self,
+        stop: &CancellationToken,
+    ) -> Option<Option<OwnedSemaphorePermit>> {
+        loop {
+            let slots = self.shared.slots.clone();
+            let mut ringing = self.ringing.take();
+            let rung = async {
+                match ringing.as_mut() {
+                    Some(r) => r.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                permit = slots.acquire_owned() => {
+                    self.ringing = ringing;
+                    return Some(Some(permit.expect("the slots are never closed")));
+                }
+                (conn, rung) = rung => {
+                    self.bell = conn;
+                    if rung.is_ok() {
+                        self.give_back().await;
+                    }
+                }
+                _ = stop.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Waits `wait` (a failing shard), or for `stop` (`None`).
+    async fn pause(
+        &mut self,
+        wait: Duration,
+        stop: &CancellationToken,
+    ) -> Option<Option<OwnedSemaphorePermit>> {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => Some(None),
+            _ = stop.cancelled() => None,
         }
     }
 
     /// Asks Redis what this worker holds in the shard after a start whose answer was lost, and
     /// runs what it does not know of, never a run it already ended (see `Runs::may_adopt`).
-    async fn adopt(&mut self) -> usize {
+    /// Whether Redis answered.
+    async fn adopt(&mut self) -> bool {
         let (store, config, shard) = (&self.shared.store, &self.shared.config, self.shard);
         self.shared
             .held
@@ -180,11 +438,12 @@ impl Pickup {
                     .ok()
                     .filter(|n| *n > 0)
                     .and_then(|n| self.shared.slots.clone().try_acquire_many_owned(n).ok());
-                self.launch_all(adopted, sent, reserved)
+                self.launch_all(adopted, sent, reserved);
+                true
             }
             Err(e) => {
                 self.failed(&e, "cannot find out what a lost start call started");
-                0
+                false
             }
         }
     }
@@ -196,8 +455,7 @@ impl Pickup {
         started: Vec<Started>,
         sent: Instant,
         mut reserved: Option<OwnedSemaphorePermit>,
-    ) -> usize {
-        let mut launched = 0;
+    ) {
         for s in started {
             // A start reads no more than it was asked for; an adopt answer can exceed the
             // reservation only if this worker forgot runs it could not report (more than
@@ -216,9 +474,7 @@ impl Pickup {
                 continue;
             };
             self.shared.launch(s, sent, slot);
-            launched += 1;
         }
-        launched
     }
 
     /// A call failed: the shard may be down, or may have lost its group with its data.
@@ -238,13 +494,5 @@ impl Pickup {
             tracing::info!(shard = self.shard.number(), "shard answers again");
             self.failing = false;
         }
-    }
-}
-
-/// Waits `pause` before the next poll; false when `stop` was cancelled meanwhile.
-async fn idle(pause: Duration, stop: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(pause) => true,
-        _ = stop.cancelled() => false,
     }
 }

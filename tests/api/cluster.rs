@@ -232,8 +232,6 @@ async fn moving_a_shard_under_load_loses_nothing() {
         "3000",
         "--scan-ms",
         "500",
-        "--idle-poll-ms",
-        "20",
     ];
     let env = [("SLUICE_JOURNAL", journal.to_str().unwrap())];
     let _workers = [
@@ -494,8 +492,6 @@ async fn a_master_failover_costs_only_its_tenants_a_few_seconds_and_loses_nothin
             "500",
             "--scan-ms",
             "500",
-            "--idle-poll-ms",
-            "20",
             "--redis-timeout-ms",
             "1000",
             "--redis-replica-acks",

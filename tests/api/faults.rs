@@ -378,7 +378,7 @@ impl Layout {
         cmd.args(["worker", "--demo-flows", "--redis-url", &self.redis_url()])
             .args(["--lease-ttl-ms", &LEASE_TTL_MS.to_string()])
             .args(["--heartbeat-ms", "300", "--scan-ms", "300"])
-            .args(["--idle-poll-ms", "20", "--retry-backoff-ms", "50"])
+            .args(["--retry-backoff-ms", "50"])
             .args(["--concurrency", "4", "--drain-timeout-ms", "1000"])
             // A Redis call must give up well within the lease it is meant to renew.
             .args(["--redis-timeout-ms", "500"])

@@ -47,8 +47,8 @@ async fn lua_key_builders_name_the_keys_the_rust_keys_module_does() {
     // Every builder of common.lua, against the function of keys.rs that names the same key.
     let op = "#!lua flags=no-writes
 local t, id, f, h = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local out = { K.frozen(), K.ready(), K.leases(), K.delayed(), K.dlq(), K.stats(), K.tenants(),
-  K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
+local out = { K.frozen(), K.ready(), K.bell(), K.leases(), K.delayed(), K.dlq(), K.stats(),
+  K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
   K.dedup(t, h) }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
@@ -70,6 +70,7 @@ return out";
         let mut expected = vec![
             s.frozen(),
             s.ready(),
+            s.bell(),
             s.leases(),
             s.delayed(),
             s.dead_letters(),
@@ -446,11 +447,15 @@ async fn admit_declares_the_keys_it_writes() {
         s.tenants(),
         s.slots(&t),
         s.dedup(&t, &digest),
+        s.bell(),
     ];
     expected.sort();
     // (The ready stream exists from start-up on: its consumer group is made then.)
     let entries: u64 = app.redis.query(redis::cmd("XLEN").arg(s.ready())).await;
     assert_eq!(entries, 1);
+    // One wake-up token for the one entry (no worker runs here to take it).
+    let tokens: u64 = app.redis.query(redis::cmd("LLEN").arg(s.bell())).await;
+    assert_eq!(tokens, 1);
     let mut written = written;
     written.sort();
     assert_eq!(written, expected);

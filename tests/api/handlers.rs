@@ -19,7 +19,6 @@ fn fast() -> WorkerConfig {
         scan_interval: Duration::from_millis(100),
         drain_timeout: Duration::from_millis(500),
         retry_backoff: Duration::from_millis(20),
-        idle_poll: Duration::from_millis(20),
         ..WorkerConfig::default()
     }
 }

@@ -667,8 +667,6 @@ pub const FAST_WORKER: &[&str] = &[
     "100",
     "--scan-ms",
     "100",
-    "--idle-poll-ms",
-    "20",
     "--retry-backoff-ms",
     "50",
 ];

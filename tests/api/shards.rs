@@ -160,8 +160,6 @@ async fn many_shards_racing_for_slots_never_run_more_handlers_than_the_concurren
             "500",
             "--scan-ms",
             "100",
-            "--idle-poll-ms",
-            "20",
         ],
         &[("SLUICE_JOURNAL", journal.to_str().unwrap())],
     );

@@ -330,8 +330,6 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
         "1000",
         "--drain-timeout-ms",
         "300",
-        "--idle-poll-ms",
-        "20",
     ];
     let mut a = TestWorker::spawn(&app.redis, &slow_lease);
     let quick = app
@@ -610,8 +608,6 @@ async fn an_orphan_whose_cancel_was_requested_ends_cancelled_not_rerun() {
             "200",
             "--scan-ms",
             "100",
-            "--idle-poll-ms",
-            "20",
         ],
     );
     let id = app

@@ -1,0 +1,217 @@
+//! Wake-ups from Redis, so that workers never poll for work or for cancels:
+//!
+//! - **Doorbells.** Each shard has a list of wake-up tokens (`Shard::bell`) that every entry put
+//!   on its ready stream pushes to (`ring` in `migrations-lua/common.lua`). A worker with a free
+//!   slot blocks on it with `BLPOP` over a [`BellConn`]: a connection of its own, since a
+//!   blocked command holds its connection (on the shared multiplexed ones it would stall every
+//!   call behind it). On one server one connection waits on every shard's bell at once; on a
+//!   cluster a `BLPOP` may only name keys of one slot, so there is one connection per shard, to
+//!   the master that holds it (found again after a failover or a slot move, which Redis signals
+//!   to a blocked client with a `MOVED` error or a closed connection).
+//! - **Stop messages.** A cancel or force delete of a running execution publishes its id on
+//!   the channel of the worker holding its lease (`keys::stop_channel`); [`StopListener`]
+//!   hears them. On a cluster any node forwards every publish, so one connection suffices.
+//!
+//! Both are shortcuts, never the only path: a token popped by a worker that died before it
+//! started anything is put back by the orphan scan (`reclaim`), and a stop message missed
+//! while the listener was reconnecting is caught by the next heartbeat. So neither a wake-up
+//! nor a message lost on the way can lose or double-run work.
+//!
+//! The blocking connections wait without a client-side time bound (a `BLPOP` with timeout 0),
+//! so an idle worker sends nothing while it waits; TCP keepalive notices a peer that vanished.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+use redis::io::tcp::{TcpSettings, socket2};
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+
+use super::keys::{self, Shard};
+use super::layout::slot_of_tag;
+use super::{RedisTarget, Store, StoreError};
+
+/// Keepalive of the blocking connections: a peer gone without a word (a host that vanished) is
+/// noticed in about a minute instead of never.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A connection dedicated to waiting on the doorbells of some shards (all of them on one
+/// server, one shard on a cluster).
+pub struct BellConn {
+    conn: MultiplexedConnection,
+    /// The shards waited on, in the order `BLPOP` names their bells (rotated after each wake,
+    /// so a busy shard first in line cannot starve the others of wake-ups).
+    shards: Vec<Shard>,
+}
+
+impl BellConn {
+    /// Blocks until one of the shards' bells has a token and takes it; the shard it was for.
+    /// No time bound: the caller drops the future (and the connection) to stop waiting. A
+    /// token taken by a call whose future was dropped is lost, which the orphan scan repairs.
+    pub async fn wait(&mut self) -> Result<Shard, StoreError> {
+        let mut cmd = redis::cmd("BLPOP");
+        for s in &self.shards {
+            cmd.arg(s.bell());
+        }
+        cmd.arg(0);
+        let reply: Value = cmd.query_async(&mut self.conn).await?;
+        let (key, _token): (String, Value) = redis::from_redis_value(reply)?;
+        let at = self
+            .shards
+            .iter()
+            .position(|s| s.bell() == key)
+            .ok_or_else(|| StoreError::Corrupt(format!("BLPOP answered for {key}")))?;
+        let shard = self.shards[at];
+        self.shards.rotate_left(at + 1);
+        Ok(shard)
+    }
+}
+
+/// Hears the stop messages for one worker (see the module comment).
+pub struct StopListener {
+    messages: redis::aio::PubSubStream,
+}
+
+impl StopListener {
+    /// The next execution id published for this worker; `None` when the connection ended (the
+    /// caller reconnects, and checks its runs with a heartbeat for what it may have missed).
+    pub async fn next(&mut self) -> Option<String> {
+        loop {
+            let msg = self.messages.next().await?;
+            if let Ok(id) = msg.get_payload::<String>() {
+                return Some(id);
+            }
+        }
+    }
+}
+
+impl Store {
+    /// The blocking connections a worker needs to wait on every shard's doorbell: one on a
+    /// single server, one per shard on a cluster. Each connects on first use
+    /// ([`Store::open_bell`]).
+    pub fn bell_groups(&self) -> Vec<Vec<Shard>> {
+        let all: Vec<Shard> = self.shards.all().collect();
+        match self.config.redis {
+            RedisTarget::Standalone(_) => vec![all],
+            RedisTarget::Cluster(_) => all.into_iter().map(|s| vec![s]).collect(),
+        }
+    }
+
+    /// Opens a blocking connection for the doorbells of `shards` (a group of `bell_groups`):
+    /// on a cluster to the master that holds their slot now.
+    pub async fn open_bell(&self, shards: Vec<Shard>) -> Result<BellConn, StoreError> {
+        let info = match &self.config.redis {
+            RedisTarget::Standalone(url) => url.as_str().into_connection_info()?,
+            RedisTarget::Cluster(seeds) => {
+                let first = shards
+                    .first()
+                    .ok_or_else(|| StoreError::Corrupt("a bell group without shards".into()))?;
+                let (host, port) = self.master_of_slot(slot_of_tag(first.tag())).await?;
+                let seed = seeds
+                    .first()
+                    .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?;
+                seed.as_str()
+                    .into_connection_info()?
+                    .set_addr(ConnectionAddr::Tcp(host, port))
+            }
+        };
+        let conn = self.blocking_connection(info).await?;
+        Ok(BellConn { conn, shards })
+    }
+
+    /// Gives a doorbell token back: a worker woke for work it cannot take now (no free slot),
+    /// so another worker with a free slot may be woken instead.
+    pub async fn ring(&self, shard: Shard) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        self.bounded(
+            redis::cmd("RPUSH")
+                .arg(shard.bell())
+                .arg(1)
+                .query_async::<()>(&mut c),
+        )
+        .await
+    }
+
+    /// Subscribes to the stop messages of worker `consumer` (see the module comment); on a
+    /// cluster through the first seed node that answers.
+    pub async fn listen_for_stops(&self, consumer: &str) -> Result<StopListener, StoreError> {
+        let urls: Vec<&str> = match &self.config.redis {
+            RedisTarget::Standalone(url) => vec![url.as_str()],
+            RedisTarget::Cluster(seeds) => seeds.iter().map(String::as_str).collect(),
+        };
+        let mut last = StoreError::Unavailable("no redis address".into());
+        for url in urls {
+            let attempt = async {
+                let client = redis::Client::open(url)?;
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(keys::stop_channel(consumer)).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            match self.bounded(attempt).await {
+                Ok(pubsub) => {
+                    return Ok(StopListener {
+                        messages: pubsub.into_on_message(),
+                    });
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// A connection without a reply time bound (for blocking reads), with TCP keepalive; its
+    /// set-up is bounded like any call.
+    async fn blocking_connection(
+        &self,
+        info: ConnectionInfo,
+    ) -> Result<MultiplexedConnection, StoreError> {
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL);
+        let info = info.set_tcp_settings(
+            TcpSettings::default()
+                .set_nodelay(true)
+                .set_keepalive(keepalive),
+        );
+        let client = redis::Client::open(info)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.config.op_timeout))
+            .set_response_timeout(None);
+        self.bounded(client.get_multiplexed_async_connection_with_config(&config))
+            .await
+    }
+
+    /// The address of the master serving `slot`, from `CLUSTER SLOTS` (asked of any node).
+    async fn master_of_slot(&self, slot: u16) -> Result<(String, u16), StoreError> {
+        let mut c = self.conn();
+        let ranges: Vec<Value> = self
+            .bounded(redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut c))
+            .await?;
+        for range in ranges {
+            let Value::Array(parts) = range else { continue };
+            let (Some(start), Some(end), Some(master)) =
+                (parts.first(), parts.get(1), parts.get(2))
+            else {
+                continue;
+            };
+            let (start, end): (i64, i64) = (
+                redis::from_redis_value(start.clone())?,
+                redis::from_redis_value(end.clone())?,
+            );
+            if (start..=end).contains(&i64::from(slot)) {
+                let Value::Array(node) = master else { break };
+                let (Some(host), Some(port)) = (node.first(), node.get(1)) else {
+                    break;
+                };
+                return Ok((
+                    redis::from_redis_value(host.clone())?,
+                    redis::from_redis_value(port.clone())?,
+                ));
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "no master serves slot {slot} now"
+        )))
+    }
+}
