@@ -116,15 +116,13 @@ local function dispatch_entry(id, now)
 end
 
 -- Retries whose backoff is over go back on the ready stream (they kept their slot), at most
--- `most` per call. Returns the due time (ms) of the next one still waiting, or 0 for none.
+-- `most` per call.
 local function promote_due(now, most)
   local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'LIMIT', 0, most)
   for _, id in ipairs(due) do
     redis.call('ZREM', K.delayed(), id)
     if redis.call('HGET', K.row(id), 'status') == 'queued' then dispatch_entry(id, now) end
   end
-  local next_due = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
-  return tonumber(next_due[2]) or 0
 end
 
 -- Tells the worker holding a running execution's lease to look at it now (a cancel or a force

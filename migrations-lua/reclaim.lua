@@ -20,9 +20,8 @@
 -- ARGV[6]  most orphans to handle in this call
 -- ARGV[7]  dead-letter stream cap
 --
--- Reply: {requeued, dead_lettered, unread, next_due}
+-- Reply: {requeued, dead_lettered, unread}
 --   unread    1 when the ready stream holds entries no worker has read yet (after this call)
---   next_due  when the shard's next retry backoff ends (ms), 0 for none
 local LEASES = declared(2, K.leases())
 declared(3, K.ready()); declared(4, K.dlq()); declared(5, K.stats()); declared(6, K.delayed())
 local batch, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -40,10 +39,10 @@ for _, id in ipairs(expired) do
     if how == 'dead_lettered' then dead = dead + 1 end
   end
 end
-local next_due = promote_due(now, batch)
+promote_due(now, batch)
 local unread = 0
 if undelivered() then
   unread = 1
   if redis.call('EXISTS', K.bell()) == 0 then redis.call('RPUSH', K.bell(), 1) end
 end
-return { requeued, dead, unread, next_due }
+return { requeued, dead, unread }

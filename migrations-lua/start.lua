@@ -25,9 +25,8 @@
 -- ARGV[8]  lease TTL, milliseconds
 -- ARGV[9]  dead-letter stream cap
 --
--- Reply: {more, next_due, started}
+-- Reply: {more, started}
 --   more      1 when the call read as many entries as it asked for (more may be waiting), else 0
---   next_due  when the shard's next retry backoff ends (ms), 0 for none
 --   started   a list of started executions, each
 --             {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
 local READY, LEASES = declared(2, K.ready()), declared(4, K.leases())
@@ -36,7 +35,7 @@ declared(5, K.dlq()); declared(6, K.stats())
 local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
 
-local next_due = promote_due(now, 100)
+promote_due(now, 100)
 
 local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
   'STREAMS', READY, '>')
@@ -86,4 +85,4 @@ for _, e in ipairs(entries) do
     table.insert(started, run_of(id))
   end
 end
-return { more, next_due, started }
+return { more, started }

@@ -3,7 +3,7 @@
 //! a lost start answer started, keeping leases alive, reporting how a run ended, and
 //! recovering runs whose lease expired. Each call is one script on one shard.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::Value;
 use serde_json::Value as Json;
@@ -137,18 +137,16 @@ impl Store {
             .arg(lease_ttl.as_millis() as u64)
             .arg(self.dlq_cap());
         let mut c = self.conn();
-        let (more, next_due, runs): (u8, u64, Vec<RunReply>) =
-            match self.bounded(inv.invoke_async(&mut c)).await {
-                Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
-                    self.ensure_group(shard).await?;
-                    return Ok(StartBatch::default());
-                }
-                other => other?,
-            };
+        let (more, runs): (u8, Vec<RunReply>) = match self.bounded(inv.invoke_async(&mut c)).await {
+            Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
+                self.ensure_group(shard).await?;
+                return Ok(StartBatch::default());
+            }
+            other => other?,
+        };
         Ok(StartBatch {
             started: runs_of(shard, runs)?,
             more: more == 1,
-            next_due: due_at(next_due),
         })
     }
 
@@ -276,7 +274,8 @@ impl Store {
 
     /// Recovers up to `batch` executions of one shard whose lease expired, and is the worker's
     /// safety poll of the shard: due retries go back on the ready stream, and a doorbell whose
-    /// token was lost is rung again (see `migrations-lua/reclaim.lua`).
+    /// token was lost is rung again (see `migrations-lua/reclaim.lua`). A retry's own worker
+    /// wakes when it is due; this covers a worker that died or had no free slot then.
     pub async fn reclaim(&self, shard: Shard, batch: usize) -> Result<Reclaimed, StoreError> {
         let keys = [
             shard.leases(),
@@ -288,13 +287,12 @@ impl Store {
         let mut inv = self.shard_script(&self.scripts.reclaim, shard, &keys);
         inv.arg(batch.max(1)).arg(self.dlq_cap());
         let mut c = self.conn();
-        let (requeued, dead_lettered, unread, next_due): (u64, u64, u8, u64) =
+        let (requeued, dead_lettered, unread): (u64, u64, u8) =
             self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(Reclaimed {
             requeued,
             dead_lettered,
             unread: unread == 1,
-            next_due: due_at(next_due),
         })
     }
 }
@@ -308,8 +306,6 @@ pub struct StartBatch {
     /// free slot) instead of waiting for the doorbell. `false` means the stream held no more
     /// unread entries (and the call cleared the shard's doorbell).
     pub more: bool,
-    /// When the shard's next retry backoff ends (`SystemTime`), if any is waiting.
-    pub next_due: Option<SystemTime>,
 }
 
 /// What one orphan scan (`reclaim`) did in a shard.
@@ -322,13 +318,6 @@ pub struct Reclaimed {
     /// Whether the ready stream holds entries no worker has read: work the caller may start
     /// although no doorbell woke it.
     pub unread: bool,
-    /// When the shard's next retry backoff ends, if any is waiting.
-    pub next_due: Option<SystemTime>,
-}
-
-/// A Redis time in ms since the epoch as a `SystemTime`; 0 means none.
-fn due_at(ms: u64) -> Option<SystemTime> {
-    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// A run as `start.lua` and `adopt.lua` report it:

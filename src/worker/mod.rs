@@ -10,6 +10,11 @@
 //! a master) delays only its own executions. The shards share the worker's slots: a start call
 //! asks for no more executions than slots it reserved first.
 //!
+//! Nothing here polls: a pickup with room waits on its shard's doorbell (`store::wake`), and a
+//! cancel or force delete of a run reaches it as a stop message (`stop_listener`), answered
+//! with a heartbeat of that run. The orphan scan is the slow safety net under both: it puts
+//! due retries back and re-rings a doorbell whose token was lost.
+//!
 //! What it does under faults:
 //! - a handler runs in its own task: a panic fails the execution like an error, and the
 //!   worker keeps its slot accounting;
@@ -653,8 +658,8 @@ async fn policy_loop(store: Arc<Store>, stop: CancellationToken) {
 
 /// Looks for expired leases in one shard once per scan interval. Each shard has its own loop,
 /// so a shard that does not answer delays no other shard's orphans. The same call is the
-/// shard's safety poll: it tells of unread work (its pickup is nudged: a doorbell token may
-/// have been lost) and of the next retry due.
+/// shard's safety poll: it puts due retries back and tells of unread work (its pickup is
+/// nudged: a doorbell token may have been lost).
 async fn reclaim_loop(
     store: Arc<Store>,
     shard: Shard,
@@ -681,9 +686,6 @@ async fn reclaim_loop(
                             dead = r.dead_lettered,
                             "orphans recovered"
                         );
-                    }
-                    if let Some(due) = r.next_due {
-                        wake.set_due(due);
                     }
                     if ((r.requeued + r.dead_lettered) as usize) < BATCH {
                         if r.unread {

@@ -22,8 +22,9 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
@@ -36,11 +37,13 @@ const FAILING_PAUSE: Duration = Duration::from_millis(20);
 const FAILING_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// How a shard's pickup is woken besides its doorbell: by the orphan scan (`nudge`) and by
-/// the end of a retry backoff (`set_due`). Shared between the pickup and the worker's other
-/// tasks.
+/// the end of a retry backoff this worker scheduled (`set_due_in`). Shared between the pickup
+/// and the worker's other tasks.
 #[derive(Default)]
 pub(super) struct Wake {
     notify: Notify,
+    /// Whether the orphan scan nudged since the pickup last looked.
+    nudged: AtomicBool,
     /// The earliest known end of a retry backoff in the shard.
     due: Mutex<Option<Instant>>,
 }
@@ -48,15 +51,8 @@ pub(super) struct Wake {
 impl Wake {
     /// The shard may have work nobody was woken for: look now.
     pub(super) fn nudge(&self) {
+        self.nudged.store(true, Ordering::SeqCst);
         self.notify.notify_one();
-    }
-
-    /// A retry of the shard is due at `at` (Redis time): look then.
-    pub(super) fn set_due(&self, at: SystemTime) {
-        let wait = at
-            .duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO);
-        self.set_due_in(wait);
     }
 
     /// A retry of the shard is due after `wait`.
@@ -244,9 +240,6 @@ impl Pickup {
         {
             Ok(mut batch) => {
                 self.answered();
-                if let Some(due) = batch.next_due {
-                    self.wake.set_due(due);
-                }
                 let started = std::mem::take(&mut batch.started);
                 self.launch_all(started, sent, Some(reserved));
                 Some(batch)
@@ -297,11 +290,17 @@ impl Pickup {
                     }
                 }
                 _ = self.wake.notify.notified() => {
-                    self.ringing = Some(ringing);
-                    // A nudge, or a new due time: look (a due time in the future loops back).
-                    if self.wake.take_due().1.is_none_or(|at| at <= Instant::now()) {
-                        return Some(None);
+                    if !self.wake.nudged.swap(false, Ordering::SeqCst) {
+                        // A new due time: wait for it (or for the doorbell) again.
+                        self.ringing = Some(ringing);
+                        continue;
                     }
+                    // A nudge: the orphan scan saw unread work that no token brought here. The
+                    // doorbell connection may be stuck on a node that lost the shard (a paused
+                    // master a failover replaced): it is opened again, and the shard looked at.
+                    drop(ringing);
+                    self.bell = None;
+                    return Some(None);
                 }
                 _ = due => self.ringing = Some(ringing),
                 _ = stop.cancelled() => return None,

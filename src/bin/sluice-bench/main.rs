@@ -98,9 +98,6 @@ pub struct Args {
     /// admissions on Redis: with 64 per worker the workers fall behind the admissions.
     #[arg(long, default_value_t = 256)]
     worker_concurrency: usize,
-    /// `--idle-poll-ms` of each worker.
-    #[arg(long, default_value_t = 5)]
-    idle_poll_ms: u64,
     /// Executions queued for the memory measurement.
     #[arg(long, default_value_t = 100_000)]
     memory_count: u64,
@@ -584,7 +581,6 @@ async fn end_to_end(
             scratch,
             n,
             args.worker_concurrency,
-            args.idle_poll_ms,
         )?);
     }
     let deadline = Instant::now() + Duration::from_secs(15);

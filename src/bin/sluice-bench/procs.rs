@@ -305,13 +305,12 @@ pub async fn start_serve(
     bail!("sluice serve did not become ready")
 }
 
-/// Starts `sluice worker --demo-flows` with a short idle poll.
+/// Starts `sluice worker --demo-flows` (woken by Redis: nothing to tune for pickup).
 pub fn start_worker(
     s: &SluiceCmd,
     scratch: &Scratch,
     n: usize,
     concurrency: usize,
-    idle_poll_ms: u64,
 ) -> anyhow::Result<Proc> {
     Proc::spawn(
         &format!("worker-{n}"),
@@ -320,7 +319,6 @@ pub fn start_worker(
             .args(s.redis_args())
             .args(["--redis-connections", &s.redis_connections.to_string()])
             .args(["--concurrency", &concurrency.to_string()])
-            .args(["--idle-poll-ms", &idle_poll_ms.to_string()])
             // Info logs nothing per execution, and says "worker started" (see `has_started`).
             .env("RUST_LOG", "info"),
         scratch.path().join(format!("worker-{n}.log")),
