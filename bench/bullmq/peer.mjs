@@ -14,7 +14,7 @@
 //
 // It prints ONE JSON line on stdout (progress goes to stderr):
 //   {"bullmq": "<version>", "node": "<version>", "rates": [{"rate", "secs", "scheduled",
-//    "added", "add_errors", "completed", "unfinished", "pickup_ms": [...],
+//    "added", "add_errors", "completed", "unfinished", "unpicked", "pickup_ms": [...],
 //    "done_ms": [...]}]}
 // A job not picked up (or not finished) by the end of the drain is in `pickup_ms` (`done_ms`)
 // with its age then: a lower bound, so a worker that falls behind cannot hide it. sluice-bench
@@ -157,11 +157,13 @@ async function runRate(redis, index, rate, secs, drainSecs, settleMs) {
     const pickup = [];
     const done = [];
     let unfinished = 0;
+    let unpicked = 0;
     for (const [timestamp, processedOn, finishedOn] of rows) {
       if (timestamp === null) continue;
       pickup.push(Math.max(0, (processedOn ?? end) - timestamp));
       done.push(Math.max(0, (finishedOn ?? end) - timestamp));
       if (finishedOn === null) unfinished += 1;
+      if (processedOn === null) unpicked += 1;
     }
     return {
       rate,
@@ -171,6 +173,7 @@ async function runRate(redis, index, rate, secs, drainSecs, settleMs) {
       add_errors: errors,
       completed,
       unfinished,
+      unpicked,
       pickup_ms: pickup,
       done_ms: done,
     };
