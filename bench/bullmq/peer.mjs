@@ -196,15 +196,16 @@ async function main() {
   } finally {
     redis.disconnect();
   }
-  process.stdout.write(
-    `${JSON.stringify({ bullmq: bullmqVersion(), node: process.version, rates: results })}\n`,
-  );
+  const line = `${JSON.stringify({ bullmq: bullmqVersion(), node: process.version, rates: results })}\n`;
+  // Writes to a pipe are asynchronous in Node: exit only once the line is out, or it is cut.
+  await new Promise((resolve) => process.stdout.write(line, resolve));
 }
 
 if (opts.role === 'worker') {
   await runWorker();
 } else {
   await main();
-  // Open handles (ioredis reconnect timers) must not keep the process alive.
+  // Open handles (ioredis reconnect timers) must not keep the process alive; the result line
+  // has been written by now.
   process.exit(0);
 }

@@ -10,7 +10,19 @@
 //! 3. **replay mix**: the same with 10 % replays of earlier keys;
 //! 4. **fixed rate**: open loop at 50 % of the admission maximum, latency from the schedule;
 //! 5. **end-to-end**: `demo.echo` admitted over HTTP and completed by workers;
-//! 6. **memory**: Redis `used_memory` per queued execution at 100k executions.
+//! 6. **memory**: Redis `used_memory` per queued execution at 100k executions;
+//!
+//! and issue 12's phases ("push, not poll", `push.rs`), each with sluice's DEFAULT worker
+//! settings so they measure whatever pickup and cancel the worker in the tree has:
+//!
+//! 7. **pickup**: one default worker, `demo.echo` admitted at an idle rate, a fixed rate and
+//!    50 % of the admission maximum; row `started` − `created`; and the **BullMQ peer**
+//!    (`bullmq.rs`, `bench/bullmq/`) at the same rates on a Redis of its own, side by side;
+//! 8. **cancel**: running `demo.sleep` executions cancelled, until their rows are `cancelled`;
+//! 9. **idle**: the calls an idle default worker sends to Redis (`serve` stopped).
+//!
+//! `--push-only` runs only 7–9; `--skip-pickup`, `--skip-bullmq`, `--skip-cancel`,
+//! `--skip-idle` leave one out.
 //!
 //! After every phase it checks what Redis holds against what the clients were told; the
 //! report says so and the exit status is non-zero when a check fails. On a cluster the report

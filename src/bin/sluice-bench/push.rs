@@ -103,6 +103,14 @@ async fn stop_workers(workers: Vec<Proc>) -> anyhow::Result<()> {
     alive
 }
 
+/// Connections for an open loop at `rate`: about one per 10/s, at least 2, at most
+/// `clients`. Not always `clients`: at 2/s each of 64 connections would wait half a minute
+/// between requests, past the server's idle keep-alive timeout, and its next request would
+/// meet a closed connection.
+fn pickup_clients(clients: usize, rate: f64) -> usize {
+    ((rate / 10.0).ceil() as usize).clamp(2, clients.max(2))
+}
+
 fn ms_to_us(ms: u64) -> u32 {
     ms.saturating_mul(1000).min(u64::from(u32::MAX)) as u32
 }
@@ -162,7 +170,7 @@ pub async fn pickup_rate(
     let (r, cpu) = crate::phase(&name, &pids, |p| {
         load::open_loop(
             &w,
-            args.clients.max(1),
+            pickup_clients(args.clients, rate),
             rate,
             Duration::from_secs_f64(secs),
             p,

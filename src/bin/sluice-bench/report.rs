@@ -539,6 +539,21 @@ impl Report {
         self.human_per_master(&mut o);
         self.human_push(&mut o);
 
+        self.human_cpu(&mut o);
+        self.human_targets_and_checks(&mut o);
+        o
+    }
+
+    /// CPU per phase (the phases before issue 12's; theirs is in the JSON report).
+    fn human_cpu(&self, o: &mut String) {
+        if self.ceiling.is_none()
+            && self.admission.is_none()
+            && self.replay_mix.is_none()
+            && self.fixed_rate.is_none()
+            && self.e2e.is_none()
+        {
+            return;
+        }
         let _ = writeln!(o, "\nCPU per phase, in cores (where the time goes):");
         let _ = writeln!(
             o,
@@ -578,7 +593,10 @@ impl Report {
         if let Some(e) = &self.e2e {
             cpu_line("end-to-end", &e.http.cpu, e.redis_script_us_per_execution);
         }
+    }
 
+    /// The targets with PASS/FAIL, the correctness checks, the verdict.
+    fn human_targets_and_checks(&self, o: &mut String) {
         let _ = writeln!(o, "\nTargets:");
         for t in &self.targets {
             let _ = writeln!(
@@ -598,7 +616,7 @@ impl Report {
         for c in &self.checks {
             let _ = writeln!(
                 o,
-                "  {}  {:<12} {}",
+                "  {}  {:<18} {}",
                 if c.ok { "PASS" } else { "FAIL" },
                 c.phase,
                 c.detail
@@ -615,7 +633,6 @@ impl Report {
             },
             self.targets.len()
         );
-        o
     }
 }
 
