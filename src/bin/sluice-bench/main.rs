@@ -236,8 +236,8 @@ impl Args {
             self.e2e_drain_secs = self.e2e_drain_secs.min(20);
             self.workers = 1;
             self.memory_count = self.memory_count.min(2_000);
-            self.pickup_idle_secs = self.pickup_idle_secs.min(1.0);
-            self.pickup_secs = self.pickup_secs.min(1.0);
+            self.pickup_idle_secs = self.pickup_idle_secs.min(0.5);
+            self.pickup_secs = self.pickup_secs.min(0.5);
             self.pickup_probe_secs = 1;
             self.pickup_drain_secs = self.pickup_drain_secs.min(10);
             self.pickup_settle_ms = self.pickup_settle_ms.min(100);

@@ -740,7 +740,7 @@ impl Report {
                 let _ = writeln!(
                     o,
                     "  {:<22} {:>7} {:>22} {:>22} {:>15} {:>22}{their_done}",
-                    format!("{:.0}/s {} ({:.0} s)", r.rate, r.label, r.secs),
+                    format!("{:.0}/s {} ({} s)", r.rate, r.label, r.secs),
                     s.pickup.samples,
                     ppm(&s.pickup),
                     theirs,
