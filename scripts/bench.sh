@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
 # Builds sluice and its benchmark in release mode and runs the benchmark (arguments are passed
-# on: --json, --smoke, --cluster, --compare-standalone, --admission-secs 20, ...; see
-# `sluice-bench --help`). The benchmark starts its own redis-server (with --cluster, the masters
-# of a local Redis Cluster) and sluice processes on loopback; nothing else is needed.
+# on: --json, --smoke, --cluster, --compare-standalone, --push-only, --admission-secs 20, ...;
+# see `sluice-bench --help`). The benchmark starts its own redis-server (with --cluster, the
+# masters of a local Redis Cluster) and sluice processes on loopback; nothing else is needed.
+# The pickup phase's BullMQ peer (bench/bullmq) is installed with `npm ci` into the cargo
+# target folder when missing (Node.js and npm with apt-get when missing); when that fails the
+# benchmark runs without it and its report says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_redis
+target="${CARGO_TARGET_DIR:-target}"
+case " $* " in
+  *" --skip-bullmq "* | *" --skip-pickup "*) ;;
+  *)
+    if ensure_node && ensure_npm_project bench/bullmq "$target/bench-bullmq"; then
+      SLUICE_BENCH_BULLMQ_DIR="$(cd "$target/bench-bullmq" && pwd)"
+      export SLUICE_BENCH_BULLMQ_DIR
+    else
+      echo "WARNING: the BullMQ peer could not be installed; the benchmark runs without it" >&2
+    fi
+    ;;
+esac
 cargo build --release --locked --bin sluice --bin sluice-bench
-exec "${CARGO_TARGET_DIR:-target}/release/sluice-bench" "$@"
+exec "$target/release/sluice-bench" "$@"

@@ -53,3 +53,39 @@ ensure_pinned_venv() {
     "$venv/bin/pip" install --quiet --disable-pip-version-check "$package==$version"
   fi
 }
+
+# Node.js with npm (for the benchmark's BullMQ peer); installed with apt-get when missing.
+ensure_node() {
+  if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "node/npm not found; installing them with apt-get..." >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 && sudo="sudo" || {
+      echo "error: not root and no sudo: install nodejs and npm yourself" >&2
+      return 1
+    }
+  fi
+  command -v apt-get >/dev/null 2>&1 || {
+    echo "error: no apt-get here: install Node.js (18 or newer) and npm yourself" >&2
+    return 1
+  }
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null &&
+    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
+}
+
+# The npm project in folder $1 (package.json + package-lock.json + its .mjs files) installed
+# with `npm ci` into folder $2, redone only when the lock changed; its program files are
+# copied on every call (cheap) so an edit is run at once.
+ensure_npm_project() {
+  local src="$1" dest="$2"
+  mkdir -p "$dest"
+  if [ ! -d "$dest/node_modules" ] || ! cmp -s "$src/package-lock.json" "$dest/package-lock.json"; then
+    rm -rf "$dest/node_modules"
+    cp "$src/package.json" "$src/package-lock.json" "$dest/"
+    (cd "$dest" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+  cp "$src"/*.mjs "$dest/"
+}

@@ -327,6 +327,14 @@ impl Direct {
                     .arg(5000)
                     .query_async(node)
                     .await?;
+                if keys.is_empty() {
+                    // An empty pipeline is refused by the client ("empty command").
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                    continue;
+                }
                 let mut p = redis::pipe();
                 for k in &keys {
                     p.cmd("MEMORY").arg("USAGE").arg(k).arg("SAMPLES").arg(0);
@@ -430,6 +438,14 @@ impl Direct {
                     .query_async(node)
                     .await?;
                 // Every key SCAN returned is on this node, so one pipeline reads them all.
+                if keys.is_empty() {
+                    // An empty pipeline is refused by the client ("empty command").
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                    continue;
+                }
                 let mut p = redis::pipe();
                 for k in &keys {
                     p.cmd("HMGET")
@@ -467,6 +483,137 @@ impl Direct {
             c.e2e = Some((Latencies::new(e2e), span));
         }
         Ok(c)
+    }
+}
+
+/// One execution row's status and times (ms since the epoch, Redis clock), as the pickup and
+/// cancel phases read them back.
+#[derive(Debug, Clone)]
+pub struct RowTimes {
+    pub id: String,
+    pub status: String,
+    pub created: Option<u64>,
+    pub started: Option<u64>,
+    pub finished: Option<u64>,
+}
+
+impl Direct {
+    /// The shards a worker serves: every shard of the map in force, hashed and dedicated
+    /// (`sluice worker` runs one pickup, orphan scan and heartbeat per shard of `all()`).
+    pub fn shards_served(&self) -> usize {
+        self.store.shards().all().count()
+    }
+
+    /// `127.0.0.1:<port>` of each node, in node order.
+    pub fn node_addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// Redis's clock (`TIME` on the first node), ms since the epoch.
+    pub async fn redis_now_ms(&mut self) -> anyhow::Result<u64> {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut self.nodes[0]).await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// Every execution row with its status and times, found by SCAN on every node (not
+    /// through an index).
+    pub async fn row_times(&mut self) -> anyhow::Result<Vec<RowTimes>> {
+        let mut out = Vec::new();
+        for node in &mut self.nodes {
+            let mut cursor = 0u64;
+            // Bounded like `census`.
+            for _ in 0..10_000_000 {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::row_pattern())
+                    .arg("COUNT")
+                    .arg(5000)
+                    .query_async(node)
+                    .await?;
+                if keys.is_empty() {
+                    // An empty pipeline is refused by the client ("empty command").
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                let mut p = redis::pipe();
+                for k in &keys {
+                    p.cmd("HMGET")
+                        .arg(k)
+                        .arg("status")
+                        .arg("created")
+                        .arg("started")
+                        .arg("finished");
+                }
+                type Row = (Option<String>, Option<u64>, Option<u64>, Option<u64>);
+                let rows: Vec<Row> = p.query_async(node).await?;
+                for (k, (status, created, started, finished)) in keys.iter().zip(rows) {
+                    let (Some(status), Some(id)) = (status, keys::parse(k).and_then(|n| n.id))
+                    else {
+                        continue; // deleted between SCAN and HMGET
+                    };
+                    out.push(RowTimes {
+                        id: id.to_owned(),
+                        status,
+                        created,
+                        started,
+                        finished,
+                    });
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `INFO commandstats` of every node, summed: calls per command (`evalsha`,
+    /// `config|resetstat`, ...). Commands that scripts run inside Redis are counted too (Redis
+    /// counts them like any other).
+    pub async fn command_calls(&mut self) -> anyhow::Result<BTreeMap<String, u64>> {
+        let mut out = BTreeMap::new();
+        for node in &mut self.nodes {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(node)
+                .await?;
+            for line in info.lines() {
+                let Some((name, fields)) = line
+                    .strip_prefix("cmdstat_")
+                    .and_then(|l| l.split_once(':'))
+                else {
+                    continue;
+                };
+                let calls = fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("calls="))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                *out.entry(name.to_owned()).or_default() += calls;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The address each node sees the benchmark's own node connection come from (`CLIENT
+    /// INFO`'s `addr`, as `MONITOR` names clients), so its commands can be told apart.
+    pub async fn own_addrs(&mut self) -> anyhow::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for node in &mut self.nodes {
+            let info: String = redis::cmd("CLIENT").arg("INFO").query_async(node).await?;
+            out.push(
+                info.split_whitespace()
+                    .find_map(|f| f.strip_prefix("addr="))
+                    .context("CLIENT INFO without addr")?
+                    .to_owned(),
+            );
+        }
+        Ok(out)
     }
 }
 

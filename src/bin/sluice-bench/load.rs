@@ -52,6 +52,29 @@ impl Conn {
         self.exchange(req).await
     }
 
+    /// `method path` as the platform admin acting for `tenant`, with a JSON `body` (empty for
+    /// none); status and body. For the phases that follow single executions (cancel).
+    pub async fn call(
+        &mut self,
+        method: hyper::Method,
+        path: &str,
+        admin_token: &str,
+        tenant: &str,
+        body: &str,
+    ) -> anyhow::Result<(u16, Bytes)> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.host)
+            .header("authorization", format!("Bearer {admin_token}"))
+            .header("x-tenant-id", tenant);
+        if !body.is_empty() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_owned())))?;
+        self.exchange(req).await
+    }
+
     /// Sends one request and reads the whole answer. After an error the connection is
     /// replaced, so the caller can go on.
     async fn exchange(&mut self, req: Request<Full<Bytes>>) -> anyhow::Result<(u16, Bytes)> {

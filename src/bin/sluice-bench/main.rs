@@ -10,7 +10,19 @@
 //! 3. **replay mix**: the same with 10 % replays of earlier keys;
 //! 4. **fixed rate**: open loop at 50 % of the admission maximum, latency from the schedule;
 //! 5. **end-to-end**: `demo.echo` admitted over HTTP and completed by workers;
-//! 6. **memory**: Redis `used_memory` per queued execution at 100k executions.
+//! 6. **memory**: Redis `used_memory` per queued execution at 100k executions;
+//!
+//! and issue 12's phases ("push, not poll", `push.rs`), each with sluice's DEFAULT worker
+//! settings so they measure whatever pickup and cancel the worker in the tree has:
+//!
+//! 7. **pickup**: one default worker, `demo.echo` admitted at an idle rate, a fixed rate and
+//!    50 % of the admission maximum; row `started` − `created`; and the **BullMQ peer**
+//!    (`bullmq.rs`, `bench/bullmq/`) at the same rates on a Redis of its own, side by side;
+//! 8. **cancel**: running `demo.sleep` executions cancelled, until their rows are `cancelled`;
+//! 9. **idle**: the calls an idle default worker sends to Redis (`serve` stopped).
+//!
+//! `--push-only` runs only 7–9; `--skip-pickup`, `--skip-bullmq`, `--skip-cancel`,
+//! `--skip-idle` leave one out.
 //!
 //! After every phase it checks what Redis holds against what the clients were told; the
 //! report says so and the exit status is non-zero when a check fails. On a cluster the report
@@ -19,9 +31,11 @@
 //! is a program with a report, never part of `cargo test`; `--smoke` runs it for a few seconds
 //! in CI so it cannot rot.
 
+mod bullmq;
 mod direct;
 mod load;
 mod procs;
+mod push;
 mod report;
 
 use std::path::PathBuf;
@@ -39,7 +53,7 @@ use load::{LoadResult, Progress, Workload};
 use procs::{Proc, Scratch, SluiceCmd};
 use report::{
     Check, Comparison, CpuShare, E2e, FixedRate, Master, MasterShare, Memory, MemoryPoint, Phase,
-    Report,
+    Pickup, PickupRate, Report,
 };
 
 /// Quotas high enough that admission never rejects: every execution is dispatched at once.
@@ -137,6 +151,74 @@ pub struct Args {
     /// (`--cluster-masters`), and print both reports and a comparison table.
     #[arg(long, conflicts_with = "cluster")]
     compare_standalone: bool,
+
+    // Issue 12's phases (push, not poll): pickup (+ the BullMQ peer), cancel, idle.
+    /// Run only issue 12's phases (pickup, the BullMQ peer, cancel, idle), none of the others.
+    #[arg(long)]
+    push_only: bool,
+    /// Skip the pickup phase (and with it the BullMQ peer).
+    #[arg(long)]
+    skip_pickup: bool,
+    /// Skip the BullMQ peer of the pickup phase.
+    #[arg(long)]
+    skip_bullmq: bool,
+    /// Skip the cancel phase.
+    #[arg(long)]
+    skip_cancel: bool,
+    /// Skip the idle-cost phase.
+    #[arg(long)]
+    skip_idle: bool,
+    /// The pickup phase's idle rate, admissions per second.
+    #[arg(long, default_value_t = 2.0)]
+    pickup_idle_rate: f64,
+    /// Seconds at the idle rate (20 s at 2/s: 40 samples, enough for a p99 to mean something).
+    #[arg(long, default_value_t = 20.0)]
+    pickup_idle_secs: f64,
+    /// The pickup phase's fixed rate, admissions per second (0 skips it).
+    #[arg(long, default_value_t = 50.0)]
+    pickup_rate: f64,
+    /// Seconds at the fixed rate and at the share of the maximum.
+    #[arg(long, default_value_t = 5.0)]
+    pickup_secs: f64,
+    /// The third rate as a share of the HTTP admission maximum (measured by the admission
+    /// phase of this run, or by a short probe when it is skipped); 0 skips it.
+    #[arg(long, default_value_t = 0.5)]
+    pickup_max_share: f64,
+    /// Seconds of the admission probe that stands in for a skipped admission phase.
+    #[arg(long, default_value_t = 3)]
+    pickup_probe_secs: u64,
+    /// Most seconds to wait after each rate for everything admitted to complete.
+    #[arg(long, default_value_t = 30)]
+    pickup_drain_secs: u64,
+    /// Milliseconds between a worker's start and the first admission (a polling worker
+    /// reaches its idle pause by then, a push worker its blocking reads).
+    #[arg(long, default_value_t = 2000)]
+    pickup_settle_ms: u64,
+    /// The `node` program for the BullMQ peer.
+    #[arg(long, default_value = "node")]
+    node: PathBuf,
+    /// Where the BullMQ peer is installed (`npm ci` of bench/bullmq; default:
+    /// `bench-bullmq` in the cargo target folder, where scripts/bench.sh installs it).
+    #[arg(long, env = "SLUICE_BENCH_BULLMQ_DIR")]
+    bullmq_dir: Option<PathBuf>,
+    /// Running executions cancelled in the cancel phase.
+    #[arg(long, default_value_t = 32)]
+    cancel_samples: usize,
+    /// The cancels are sent spread evenly over this many milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    cancel_spread_ms: u64,
+    /// Most seconds after the last cancel for the handlers to stop.
+    #[arg(long, default_value_t = 15)]
+    cancel_timeout_secs: u64,
+    /// `ms` of the `demo.sleep` executions cancelled (longer than the phase).
+    #[arg(long, default_value_t = 60_000)]
+    cancel_sleep_ms: u64,
+    /// Seconds the idle worker's calls are counted.
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
+    /// Milliseconds between the idle worker's start and the measurement.
+    #[arg(long, default_value_t = 3000)]
+    idle_settle_ms: u64,
 }
 
 impl Args {
@@ -151,6 +233,16 @@ impl Args {
             self.e2e_drain_secs = self.e2e_drain_secs.min(20);
             self.workers = 1;
             self.memory_count = self.memory_count.min(2_000);
+            self.pickup_idle_secs = self.pickup_idle_secs.min(0.5);
+            self.pickup_secs = self.pickup_secs.min(0.5);
+            self.pickup_probe_secs = 1;
+            self.pickup_drain_secs = self.pickup_drain_secs.min(10);
+            self.pickup_settle_ms = self.pickup_settle_ms.min(100);
+            self.cancel_samples = self.cancel_samples.min(2);
+            self.cancel_spread_ms = self.cancel_spread_ms.min(100);
+            self.cancel_timeout_secs = self.cancel_timeout_secs.min(10);
+            self.idle_secs = 1;
+            self.idle_settle_ms = self.idle_settle_ms.min(300);
         }
         self
     }
@@ -417,147 +509,185 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     let pids = Pids::of(&redis_and(&redis, &serve));
     let clients = args.clients.max(1);
 
-    // 1. Ceiling.
-    direct.reset().await?;
-    let (r, cpu) = phase("ceiling", &pids, |p| {
-        direct.admit_loop(
-            clients,
-            Until::Elapsed(Duration::from_secs(args.ceiling_secs)),
-            "ceiling",
-            true,
-            p,
-        )
-    })
-    .await?;
-    let script_us = direct.script_usec().await?;
-    if masters.is_some() {
-        report.masters = Some(
-            direct
-                .layout()
-                .await?
-                .into_iter()
-                .map(|n| Master {
-                    node: n.addr,
-                    shards: n.shards,
-                    tenants: n.tenants,
-                })
-                .collect(),
-        );
-    }
-    let (check, census) = check_queued("ceiling", &r, &mut direct).await?;
-    report.checks.push(check);
-    report.ceiling = Some(phase_report(&r, cpu, &script_us, &census, masters));
-
-    // 2. Admission, unique keys.
-    direct.reset().await?;
-    let w = workload("adm");
-    let (r, cpu) = phase("admission", &pids, |p| {
-        load::closed_loop(&w, clients, Duration::from_secs(args.admission_secs), 0, p)
-    })
-    .await?;
-    let script_us = direct.script_usec().await?;
-    let (check, census) = check_queued("admission", &r, &mut direct).await?;
-    report.checks.push(check);
-    report.admission = Some(phase_report(&r, cpu, &script_us, &census, masters));
-
-    // 3. Admission with replays.
-    direct.reset().await?;
-    let w = workload("mix");
-    let (r, cpu) = phase("replay-mix", &pids, |p| {
-        load::closed_loop(
-            &w,
-            clients,
-            Duration::from_secs(args.replay_secs),
-            args.replay_percent,
-            p,
-        )
-    })
-    .await?;
-    let script_us = direct.script_usec().await?;
-    let (check, census) = check_queued("replay mix", &r, &mut direct).await?;
-    report.checks.push(check);
-    report.replay_mix = Some(phase_report(&r, cpu, &script_us, &census, masters));
-    serve.ensure_running()?;
-
-    // 4. Fixed rate: open loop at a share of the measured admission maximum.
-    direct.reset().await?;
-    let max = report.admission.as_ref().map(|a| a.per_sec).unwrap_or(0.0);
-    let rate = (max * args.fixed_rate_share).max(10.0);
-    let w = workload("fixed");
-    let (r, cpu) = phase("fixed-rate", &pids, |p| {
-        load::open_loop(
-            &w,
-            clients,
-            rate,
-            Duration::from_secs(args.fixed_rate_secs),
-            p,
-        )
-    })
-    .await?;
-    let script_us = direct.script_usec().await?;
-    let (check, census) = check_queued("fixed rate", &r, &mut direct).await?;
-    report.checks.push(check);
-    report.fixed_rate = Some(FixedRate {
-        target_per_sec: rate,
-        phase: phase_report(&r, cpu, &script_us, &census, masters),
-    });
-
-    // 5. End-to-end with workers.
-    direct.reset().await?;
-    let (e2e, check) = end_to_end(
-        &args,
-        &cmd,
-        &scratch,
-        &mut direct,
-        &workload("e2e"),
-        &redis_and(&redis, &serve),
-        masters,
-    )
-    .await?;
-    report.checks.push(check);
-    report.e2e = Some(e2e);
-
-    // 6. Memory per queued execution, with a dedup key each (as above) and without.
-    let mut points = Vec::new();
-    for dedup in [true, false] {
+    if !args.push_only {
+        // 1. Ceiling.
         direct.reset().await?;
-        let before = direct.used_memory().await?;
-        let name = if dedup { "memory" } else { "memory-no-key" };
-        let (r, _) = phase(name, &pids, |p| {
-            let until = Until::Count(args.memory_count, Duration::from_secs(args.memory_max_secs));
-            direct.admit_loop(clients, until, "mem", dedup, p)
+        let (r, cpu) = phase("ceiling", &pids, |p| {
+            direct.admit_loop(
+                clients,
+                Until::Elapsed(Duration::from_secs(args.ceiling_secs)),
+                "ceiling",
+                true,
+                p,
+            )
         })
         .await?;
-        let after = direct.used_memory().await?;
-        report
-            .checks
-            .push(check_queued(name, &r, &mut direct).await?.0);
-        let n = r.outcomes.created.max(1);
-        let by_kind = direct
-            .memory_by_kind()
-            .await?
-            .into_iter()
-            .map(|(kind, bytes)| (kind, (bytes as f64 / n as f64).round()))
-            .collect();
-        points.push(MemoryPoint {
-            by_kind,
-            executions: r.outcomes.created,
-            used_memory_before: before,
-            used_memory_after: after,
-            bytes_per_execution: after.saturating_sub(before) as f64
-                / r.outcomes.created.max(1) as f64,
+        let script_us = direct.script_usec().await?;
+        if masters.is_some() {
+            report.masters = Some(
+                direct
+                    .layout()
+                    .await?
+                    .into_iter()
+                    .map(|n| Master {
+                        node: n.addr,
+                        shards: n.shards,
+                        tenants: n.tenants,
+                    })
+                    .collect(),
+            );
+        }
+        let (check, census) = check_queued("ceiling", &r, &mut direct).await?;
+        report.checks.push(check);
+        report.ceiling = Some(phase_report(&r, cpu, &script_us, &census, masters));
+
+        // 2. Admission, unique keys.
+        direct.reset().await?;
+        let w = workload("adm");
+        let (r, cpu) = phase("admission", &pids, |p| {
+            load::closed_loop(&w, clients, Duration::from_secs(args.admission_secs), 0, p)
+        })
+        .await?;
+        let script_us = direct.script_usec().await?;
+        let (check, census) = check_queued("admission", &r, &mut direct).await?;
+        report.checks.push(check);
+        report.admission = Some(phase_report(&r, cpu, &script_us, &census, masters));
+
+        // 3. Admission with replays.
+        direct.reset().await?;
+        let w = workload("mix");
+        let (r, cpu) = phase("replay-mix", &pids, |p| {
+            load::closed_loop(
+                &w,
+                clients,
+                Duration::from_secs(args.replay_secs),
+                args.replay_percent,
+                p,
+            )
+        })
+        .await?;
+        let script_us = direct.script_usec().await?;
+        let (check, census) = check_queued("replay mix", &r, &mut direct).await?;
+        report.checks.push(check);
+        report.replay_mix = Some(phase_report(&r, cpu, &script_us, &census, masters));
+        serve.ensure_running()?;
+
+        // 4. Fixed rate: open loop at a share of the measured admission maximum.
+        direct.reset().await?;
+        let max = report.admission.as_ref().map(|a| a.per_sec).unwrap_or(0.0);
+        let rate = (max * args.fixed_rate_share).max(10.0);
+        let w = workload("fixed");
+        let (r, cpu) = phase("fixed-rate", &pids, |p| {
+            load::open_loop(
+                &w,
+                clients,
+                rate,
+                Duration::from_secs(args.fixed_rate_secs),
+                p,
+            )
+        })
+        .await?;
+        let script_us = direct.script_usec().await?;
+        let (check, census) = check_queued("fixed rate", &r, &mut direct).await?;
+        report.checks.push(check);
+        report.fixed_rate = Some(FixedRate {
+            target_per_sec: rate,
+            phase: phase_report(&r, cpu, &script_us, &census, masters),
+        });
+
+        // 5. End-to-end with workers.
+        direct.reset().await?;
+        let (e2e, check) = end_to_end(
+            &args,
+            &cmd,
+            &scratch,
+            &mut direct,
+            &workload("e2e"),
+            &redis_and(&redis, &serve),
+            masters,
+        )
+        .await?;
+        report.checks.push(check);
+        report.e2e = Some(e2e);
+
+        // 6. Memory per queued execution, with a dedup key each (as above) and without.
+        let mut points = Vec::new();
+        for dedup in [true, false] {
+            direct.reset().await?;
+            let before = direct.used_memory().await?;
+            let name = if dedup { "memory" } else { "memory-no-key" };
+            let (r, _) = phase(name, &pids, |p| {
+                let until =
+                    Until::Count(args.memory_count, Duration::from_secs(args.memory_max_secs));
+                direct.admit_loop(clients, until, "mem", dedup, p)
+            })
+            .await?;
+            let after = direct.used_memory().await?;
+            report
+                .checks
+                .push(check_queued(name, &r, &mut direct).await?.0);
+            let n = r.outcomes.created.max(1);
+            let by_kind = direct
+                .memory_by_kind()
+                .await?
+                .into_iter()
+                .map(|(kind, bytes)| (kind, (bytes as f64 / n as f64).round()))
+                .collect();
+            points.push(MemoryPoint {
+                by_kind,
+                executions: r.outcomes.created,
+                used_memory_before: before,
+                used_memory_after: after,
+                bytes_per_execution: after.saturating_sub(before) as f64
+                    / r.outcomes.created.max(1) as f64,
+            });
+        }
+        let without = points.pop();
+        report.memory = points.pop().map(|with_key| Memory {
+            state: "dispatched",
+            with_dedup_key: with_key,
+            without_dedup_key: without,
         });
     }
-    let without = points.pop();
-    report.memory = points.pop().map(|with_key| Memory {
-        state: "dispatched",
-        with_dedup_key: with_key,
-        without_dedup_key: without,
-    });
 
+    // Issue 12's phases: default workers against the same server and Redis; the idle cost last,
+    // with `serve` stopped so that only the worker's calls are counted.
     serve.ensure_running()?;
     redis.ensure_running()?;
+    let ctx = push::Ctx {
+        args: &args,
+        cmd: &cmd,
+        scratch: &scratch,
+        addr,
+        admin_token: ADMIN_TOKEN,
+        tenants: &tenants,
+        others: redis_and(&redis, &serve),
+    };
+    if !args.skip_pickup {
+        pickup_phase(&ctx, &mut direct, &mut report).await?;
+    }
+    if !args.skip_cancel {
+        let (c, check) = push::cancel(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        report.cancel = Some(c);
+    }
+    serve.ensure_running()?;
     serve.kill().await;
+    if !args.skip_idle {
+        let ctx = push::Ctx {
+            args: &args,
+            cmd: &cmd,
+            scratch: &scratch,
+            addr,
+            admin_token: ADMIN_TOKEN,
+            tenants: &tenants,
+            others: redis.nodes.iter().collect(),
+        };
+        let (i, check) = push::idle(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        report.idle = Some(i);
+    }
+    redis.ensure_running()?;
     redis.kill().await;
     report.finish();
     Ok(report)
@@ -575,22 +705,19 @@ async fn end_to_end(
     masters: Option<&[String]>,
 ) -> anyhow::Result<(E2e, Check)> {
     let mut workers = Vec::new();
+    let extra = [
+        "--concurrency".to_owned(),
+        args.worker_concurrency.to_string(),
+    ];
     for n in 1..=args.workers.max(1) {
         workers.push(procs::start_worker(
             cmd,
             scratch,
-            n,
-            args.worker_concurrency,
+            &format!("worker-{n}"),
+            &extra,
         )?);
     }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !workers.iter().all(|wk| wk.log_contains("worker started")) {
-        for wk in &mut workers {
-            wk.ensure_running()?;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "workers did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    procs::wait_started(&mut workers).await?;
     let mut all: Vec<&Proc> = others.to_vec();
     all.extend(workers.iter());
     let pids = Pids::of(&all);
@@ -637,35 +764,7 @@ async fn end_to_end(
         .e2e
         .as_ref()
         .map_or((None, Duration::ZERO), |(l, s)| (Some(l.percentiles()), *s));
-    let ok = r.outcomes.errors == 0
-        && census.rows == r.outcomes.created
-        && completed == r.outcomes.created
-        && census.completed_counter == r.outcomes.created
-        && census.ready == 0
-        && census.pending == 0
-        && census.leases == 0
-        && census.waiting == 0
-        && census.delayed == 0
-        && census.dead_letters == 0;
-    let check = Check {
-        phase: "end-to-end".into(),
-        ok,
-        detail: format!(
-            "2xx={} non-2xx={}; rows={} completed={} (counter {}); ready={} pending={} \
-             leases={} waiting={} delayed={} dead letters={}",
-            r.outcomes.created,
-            r.outcomes.errors,
-            census.rows,
-            completed,
-            census.completed_counter,
-            census.ready,
-            census.pending,
-            census.leases,
-            census.waiting,
-            census.delayed,
-            census.dead_letters
-        ),
-    };
+    let check = check_completed("end-to-end", &r.outcomes, &census);
     let e2e = E2e {
         admitted: r.outcomes.created,
         completed,
@@ -680,6 +779,159 @@ async fn end_to_end(
             .map(|m| MasterShare::of(m, &census.completed_by_node, &scripts, span.as_secs_f64())),
     };
     Ok((e2e, check))
+}
+
+/// After a phase with workers: every 2xx admission is a row and completed (also by the shards'
+/// counters), nothing left on a ready stream, pending, leased, waiting, delayed or
+/// dead-lettered.
+fn check_completed(phase: &str, o: &load::Outcomes, census: &Census) -> Check {
+    let completed = census.by_status.get("completed").copied().unwrap_or(0);
+    let ok = o.errors == 0
+        && census.rows == o.created
+        && completed == o.created
+        && census.completed_counter == o.created
+        && census.ready == 0
+        && census.pending == 0
+        && census.leases == 0
+        && census.waiting == 0
+        && census.delayed == 0
+        && census.dead_letters == 0;
+    Check {
+        phase: phase.into(),
+        ok,
+        detail: format!(
+            "2xx={} non-2xx={}; rows={} completed={} (counter {}); ready={} pending={} \
+             leases={} waiting={} delayed={} dead letters={}",
+            o.created,
+            o.errors,
+            census.rows,
+            completed,
+            census.completed_counter,
+            census.ready,
+            census.pending,
+            census.leases,
+            census.waiting,
+            census.delayed,
+            census.dead_letters
+        ),
+    }
+}
+
+/// The pickup phase (issue 12): sluice at each rate (`push::pickup_rate`), then the BullMQ
+/// peer at the same rates (`bullmq::run`), side by side in the report. The third rate is a
+/// share of the HTTP admission maximum: the admission phase's, or a short probe's when that
+/// phase was skipped.
+async fn pickup_phase(
+    ctx: &push::Ctx<'_>,
+    direct: &mut Direct,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let args = ctx.args;
+    let mut plan: Vec<(String, f64, f64)> = vec![(
+        "idle".into(),
+        args.pickup_idle_rate.max(0.1),
+        args.pickup_idle_secs,
+    )];
+    if args.pickup_rate > 0.0 {
+        plan.push(("fixed".into(), args.pickup_rate, args.pickup_secs));
+    }
+    let mut max_source = "no rate as a share of the maximum (--pickup-max-share 0)".to_owned();
+    if args.pickup_max_share > 0.0 {
+        let (max, source) = match &report.admission {
+            Some(a) => (a.per_sec, "measured by the admission phase of this run"),
+            None => {
+                direct.reset().await?;
+                let w = Workload {
+                    addr: ctx.addr,
+                    admin_token: ctx.admin_token.into(),
+                    tenants: ctx.tenants.to_vec(),
+                    tag: "probe".into(),
+                    flow: "demo.echo".into(),
+                };
+                let pids = Pids::of(&ctx.others);
+                let (r, _) = phase("admission probe", &pids, |p| {
+                    load::closed_loop(
+                        &w,
+                        args.clients.max(1),
+                        Duration::from_secs(args.pickup_probe_secs),
+                        0,
+                        p,
+                    )
+                })
+                .await?;
+                (
+                    r.outcomes.created as f64 / r.elapsed.as_secs_f64().max(1e-3),
+                    "probed: the admission phase was skipped",
+                )
+            }
+        };
+        let mut rate = (max * args.pickup_max_share).round().max(1.0);
+        if args.smoke {
+            rate = rate.min(100.0);
+        }
+        let share = args.pickup_max_share * 100.0;
+        plan.push((format!("{share:.0} % of max"), rate, args.pickup_secs));
+        max_source = format!("{share:.0} % of the HTTP admission maximum {max:.0}/s, {source}");
+    }
+    let mut rates = Vec::new();
+    for (label, rate, secs) in &plan {
+        let (side, check) = push::pickup_rate(ctx, direct, label, *rate, *secs).await?;
+        report.checks.push(check);
+        rates.push(PickupRate {
+            label: label.clone(),
+            rate: *rate,
+            secs: *secs,
+            sluice: side,
+            bullmq: None,
+        });
+    }
+    let (mut peer, mut peer_note) = (None, None);
+    if args.skip_bullmq {
+        peer_note = Some("skipped (--skip-bullmq)".to_owned());
+    } else {
+        let asked: Vec<(f64, f64)> = plan.iter().map(|(_, r, s)| (*r, *s)).collect();
+        match bullmq::run(args, ctx.scratch, &asked).await {
+            Ok(run) => {
+                for (r, side) in rates.iter_mut().zip(run.rates) {
+                    r.bullmq = Some(side);
+                }
+                report.checks.push(run.check);
+                peer = Some(run.versions);
+            }
+            Err(bullmq::NoPeer::Skipped(note)) => {
+                eprintln!("sluice-bench: WARNING: BullMQ peer skipped: {note}");
+                peer_note = Some(note);
+            }
+            Err(bullmq::NoPeer::Failed(e)) => {
+                eprintln!("sluice-bench: the BullMQ peer failed: {e:#}");
+                report.checks.push(Check {
+                    phase: "bullmq peer".into(),
+                    ok: false,
+                    detail: format!("failed: {e:#}"),
+                });
+                peer_note = Some(format!("failed: {e:#}"));
+            }
+        }
+    }
+    let d = push::worker_defaults();
+    report.pickup = Some(Pickup {
+        worker: format!(
+            "one `sluice worker --demo-flows` with default settings (concurrency {}, safety \
+             poll every {} ms){}",
+            d.concurrency,
+            d.scan_ms,
+            if args.smoke {
+                ", --heartbeat-ms 200 (smoke)"
+            } else {
+                ""
+            }
+        ),
+        max_source,
+        rates,
+        peer,
+        peer_note,
+    });
+    Ok(())
 }
 
 /// A phase's numbers from its load, CPU shares and each node's script time; on a cluster

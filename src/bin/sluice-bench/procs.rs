@@ -139,7 +139,17 @@ impl Redis {
 
 /// Starts `redis-server` on a free loopback port without persistence and waits for PING.
 pub async fn start_redis(program: &Path, scratch: &Scratch) -> anyhow::Result<Redis> {
-    let (proc, url) = start_node(program, scratch, "redis", &[]).await?;
+    start_redis_named(program, scratch, "redis").await
+}
+
+/// The same under another name (its folder and log in the scratch folder, its CPU share in
+/// the report): the BullMQ peer's own Redis is `redis-bullmq`.
+pub async fn start_redis_named(
+    program: &Path,
+    scratch: &Scratch,
+    name: &str,
+) -> anyhow::Result<Redis> {
+    let (proc, url) = start_node(program, scratch, name, &[]).await?;
     Ok(Redis {
         nodes: vec![proc],
         urls: vec![url],
@@ -305,24 +315,40 @@ pub async fn start_serve(
     bail!("sluice serve did not become ready")
 }
 
-/// Starts `sluice worker --demo-flows` (woken by Redis: nothing to tune for pickup).
+/// Starts `sluice worker --demo-flows` named `name` (its log `<name>.log`) with `extra`
+/// arguments; none gives sluice's default worker settings (the pickup, cancel and idle
+/// phases), the end-to-end phase passes `--concurrency`.
 pub fn start_worker(
     s: &SluiceCmd,
     scratch: &Scratch,
-    n: usize,
-    concurrency: usize,
+    name: &str,
+    extra: &[String],
 ) -> anyhow::Result<Proc> {
     Proc::spawn(
-        &format!("worker-{n}"),
+        name,
         runtime_threads(&mut Command::new(&s.program), s.worker_threads)
             .args(["worker", "--demo-flows"])
             .args(s.redis_args())
             .args(["--redis-connections", &s.redis_connections.to_string()])
-            .args(["--concurrency", &concurrency.to_string()])
-            // Info logs nothing per execution, and says "worker started" (see `has_started`).
+            .args(extra)
+            // Info logs nothing per execution, and says "worker started" (see `wait_started`).
             .env("RUST_LOG", "info"),
-        scratch.path().join(format!("worker-{n}.log")),
+        scratch.path().join(format!("{name}.log")),
     )
+}
+
+/// Waits until every worker's log says "worker started" (at most 15 s), failing when one
+/// exits.
+pub async fn wait_started(workers: &mut [Proc]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !workers.iter().all(|wk| wk.log_contains("worker started")) {
+        for wk in workers.iter_mut() {
+            wk.ensure_running()?;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "workers did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// CPU time (user + system) a process has used so far, in seconds; `None` when unreadable
