@@ -44,4 +44,5 @@ elseif status == 'running' then
     redis.call('HSET', ROW, 'cancel', 1, 'updated', now)
   end
 end
+notify(id, now)
 return { 'ok', id, hgetall(id) }

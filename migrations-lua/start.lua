@@ -73,6 +73,7 @@ for _, e in ipairs(read[1][2]) do
     redis.call('HDEL', K.row(id), 'qstate')
     redis.call('ZADD', LEASES, now + ttl, id)
     table.insert(started, run_of(id))
+    notify(id, now)
   end
 end
 return started

@@ -8,7 +8,8 @@
 //! start, adopt, heartbeat, complete, reclaim), `dead_letters` (retry, dead-letter listing),
 //! `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `access` (API keys,
 //! tenant registry), `list` (reading executions), `stats` (queue statistics), `freeze` (the
-//! markers that stop a shard's scripts during a slot move). `row` decodes rows and script
+//! markers that stop a shard's scripts during a slot move), `watch` (the start of a wait on an
+//! execution, and the Pub/Sub connection its changes are announced on). `row` decodes rows and script
 //! replies, `keys` names every key, `scripts` composes the Lua. This file holds what they
 //! share: the connection, the error type, the time bound, the data policy.
 
@@ -28,6 +29,7 @@ mod scripts;
 mod stats;
 mod sweep;
 mod tenants;
+mod watch;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -51,6 +53,7 @@ pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget, SweepTargets};
 pub use tenants::{Change, TenantLimits, TenantState};
+pub use watch::Events;
 
 /// Why a storage call did not produce an answer.
 #[derive(Debug, thiserror::Error)]
