@@ -22,4 +22,5 @@ mod pinning;
 mod quota;
 mod redis_trouble;
 mod shards;
+mod waiting;
 mod worker;
