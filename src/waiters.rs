@@ -40,6 +40,9 @@ pub const FALLBACK_READ: Duration = Duration::from_secs(3);
 /// without (and re-reads on its own until the listener catches up).
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(1);
 
+/// How much longer than its wait a waiter asks the scripts to announce changes.
+const HORIZON_SLACK: Duration = Duration::from_secs(1);
+
 /// How often the listener checks that its connection still answers.
 const PING_EVERY: Duration = Duration::from_secs(5);
 
@@ -565,10 +568,14 @@ pub struct Waiter {
 impl Waiter {
     /// The execution now, read with `watch.lua` after the subscription is confirmed (waiting
     /// for that at most `SUBSCRIBE_WAIT`, or not at all while the listener is down), so that
-    /// every later change is announced for the next `horizon`. `Gone` when it does not exist
-    /// for this tenant.
-    pub async fn start(&mut self, horizon: Duration) -> Result<Observed, StoreError> {
-        let live = self.subscribed(Instant::now() + SUBSCRIBE_WAIT).await;
+    /// every change until `deadline` (the end of this waiter's wait) is announced. `Gone` when
+    /// it does not exist for this tenant.
+    pub async fn start(&mut self, deadline: Instant) -> Result<Observed, StoreError> {
+        let now = Instant::now();
+        let live = self.subscribed(deadline.min(now + SUBSCRIBE_WAIT)).await;
+        // A little longer than the wait: a Redis whose clock runs ahead of ours (a promoted
+        // replica) still announces until the wait is over.
+        let horizon = deadline.saturating_duration_since(now) + HORIZON_SLACK;
         if live.is_none() {
             self.hub.mark_stale(&self.id);
         }

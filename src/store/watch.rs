@@ -113,7 +113,6 @@ impl Events {
         let msg = self.stream.next().await?;
         Some(keys::events_channel_execution(msg.get_channel_name()))
     }
-
 }
 
 /// Runs one Pub/Sub command under the time bound.

@@ -30,11 +30,6 @@ use crate::waiters::{Observed, Refusal, Waiter};
 /// The longest `wait` a GET may ask for.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// How much longer than its own wait a waiter asks the scripts to announce changes (so a
-/// Redis whose clock runs a little ahead of ours after a failover still announces until the
-/// wait is over).
-const HORIZON_SLACK: Duration = Duration::from_secs(1);
-
 /// The route of a single execution, whose `?wait` makes it a long poll.
 const EXECUTION_ROUTE: &str = "/api/executions/{id}";
 
@@ -139,7 +134,7 @@ pub(super) async fn wait_for_execution(
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + wait;
     let mut waiter = state.waiters.join(tenant, id).map_err(refused)?;
-    let mut seen = waiter.start(wait + HORIZON_SLACK).await?;
+    let mut seen = waiter.start(deadline).await?;
     while !seen.is_final() {
         match waiter.next(deadline).await {
             Some(s) => seen = s,
@@ -205,8 +200,9 @@ pub async fn stream_execution_events(
     let tenant = caller.tenant_with(Role::Viewer)?;
     let id = ExecutionId::parse(&id)?;
     let limits = state.events;
+    let deadline = Instant::now() + limits.lifetime;
     let mut waiter = state.waiters.join(tenant, &id).map_err(refused)?;
-    let first = waiter.start(limits.lifetime + HORIZON_SLACK).await?;
+    let first = waiter.start(deadline).await?;
     if matches!(first, Observed::Gone) {
         return Err(ApiError::execution_not_found());
     }
@@ -215,7 +211,7 @@ pub async fn stream_execution_events(
         id,
         pending: Some(first),
         last: None,
-        deadline: Instant::now() + limits.lifetime,
+        deadline,
         done: false,
     };
     let mut res = Sse::new(events(feed))
