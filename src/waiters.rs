@@ -253,8 +253,6 @@ impl Hub {
             id: id.clone(),
             rx,
             seq: 0,
-            since: None,
-            latest: None,
             last_read: Instant::now(),
             _slot: slot,
         })
@@ -557,10 +555,6 @@ pub struct Waiter {
     rx: watch::Receiver<Seen>,
     /// The read number of the state last handed out: older reads are not news.
     seq: u64,
-    /// The listener connection the subscription was live on when the first read was made;
-    /// `None` when it was not live.
-    since: Option<u64>,
-    latest: Option<Observed>,
     last_read: Instant,
     _slot: OwnedSemaphorePermit,
 }
@@ -579,7 +573,6 @@ impl Waiter {
         if live.is_none() {
             self.hub.mark_stale(&self.id);
         }
-        self.since = live;
         self.seq = self.hub.next_read();
         let state = Observed::of(
             self.hub
@@ -588,7 +581,6 @@ impl Waiter {
                 .await?,
         );
         self.last_read = Instant::now();
-        self.latest = Some(state.clone());
         Ok(state)
     }
 
@@ -621,13 +613,8 @@ impl Waiter {
                     .flatten();
                 (fresh, seen.live)
             };
-            if live != self.since {
-                // A reconnect or a gap: the events alone may not tell everything.
-                self.since = None;
-            }
             if let Some((seq, state)) = fresh {
                 self.seq = seq;
-                self.latest = Some(state.clone());
                 return Some(state);
             }
             let fallback = self.last_read + FALLBACK_READ;
@@ -641,7 +628,7 @@ impl Waiter {
                     }
                 }
                 () = tokio::time::sleep_until(fallback), if live.is_none() => {
-                    match self.read().await {
+                    match self.current().await {
                         Ok(state) => return Some(state),
                         Err(e) => tracing::debug!(error = %e, execution_id = %self.id, "waiter: fallback read failed"),
                     }
@@ -650,31 +637,16 @@ impl Waiter {
         }
     }
 
-    /// The execution now: the last state handed out when the subscription has been live on
-    /// one connection since the first read (every change since was announced and read), else
-    /// read again.
+    /// The execution now, read again: the answer at the end of a wait (one read per wait,
+    /// not per poll), and the fallback read while the listener is down. At the end of a wait
+    /// the state comes from Redis, not from the announcements, so it is right even if one
+    /// never arrived (a cluster node that could not forward it).
     pub async fn current(&mut self) -> Result<Observed, StoreError> {
-        let live = self.rx.borrow().live;
-        if let (Some(latest), Some(since)) = (&self.latest, self.since)
-            && live == Some(since)
-        {
-            return Ok(latest.clone());
-        }
-        self.read().await
-    }
-
-    async fn read(&mut self) -> Result<Observed, StoreError> {
         let seq = self.hub.next_read();
         self.last_read = Instant::now();
         let state = Observed::of(self.hub.store.get(&self.tenant, &self.id).await?);
         self.seq = self.seq.max(seq);
-        self.latest = Some(state.clone());
         Ok(state)
-    }
-
-    /// Whether the server is stopping (every wait ends).
-    pub fn stopping(&self) -> bool {
-        self.hub.stop.is_cancelled()
     }
 }
 

@@ -419,6 +419,20 @@ async fn many_waiters_on_one_execution_cost_redis_nothing_while_they_wait() {
         );
     }
     until_waiters(&app, 50).await;
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("sluice_waiters 50\n"), "{metrics}");
+    assert!(
+        metrics.contains("sluice_waiters_listening 1\n"),
+        "{metrics}"
+    );
     // Let the long polls' first reads land before counting.
     let deadline = Instant::now() + Duration::from_secs(15);
     while redis_calls(&app, Some("evalsha")).await < 50 + 1 {
