@@ -449,10 +449,15 @@ impl Hub {
                         a.tx.send_modify(|s| s.live = Some(generation));
                     }
                 }
-                if c.stale && !c.reading {
+                if c.stale {
                     c.stale = false;
-                    c.reading = true;
-                    reads.push(id);
+                    if c.reading {
+                        // The read in flight may have started before what it must see.
+                        c.again = true;
+                    } else {
+                        c.reading = true;
+                        reads.push(id);
+                    }
                 }
             }
         }
