@@ -47,4 +47,5 @@ elseif status == 'running' then
     tell_holder(run[2], id)
   end
 end
+notify(id, now)
 return { 'ok', id, hgetall(id) }

@@ -61,6 +61,9 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Tells the servers waiting on an execution that it changed (the block at the end: waiters).
+local notify, announce
+
 -- The tenant's effective limits: its own values where set, else the server defaults.
 -- Also whether the tenant is pinned to another shard (pin.lua): then its number.
 local function limits(t)
@@ -152,9 +155,10 @@ local function promote(t, now, budget)
     local popped = redis.call('ZPOPMIN', K.waiting(t))
     if #popped == 0 then return false end
     local id = popped[1]
-    local row = redis.call('HMGET', K.row(id), 'status', 'qstate')
+    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'watch')
     if row[1] == 'queued' and row[2] == 'waiting' then
       dispatch(t, id, now)
+      announce(id, row[3], 'queued', now)
       free = free - 1
     end
   end
@@ -240,6 +244,7 @@ local function requeue(t, flow, id, now, attempt)
   index_move(t, flow, 'running', 'queued', id)
   redis.call('HSET', K.row(id), 'status', 'queued', 'attempt', attempt, 'updated', now)
   dispatch_entry(id, now)
+  notify(id, now)
 end
 
 -- Appends a record to the shard's dead-letter stream, capped at `cap` entries (exact trim, so
@@ -274,6 +279,7 @@ local function finish(t, flow, id, status, now, extra, drop)
   index_move(t, flow, 'running', status, id)
   redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now, unpack(extra))
   if #drop > 0 then redis.call('HDEL', K.row(id), unpack(drop)) end
+  notify(id, now)
   release_slot(t, id, now)
   settle_terminal(t, id)
   redis.call('HINCRBY', K.stats(), status, 1)
@@ -342,4 +348,35 @@ end
 
 local function hgetall(id)
   return redis.call('HGETALL', K.row(id))
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Waiters: telling the servers that wait on an execution (GET /api/executions/{id}?wait=...,
+-- GET /api/executions/{id}/events) that it changed. watch.lua records in the row's `watch`
+-- field until when (ms, Redis time) somebody waits; every change of an execution's status or
+-- queue state calls notify(), which publishes on the execution's channel only while that is
+-- in the future, so an execution nobody waits on costs one HMGET per change and nothing
+-- else. PUBLISH is not a key operation: on a cluster Redis forwards it to every node, so a
+-- server subscribed on any node hears it. The message is the new status (or 'deleted'); a
+-- server re-reads the row anyway, so it only says that something changed.
+--
+-- The channel name mirrors src/store/keys.rs (events_channel).
+local EVENTS_CHANNEL = 'sluice:ev:'
+
+-- Publishes `what` for execution id when `watch` (the row's field, or nil) is in the future.
+announce = function(id, watch, what, now)
+  if watch and tonumber(watch) > now then
+    redis.call('PUBLISH', EVENTS_CHANNEL .. id, what)
+  end
+end
+
+-- After a change of execution id's row: tells its waiters, if it has any.
+notify = function(id, now)
+  local row = redis.call('HMGET', K.row(id), 'watch', 'status')
+  announce(id, row[1], row[2], now)
+end
+
+-- Before execution id's row is deleted (or hidden as deleted): tells its waiters it is gone.
+local function notify_deleted(id, now)
+  announce(id, redis.call('HGET', K.row(id), 'watch'), 'deleted', now)
 end

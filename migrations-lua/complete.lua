@@ -89,6 +89,7 @@ if backoff ~= '' and not exhausted then
   redis.call('HSET', ROW, 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
     'err_kind', err_kind, 'err_msg', err_msg)
   redis.call('ZADD', DELAYED, due, id)
+  notify(id, now)
   return { 'retrying', due }
 end
 finish(tenant, flow, id, 'failed', now, { 'err_kind', err_kind, 'err_msg', err_msg }, {})

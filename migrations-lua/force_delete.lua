@@ -32,6 +32,7 @@ if row[1] ~= tenant or row[7] then return { 'not_found' } end
 local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[6]
 
 local now = now_ms()
+notify_deleted(id, now)
 index_remove(tenant, flow, status, id)
 if digest then
   local key = K.dedup(tenant, digest)

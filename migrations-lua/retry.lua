@@ -41,4 +41,5 @@ index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)
 enqueue(tenant, id, qstate, now)
+notify(id, now)
 return { 'ok', id, hgetall(id) }

@@ -83,6 +83,7 @@ for _, e in ipairs(entries) do
     redis.call('HDEL', K.row(id), 'qstate')
     redis.call('ZADD', LEASES, now + ttl, id)
     table.insert(started, run_of(id))
+    notify(id, now)
   end
 end
 return { more, started }

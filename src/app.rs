@@ -16,10 +16,12 @@ use tokio::net::TcpListener;
 use crate::access::TOKEN_PREFIX;
 use crate::config::AppConfig;
 use crate::http::auth::AuthConfig;
+use crate::http::executions::waiting::EventLimits;
 use crate::http::metrics::Metrics;
 use crate::http::{self, AppState, HttpLimits};
 use crate::server::{self, ConnectionLimits};
 use crate::store::Store;
+use crate::waiters::{Hub, HubConfig};
 
 /// A built, bound, not yet serving sluice API.
 pub struct Application {
@@ -31,6 +33,10 @@ pub struct Application {
     store: Arc<Store>,
     sweep_interval: Option<Duration>,
     limits: ConnectionLimits,
+    /// The waiters of executions; its listener starts with the server.
+    waiters: Arc<Hub>,
+    /// Cancelled to stop serving (also ends every wait at once).
+    stop: tokio_util::sync::CancellationToken,
 }
 
 /// File descriptors kept free of connections: Redis connections, the metrics listener's own,
@@ -66,6 +72,22 @@ impl Application {
             tracing::warn!(error = %e, "cannot create every shard's consumer group yet");
         }
         let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let waiters = Hub::new(
+            store.clone(),
+            HubConfig {
+                max_waiters: config.api.max_waiters,
+                max_per_tenant: config.api.max_waiters_per_tenant,
+            },
+            stop.clone(),
+        );
+        // A stream must beat before the connection would count as stalled (`crate::server`).
+        let stalled_after = config.api.request_timeout() + config.api.header_read_timeout();
+        let events = EventLimits {
+            lifetime: Duration::from_secs(config.api.events_lifetime_secs.max(1)),
+            heartbeat: Duration::from_millis(config.api.events_heartbeat_ms.max(1))
+                .min(stalled_after / 2),
+        };
         let state = AppState {
             store: store.clone(),
             auth: Arc::new(AuthConfig {
@@ -78,6 +100,8 @@ impl Application {
             max_page_bytes: config.api.max_page_bytes,
             max_api_keys: config.api.max_api_keys_per_tenant,
             metrics: metrics.clone(),
+            waiters: waiters.clone(),
+            events,
         };
         if let Some(token) = &config.api.admin_token
             && token.expose().starts_with(TOKEN_PREFIX)
@@ -139,6 +163,8 @@ impl Application {
             sweep_interval: (config.api.sweep_interval_secs > 0)
                 .then(|| Duration::from_secs(config.api.sweep_interval_secs)),
             limits: connection_limits,
+            waiters,
+            stop,
         })
     }
 
@@ -161,13 +187,19 @@ impl Application {
         self.store.clone()
     }
 
-    /// Serves (and sweeps) until `shutdown` completes, then lets in-flight requests finish
-    /// (up to `SHUTDOWN_GRACE`).
+    /// The waiters of executions this server serves (for tests and tools).
+    pub fn waiters(&self) -> Arc<Hub> {
+        self.waiters.clone()
+    }
+
+    /// Serves (and sweeps) until `shutdown` completes, then ends every wait at once and lets
+    /// in-flight requests finish (up to `SHUTDOWN_GRACE`).
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let stop = tokio_util::sync::CancellationToken::new();
+        let stop = self.stop.clone();
+        tokio::spawn(self.waiters.clone().listen());
         if let Some(interval) = self.sweep_interval {
             tokio::spawn(crate::sweeper::run(
                 self.store.clone(),

@@ -300,6 +300,24 @@ pub struct ApiSettings {
     /// Most records each shard's dead-letter stream keeps; older ones are evicted and counted.
     #[arg(long, env = "SLUICE_DLQ_CAP", default_value_t = 10_000)]
     pub dlq_cap: u64,
+    /// Clients waiting at once on this server, long polls (`GET /api/executions/{id}?wait=`)
+    /// and event streams (`/events`) together; more are answered 503 `too_many_waiters`.
+    #[arg(long, env = "SLUICE_MAX_WAITERS", default_value_t = 10_000)]
+    pub max_waiters: usize,
+    /// Of those, how many one tenant may hold; more are answered 429
+    /// `tenant_too_many_waiters`.
+    #[arg(long, env = "SLUICE_MAX_WAITERS_PER_TENANT", default_value_t = 1_000)]
+    pub max_waiters_per_tenant: usize,
+    /// How long an event stream lasts, in seconds; the client then opens it again (and gets
+    /// the current state first). Keeps an execution that stays queued from holding a waiter
+    /// forever.
+    #[arg(long, env = "SLUICE_EVENTS_LIFETIME_SECS", default_value_t = 300)]
+    pub events_lifetime_secs: u64,
+    /// Silence after which an event stream sends a heartbeat (a comment line), in
+    /// milliseconds; at most half of --request-timeout-ms plus --header-read-timeout-ms (the
+    /// silence after which a connection counts as stalled), and lowered to that.
+    #[arg(long, env = "SLUICE_EVENTS_HEARTBEAT_MS", default_value_t = 15_000)]
+    pub events_heartbeat_ms: u64,
 }
 
 /// A secret setting (the admin token): parsed like any string, but its `Debug` never shows

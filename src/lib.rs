@@ -8,6 +8,7 @@
 //! - [`server`]: serving connections, bounded in number and in time.
 //! - [`worker`]: the worker runtime — handlers, leases, heartbeats, orphan recovery.
 //! - [`sweeper`]: the background repair of what should never drift.
+//! - [`waiters`]: clients waiting on executions, served by one Pub/Sub listener per process.
 //! - [`dev`]: the embedded default's managed `redis-server`.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
 
@@ -23,6 +24,7 @@ pub mod server;
 pub mod store;
 pub mod sweeper;
 pub mod telemetry;
+pub mod waiters;
 pub mod worker;
 
 pub use app::Application;

@@ -14,7 +14,9 @@
 //!   HTTP/2 gets a GOAWAY first.
 //! - **Stalled peers.** A connection with a request in flight that moves no byte in either
 //!   direction for `request_timeout + header_read_timeout` is closed: the handler is bounded by
-//!   `request_timeout`, so that silence means the client stopped reading its answer.
+//!   `request_timeout`, so that silence means the client stopped reading its answer. A long
+//!   poll, bounded by its own wait on top, says so through the `ConnectionHandle` in its
+//!   request's extensions, and the silence is counted from the end of its allowance.
 //!
 //! Hyper's own HTTP/1 header-read timeout stays on as well (it also bounds headers trickled in
 //! after the first byte); the watchdog is what covers HTTP/2 and the time before the first
@@ -40,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::http::metrics::Metrics;
+use crate::http::{ConnectionControl, ConnectionHandle};
 
 /// Bounds on the connections of one listener.
 #[derive(Debug, Clone, Copy)]
@@ -154,10 +157,12 @@ async fn serve_connection<S>(
         activity: activity.clone(),
     });
     let tracked = activity.clone();
+    let handle = ConnectionHandle::new(activity.clone());
     // A request counts as in flight from its headers until its answer's body is handed over
     // (or dropped); hyper may still be writing it then, which `last_write` follows.
-    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let guard = tracked.begin();
+        req.extensions_mut().insert(handle.clone());
         let router = router.clone();
         async move {
             let res = router.oneshot(req).await?;
@@ -193,7 +198,7 @@ async fn serve_connection<S>(
                     }
                     check = deadline;
                 } else {
-                    let deadline = activity.last_io() + stalled_after;
+                    let deadline = activity.last_io_or_allowance() + stalled_after;
                     if deadline <= now {
                         break "stalled";
                     }
@@ -217,7 +222,7 @@ async fn serve_connection<S>(
                 let now = Instant::now();
                 let quiet = activity.in_flight() == 0
                     && now >= asked.max(activity.last_write()) + CLOSE_GRACE;
-                let stalled = activity.last_io() + stalled_after <= now;
+                let stalled = activity.last_io_or_allowance() + stalled_after <= now;
                 if quiet || stalled || now >= hard_limit {
                     return;
                 }
@@ -234,6 +239,9 @@ struct Activity {
     idle_since_ms: AtomicU64,
     last_io_ms: AtomicU64,
     last_write_ms: AtomicU64,
+    /// Until when the requests in flight may be silent (a long poll's allowance), reset when
+    /// none is in flight any more.
+    quiet_until_ms: AtomicU64,
 }
 
 impl Activity {
@@ -244,6 +252,7 @@ impl Activity {
             idle_since_ms: AtomicU64::new(0),
             last_io_ms: AtomicU64::new(0),
             last_write_ms: AtomicU64::new(0),
+            quiet_until_ms: AtomicU64::new(0),
         }
     }
 
@@ -273,8 +282,12 @@ impl Activity {
         self.at(idle.max(wrote)) + timeout
     }
 
-    fn last_io(&self) -> Instant {
-        self.at(self.last_io_ms.load(Ordering::Relaxed))
+    /// The last byte moved, or the end of a silence allowed, whichever is later: what the
+    /// stalled-peer rule counts from.
+    fn last_io_or_allowance(&self) -> Instant {
+        let io = self.last_io_ms.load(Ordering::Relaxed);
+        let quiet = self.quiet_until_ms.load(Ordering::Relaxed);
+        self.at(io.max(quiet))
     }
 
     fn last_write(&self) -> Instant {
@@ -301,7 +314,18 @@ impl Drop for InFlight {
         self.0
             .idle_since_ms
             .store(self.0.elapsed_ms(), Ordering::Release);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The allowance was for the requests that were in flight, not for the next ones.
+            self.0.quiet_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl ConnectionControl for Activity {
+    fn allow_silence_until(&self, until: Instant) {
+        let ms = u64::try_from(until.saturating_duration_since(self.started).as_millis())
+            .unwrap_or(u64::MAX);
+        self.quiet_until_ms.fetch_max(ms, Ordering::Relaxed);
     }
 }
 

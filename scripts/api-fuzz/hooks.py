@@ -5,6 +5,10 @@ descriptions; nothing here loosens a check.
 - `dedup_key` counts UTF-8 bytes (at most 256); JSON Schema's maxLength counts characters.
 - The `Idempotency-Key` header and the body's `dedup_key`, when both are sent, must be equal
   (else 400 `dedup_key_mismatch`).
+
+And one rule of the run itself: a valid `wait` on `GET /api/executions/{id}` holds the request
+as long as it says when the execution stays queued (no worker runs here), so valid waits are
+sent as `1s` (invalid ones still answer at once, 400).
 """
 
 import schemathesis
@@ -32,6 +36,17 @@ def filter_case(context, case):
     return True
 
 
+def _short_wait(case):
+    if (
+        _positive(case)
+        and case.operation.method.upper() == "GET"
+        and case.operation.path == "/api/executions/{id}"
+        and isinstance(case.query, dict)
+        and "wait" in case.query
+    ):
+        case.query = {**case.query, "wait": "1s"}
+
+
 @schemathesis.hook
 def map_case(context, case):
     """In stateful sequences, `DELETE /api/executions/{id}` is the force delete.
@@ -39,7 +54,8 @@ def map_case(context, case):
     Without `force=true` that call is a cancel (the contract of DESIGN.md): the execution stays
     readable, which Schemathesis' use-after-free check would take for a deleted resource still
     served. Only the force delete deletes, so sequences that delete use it and the check then
-    holds the server to "gone means 404". The other phases still send both forms.
+    holds the server to "gone means 404". The other phases still send both forms. Valid waits
+    become `1s` (see the module docs).
     """
     meta = case.meta
     if (
@@ -49,4 +65,5 @@ def map_case(context, case):
         and case.operation.path == "/api/executions/{id}"
     ):
         case.query = {**(case.query or {}), "force": "true"}
+    _short_wait(case)
     return case

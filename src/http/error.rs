@@ -41,6 +41,14 @@ pub enum ApiError {
     OutcomeUnknown { execution_id: String, log: String },
     #[error("the request took longer than the server's limit")]
     Timeout,
+    /// A bounded resource of the server is used up (e.g. its waiters): retry later.
+    #[error("{detail}")]
+    Busy {
+        status: StatusCode,
+        code: &'static str,
+        detail: String,
+        retry_after: u64,
+    },
     /// Any other status without a more specific error (e.g. 405 from the router).
     #[error("{detail}")]
     Status {
@@ -99,7 +107,7 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ApiError::Status { status, .. } => *status,
+            ApiError::Status { status, .. } | ApiError::Busy { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -110,7 +118,8 @@ impl ApiError {
             ApiError::BadRequest { code, .. }
             | ApiError::Forbidden { code, .. }
             | ApiError::NotFound { code, .. }
-            | ApiError::Status { code, .. } => code,
+            | ApiError::Status { code, .. }
+            | ApiError::Busy { code, .. } => code,
             ApiError::Unauthorized => "unauthorized",
             ApiError::IdempotencyConflict { .. } => "idempotency_key_conflict",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
@@ -124,7 +133,9 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::QueueFull { retry_after, .. } => Some(*retry_after),
+            ApiError::QueueFull { retry_after, .. } | ApiError::Busy { retry_after, .. } => {
+                Some(*retry_after)
+            }
             ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
                 Some(UNAVAILABLE_RETRY_AFTER)
             }

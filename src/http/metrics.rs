@@ -20,6 +20,9 @@
 //!   They are gauges because Redis, not this process, holds them; they only grow.
 //! - `sluice_shards_unreadable`: shards whose numbers could not be read at this scrape (their
 //!   series above are absent; the other shards are reported as usual).
+//! - `sluice_waiters`: clients waiting now (long polls and event streams, `--max-waiters`);
+//!   `sluice_waiters_listening`: 1 while the server's Pub/Sub listener is connected (0: the
+//!   waiters re-read on their own, every few seconds).
 //!
 //! Every label value comes from a closed set: the `tenant` label names at most
 //! `--metrics-tenant-limit` tenants (the first ones seen; later ones are counted under
@@ -103,6 +106,8 @@ pub struct Metrics {
     dead_letters: Family<ShardLabels, Gauge>,
     shard_events: Family<ShardEventLabels, Gauge>,
     shards_unreadable: Gauge,
+    waiters: Gauge,
+    waiters_listening: Gauge,
     connections_open: Gauge,
     connections_refused: Counter,
     /// Tenants with their own label value, at most `tenant_limit`.
@@ -173,6 +178,18 @@ impl Metrics {
             "Shards whose numbers could not be read from Redis at this scrape",
             shards_unreadable.clone(),
         );
+        let waiters = Gauge::default();
+        registry.register(
+            "sluice_waiters",
+            "Clients waiting on executions now (long polls and event streams)",
+            waiters.clone(),
+        );
+        let waiters_listening = Gauge::default();
+        registry.register(
+            "sluice_waiters_listening",
+            "1 while the Pub/Sub listener that serves the waiters is connected",
+            waiters_listening.clone(),
+        );
         let connections_open = Gauge::default();
         let connections_refused = Counter::default();
         registry.register(
@@ -194,6 +211,8 @@ impl Metrics {
             dead_letters,
             shard_events,
             shards_unreadable,
+            waiters,
+            waiters_listening,
             connections_open,
             connections_refused,
             labelled_tenants: RwLock::new(HashSet::new()),
@@ -389,6 +408,10 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         }
     }
     m.shards_unreadable.set(unreadable);
+    m.waiters
+        .set(i64::try_from(state.waiters.waiters()).unwrap_or(i64::MAX));
+    m.waiters_listening
+        .set(i64::from(state.waiters.listening()));
     let mut body = String::new();
     if let Err(e) = encode(&mut body, &m.registry) {
         return ApiError::Internal(format!("metrics encoding failed: {e}")).into_response();

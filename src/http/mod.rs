@@ -15,7 +15,7 @@ mod spec;
 pub mod tenants;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -31,8 +31,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{self as swagger_ui, SwaggerUi};
 
 use crate::store::Store;
+use crate::waiters::Hub;
 use auth::AuthConfig;
 use error::{ApiError, PROBLEM_JSON};
+use executions::waiting::{self, EventLimits};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -49,6 +51,33 @@ pub struct AppState {
     pub max_api_keys: usize,
     /// The Prometheus registry `/metrics` renders.
     pub metrics: Arc<metrics::Metrics>,
+    /// The local waiters of executions (`?wait`, `/events`) and their one Pub/Sub listener.
+    pub waiters: Arc<Hub>,
+    /// How long event streams last and how often they beat.
+    pub events: EventLimits,
+}
+
+/// What a handler may ask of the connection it is served on. `crate::server` puts one in
+/// every request's extensions; it is absent when the router is driven otherwise.
+#[derive(Clone)]
+pub struct ConnectionHandle(Arc<dyn ConnectionControl>);
+
+/// The connection side of a [`ConnectionHandle`].
+pub trait ConnectionControl: Send + Sync {
+    /// The request in flight may move no byte until `until` without the connection counting
+    /// as stalled (a long poll has nothing to say until then).
+    fn allow_silence_until(&self, until: Instant);
+}
+
+impl ConnectionHandle {
+    pub fn new(control: Arc<dyn ConnectionControl>) -> Self {
+        Self(control)
+    }
+
+    /// See [`ConnectionControl::allow_silence_until`].
+    pub fn allow_silence_until(&self, until: Instant) {
+        self.0.allow_silence_until(until);
+    }
 }
 
 /// Limits and cross-origin rules applied to every request.
@@ -176,6 +205,7 @@ fn cors_layer(origins: &[HeaderValue]) -> Option<CorsLayer> {
                 header::RETRY_AFTER,
                 HeaderName::from_static("x-request-id"),
                 HeaderName::from_static("idempotent-replayed"),
+                HeaderName::from_static(waiting::WAIT_HEADER),
             ])
             .max_age(Duration::from_secs(600)),
     )
@@ -198,14 +228,27 @@ struct Edge {
 /// Everything done around every request, in one middleware (each layer costs a boxed future
 /// and a clone per request): the time bound (503 `request_timeout`), problem+json for bare
 /// error responses, and the latency histogram, which sees the final status.
+///
+/// A long poll (`GET /api/executions/{id}?wait=...`) is bounded by its wait plus the request
+/// bound, and its connection told that it may stay silent that long; its latency is recorded
+/// under a route label of its own. An event stream needs nothing of the kind: its handler
+/// answers at once, and the time bound covers only that (the stream then beats).
 async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
     let started = std::time::Instant::now();
     let method = req.method().clone();
-    let route = req
+    let mut route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_owned());
-    let res = match tokio::time::timeout(edge.request_timeout, next.run(req)).await {
+    let mut bound = edge.request_timeout;
+    if let Some(wait) = waiting::allowance(&method, route.as_deref(), req.uri()) {
+        bound += wait;
+        if let Some(conn) = req.extensions().get::<ConnectionHandle>() {
+            conn.allow_silence_until(started + bound);
+        }
+        route = Some(waiting::WAIT_ROUTE_LABEL.to_owned());
+    }
+    let res = match tokio::time::timeout(bound, next.run(req)).await {
         Ok(res) => problem_for_bare_errors(res),
         Err(_) => ApiError::Timeout.into_response(),
     };

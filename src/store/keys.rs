@@ -50,6 +50,23 @@ pub fn stop_channel(consumer: &str) -> String {
     format!("{ROOT}stop:{consumer}")
 }
 
+/// What every execution's Pub/Sub channel name starts with (see `events_channel`).
+const EVENTS_CHANNEL: &str = "sluice:ev:";
+
+/// The Pub/Sub channel on which the scripts announce changes of execution `id` while a server
+/// waits on it (`notify()` in `migrations-lua/common.lua`). Not a key: it has no hash tag, and
+/// on a cluster a PUBLISH reaches the subscribers of every node.
+pub fn events_channel(id: &ExecutionId) -> String {
+    format!("{EVENTS_CHANNEL}{id}")
+}
+
+/// The execution a message on an `events_channel` is about; `None` for any other channel.
+pub fn events_channel_execution(channel: &str) -> Option<ExecutionId> {
+    channel
+        .strip_prefix(EVENTS_CHANNEL)
+        .and_then(|id| ExecutionId::parse(id).ok())
+}
+
 /// The consumer group of every ready stream.
 pub const WORKER_GROUP: &str = "workers";
 

@@ -9,9 +9,10 @@
 //! `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `access` (API keys,
 //! tenant registry), `list` (reading executions), `stats` (queue statistics), `freeze` (the
 //! markers that stop a shard's scripts during a slot move), `wake` (the blocking doorbell
-//! connections and stop messages that wake workers). `row` decodes rows and script
-//! replies, `keys` names every key, `scripts` composes the Lua. This file holds what they
-//! share: the connection, the error type, the time bound, the data policy.
+//! connections and stop messages that wake workers), `watch` (the start of a wait on an
+//! execution, and the Pub/Sub connection its changes are announced on). `row` decodes rows and
+//! script replies, `keys` names every key, `scripts` composes the Lua. This file holds what
+//! they share: the connection, the error type, the time bound, the data policy.
 
 mod access;
 mod admit;
@@ -30,6 +31,7 @@ mod stats;
 mod sweep;
 mod tenants;
 mod wake;
+mod watch;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -54,6 +56,7 @@ pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget, SweepTargets};
 pub use tenants::{Change, TenantLimits, TenantState};
 pub use wake::{BellConn, StopListener};
+pub use watch::Events;
 
 /// Why a storage call did not produce an answer.
 #[derive(Debug, thiserror::Error)]

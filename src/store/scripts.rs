@@ -101,6 +101,7 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "api_key_auth.lua" => op!("api_key_auth.lua"),
         "tenant_delete.lua" => op!("tenant_delete.lua"),
         "sweeper_unlock.lua" => op!("sweeper_unlock.lua"),
+        "watch.lua" => op!("watch.lua"),
         _ => return None,
     })
 }
@@ -127,6 +128,7 @@ pub struct Scripts {
     pub api_key_auth: Script,
     pub tenant_delete: Script,
     pub sweeper_unlock: Script,
+    pub watch: Script,
 }
 
 impl Scripts {
@@ -154,11 +156,12 @@ impl Scripts {
             api_key_auth: acl(op!("api_key_auth.lua")),
             tenant_delete: acl(op!("tenant_delete.lua")),
             sweeper_unlock: Script::new(&meta_source(op!("sweeper_unlock.lua"))),
+            watch: shard(op!("watch.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 20] {
+    pub fn all(&self) -> [&Script; 21] {
         [
             &self.admit,
             &self.abandon,
@@ -180,6 +183,7 @@ impl Scripts {
             &self.api_key_auth,
             &self.tenant_delete,
             &self.sweeper_unlock,
+            &self.watch,
         ]
     }
 }
@@ -211,6 +215,7 @@ mod tests {
             "api_key_auth.lua",
             "tenant_delete.lua",
             "sweeper_unlock.lua",
+            "watch.lua",
         ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for op in ops {

@@ -98,8 +98,11 @@ pub(super) struct Pickup {
     shard: Shard,
     shared: Arc<Shared>,
     wake: Arc<Wake>,
-    /// Most slots one start call reserves: the worker's concurrency shared out over the shards
-    /// (at least one), so one busy shard cannot take every slot in one call.
+    /// Most slots one start call reserves while the shard answers: every free one (a backlog
+    /// is started in batches, one round trip for many starts). Shards take turns for slots
+    /// that free up in the order they asked (`wait_for_slot`), so a busy shard cannot keep the
+    /// others out. A failing shard reserves one at a time: its calls may hold their slots for a
+    /// whole time-out.
     share: usize,
     /// The doorbell connection while no `BLPOP` is out on it.
     bell: Option<BellConn>,
@@ -124,8 +127,7 @@ pub(super) struct Pickup {
 
 impl Pickup {
     pub(super) fn new(shared: Arc<Shared>, shard: Shard, wake: Arc<Wake>) -> Self {
-        let shards = usize::from(shared.store.shards().count()).max(1);
-        let share = shared.config.concurrency.div_ceil(shards).max(1);
+        let share = shared.config.concurrency.max(1);
         Self {
             shard,
             shared,
@@ -213,9 +215,10 @@ impl Pickup {
         Some(self.top_up(first))
     }
 
-    /// Adds free slots to `reserved`, up to `share`.
+    /// Adds free slots to `reserved`, up to `share` (one in all while the shard is failing).
     fn top_up(&self, mut reserved: OwnedSemaphorePermit) -> OwnedSemaphorePermit {
-        while reserved.num_permits() < self.share {
+        let most = if self.failing { 1 } else { self.share };
+        while reserved.num_permits() < most {
             match self.shared.slots.clone().try_acquire_owned() {
                 Ok(more) => reserved.merge(more),
                 Err(_) => break,

@@ -374,6 +374,8 @@ pub struct TestApp {
     pub metrics_addr: Option<SocketAddr>,
     pub redis: TestRedis,
     pub client: reqwest::Client,
+    /// The app's registry of waiting clients (`?wait`, `/events`), to await their number.
+    pub waiters: std::sync::Arc<sluice::waiters::Hub>,
     shards: ShardMap,
     config: AppConfig,
 }
@@ -411,10 +413,12 @@ impl TestApp {
         let addr = app.address();
         let metrics_addr = app.metrics_address();
         let shards = app.store().shards();
+        let waiters = app.waiters();
         tokio::spawn(app.run_until_stopped(std::future::pending()));
         Self {
             addr,
             metrics_addr,
+            waiters,
             redis,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))

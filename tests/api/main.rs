@@ -22,5 +22,6 @@ mod pinning;
 mod quota;
 mod redis_trouble;
 mod shards;
+mod waiting;
 mod wakeups;
 mod worker;

@@ -1,7 +1,8 @@
 //! `/api/executions`: admit, read, list, cancel and delete executions. Each handler checks the
 //! caller's role, parses its input into domain types at the edge and makes one storage call;
-//! the JSON shapes are in `wire`.
+//! the JSON shapes are in `wire`. Waiting for an execution (`?wait`, `/events`) is `waiting`.
 
+pub mod waiting;
 pub mod wire;
 
 use axum::extract::State;
@@ -15,7 +16,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
-use super::extract::{JsonBody, Path, Query};
+use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
 use crate::admission::{AdmitRequest, ExecutionId, FlowId, Status};
 use crate::store::{Admission, ListQuery, NotRetryable};
@@ -34,6 +35,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_execution, delete_execution))
         .routes(routes!(cancel_execution))
         .routes(routes!(retry_execution))
+        .routes(routes!(waiting::stream_execution_events))
 }
 
 /// Start an execution of a flow for the caller's tenant.
@@ -163,19 +165,43 @@ fn refusal(a: Admission) -> ApiError {
     }
 }
 
-/// Read one execution of the caller's tenant.
+/// `?wait=` on GET of one execution.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct GetParams {
+    /// Wait until the execution is terminal, at most this long: `250ms`, `30s`, `1m`, or a
+    /// plain number of seconds; more than 0 and at most 60 s (else 400 `invalid_wait`).
+    #[param(
+        pattern = "^(([1-9][0-9]{0,3}|[1-5][0-9]{4}|60000)ms|([1-9]|[1-5][0-9]|60)s?|1m)$",
+        example = "30s"
+    )]
+    pub wait: Option<String>,
+}
+
+/// Read one execution of the caller's tenant; with `wait`, once it is terminal.
+///
+/// With `wait` this is a long poll: the answer comes as soon as the execution is terminal
+/// (`Sluice-Wait: terminal`), or force-deleted (404), or at the end of the wait with its state
+/// then (`Sluice-Wait: timeout`; also when the server shuts down meanwhile: ask again). It
+/// costs Redis one call to start and nothing while it waits, however many clients wait on the
+/// same execution; at most `--max-waiters` (10 000) long polls and event streams are open per
+/// server, `--max-waiters-per-tenant` (1 000) of one tenant. Without `wait` it answers at once.
 #[utoipa::path(
     get,
     path = "/api/executions/{id}",
     tag = "executions",
-    params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id (32 lowercase hex)")),
+    params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id (32 lowercase hex)"), GetParams),
     responses(
-        (status = 200, description = "The execution", body = Execution),
-        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The execution", body = Execution,
+            headers(("Sluice-Wait" = String, description = "With `wait` only: `terminal` (it is terminal) or `timeout` (the wait ended first)"))),
+        (status = 400, description = "Malformed id, or `invalid_wait`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such execution for this tenant (with `wait`: also when it is force-deleted during the wait)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`tenant_too_many_waiters` (with `wait`): the tenant has `--max-waiters-per-tenant` open waits and streams on this server", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 503, description = "Redis unavailable; or `too_many_waiters` (with `wait`): the server has `--max-waiters` open waits and streams", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
     security(("bearer" = []))
 )]
@@ -183,14 +209,19 @@ pub async fn get_execution(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<axum::Json<Execution>, ApiError> {
+    query: QueryLater<GetParams>,
+) -> Result<Response, ApiError> {
     let tenant = caller.tenant_with(Role::Viewer)?;
     let id = ExecutionId::parse(&id)?;
+    if let Some(wait) = query.parse()?.wait {
+        let wait = waiting::parse_wait(&wait)?;
+        return waiting::wait_for_execution(&state, tenant, &id, wait).await;
+    }
     state
         .store
         .get(tenant, &id)
         .await?
-        .map(|e| axum::Json(e.into()))
+        .map(|e| axum::Json(Execution::from(e)).into_response())
         .ok_or_else(ApiError::execution_not_found)
 }
 

@@ -1,0 +1,129 @@
+//! Waiting on executions without polling: the start of a wait (`migrations-lua/watch.lua`,
+//! which makes the scripts announce the execution's changes for a while) and the Pub/Sub
+//! connection those announcements arrive on (`Events`). What to do with them — who waits,
+//! fanning a change out to every local waiter — is `crate::waiters`; this file only knows
+//! how Redis is spoken to, and the channel names (through `keys`).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::Value;
+use redis::aio::{PubSubSink, PubSubStream};
+
+use super::row::{execution_from, split_tag};
+use super::{RedisTarget, Store, StoreError, keys};
+use crate::admission::{Execution, ExecutionId, TenantId};
+
+/// Channels one SUBSCRIBE or UNSUBSCRIBE names at most (a reconnect resubscribes every watched
+/// execution: in several commands of bounded size rather than one huge one).
+const CHANNELS_PER_COMMAND: usize = 500;
+
+impl Store {
+    /// Reads one execution of a tenant and asks the scripts to announce its changes on its
+    /// channel for the next `horizon` (see `migrations-lua/watch.lua`). `None` when missing
+    /// or another tenant's. Subscribe to the channel first: then no change can fall between
+    /// this read and the first announcement.
+    pub async fn watch(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        horizon: Duration,
+    ) -> Result<Option<Execution>, StoreError> {
+        let shard = self.shard_of(tenant);
+        let mut inv = self.shard_script(&self.scripts.watch, shard, &[shard.row(id)]);
+        inv.arg(tenant.as_str())
+            .arg(id.as_str())
+            .arg(u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX));
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        match tag.as_str() {
+            "ok" => Ok(Some(execution_from(rest, false)?)),
+            "not_found" => Ok(None),
+            other => Err(StoreError::Corrupt(format!("watch replied {other}"))),
+        }
+    }
+
+    /// Opens a Pub/Sub connection for execution announcements: to the server, or on a cluster
+    /// to one node — `attempt` picks the seed (round robin), so a node that is down is passed
+    /// over by the next attempt. Any node will do: a cluster forwards every PUBLISH to all.
+    pub async fn open_events(&self, attempt: usize) -> Result<Events, StoreError> {
+        let url = match &self.config.redis {
+            RedisTarget::Standalone(url) => url.clone(),
+            RedisTarget::Cluster(seeds) => seeds
+                .get(attempt % seeds.len().max(1))
+                .cloned()
+                .ok_or_else(|| StoreError::Unavailable("no cluster seed node".into()))?,
+        };
+        let client = redis::Client::open(url.as_str())?;
+        let (sink, stream) = self.bounded(client.get_async_pubsub()).await?.split();
+        Ok(Events {
+            sink,
+            stream,
+            timeout: self.config.op_timeout,
+            node: url,
+        })
+    }
+}
+
+/// A Pub/Sub connection carrying the announcements of the executions it is subscribed to.
+/// Its own connection (a subscribed connection can do nothing else), with its own time bound
+/// on every command: the redis crate bounds none of them.
+pub struct Events {
+    sink: PubSubSink,
+    stream: PubSubStream,
+    timeout: Duration,
+    node: String,
+}
+
+impl Events {
+    /// The node this connection is on (for logs).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Subscribes to the channels of `ids`; returns once Redis has confirmed every one.
+    pub async fn subscribe(&mut self, ids: &[ExecutionId]) -> Result<(), StoreError> {
+        for chunk in ids.chunks(CHANNELS_PER_COMMAND) {
+            let channels: Vec<String> = chunk.iter().map(keys::events_channel).collect();
+            bounded(self.timeout, self.sink.subscribe(channels)).await?;
+        }
+        Ok(())
+    }
+
+    /// Unsubscribes from the channels of `ids`.
+    pub async fn unsubscribe(&mut self, ids: &[ExecutionId]) -> Result<(), StoreError> {
+        for chunk in ids.chunks(CHANNELS_PER_COMMAND) {
+            let channels: Vec<String> = chunk.iter().map(keys::events_channel).collect();
+            bounded(self.timeout, self.sink.unsubscribe(channels)).await?;
+        }
+        Ok(())
+    }
+
+    /// A round trip, to find out that a connection went silent (a paused or unreachable
+    /// Redis does not close it).
+    pub async fn ping(&mut self) -> Result<(), StoreError> {
+        let _: Value = bounded(self.timeout, self.sink.ping()).await?;
+        Ok(())
+    }
+
+    /// The next announcement: `Some(Some(id))` for a change of `id`, `Some(None)` for a
+    /// message on some other channel, `None` once the connection is gone.
+    pub async fn next(&mut self) -> Option<Option<ExecutionId>> {
+        let msg = self.stream.next().await?;
+        Some(keys::events_channel_execution(msg.get_channel_name()))
+    }
+}
+
+/// Runs one Pub/Sub command under the time bound.
+async fn bounded<T>(
+    timeout: Duration,
+    op: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, op).await {
+        Ok(r) => r.map_err(StoreError::from),
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "no answer from the pub/sub connection within {timeout:?}"
+        ))),
+    }
+}

@@ -1,0 +1,690 @@
+//! Waiting for an execution without polling: `GET /api/executions/{id}?wait=...` answers when
+//! the execution is terminal (or at the end of the wait), `GET .../events` streams its changes
+//! as Server-Sent Events; both are served by one Pub/Sub listener per server, so many clients
+//! waiting cost Redis nothing per client, and both still end with the right answer when that
+//! listener's connection or Redis itself goes away.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Response, StatusCode};
+use serde_json::{Value, json};
+use sluice::Application;
+use sluice::admission::ExecutionId;
+
+use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker, problem_code};
+
+/// One thing read off an event stream.
+#[derive(Debug)]
+enum Sse {
+    Event {
+        name: String,
+        data: Value,
+    },
+    /// A comment line (a heartbeat).
+    Comment,
+}
+
+/// A client's view of `GET /api/executions/{id}/events`.
+struct EventStream {
+    res: Response,
+    buf: String,
+}
+
+impl EventStream {
+    /// Opens the stream (asserting 200 and the content type).
+    async fn open(app: &TestApp, tenant: &str, id: &str) -> Self {
+        let res = events(app, tenant, id).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        Self {
+            res,
+            buf: String::new(),
+        }
+    }
+
+    /// The next event or comment; `None` when the server ended the stream. Fails after
+    /// `limit`.
+    async fn next(&mut self, limit: Duration) -> Option<Sse> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut name, mut data) = (String::new(), String::new());
+                let mut comment = false;
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    } else if line.starts_with(':') {
+                        comment = true;
+                    }
+                }
+                if name.is_empty() && data.is_empty() && comment {
+                    return Some(Sse::Comment);
+                }
+                return Some(Sse::Event {
+                    name,
+                    data: serde_json::from_str(&data).expect("event data is JSON"),
+                });
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.res.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("nothing on the stream within {limit:?}"))
+                .expect("the stream reads cleanly");
+            match chunk {
+                Some(bytes) => self.buf.push_str(std::str::from_utf8(&bytes).unwrap()),
+                None => {
+                    assert!(self.buf.trim().is_empty(), "stream ended mid-event");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The next event (skipping heartbeats): its name and data; `None` at the end.
+    async fn next_event(&mut self, limit: Duration) -> Option<(String, Value)> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next(left.max(Duration::from_millis(1))).await? {
+                Sse::Comment => continue,
+                Sse::Event { name, data } => return Some((name, data)),
+            }
+        }
+    }
+
+    /// Reads events until the stream ends; the statuses of the `execution` events (and
+    /// `deleted` for a deleted event).
+    async fn rest(&mut self, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next_event(left.max(Duration::from_millis(1))).await {
+                None => return seen,
+                Some((name, data)) if name == "execution" => {
+                    seen.push(data["status"].as_str().unwrap().to_owned())
+                }
+                Some((name, _)) => seen.push(name),
+            }
+        }
+    }
+}
+
+async fn events(app: &TestApp, tenant: &str, id: &str) -> Response {
+    app.as_tenant(
+        reqwest::Method::GET,
+        &format!("/api/executions/{id}/events"),
+        tenant,
+    )
+    .send()
+    .await
+    .unwrap()
+}
+
+/// `GET /api/executions/{id}?wait=<wait>`.
+async fn wait_get(app: &TestApp, tenant: &str, id: &str, wait: &str) -> Response {
+    app.as_tenant(
+        reqwest::Method::GET,
+        &format!("/api/executions/{id}?wait={wait}"),
+        tenant,
+    )
+    .send()
+    .await
+    .unwrap()
+}
+
+/// The `Sluice-Wait` header of a long poll's answer.
+fn wait_outcome(res: &Response) -> String {
+    res.headers()["sluice-wait"].to_str().unwrap().to_owned()
+}
+
+/// Admits an execution that stays queued (no worker runs in these tests unless started).
+async fn admit_sleep(app: &TestApp, tenant: &str, ms: u64) -> String {
+    app.admit_with(
+        tenant,
+        json!({"flow_id": "demo.sleep", "params": {"ms": ms}}),
+    )
+    .await
+}
+
+/// Waits until `n` clients wait on the app (at most 15 s).
+async fn until_waiters(app: &TestApp, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.waiters.waiters() != n {
+        assert!(
+            Instant::now() < deadline,
+            "{} waiters, not {n}",
+            app.waiters.waiters()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until a waiter's first read (watch.lua) marked the execution's row as watched.
+async fn until_watched(app: &TestApp, tenant: &str, id: &str) {
+    let key = app.shard(tenant).row(&ExecutionId::parse(id).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let watch: Option<u64> = app
+            .redis
+            .query(redis::cmd("HGET").arg(&key).arg("watch"))
+            .await;
+        if watch.is_some() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{id} was never watched");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Calls of every command Redis served so far (every master), by `INFO commandstats`.
+async fn redis_calls(app: &TestApp, command: Option<&str>) -> u64 {
+    let info = app.redis.info("commandstats").await;
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter(|l| command.is_none_or(|c| l.starts_with(&format!("cmdstat_{c}:"))))
+        .map(|l| {
+            let calls = l.split("calls=").nth(1).unwrap();
+            calls.split(',').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_wait_answers_with_the_terminal_state_when_the_run_ends() {
+    let app = TestApp::spawn().await;
+    let id = admit_sleep(&app, "acme", 800).await;
+    let waiting = {
+        let app_url = app.url(&format!("/api/executions/{id}?wait=50s"));
+        let client = app.client.clone();
+        tokio::spawn(async move {
+            client
+                .get(app_url)
+                .bearer_auth(ADMIN_TOKEN)
+                .header("X-Tenant-Id", "acme")
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    // The wait is under way before anything runs the execution.
+    until_watched(&app, "acme", &id).await;
+    let _worker = TestWorker::spawn(&app.redis, FAST_WORKER);
+    let res = waiting.await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(wait_outcome(&res), "terminal");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["status"], "completed", "{body}");
+    assert_eq!(body["execution_id"], id.as_str());
+    // A wait on an execution that is terminal already answers at once, the same way.
+    let res = wait_get(&app, "acme", &id, "50s").await;
+    assert_eq!(wait_outcome(&res), "terminal");
+    assert_eq!(res.json::<Value>().await.unwrap()["status"], "completed");
+}
+
+#[tokio::test]
+async fn a_wait_on_an_execution_that_stays_queued_answers_its_state_when_the_wait_ends() {
+    let app = TestApp::spawn().await;
+    let id = admit_sleep(&app, "acme", 100).await;
+    let started = Instant::now();
+    let res = wait_get(&app, "acme", &id, "1200ms").await;
+    assert!(started.elapsed() >= Duration::from_millis(1200));
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(wait_outcome(&res), "timeout");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["status"], "queued");
+    assert_eq!(body["queue_state"], "dispatched");
+    // The waiter left: nothing stays registered after an answer.
+    until_waiters(&app, 0).await;
+    // Without `wait` the read is as it always was: no header, no waiting.
+    let res = app.get_execution("acme", &id).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("sluice-wait").is_none());
+}
+
+#[tokio::test]
+async fn bad_waits_are_refused_and_other_tenants_executions_are_not_found() {
+    let app = TestApp::spawn().await;
+    let id = admit_sleep(&app, "acme", 100).await;
+    for wait in [
+        "0", "0ms", "61", "61s", "2m", "60001ms", "1.5s", "abc", "", "-1", "1h",
+    ] {
+        let res = wait_get(&app, "acme", &id, wait).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "wait={wait}");
+        assert_eq!(problem_code(res).await, "invalid_wait", "wait={wait}");
+    }
+    // Another tenant's execution is a 404 for a wait and a stream, exactly like an unknown id.
+    let res = wait_get(&app, "other", &id, "5s").await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(problem_code(res).await, "execution_not_found");
+    let res = events(&app, "other", &id).await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(problem_code(res).await, "execution_not_found");
+    let unknown = ExecutionId::new().to_string();
+    assert_eq!(
+        wait_get(&app, "acme", &unknown, "5s").await.status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        events(&app, "acme", "not-an-id").await.status(),
+        StatusCode::BAD_REQUEST
+    );
+    // The other tenant's attempt left no mark on the row, and nobody waits any more.
+    let watch: Option<u64> = app
+        .redis
+        .query(
+            redis::cmd("HGET")
+                .arg(app.shard("acme").row(&ExecutionId::parse(&id).unwrap()))
+                .arg("watch"),
+        )
+        .await;
+    assert_eq!(watch, None);
+    until_waiters(&app, 0).await;
+}
+
+#[tokio::test]
+async fn the_event_stream_shows_queued_running_completed_in_order_and_ends() {
+    let app = TestApp::spawn().await;
+    let id = admit_sleep(&app, "acme", 800).await;
+    let mut stream = EventStream::open(&app, "acme", &id).await;
+    let (name, first) = stream.next_event(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(name, "execution");
+    assert_eq!(first["status"], "queued");
+    assert_eq!(first["execution_id"], id.as_str());
+    let _worker = TestWorker::spawn(&app.redis, FAST_WORKER);
+    let rest = stream.rest(Duration::from_secs(30)).await;
+    assert_eq!(rest, ["running", "completed"], "events after queued");
+    until_waiters(&app, 0).await;
+    // A stream of a terminal execution is its state, then the end.
+    let mut again = EventStream::open(&app, "acme", &id).await;
+    assert_eq!(again.rest(Duration::from_secs(10)).await, ["completed"]);
+}
+
+#[tokio::test]
+async fn a_cancel_and_a_force_delete_end_waits_and_streams() {
+    let app = TestApp::spawn().await;
+    for force in [false, true] {
+        let id = admit_sleep(&app, "acme", 100).await;
+        let mut stream = EventStream::open(&app, "acme", &id).await;
+        assert_eq!(
+            stream.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
+            "queued"
+        );
+        let waiting = {
+            let url = app.url(&format!("/api/executions/{id}?wait=50s"));
+            let client = app.client.clone();
+            tokio::spawn(async move {
+                client
+                    .get(url)
+                    .bearer_auth(ADMIN_TOKEN)
+                    .header("X-Tenant-Id", "acme")
+                    .send()
+                    .await
+                    .unwrap()
+            })
+        };
+        until_waiters(&app, 2).await;
+        if force {
+            assert_eq!(
+                app.delete("acme", &id, true).await.status(),
+                StatusCode::NO_CONTENT
+            );
+            assert_eq!(stream.rest(Duration::from_secs(20)).await, ["deleted"]);
+            let res = waiting.await.unwrap();
+            assert_eq!(res.status(), StatusCode::NOT_FOUND);
+        } else {
+            assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+            assert_eq!(stream.rest(Duration::from_secs(20)).await, ["cancelled"]);
+            let res = waiting.await.unwrap();
+            assert_eq!(wait_outcome(&res), "terminal");
+            assert_eq!(res.json::<Value>().await.unwrap()["status"], "cancelled");
+        }
+        until_waiters(&app, 0).await;
+    }
+}
+
+#[tokio::test]
+async fn the_waiter_caps_refuse_the_next_one() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_waiters = 3;
+        c.api.max_waiters_per_tenant = 2;
+    })
+    .await;
+    let a = admit_sleep(&app, "acme", 100).await;
+    let b = admit_sleep(&app, "beta", 100).await;
+    let c = admit_sleep(&app, "gamma", 100).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(EventStream::open(&app, "acme", &a).await);
+    }
+    // The tenant's share is used up; other tenants still get in, up to the server's cap.
+    let res = wait_get(&app, "acme", &a, "5s").await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(problem_code(res).await, "tenant_too_many_waiters");
+    let url = app.url(&format!("/api/executions/{b}?wait=2s"));
+    let client = app.client.clone();
+    let third = tokio::spawn(async move {
+        client
+            .get(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("X-Tenant-Id", "beta")
+            .send()
+            .await
+            .unwrap()
+    });
+    until_waiters(&app, 3).await;
+    let res = events(&app, "gamma", &c).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(problem_code(res).await, "too_many_waiters");
+    // Room again once a client leaves.
+    assert_eq!(third.await.unwrap().status(), StatusCode::OK);
+    until_waiters(&app, 2).await;
+    let res = wait_get(&app, "gamma", &c, "100ms").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(held);
+}
+
+#[tokio::test]
+async fn many_waiters_on_one_execution_cost_redis_nothing_while_they_wait() {
+    // No sweeper: only the waiters (and the pin refresh every 2 s) talk to Redis.
+    let app = TestApp::spawn_with(|c| c.api.sweep_interval_secs = 0).await;
+    let id = admit_sleep(&app, "acme", 100).await;
+    let mut streams = Vec::new();
+    for _ in 0..25 {
+        streams.push(EventStream::open(&app, "acme", &id).await);
+    }
+    let mut polls = Vec::new();
+    for _ in 0..25 {
+        let url = app.url(&format!("/api/executions/{id}?wait=50s"));
+        let client = app.client.clone();
+        polls.push(tokio::spawn(async move {
+            client
+                .get(url)
+                .bearer_auth(ADMIN_TOKEN)
+                .header("X-Tenant-Id", "acme")
+                .send()
+                .await
+                .unwrap()
+        }));
+    }
+    for s in &mut streams {
+        assert_eq!(
+            s.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
+            "queued"
+        );
+    }
+    until_waiters(&app, 50).await;
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("sluice_waiters 50\n"), "{metrics}");
+    assert!(
+        metrics.contains("sluice_waiters_listening 1\n"),
+        "{metrics}"
+    );
+    // Let the long polls' first reads land before counting.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while redis_calls(&app, Some("evalsha")).await < 50 + 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiters' first reads never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = redis_calls(&app, None).await;
+    // A few seconds of waiting, longer than a waiter's fallback read period: measured, not
+    // waited for.
+    tokio::time::sleep(sluice::waiters::FALLBACK_READ + Duration::from_secs(1)).await;
+    let during = redis_calls(&app, None).await - before;
+    // The INFO calls themselves, the pin refresh and the listener's ping: a handful, whatever
+    // the number of waiters (50 clients polling even every few seconds would be 50 or more).
+    assert!(during < 20, "{during} Redis calls while 50 clients waited");
+    // One change: read once for all of them.
+    let reads_before = redis_calls(&app, Some("hgetall")).await;
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    for s in &mut streams {
+        assert_eq!(s.rest(Duration::from_secs(20)).await, ["cancelled"]);
+    }
+    for p in polls {
+        let res = p.await.unwrap();
+        assert_eq!(res.json::<Value>().await.unwrap()["status"], "cancelled");
+    }
+    let reads = redis_calls(&app, Some("hgetall")).await - reads_before;
+    assert!(
+        reads <= 3,
+        "{reads} reads of the row for one change and 50 waiters"
+    );
+}
+
+#[tokio::test]
+async fn waits_and_streams_end_right_when_the_listener_connection_is_killed() {
+    let app = TestApp::spawn().await;
+    let id = admit_sleep(&app, "acme", 100).await;
+    let mut stream = EventStream::open(&app, "acme", &id).await;
+    assert_eq!(
+        stream.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
+        "queued"
+    );
+    let url = app.url(&format!("/api/executions/{id}?wait=50s"));
+    let client = app.client.clone();
+    let waiting = tokio::spawn(async move {
+        client
+            .get(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("X-Tenant-Id", "acme")
+            .send()
+            .await
+            .unwrap()
+    });
+    until_waiters(&app, 2).await;
+    until_watched(&app, "acme", &id).await;
+    // The server's subscriber goes away and cannot come back for a while (every node refuses
+    // new connections; the connections already open serve on), and the change comes
+    // meanwhile: its announcement reaches no one.
+    let mut nodes = Vec::new();
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let connected: u64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxclients")
+            .arg(connected.saturating_sub(1).max(1))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        nodes.push(c);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.waiters.listening() {
+        assert!(Instant::now() < deadline, "the listener did not notice");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    for c in &mut nodes {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxclients")
+            .arg(10_000)
+            .query_async(c)
+            .await
+            .unwrap();
+    }
+    assert_eq!(stream.rest(Duration::from_secs(20)).await, ["cancelled"]);
+    let res = waiting.await.unwrap();
+    assert_eq!(wait_outcome(&res), "terminal");
+    assert_eq!(res.json::<Value>().await.unwrap()["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn waits_and_streams_end_right_across_a_redis_restart() {
+    let mut app = TestApp::spawn().await;
+    // Every write on disk at once: a SIGKILL loses nothing the test relies on.
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg("always")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let id = admit_sleep(&app, "acme", 100).await;
+    let mut stream = EventStream::open(&app, "acme", &id).await;
+    assert_eq!(
+        stream.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
+        "queued"
+    );
+    let url = app.url(&format!("/api/executions/{id}?wait=55s"));
+    let client = app.client.clone();
+    let waiting = tokio::spawn(async move {
+        client
+            .get(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("X-Tenant-Id", "acme")
+            .send()
+            .await
+            .unwrap()
+    });
+    until_waiters(&app, 2).await;
+    until_watched(&app, "acme", &id).await;
+    app.redis.restart().await;
+    // Cancel as soon as the server can reach Redis again (its connections reconnect).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let res = app.cancel("acme", &id).await;
+        if res.status() == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no cancel after the restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stream.rest(Duration::from_secs(30)).await, ["cancelled"]);
+    let res = waiting.await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.json::<Value>().await.unwrap()["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn streams_beat_and_end_at_their_lifetime_and_long_waits_outlast_the_request_bound() {
+    // A request bound of 1.5 s and a stalled-peer rule of 2.5 s: a 4 s wait and a stream open
+    // for longer must outlast both (the heartbeat is lowered to fit under the rule).
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 450;
+        c.api.request_timeout_ms = 1_500;
+        c.api.header_read_timeout_ms = 1_000;
+        c.api.events_lifetime_secs = 4;
+    })
+    .await;
+    let id = admit_sleep(&app, "acme", 100).await;
+    let mut stream = EventStream::open(&app, "acme", &id).await;
+    let res = wait_get(&app, "acme", &id, "4s").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(wait_outcome(&res), "timeout");
+    assert_eq!(res.json::<Value>().await.unwrap()["status"], "queued");
+    let mut heartbeats = 0;
+    let mut statuses = Vec::new();
+    while let Some(item) = stream.next(Duration::from_secs(10)).await {
+        match item {
+            Sse::Comment => heartbeats += 1,
+            Sse::Event { data, .. } => statuses.push(data["status"].clone()),
+        }
+    }
+    assert_eq!(statuses, [json!("queued")]);
+    assert!(heartbeats >= 2, "{heartbeats} heartbeats in 4 s");
+}
+
+#[tokio::test]
+async fn waits_and_streams_end_at_once_when_the_server_shuts_down() {
+    let redis = crate::helpers::TestRedis::start().await;
+    let mut config = sluice::config::AppConfig {
+        api: sluice::config::ApiSettings::defaults(),
+        redis: redis.settings(),
+    };
+    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    config.api.dev_auth = true;
+    let app = Application::build(config).await.unwrap();
+    let base = format!("http://{}", app.address());
+    let waiters = app.waiters();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::new();
+    let res = client
+        .post(format!("{base}/api/executions"))
+        .header("X-Tenant-Id", "acme")
+        .json(&json!({"flow_id": "demo.sleep"}))
+        .send()
+        .await
+        .unwrap();
+    let id = res.json::<Value>().await.unwrap()["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let poll = tokio::spawn(
+        client
+            .get(format!("{base}/api/executions/{id}?wait=60s"))
+            .header("X-Tenant-Id", "acme")
+            .send(),
+    );
+    let stream = client
+        .get(format!("{base}/api/executions/{id}/events"))
+        .header("X-Tenant-Id", "acme")
+        .send()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while waiters.waiters() != 2 {
+        assert!(Instant::now() < deadline, "the waiters never registered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).unwrap();
+    // Well before the 60 s wait: the wait answers, the stream ends, the server stops.
+    let res = tokio::time::timeout(Duration::from_secs(15), poll)
+        .await
+        .expect("the wait answered at shutdown")
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(wait_outcome(&res), "timeout");
+    let body = tokio::time::timeout(Duration::from_secs(15), stream.text())
+        .await
+        .expect("the stream ended at shutdown")
+        .unwrap();
+    assert!(body.contains("event: execution"), "{body}");
+    tokio::time::timeout(Duration::from_secs(15), server)
+        .await
+        .expect("the server stopped")
+        .unwrap()
+        .unwrap();
+}
