@@ -82,16 +82,16 @@ local function index_remove(t, flow, status, id)
   redis.call('ZREM', K.flow_idx(t, flow, status), id)
 end
 
--- The shard's doorbell: a list a worker with a free slot waits on (BLPOP, on a connection of
--- its own), so new work wakes it at once instead of being polled for. Every entry put on the
--- ready stream pushes one token (at most BELL_CAP are kept: enough to wake that many idle
--- workers; the one that drains the stream clears the rest, see start.lua), and a token popped
--- by a worker that then died is put back by the orphan scan (reclaim.lua). The bell key is the
--- ready stream's companion and always built here from the shard prefix.
-local BELL_CAP = 256
-
+-- The shard's doorbell: a marker (a sorted set of one member) that a worker with a free slot
+-- waits on (BZPOPMIN, on a connection of its own), so new work wakes it at once instead of
+-- being polled for. Every entry put on the ready stream sets it (one command, a no-op when it
+-- is set already); Redis hands it to one waiting worker, whose start call sets it again while
+-- more is left (so the next idle worker is woken in turn) and clears it once the stream holds
+-- no unread entry (see start.lua). A marker taken by a worker that then died is set again by
+-- the orphan scan (reclaim.lua). The key is the ready stream's companion and always built here
+-- from the shard prefix.
 local function ring()
-  if redis.call('LLEN', K.bell()) < BELL_CAP then redis.call('RPUSH', K.bell(), 1) end
+  redis.call('ZADD', K.bell(), 0, 1)
 end
 
 -- Whether the shard's ready stream holds entries no worker has read yet: those after the

@@ -10,8 +10,8 @@
 -- It is also every worker's safety poll of the shard (workers are woken by the doorbell, see
 -- ring() in common.lua, and this call is the one they make when nothing wakes them): retries
 -- whose backoff is over are put back on the ready stream, and a stream holding unread entries
--- with an empty bell (its token was popped by a worker that died or stalled before starting)
--- gets a token again, so no lost wake-up strands work for longer than one scan interval.
+-- gets its doorbell set again (its marker may have been taken by a worker that died or stalled
+-- before starting), so no lost wake-up strands work for longer than one scan interval.
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's lease index     KEYS[3]  its ready stream
@@ -43,6 +43,6 @@ promote_due(now, batch)
 local unread = 0
 if undelivered() then
   unread = 1
-  if redis.call('EXISTS', K.bell()) == 0 then redis.call('RPUSH', K.bell(), 1) end
+  ring()
 end
 return { requeued, dead, unread }

@@ -9,8 +9,8 @@
 --
 -- The doorbell (see ring() in common.lua): a call that read fewer entries than it asked for
 -- has emptied the stream of unread entries, so it clears the bell (no idle worker is woken for
--- nothing); one that read all it asked for leaves at least one token, so another worker with a
--- free slot is woken for what may remain.
+-- nothing); one that read all it asked for sets it, so another worker with a free slot is
+-- woken for what may remain.
 --
 -- Each start increments the row's `fence`, the token that heartbeats and completions name: it
 -- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
@@ -45,7 +45,7 @@ if #entries < count then
   redis.call('DEL', K.bell())
 else
   more = 1
-  if redis.call('EXISTS', K.bell()) == 0 then redis.call('RPUSH', K.bell(), 1) end
+  ring()
 end
 local started = {}
 

@@ -165,9 +165,10 @@ impl Shard {
         format!("{}ready", self.prefix())
     }
 
-    /// The ready stream's doorbell: a list of wake-up tokens, one pushed per entry put on the
-    /// stream (capped), that workers with a free slot wait on with `BLPOP` instead of polling
-    /// (see `ring` in `migrations-lua/common.lua`). Built inside the scripts from the prefix.
+    /// The ready stream's doorbell: a wake-up marker (a sorted set of one member) set by every
+    /// entry put on the stream, that workers with a free slot wait on with `BZPOPMIN` instead
+    /// of polling (see `ring` in `migrations-lua/common.lua`). Built inside the scripts from
+    /// the prefix.
     pub fn bell(self) -> String {
         format!("{}bell", self.prefix())
     }

@@ -1,23 +1,24 @@
 //! Wake-ups from Redis, so that workers never poll for work or for cancels:
 //!
-//! - **Doorbells.** Each shard has a list of wake-up tokens (`Shard::bell`) that every entry put
-//!   on its ready stream pushes to (`ring` in `migrations-lua/common.lua`). A worker with a free
-//!   slot blocks on it with `BLPOP` over a [`BellConn`]: a connection of its own, since a
+//! - **Doorbells.** Each shard has a wake-up marker (`Shard::bell`, a sorted set of one member)
+//!   that every entry put on its ready stream sets (`ring` in `migrations-lua/common.lua`). A
+//!   worker with a free slot blocks on it with `BZPOPMIN` over a [`BellConn`]: a connection of
+//!   its own, since a
 //!   blocked command holds its connection (on the shared multiplexed ones it would stall every
-//!   call behind it). On one server one connection waits on every shard's bell at once; on a
-//!   cluster a `BLPOP` may only name keys of one slot, so there is one connection per shard, to
+//!   call behind it). A worker opens one per shard (on a cluster a blocking command may only
+//!   name keys of one slot, and one per shard keeps the shards apart on one server too), to
 //!   the master that holds it (found again after a failover or a slot move, which Redis signals
 //!   to a blocked client with a `MOVED` error or a closed connection).
 //! - **Stop messages.** A cancel or force delete of a running execution publishes its id on
 //!   the channel of the worker holding its lease (`keys::stop_channel`); [`StopListener`]
 //!   hears them. On a cluster any node forwards every publish, so one connection suffices.
 //!
-//! Both are shortcuts, never the only path: a token popped by a worker that died before it
+//! Both are shortcuts, never the only path: a marker taken by a worker that died before it
 //! started anything is put back by the orphan scan (`reclaim`), and a stop message missed
 //! while the listener was reconnecting is caught by the next heartbeat. So neither a wake-up
 //! nor a message lost on the way can lose or double-run work.
 //!
-//! The blocking connections wait without a client-side time bound (a `BLPOP` with timeout 0),
+//! The blocking connections wait without a client-side time bound (a `BZPOPMIN` with timeout 0),
 //! so an idle worker sends nothing while it waits; TCP keepalive notices a peer that vanished.
 
 use std::time::Duration;
@@ -36,32 +37,32 @@ use super::{RedisTarget, Store, StoreError};
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// A connection dedicated to waiting on the doorbells of some shards (all of them on one
-/// server, one shard on a cluster).
+/// A connection dedicated to waiting on the doorbells of some shards (a worker uses one per
+/// shard).
 pub struct BellConn {
     conn: MultiplexedConnection,
-    /// The shards waited on, in the order `BLPOP` names their bells (rotated after each wake,
-    /// so a busy shard first in line cannot starve the others of wake-ups).
+    /// The shards waited on, in the order `BZPOPMIN` names their bells (rotated after each
+    /// wake, so a busy shard first in line cannot starve the others of wake-ups).
     shards: Vec<Shard>,
 }
 
 impl BellConn {
-    /// Blocks until one of the shards' bells has a token and takes it; the shard it was for.
+    /// Blocks until one of the shards' bells is set and takes the marker; the shard it was for.
     /// No time bound: the caller drops the future (and the connection) to stop waiting. A
-    /// token taken by a call whose future was dropped is lost, which the orphan scan repairs.
+    /// marker taken by a call whose future was dropped is lost, which the orphan scan repairs.
     pub async fn wait(&mut self) -> Result<Shard, StoreError> {
-        let mut cmd = redis::cmd("BLPOP");
+        let mut cmd = redis::cmd("BZPOPMIN");
         for s in &self.shards {
             cmd.arg(s.bell());
         }
         cmd.arg(0);
         let reply: Value = cmd.query_async(&mut self.conn).await?;
-        let (key, _token): (String, Value) = redis::from_redis_value(reply)?;
+        let (key, _member, _score): (String, Value, Value) = redis::from_redis_value(reply)?;
         let at = self
             .shards
             .iter()
             .position(|s| s.bell() == key)
-            .ok_or_else(|| StoreError::Corrupt(format!("BLPOP answered for {key}")))?;
+            .ok_or_else(|| StoreError::Corrupt(format!("BZPOPMIN answered for {key}")))?;
         let shard = self.shards[at];
         self.shards.rotate_left(at + 1);
         Ok(shard)
@@ -120,13 +121,14 @@ impl Store {
         Ok(BellConn { conn, shards })
     }
 
-    /// Gives a doorbell token back: a worker woke for work it cannot take now (no free slot),
-    /// so another worker with a free slot may be woken instead.
+    /// Sets a shard's doorbell again: a worker woke for work it cannot take now (no free
+    /// slot), so another worker with a free slot may be woken instead.
     pub async fn ring(&self, shard: Shard) -> Result<(), StoreError> {
         let mut c = self.conn();
         self.bounded(
-            redis::cmd("RPUSH")
+            redis::cmd("ZADD")
                 .arg(shard.bell())
+                .arg(0)
                 .arg(1)
                 .query_async::<()>(&mut c),
         )

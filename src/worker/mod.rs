@@ -13,7 +13,7 @@
 //! Nothing here polls: a pickup with room waits on its shard's doorbell (`store::wake`), and a
 //! cancel or force delete of a run reaches it as a stop message (`stop_listener`), answered
 //! with a heartbeat of that run. The orphan scan is the slow safety net under both: it puts
-//! due retries back and re-rings a doorbell whose token was lost.
+//! due retries back and re-rings a doorbell whose wake-up was lost.
 //!
 //! What it does under faults:
 //! - a handler runs in its own task: a panic fails the execution like an error, and the
@@ -659,7 +659,7 @@ async fn policy_loop(store: Arc<Store>, stop: CancellationToken) {
 /// Looks for expired leases in one shard once per scan interval. Each shard has its own loop,
 /// so a shard that does not answer delays no other shard's orphans. The same call is the
 /// shard's safety poll: it puts due retries back and tells of unread work (its pickup is
-/// nudged: a doorbell token may have been lost).
+/// nudged: a doorbell's wake-up may have been lost).
 async fn reclaim_loop(
     store: Arc<Store>,
     shard: Shard,

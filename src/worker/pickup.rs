@@ -9,14 +9,14 @@
 //! - **serving**: it has free slots and the shard may have work, so it calls `start` again at
 //!   once for as long as each call reads all it asked for;
 //! - **listening**: the shard's stream had no unread entry at its last call, so it blocks on the
-//!   shard's doorbell (`BLPOP` on a connection of its own, see `store::wake`) and also wakes for
+//!   shard's doorbell (`BZPOPMIN` on a connection of its own, see `store::wake`) and also wakes for
 //!   a retry whose backoff ends (`Wake::due`), a nudge from the orphan scan (which found unread
 //!   work nobody was woken for), and shutdown;
 //! - **queued for a slot**: the shard has work but every slot is taken, so it waits its turn on
-//!   the slots (first come, first served), then serves. A token that arrives meanwhile is given
+//!   the slots (first come, first served), then serves. A marker that arrives meanwhile is given
 //!   back to the bell for a worker that has room.
 //!
-//! A wake-up costs one call per slot that freed or per token rung, never a round of calls over
+//! A wake-up costs one call per slot that freed or per doorbell rung, never a round of calls over
 //! every shard; an idle worker sends nothing but its orphan scans.
 
 use std::collections::HashSet;
@@ -79,8 +79,8 @@ impl Wake {
     }
 }
 
-/// A `BLPOP` on the shard's doorbell that is out: kept across wake-ups of other kinds, so a
-/// token Redis hands to it is never dropped unread.
+/// A `BZPOPMIN` on the shard's doorbell that is out: kept across wake-ups of other kinds, so a
+/// marker Redis hands to it is never dropped unread.
 type BellWait = Pin<Box<dyn Future<Output = (Option<BellConn>, Result<Shard, StoreError>)> + Send>>;
 
 /// What the last round of serving found.
@@ -104,12 +104,12 @@ pub(super) struct Pickup {
     /// others out. A failing shard reserves one at a time: its calls may hold their slots for a
     /// whole time-out.
     share: usize,
-    /// The doorbell connection while no `BLPOP` is out on it.
+    /// The doorbell connection while no `BZPOPMIN` is out on it.
     bell: Option<BellConn>,
-    /// The `BLPOP` out on it, if any.
+    /// The `BZPOPMIN` out on it, if any.
     ringing: Option<BellWait>,
     /// Pause before the next doorbell connection after one failed (doubling; zero once a
-    /// token came through).
+    /// marker came through).
     bell_pause: Duration,
     /// Whether the shard's consumer group is known to exist: ensured before the first start
     /// and again after any failure (the shard's Redis may have come back without it).
@@ -258,8 +258,8 @@ impl Pickup {
         }
     }
 
-    /// Waits for a wake-up: a doorbell token, a due retry, a nudge, or `stop` (`None`). With a
-    /// token comes a reserved slot if one is free (else the token is given back and the pickup
+    /// Waits for a wake-up: the doorbell, a due retry, a nudge, or `stop` (`None`). With the
+    /// doorbell comes a reserved slot if one is free (else the doorbell is set again and the pickup
     /// waits for a slot, see `wait_for_slot`).
     async fn listen(&mut self, stop: &CancellationToken) -> Option<Option<OwnedSemaphorePermit>> {
         loop {
@@ -280,12 +280,12 @@ impl Pickup {
                     match rung {
                         Ok(_) => {
                             self.bell_pause = Duration::ZERO;
-                            return Some(self.slot_for_token().await);
+                            return Some(self.slot_for_ring().await);
                         }
                         Err(e) => {
                             // The connection is gone or was sent away (a failover, a slot
                             // move): another is opened after a pause, and the shard is looked
-                            // at once in case a token went with the old one.
+                            // at once in case a marker went with the old one.
                             tracing::debug!(error = %e, shard = self.shard.number(), "doorbell wait failed");
                             self.bell_pause = (self.bell_pause * 2).clamp(FAILING_PAUSE, FAILING_PAUSE_MAX);
                             return Some(None);
@@ -298,7 +298,7 @@ impl Pickup {
                         self.ringing = Some(ringing);
                         continue;
                     }
-                    // A nudge: the orphan scan saw unread work that no token brought here. The
+                    // A nudge: the orphan scan saw unread work that no doorbell brought here. The
                     // doorbell connection may be stuck on a node that lost the shard (a paused
                     // master a failover replaced): it is opened again, and the shard looked at.
                     drop(ringing);
@@ -311,9 +311,9 @@ impl Pickup {
         }
     }
 
-    /// A `BLPOP` on the shard's doorbell, on its connection (opened first when there is none,
+    /// A `BZPOPMIN` on the shard's doorbell, on its connection (opened first when there is none,
     /// after `bell_pause` when the last one failed). The future owns the connection and hands
-    /// it back with the answer, so it can be kept across other wake-ups without losing a token.
+    /// it back with the answer, so it can be kept across other wake-ups without losing a marker.
     fn ring(&mut self) -> BellWait {
         let (store, shard, pause, conn) = (
             self.shared.store.clone(),
@@ -336,9 +336,9 @@ impl Pickup {
         })
     }
 
-    /// A token arrived: a free slot to serve with, or none (the token goes back to the bell for
+    /// The doorbell rang: a free slot to serve with, or none (the bell is set again for
     /// a worker with room, and the pickup queues for a slot).
-    async fn slot_for_token(&mut self) -> Option<OwnedSemaphorePermit> {
+    async fn slot_for_ring(&mut self) -> Option<OwnedSemaphorePermit> {
         if let Ok(p) = self.shared.slots.clone().try_acquire_owned() {
             return Some(p);
         }
@@ -346,15 +346,15 @@ impl Pickup {
         None
     }
 
-    /// Puts a token this pickup cannot use back on the shard's bell.
+    /// Sets the shard's bell again for a wake-up this pickup cannot use.
     async fn give_back(&mut self) {
         if let Err(e) = self.shared.store.ring(self.shard).await {
-            tracing::debug!(error = %e, shard = self.shard.number(), "cannot give a doorbell token back");
+            tracing::debug!(error = %e, shard = self.shard.number(), "cannot set the doorbell again");
         }
     }
 
     /// Waits for a free slot (first come, first served among the shards that have work),
-    /// giving back any token its doorbell hands over meanwhile. `None` on `stop`.
+    /// passing on any wake-up its doorbell hands over meanwhile. `None` on `stop`.
     async fn wait_for_slot(
         &mut self,
         stop: &CancellationToken,

@@ -454,9 +454,9 @@ async fn admit_declares_the_keys_it_writes() {
     // (The ready stream exists from start-up on: its consumer group is made then.)
     let entries: u64 = app.redis.query(redis::cmd("XLEN").arg(s.ready())).await;
     assert_eq!(entries, 1);
-    // One wake-up token for the one entry (no worker runs here to take it).
-    let tokens: u64 = app.redis.query(redis::cmd("LLEN").arg(s.bell())).await;
-    assert_eq!(tokens, 1);
+    // The doorbell is set (no worker runs here to take it).
+    let marker: u64 = app.redis.query(redis::cmd("ZCARD").arg(s.bell())).await;
+    assert_eq!(marker, 1);
     let mut written = written;
     written.sort();
     assert_eq!(written, expected);

@@ -25,7 +25,7 @@ async fn info_sum(app: &TestApp, section: &str, field: &str) -> u64 {
         .sum()
 }
 
-/// Waits until the masters have at least `n` clients blocked (in `BLPOP`), at most 15 s.
+/// Waits until the masters have at least `n` clients blocked (in `BZPOPMIN`), at most 15 s.
 async fn wait_blocked(app: &TestApp, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -124,7 +124,7 @@ async fn an_idle_worker_sends_nothing_but_one_orphan_scan_per_shard_per_interval
     // (Redis counts the commands a script runs too: those are the scans' own.) No start call
     // (its XREADGROUP), and no doorbell wait sent again while nothing rang.
     assert_eq!(of("xreadgroup"), 0, "{calls:?}");
-    assert_eq!(of("blpop"), 0, "{calls:?}");
+    assert_eq!(of("bzpopmin"), 0, "{calls:?}");
 }
 
 #[tokio::test]
@@ -171,14 +171,14 @@ async fn a_cancel_and_a_force_delete_reach_a_running_handler_without_a_heartbeat
     }
 }
 
-/// A worker that took a doorbell token and froze before it started anything (SIGSTOP): the
+/// A worker that took a doorbell's wake-up and froze before it started anything (SIGSTOP): the
 /// execution would wait until that worker woke, had no one repaired the bell. Another worker's
 /// orphan scan sees unread work and starts it.
 #[tokio::test]
 async fn a_wake_up_taken_by_a_frozen_worker_is_repaired_by_another_workers_orphan_scan() {
     let app = TestApp::spawn().await;
     let shards = shard_count(&app).await;
-    // `frozen` waits on every doorbell first (Redis hands a token to the longest-waiting
+    // `frozen` waits on every doorbell first (Redis hands the marker to the longest-waiting
     // client), and scans only once an hour.
     let frozen = TestWorker::spawn(&app.redis, &["--scan-ms", AN_HOUR_MS]);
     wait_blocked(&app, shards).await;
