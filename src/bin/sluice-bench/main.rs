@@ -12,7 +12,7 @@
 //! 5. **end-to-end**: `demo.echo` admitted over HTTP and completed by workers;
 //! 6. **memory**: Redis `used_memory` per queued execution at 100k executions;
 //!
-//! and issue 12's phases ("push, not poll", `push.rs`), each with sluice's DEFAULT worker
+//! and the wake-up phases (`push.rs`), each with sluice's DEFAULT worker
 //! settings so they measure whatever pickup and cancel the worker in the tree has:
 //!
 //! 7. **pickup**: one default worker, `demo.echo` admitted at an idle rate, a fixed rate and
@@ -153,7 +153,7 @@ pub struct Args {
     compare_standalone: bool,
 
     // Issue 12's phases (push, not poll): pickup (+ the BullMQ peer), cancel, idle.
-    /// Run only issue 12's phases (pickup, the BullMQ peer, cancel, idle), none of the others.
+    /// Run only the wake-up phases (pickup, the BullMQ peer, cancel, idle), none of the others.
     #[arg(long)]
     push_only: bool,
     /// Skip the pickup phase (and with it the BullMQ peer).
@@ -817,7 +817,7 @@ fn check_completed(phase: &str, o: &load::Outcomes, census: &Census) -> Check {
     }
 }
 
-/// The pickup phase (issue 12): sluice at each rate (`push::pickup_rate`), then the BullMQ
+/// The pickup phase: sluice at each rate (`push::pickup_rate`), then the BullMQ
 /// peer at the same rates (`bullmq::run`), side by side in the report. The third rate is a
 /// share of the HTTP admission maximum: the admission phase's, or a short probe's when that
 /// phase was skipped.

@@ -544,7 +544,7 @@ impl Report {
         o
     }
 
-    /// CPU per phase (the phases before issue 12's; theirs is in the JSON report).
+    /// CPU per phase (the phases before the wake-up ones; theirs is in the JSON report).
     fn human_cpu(&self, o: &mut String) {
         if self.ceiling.is_none()
             && self.admission.is_none()
@@ -683,7 +683,7 @@ impl Report {
         if self.pickup.is_none() && self.cancel.is_none() && self.idle.is_none() {
             return;
         }
-        let _ = writeln!(o, "\nPush, not poll (issue 12):");
+        let _ = writeln!(o, "\nWake-ups (pickup, cancel, idle cost):");
         if let Some(p) = &self.pickup {
             let _ = writeln!(o, "  pickup: {} ({})", p.worker, p.max_source);
             match (&p.peer, &p.peer_note) {
