@@ -173,7 +173,7 @@ pub struct GetParams {
     /// plain number of seconds; more than 0 and at most 60 s (else 400 `invalid_wait`).
     #[param(
         pattern = "^(([1-9][0-9]{0,3}|[1-5][0-9]{4}|60000)ms|([1-9]|[1-5][0-9]|60)s?|1m)$",
-        example = "30s"
+        example = "2s"
     )]
     pub wait: Option<String>,
 }

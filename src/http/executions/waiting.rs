@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream};
 use tokio::time::Instant;
 
-use super::wire::Execution;
+use super::wire::{Execution, ExecutionEvent};
 use crate::admission::{ExecutionId, TenantId};
 use crate::http::AppState;
 use crate::http::auth::{Caller, Role};
@@ -180,7 +180,7 @@ pub(super) async fn wait_for_execution(
     tag = "executions",
     params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id (32 lowercase hex)")),
     responses(
-        (status = 200, description = "The stream: `event: execution` with the execution's JSON as `data` (first the current state, then each change), until a terminal one or `event: deleted`", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The stream: `event: execution` with the execution's JSON as `data` (first the current state, then each change), until a terminal one or `event: deleted`", content_type = "text/event-stream", body = ExecutionEvent),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),

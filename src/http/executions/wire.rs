@@ -214,3 +214,26 @@ pub struct ExecutionPage {
     /// How many executions match the filters in all.
     pub total: u64,
 }
+
+/// One event of `GET /api/executions/{id}/events`, as an SSE parser hands it over (the stream
+/// itself is `text/event-stream` text; comment lines are heartbeats and carry no event). Not
+/// sent as JSON: the schema documents the event's fields for clients and schema checkers.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub struct ExecutionEvent {
+    /// `execution`: `data` is the execution, exactly as `GET /api/executions/{id}` returns it.
+    /// `deleted`: it was force-deleted; `data` is `{"execution_id": ...}`, and the stream ends.
+    pub event: ExecutionEventName,
+    /// The event's payload, JSON text.
+    #[schema(content_media_type = "application/json")]
+    pub data: String,
+}
+
+/// The name of an event of `GET /api/executions/{id}/events`.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum ExecutionEventName {
+    Execution,
+    Deleted,
+}
