@@ -193,6 +193,31 @@ async fn redis_calls(app: &TestApp, command: Option<&str>) -> u64 {
         .sum()
 }
 
+/// A long poll of `id` (tenant `acme`, as the platform admin) waiting `wait`, on its own task.
+fn spawn_wait(app: &TestApp, id: &str, wait: &str) -> tokio::task::JoinHandle<reqwest::Response> {
+    let url = app.url(&format!("/api/executions/{id}?wait={wait}"));
+    let client = app.client.clone();
+    tokio::spawn(async move {
+        client
+            .get(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("X-Tenant-Id", "acme")
+            .send()
+            .await
+            .unwrap()
+    })
+}
+
+/// An event stream of `id` (tenant `acme`) whose first event, the state now, is `queued`.
+async fn queued_stream(app: &TestApp, id: &str) -> EventStream {
+    let mut stream = EventStream::open(app, "acme", id).await;
+    assert_eq!(
+        stream.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
+        "queued"
+    );
+    stream
+}
+
 #[tokio::test]
 async fn a_wait_answers_with_the_terminal_state_when_the_run_ends() {
     let app = TestApp::spawn().await;
@@ -308,24 +333,8 @@ async fn a_cancel_and_a_force_delete_end_waits_and_streams() {
     let app = TestApp::spawn().await;
     for force in [false, true] {
         let id = admit_sleep(&app, "acme", 100).await;
-        let mut stream = EventStream::open(&app, "acme", &id).await;
-        assert_eq!(
-            stream.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
-            "queued"
-        );
-        let waiting = {
-            let url = app.url(&format!("/api/executions/{id}?wait=50s"));
-            let client = app.client.clone();
-            tokio::spawn(async move {
-                client
-                    .get(url)
-                    .bearer_auth(ADMIN_TOKEN)
-                    .header("X-Tenant-Id", "acme")
-                    .send()
-                    .await
-                    .unwrap()
-            })
-        };
+        let mut stream = queued_stream(&app, &id).await;
+        let waiting = spawn_wait(&app, &id, "50s");
         until_waiters(&app, 2).await;
         if force {
             assert_eq!(
@@ -400,17 +409,7 @@ async fn many_waiters_on_one_execution_cost_redis_nothing_while_they_wait() {
     }
     let mut polls = Vec::new();
     for _ in 0..25 {
-        let url = app.url(&format!("/api/executions/{id}?wait=50s"));
-        let client = app.client.clone();
-        polls.push(tokio::spawn(async move {
-            client
-                .get(url)
-                .bearer_auth(ADMIN_TOKEN)
-                .header("X-Tenant-Id", "acme")
-                .send()
-                .await
-                .unwrap()
-        }));
+        polls.push(spawn_wait(&app, &id, "50s"));
     }
     for s in &mut streams {
         assert_eq!(
@@ -471,22 +470,8 @@ async fn many_waiters_on_one_execution_cost_redis_nothing_while_they_wait() {
 async fn waits_and_streams_end_right_when_the_listener_connection_is_killed() {
     let app = TestApp::spawn().await;
     let id = admit_sleep(&app, "acme", 100).await;
-    let mut stream = EventStream::open(&app, "acme", &id).await;
-    assert_eq!(
-        stream.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
-        "queued"
-    );
-    let url = app.url(&format!("/api/executions/{id}?wait=50s"));
-    let client = app.client.clone();
-    let waiting = tokio::spawn(async move {
-        client
-            .get(url)
-            .bearer_auth(ADMIN_TOKEN)
-            .header("X-Tenant-Id", "acme")
-            .send()
-            .await
-            .unwrap()
-    });
+    let mut stream = queued_stream(&app, &id).await;
+    let waiting = spawn_wait(&app, &id, "50s");
     until_waiters(&app, 2).await;
     until_watched(&app, "acme", &id).await;
     // The server's subscriber goes away and cannot come back for a while (every node refuses
@@ -559,22 +544,8 @@ async fn waits_and_streams_end_right_across_a_redis_restart() {
             .unwrap();
     }
     let id = admit_sleep(&app, "acme", 100).await;
-    let mut stream = EventStream::open(&app, "acme", &id).await;
-    assert_eq!(
-        stream.next_event(Duration::from_secs(10)).await.unwrap().1["status"],
-        "queued"
-    );
-    let url = app.url(&format!("/api/executions/{id}?wait=55s"));
-    let client = app.client.clone();
-    let waiting = tokio::spawn(async move {
-        client
-            .get(url)
-            .bearer_auth(ADMIN_TOKEN)
-            .header("X-Tenant-Id", "acme")
-            .send()
-            .await
-            .unwrap()
-    });
+    let mut stream = queued_stream(&app, &id).await;
+    let waiting = spawn_wait(&app, &id, "55s");
     until_waiters(&app, 2).await;
     until_watched(&app, "acme", &id).await;
     app.redis.restart().await;
