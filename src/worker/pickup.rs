@@ -85,7 +85,7 @@ type BellWait = Pin<Box<dyn Future<Output = (Option<BellConn>, Result<Shard, Sto
 
 /// What the last round of serving found.
 enum Served {
-    /// No unread entry is left (or the shard failed): wait for a wake-up.
+    /// No unread entry is left: wait for a wake-up.
     Drained,
     /// Work may be left but no slot is free: wait for one.
     NoSlot,
