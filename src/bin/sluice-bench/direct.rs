@@ -425,29 +425,10 @@ impl Direct {
         let (mut first, mut last) = (u64::MAX, 0u64);
         for node in &mut self.nodes {
             let (mut rows_here, mut completed_here) = (0, 0);
-            let mut cursor = 0u64;
-            // Bounded: SCAN ends when the cursor returns to 0; the cap guards against a server
-            // bug.
-            for _ in 0..10_000_000 {
-                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(keys::row_pattern())
-                    .arg("COUNT")
-                    .arg(5000)
-                    .query_async(node)
-                    .await?;
-                // Every key SCAN returned is on this node, so one pipeline reads them all.
-                if keys.is_empty() {
-                    // An empty pipeline is refused by the client ("empty command").
-                    cursor = next;
-                    if cursor == 0 {
-                        break;
-                    }
-                    continue;
-                }
+            // Every key found is on this node, so one pipeline per page reads them.
+            for keys in row_keys(node).await?.chunks(ROW_PAGE) {
                 let mut p = redis::pipe();
-                for k in &keys {
+                for k in keys {
                     p.cmd("HMGET")
                         .arg(k)
                         .arg("status")
@@ -468,10 +449,6 @@ impl Direct {
                         completed_here += 1;
                     }
                     *c.by_status.entry(status).or_default() += 1;
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
                 }
             }
             c.rows += rows_here;
@@ -520,27 +497,9 @@ impl Direct {
     pub async fn row_times(&mut self) -> anyhow::Result<Vec<RowTimes>> {
         let mut out = Vec::new();
         for node in &mut self.nodes {
-            let mut cursor = 0u64;
-            // Bounded like `census`.
-            for _ in 0..10_000_000 {
-                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(keys::row_pattern())
-                    .arg("COUNT")
-                    .arg(5000)
-                    .query_async(node)
-                    .await?;
-                if keys.is_empty() {
-                    // An empty pipeline is refused by the client ("empty command").
-                    cursor = next;
-                    if cursor == 0 {
-                        break;
-                    }
-                    continue;
-                }
+            for keys in row_keys(node).await?.chunks(ROW_PAGE) {
                 let mut p = redis::pipe();
-                for k in &keys {
+                for k in keys {
                     p.cmd("HMGET")
                         .arg(k)
                         .arg("status")
@@ -562,10 +521,6 @@ impl Direct {
                         started,
                         finished,
                     });
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
                 }
             }
         }
@@ -639,4 +594,30 @@ fn key_kind(k: &str) -> &'static str {
         Some(KeyKind::Ready) => "ready streams",
         _ => "other",
     }
+}
+
+/// Rows read per pipeline when a phase's rows are read back.
+const ROW_PAGE: usize = 5000;
+
+/// The names of every execution row on one node, found by SCAN (not through an index).
+/// Bounded: SCAN ends when its cursor returns to 0; the cap guards against a server bug.
+async fn row_keys(node: &mut MultiplexedConnection) -> anyhow::Result<Vec<String>> {
+    let mut all = Vec::new();
+    let mut cursor = 0u64;
+    for _ in 0..10_000_000 {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(keys::row_pattern())
+            .arg("COUNT")
+            .arg(ROW_PAGE)
+            .query_async(node)
+            .await?;
+        all.extend(keys);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(all)
 }
