@@ -37,35 +37,27 @@ use super::{RedisTarget, Store, StoreError};
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// A connection dedicated to waiting on the doorbells of some shards (a worker uses one per
-/// shard).
+/// A connection dedicated to waiting on one shard's doorbell.
 pub struct BellConn {
     conn: MultiplexedConnection,
-    /// The shards waited on, in the order `BZPOPMIN` names their bells (rotated after each
-    /// wake, so a busy shard first in line cannot starve the others of wake-ups).
-    shards: Vec<Shard>,
+    shard: Shard,
 }
 
 impl BellConn {
-    /// Blocks until one of the shards' bells is set and takes the marker; the shard it was for.
-    /// No time bound: the caller drops the future (and the connection) to stop waiting. A
-    /// marker taken by a call whose future was dropped is lost, which the orphan scan repairs.
-    pub async fn wait(&mut self) -> Result<Shard, StoreError> {
-        let mut cmd = redis::cmd("BZPOPMIN");
-        for s in &self.shards {
-            cmd.arg(s.bell());
-        }
-        cmd.arg(0);
-        let reply: Value = cmd.query_async(&mut self.conn).await?;
+    /// Blocks until the shard's bell is set and takes the marker. No time bound: the caller
+    /// drops the future (and the connection) to stop waiting. A marker taken by a call whose
+    /// future was dropped is lost, which the orphan scan repairs.
+    pub async fn wait(&mut self) -> Result<(), StoreError> {
+        let reply: Value = redis::cmd("BZPOPMIN")
+            .arg(self.shard.bell())
+            .arg(0)
+            .query_async(&mut self.conn)
+            .await?;
         let (key, _member, _score): (String, Value, Value) = redis::from_redis_value(reply)?;
-        let at = self
-            .shards
-            .iter()
-            .position(|s| s.bell() == key)
-            .ok_or_else(|| StoreError::Corrupt(format!("BZPOPMIN answered for {key}")))?;
-        let shard = self.shards[at];
-        self.shards.rotate_left(at + 1);
-        Ok(shard)
+        if key != self.shard.bell() {
+            return Err(StoreError::Corrupt(format!("BZPOPMIN answered for {key}")));
+        }
+        Ok(())
     }
 }
 
@@ -88,27 +80,13 @@ impl StopListener {
 }
 
 impl Store {
-    /// The blocking connections a worker needs to wait on every shard's doorbell: one on a
-    /// single server, one per shard on a cluster. Each connects on first use
-    /// ([`Store::open_bell`]).
-    pub fn bell_groups(&self) -> Vec<Vec<Shard>> {
-        let all: Vec<Shard> = self.shards.all().collect();
-        match self.config.redis {
-            RedisTarget::Standalone(_) => vec![all],
-            RedisTarget::Cluster(_) => all.into_iter().map(|s| vec![s]).collect(),
-        }
-    }
-
-    /// Opens a blocking connection for the doorbells of `shards` (a group of `bell_groups`):
-    /// on a cluster to the master that holds their slot now.
-    pub async fn open_bell(&self, shards: Vec<Shard>) -> Result<BellConn, StoreError> {
+    /// Opens a blocking connection for `shard`'s doorbell: on a cluster to the master that
+    /// holds its slot now.
+    pub async fn open_bell(&self, shard: Shard) -> Result<BellConn, StoreError> {
         let info = match &self.config.redis {
             RedisTarget::Standalone(url) => url.as_str().into_connection_info()?,
             RedisTarget::Cluster(seeds) => {
-                let first = shards
-                    .first()
-                    .ok_or_else(|| StoreError::Corrupt("a bell group without shards".into()))?;
-                let (host, port) = self.master_of_slot(slot_of_tag(first.tag())).await?;
+                let (host, port) = self.master_of_slot(slot_of_tag(shard.tag())).await?;
                 let seed = seeds
                     .first()
                     .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?;
@@ -118,7 +96,7 @@ impl Store {
             }
         };
         let conn = self.blocking_connection(info).await?;
-        Ok(BellConn { conn, shards })
+        Ok(BellConn { conn, shard })
     }
 
     /// Sets a shard's doorbell again: a worker woke for work it cannot take now (no free

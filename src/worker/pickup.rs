@@ -81,7 +81,7 @@ impl Wake {
 
 /// A `BZPOPMIN` on the shard's doorbell that is out: kept across wake-ups of other kinds, so a
 /// marker Redis hands to it is never dropped unread.
-type BellWait = Pin<Box<dyn Future<Output = (Option<BellConn>, Result<Shard, StoreError>)> + Send>>;
+type BellWait = Pin<Box<dyn Future<Output = (Option<BellConn>, Result<(), StoreError>)> + Send>>;
 
 /// What the last round of serving found.
 enum Served {
@@ -325,7 +325,7 @@ impl Pickup {
             tokio::time::sleep(pause).await;
             let mut conn = match conn {
                 Some(c) => c,
-                None => match store.open_bell(vec![shard]).await {
+                None => match store.open_bell(shard).await {
                     Ok(c) => c,
                     Err(e) => return (None, Err(e)),
                 },
