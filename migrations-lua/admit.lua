@@ -35,7 +35,8 @@ local tenant, id, flow = ARGV[6], ARGV[7], ARGV[8]
 -- its position (that cost ~7 % of an admission). guard.lua has checked that every key is in
 -- this shard; the one caller (`Store::admit`) lists them in this order, and the test
 -- `fences::admit_declares_the_keys_it_writes` checks that list against what the script writes.
-local ROW, VOID = KEYS[2], KEYS[3]
+-- KEYS[2], the row, is written by enqueue() (K.row(id) is that name).
+local VOID = KEYS[3]
 local QUEUED_IDX, FLOW_QUEUED_IDX = KEYS[7], KEYS[8]
 local FLOWS, TENANTS = KEYS[9], KEYS[10]
 
@@ -67,18 +68,18 @@ if not qstate then return { refusal, waiting } end
 
 -- Decided; from here on only writes.
 local row = { 'tenant', tenant, 'flow', flow, 'params', params, 'status', 'queued',
-  'qstate', qstate, 'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now }
+  'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now }
 if version ~= '' then table.insert(row, 'version'); table.insert(row, version) end
 if dedup ~= '' then
   for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
 end
-redis.call('HSET', ROW, unpack(row))
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
 -- Registries the sweeper walks (set members: repeated admissions cost nothing more).
 redis.call('SADD', TENANTS, tenant)
 redis.call('SADD', FLOWS, flow)
-enqueue(tenant, id, qstate, now)
+-- The row is written here, with its queue state (and stream entry), in one HSET.
+enqueue(tenant, id, qstate, now, row)
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
 return { 'new', qstate, now }

@@ -38,7 +38,7 @@ if status == 'queued' then
   redis.call('HSET', ROW, 'status', 'cancelled', 'cancel', 1, 'finished', now,
     'updated', now)
   redis.call('HDEL', ROW, 'qstate', 'entry')
-  settle_terminal(tenant, id)
+  settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'))
   redis.call('HINCRBY', STATS, 'cancelled', 1)
 elseif status == 'running' then
   local run = redis.call('HMGET', ROW, 'cancel', 'lease_owner')

@@ -111,10 +111,12 @@ local function undelivered()
   return false
 end
 
--- Puts a queued execution on the shard's ready stream and gives it a slot of its tenant.
-local function dispatch_entry(id, now)
+-- Puts a queued execution on the shard's ready stream. `fields` (optional) are more fields
+-- of the row the caller writes, set in the same HSET.
+local function dispatch_entry(id, now, fields)
   local entry = redis.call('XADD', K.ready(), '*', 'id', id)
-  redis.call('HSET', K.row(id), 'qstate', 'dispatched', 'entry', entry, 'updated', now)
+  redis.call('HSET', K.row(id), 'qstate', 'dispatched', 'entry', entry, 'updated', now,
+    unpack(fields or {}))
   ring()
 end
 
@@ -135,9 +137,10 @@ local function tell_holder(owner, id)
   if owner and owner ~= '' then redis.call('PUBLISH', 'sluice:stop:' .. owner, id) end
 end
 
-local function dispatch(t, id, now)
+-- Gives a queued execution a slot of its tenant and puts it on the ready stream.
+local function dispatch(t, id, now, fields)
   redis.call('SADD', K.slots(t), id)
-  dispatch_entry(id, now)
+  dispatch_entry(id, now, fields)
 end
 
 -- Fills free slots of tenant t from its waiting set, oldest first, handling at most `budget`
@@ -186,12 +189,14 @@ local function place(t, now)
   return 'waiting'
 end
 
--- Enqueues a queued execution where place() decided.
-local function enqueue(t, id, qstate, now)
+-- Enqueues a queued execution where place() decided, writing `fields` of its row (besides
+-- its queue state) in the same HSET: an admission writes its whole row in one command.
+local function enqueue(t, id, qstate, now, fields)
   if qstate == 'dispatched' then
-    dispatch(t, id, now)
+    dispatch(t, id, now, fields)
   else
     redis.call('ZADD', K.waiting(t), now, id)
+    redis.call('HSET', K.row(id), 'qstate', 'waiting', unpack(fields))
   end
 end
 
@@ -257,10 +262,18 @@ local function dead_letter(record, cap)
   redis.call('HINCRBY', K.stats(), 'dead_lettered', 1)
 end
 
+-- Dead-letters a run that failed for good (complete.lua) or lost its last lease (recover()):
+-- the record names the execution, why and after how many attempts, and the stream entry it ran
+-- from.
+local function dead_letter_run(id, t, flow, reason, attempts, entry, now, message, cap)
+  dead_letter({ 'execution_id', id, 'tenant_id', t, 'flow_id', flow, 'reason', reason,
+    'attempts', attempts, 'source_entry', entry or '', 'at', now, 'message', message }, cap)
+end
+
 -- A row became terminal: its dedup key (if it still maps to it) now lives DEDUP_TTL_SECS more
--- and the row itself RETENTION_SECS. Until this moment neither expires.
-local function settle_terminal(t, id)
-  local digest = redis.call('HGET', K.row(id), 'ddh')
+-- and the row itself RETENTION_SECS. Until this moment neither expires. `digest` is the row's
+-- `ddh` field (nil for none), which the caller has read already.
+local function settle_terminal(t, id, digest)
   if digest then
     local key = K.dedup(t, digest)
     local mapped = redis.call('GET', key)
@@ -272,16 +285,20 @@ local function settle_terminal(t, id)
 end
 
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
--- (oldest waiting dispatched), retention and dedup TTLs. `extra` holds result fields; `drop`
--- names fields to remove. The caller has already dropped its stream entry.
+-- (oldest waiting dispatched), retention and dedup TTLs. `extra` holds fields to set besides
+-- the status and times; `drop` names fields to remove besides the lease's. The caller has
+-- already dropped its stream entry. The hot path of every completion: one read, one write and
+-- one delete of the row, whatever the outcome.
 local function finish(t, flow, id, status, now, extra, drop)
-  end_lease(id)
+  local row = K.row(id)
+  local known = redis.call('HMGET', row, 'watch', 'ddh')
+  redis.call('ZREM', K.leases(), id)
   index_move(t, flow, 'running', status, id)
-  redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now, unpack(extra))
-  if #drop > 0 then redis.call('HDEL', K.row(id), unpack(drop)) end
-  notify(id, now)
+  redis.call('HSET', row, 'status', status, 'finished', now, 'updated', now, unpack(extra))
+  redis.call('HDEL', row, 'entry', 'lease_owner', 'lease_until', unpack(drop))
+  announce(id, known[1], status, now)
   release_slot(t, id, now)
-  settle_terminal(t, id)
+  settle_terminal(t, id, known[2])
   redis.call('HINCRBY', K.stats(), status, 1)
 end
 
@@ -320,9 +337,7 @@ local function recover(id, row, now, cap)
   if attempt >= max_attempts then
     local msg = 'lease expired on attempt ' .. attempt .. ' of ' .. max_attempts
     finish(tenant, flow, id, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg }, {})
-    dead_letter({ 'execution_id', id, 'tenant_id', tenant, 'flow_id', flow,
-      'reason', 'lease_lost', 'attempts', attempt, 'source_entry', entry or '', 'at', now,
-      'message', msg }, cap)
+    dead_letter_run(id, tenant, flow, 'lease_lost', attempt, entry, now, msg, cap)
     return 'dead_lettered'
   end
   requeue(tenant, flow, id, now, attempt)

@@ -64,18 +64,19 @@ if outcome == 'abandoned' then
 end
 
 -- The run is over: its entry leaves the pending list and the stream. From here on the row
--- stays, so the report is remembered against a repeat.
+-- stays, so the report is remembered against a repeat (`reported`, written with the outcome).
 drop_entry(entry)
-redis.call('HSET', ROW, 'reported', fence)
 
 if row[8] == '1' or outcome == 'cancelled' then
-  finish(tenant, flow, id, 'cancelled', now, {}, {})
+  finish(tenant, flow, id, 'cancelled', now, { 'reported', fence }, {})
   return { 'done', 'cancelled' }
 elseif outcome == 'completed' then
   -- An error of an earlier attempt does not describe a success.
-  finish(tenant, flow, id, 'completed', now, { 'output', output }, { 'err_kind', 'err_msg' })
+  finish(tenant, flow, id, 'completed', now, { 'output', output, 'reported', fence },
+    { 'err_kind', 'err_msg' })
   return { 'done', 'completed' }
 elseif outcome == 'released' then
+  redis.call('HSET', ROW, 'reported', fence)
   requeue(tenant, flow, id, now, tonumber(row[3]) - 1)
   return { 'released' }
 end
@@ -87,16 +88,15 @@ if backoff ~= '' and not exhausted then
   end_lease(id)
   index_move(tenant, flow, 'running', 'queued', id)
   redis.call('HSET', ROW, 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
-    'err_kind', err_kind, 'err_msg', err_msg)
+    'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence)
   redis.call('ZADD', DELAYED, due, id)
   notify(id, now)
   return { 'retrying', due }
 end
-finish(tenant, flow, id, 'failed', now, { 'err_kind', err_kind, 'err_msg', err_msg }, {})
+finish(tenant, flow, id, 'failed', now,
+  { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {})
 if backoff ~= '' then
-  dead_letter({ 'execution_id', id, 'tenant_id', tenant, 'flow_id', flow,
-    'reason', err_kind, 'attempts', row[3], 'source_entry', entry or '', 'at', now,
-    'message', err_msg }, cap)
+  dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, cap)
   return { 'dead_lettered' }
 end
 return { 'done', 'failed' }

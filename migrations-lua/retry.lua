@@ -36,10 +36,9 @@ if digest then
   if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('PERSIST', key) end
 end
 redis.call('HDEL', ROW, 'started', 'finished', 'output', 'err_kind', 'err_msg', 'cancel')
-redis.call('HSET', ROW, 'status', 'queued', 'qstate', qstate, 'attempt', 0, 'updated', now)
 index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)
-enqueue(tenant, id, qstate, now)
+enqueue(tenant, id, qstate, now, { 'status', 'queued', 'attempt', 0, 'updated', now })
 notify(id, now)
 return { 'ok', id, hgetall(id) }

@@ -55,7 +55,7 @@ for _, e in ipairs(entries) do
   local row = nil
   if id then
     row = redis.call('HMGET', K.row(id), 'status', 'entry', 'attempt', 'max_attempts', 'tenant',
-      'flow', 'cancel')
+      'flow', 'cancel', 'fence', 'version', 'params', 'watch')
   end
   if not row or not row[1] then
     -- Poison: an entry naming no execution, or one that does not exist. Dead-lettered once
@@ -76,14 +76,15 @@ for _, e in ipairs(entries) do
   else
     local tenant, flow = row[5], row[6]
     local attempt = tonumber(row[3]) + 1
-    redis.call('HINCRBY', K.row(id), 'fence', 1)
+    local fence = (tonumber(row[8]) or 0) + 1
     index_move(tenant, flow, 'queued', 'running', id)
-    redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'started', now,
-      'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
+    redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'fence', fence,
+      'started', now, 'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
     redis.call('HDEL', K.row(id), 'qstate')
     redis.call('ZADD', LEASES, now + ttl, id)
-    table.insert(started, run_of(id))
-    notify(id, now)
+    -- As run_of() reports a run, from what was read above (no second read).
+    table.insert(started, { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4] })
+    announce(id, row[11], 'running', now)
   end
 end
 return { more, started }

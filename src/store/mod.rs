@@ -17,6 +17,7 @@
 mod access;
 mod admit;
 mod cancel;
+mod compose;
 mod conn;
 mod dead_letters;
 mod freeze;
@@ -87,7 +88,7 @@ impl From<RedisError> for StoreError {
             | ErrorKind::Server(ServerErrorKind::CrossSlot)
             | ErrorKind::Server(ServerErrorKind::NoPerm)
             | ErrorKind::UnexpectedReturnType
-            | ErrorKind::Parse => StoreError::Corrupt(e.to_string()),
+            | ErrorKind::Parse => StoreError::Corrupt(compose::locate(&e.to_string())),
             _ => StoreError::Unavailable(e.to_string()),
         }
     }

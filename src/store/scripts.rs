@@ -1,9 +1,11 @@
-//! The Lua operations of `migrations-lua/`, compiled into the binary, and how each is composed:
+//! The Lua operations of `migrations-lua/`, compiled into the binary, and how each is composed
+//! (`compose.rs` does the composing):
 //!
 //! ```text
 //! <the operation's shebang line>   first line: `#!lua`, with the operation's flags
 //! guard.lua                        prefix/KEYS check, freeze marker (every script)
-//! common.lua | acl_keys.lua        shard helpers | access key builders (if any)
+//! what it uses of common.lua       shard helpers (shard scripts)
+//!   or of acl_keys.lua             access key builders (access scripts)
 //! <the operation's body>
 //! ```
 //!
@@ -15,65 +17,101 @@
 //!
 //! They run as cached scripts (EVALSHA): `redis::Script` falls back to loading the source on
 //! NOSCRIPT, so a `SCRIPT FLUSH` or a Redis restart costs one extra round trip on the next call
-//! and nothing else. Redis Functions were the alternative; they would need reloading on every
-//! primary after a restart without persistence, for no gain here.
+//! and nothing else. Redis Functions were the alternative: a library's helpers are defined once
+//! per load instead of once per call, which would save about a third of a small script's cost;
+//! they would also need loading on every primary (and again after a restart without
+//! persistence). A script gets only the helpers it reaches instead, which halves that cost for
+//! the hot ones.
+
+use std::sync::OnceLock;
 
 use redis::Script;
 
+use super::compose::{self, Composed, Library};
+
 const GUARD: &str = include_str!("../../migrations-lua/guard.lua");
-const COMMON: &str = include_str!("../../migrations-lua/common.lua");
-const ACL_KEYS: &str = include_str!("../../migrations-lua/acl_keys.lua");
+
+fn common() -> &'static Library {
+    static LIB: OnceLock<Library> = OnceLock::new();
+    LIB.get_or_init(|| {
+        Library::parse(
+            "common.lua",
+            include_str!("../../migrations-lua/common.lua"),
+        )
+    })
+}
+
+fn acl_keys() -> &'static Library {
+    static LIB: OnceLock<Library> = OnceLock::new();
+    LIB.get_or_init(|| {
+        Library::parse(
+            "acl_keys.lua",
+            include_str!("../../migrations-lua/acl_keys.lua"),
+        )
+    })
+}
 
 macro_rules! op {
     ($file:literal) => {
-        include_str!(concat!("../../migrations-lua/", $file))
+        ($file, include_str!(concat!("../../migrations-lua/", $file)))
     };
 }
 
-/// The composed source of an operation: its shebang line first, then the includes, then the
-/// rest of the operation. Panics on an operation without a `#!lua` first line (a build-time
-/// constant: the unit tests below load every one).
-pub fn compose(includes: &[&str], op: &str) -> String {
-    let (shebang, body) = op.split_once('\n').unwrap_or((op, ""));
-    assert!(
-        shebang.starts_with("#!lua"),
-        "a sluice script must open with a #!lua line, not {shebang:?}"
-    );
-    let mut s = format!("{shebang}\n");
-    for inc in includes {
-        s.push_str(inc);
-        s.push('\n');
-    }
-    s.push_str(body);
+/// Which helpers a script is composed with.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// A shard script: guard + what it uses of common.lua.
+    Shard,
+    /// An access script (`{acl}` tag): guard + what it uses of acl_keys.lua.
+    Acl,
+    /// A script on the `{meta}` tag: guard only.
+    Meta,
+}
+
+fn composed(kind: Kind, file: &'static str, op: &'static str) -> Composed {
+    let library = match kind {
+        Kind::Shard => Some(common()),
+        Kind::Acl => Some(acl_keys()),
+        Kind::Meta => None,
+    };
+    compose::compose(file, op, &[("guard.lua", GUARD)], library)
+}
+
+/// A script handle for a composed operation; its line origins are registered under its SHA1
+/// so that an error it raises names the right file and line (`compose::locate`).
+fn script(kind: Kind, (file, op): (&'static str, &'static str)) -> Script {
+    let c = composed(kind, file, op);
+    let s = Script::new(&c.source);
+    compose::register(s.get_hash(), &c);
     s
 }
 
-/// A shard operation: guard + common helpers + the operation.
-pub fn shard_source(op: &str) -> String {
-    compose(&[GUARD, COMMON], op)
-}
-
-/// An access operation (`{acl}` tag): guard + access key builders + the operation.
-pub fn acl_source(op: &str) -> String {
-    compose(&[GUARD, ACL_KEYS], op)
-}
-
-/// A script on the `{meta}` tag: guard + the operation.
-pub fn meta_source(op: &str) -> String {
-    compose(&[GUARD], op)
-}
-
 /// The composed source of a script of `migrations-lua/` by file name, exactly as the store
-/// loads it; `name` may also be an operation of the caller's own (`kind` then says which
-/// includes it gets: "shard", "acl" or "meta"). For tests that drive the scripts directly
-/// (the fences, the key builders); not part of the API.
+/// loads it; `op` may also be an operation of the caller's own (`kind` then says which
+/// includes it gets: "shard", "acl" or "meta"; its second line, `-- <name>.lua: ...`, names
+/// it in errors). Its line origins are registered, so errors it raises name the right line.
+/// For tests that drive the scripts directly (the fences, the key builders); not part of the
+/// API.
 #[doc(hidden)]
 pub fn composed_source(kind: &str, op: &str) -> String {
-    match kind {
-        "shard" => shard_source(op),
-        "acl" => acl_source(op),
-        _ => meta_source(op),
-    }
+    let kind = match kind {
+        "shard" => Kind::Shard,
+        "acl" => Kind::Acl,
+        _ => Kind::Meta,
+    };
+    // The composed text borrows from the operation for the life of the process: the tests
+    // compose a handful of sources.
+    let op: &'static str = Box::leak(op.to_owned().into_boxed_str());
+    let file: &'static str = op
+        .lines()
+        .nth(1)
+        .and_then(|l| l.strip_prefix("-- "))
+        .and_then(|l| l.split(':').next())
+        .filter(|n| n.ends_with(".lua"))
+        .unwrap_or("operation");
+    let c = composed(kind, file, op);
+    compose::register(Script::new(&c.source).get_hash(), &c);
+    c.source
 }
 
 /// The text of an operation file of `migrations-lua/` by name (`admit.lua`, ...), as compiled
@@ -81,27 +119,27 @@ pub fn composed_source(kind: &str, op: &str) -> String {
 #[doc(hidden)]
 pub fn operation(name: &str) -> Option<&'static str> {
     Some(match name {
-        "admit.lua" => op!("admit.lua"),
-        "abandon.lua" => op!("abandon.lua"),
-        "adopt.lua" => op!("adopt.lua"),
-        "promote.lua" => op!("promote.lua"),
-        "cancel.lua" => op!("cancel.lua"),
-        "force_delete.lua" => op!("force_delete.lua"),
-        "list.lua" => op!("list.lua"),
-        "set_limits.lua" => op!("set_limits.lua"),
-        "pin.lua" => op!("pin.lua"),
-        "start.lua" => op!("start.lua"),
-        "heartbeat.lua" => op!("heartbeat.lua"),
-        "complete.lua" => op!("complete.lua"),
-        "reclaim.lua" => op!("reclaim.lua"),
-        "retry.lua" => op!("retry.lua"),
-        "sweep.lua" => op!("sweep.lua"),
-        "api_key_create.lua" => op!("api_key_create.lua"),
-        "api_key_revoke.lua" => op!("api_key_revoke.lua"),
-        "api_key_auth.lua" => op!("api_key_auth.lua"),
-        "tenant_delete.lua" => op!("tenant_delete.lua"),
-        "sweeper_unlock.lua" => op!("sweeper_unlock.lua"),
-        "watch.lua" => op!("watch.lua"),
+        "admit.lua" => op!("admit.lua").1,
+        "abandon.lua" => op!("abandon.lua").1,
+        "adopt.lua" => op!("adopt.lua").1,
+        "promote.lua" => op!("promote.lua").1,
+        "cancel.lua" => op!("cancel.lua").1,
+        "force_delete.lua" => op!("force_delete.lua").1,
+        "list.lua" => op!("list.lua").1,
+        "set_limits.lua" => op!("set_limits.lua").1,
+        "pin.lua" => op!("pin.lua").1,
+        "start.lua" => op!("start.lua").1,
+        "heartbeat.lua" => op!("heartbeat.lua").1,
+        "complete.lua" => op!("complete.lua").1,
+        "reclaim.lua" => op!("reclaim.lua").1,
+        "retry.lua" => op!("retry.lua").1,
+        "sweep.lua" => op!("sweep.lua").1,
+        "api_key_create.lua" => op!("api_key_create.lua").1,
+        "api_key_revoke.lua" => op!("api_key_revoke.lua").1,
+        "api_key_auth.lua" => op!("api_key_auth.lua").1,
+        "tenant_delete.lua" => op!("tenant_delete.lua").1,
+        "sweeper_unlock.lua" => op!("sweeper_unlock.lua").1,
+        "watch.lua" => op!("watch.lua").1,
         _ => return None,
     })
 }
@@ -133,8 +171,8 @@ pub struct Scripts {
 
 impl Scripts {
     pub fn new() -> Self {
-        let shard = |op: &str| Script::new(&shard_source(op));
-        let acl = |op: &str| Script::new(&acl_source(op));
+        let shard = |op| script(Kind::Shard, op);
+        let acl = |op| script(Kind::Acl, op);
         Self {
             admit: shard(op!("admit.lua")),
             abandon: shard(op!("abandon.lua")),
@@ -155,7 +193,7 @@ impl Scripts {
             api_key_revoke: acl(op!("api_key_revoke.lua")),
             api_key_auth: acl(op!("api_key_auth.lua")),
             tenant_delete: acl(op!("tenant_delete.lua")),
-            sweeper_unlock: Script::new(&meta_source(op!("sweeper_unlock.lua"))),
+            sweeper_unlock: script(Kind::Meta, op!("sweeper_unlock.lua")),
             watch: shard(op!("watch.lua")),
         }
     }
@@ -220,10 +258,27 @@ mod tests {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for op in ops {
             let text = std::fs::read_to_string(format!("{dir}{op}")).unwrap();
-            let composed = compose(&[GUARD], &text);
+            assert_eq!(
+                operation(op),
+                Some(text.as_str()),
+                "{op} is compiled in as it is"
+            );
+            let kind = if op.starts_with("api_key") || op == "tenant_delete.lua" {
+                "acl"
+            } else if op == "sweeper_unlock.lua" {
+                "meta"
+            } else {
+                "shard"
+            };
+            let composed = composed_source(kind, &text);
             let first = composed.lines().next().unwrap();
             assert!(first.starts_with("#!lua"), "{op}: {first}");
             assert!(composed.contains("TRYAGAIN shard frozen"), "{op}");
+            // Whatever the composed text mentions that a library defines, it defines.
+            for lib in [common(), acl_keys()] {
+                let missing = lib.missing_from(&composed);
+                assert!(missing.is_empty(), "{op} lacks {missing:?}");
+            }
         }
         // Every operation file in the folder is one of the above (or an include).
         let mut files: Vec<String> = std::fs::read_dir(dir)
@@ -237,5 +292,22 @@ mod tests {
         listed.sort();
         assert_eq!(files, listed);
         assert_eq!(Scripts::new().all().len(), ops.len());
+    }
+
+    #[test]
+    fn a_hot_script_carries_only_the_helpers_it_reaches() {
+        let start = composed_source("shard", operation("start.lua").unwrap());
+        assert!(start.contains("local function finish("));
+        assert!(
+            !start.contains("local function tell_holder("),
+            "start never tells a holder"
+        );
+        assert!(!start.contains("local function recover("));
+        let admit = composed_source("shard", operation("admit.lua").unwrap());
+        assert!(admit.contains("local function place("));
+        assert!(
+            !admit.contains("local function finish("),
+            "admit finishes nothing"
+        );
     }
 }
