@@ -140,8 +140,8 @@ impl Library {
 #[derive(Debug, Clone)]
 pub struct Composed {
     pub source: String,
-    /// (file, 1-based line) of each line of `source`.
-    origins: Vec<(&'static str, usize)>,
+    /// Where each line of `source` came from.
+    origins: Origins,
 }
 
 /// Composes an operation: its `#!lua` line, then `prefix` (whole files, such as guard.lua),
@@ -193,9 +193,12 @@ pub fn compose(
     out
 }
 
+/// (file, 1-based line) of each line of a composed script.
+type Origins = Vec<(&'static str, usize)>;
+
 /// Where each composed script's lines came from, by the script's SHA1.
-fn registry() -> &'static Mutex<HashMap<String, Vec<(&'static str, usize)>>> {
-    static ORIGINS: OnceLock<Mutex<HashMap<String, Vec<(&'static str, usize)>>>> = OnceLock::new();
+fn registry() -> &'static Mutex<HashMap<String, Origins>> {
+    static ORIGINS: OnceLock<Mutex<HashMap<String, Origins>>> = OnceLock::new();
     ORIGINS.get_or_init(Default::default)
 }
 
