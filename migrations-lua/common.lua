@@ -361,6 +361,76 @@ local function run_of(id)
   return { id, r[1], r[2], r[3], r[4], r[5] or '', r[6], r[7] }
 end
 
+-- Reads up to `count` new entries of the shard's ready stream for `consumer` and starts each,
+-- in the same atomic step (start.lua, and complete.lua for the slot a run just freed): so an
+-- entry is in the pending list only while a worker is running it, and a worker reads only as
+-- many entries as it has free slots.
+--
+-- The doorbell (see ring()): a call that read fewer entries than it asked for has emptied the
+-- stream of unread entries, so it clears the bell (no idle worker is woken for nothing); one
+-- that read all it asked for sets it, so another worker with a free slot is woken for what may
+-- remain.
+--
+-- Each start increments the row's `fence`, the token that heartbeats and completions name: it
+-- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
+-- current can never pass for the current one. `attempt` counts the starts of the current run.
+--
+-- Returns more (1 when it read as many entries as it asked for, else 0) and the started runs,
+-- each {id, fence, attempt, tenant, flow, version or '', params, max_attempts} (as run_of()).
+local function start_entries(consumer, count, ttl, cap, now)
+  local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
+    'STREAMS', K.ready(), '>')
+  local entries = read and read[1][2] or {}
+  local more = 0
+  if #entries < count then
+    redis.call('DEL', K.bell())
+  else
+    more = 1
+    ring()
+  end
+  local started = {}
+  for _, e in ipairs(entries) do
+    local entry, fields = e[1], e[2]
+    local id = entry_execution(fields)
+    local row = nil
+    if id then
+      row = redis.call('HMGET', K.row(id), 'status', 'entry', 'attempt', 'max_attempts',
+        'tenant', 'flow', 'cancel', 'fence', 'version', 'params', 'watch')
+    end
+    if not row or not row[1] then
+      -- Poison: an entry naming no execution, or one that does not exist. Dead-lettered once
+      -- and removed, so it can never loop.
+      drop_entry(entry)
+      dead_letter({ 'execution_id', id or '', 'reason', 'poison', 'attempts', 0,
+        'source_entry', entry, 'at', now, 'message', 'ready entry names no existing execution' },
+        cap)
+    elseif row[1] ~= 'queued' or row[2] ~= entry then
+      -- Cancelled, finished or deleted meanwhile, or an entry superseded by a newer one.
+      drop_entry(entry)
+    elseif row[7] == '1' then
+      -- A queued execution is cancelled at once, so this cannot happen; should it, a cancel
+      -- still wins over a start.
+      local tenant, flow = row[5], row[6]
+      drop_entry(entry)
+      index_move(tenant, flow, 'queued', 'running', id)
+      finish(tenant, flow, id, 'cancelled', now, {}, { 'qstate' })
+    else
+      local tenant, flow = row[5], row[6]
+      local attempt = tonumber(row[3]) + 1
+      local fence = (tonumber(row[8]) or 0) + 1
+      index_move(tenant, flow, 'queued', 'running', id)
+      redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'fence', fence,
+        'started', now, 'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
+      redis.call('HDEL', K.row(id), 'qstate')
+      redis.call('ZADD', K.leases(), now + ttl, id)
+      -- As run_of() reports a run, from what was read above (no second read).
+      table.insert(started, { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4] })
+      announce(id, row[11], 'running', now)
+    end
+  end
+  return more, started
+end
+
 local function hgetall(id)
   return redis.call('HGETALL', K.row(id))
 end

@@ -25,16 +25,23 @@
 -- ARGV[12] error message (failed)
 -- ARGV[13] retry backoff in ms when the failure may be retried, '' when it may not
 -- ARGV[14] dead-letter stream cap
+-- ARGV[15] chain: how many runs to start for the same worker on the slot this run frees, once
+--          the report is recorded (0: none). So a busy worker needs one call per execution, as
+--          BullMQ's moveToFinished does, instead of a completion and a start. Like start.lua,
+--          it first puts due retries back, and it keeps the doorbell (start_entries()).
+-- ARGV[16] lease TTL of the runs it starts, milliseconds
 --
--- Reply:
---   {'stale'}               the run is not current; nothing changed (counted in stats)
---   {'repeat'}              this run's report was applied before; nothing changed
---   {'done', status}        terminal now: completed, failed or cancelled
---   {'dead_lettered'}       failed with attempts exhausted: terminal failed + dead-letter record
---   {'retrying', due_ms}    failed, attempts left: queued again after the backoff
---   {'released'}            back on the ready stream for another worker
---   {'recovered', how}      abandoned: how recover() handled it
---   {'deleted'}             the execution was force-deleted while it ran; its slot is free now
+-- Reply: {what, detail, more, started}; `more` and `started` as start.lua's (0 and {} when
+-- nothing was asked for, or when the report was stale or a repeat: then nothing starts).
+-- what, detail:
+--   'stale', ''             the run is not current; nothing changed (counted in stats)
+--   'repeat', ''            this run's report was applied before; nothing changed
+--   'done', status          terminal now: completed, failed or cancelled
+--   'dead_lettered', ''     failed with attempts exhausted: terminal failed + dead-letter record
+--   'retrying', due_ms      failed, attempts left: queued again after the backoff
+--   'released', ''          back on the ready stream for another worker
+--   'recovered', how        abandoned: how recover() handled it
+--   'deleted', ''           the execution was force-deleted while it ran; its slot is free now
 local id = ARGV[6]
 local ROW = declared(2, K.row(id))
 declared(3, K.ready()); declared(4, K.leases())
@@ -42,61 +49,72 @@ local DELAYED, STATS = declared(5, K.delayed()), declared(7, K.stats())
 declared(6, K.dlq())
 local fence, consumer, outcome = ARGV[7], ARGV[8], ARGV[9]
 local output, err_kind, err_msg, backoff = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
-local cap = tonumber(ARGV[14])
-
-local row = redis.call('HMGET', ROW, unpack(RUN_FIELDS))
-if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
-  if redis.call('HGET', ROW, 'reported') == fence then return { 'repeat' } end
-  redis.call('HINCRBY', STATS, 'fenced', 1)
-  return { 'stale' }
-end
-local tenant, flow, entry = row[5], row[6], row[7]
+local cap, chain, ttl = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
 local now = now_ms()
 
-if row[10] == '1' then
-  bury(tenant, id, entry, now)
-  return { 'deleted' }
-end
-if outcome == 'abandoned' then
-  local how = recover(id, row, now, cap)
-  redis.call('HSET', ROW, 'reported', fence)
-  return { 'recovered', how }
+-- Records the report; returns what happened and its detail (see Reply).
+local function record()
+  local row = redis.call('HMGET', ROW, unpack(RUN_FIELDS))
+  if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
+    if redis.call('HGET', ROW, 'reported') == fence then return 'repeat', '' end
+    redis.call('HINCRBY', STATS, 'fenced', 1)
+    return 'stale', ''
+  end
+  local tenant, flow, entry = row[5], row[6], row[7]
+
+  if row[10] == '1' then
+    bury(tenant, id, entry, now)
+    return 'deleted', ''
+  end
+  if outcome == 'abandoned' then
+    local how = recover(id, row, now, cap)
+    redis.call('HSET', ROW, 'reported', fence)
+    return 'recovered', how
+  end
+
+  -- The run is over: its entry leaves the pending list and the stream. From here on the row
+  -- stays, so the report is remembered against a repeat (`reported`, written with the outcome).
+  drop_entry(entry)
+
+  if row[8] == '1' or outcome == 'cancelled' then
+    finish(tenant, flow, id, 'cancelled', now, { 'reported', fence }, {})
+    return 'done', 'cancelled'
+  elseif outcome == 'completed' then
+    -- An error of an earlier attempt does not describe a success.
+    finish(tenant, flow, id, 'completed', now, { 'output', output, 'reported', fence },
+      { 'err_kind', 'err_msg' })
+    return 'done', 'completed'
+  elseif outcome == 'released' then
+    redis.call('HSET', ROW, 'reported', fence)
+    requeue(tenant, flow, id, now, tonumber(row[3]) - 1)
+    return 'released', ''
+  end
+
+  -- failed
+  local exhausted = tonumber(row[3]) >= tonumber(row[4])
+  if backoff ~= '' and not exhausted then
+    local due = now + tonumber(backoff)
+    end_lease(id)
+    index_move(tenant, flow, 'running', 'queued', id)
+    redis.call('HSET', ROW, 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
+      'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence)
+    redis.call('ZADD', DELAYED, due, id)
+    notify(id, now)
+    return 'retrying', due
+  end
+  finish(tenant, flow, id, 'failed', now,
+    { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {})
+  if backoff ~= '' then
+    dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, cap)
+    return 'dead_lettered', ''
+  end
+  return 'done', 'failed'
 end
 
--- The run is over: its entry leaves the pending list and the stream. From here on the row
--- stays, so the report is remembered against a repeat (`reported`, written with the outcome).
-drop_entry(entry)
-
-if row[8] == '1' or outcome == 'cancelled' then
-  finish(tenant, flow, id, 'cancelled', now, { 'reported', fence }, {})
-  return { 'done', 'cancelled' }
-elseif outcome == 'completed' then
-  -- An error of an earlier attempt does not describe a success.
-  finish(tenant, flow, id, 'completed', now, { 'output', output, 'reported', fence },
-    { 'err_kind', 'err_msg' })
-  return { 'done', 'completed' }
-elseif outcome == 'released' then
-  redis.call('HSET', ROW, 'reported', fence)
-  requeue(tenant, flow, id, now, tonumber(row[3]) - 1)
-  return { 'released' }
+local what, detail = record()
+local more, started = 0, {}
+if chain > 0 and what ~= 'stale' and what ~= 'repeat' then
+  promote_due(now, 100)
+  more, started = start_entries(consumer, chain, ttl, cap, now)
 end
-
--- failed
-local exhausted = tonumber(row[3]) >= tonumber(row[4])
-if backoff ~= '' and not exhausted then
-  local due = now + tonumber(backoff)
-  end_lease(id)
-  index_move(tenant, flow, 'running', 'queued', id)
-  redis.call('HSET', ROW, 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
-    'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence)
-  redis.call('ZADD', DELAYED, due, id)
-  notify(id, now)
-  return { 'retrying', due }
-end
-finish(tenant, flow, id, 'failed', now,
-  { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {})
-if backoff ~= '' then
-  dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, cap)
-  return { 'dead_lettered' }
-end
-return { 'done', 'failed' }
+return { what, detail, more, started }

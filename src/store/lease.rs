@@ -1,15 +1,14 @@
 //! The worker's side of an execution's lease (`migrations-lua/start.lua`, `adopt.lua`,
 //! `heartbeat.lua`, `complete.lua`, `reclaim.lua`): starting what a worker reads, finding what
 //! a lost start answer started, keeping leases alive, reporting how a run ended, and
-//! recovering runs whose lease expired. Each call is one script on one shard.
+//! recovering runs whose lease expired. Each call is one script on one shard; a completion may
+//! also start the next run on the slot it frees (`complete_and_start`).
 
 use std::time::Duration;
 
-use redis::Value;
 use serde_json::Value as Json;
 
 use super::keys::WORKER_GROUP;
-use super::row::split_tag;
 use super::{Shard, Store, StoreError};
 use crate::admission::{ExecutionId, Status};
 
@@ -210,6 +209,27 @@ impl Store {
         consumer: &str,
         outcome: &Outcome,
     ) -> Result<Completion, StoreError> {
+        let (done, _) = self
+            .complete_and_start(shard, id, fence, consumer, outcome, 0, Duration::ZERO)
+            .await?;
+        Ok(done)
+    }
+
+    /// Reports how a run ended, as `complete` does, and in the same call starts up to `chain`
+    /// executions of the shard for `consumer` (leases of `lease_ttl`) on the slot it frees, as
+    /// `start` would (nothing starts after a `Stale` or `Repeat` report). An error leaves open
+    /// whether it started any: the caller then adopts before it starts more in the shard.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn complete_and_start(
+        &self,
+        shard: Shard,
+        id: &ExecutionId,
+        fence: u64,
+        consumer: &str,
+        outcome: &Outcome,
+        chain: usize,
+        lease_ttl: Duration,
+    ) -> Result<(Completion, StartBatch), StoreError> {
         let (name, output, kind, message, backoff) = match outcome {
             Outcome::Completed(v) => ("completed", v.to_string(), "", "", String::new()),
             Outcome::Failed {
@@ -246,11 +266,13 @@ impl Store {
             .arg(kind)
             .arg(message)
             .arg(backoff)
-            .arg(self.dlq_cap());
+            .arg(self.dlq_cap())
+            .arg(chain)
+            .arg(lease_ttl.as_millis() as u64);
         let mut c = self.conn();
-        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
-        let (tag, rest) = split_tag(reply)?;
-        Ok(match tag.as_str() {
+        let (what, detail, more, runs): (String, String, u8, Vec<RunReply>) =
+            self.bounded(inv.invoke_async(&mut c)).await?;
+        let done = match what.as_str() {
             "stale" => Completion::Stale,
             "repeat" => Completion::Repeat,
             "deleted" => Completion::Deleted,
@@ -258,18 +280,19 @@ impl Store {
             "dead_lettered" => Completion::DeadLettered,
             "retrying" => Completion::Retrying,
             "released" => Completion::Released,
-            "done" => {
-                let s: String = redis::from_redis_value(
-                    rest.into_iter()
-                        .next()
-                        .ok_or_else(|| StoreError::Corrupt("done without status".into()))?,
-                )?;
-                Completion::Done(
-                    Status::parse(&s).ok_or_else(|| StoreError::Corrupt(format!("status {s}")))?,
-                )
-            }
+            "done" => Completion::Done(
+                Status::parse(&detail)
+                    .ok_or_else(|| StoreError::Corrupt(format!("status {detail}")))?,
+            ),
             other => return Err(StoreError::Corrupt(format!("complete replied {other}"))),
-        })
+        };
+        Ok((
+            done,
+            StartBatch {
+                started: runs_of(shard, runs)?,
+                more: more == 1,
+            },
+        ))
     }
 
     /// Recovers up to `batch` executions of one shard whose lease expired, and is the worker's

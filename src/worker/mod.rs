@@ -8,7 +8,10 @@
 //! (`pickup.rs`), one orphan scan per shard, and the heartbeat renews each shard's leases in a
 //! call of its own, all at the same time. So a shard whose Redis is slow or down (on a cluster,
 //! a master) delays only its own executions. The shards share the worker's slots: a start call
-//! asks for no more executions than slots it reserved first.
+//! asks for no more executions than slots it reserved first. A run that ends reports its
+//! outcome and starts the shard's next execution on its slot in the same call (one call per
+//! execution while the shard has work, as BullMQ's moveToFinished does); a slot passes on this
+//! way at most `CHAIN_MAX` times in a row while another shard waits for one.
 //!
 //! Nothing here polls: a pickup with room waits on its shard's doorbell (`store::wake`), and a
 //! cancel or force delete of a run reaches it as a stop message (`stop_listener`), answered
@@ -33,8 +36,8 @@ mod handler;
 mod pickup;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -170,13 +173,25 @@ struct Shared {
     /// The tasks of running executions; taken out and drained at shutdown.
     runs: Mutex<JoinSet<()>>,
     /// Per shard: how its pickup is woken besides its doorbell (the orphan scan's nudge, a
-    /// retry coming due).
+    /// retry coming due), and the lock that keeps `adopt` apart from the shard's other starts.
     wakes: HashMap<Shard, Arc<Wake>>,
+    /// Cancelled when the worker stops reading (shutdown): no run starts another then.
+    reading: CancellationToken,
+    /// Pickups waiting for a free slot (their shards have work): while there are any, a slot
+    /// passes from run to run in one shard at most `CHAIN_MAX` times.
+    waiting_for_slot: AtomicUsize,
+    /// This `Shared`, for the run tasks (which must not keep it alive: it owns their set).
+    me: Weak<Shared>,
 }
 
+/// How many times in a row a slot may pass from a run to the next of the same shard while
+/// other shards wait for a slot: the shards then take turns in batches of this many runs.
+const CHAIN_MAX: u32 = 8;
+
 impl Shared {
-    /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`.
-    fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit) {
+    /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`;
+    /// `depth` counts the runs before it that passed the slot on (0 for a pickup's start).
+    fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit, depth: u32) {
         let stop = CancellationToken::new();
         let why = Arc::new(AtomicU8::new(STOP_NONE));
         let lease = Lease::granted(sent, self.config.lease_ttl);
@@ -190,13 +205,15 @@ impl Shared {
                 why: why.clone(),
             },
         );
-        // The task holds what it needs, not `Shared`: dropping the worker aborts the runs.
-        let (store, registry, config, held, wake) = (
+        // The task holds what it needs, and `Shared` only weakly: dropping the worker aborts
+        // the runs.
+        let (store, registry, config, held, wake, me) = (
             self.store.clone(),
             self.registry.clone(),
             self.config.clone(),
             self.held.clone(),
             self.wakes.get(&s.shard).cloned(),
+            self.me.clone(),
         );
         let mut runs = self.runs.lock().expect("run set");
         // Reap finished tasks so the set does not grow.
@@ -204,7 +221,21 @@ impl Shared {
         runs.spawn(async move {
             let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
             let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
-            let reported = report(&store, shard, &id, fence, &outcome, &config).await;
+            // Whether this slot starts the shard's next run in the same call.
+            let chain = me
+                .upgrade()
+                .and_then(|shared| shared.pass_on(shard, depth, &outcome).map(|g| (shared, g)));
+            let sent = Instant::now();
+            let report = report(
+                &store,
+                shard,
+                &id,
+                fence,
+                &outcome,
+                &config,
+                chain.is_some(),
+            )
+            .await;
             // A retry after a backoff: this worker looks again when it is due (any worker's
             // orphan scan would put it back too, later).
             if let (
@@ -213,15 +244,68 @@ impl Shared {
                     ..
                 },
                 Some(wake),
-            ) = (&outcome, wake)
+            ) = (&outcome, &wake)
             {
                 wake.set_due_in(*wait);
             }
             held.lock()
                 .expect("held map")
-                .ended(shard, &id, fence, reported);
-            drop(slot);
+                .ended(shard, &id, fence, report.reported);
+            let Some((shared, guard)) = chain else {
+                drop(slot);
+                return;
+            };
+            if report.unsure {
+                // The call may have started runs nobody knows of: the pickup adopts them (after
+                // this guard is gone) before anything else starts in the shard.
+                if let Some(wake) = &wake {
+                    wake.make_unsure();
+                }
+            }
+            let mut slot = Some(slot);
+            for next in report.started {
+                match slot
+                    .take()
+                    .or_else(|| shared.slots.clone().try_acquire_owned().ok())
+                {
+                    Some(s) => shared.launch(next, sent, s, depth + 1),
+                    None => tracing::warn!(
+                        id = %next.id,
+                        "no free slot for a run Redis names as this worker's; its lease will expire"
+                    ),
+                }
+            }
+            // Until here no `adopt` of the shard could run: what this call started is known
+            // before Redis is asked what the worker holds.
+            drop(guard);
         });
+    }
+
+    /// Whether a run of `shard` that ended with `outcome` should start the shard's next run on
+    /// its slot (its completion call asks for one): not while stopping, not for a run that lost
+    /// its lease or is handed back, not while the shard awaits an `adopt`, and not more than
+    /// `CHAIN_MAX` times in a row (`depth`) while another shard waits for a slot. The guard it
+    /// returns keeps `adopt` out until the started run is known.
+    fn pass_on(
+        &self,
+        shard: Shard,
+        depth: u32,
+        outcome: &Outcome,
+    ) -> Option<tokio::sync::OwnedRwLockReadGuard<()>> {
+        if matches!(outcome, Outcome::Released | Outcome::Abandoned) {
+            return None;
+        }
+        if depth >= CHAIN_MAX && self.waiting_for_slot.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let wake = self.wakes.get(&shard)?;
+        let guard = wake.starts.clone().try_read_owned().ok()?;
+        // Checked with the guard held: shutdown takes every shard's lock once it has stopped
+        // reading, so a run that passes this check is launched before the drain begins.
+        if self.reading.is_cancelled() || wake.is_unsure() {
+            return None;
+        }
+        Some(guard)
     }
 }
 
@@ -257,7 +341,8 @@ impl Worker {
             .all()
             .map(|shard| (shard, Arc::new(Wake::default())))
             .collect();
-        let shared = Arc::new(Shared {
+        let stop_reading = CancellationToken::new();
+        let shared = Arc::new_cyclic(|me| Shared {
             store: self.store.clone(),
             registry: self.registry.clone(),
             config: self.config.clone(),
@@ -267,8 +352,10 @@ impl Worker {
             )),
             runs: Mutex::new(JoinSet::new()),
             wakes: wakes.clone(),
+            reading: stop_reading.clone(),
+            waiting_for_slot: AtomicUsize::new(0),
+            me: me.clone(),
         });
-        let stop_reading = CancellationToken::new();
         let stop_background = CancellationToken::new();
         let mut background = JoinSet::new();
         let beat_now = Arc::new(Notify::new());
@@ -320,8 +407,12 @@ impl Worker {
             }
         }
         stop_reading.cancel();
-        // Each pickup finishes the call it has out and launches what that call started.
+        // Each pickup finishes the call it has out and launches what that call started; so
+        // does every completion that asked for a next run (it holds its shard's lock).
         while pickups.join_next().await.is_some() {}
+        for wake in shared.wakes.values() {
+            drop(wake.starts.write().await);
+        }
 
         // Drain: wait for running executions, up to the drain timeout.
         let mut runs = std::mem::take(&mut *shared.runs.lock().expect("run set"));
@@ -460,9 +551,20 @@ fn backoff(config: &WorkerConfig, attempt: u32) -> Duration {
         .min(config.retry_backoff_max)
 }
 
+/// What reporting a run's outcome came to.
+struct Reported {
+    /// Whether Redis answered (else the run was given up on: its lease will expire).
+    reported: bool,
+    /// What the completion call started on the run's slot (when it asked).
+    started: Vec<Started>,
+    /// Whether a call that asked for a next run went unanswered: it may have started one.
+    unsure: bool,
+}
+
 /// Reports an outcome, retrying while Redis is unavailable for up to one lease TTL (after that
 /// the lease has expired and the orphan scan re-runs the execution anyway). Repeating is safe:
-/// a report applied before is recognised (`Repeat`). Returns whether Redis answered.
+/// a report applied before is recognised (`Repeat`). With `chain`, the first call also starts
+/// the shard's next run for this worker; a repeat never does.
 async fn report(
     store: &Store,
     shard: Shard,
@@ -470,30 +572,55 @@ async fn report(
     fence: u64,
     outcome: &Outcome,
     config: &WorkerConfig,
-) -> bool {
+    chain: bool,
+) -> Reported {
     let deadline = tokio::time::Instant::now() + config.lease_ttl;
     let mut pause = Duration::from_millis(50);
+    let mut next = usize::from(chain);
+    let mut unsure = false;
     loop {
         match store
-            .complete(shard, id, fence, &config.consumer, outcome)
+            .complete_and_start(
+                shard,
+                id,
+                fence,
+                &config.consumer,
+                outcome,
+                next,
+                config.lease_ttl,
+            )
             .await
         {
-            Ok(Completion::Stale) => {
+            Ok((Completion::Stale, _)) => {
                 tracing::warn!(%id, fence, "late completion refused: the run is no longer current");
-                return true;
+                return Reported {
+                    reported: true,
+                    started: Vec::new(),
+                    unsure,
+                };
             }
-            Ok(done) => {
+            Ok((done, batch)) => {
                 tracing::debug!(%id, fence, ?done, "execution reported");
-                return true;
+                return Reported {
+                    reported: true,
+                    started: batch.started,
+                    unsure,
+                };
             }
             Err(e) if tokio::time::Instant::now() < deadline => {
+                unsure |= next > 0;
+                next = 0;
                 tracing::warn!(%id, error = %e, "cannot report completion yet; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
             Err(e) => {
                 tracing::error!(%id, error = %e, "giving up reporting; the orphan scan will re-run it");
-                return false;
+                return Reported {
+                    reported: false,
+                    started: Vec::new(),
+                    unsure: unsure || next > 0,
+                };
             }
         }
     }

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::{Notify, OwnedSemaphorePermit, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
@@ -36,9 +36,10 @@ use crate::store::{BellConn, Shard, StartBatch, Started, StoreError};
 const FAILING_PAUSE: Duration = Duration::from_millis(20);
 const FAILING_PAUSE_MAX: Duration = Duration::from_secs(1);
 
-/// How a shard's pickup is woken besides its doorbell: by the orphan scan (`nudge`) and by
-/// the end of a retry backoff this worker scheduled (`set_due_in`). Shared between the pickup
-/// and the worker's other tasks.
+/// How a shard's pickup is woken besides its doorbell: by the orphan scan (`nudge`), by the
+/// end of a retry backoff this worker scheduled (`set_due_in`), and by a completion whose
+/// call may have started a run nobody heard of (`make_unsure`). Shared between the pickup and
+/// the worker's other tasks.
 #[derive(Default)]
 pub(super) struct Wake {
     notify: Notify,
@@ -46,9 +47,28 @@ pub(super) struct Wake {
     nudged: AtomicBool,
     /// The earliest known end of a retry backoff in the shard.
     due: Mutex<Option<Instant>>,
+    /// Whether a call that starts runs (a start, or a completion that asked for the next run)
+    /// went unanswered: it may have started runs, so nothing else starts in this shard until
+    /// `adopt` tells what the worker holds there.
+    unsure: AtomicBool,
+    /// Held shared by every call that starts runs in the shard until what it started is
+    /// launched, and exclusively by `adopt`: so an `adopt` answer never names a run whose
+    /// start is still on its way back, which would then run twice.
+    pub(super) starts: Arc<RwLock<()>>,
 }
 
 impl Wake {
+    /// A call that starts runs went unanswered: the pickup adopts before it starts more.
+    pub(super) fn make_unsure(&self) {
+        self.unsure.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    /// Whether the shard waits for an `adopt`.
+    pub(super) fn is_unsure(&self) -> bool {
+        self.unsure.load(Ordering::SeqCst)
+    }
+
     /// The shard may have work nobody was woken for: look now.
     pub(super) fn nudge(&self) {
         self.nudged.store(true, Ordering::SeqCst);
@@ -114,12 +134,11 @@ pub(super) struct Pickup {
     /// Whether the shard's consumer group is known to exist: ensured before the first start
     /// and again after any failure (the shard's Redis may have come back without it).
     group_ready: bool,
-    /// Whether a start call's answer was lost: it may have started runs, so nothing else starts
-    /// in this shard until `adopt` tells what it holds. Its slots are given back meanwhile —
-    /// a shard whose master is down may stay unsure for long, and must not starve the others.
-    /// The runs it started hold no slot until adopted; any that then find no free slot are
-    /// left to their lease (another worker reruns them), so the concurrency still holds.
-    unsure: bool,
+    // A start whose answer was lost makes the shard unsure (`Wake::unsure`): its slots are
+    // given back meanwhile — a shard whose master is down may stay unsure for long, and must
+    // not starve the others. The runs it started hold no slot until adopted; any that then
+    // find no free slot are left to their lease (another worker reruns them), so the
+    // concurrency still holds.
     /// Whether the last call failed: an outage is logged once when it begins and once when it
     /// ends, not at every retry.
     failing: bool,
@@ -137,7 +156,6 @@ impl Pickup {
             ringing: None,
             bell_pause: Duration::ZERO,
             group_ready: false,
-            unsure: false,
             failing: false,
         }
     }
@@ -187,7 +205,10 @@ impl Pickup {
                 }
                 self.group_ready = true;
             }
-            if self.unsure {
+            if self.wake.is_unsure() {
+                // The slot this pickup queued for is free for what `adopt` finds: with one slot,
+                // holding it would leave an adopted run none.
+                drop(first.take());
                 if !self.adopt().await {
                     return Served::Failed;
                 }
@@ -231,6 +252,8 @@ impl Pickup {
     /// the call failed (its answer may be lost: the shard is then `unsure`).
     async fn start(&mut self, reserved: OwnedSemaphorePermit) -> Option<StartBatch> {
         let (store, config) = (&self.shared.store, &self.shared.config);
+        // Until what it started is launched, no `adopt` of the shard runs (see `Wake::starts`).
+        let _starting = self.wake.starts.clone().read_owned().await;
         let sent = Instant::now();
         match store
             .start(
@@ -252,7 +275,7 @@ impl Pickup {
                     &e,
                     "cannot start executions; will adopt what the call may have started",
                 );
-                self.unsure = true;
+                self.wake.unsure.store(true, Ordering::SeqCst);
                 None
             }
         }
@@ -264,7 +287,7 @@ impl Pickup {
     async fn listen(&mut self, stop: &CancellationToken) -> Option<Option<OwnedSemaphorePermit>> {
         loop {
             let (due_now, due_at) = self.wake.take_due();
-            if due_now {
+            if due_now || self.wake.is_unsure() {
                 return Some(None);
             }
             let mut ringing = self.ringing.take().unwrap_or_else(|| self.ring());
@@ -294,7 +317,8 @@ impl Pickup {
                 }
                 _ = self.wake.notify.notified() => {
                     if !self.wake.nudged.swap(false, Ordering::SeqCst) {
-                        // A new due time: wait for it (or for the doorbell) again.
+                        // A new due time (or the shard became unsure: the loop's first check
+                        // sends it to adopt): wait for it (or for the doorbell) again.
                         self.ringing = Some(ringing);
                         continue;
                     }
@@ -359,6 +383,7 @@ impl Pickup {
         &mut self,
         stop: &CancellationToken,
     ) -> Option<Option<OwnedSemaphorePermit>> {
+        let _queued = Queued::join(self.shared.clone());
         loop {
             let slots = self.shared.slots.clone();
             let mut ringing = self.ringing.take();
@@ -401,6 +426,8 @@ impl Pickup {
     /// Whether Redis answered.
     async fn adopt(&mut self) -> bool {
         let (store, config, shard) = (&self.shared.store, &self.shared.config, self.shard);
+        // Every call that may have started runs here has launched them first.
+        let _alone = self.wake.starts.clone().write_owned().await;
         self.shared
             .held
             .lock()
@@ -432,7 +459,7 @@ impl Pickup {
         match result {
             Ok(_) => {
                 self.answered();
-                self.unsure = false;
+                self.wake.unsure.store(false, Ordering::SeqCst);
                 // The slots free now (none is waited for: a run that finds none is left to
                 // its lease, see `unsure`).
                 let free = self.shared.slots.available_permits().min(adopted.len());
@@ -475,7 +502,7 @@ impl Pickup {
                 );
                 continue;
             };
-            self.shared.launch(s, sent, slot);
+            self.shared.launch(s, sent, slot, 0);
         }
     }
 
@@ -496,5 +523,21 @@ impl Pickup {
             tracing::info!(shard = self.shard.number(), "shard answers again");
             self.failing = false;
         }
+    }
+}
+
+/// A pickup counted among those waiting for a slot while this lives.
+struct Queued(Arc<Shared>);
+
+impl Queued {
+    fn join(shared: Arc<Shared>) -> Self {
+        shared.waiting_for_slot.fetch_add(1, Ordering::SeqCst);
+        Self(shared)
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.waiting_for_slot.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -687,15 +687,22 @@ impl TestWorker {
     }
 
     /// Like `spawn`, with environment variables set (e.g. `SLUICE_JOURNAL`).
+    /// `SLUICE_TEST_WORKER_LOG=debug cargo test ... -- --nocapture` shows the worker's log at
+    /// that level, for debugging a test.
     pub fn spawn_env(redis: &TestRedis, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let log = std::env::var("SLUICE_TEST_WORKER_LOG").ok();
+        let shown = || match log {
+            Some(_) => Stdio::inherit(),
+            None => Stdio::null(),
+        };
         let child = Command::new(sluice_bin())
             .args(["worker", "--demo-flows"])
             .args(redis.args())
             .args(args)
             .envs(env.iter().copied())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .env("RUST_LOG", log.as_deref().unwrap_or("warn"))
+            .stdout(shown())
+            .stderr(shown())
             .spawn()
             .expect("sluice worker starts");
         Self { child }

@@ -1,0 +1,247 @@
+//! A run that ends starts its shard's next execution on its slot, in the completion's own call:
+//! a busy worker needs one script call per execution, not a completion and a start. The slot
+//! passes on at most 8 times in a row while another shard waits for one, so shards take turns;
+//! and a completion whose answer was lost has its next run adopted, never run twice or left to
+//! its lease.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, TestWorker};
+
+/// Long enough that nothing a test sees can come from it.
+const AN_HOUR_MS: &str = "3600000";
+
+/// Script calls over every master since the last `CONFIG RESETSTAT`.
+async fn script_calls(app: &TestApp) -> u64 {
+    app.redis
+        .info("commandstats")
+        .await
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .map(|stats| {
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+async fn reset_stats(app: &TestApp) {
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
+
+/// Admits `n` `demo.echo` executions of `tenant`; their ids, in order.
+async fn admit_many(app: &TestApp, tenant: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(
+            app.admit_with(tenant, json!({"flow_id": "demo.echo", "params": {"i": i}}))
+                .await,
+        );
+    }
+    ids
+}
+
+/// Waits until every one of `ids` is terminal (at most 30 s); their rows.
+async fn all_terminal(app: &TestApp, tenant: &str, ids: &[String]) -> Vec<Value> {
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        rows.push(app.wait_terminal(tenant, id, Duration::from_secs(30)).await);
+    }
+    rows
+}
+
+/// An RFC 3339 time of the API (`...:05.2Z`, `...:05.25Z`, `...:05.251Z`) with its fraction
+/// written out to milliseconds, so that times sort as text.
+fn sortable(t: &str) -> String {
+    let t = t.strip_suffix('Z').unwrap();
+    let (whole, fraction) = t.split_once('.').unwrap_or((t, ""));
+    format!("{whole}.{fraction:0<3}Z")
+}
+
+#[tokio::test]
+async fn a_busy_worker_makes_one_call_per_execution() {
+    let app = TestApp::spawn().await;
+    let ids = admit_many(&app, "acme", 60).await;
+    reset_stats(&app).await;
+    // No orphan scans or heartbeats in the count: only starts and completions. One slot, so
+    // without passing it on every execution would need a start call of its own.
+    let _w = TestWorker::spawn(
+        &app.redis,
+        &[
+            "--concurrency",
+            "1",
+            "--scan-ms",
+            AN_HOUR_MS,
+            "--heartbeat-ms",
+            AN_HOUR_MS,
+            "--lease-ttl-ms",
+            "7200000",
+        ],
+    );
+    let rows = all_terminal(&app, "acme", &ids).await;
+    assert!(rows.iter().all(|r| r["status"] == "completed"));
+    let calls = script_calls(&app).await;
+    // 60 completions, each starting the next. Besides them a worker that starts makes one
+    // start call and one orphan scan per shard it serves, and a few start calls find the stream
+    // drained at the end. A completion and a start apiece would be 120 and more.
+    let shards = app.store().await.shards().all().count() as u64;
+    let most = 60 + 2 * shards + 12;
+    assert!(
+        (60..=most).contains(&calls),
+        "{calls} script calls for 60 executions (at most {most})"
+    );
+}
+
+#[tokio::test]
+async fn a_slot_passes_on_at_most_eight_times_while_another_shard_waits() {
+    let app = TestApp::spawn().await;
+    // Two tenants in different shards, each with a backlog.
+    let a = "acme";
+    let b = (0..100)
+        .map(|i| format!("tenant-{i}"))
+        .find(|t| app.shard(t) != app.shard(a))
+        .unwrap();
+    let mut ids = admit_many(&app, a, 30).await;
+    ids.extend(admit_many(&app, &b, 30).await);
+    let tenant_of: HashMap<String, &str> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.clone(), if i < 30 { a } else { b.as_str() }))
+        .collect();
+    // One slot: every execution's start is in one sequence.
+    let _w = TestWorker::spawn(&app.redis, &["--concurrency", "1"]);
+    let mut rows = Vec::new();
+    for id in &ids {
+        rows.push(
+            app.wait_terminal(tenant_of[id], id, Duration::from_secs(30))
+                .await,
+        );
+    }
+    assert!(rows.iter().all(|r| r["status"] == "completed"));
+    // Started in this order: Redis's times, to the millisecond; in a tie, admission order
+    // (within a tenant, starts are FIFO).
+    let index: HashMap<&String, usize> = ids.iter().enumerate().map(|(i, id)| (id, i)).collect();
+    let mut started: Vec<(String, usize, &str)> = rows
+        .iter()
+        .map(|r| {
+            let id = r["execution_id"].as_str().unwrap().to_owned();
+            let i = index[&id];
+            (
+                sortable(r["started_at"].as_str().unwrap()),
+                i,
+                tenant_of[&id],
+            )
+        })
+        .collect();
+    started.sort();
+    let mut longest = 0;
+    let mut streak = 0;
+    let mut last = "";
+    for (_, _, t) in &started {
+        streak = if *t == last { streak + 1 } else { 1 };
+        last = t;
+        longest = longest.max(streak);
+    }
+    // A pickup's start, then at most 8 passes on: 9 in a row, then the other shard's turn
+    // (one more where two starts of different tenants share a millisecond).
+    assert!(
+        longest <= 10,
+        "{longest} starts in a row for one tenant while the other waited: {started:?}"
+    );
+    let first_half: Vec<&str> = started[..30].iter().map(|(_, _, t)| *t).collect();
+    assert!(
+        first_half.contains(&a) && first_half.contains(&b.as_str()),
+        "one tenant had the slot for the first 30 starts"
+    );
+}
+
+#[tokio::test]
+async fn a_next_run_started_by_a_completion_whose_answer_was_lost_is_adopted() {
+    let app = TestApp::spawn_with(|c| {
+        // One shard: the second execution is on the first one's stream. An API patient enough
+        // to wait out the stall.
+        c.redis.shards = 1;
+        c.redis.redis_timeout_ms = 5_000;
+        c.api.request_timeout_ms = 20_000;
+    })
+    .await;
+    let _w = TestWorker::spawn(
+        &app.redis,
+        &[
+            "--concurrency",
+            "1",
+            // One connection: Redis runs the worker's calls in the order they were sent, so
+            // the first report (the one that starts the next run) runs before its repeats.
+            "--redis-connections",
+            "1",
+            "--redis-timeout-ms",
+            "300",
+            "--lease-ttl-ms",
+            "4000",
+            "--heartbeat-ms",
+            "500",
+            "--scan-ms",
+            "100",
+        ],
+    );
+    let first = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.journal", "params": {"ms": 1000}}),
+        )
+        .await;
+    // Queued behind it (the only slot is taken).
+    let second = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 2}}))
+        .await;
+    app.wait_running("acme", &first, 1).await;
+    // The first run ends inside the stall: its completion, which also starts the second, times
+    // out on the worker's side and runs on Redis's once the pause is over.
+    app.redis.pause(2_500, "WRITE").await;
+    let first = app
+        .wait_terminal("acme", &first, Duration::from_secs(20))
+        .await;
+    let second = app
+        .wait_terminal("acme", &second, Duration::from_secs(20))
+        .await;
+    assert_eq!(first["status"], "completed", "{first}");
+    assert_eq!(second["status"], "completed", "{second}");
+    let ms = |t: &Value| {
+        let t = sortable(t.as_str().unwrap());
+        let secs: f64 = t[17..t.len() - 1].parse().unwrap();
+        let minutes: f64 = t[14..16].parse().unwrap();
+        let hours: f64 = t[11..13].parse().unwrap();
+        ((hours * 60.0 + minutes) * 60.0 + secs) * 1000.0
+    };
+    assert!(
+        ms(&first["finished_at"]) - ms(&first["started_at"]) >= 1_500.0,
+        "the first run's completion was not held by the stall: {first}"
+    );
+    assert_eq!(
+        second["started_at"], first["finished_at"],
+        "the second run was started by the first one's completion call: {first} {second}"
+    );
+    assert_eq!(
+        second["attempt"], 1,
+        "no attempt was lost to a phantom start"
+    );
+    assert_eq!(
+        app.counter("reclaimed").await,
+        0,
+        "adopted, not left to expire"
+    );
+}
