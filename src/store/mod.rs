@@ -43,7 +43,7 @@ use crate::admission::ExecutionId;
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::Admission;
 pub use conn::{Conn, RedisTarget};
-pub use dead_letters::{DeadLetter, NotRetryable, RetryResult};
+pub use dead_letters::{DeadLetter, Retry};
 pub use keys::{Shard, ShardMap, WORKER_GROUP};
 pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Reclaimed, StartBatch, Started};

@@ -97,11 +97,48 @@ pub fn default_consumer() -> String {
 }
 
 /// Why a running execution was told to stop.
-const STOP_NONE: u8 = 0;
-const STOP_CANCEL: u8 = 1;
-const STOP_LOST: u8 = 2;
-const STOP_SHUTDOWN: u8 = 3;
-const STOP_EXPIRED: u8 = 4;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Stop {
+    /// Its cancel was requested: it ends `cancelled`.
+    Cancel = 1,
+    /// Its lease is no longer this worker's (force-deleted, reclaimed or superseded).
+    Lost = 2,
+    /// The worker shuts down past its drain timeout: the run is released, not counted.
+    Shutdown = 3,
+    /// This worker can no longer prove it holds the lease: the run is abandoned.
+    Expired = 4,
+}
+
+/// The stop reason of one run, shared by its runner and whoever stops it (the heartbeat, the
+/// lease deadline, the shutdown): none until one is recorded.
+#[derive(Default)]
+struct StopReason(AtomicU8);
+
+impl StopReason {
+    /// Records `why` unless a reason is already recorded (the first one wins).
+    fn record(&self, why: Stop) {
+        let _ = self
+            .0
+            .compare_exchange(0, why as u8, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Records `why` over any earlier reason (a shutdown's release wins).
+    fn overrule(&self, why: Stop) {
+        self.0.store(why as u8, Ordering::SeqCst);
+    }
+
+    /// The reason recorded, if any.
+    fn get(&self) -> Option<Stop> {
+        match self.0.load(Ordering::SeqCst) {
+            1 => Some(Stop::Cancel),
+            2 => Some(Stop::Lost),
+            3 => Some(Stop::Shutdown),
+            4 => Some(Stop::Expired),
+            _ => None,
+        }
+    }
+}
 
 /// An execution this worker runs.
 struct Held {
@@ -109,7 +146,7 @@ struct Held {
     fence: u64,
     lease: Lease,
     stop: CancellationToken,
-    why: Arc<AtomicU8>,
+    why: Arc<StopReason>,
 }
 
 /// What a worker runs, and what it must never start again: a run (execution, fence) is
@@ -178,7 +215,7 @@ impl Shared {
     /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`.
     fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit) {
         let stop = CancellationToken::new();
-        let why = Arc::new(AtomicU8::new(STOP_NONE));
+        let why = Arc::new(StopReason::default());
         let lease = Lease::granted(sent, self.config.lease_ttl);
         self.held.lock().expect("held map").held.insert(
             s.id.clone(),
@@ -332,7 +369,7 @@ impl Worker {
         .await;
         if drained.is_err() {
             for h in shared.held.lock().expect("held map").held.values() {
-                h.why.store(STOP_SHUTDOWN, Ordering::SeqCst);
+                h.why.overrule(Stop::Shutdown);
                 h.stop.cancel();
             }
             // Their tasks now report `Released`; bounded, as completion calls are.
@@ -372,7 +409,7 @@ async fn run_one(
     s: Started,
     lease: Lease,
     stop: CancellationToken,
-    why: &AtomicU8,
+    why: &StopReason,
     config: &WorkerConfig,
 ) -> Outcome {
     let Some(handler) = registry.get(&s.flow) else {
@@ -405,7 +442,7 @@ async fn run_one(
             _ = tokio::time::sleep_until(lease.deadline().into()) => {
                 // A renewal may have moved the deadline while this slept.
                 if !lease.is_held() {
-                    let _ = why.compare_exchange(STOP_NONE, STOP_EXPIRED, Ordering::SeqCst, Ordering::SeqCst);
+                    why.record(Stop::Expired);
                     stop.cancel();
                     break None;
                 }
@@ -418,10 +455,10 @@ async fn run_one(
         let _ = task.await;
     }
     // A stop decided by the runtime wins over whatever the handler returned while stopping.
-    match (why.load(Ordering::SeqCst), result) {
-        (STOP_SHUTDOWN, _) => Outcome::Released,
-        (STOP_EXPIRED, _) => Outcome::Abandoned,
-        (STOP_CANCEL | STOP_LOST, _) | (_, None) => Outcome::Cancelled,
+    match (why.get(), result) {
+        (Some(Stop::Shutdown), _) => Outcome::Released,
+        (Some(Stop::Expired), _) => Outcome::Abandoned,
+        (Some(Stop::Cancel | Stop::Lost), _) | (_, None) => Outcome::Cancelled,
         (_, Some(Ok(Ok(output)))) => Outcome::Completed(output),
         (_, Some(Ok(Err(e)))) => Outcome::Failed {
             kind: "handler_error".into(),
@@ -565,13 +602,11 @@ async fn renew(
         }
         let why = match state {
             LeaseState::Held => continue,
-            LeaseState::CancelRequested => STOP_CANCEL,
-            LeaseState::Lost => STOP_LOST,
+            LeaseState::CancelRequested => Stop::Cancel,
+            LeaseState::Lost => Stop::Lost,
         };
         tracing::info!(%id, ?state, "stopping execution");
-        let _ = h
-            .why
-            .compare_exchange(STOP_NONE, why, Ordering::SeqCst, Ordering::SeqCst);
+        h.why.record(why);
         h.stop.cancel();
     }
 }

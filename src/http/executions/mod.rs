@@ -20,7 +20,7 @@ use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
 use crate::access::KeyRole;
 use crate::admission::{AdmitRequest, ExecutionId, FlowId, Status};
-use crate::store::{Admission, ListQuery, NotRetryable};
+use crate::store::{Admission, ListQuery, Retry};
 use wire::{Execution, ExecutionPage, NewExecution};
 
 /// Seconds a client should wait after `tenant_queue_full`.
@@ -435,15 +435,17 @@ pub async fn retry_execution(
     let tenant = caller.tenant_with(KeyRole::Editor)?;
     let id = ExecutionId::parse(&id)?;
     match state.store.retry(tenant, &id).await? {
-        Err(NotRetryable(status)) => Err(ApiError::Status {
+        Retry::Queued(e) => Ok(axum::Json((*e).into())),
+        Retry::NotFound => Err(ApiError::execution_not_found()),
+        Retry::NotRetryable(status) => Err(ApiError::Status {
             status: StatusCode::CONFLICT,
             code: "not_retryable",
             detail: format!(
-                "only failed or cancelled executions can be retried; this one is {status}"
+                "only failed or cancelled executions can be retried; this one is {}",
+                status.as_str()
             ),
         }),
-        Ok(None) => Err(ApiError::execution_not_found()),
-        Ok(Some(Admission::Created(e) | Admission::Replayed(e))) => Ok(axum::Json(e.into())),
-        Ok(Some(refused)) => Err(refusal(refused)),
+        Retry::Disabled => Err(refusal(Admission::Disabled)),
+        Retry::QueueFull { waiting } => Err(refusal(Admission::QueueFull { waiting })),
     }
 }
