@@ -356,7 +356,7 @@ async fn bad_input_is_refused_with_a_problem_and_leaves_redis_untouched() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
     let after = app.redis.dump().await;
-    let changed: Vec<&String> = before
+    let changed: std::collections::BTreeSet<&String> = before
         .keys()
         .chain(after.keys())
         .filter(|k| before.get(*k) != after.get(*k))
