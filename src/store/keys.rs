@@ -519,6 +519,14 @@ mod tests {
         assert_eq!(ShardMap::new(16, Layout::CURRENT).shard_of(&t).number(), 15);
         assert_eq!(ShardMap::new(4, Layout::CURRENT).shard_of(&t).number(), 3);
         assert_eq!(ShardMap::new(1, Layout::CURRENT).shard_of(&t).number(), 0);
+        // More tenants, so a changed hash cannot keep them all by chance: FNV-1a-64 of "a" is
+        // the reference test vector 0xaf63dc4c8601ec8c (12 of 16); "initech" 0x5e655c2d2050ac41
+        // (1); "umbrella" 0x60c0318649ec0b45 (5).
+        let map = ShardMap::new(16, Layout::CURRENT);
+        for (tenant, shard) in [("a", 12), ("initech", 1), ("umbrella", 5)] {
+            let t = TenantId::parse(tenant).unwrap();
+            assert_eq!(map.shard_of(&t).number(), shard, "{tenant}");
+        }
         assert_eq!(ShardMap::new(0, Layout::CURRENT).count(), 1);
         // Tenants spread: 64 tenants over 16 shards reach more than half of them.
         let map = ShardMap::new(16, Layout::CURRENT);
