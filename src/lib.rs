@@ -2,7 +2,8 @@
 //!
 //! - [`access`]: tenant API keys as values — token format, roles, secret hashing.
 //! - [`admission`]: the domain — validated ids, admission requests, the execution view.
-//! - [`store`]: Redis — key names, the Lua operations in `migrations-lua/`, one round trip each.
+//! - [`store`]: Redis — key names, and the Lua operations in `migrations-lua/` (every state
+//!   change one atomic script on one hash slot).
 //! - [`http`]: the API — routes with their OpenAPI docs, errors as problem+json, auth.
 //! - [`app`]: wiring a config into a bound, runnable server.
 //! - [`server`]: serving connections, bounded in number and in time.

@@ -1,7 +1,8 @@
 //! The worker's side of an execution's lease (`migrations-lua/start.lua`, `adopt.lua`,
 //! `heartbeat.lua`, `complete.lua`, `reclaim.lua`): starting what a worker reads, finding what
 //! a lost start answer started, keeping leases alive, reporting how a run ended, and
-//! recovering runs whose lease expired. Each call is one script on one shard.
+//! recovering runs whose lease expired. Each of those is one script on one shard;
+//! `ensure_group(s)` creates the shards' consumer groups (`XGROUP CREATE`, no script).
 
 use std::time::Duration;
 
