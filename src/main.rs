@@ -10,10 +10,7 @@ use anyhow::Context;
 use sluice::app::{Application, shutdown_signal};
 use std::sync::Arc;
 
-use sluice::config::{
-    ApiSettings, AppConfig, Cli, ClusterCommand, Command, RedisSettings, WorkerSettings,
-};
-use sluice::dev::ManagedRedis;
+use sluice::config::{ApiSettings, AppConfig, Cli, ClusterCommand, Command};
 use sluice::reshard::Cluster;
 use sluice::worker::{Worker, connect_store};
 
@@ -85,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             tracing::info!(address = %app.address(), "sluice serving");
-            app.run_until_stopped(shutdown_signal()).await?;
+            app.run_until_stopped(shutdown_signal()).await;
             Ok(())
         }
         Command::Worker(args) => {
@@ -105,66 +102,6 @@ async fn main() -> anyhow::Result<()> {
             worker.run(shutdown).await?;
             Ok(())
         }
-        Command::Dev(args) => {
-            let redis = if args.cluster {
-                ManagedRedis::start_cluster(&args.redis_server, &args.data_dir, 3).await
-            } else {
-                ManagedRedis::start(&args.redis_server, &args.data_dir, args.redis_port).await
-            }
-            .context("sluice dev could not start its redis-server")?;
-            let mut api = args.api;
-            api.dev_auth = true;
-            let mut settings = RedisSettings::for_target(redis.target());
-            settings.shards = args.shards;
-            let mut worker_settings = WorkerSettings::defaults();
-            worker_settings.demo_flows = true;
-            worker_settings.flows = args.flows.clone();
-            worker_settings.concurrency = args.worker_concurrency;
-            // Snappier than production: a cancel is noticed within 2 s, Ctrl-C returns in 5 s.
-            worker_settings.lease_ttl_ms = 10_000;
-            worker_settings.heartbeat_ms = 2_000;
-            worker_settings.scan_ms = 2_000;
-            worker_settings.drain_timeout_ms = 5_000;
-            let result = async {
-                let registry = worker_settings.registry()?;
-                let app = Application::build(AppConfig {
-                    api,
-                    redis: settings,
-                })
-                .await?;
-                let worker = Worker::new(app.store(), registry, worker_settings.worker_config());
-                print_dev_banner(&app, &redis, &args.data_dir);
-                let stop = tokio_util::sync::CancellationToken::new();
-                let worker_stop = stop.clone();
-                let worker_task =
-                    tokio::spawn(async move { worker.run(worker_stop.cancelled_owned()).await });
-                let served = app.run_until_stopped(shutdown_signal()).await;
-                stop.cancel();
-                worker_task.await??;
-                served?;
-                anyhow::Ok(())
-            }
-            .await;
-            redis.stop().await;
-            result
-        }
+        Command::Dev(args) => sluice::dev::run(args).await,
     }
-}
-
-fn print_dev_banner(app: &Application, redis: &ManagedRedis, data_dir: &std::path::Path) {
-    let addr = app.address();
-    println!(
-        "\nsluice dev is up: API, sweeper and a worker with the demo flows\n\
-         (DEV AUTH: no credentials checked; never expose it)\n\
-         \n  API        http://{addr}/api\
-         \n  OpenAPI    http://{addr}/openapi.json\
-         \n  Docs       http://{addr}/docs (Swagger UI)\
-         \n  Redis      {} (data and AOF in {})\
-         \n\nTry:\n  curl -s -X POST http://{addr}/api/executions -H 'X-Tenant-Id: acme' \
-         -H 'Content-Type: application/json' -H 'Idempotency-Key: order-42' \
-         -d '{{\"flow_id\":\"demo.echo\",\"params\":{{\"order\":42}}}}'\n\
-         \nStop with Ctrl-C.\n",
-        redis.target(),
-        data_dir.display()
-    );
 }

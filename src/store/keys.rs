@@ -21,7 +21,7 @@ const ROOT: &str = "sluice:";
 /// lock.
 const META_PREFIX: &str = "sluice:{meta}:";
 
-/// The prefix of the `{meta}` keys (ARGV[1] of the scripts on them).
+/// The prefix of the `{meta}` keys (`ARGV[1]` of the scripts on them).
 pub fn meta_prefix() -> &'static str {
     META_PREFIX
 }
@@ -137,7 +137,7 @@ impl Shard {
     }
 
     /// The prefix of every key in this shard, e.g. `sluice:{s07.19}:`; scripts get it as
-    /// ARGV[1].
+    /// `ARGV[1]`.
     pub fn prefix(self) -> String {
         format!("{ROOT}{{{}}}:", self.tag)
     }
@@ -272,6 +272,11 @@ pub struct ShardMap {
 }
 
 impl ShardMap {
+    /// Hashed shards a new deployment records at first start (`--shards`).
+    pub const DEFAULT_SHARDS: u16 = 16;
+    /// Dedicated shards a new deployment records at first start (`--dedicated-shards`).
+    pub const DEFAULT_DEDICATED: u16 = 2;
+
     /// A map over `count` shards (at least 1) named by `layout`, none dedicated.
     pub fn new(count: u16, layout: Layout) -> Self {
         Self::with_dedicated(count, 0, layout)

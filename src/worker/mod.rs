@@ -72,16 +72,35 @@ pub struct WorkerConfig {
     pub consumer: String,
 }
 
+/// The production defaults: the one home of these numbers (`sluice worker`'s flags default to
+/// them too).
+impl WorkerConfig {
+    /// `concurrency`.
+    pub const DEFAULT_CONCURRENCY: usize = 8;
+    /// `lease_ttl`.
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+    /// `heartbeat_interval`: a third of the lease, so two renewals may fail before it lapses.
+    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+    /// `scan_interval`.
+    pub const DEFAULT_SCAN: Duration = Duration::from_secs(5);
+    /// `drain_timeout`.
+    pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `retry_backoff`.
+    pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+    /// `retry_backoff_max`.
+    pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(300);
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
-            concurrency: 8,
-            lease_ttl: Duration::from_secs(30),
-            heartbeat_interval: Duration::from_secs(10),
-            scan_interval: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(30),
-            retry_backoff: Duration::from_secs(1),
-            retry_backoff_max: Duration::from_secs(300),
+            concurrency: Self::DEFAULT_CONCURRENCY,
+            lease_ttl: Self::DEFAULT_LEASE_TTL,
+            heartbeat_interval: Self::DEFAULT_HEARTBEAT,
+            scan_interval: Self::DEFAULT_SCAN,
+            drain_timeout: Self::DEFAULT_DRAIN_TIMEOUT,
+            retry_backoff: Self::DEFAULT_RETRY_BACKOFF,
+            retry_backoff_max: Self::DEFAULT_RETRY_BACKOFF_MAX,
             consumer: default_consumer(),
         }
     }
