@@ -12,10 +12,12 @@
 //! - [`waiters`]: clients waiting on executions, served by one Pub/Sub listener per process.
 //! - [`dev`]: the embedded default's managed `redis-server`.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
+//! - [`commands`]: what each subcommand does (`main.rs` only dispatches).
 
 pub mod access;
 pub mod admission;
 pub mod app;
+pub mod commands;
 pub mod config;
 pub mod dev;
 pub mod http;
