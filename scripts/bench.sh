@@ -22,5 +22,6 @@ case " $* " in
     fi
     ;;
 esac
-cargo build --release --locked --bin sluice --bin sluice-bench
+# Both packages of the workspace: the server (`sluice`) and the benchmark (bench/sluice-bench).
+cargo build --release --locked -p sluice -p sluice-bench
 exec "$target/release/sluice-bench" "$@"

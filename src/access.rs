@@ -1,5 +1,6 @@
 //! Tenant API keys as values: the token format, roles and secret hashing. No HTTP and no Redis
-//! here; the store keeps key records (`store::access`) and the HTTP layer authenticates with
+//! here (the role derives its JSON spelling and OpenAPI schema, which are the API's names for
+//! it); the store keeps key records (`store::access`) and the HTTP layer authenticates with
 //! them (`http::auth`).
 //!
 //! A token reads `sk_<key id>_<secret>`: 16 lowercase hex characters of key id (64 random
@@ -19,8 +20,24 @@ pub const TOKEN_PREFIX: &str = "sk_";
 const KEY_ID_BYTES: usize = 8;
 const SECRET_BYTES: usize = 32;
 
-/// The role a tenant API key grants, weakest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+// The one role type: the API spells it `viewer`, `editor`, `admin` (its serde and OpenAPI
+// schema derive from here), the store keeps the same spelling, and the HTTP layer checks
+// callers against it (the order is used for `>=` checks). The platform admin is not a role of
+// a key but the admin token (`http::auth::Grant`). The doc line below is the API's.
+/// The role an API key grants, weakest first.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum KeyRole {
     /// Read executions.
     Viewer,
@@ -31,7 +48,7 @@ pub enum KeyRole {
 }
 
 impl KeyRole {
-    /// The stored spelling.
+    /// The API's and the store's spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             KeyRole::Viewer => "viewer",
@@ -48,6 +65,12 @@ impl KeyRole {
             "admin" => Some(KeyRole::Admin),
             _ => None,
         }
+    }
+}
+
+impl std::fmt::Display for KeyRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

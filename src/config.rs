@@ -13,7 +13,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::store::{RedisTarget, StoreConfig};
+use crate::store::{RedisTarget, ShardMap, StoreConfig};
+use crate::worker::WorkerConfig;
 
 /// sluice: execution admission on Redis — duplicates collapse to one execution, tenants stay
 /// inside their quotas, and queued work is never mistaken for dead work.
@@ -118,34 +119,39 @@ pub struct WorkerSettings {
     #[arg(long, env = "SLUICE_DEMO_FLOWS")]
     pub demo_flows: bool,
     /// Executions run at once by this worker.
-    #[arg(long, env = "SLUICE_CONCURRENCY", default_value_t = 8)]
+    #[arg(long, env = "SLUICE_CONCURRENCY", default_value_t = WorkerConfig::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
     /// Lease length without a heartbeat, in milliseconds.
-    #[arg(long, env = "SLUICE_LEASE_TTL_MS", default_value_t = 30_000)]
+    #[arg(long, env = "SLUICE_LEASE_TTL_MS", default_value_t = millis(WorkerConfig::DEFAULT_LEASE_TTL))]
     pub lease_ttl_ms: u64,
     /// Heartbeat interval, in milliseconds (well under the lease TTL).
-    #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = 10_000)]
+    #[arg(long, env = "SLUICE_HEARTBEAT_MS", default_value_t = millis(WorkerConfig::DEFAULT_HEARTBEAT))]
     pub heartbeat_ms: u64,
     /// Orphan scan interval, in milliseconds: each shard's one periodic call, which is also
     /// the safety poll for wake-ups that were lost (workers are woken by Redis, not polling).
-    #[arg(long, env = "SLUICE_SCAN_MS", default_value_t = 5_000)]
+    #[arg(long, env = "SLUICE_SCAN_MS", default_value_t = millis(WorkerConfig::DEFAULT_SCAN))]
     pub scan_ms: u64,
     /// On SIGTERM/SIGINT, how long running executions may finish before their leases are
     /// released to other workers, in milliseconds.
-    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_MS", default_value_t = millis(WorkerConfig::DEFAULT_DRAIN_TIMEOUT))]
     pub drain_timeout_ms: u64,
     /// Backoff before retrying a retryable failure, in milliseconds; doubles per attempt.
-    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MS", default_value_t = 1_000)]
+    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MS", default_value_t = millis(WorkerConfig::DEFAULT_RETRY_BACKOFF))]
     pub retry_backoff_ms: u64,
     /// Cap of the retry backoff, in milliseconds.
-    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = 300_000)]
+    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = millis(WorkerConfig::DEFAULT_RETRY_BACKOFF_MAX))]
     pub retry_backoff_max_ms: u64,
+}
+
+/// A default duration as the whole milliseconds its flag takes.
+const fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 impl WorkerSettings {
     /// The runtime's configuration (with a fresh consumer name).
-    pub fn worker_config(&self) -> crate::worker::WorkerConfig {
-        crate::worker::WorkerConfig {
+    pub fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig {
             concurrency: self.concurrency.max(1),
             lease_ttl: Duration::from_millis(self.lease_ttl_ms),
             heartbeat_interval: Duration::from_millis(self.heartbeat_ms.max(1)),
@@ -169,14 +175,9 @@ impl WorkerSettings {
         Ok(r)
     }
 
-    /// The defaults, as `sluice worker` with no flags would have them.
+    /// The defaults, as `sluice worker` with no flag, variable or file would have them.
     pub fn defaults() -> Self {
-        #[derive(Parser)]
-        struct Wrap {
-            #[command(flatten)]
-            w: WorkerSettings,
-        }
-        Wrap::parse_from(["sluice"]).w
+        defaults_of()
     }
 }
 
@@ -189,7 +190,7 @@ pub struct DevArgs {
     #[arg(
         long = "worker-concurrency",
         env = "SLUICE_CONCURRENCY",
-        default_value_t = 8
+        default_value_t = WorkerConfig::DEFAULT_CONCURRENCY
     )]
     pub worker_concurrency: usize,
     /// Flows file for the embedded worker (the demo flows are always on in dev).
@@ -205,7 +206,7 @@ pub struct DevArgs {
     #[arg(long, env = "SLUICE_DEV_REDIS_PORT", default_value_t = 0)]
     pub redis_port: u16,
     /// Shard count recorded at first start.
-    #[arg(long, env = "SLUICE_SHARDS", default_value_t = 16)]
+    #[arg(long, env = "SLUICE_SHARDS", default_value_t = ShardMap::DEFAULT_SHARDS)]
     pub shards: u16,
     /// Start a local three-master Redis Cluster (in `--data-dir`, ports chosen at its first
     /// start) instead of one redis-server.
@@ -269,7 +270,7 @@ pub struct ApiSettings {
     /// credentials: with this, anyone who reaches the port is platform admin.
     #[arg(long, env = "SLUICE_DANGEROUSLY_ALLOW_DEV_AUTH_ON_NETWORK")]
     pub dangerously_allow_dev_auth_on_network: bool,
-    /// Browser origin allowed to call the API (CORS), e.g. https://console.example.com;
+    /// Browser origin allowed to call the API (CORS), e.g. `https://console.example.com`;
     /// repeat the flag or separate with commas. None by default: no CORS headers are sent.
     #[arg(
         long = "cors-origin",
@@ -388,23 +389,18 @@ pub struct RedisSettings {
     #[arg(long, env = "SLUICE_REDIS_REPLICA_ACKS", default_value_t = 0)]
     pub redis_replica_acks: u32,
     /// Shard count recorded at first start (later starts use the recorded one).
-    #[arg(long, env = "SLUICE_SHARDS", default_value_t = 16)]
+    #[arg(long, env = "SLUICE_SHARDS", default_value_t = ShardMap::DEFAULT_SHARDS)]
     pub shards: u16,
     /// Shards kept for tenants pinned to a shard of their own, recorded at first start (see
     /// `POST /api/tenants/{tenant}/dedicated-shard`).
-    #[arg(long, env = "SLUICE_DEDICATED_SHARDS", default_value_t = 2)]
+    #[arg(long, env = "SLUICE_DEDICATED_SHARDS", default_value_t = ShardMap::DEFAULT_DEDICATED)]
     pub dedicated_shards: u16,
 }
 
 impl ApiSettings {
-    /// The defaults, as `sluice serve` with no flags would have them (environment ignored).
+    /// The defaults, as `sluice serve` with no flag, variable or file would have them.
     pub fn defaults() -> Self {
-        #[derive(Parser)]
-        struct Wrap {
-            #[command(flatten)]
-            api: ApiSettings,
-        }
-        Wrap::parse_from(["sluice"]).api
+        defaults_of()
     }
 
     /// `--request-timeout-ms` as a duration.
@@ -424,21 +420,14 @@ impl RedisSettings {
         Self::for_target(RedisTarget::Standalone(url.into()))
     }
 
-    /// Settings for `target`, otherwise the defaults.
+    /// Settings for `target`, otherwise the defaults (those of the flags).
     pub fn for_target(target: RedisTarget) -> Self {
-        let (redis_url, redis_cluster) = match target {
-            RedisTarget::Standalone(url) => (url, Vec::new()),
-            RedisTarget::Cluster(seeds) => ("redis://127.0.0.1:6379".to_owned(), seeds),
-        };
-        Self {
-            redis_url,
-            redis_cluster,
-            redis_connections: 2,
-            redis_timeout_ms: 2_000,
-            redis_replica_acks: 0,
-            shards: 16,
-            dedicated_shards: 2,
+        let mut settings: Self = defaults_of();
+        match target {
+            RedisTarget::Standalone(url) => settings.redis_url = url,
+            RedisTarget::Cluster(seeds) => settings.redis_cluster = seeds,
         }
+        settings
     }
 }
 
@@ -482,6 +471,17 @@ impl RedisSettings {
             dlq_cap: api.dlq_cap,
         }
     }
+}
+
+/// The settings `T` with nothing given: no flag, no `SLUICE_*` variable (whatever the process
+/// environment holds), no file. The flags' attributes are the one home of every default; this
+/// is how the library (`ApiSettings::defaults`, ...) reads them.
+fn defaults_of<T: Args + FromArgMatches>() -> T {
+    let command = T::augment_args(clap::Command::new("sluice")).mut_args(|a| a.env(None));
+    command
+        .try_get_matches_from(["sluice"])
+        .and_then(|m| T::from_arg_matches(&m))
+        .expect("every setting has a default or is optional")
 }
 
 /// Whether a flag or an environment variable set this argument (then the file does not).

@@ -1,7 +1,8 @@
-//! The embedded default: a `redis-server` that `sluice dev` starts, owns and stops, with its
-//! data (AOF on) in a local folder, so trying sluice needs nothing but the binary and Redis
+//! The embedded default, `sluice dev` (`run`): a `redis-server` it starts, owns and stops, with
+//! its data (AOF on) in a local folder, the API in dev-auth mode and a worker with the demo
+//! flows in the same process, so trying sluice needs nothing but the binary and Redis
 //! installed. `sluice dev --cluster` starts a local three-master Redis Cluster instead, formed
-//! by `form_cluster` (which the test suite uses too).
+//! by `form_cluster` (which the test suite and the benchmark use too).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -10,7 +11,85 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
+use crate::app::{Application, shutdown_signal};
+use crate::config::{AppConfig, DevArgs, RedisSettings, WorkerSettings};
 use crate::store::RedisTarget;
+use crate::worker::Worker;
+
+/// Masters of the local cluster `sluice dev --cluster` starts.
+const DEV_CLUSTER_MASTERS: usize = 3;
+
+/// The embedded worker's timings, snappier than production's: a cancel missed by its stop
+/// message is noticed within a 2 s heartbeat, and Ctrl-C returns within the 5 s drain.
+const DEV_LEASE_TTL_MS: u64 = 10_000;
+const DEV_HEARTBEAT_MS: u64 = 2_000;
+const DEV_SCAN_MS: u64 = 2_000;
+const DEV_DRAIN_TIMEOUT_MS: u64 = 5_000;
+
+/// `sluice dev`: starts its Redis, serves the API (dev auth) with a worker running the demo
+/// flows beside it until SIGINT/SIGTERM, then stops the worker, the server and Redis — Redis
+/// also when the server or the worker failed.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let redis = if args.cluster {
+        ManagedRedis::start_cluster(&args.redis_server, &args.data_dir, DEV_CLUSTER_MASTERS).await
+    } else {
+        ManagedRedis::start(&args.redis_server, &args.data_dir, args.redis_port).await
+    }
+    .context("sluice dev could not start its redis-server")?;
+    let result = serve_with_worker(&args, &redis).await;
+    redis.stop().await;
+    result
+}
+
+/// The API and the embedded worker on `redis`, until a shutdown signal.
+async fn serve_with_worker(args: &DevArgs, redis: &ManagedRedis) -> anyhow::Result<()> {
+    let mut api = args.api.clone();
+    api.dev_auth = true;
+    let mut settings = RedisSettings::for_target(redis.target());
+    settings.shards = args.shards;
+    let mut worker_settings = WorkerSettings::defaults();
+    worker_settings.demo_flows = true;
+    worker_settings.flows = args.flows.clone();
+    worker_settings.concurrency = args.worker_concurrency;
+    worker_settings.lease_ttl_ms = DEV_LEASE_TTL_MS;
+    worker_settings.heartbeat_ms = DEV_HEARTBEAT_MS;
+    worker_settings.scan_ms = DEV_SCAN_MS;
+    worker_settings.drain_timeout_ms = DEV_DRAIN_TIMEOUT_MS;
+    let registry = worker_settings.registry()?;
+    let app = Application::build(AppConfig {
+        api,
+        redis: settings,
+    })
+    .await?;
+    let worker = Worker::new(app.store(), registry, worker_settings.worker_config());
+    print_banner(&app, redis, &args.data_dir);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let worker_stop = stop.clone();
+    let worker_task = tokio::spawn(async move { worker.run(worker_stop.cancelled_owned()).await });
+    app.run_until_stopped(shutdown_signal()).await;
+    stop.cancel();
+    worker_task.await??;
+    Ok(())
+}
+
+/// What `sluice dev` prints once it is up: where everything is, and a first request to try.
+fn print_banner(app: &Application, redis: &ManagedRedis, data_dir: &Path) {
+    let addr = app.address();
+    println!(
+        "\nsluice dev is up: API, sweeper and a worker with the demo flows\n\
+         (DEV AUTH: no credentials checked; never expose it)\n\
+         \n  API        http://{addr}/api\
+         \n  OpenAPI    http://{addr}/openapi.json\
+         \n  Docs       http://{addr}/docs (Swagger UI)\
+         \n  Redis      {} (data and AOF in {})\
+         \n\nTry:\n  curl -s -X POST http://{addr}/api/executions -H 'X-Tenant-Id: acme' \
+         -H 'Content-Type: application/json' -H 'Idempotency-Key: order-42' \
+         -d '{{\"flow_id\":\"demo.echo\",\"params\":{{\"order\":42}}}}'\n\
+         \nStop with Ctrl-C.\n",
+        redis.target(),
+        data_dir.display()
+    );
+}
 
 /// The redis-server child processes `sluice dev` owns: one standalone server, or the nodes of
 /// a local cluster.

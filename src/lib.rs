@@ -2,7 +2,8 @@
 //!
 //! - [`access`]: tenant API keys as values — token format, roles, secret hashing.
 //! - [`admission`]: the domain — validated ids, admission requests, the execution view.
-//! - [`store`]: Redis — key names, the Lua operations in `migrations-lua/`, one round trip each.
+//! - [`store`]: Redis — key names, and the Lua operations in `migrations-lua/` (every state
+//!   change one atomic script on one hash slot).
 //! - [`http`]: the API — routes with their OpenAPI docs, errors as problem+json, auth.
 //! - [`app`]: wiring a config into a bound, runnable server.
 //! - [`server`]: serving connections, bounded in number and in time.
@@ -11,10 +12,12 @@
 //! - [`waiters`]: clients waiting on executions, served by one Pub/Sub listener per process.
 //! - [`dev`]: the embedded default's managed `redis-server`.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
+//! - [`commands`]: what each subcommand does (`main.rs` only dispatches).
 
 pub mod access;
 pub mod admission;
 pub mod app;
+pub mod commands;
 pub mod config;
 pub mod dev;
 pub mod http;

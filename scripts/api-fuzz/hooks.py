@@ -58,7 +58,7 @@ def _short_wait(case):
 def map_case(context, case):
     """In stateful sequences, `DELETE /api/executions/{id}` is the force delete.
 
-    Without `force=true` that call is a cancel (the contract of DESIGN.md): the execution stays
+    Without `force=true` that call is a cancel (the contract of docs/DESIGN.md): the execution stays
     readable, which Schemathesis' use-after-free check would take for a deleted resource still
     served. Only the force delete deletes, so sequences that delete use it and the check then
     holds the server to "gone means 404". The other phases still send both forms. Valid waits

@@ -13,11 +13,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Caller, Role};
+use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path};
 use super::tenants::tenant_not_found;
-use crate::access::{self, KeyId, KeyOrigin};
+use crate::access::{KeyId, KeyOrigin, KeyRole};
 use crate::admission::TenantId;
 use crate::store::{ApiKeyRecord, KeyCreation};
 
@@ -29,38 +29,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_api_key, list_api_keys))
         .routes(routes!(revoke_api_key))
-}
-
-/// The role an API key grants, weakest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum KeyRole {
-    /// Read executions.
-    Viewer,
-    /// Also submit, cancel and retry executions.
-    Editor,
-    /// Also force-delete executions, read the tenant and manage its API keys.
-    Admin,
-}
-
-impl From<KeyRole> for access::KeyRole {
-    fn from(r: KeyRole) -> Self {
-        match r {
-            KeyRole::Viewer => access::KeyRole::Viewer,
-            KeyRole::Editor => access::KeyRole::Editor,
-            KeyRole::Admin => access::KeyRole::Admin,
-        }
-    }
-}
-
-impl From<access::KeyRole> for KeyRole {
-    fn from(r: access::KeyRole) -> Self {
-        match r {
-            access::KeyRole::Viewer => KeyRole::Viewer,
-            access::KeyRole::Editor => KeyRole::Editor,
-            access::KeyRole::Admin => KeyRole::Admin,
-        }
-    }
 }
 
 /// Body of `POST /api/tenants/{tenant}/api-keys`.
@@ -112,7 +80,7 @@ impl ApiKey {
         Self {
             key_id: r.id.to_string(),
             tenant_id: r.tenant.to_string(),
-            role: r.role.into(),
+            role: r.role,
             name: r.name.clone(),
             created_at,
         }
@@ -177,7 +145,7 @@ pub async fn create_api_key(
     body: JsonBody<NewApiKey>,
 ) -> Result<Response, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, Role::TenantAdmin)?;
+    caller.admin_of(&tenant, KeyRole::Admin)?;
     let body = body.parse().await?;
     if let Some(name) = &body.name
         && (name.is_empty()
@@ -210,13 +178,7 @@ pub async fn create_api_key(
         .map_err(|_| ApiError::Internal("clock out of range".into()))?;
     match state
         .store
-        .create_api_key(
-            &tenant,
-            body.role.into(),
-            body.name.as_deref(),
-            now_ms,
-            origin,
-        )
+        .create_api_key(&tenant, body.role, body.name.as_deref(), now_ms, origin)
         .await?
     {
         KeyCreation::Created(record, key) => {
@@ -259,7 +221,7 @@ pub async fn list_api_keys(
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<ApiKeyList>, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, Role::TenantAdmin)?;
+    caller.admin_of(&tenant, KeyRole::Admin)?;
     let keys = state.store.list_api_keys(&tenant).await?;
     Ok(axum::Json(ApiKeyList {
         api_keys: keys.iter().map(ApiKey::new).collect(),
@@ -293,7 +255,7 @@ pub async fn revoke_api_key(
     Path((tenant, key_id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, Role::TenantAdmin)?;
+    caller.admin_of(&tenant, KeyRole::Admin)?;
     let not_found = || ApiError::NotFound {
         code: "api_key_not_found",
         detail: "no such API key for this tenant".into(),

@@ -21,16 +21,12 @@ use crate::config::Secret;
 /// Header naming the tenant the platform admin (or a dev-mode caller) acts for.
 pub const TENANT_HEADER: &str = "x-tenant-id";
 
-/// What a caller may do, weakest first (the order is used for `>=` checks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
-    /// Read executions.
-    Viewer,
-    /// Also submit, cancel and retry.
-    Editor,
-    /// Also force-delete and manage the tenant's own settings.
-    TenantAdmin,
-    /// Everything, for any tenant.
+/// What a caller's credential grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// A tenant API key with its role, for its own tenant only.
+    Key(KeyRole),
+    /// The platform admin token (or dev mode): every call, for any tenant.
     PlatformAdmin,
 }
 
@@ -38,12 +34,12 @@ pub enum Role {
 #[derive(Debug, Clone)]
 pub struct Caller {
     tenant: Option<TenantId>,
-    role: Role,
+    grant: Grant,
 }
 
 impl Caller {
     /// The tenant this call acts for, with at least `role`.
-    pub fn tenant_with(&self, role: Role) -> Result<&TenantId, ApiError> {
+    pub fn tenant_with(&self, role: KeyRole) -> Result<&TenantId, ApiError> {
         self.require(role)?;
         self.tenant.as_ref().ok_or_else(|| ApiError::BadRequest {
             code: "tenant_required",
@@ -56,11 +52,16 @@ impl Caller {
         self.tenant.as_ref()
     }
 
+    /// What the caller's credential grants.
+    pub fn grant(&self) -> Grant {
+        self.grant
+    }
+
     /// Allows the platform admin, and a tenant key of `tenant` with at least `role`; a key of
     /// another tenant is a 403 `tenant_mismatch` (the caller named the tenant, so this reveals
     /// nothing about it).
-    pub fn admin_of(&self, tenant: &TenantId, role: Role) -> Result<(), ApiError> {
-        if self.role == Role::PlatformAdmin {
+    pub fn admin_of(&self, tenant: &TenantId, role: KeyRole) -> Result<(), ApiError> {
+        if self.grant == Grant::PlatformAdmin {
             return Ok(());
         }
         self.require(role)?;
@@ -70,32 +71,37 @@ impl Caller {
         Ok(())
     }
 
-    /// Fails with 403 unless the caller has at least `role`.
-    pub fn require(&self, role: Role) -> Result<(), ApiError> {
-        if self.role >= role {
-            Ok(())
-        } else {
-            Err(ApiError::Forbidden {
-                code: "insufficient_role",
-                detail: format!("this call needs the {role:?} role"),
-            })
+    /// Fails with 403 unless the caller is the platform admin or holds a key with at least
+    /// `role`.
+    pub fn require(&self, role: KeyRole) -> Result<(), ApiError> {
+        match self.grant {
+            Grant::PlatformAdmin => Ok(()),
+            Grant::Key(held) if held >= role => Ok(()),
+            Grant::Key(_) => Err(insufficient(format!("this call needs the {role} role"))),
         }
+    }
+
+    /// Fails with 403 unless the caller is the platform admin.
+    pub fn require_platform_admin(&self) -> Result<(), ApiError> {
+        match self.grant {
+            Grant::PlatformAdmin => Ok(()),
+            Grant::Key(_) => Err(insufficient(
+                "this call needs the platform admin token".into(),
+            )),
+        }
+    }
+}
+
+fn insufficient(detail: String) -> ApiError {
+    ApiError::Forbidden {
+        code: "insufficient_role",
+        detail,
     }
 }
 
 /// Longest bearer token looked at; anything longer is refused without a lookup (the admin
 /// token and API keys are far shorter).
 const MAX_TOKEN_LEN: usize = 512;
-
-impl From<KeyRole> for Role {
-    fn from(r: KeyRole) -> Self {
-        match r {
-            KeyRole::Viewer => Role::Viewer,
-            KeyRole::Editor => Role::Editor,
-            KeyRole::Admin => Role::TenantAdmin,
-        }
-    }
-}
 
 fn tenant_header(headers: &HeaderMap) -> Result<Option<TenantId>, ApiError> {
     match headers.get(TENANT_HEADER) {
@@ -147,19 +153,19 @@ impl FromRequestParts<AppState> for Caller {
                 }
                 Ok(Caller {
                     tenant: Some(own),
-                    role: role.into(),
+                    grant: Grant::Key(role),
                 })
             }
             Some(given) => match state.auth.admin_token.as_ref().map(Secret::expose) {
                 Some(admin) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => Ok(Caller {
                     tenant: tenant()?,
-                    role: Role::PlatformAdmin,
+                    grant: Grant::PlatformAdmin,
                 }),
                 _ => Err(ApiError::Unauthorized),
             },
             None if state.auth.dev_auth => Ok(Caller {
                 tenant: tenant()?,
-                role: Role::PlatformAdmin,
+                grant: Grant::PlatformAdmin,
             }),
             None => Err(ApiError::Unauthorized),
         }

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::admission::InvalidInput;
+use crate::admission::{ExecutionId, InvalidInput};
 use crate::store::StoreError;
 
 /// Seconds a client should wait before retrying after Redis trouble.
@@ -27,7 +27,7 @@ pub enum ApiError {
     #[error(
         "the dedup key is already used by execution {existing} with a different flow, version or params"
     )]
-    IdempotencyConflict { existing: String },
+    IdempotencyConflict { existing: ExecutionId },
     #[error("{0}")]
     UnsupportedMediaType(String),
     #[error("the tenant's queue is full ({waiting} waiting); retry later")]
@@ -38,7 +38,10 @@ pub enum ApiError {
     #[error(
         "storage stopped answering after the admission was sent: execution {execution_id} may or may not have been admitted; look it up, or repeat the request with the same Idempotency-Key"
     )]
-    OutcomeUnknown { execution_id: String, log: String },
+    OutcomeUnknown {
+        execution_id: ExecutionId,
+        log: String,
+    },
     #[error("the request took longer than the server's limit")]
     Timeout,
     /// A bounded resource of the server is used up (e.g. its waiters): retry later.
@@ -78,7 +81,7 @@ impl From<StoreError> for ApiError {
                 execution_id,
                 detail,
             } => ApiError::OutcomeUnknown {
-                execution_id: execution_id.to_string(),
+                execution_id,
                 log: detail,
             },
         }
@@ -193,8 +196,8 @@ impl IntoResponse for ApiError {
             detail: self.to_string(),
             code: self.code().to_owned(),
             execution_id: match &self {
-                ApiError::IdempotencyConflict { existing } => Some(existing.clone()),
-                ApiError::OutcomeUnknown { execution_id, .. } => Some(execution_id.clone()),
+                ApiError::IdempotencyConflict { existing } => Some(existing.to_string()),
+                ApiError::OutcomeUnknown { execution_id, .. } => Some(execution_id.to_string()),
                 _ => None,
             },
         };

@@ -70,6 +70,7 @@ pub trait ConnectionControl: Send + Sync {
 }
 
 impl ConnectionHandle {
+    /// The handle of a connection that `control` steers.
     pub fn new(control: Arc<dyn ConnectionControl>) -> Self {
         Self(control)
     }

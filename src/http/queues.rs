@@ -10,9 +10,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Caller, Role};
+use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::Query;
+use crate::access::KeyRole;
 use crate::store;
 
 /// The dead-letter and queue-statistics routes with their OpenAPI documentation.
@@ -106,9 +107,9 @@ pub async fn list_dead_letters(
     Query(p): Query<DeadLetterParams>,
 ) -> Result<axum::Json<DeadLetterPage>, ApiError> {
     let tenant = match caller.acting_tenant() {
-        Some(_) => Some(caller.tenant_with(Role::Viewer)?),
+        Some(_) => Some(caller.tenant_with(KeyRole::Viewer)?),
         None => {
-            caller.require(Role::PlatformAdmin)?;
+            caller.require_platform_admin()?;
             None
         }
     };
@@ -237,7 +238,7 @@ pub async fn queue_stats(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<axum::Json<QueueStats>, ApiError> {
-    caller.require(Role::PlatformAdmin)?;
+    caller.require_platform_admin()?;
     let mut shards = Vec::new();
     let mut unavailable = Vec::new();
     let mut last_error = None;

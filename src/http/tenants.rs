@@ -10,9 +10,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Caller, Role};
+use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
+use crate::access::KeyRole;
 use crate::admission::TenantId;
 use crate::store::{Change, Pin, TenantLimits, TenantState};
 
@@ -65,7 +66,7 @@ pub async fn pin_tenant(
     caller: Caller,
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<DedicatedShard>, ApiError> {
-    caller.require(Role::PlatformAdmin)?;
+    caller.require_platform_admin()?;
     let tenant = TenantId::parse(&tenant)?;
     let conflict = |code: &'static str, detail: String| ApiError::Status {
         status: StatusCode::CONFLICT,
@@ -205,7 +206,7 @@ pub async fn put_tenant(
     Path(tenant): Path<String>,
     body: JsonBody<TenantSettings>,
 ) -> Result<axum::Json<Tenant>, ApiError> {
-    caller.require(Role::PlatformAdmin)?;
+    caller.require_platform_admin()?;
     let tenant = TenantId::parse(&tenant)?;
     let body = body.parse().await?;
     state.store.register_tenant(&tenant).await?;
@@ -240,7 +241,7 @@ pub async fn get_tenant(
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<Tenant>, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, Role::TenantAdmin)?;
+    caller.admin_of(&tenant, KeyRole::Admin)?;
     match state.store.get_tenant(&tenant).await? {
         Some(s) => Ok(axum::Json(Tenant::new(&tenant, s))),
         None => Err(tenant_not_found()),
@@ -304,7 +305,7 @@ pub async fn list_tenants(
     caller: Caller,
     query: QueryLater<TenantListParams>,
 ) -> Result<axum::Json<TenantList>, ApiError> {
-    caller.require(Role::PlatformAdmin)?;
+    caller.require_platform_admin()?;
     let p = query.parse()?;
     let limit = p.limit.unwrap_or(DEFAULT_TENANT_PAGE);
     if !(1..=MAX_TENANT_PAGE).contains(&limit) {
@@ -374,7 +375,7 @@ pub async fn delete_tenant(
     caller: Caller,
     Path(tenant): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Role::PlatformAdmin)?;
+    caller.require_platform_admin()?;
     let tenant = TenantId::parse(&tenant)?;
     if state.store.delete_tenant(&tenant).await? {
         state.metrics.forget_tenant(&tenant);

@@ -24,7 +24,7 @@ pub enum Admission {
     /// The dedup key already maps to this execution, admitted with the same request.
     Replayed(Execution),
     /// The dedup key maps to `existing`, admitted with a different flow/version/params.
-    Conflict { existing: String },
+    Conflict { existing: ExecutionId },
     /// The tenant is disabled; nothing was written.
     Disabled,
     /// The tenant has no free slot and its waiting set is full; nothing was written.
@@ -103,7 +103,9 @@ impl Store {
                 }
                 "dup" => Ok(Admission::Replayed(execution_from(rest, true)?)),
                 "conflict" => Ok(Admission::Conflict {
-                    existing: string_at(&rest, 0)?,
+                    existing: ExecutionId::parse(&string_at(&rest, 0)?).map_err(|e| {
+                        StoreError::Corrupt(format!("admit: conflict reply: {}", e.detail))
+                    })?,
                 }),
                 "disabled" => Ok(Admission::Disabled),
                 "full" => Ok(Admission::QueueFull {

@@ -6,15 +6,23 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::row::{execution_from, split_tag};
-use super::{Admission, Shard, Store, StoreError};
-use crate::admission::{ExecutionId, Status, TenantId};
+use super::{Shard, Store, StoreError};
+use crate::admission::{Execution, ExecutionId, Status, TenantId};
 
-/// Result of `Store::retry`.
-pub type RetryResult = Result<Option<Admission>, NotRetryable>;
-
-/// The execution is in a status that cannot be retried.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotRetryable(pub String);
+/// What `Store::retry` did.
+#[derive(Debug, Clone)]
+pub enum Retry {
+    /// Queued again (dispatched or waiting, as an admission would be): same id, attempt 0.
+    Queued(Box<Execution>),
+    /// No such execution for this tenant.
+    NotFound,
+    /// Its status (`queued`, `running` or `completed`) cannot be retried; nothing changed.
+    NotRetryable(Status),
+    /// The tenant is disabled; nothing changed.
+    Disabled,
+    /// The tenant has no free slot and its waiting set is full; nothing changed.
+    QueueFull { waiting: u64 },
+}
 
 /// One dead-letter record.
 #[derive(Debug, Clone)]
@@ -35,12 +43,8 @@ pub struct DeadLetter {
 }
 
 impl Store {
-    /// Re-queues a failed or cancelled execution with fresh attempts. `Ok(None)`: not found.
-    pub async fn retry(
-        &self,
-        tenant: &TenantId,
-        id: &ExecutionId,
-    ) -> Result<RetryResult, StoreError> {
+    /// Re-queues a failed or cancelled execution with fresh attempts.
+    pub async fn retry(&self, tenant: &TenantId, id: &ExecutionId) -> Result<Retry, StoreError> {
         let shard = self.shard_of(tenant);
         let keys = [
             shard.row(id),
@@ -56,24 +60,28 @@ impl Store {
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
         Ok(match tag.as_str() {
-            "not_found" => Ok(None),
-            "not_retryable" => Err(NotRetryable(
-                rest.into_iter()
+            "not_found" => Retry::NotFound,
+            "not_retryable" => {
+                let status: String = rest
+                    .into_iter()
                     .next()
                     .map(redis::from_redis_value)
                     .transpose()?
-                    .unwrap_or_default(),
-            )),
-            "disabled" => Ok(Some(Admission::Disabled)),
-            "full" => Ok(Some(Admission::QueueFull {
+                    .unwrap_or_default();
+                Retry::NotRetryable(Status::parse(&status).ok_or_else(|| {
+                    StoreError::Corrupt(format!("retry: not retryable in status {status:?}"))
+                })?)
+            }
+            "disabled" => Retry::Disabled,
+            "full" => Retry::QueueFull {
                 waiting: rest
                     .into_iter()
                     .next()
                     .map(redis::from_redis_value)
                     .transpose()?
                     .unwrap_or_default(),
-            })),
-            "ok" => Ok(Some(Admission::Created(execution_from(rest, false)?))),
+            },
+            "ok" => Retry::Queued(Box::new(execution_from(rest, false)?)),
             other => return Err(StoreError::Corrupt(format!("retry replied {other}"))),
         })
     }

@@ -21,7 +21,7 @@ const ROOT: &str = "sluice:";
 /// lock.
 const META_PREFIX: &str = "sluice:{meta}:";
 
-/// The prefix of the `{meta}` keys (ARGV[1] of the scripts on them).
+/// The prefix of the `{meta}` keys (`ARGV[1]` of the scripts on them).
 pub fn meta_prefix() -> &'static str {
     META_PREFIX
 }
@@ -137,7 +137,7 @@ impl Shard {
     }
 
     /// The prefix of every key in this shard, e.g. `sluice:{s07.19}:`; scripts get it as
-    /// ARGV[1].
+    /// `ARGV[1]`.
     pub fn prefix(self) -> String {
         format!("{ROOT}{{{}}}:", self.tag)
     }
@@ -272,6 +272,11 @@ pub struct ShardMap {
 }
 
 impl ShardMap {
+    /// Hashed shards a new deployment records at first start (`--shards`).
+    pub const DEFAULT_SHARDS: u16 = 16;
+    /// Dedicated shards a new deployment records at first start (`--dedicated-shards`).
+    pub const DEFAULT_DEDICATED: u16 = 2;
+
     /// A map over `count` shards (at least 1) named by `layout`, none dedicated.
     pub fn new(count: u16, layout: Layout) -> Self {
         Self::with_dedicated(count, 0, layout)
@@ -519,6 +524,14 @@ mod tests {
         assert_eq!(ShardMap::new(16, Layout::CURRENT).shard_of(&t).number(), 15);
         assert_eq!(ShardMap::new(4, Layout::CURRENT).shard_of(&t).number(), 3);
         assert_eq!(ShardMap::new(1, Layout::CURRENT).shard_of(&t).number(), 0);
+        // More tenants, so a changed hash cannot keep them all by chance: FNV-1a-64 of "a" is
+        // the reference test vector 0xaf63dc4c8601ec8c (12 of 16); "initech" 0x5e655c2d2050ac41
+        // (1); "umbrella" 0x60c0318649ec0b45 (5).
+        let map = ShardMap::new(16, Layout::CURRENT);
+        for (tenant, shard) in [("a", 12), ("initech", 1), ("umbrella", 5)] {
+            let t = TenantId::parse(tenant).unwrap();
+            assert_eq!(map.shard_of(&t).number(), shard, "{tenant}");
+        }
         assert_eq!(ShardMap::new(0, Layout::CURRENT).count(), 1);
         // Tenants spread: 64 tenants over 16 shards reach more than half of them.
         let map = ShardMap::new(16, Layout::CURRENT);

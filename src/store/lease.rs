@@ -1,8 +1,9 @@
 //! The worker's side of an execution's lease (`migrations-lua/start.lua`, `adopt.lua`,
 //! `heartbeat.lua`, `complete.lua`, `reclaim.lua`): starting what a worker reads, finding what
 //! a lost start answer started, keeping leases alive, reporting how a run ended, and
-//! recovering runs whose lease expired. Each call is one script on one shard; a completion may
-//! also start the next run on the slot it frees (`complete_and_start`).
+//! recovering runs whose lease expired. Each of those is one script on one shard (a completion
+//! may also start the next run on the slot it frees: `complete_and_start`);
+//! `ensure_group(s)` creates the shards' consumer groups (`XGROUP CREATE`, no script).
 
 use std::time::Duration;
 

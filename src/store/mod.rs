@@ -1,7 +1,14 @@
-//! Redis storage: the only module that knows key names and calls scripts. Every operation is
-//! one round trip (one script or one pipeline) on one hash slot and is bounded by the
-//! configured timeout, so a Redis that is down or stuck turns into `StoreError::Unavailable`
-//! quickly, never a hang.
+//! Redis storage: the only module that knows key names and calls scripts. Every state change
+//! of an execution (admit, cancel, force delete, start, heartbeat, complete, reclaim, retry,
+//! a sweep step) is one script on one hash slot, so it is atomic. A few operations are a short
+//! sequence of such calls instead: `put_tenant` (the limits, then promotion steps, then a
+//! read), `delete_tenant` (the registry script, the limits' deletion, promotion steps),
+//! `list_api_keys` (the key set, then one pipeline of the records), `dead_letters` (bounded
+//! pages of each shard's stream), `pin_tenant`, and the reads that span shards (statistics,
+//! tenant usage, sweep targets: one pipeline per shard, all at once). Each is written so that
+//! an interruption between its calls leaves a consistent state. Every single Redis call is
+//! bounded by the configured timeout, so a Redis that is down or stuck turns into
+//! `StoreError::Unavailable` quickly, never a hang.
 //!
 //! One file per operation family, each beside the script it calls: `admit` (admission and
 //! the settling of a lost answer), `cancel` (cancel, force delete), `lease` (the worker's side:
@@ -44,7 +51,7 @@ use crate::admission::ExecutionId;
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::Admission;
 pub use conn::{Conn, RedisTarget};
-pub use dead_letters::{DeadLetter, NotRetryable, RetryResult};
+pub use dead_letters::{DeadLetter, Retry};
 pub use keys::{Shard, ShardMap, WORKER_GROUP};
 pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Reclaimed, StartBatch, Started};
@@ -252,7 +259,9 @@ impl Store {
         Ok(())
     }
 
-    /// Readiness: Redis answers and every script is in its cache (reloaded if it was flushed).
+    /// Readiness: Redis answers and every script of `Scripts::all` (shard, access and `{meta}`
+    /// scripts alike) is in its cache — on a cluster, `SCRIPT EXISTS` is asked of every master
+    /// and the answers are and-ed — reloaded if one was flushed.
     pub async fn ready(&self) -> Result<(), StoreError> {
         let mut c = self.conn();
         let hashes: Vec<&str> = self.scripts.all().iter().map(|s| s.get_hash()).collect();

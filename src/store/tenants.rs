@@ -73,19 +73,62 @@ pub struct TenantState {
 /// Commands `tenant_reads` adds per tenant.
 const TENANT_READS: usize = 9;
 
-/// Reply of the tenant read pipeline: limits, whether configured, slots, waiting, running,
-/// force-deleted still running, and how many status indexes exist.
-type TenantReply = (
-    Option<u32>,
-    Option<u32>,
-    Option<u8>,
-    bool,
-    u64,
-    u64,
-    u64,
-    u64,
-    u64,
-);
+/// What the reads of `tenant_reads` found for one tenant, in their order.
+struct TenantReads {
+    /// Its own limits, where it has them (else the server defaults apply).
+    max_concurrent: Option<u32>,
+    max_queued: Option<u32>,
+    /// Its own `enabled` flag (0 = disabled), where set.
+    enabled: Option<u8>,
+    /// Whether it has a configuration hash at all.
+    configured: bool,
+    /// Executions holding a slot (dispatched or running).
+    slots: u64,
+    waiting: u64,
+    running: u64,
+    /// Force-deleted executions whose handler still runs (they keep their slot).
+    deleting: u64,
+    /// How many of its status indexes exist (0: it never had an execution).
+    indexes: u64,
+}
+
+impl redis::FromRedisValue for TenantReads {
+    fn from_redis_value(v: Value) -> Result<Self, redis::ParsingError> {
+        type Tuple = (
+            Option<u32>,
+            Option<u32>,
+            Option<u8>,
+            bool,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+        );
+        let (
+            max_concurrent,
+            max_queued,
+            enabled,
+            configured,
+            slots,
+            waiting,
+            running,
+            deleting,
+            indexes,
+        ): Tuple = redis::from_redis_value(v)?;
+        Ok(Self {
+            max_concurrent,
+            max_queued,
+            enabled,
+            configured,
+            slots,
+            waiting,
+            running,
+            deleting,
+            indexes,
+        })
+    }
+}
 
 /// What `set_limits.lua` did.
 pub(super) enum Limits {
@@ -172,7 +215,7 @@ impl Store {
         let mut p = redis::pipe();
         tenant_reads(&mut p, self.shard_of(tenant), tenant);
         let mut c = self.conn();
-        let reply: TenantReply = self.bounded(p.query_async(&mut c)).await?;
+        let reply: TenantReads = self.bounded(p.query_async(&mut c)).await?;
         Ok(self.tenant_state(reply))
     }
 
@@ -230,26 +273,29 @@ impl Store {
         let mut out = Vec::with_capacity(members.len());
         for _ in members {
             let one: Vec<Value> = replies.by_ref().take(TENANT_READS).collect();
-            let reply: TenantReply = redis::from_redis_value(Value::Array(one))?;
+            let reply: TenantReads = redis::from_redis_value(Value::Array(one))?;
             out.push(self.tenant_state(reply));
         }
         Ok(out)
     }
 
     /// The state the reads of `tenant_reads` describe.
-    fn tenant_state(&self, reply: TenantReply) -> Option<TenantState> {
-        let (max_c, max_q, enabled, configured, slots, waiting, running, deleting, indexes) = reply;
-        let running = running + deleting;
-        if !configured && indexes == 0 {
+    fn tenant_state(&self, r: TenantReads) -> Option<TenantState> {
+        if !r.configured && r.indexes == 0 {
             return None;
         }
+        let running = r.running + r.deleting;
         Some(TenantState {
-            max_concurrent: max_c.unwrap_or(self.policy.max_concurrent.load(Ordering::Relaxed)),
-            max_queued: max_q.unwrap_or(self.policy.max_queued.load(Ordering::Relaxed)),
-            enabled: enabled != Some(0),
+            max_concurrent: r
+                .max_concurrent
+                .unwrap_or(self.policy.max_concurrent.load(Ordering::Relaxed)),
+            max_queued: r
+                .max_queued
+                .unwrap_or(self.policy.max_queued.load(Ordering::Relaxed)),
+            enabled: r.enabled != Some(0),
             running,
-            dispatched: slots.saturating_sub(running),
-            waiting,
+            dispatched: r.slots.saturating_sub(running),
+            waiting: r.waiting,
         })
     }
 }

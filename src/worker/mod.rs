@@ -75,16 +75,35 @@ pub struct WorkerConfig {
     pub consumer: String,
 }
 
+/// The production defaults: the one home of these numbers (`sluice worker`'s flags default to
+/// them too).
+impl WorkerConfig {
+    /// `concurrency`.
+    pub const DEFAULT_CONCURRENCY: usize = 8;
+    /// `lease_ttl`.
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+    /// `heartbeat_interval`: a third of the lease, so two renewals may fail before it lapses.
+    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+    /// `scan_interval`.
+    pub const DEFAULT_SCAN: Duration = Duration::from_secs(5);
+    /// `drain_timeout`.
+    pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `retry_backoff`.
+    pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+    /// `retry_backoff_max`.
+    pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(300);
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
-            concurrency: 8,
-            lease_ttl: Duration::from_secs(30),
-            heartbeat_interval: Duration::from_secs(10),
-            scan_interval: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(30),
-            retry_backoff: Duration::from_secs(1),
-            retry_backoff_max: Duration::from_secs(300),
+            concurrency: Self::DEFAULT_CONCURRENCY,
+            lease_ttl: Self::DEFAULT_LEASE_TTL,
+            heartbeat_interval: Self::DEFAULT_HEARTBEAT,
+            scan_interval: Self::DEFAULT_SCAN,
+            drain_timeout: Self::DEFAULT_DRAIN_TIMEOUT,
+            retry_backoff: Self::DEFAULT_RETRY_BACKOFF,
+            retry_backoff_max: Self::DEFAULT_RETRY_BACKOFF_MAX,
             consumer: default_consumer(),
         }
     }
@@ -100,11 +119,48 @@ pub fn default_consumer() -> String {
 }
 
 /// Why a running execution was told to stop.
-const STOP_NONE: u8 = 0;
-const STOP_CANCEL: u8 = 1;
-const STOP_LOST: u8 = 2;
-const STOP_SHUTDOWN: u8 = 3;
-const STOP_EXPIRED: u8 = 4;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Stop {
+    /// Its cancel was requested: it ends `cancelled`.
+    Cancel = 1,
+    /// Its lease is no longer this worker's (force-deleted, reclaimed or superseded).
+    Lost = 2,
+    /// The worker shuts down past its drain timeout: the run is released, not counted.
+    Shutdown = 3,
+    /// This worker can no longer prove it holds the lease: the run is abandoned.
+    Expired = 4,
+}
+
+/// The stop reason of one run, shared by its runner and whoever stops it (the heartbeat, the
+/// lease deadline, the shutdown): none until one is recorded.
+#[derive(Default)]
+struct StopReason(AtomicU8);
+
+impl StopReason {
+    /// Records `why` unless a reason is already recorded (the first one wins).
+    fn record(&self, why: Stop) {
+        let _ = self
+            .0
+            .compare_exchange(0, why as u8, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Records `why` over any earlier reason (a shutdown's release wins).
+    fn overrule(&self, why: Stop) {
+        self.0.store(why as u8, Ordering::SeqCst);
+    }
+
+    /// The reason recorded, if any.
+    fn get(&self) -> Option<Stop> {
+        match self.0.load(Ordering::SeqCst) {
+            1 => Some(Stop::Cancel),
+            2 => Some(Stop::Lost),
+            3 => Some(Stop::Shutdown),
+            4 => Some(Stop::Expired),
+            _ => None,
+        }
+    }
+}
 
 /// An execution this worker runs.
 struct Held {
@@ -112,7 +168,7 @@ struct Held {
     fence: u64,
     lease: Lease,
     stop: CancellationToken,
-    why: Arc<AtomicU8>,
+    why: Arc<StopReason>,
 }
 
 /// What a worker runs, and what it must never start again: a run (execution, fence) is
@@ -193,7 +249,7 @@ impl Shared {
     /// `depth` counts the runs before it that passed the slot on (0 for a pickup's start).
     fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit, depth: u32) {
         let stop = CancellationToken::new();
-        let why = Arc::new(AtomicU8::new(STOP_NONE));
+        let why = Arc::new(StopReason::default());
         let lease = Lease::granted(sent, self.config.lease_ttl);
         self.held.lock().expect("held map").held.insert(
             s.id.clone(),
@@ -423,7 +479,7 @@ impl Worker {
         .await;
         if drained.is_err() {
             for h in shared.held.lock().expect("held map").held.values() {
-                h.why.store(STOP_SHUTDOWN, Ordering::SeqCst);
+                h.why.overrule(Stop::Shutdown);
                 h.stop.cancel();
             }
             // Their tasks now report `Released`; bounded, as completion calls are.
@@ -463,7 +519,7 @@ async fn run_one(
     s: Started,
     lease: Lease,
     stop: CancellationToken,
-    why: &AtomicU8,
+    why: &StopReason,
     config: &WorkerConfig,
 ) -> Outcome {
     let Some(handler) = registry.get(&s.flow) else {
@@ -496,7 +552,7 @@ async fn run_one(
             _ = tokio::time::sleep_until(lease.deadline().into()) => {
                 // A renewal may have moved the deadline while this slept.
                 if !lease.is_held() {
-                    let _ = why.compare_exchange(STOP_NONE, STOP_EXPIRED, Ordering::SeqCst, Ordering::SeqCst);
+                    why.record(Stop::Expired);
                     stop.cancel();
                     break None;
                 }
@@ -509,10 +565,10 @@ async fn run_one(
         let _ = task.await;
     }
     // A stop decided by the runtime wins over whatever the handler returned while stopping.
-    match (why.load(Ordering::SeqCst), result) {
-        (STOP_SHUTDOWN, _) => Outcome::Released,
-        (STOP_EXPIRED, _) => Outcome::Abandoned,
-        (STOP_CANCEL | STOP_LOST, _) | (_, None) => Outcome::Cancelled,
+    match (why.get(), result) {
+        (Some(Stop::Shutdown), _) => Outcome::Released,
+        (Some(Stop::Expired), _) => Outcome::Abandoned,
+        (Some(Stop::Cancel | Stop::Lost), _) | (_, None) => Outcome::Cancelled,
         (_, Some(Ok(Ok(output)))) => Outcome::Completed(output),
         (_, Some(Ok(Err(e)))) => Outcome::Failed {
             kind: "handler_error".into(),
@@ -692,13 +748,11 @@ async fn renew(
         }
         let why = match state {
             LeaseState::Held => continue,
-            LeaseState::CancelRequested => STOP_CANCEL,
-            LeaseState::Lost => STOP_LOST,
+            LeaseState::CancelRequested => Stop::Cancel,
+            LeaseState::Lost => Stop::Lost,
         };
         tracing::info!(%id, ?state, "stopping execution");
-        let _ = h
-            .why
-            .compare_exchange(STOP_NONE, why, Ordering::SeqCst, Ordering::SeqCst);
+        h.why.record(why);
         h.stop.cancel();
     }
 }

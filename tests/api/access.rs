@@ -728,3 +728,40 @@ async fn a_tenant_has_a_bounded_number_of_keys() {
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     assert_eq!(create().await.unwrap().status(), StatusCode::CREATED);
 }
+
+#[tokio::test]
+async fn a_refusal_names_the_role_the_call_needs_as_the_api_spells_it() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let viewer = Who::Key(app.key_token("acme", "viewer").await);
+    let editor = Who::Key(app.key_token("acme", "editor").await);
+    let admin = Who::Key(app.key_token("acme", "admin").await);
+    let id = app.admitted_id("acme").await;
+    let force = format!("/api/executions/{id}?force=true");
+    let cases = [
+        (&viewer, Method::POST, "/api/executions", "the editor role"),
+        (&editor, Method::DELETE, force.as_str(), "the admin role"),
+        (
+            &admin,
+            Method::GET,
+            "/api/tenants",
+            "the platform admin token",
+        ),
+    ];
+    for (who, method, path, needs) in cases {
+        let mut req = app.request_as(who, method.clone(), path);
+        if method == Method::POST {
+            req = req.json(&json!({"flow_id": "demo.echo"}));
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{method} {path}");
+        let problem: Value = res.json().await.unwrap();
+        assert_eq!(problem["code"], "insufficient_role", "{problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert_eq!(
+            detail,
+            format!("this call needs {needs}"),
+            "{method} {path}"
+        );
+    }
+}

@@ -1,5 +1,5 @@
 //! Admission through the API: dedup, conflicts, force delete, tenant isolation, and the race
-//! from DESIGN.md ("Non-atomic dedup at admission").
+//! the design document opens with (`docs/DESIGN.md`, "Non-atomic dedup at admission").
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! `sluice dev`, the embedded default, driven as a user would: start it, admit and read an
-//! execution with plain HTTP, stop it with SIGTERM.
+//! execution with plain HTTP, stop it with SIGTERM, and find its redis-server gone.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -20,19 +20,47 @@ async fn sluice_dev_runs_its_own_redis_and_serves_the_readme_curl() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // The banner names the API address; read lines until it appears.
+    // The banner names the API address, then the Redis it started; read lines until both
+    // appeared.
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.trim().strip_prefix("API") {
-                let _ = tx.send(rest.trim().to_owned());
+            for label in ["API", "Redis"] {
+                if let Some(rest) = line.trim().strip_prefix(label) {
+                    let first = rest.split_whitespace().next().unwrap_or_default();
+                    let _ = tx.send((label, first.to_owned()));
+                }
             }
         }
     });
-    let api = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("sluice dev printed its API address");
+    let banner = |want: &str| {
+        let (label, value) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("sluice dev printed no {want} line"));
+        assert_eq!(label, want);
+        value
+    };
+    let api = banner("API");
+    let redis_url = banner("Redis");
+    // The redis-server it started: its process id, to check it is gone at the end.
+    let redis_pid: u32 = {
+        let mut c = redis::Client::open(redis_url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no process_id in {info}"))
+    };
+    assert!(redis_is_alive(redis_pid));
 
     let client = reqwest::Client::new();
     let res = client
@@ -89,9 +117,36 @@ async fn sluice_dev_runs_its_own_redis_and_serves_the_readme_curl() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(exit.success(), "{exit}");
+    // Its redis-server is gone with it: the process has exited (and was reaped), nothing
+    // answers on its port, and it shut down cleanly (SHUTDOWN, which flushes the AOF) rather
+    // than being killed.
+    if redis_is_alive(redis_pid) {
+        let _ = Command::new("kill").arg(redis_pid.to_string()).status();
+        panic!("sluice dev exited and left its redis-server (pid {redis_pid}) running");
+    }
+    let port = redis_url.rsplit(':').next().unwrap();
+    assert!(
+        std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err(),
+        "something still answers on the dev redis port {port}"
+    );
+    let log = std::fs::read_to_string(data.path().canonicalize().unwrap().join("redis.log"))
+        .expect("the dev redis-server logs in its data folder");
+    assert!(log.contains("ready to exit, bye bye"), "{log}");
     // AOF on, in the data folder.
     let names: Vec<String> = walk(data.path());
     assert!(names.iter().any(|n| n.contains("appendonly")), "{names:?}");
+}
+
+/// Whether process `pid` exists and is not a zombie (Linux `/proc`).
+fn redis_is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
 }
 
 fn walk(dir: &std::path::Path) -> Vec<String> {

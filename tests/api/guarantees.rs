@@ -1,7 +1,8 @@
-//! The guarantees of issue 8, each attacked the way it once broke: real `sluice worker`
-//! processes and a real `redis-server`, paused (SIGSTOP), stalled (CLIENT PAUSE) or raced by a
-//! cancel, retry, force delete or limit change, and the outcome checked as a user would check
-//! it — which run's output was accepted, the final status and attempt, the tenant's usage.
+//! The guarantees under faults (README, *Guarantees under faults*), each attacked the way it
+//! once broke: real `sluice worker` processes and a real `redis-server`, paused (SIGSTOP),
+//! stalled (CLIENT PAUSE) or raced by a cancel, retry, force delete or limit change, and the
+//! outcome checked as a user would check it — which run's output was accepted, the final
+//! status and attempt, the tenant's usage.
 //! Where timing matters, `demo.journal` leaves the evidence of when each run really ran.
 
 use std::collections::BTreeSet;
@@ -414,7 +415,7 @@ async fn raising_the_limit_dispatches_every_waiting_execution_that_fits() {
     let app = TestApp::spawn().await;
     app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
     let n = 1_201;
-    let admitted = futures::future::join_all((0..16).map(|_| async {
+    let admitted = futures_util::future::join_all((0..16).map(|_| async {
         let mut k = 0;
         loop {
             // Claim one of the n admissions.

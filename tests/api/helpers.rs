@@ -1,7 +1,7 @@
 //! Test fixtures: a real `redis-server` per test on a free port, and a `TestApp` (the real
 //! application on port 0) whose methods speak the API as a client would.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -305,6 +305,36 @@ impl TestRedis {
                 .await
                 .unwrap();
             all.extend(keys);
+        }
+        all
+    }
+
+    /// Everything the server holds (on a cluster, every master): each key with its type, its
+    /// value as `DUMP` serializes it (members, fields, stream entries, consumer groups and
+    /// their pending lists) and its absolute expiry (`PEXPIRETIME`, -1 for none). Two equal
+    /// dumps mean nothing was written in between, not merely that no key came or went.
+    pub async fn dump(&self) -> BTreeMap<String, (String, Vec<u8>, i64)> {
+        let mut all = BTreeMap::new();
+        for n in &self.nodes[..self.masters] {
+            let mut c = n.direct().await.expect("redis connection");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            for k in keys {
+                let (kind, value, expires): (String, Vec<u8>, i64) = redis::pipe()
+                    .cmd("TYPE")
+                    .arg(&k)
+                    .cmd("DUMP")
+                    .arg(&k)
+                    .cmd("PEXPIRETIME")
+                    .arg(&k)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap_or_else(|e| panic!("dump of {k}: {e}"));
+                all.insert(k, (kind, value, expires));
+            }
         }
         all
     }

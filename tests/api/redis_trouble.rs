@@ -139,7 +139,7 @@ async fn a_redis_that_does_not_answer_is_503_within_the_timeout() {
     }
 }
 
-/// Bug 3 of issue 8: the admission script was stalled in Redis past the time-out, the client
+/// A stalled admission: the admission script was stalled in Redis past the time-out, the client
 /// was told 503 `redis_unavailable`, and the script ran when Redis resumed. Now the lost answer
 /// is settled before answering: 201 if the admission happened, else a void marker makes the
 /// late script refuse, so the 503 stays true.

@@ -1,4 +1,4 @@
-//! Shards are served on their own (issue 11): a shard whose calls fail — here for real, its
+//! Shards are served on their own: a shard whose calls fail — here for real, its
 //! keys replaced by a value of the wrong type so Redis refuses every call on them, as a broken
 //! master would — holds back no other shard's starts, orphan scans or sweeps, and is picked up
 //! again once it is repaired; a worker started before its Redis waits for it; and however many

@@ -656,6 +656,5 @@ async fn waits_and_streams_end_at_once_when_the_server_shuts_down() {
     tokio::time::timeout(Duration::from_secs(15), server)
         .await
         .expect("the server stopped")
-        .unwrap()
         .unwrap();
 }

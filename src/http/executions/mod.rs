@@ -14,12 +14,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Caller, Role};
+use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
+use crate::access::KeyRole;
 use crate::admission::{AdmitRequest, ExecutionId, FlowId, Status};
-use crate::store::{Admission, ListQuery, NotRetryable};
+use crate::store::{Admission, ListQuery, Retry};
 use wire::{Execution, ExecutionPage, NewExecution};
 
 /// Seconds a client should wait after `tenant_queue_full`.
@@ -82,7 +83,7 @@ pub async fn create_execution(
     headers: HeaderMap,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(Role::Editor)?;
+    let tenant = caller.tenant_with(KeyRole::Editor)?;
     let body = body.parse().await.inspect_err(|_| {
         state.metrics.admission(tenant, AdmissionOutcome::Invalid);
     })?;
@@ -211,7 +212,7 @@ pub async fn get_execution(
     Path(id): Path<String>,
     query: QueryLater<GetParams>,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(Role::Viewer)?;
+    let tenant = caller.tenant_with(KeyRole::Viewer)?;
     let id = ExecutionId::parse(&id)?;
     if let Some(wait) = query.parse()?.wait {
         let wait = waiting::parse_wait(&wait)?;
@@ -268,7 +269,7 @@ pub async fn list_executions(
     caller: Caller,
     Query(p): Query<ListParams>,
 ) -> Result<axum::Json<ExecutionPage>, ApiError> {
-    let tenant = caller.tenant_with(Role::Viewer)?;
+    let tenant = caller.tenant_with(KeyRole::Viewer)?;
     let status = p
         .status
         .as_deref()
@@ -346,7 +347,7 @@ async fn cancel(
     caller: &Caller,
     id: &str,
 ) -> Result<crate::admission::Execution, ApiError> {
-    let tenant = caller.tenant_with(Role::Editor)?;
+    let tenant = caller.tenant_with(KeyRole::Editor)?;
     let id = ExecutionId::parse(id)?;
     state
         .store
@@ -359,7 +360,7 @@ async fn cancel(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DeleteParams {
-    /// Terminalize and delete now (tenant admin or platform admin).
+    /// Terminalize and delete now (an admin API key of the tenant, or the platform admin).
     pub force: Option<bool>,
 }
 
@@ -378,7 +379,7 @@ pub struct DeleteParams {
         (status = 204, description = "Deleted (force)"),
         (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "force needs the tenant admin role", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "force needs the admin role (an admin API key or the platform admin)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
@@ -394,7 +395,7 @@ pub async fn delete_execution(
         let e = cancel(&state, &caller, &id).await?;
         return Ok(axum::Json(Execution::from(e)).into_response());
     }
-    let tenant = caller.tenant_with(Role::TenantAdmin)?;
+    let tenant = caller.tenant_with(KeyRole::Admin)?;
     let id = ExecutionId::parse(&id)?;
     if state.store.force_delete(tenant, &id).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
@@ -431,18 +432,20 @@ pub async fn retry_execution(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Execution>, ApiError> {
-    let tenant = caller.tenant_with(Role::Editor)?;
+    let tenant = caller.tenant_with(KeyRole::Editor)?;
     let id = ExecutionId::parse(&id)?;
     match state.store.retry(tenant, &id).await? {
-        Err(NotRetryable(status)) => Err(ApiError::Status {
+        Retry::Queued(e) => Ok(axum::Json((*e).into())),
+        Retry::NotFound => Err(ApiError::execution_not_found()),
+        Retry::NotRetryable(status) => Err(ApiError::Status {
             status: StatusCode::CONFLICT,
             code: "not_retryable",
             detail: format!(
-                "only failed or cancelled executions can be retried; this one is {status}"
+                "only failed or cancelled executions can be retried; this one is {}",
+                status.as_str()
             ),
         }),
-        Ok(None) => Err(ApiError::execution_not_found()),
-        Ok(Some(Admission::Created(e) | Admission::Replayed(e))) => Ok(axum::Json(e.into())),
-        Ok(Some(refused)) => Err(refusal(refused)),
+        Retry::Disabled => Err(refusal(Admission::Disabled)),
+        Retry::QueueFull { waiting } => Err(refusal(Admission::QueueFull { waiting })),
     }
 }

@@ -20,9 +20,10 @@ use futures_util::stream::{self, Stream};
 use tokio::time::Instant;
 
 use super::wire::{Execution, ExecutionEvent};
+use crate::access::KeyRole;
 use crate::admission::{ExecutionId, TenantId};
 use crate::http::AppState;
-use crate::http::auth::{Caller, Role};
+use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::Path;
 use crate::waiters::{Observed, Refusal, Waiter};
@@ -197,7 +198,7 @@ pub async fn stream_execution_events(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(Role::Viewer)?;
+    let tenant = caller.tenant_with(KeyRole::Viewer)?;
     let id = ExecutionId::parse(&id)?;
     let limits = state.events;
     let deadline = Instant::now() + limits.lifetime;

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use sluice::store::StoreConfig;
+use sluice::config::{ApiSettings, RedisSettings};
 
 use direct::{Census, Direct, Until};
 use load::{LoadResult, Progress, Workload};
@@ -475,18 +475,16 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     let tenants: Vec<String> = (0..args.tenants.max(1))
         .map(|i| format!("bench-t{i}"))
         .collect();
-    let store_config = StoreConfig {
-        redis: target.clone(),
-        connections: args.redis_connections,
-        op_timeout: Duration::from_secs(10),
-        replica_acks: 0,
-        shards: 16,
-        dedicated_shards: 2,
-        default_max_concurrent: UNLIMITED,
-        default_max_queued: UNLIMITED,
-        retention: Duration::from_secs(30 * 86_400),
-        dedup_ttl: Duration::from_secs(7 * 86_400),
-        dlq_cap: 10_000,
+    // The store the ceiling phase calls directly: `sluice serve`'s defaults (the flags' own),
+    // with the benchmark's quotas, connections and a generous time bound.
+    let store_config = {
+        let mut redis_settings = RedisSettings::for_target(target.clone());
+        redis_settings.redis_connections = args.redis_connections;
+        redis_settings.redis_timeout_ms = 10_000;
+        let mut api = ApiSettings::defaults();
+        api.default_max_concurrent = UNLIMITED;
+        api.default_max_queued = UNLIMITED;
+        redis_settings.store_config(&api)
     };
     let mut direct = Direct::connect(store_config, &tenants, &redis.urls).await?;
     // Each master's address, for the per-master shares (none when standalone).
