@@ -84,7 +84,11 @@ async fn main() -> anyhow::Result<()> {
                 redis: args.redis,
             })
             .await?;
-            tracing::info!(address = %app.address(), "sluice serving");
+            tracing::info!(
+                address = %app.address(),
+                console = %format!("http://{}/console/", app.address()),
+                "sluice serving"
+            );
             app.run_until_stopped(shutdown_signal()).await?;
             Ok(())
         }
@@ -156,6 +160,7 @@ fn print_dev_banner(app: &Application, redis: &ManagedRedis, data_dir: &std::pat
     println!(
         "\nsluice dev is up: API, sweeper and a worker with the demo flows\n\
          (DEV AUTH: no credentials checked; never expose it)\n\
+         \n  Console    http://{addr}/console/\
          \n  API        http://{addr}/api\
          \n  OpenAPI    http://{addr}/openapi.json\
          \n  Docs       http://{addr}/docs (Swagger UI)\

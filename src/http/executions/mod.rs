@@ -18,7 +18,7 @@ use super::auth::{Caller, Role};
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
-use crate::admission::{AdmitRequest, ExecutionId, FlowId, Status};
+use crate::admission::{AdmitRequest, DedupKey, ExecutionId, FlowId, Status};
 use crate::store::{Admission, ListQuery, NotRetryable};
 use wire::{Execution, ExecutionPage, NewExecution};
 
@@ -235,6 +235,19 @@ pub struct ListParams {
     /// Only executions of this flow.
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")]
     pub flow_id: Option<String>,
+    /// Only the execution that holds this dedup key now (a key is held while its execution is
+    /// queued or running and `--dedup-ttl-hours` after it ended): at most one. 1–256 bytes of
+    /// UTF-8 without control characters.
+    #[param(min_length = 1, max_length = 256)]
+    pub dedup_key: Option<String>,
+    /// Only executions admitted at or after this time (RFC 3339, millisecond precision). The
+    /// time compared is the one in the execution id, minted by the server at admission
+    /// (`created_at` is Redis's clock at that moment).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub created_from: Option<String>,
+    /// Only executions admitted before this time (RFC 3339; exclusive).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub created_before: Option<String>,
     /// Page size (default 50); a page also ends early at the server's byte budget.
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
@@ -245,6 +258,8 @@ pub struct ListParams {
 
 /// List the caller's tenant's executions, newest first.
 ///
+/// Filters combine (all must match): `status`, `flow_id`, `dedup_key`, and the time range
+/// `created_from` ≤ admission < `created_before`; `total` counts every execution that matches.
 /// The cost of a call is proportional to the page size, not to the tenant's history. A page
 /// holds at most `limit` executions and ends early once their stored size reaches the server's
 /// byte budget (`--max-page-bytes`, 4 MiB by default; at least one execution per page);
@@ -290,6 +305,9 @@ pub async fn list_executions(
     let query = ListQuery {
         status,
         flow: p.flow_id.as_deref().map(FlowId::parse).transpose()?,
+        dedup: p.dedup_key.as_deref().map(DedupKey::parse).transpose()?,
+        created_from_ms: p.created_from.as_deref().map(unix_ms).transpose()?,
+        created_before_ms: p.created_before.as_deref().map(unix_ms).transpose()?,
         cursor: p
             .cursor
             .as_deref()
@@ -309,6 +327,19 @@ pub async fn list_executions(
         next_cursor: page.next_cursor,
         total: page.total,
     }))
+}
+
+/// An RFC 3339 time of a listing filter as Unix milliseconds (times before 1970 are 0: no
+/// execution is older).
+fn unix_ms(s: &str) -> Result<u64, ApiError> {
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| ApiError::BadRequest {
+            code: "invalid_time",
+            detail:
+                "created_from and created_before must be RFC 3339 times, e.g. 2026-11-29T09:00:00Z"
+                    .into(),
+        })?;
+    Ok(u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))
 }
 
 /// Cancel an execution.
