@@ -1,8 +1,8 @@
 // DOM helpers. Everything the console shows is built here as elements and text nodes: a
 // string given as a child always becomes a text node (never markup), so params, outputs,
 // errors and flow ids from the API can only ever be rendered as text. The server's
-// Content-Security-Policy also requires Trusted Types, so an innerHTML with a string would
-// throw rather than parse.
+// Content-Security-Policy also requires Trusted Types, so assigning an HTML string to an
+// element would throw rather than parse.
 
 /** Builds an element: `h('a', {href: '#/x', class: 'btn'}, 'text', child, [more])`. */
 export function h(tag, attrs, ...children) {

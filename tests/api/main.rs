@@ -7,6 +7,7 @@ mod bad_input;
 mod cluster;
 mod config;
 mod connections;
+mod console;
 mod deployment;
 mod dev;
 mod faults;

@@ -238,15 +238,21 @@ pub struct ListParams {
     /// Only the execution that holds this dedup key now (a key is held while its execution is
     /// queued or running and `--dedup-ttl-hours` after it ended): at most one. 1–256 bytes of
     /// UTF-8 without control characters.
-    #[param(min_length = 1, max_length = 256)]
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
     pub dedup_key: Option<String>,
     /// Only executions admitted at or after this time (RFC 3339, millisecond precision). The
     /// time compared is the one in the execution id, minted by the server at admission
     /// (`created_at` is Redis's clock at that moment).
-    #[param(value_type = Option<String>, format = DateTime)]
+    #[param(value_type = Option<String>, format = DateTime, pattern = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")]
     pub created_from: Option<String>,
-    /// Only executions admitted before this time (RFC 3339; exclusive).
-    #[param(value_type = Option<String>, format = DateTime)]
+    /// Only executions admitted before this time (RFC 3339; exclusive). For both times the
+    /// pattern allows dates that do not exist, such as February 30: those are a 400
+    /// `invalid_time`.
+    #[param(value_type = Option<String>, format = DateTime, pattern = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")]
     pub created_before: Option<String>,
     /// Page size (default 50); a page also ends early at the server's byte budget.
     #[param(minimum = 1, maximum = 200)]
