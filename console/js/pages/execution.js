@@ -94,7 +94,16 @@ export async function render(ctx) {
     }
   }
 
+  /** Whether `e` is older than what is shown (an answer overtaken by a streamed event). */
+  function stale(e) {
+    if (!current) return false;
+    const now = Date.parse(current.updated_at);
+    const then = Date.parse(e.updated_at);
+    return then < now || (then === now && isTerminal(current.status) && !isTerminal(e.status));
+  }
+
   function update(e) {
+    if (stale(e)) return;
     const wasTerminal = current && isTerminal(current.status);
     current = e;
     record(e);
