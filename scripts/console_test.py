@@ -288,6 +288,8 @@ def run(ui, api, base, dev_base, screenshots):
 
     def shot(name):
         if shots:
+            # Without the toasts of earlier steps, which would cover the page.
+            ui.d.execute_script("document.querySelectorAll('.toast').forEach((t) => t.remove())")
             ui.shot(os.path.join(shots, name))
 
     # --- Login: a bad token, then the platform admin token.
@@ -450,6 +452,11 @@ def run(ui, api, base, dev_base, screenshots):
     check("handler_error" in ui.text(f"{rec} .reason") and "<b>bold</b>" in ui.text(f"{rec} .message"),
           "the dead letter shows its reason, the message as text")
     shot("dead-letters.png")
+    ui.go(f"#/t/acme/executions/{failing}")
+    ui.el("#detail-dead-letters", "the execution's page lists its dead letter")
+    check("handler_error" in ui.text("#detail-dead-letters") and "boom" in ui.text("#detail-error"),
+          "the failed execution shows its error and dead letter")
+    ui.go("#/t/acme/dead-letters")
     ui.click(f"{rec} .row-select")
     ui.click("#dlq-replay")
     ui.until(lambda: any("Replayed 1 of 1" in t.text for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast")),
@@ -487,6 +494,7 @@ def run(ui, api, base, dev_base, screenshots):
           f"the third admission: 429 with its Retry-After ({res.text})")
     ui.until(lambda: ui.row_status(a) == "running" and ui.row_status(b) == "queued", "one running, one waiting")
     check("waiting" in ui.text(f'#executions-body tr[data-id="{b}"] .status'), "the second one waits for a slot")
+    shot("executions.png")
     ui.go("#/overview")
     ui.until(lambda: "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .slots')
              and "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .queue'), "saturation: 1/1 slots, 1/1 waiting")
@@ -496,12 +504,22 @@ def run(ui, api, base, dev_base, screenshots):
     ui.click(f"{acme} .save-tenant")
     ui.go("#/t/acme/executions")
     ui.until(lambda: ui.row_status(b) == "running", "raising max_concurrent dispatched the waiting one")
-    shot("tenants-effect.png")
     for x in (a, b):
         api.call("POST", f"/api/executions/{x}/cancel", tenant="acme")
     ui.go("#/tenants")
     ui.el(f"#tenants-body {acme}")
     shot("tenants.png")
+    ui.click(f"{acme} .edit-enabled")
+    ui.click(f"{acme} .save-tenant")
+    ui.until(lambda: api.call("GET", "/api/tenants/acme")[1]["enabled"] is False, "acme disabled")
+    ui.go("#/t/acme/executions")
+    res = ui.admit("demo.echo")
+    check(res.get_attribute("id") == "admit-error" and "tenant_disabled" in res.text,
+          "a disabled tenant's admission is refused in the form")
+    ui.go("#/tenants")
+    ui.click(f"{acme} .edit-enabled")
+    ui.click(f"{acme} .save-tenant")
+    ui.until(lambda: api.call("GET", "/api/tenants/acme")[1]["enabled"] is True, "acme enabled again")
     no_errors(ui, "limits")
     within_deadline()
 

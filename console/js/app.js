@@ -111,7 +111,7 @@ function header(me, current) {
         const v = e.target.elements.tenant.value.trim();
         if (v) location.hash = `#/t/${encodeURIComponent(v)}/executions`;
       },
-    }, h('input', { name: 'tenant', id: 'tenant-input', placeholder: 'tenant', value: tenant, 'aria-label': 'Tenant', size: 12 }))
+    }, h('input', { name: 'tenant', id: 'tenant-input', placeholder: 'tenant', value: tenant, 'aria-label': 'Tenant', size: 10 }))
     : h('span', { class: 'tenant-fixed', id: 'tenant-name' }, tenant);
 
   const jump = h('form', {
@@ -123,12 +123,12 @@ function header(me, current) {
       if (!tenant) { toast('Choose a tenant first.', 'error'); return; }
       location.hash = `#/t/${t}/executions/${v}`;
     },
-  }, h('input', { name: 'id', id: 'jump-input', placeholder: 'jump to execution id', 'aria-label': 'Jump to execution id', size: 26, spellcheck: 'false' }));
+  }, h('input', { name: 'id', id: 'jump-input', placeholder: 'jump to execution id', 'aria-label': 'Jump to execution id', size: 22, spellcheck: 'false' }));
 
   const theme = h('select', {
     id: 'theme-select', 'aria-label': 'Theme',
     onchange: (e) => { settings.theme = e.target.value; applyTheme(); },
-  }, ['system', 'dark', 'light'].map((v) => h('option', { value: v, selected: settings.theme === v }, `theme: ${v}`)));
+  }, [['system', 'system theme'], ['dark', 'dark'], ['light', 'light']].map(([v, l]) => h('option', { value: v, selected: settings.theme === v }, l)));
   const time = h('select', {
     id: 'time-select', 'aria-label': 'Times',
     onchange: (e) => { settings.timeMode = e.target.value; render(); },
