@@ -378,6 +378,23 @@ def run(ui, api, base, dev_base, screenshots):
     ui.until(lambda: ui.row_status(sleeper) == "completed", "the demo.sleep row completed", 15)
     check(ui.d.execute_script("return window.__noReload") == "still here", "running -> completed without a reload")
 
+    # --- Auto-refresh pauses while the tab is hidden (the page is told so, as a browser
+    # would), and reloads at once when it is visible again.
+    ui.d.execute_script("""
+        window.__hidden = true;
+        Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => window.__hidden ? 'hidden' : 'visible'});
+        document.dispatchEvent(new Event('visibilitychange'));""")
+    ui.until(lambda: ui.text("#refresh-state") == "paused while hidden", "auto-refresh paused")
+    hidden_since = time.monotonic()
+    try:
+        # Two refresh intervals and a half: a refresh would have shown "updated ...".
+        WebDriverWait(ui.d, 5, poll_frequency=0.1).until(lambda d: ui.text("#refresh-state") != "paused while hidden")
+        raise Failed("the list refreshed while the tab was hidden")
+    except TimeoutException:
+        check(time.monotonic() - hidden_since >= 5, "no refresh while the tab is hidden")
+    ui.d.execute_script("window.__hidden = false; document.dispatchEvent(new Event('visibilitychange'))")
+    ui.until(lambda: ui.text("#refresh-state").startswith("updated"), "refreshed at once when visible again", 2)
+
     # --- The detail page is live (SSE): queued/running -> completed, no reload.
     live = ui.admitted_id("demo.sleep", '{"ms": 3000}')
     ui.go(f"#/t/acme/executions/{live}")
