@@ -11,6 +11,7 @@
 --                 filter, or all five in the order queued, running, completed, failed,
 --                 cancelled)
 -- KEYS[n+2..2n+1] with a flow filter: the flow's index of each of those statuses, same order
+-- KEYS[last]      with a dedup key filter: the tenant's dedup mapping of that key
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id
 -- ARGV[7]  status filter, '' for all
@@ -19,13 +20,21 @@
 -- ARGV[10]  limit (1..200)
 -- ARGV[11]  byte budget: the page ends before the row that would take its rows' field names
 --           and values past this many bytes
+-- ARGV[12]  dedup key filter, '' for none: only the execution the tenant's mapping of this key
+--           names (at most one), if its row still carries the key
+-- ARGV[13]  with a dedup key filter: the key's digest (names the mapping, see admit.lua)
+-- ARGV[14]  lower id bound, inclusive, '' for none: the 12 hex digits of a millisecond time
+--           (an execution id starts with its admission time in ms, so lexical order is age)
+-- ARGV[15]  upper id bound, exclusive, '' for none: the same for the end of the range
 --
 -- Reply: {next_cursor or '', total, id, row, id, row, ...}; next_cursor is set whenever more
--- may follow (also after a page cut short by the budget). Index entries whose row has expired
--- are removed on the way (the sweeper does the same in bulk).
+-- may follow (also after a page cut short by the budget). `total` counts the executions that
+-- match every filter (ZLEXCOUNT over the time range: O(log n) per index). Index entries whose
+-- row has expired are removed on the way (the sweeper does the same in bulk).
 local tenant, status, flow, cursor = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local limit = tonumber(ARGV[10])
 local budget = tonumber(ARGV[11])
+local dedup, lower, upper = ARGV[12], ARGV[14], ARGV[15]
 
 local statuses = STATUSES
 if status ~= '' then statuses = { status } end
@@ -34,18 +43,50 @@ for i, s in ipairs(statuses) do
   status_idx[s] = declared(1 + i, K.status_idx(tenant, s))
   if flow ~= '' then flow_idx[s] = declared(1 + #statuses + i, K.flow_idx(tenant, flow, s)) end
 end
-local max = '+'
-if cursor ~= '' then max = '(' .. cursor end
+local mapping = nil
+if dedup ~= '' then mapping = declared(#KEYS, K.dedup(tenant, ARGV[13])) end
+-- The range every index is read in: the time bounds, and below the cursor.
+local min, top = '-', '+'
+if lower ~= '' then min = '[' .. lower end
+if upper ~= '' then top = '(' .. upper end
+local max = top
+if cursor ~= '' and (upper == '' or cursor < upper) then max = '(' .. cursor end
 
 local candidates, source, total = {}, {}, 0
-for _, s in ipairs(statuses) do
-  local idx = status_idx[s]
-  if flow ~= '' then idx = flow_idx[s] end
-  total = total + redis.call('ZCARD', idx)
-  local ids = redis.call('ZRANGE', idx, max, '-', 'BYLEX', 'REV', 'LIMIT', 0, limit + 1)
-  for _, id in ipairs(ids) do
-    table.insert(candidates, id)
-    source[id] = s
+if dedup ~= '' then
+  -- At most one execution holds a dedup key: read it from the mapping, then check that it
+  -- passes the other filters (its status and flow by index membership, its age by its id).
+  local mapped = redis.call('GET', mapping)
+  local id = mapped and string.match(mapped, '^([0-9a-f]+):')
+  if id and redis.call('HGET', K.row(id), 'dedup') == dedup
+    and (lower == '' or id >= lower) and (upper == '' or id < upper) then
+    for _, s in ipairs(statuses) do
+      local idx = status_idx[s]
+      if flow ~= '' then idx = flow_idx[s] end
+      if redis.call('ZSCORE', idx, id) then
+        total = 1
+        if cursor == '' or id < cursor then
+          table.insert(candidates, id)
+          source[id] = s
+        end
+        break
+      end
+    end
+  end
+else
+  for _, s in ipairs(statuses) do
+    local idx = status_idx[s]
+    if flow ~= '' then idx = flow_idx[s] end
+    if min == '-' and top == '+' then
+      total = total + redis.call('ZCARD', idx)
+    else
+      total = total + redis.call('ZLEXCOUNT', idx, min, top)
+    end
+    local ids = redis.call('ZRANGE', idx, max, min, 'BYLEX', 'REV', 'LIMIT', 0, limit + 1)
+    for _, id in ipairs(ids) do
+      table.insert(candidates, id)
+      source[id] = s
+    end
   end
 end
 table.sort(candidates, function(a, b) return a > b end)

@@ -89,3 +89,27 @@ ensure_npm_project() {
   fi
   cp "$src"/*.mjs "$dest/"
 }
+
+# Debian's chromium and chromium-driver (for the console's browser test); installed with
+# apt-get when missing. Nothing else ever fetches a browser: the test drives /usr/bin/chromium
+# through /usr/bin/chromedriver.
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "chromium/chromedriver not found; installing them with apt-get..." >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 && sudo="sudo" || {
+      echo "error: not root and no sudo: install chromium and chromium-driver yourself" >&2
+      return 1
+    }
+  fi
+  command -v apt-get >/dev/null 2>&1 || {
+    echo "error: no apt-get here: install Chromium and its chromedriver yourself" >&2
+    return 1
+  }
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null &&
+    command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1
+}

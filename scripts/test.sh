@@ -7,8 +7,10 @@
 #      shard moved under load;
 #   3. the generated-client round trip (a Python client generated from openapi/openapi.json
 #      drives a live server);
-#   4. Schemathesis against a live server as each kind of caller (about two minutes).
-# Installs redis-server, and python3 with venv, when missing.
+#   4. Schemathesis against a live server as each kind of caller (about two minutes);
+#   5. the web console in a real browser (Debian's chromium + chromedriver, Selenium) against a
+#      live server and worker (about a minute).
+# Installs redis-server, python3 with venv, and chromium with chromium-driver, when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -17,3 +19,4 @@ cargo test --locked "$@"
 SLUICE_TEST_CLUSTER=1 cargo test --locked --test api "$@"
 bash scripts/client_roundtrip.sh
 bash scripts/api_fuzz.sh
+bash scripts/console_test.sh

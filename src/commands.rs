@@ -80,7 +80,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         redis: args.redis,
     })
     .await?;
-    tracing::info!(address = %app.address(), "sluice serving");
+    tracing::info!(
+        address = %app.address(),
+        console = %format!("http://{}/console/", app.address()),
+        "sluice serving"
+    );
     app.run_until_stopped(shutdown_signal()).await;
     Ok(())
 }

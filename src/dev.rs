@@ -78,6 +78,7 @@ fn print_banner(app: &Application, redis: &ManagedRedis, data_dir: &Path) {
     println!(
         "\nsluice dev is up: API, sweeper and a worker with the demo flows\n\
          (DEV AUTH: no credentials checked; never expose it)\n\
+         \n  Console    http://{addr}/console/\
          \n  API        http://{addr}/api\
          \n  OpenAPI    http://{addr}/openapi.json\
          \n  Docs       http://{addr}/docs (Swagger UI)\

@@ -2,7 +2,9 @@
 generator so that the data it calls valid is valid. Each is documented in the schema's
 descriptions; nothing here loosens a check.
 
-- `dedup_key` counts UTF-8 bytes (at most 256); JSON Schema's maxLength counts characters.
+- `dedup_key` counts UTF-8 bytes (at most 256); JSON Schema's maxLength counts characters
+  (in the admission's body and in the listing's filter).
+- The listing's time filters name dates that exist (the pattern alone allows February 30).
 - The `Idempotency-Key` header and the body's `dedup_key`, when both are sent, must be equal
   (else 400 `dedup_key_mismatch`).
 
@@ -11,6 +13,7 @@ as long as it says when the execution stays queued (no worker runs here), so wai
 be valid are sent as `1s`, in every generation mode (invalid ones still answer at once, 400).
 """
 
+import datetime
 import re
 
 import schemathesis
@@ -22,10 +25,33 @@ def _positive(case):
     return meta is None or meta.generation.mode == GenerationMode.POSITIVE
 
 
+def _real_date(value):
+    """Whether an RFC 3339 time's date exists (the pattern allows February 30)."""
+    try:
+        datetime.date(int(value[0:4]), int(value[5:7]), int(value[8:10]))
+        return True
+    except (ValueError, TypeError):
+        return False
+
+
+def _valid_listing(case):
+    query = case.query if isinstance(case.query, dict) else {}
+    key = query.get("dedup_key")
+    if isinstance(key, str) and len(key.encode("utf-8")) > 256:
+        return False
+    return all(
+        _real_date(query[name])
+        for name in ("created_from", "created_before")
+        if isinstance(query.get(name), str)
+    )
+
+
 @schemathesis.hook
 def filter_case(context, case):
     if not _positive(case):
         return True
+    if case.operation.method.upper() == "GET" and case.operation.path == "/api/executions":
+        return _valid_listing(case)
     if case.operation.method.upper() != "POST" or case.operation.path != "/api/executions":
         return True
     body = case.body if isinstance(case.body, dict) else {}

@@ -14,7 +14,7 @@ use subtle::ConstantTimeEq;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::access::{KeyRole, PresentedKey, TOKEN_PREFIX};
+use crate::access::{KeyId, KeyRole, PresentedKey, TOKEN_PREFIX};
 use crate::admission::TenantId;
 use crate::config::Secret;
 
@@ -30,14 +30,31 @@ pub enum Grant {
     PlatformAdmin,
 }
 
+/// How a caller proved who it is (what `GET /api/me` reports).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// A tenant API key, by its id.
+    ApiKey(KeyId),
+    /// The platform admin token.
+    AdminToken,
+    /// Nothing: a dev-auth server without an `Authorization` header.
+    DevAuth,
+}
+
 /// The authenticated caller of one request.
 #[derive(Debug, Clone)]
 pub struct Caller {
     tenant: Option<TenantId>,
     grant: Grant,
+    credential: Credential,
 }
 
 impl Caller {
+    /// How the caller authenticated.
+    pub fn credential(&self) -> &Credential {
+        &self.credential
+    }
+
     /// The tenant this call acts for, with at least `role`.
     pub fn tenant_with(&self, role: KeyRole) -> Result<&TenantId, ApiError> {
         self.require(role)?;
@@ -154,18 +171,21 @@ impl FromRequestParts<AppState> for Caller {
                 Ok(Caller {
                     tenant: Some(own),
                     grant: Grant::Key(role),
+                    credential: Credential::ApiKey(key.id),
                 })
             }
             Some(given) => match state.auth.admin_token.as_ref().map(Secret::expose) {
                 Some(admin) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => Ok(Caller {
                     tenant: tenant()?,
                     grant: Grant::PlatformAdmin,
+                    credential: Credential::AdminToken,
                 }),
                 _ => Err(ApiError::Unauthorized),
             },
             None if state.auth.dev_auth => Ok(Caller {
                 tenant: tenant()?,
                 grant: Grant::PlatformAdmin,
+                credential: Credential::DevAuth,
             }),
             None => Err(ApiError::Unauthorized),
         }

@@ -1,14 +1,17 @@
 //! The HTTP API: one module per resource, each routing and documenting its handlers for
 //! OpenAPI in the same place, plus the cross-cutting pieces (errors, extractors, auth) and the
 //! middleware stack. The OpenAPI document is built from these routes without touching Redis;
-//! Swagger UI at `/docs` is compiled into the binary (vendored) and reads `/openapi.json`.
+//! Swagger UI at `/docs` is compiled into the binary (vendored) and reads `/openapi.json`; the
+//! web console at `/console/` is compiled in too (`console`).
 
 pub mod api_keys;
 pub mod auth;
+pub mod console;
 pub mod error;
 pub mod executions;
 pub mod extract;
 pub mod health;
+pub mod me;
 pub mod metrics;
 pub mod queues;
 mod spec;
@@ -98,6 +101,7 @@ fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi
         .merge(tenants::routes())
         .merge(api_keys::routes())
         .merge(queues::routes())
+        .merge(me::routes())
         .merge(health::routes())
         .split_for_parts();
     let (metrics_router, metrics_spec) = metrics::routes().split_for_parts();
@@ -128,6 +132,7 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
             }),
         )
         .merge(SwaggerUi::new("/docs").config(swagger_ui::Config::from("/openapi.json")))
+        .merge(console::routes())
         .fallback(unknown_route)
         .layer(middleware::from_fn_with_state(
             Edge {

@@ -1,9 +1,10 @@
-//! Operator views of the queues: dead letters (`/api/dlq`) and per-shard statistics
-//! (`/api/queues`).
+//! Operator views of the queues: dead letters (`/api/dlq`, and dismissing one record once it
+//! is dealt with) and per-shard statistics (`/api/queues`).
 
 use std::collections::BTreeMap;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -12,7 +13,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Problem};
-use super::extract::Query;
+use super::extract::{Path, Query};
 use crate::access::KeyRole;
 use crate::store;
 
@@ -20,6 +21,7 @@ use crate::store;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_dead_letters))
+        .routes(routes!(dismiss_dead_letter))
         .routes(routes!(queue_stats))
 }
 
@@ -39,6 +41,10 @@ pub struct DeadLetterParams {
 /// One dead-letter record.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeadLetter {
+    /// The shard whose dead-letter stream holds the record (names it, with `entry_id`, in
+    /// `DELETE /api/dlq/{shard}/{entry_id}`).
+    #[schema(maximum = 65535)]
+    pub shard: u16,
     /// The record's id in its shard's dead-letter stream (`<ms>-<seq>`).
     #[schema(pattern = "^[0-9]{1,20}-[0-9]{1,20}$")]
     pub entry_id: String,
@@ -60,6 +66,7 @@ pub struct DeadLetter {
 impl From<store::DeadLetter> for DeadLetter {
     fn from(d: store::DeadLetter) -> Self {
         Self {
+            shard: d.shard,
             entry_id: d.entry_id,
             execution_id: d.execution_id,
             tenant_id: d.tenant_id,
@@ -142,6 +149,80 @@ pub async fn list_dead_letters(
         dead_letters: records.into_iter().map(Into::into).collect(),
         next_before,
     }))
+}
+
+/// Dismiss (acknowledge) one dead-letter record.
+///
+/// Removes the record from its shard's dead-letter stream once an operator has dealt with it;
+/// the execution itself is unchanged (still readable, and retryable if `failed`). Counted as
+/// `dlq_dismissed` in `/api/queues`. A tenant credential (editor or admin) removes only its
+/// tenant's records; the platform admin without `X-Tenant-Id` any record, poison records
+/// included. A record that is not there (already dismissed, evicted by the cap, another
+/// tenant's) is a 404.
+#[utoipa::path(
+    delete,
+    path = "/api/dlq/{shard}/{entry_id}",
+    tag = "operations",
+    params(
+        ("shard" = u16, Path, maximum = 65535, description = "The record's `shard`"),
+        ("entry_id" = String, Path, pattern = "^[0-9]{1,20}-[0-9]{1,20}$", description = "The record's `entry_id`"),
+    ),
+    responses(
+        (status = 204, description = "Dismissed"),
+        (status = 400, description = "Malformed shard or record id, or the platform admin named an invalid X-Tenant-Id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Role too weak (a viewer), or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such record (for this tenant)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn dismiss_dead_letter(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((shard, entry_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = match caller.acting_tenant() {
+        Some(_) => Some(caller.tenant_with(KeyRole::Editor)?),
+        None => {
+            caller.require_platform_admin()?;
+            None
+        }
+    };
+    let shard: u16 = shard.parse().map_err(|_| ApiError::BadRequest {
+        code: "invalid_shard",
+        detail: "shard must be a shard number, as a dead-letter record's `shard` gives".into(),
+    })?;
+    let not_found = || ApiError::NotFound {
+        code: "dead_letter_not_found",
+        detail: "no such dead-letter record".into(),
+    };
+    let record = match record_bound(&entry_id) {
+        None => {
+            return Err(ApiError::BadRequest {
+                code: "invalid_record_id",
+                detail: "entry_id must be a record id <ms>-<seq>, as the listing gives".into(),
+            });
+        }
+        // Digits beyond 64 bits: no record has that id.
+        Some(_) if !exact_record_id(&entry_id) => return Err(not_found()),
+        Some(bound) => bound.ok_or_else(not_found)?,
+    };
+    if state
+        .store
+        .dismiss_dead_letter(shard, record, tenant)
+        .await?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(not_found())
+    }
+}
+
+/// Whether a record id's two numbers both fit in 64 bits (so it can name a record at all).
+fn exact_record_id(s: &str) -> bool {
+    s.split_once('-')
+        .is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
 }
 
 /// The exclusive upper bound a `before` cursor names, as numbers Redis accepts: `None` for

@@ -31,6 +31,7 @@ use super::error::PROBLEM_JSON;
         (name = "executions", description = "Admit, read, list, cancel and delete executions"),
         (name = "tenants", description = "The tenant registry, tenant limits and usage"),
         (name = "api-keys", description = "Tenant API keys: created and shown once, listed by id, revoked"),
+        (name = "auth", description = "Who the caller is: tenant, role and key"),
         (name = "operations", description = "Health and readiness probes, metrics, dead letters and queue statistics"),
     )
 )]

@@ -27,6 +27,8 @@ pub enum Retry {
 /// One dead-letter record.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
+    /// The shard whose dead-letter stream holds the record.
+    pub shard: u16,
     /// The record's id in its shard's dead-letter stream.
     pub entry_id: String,
     pub execution_id: String,
@@ -122,6 +124,27 @@ impl Store {
         Ok(out)
     }
 
+    /// Removes one dead-letter record of shard `shard` (`migrations-lua/dlq_dismiss.lua`),
+    /// of `tenant` only when given. `Ok(false)`: no such record there (or another tenant's, or
+    /// no such shard).
+    pub async fn dismiss_dead_letter(
+        &self,
+        shard: u16,
+        record: (u64, u64),
+        tenant: Option<&TenantId>,
+    ) -> Result<bool, StoreError> {
+        let Some(shard) = self.shards.all().find(|s| s.number() == shard) else {
+            return Ok(false);
+        };
+        let keys = [shard.dead_letters(), shard.stats()];
+        let mut inv = self.shard_script(&self.scripts.dlq_dismiss, shard, &keys);
+        inv.arg(format!("{}-{}", record.0, record.1))
+            .arg(tenant.map(TenantId::as_str).unwrap_or(""));
+        let mut c = self.conn();
+        let removed: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(removed == 1)
+    }
+
     /// Up to `limit` dead letters of one shard (of `tenant` only, when given), newest first,
     /// below `max` (an XREVRANGE bound).
     async fn shard_dead_letters(
@@ -158,7 +181,7 @@ impl Store {
                 {
                     continue;
                 }
-                out.push(dead_letter_of(entry_id, f));
+                out.push(dead_letter_of(shard.number(), entry_id, f));
                 found += 1;
             }
             if found >= limit || n < limit.max(1) * 4 {
@@ -174,12 +197,13 @@ fn stream_id_key(id: &str) -> (u64, u64) {
     (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
 
-fn dead_letter_of(entry_id: String, mut f: HashMap<String, String>) -> DeadLetter {
+fn dead_letter_of(shard: u16, entry_id: String, mut f: HashMap<String, String>) -> DeadLetter {
     let mut take = |k: &str| f.remove(k).unwrap_or_default();
     let at = take("at");
     let tenant = take("tenant_id");
     let flow = take("flow_id");
     DeadLetter {
+        shard,
         execution_id: take("execution_id"),
         reason: take("reason"),
         attempts: take("attempts").parse().unwrap_or(0),

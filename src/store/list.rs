@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::row::{from_fields, row_to_execution};
 use super::{Store, StoreError};
-use crate::admission::{Execution, ExecutionId, FlowId, Status, TenantId};
+use crate::admission::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
 
 /// A page of a tenant's executions, newest first.
 #[derive(Debug)]
@@ -24,6 +24,13 @@ pub struct Page {
 pub struct ListQuery {
     pub status: Option<Status>,
     pub flow: Option<FlowId>,
+    /// Only the execution that holds this dedup key now (at most one).
+    pub dedup: Option<DedupKey>,
+    /// Only executions admitted at or after this Unix time in milliseconds (by the time in
+    /// their id, which is when the server minted it).
+    pub created_from_ms: Option<u64>,
+    /// Only executions admitted before this Unix time in milliseconds.
+    pub created_before_ms: Option<u64>,
     pub cursor: Option<ExecutionId>,
     pub limit: u32,
     /// Bytes of rows (field names and values, as stored) after which the page ends early.
@@ -65,13 +72,21 @@ impl Store {
         if let Some(f) = &q.flow {
             keys.extend(statuses.iter().map(|s| shard.flow_index(tenant, f, *s)));
         }
+        let digest = q.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
+        if q.dedup.is_some() {
+            keys.push(shard.dedup(tenant, &digest));
+        }
         let mut inv = self.shard_script(&self.scripts.list, shard, &keys);
         inv.arg(tenant.as_str())
             .arg(q.status.map(Status::as_str).unwrap_or(""))
             .arg(q.flow.as_ref().map(FlowId::as_str).unwrap_or(""))
             .arg(q.cursor.as_ref().map(ExecutionId::as_str).unwrap_or(""))
             .arg(q.limit)
-            .arg(q.byte_budget.max(1));
+            .arg(q.byte_budget.max(1))
+            .arg(q.dedup.as_ref().map(DedupKey::as_str).unwrap_or(""))
+            .arg(&digest)
+            .arg(q.created_from_ms.map(id_time_bound).unwrap_or_default())
+            .arg(q.created_before_ms.map(id_time_bound).unwrap_or_default());
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let mut it = reply.into_iter();
@@ -89,5 +104,28 @@ impl Store {
             next_cursor: (!cursor.is_empty()).then_some(cursor),
             total,
         })
+    }
+}
+
+/// The id prefix of a millisecond time: an execution id (UUIDv7) starts with its 48-bit Unix
+/// time in ms as 12 hex digits, so this prefix sorts exactly between the ids of `ms - 1` and
+/// those of `ms`. Times beyond 48 bits are clamped (year 10889).
+fn id_time_bound(ms: u64) -> String {
+    format!("{:012x}", ms.min((1 << 48) - 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_time_bound;
+    use crate::admission::ExecutionId;
+
+    #[test]
+    fn a_time_bound_sorts_between_the_ids_of_adjacent_milliseconds() {
+        let id = ExecutionId::new();
+        let ms = u64::from_str_radix(&id.as_str()[..12], 16).unwrap();
+        assert!(id_time_bound(ms).as_str() <= id.as_str());
+        assert!(id_time_bound(ms + 1).as_str() > id.as_str());
+        assert_eq!(id_time_bound(0), "000000000000");
+        assert_eq!(id_time_bound(u64::MAX), "ffffffffffff");
     }
 }

@@ -140,6 +140,7 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "tenant_delete.lua" => op!("tenant_delete.lua").1,
         "sweeper_unlock.lua" => op!("sweeper_unlock.lua").1,
         "watch.lua" => op!("watch.lua").1,
+        "dlq_dismiss.lua" => op!("dlq_dismiss.lua").1,
         _ => return None,
     })
 }
@@ -167,6 +168,7 @@ pub struct Scripts {
     pub tenant_delete: Script,
     pub sweeper_unlock: Script,
     pub watch: Script,
+    pub dlq_dismiss: Script,
 }
 
 impl Scripts {
@@ -195,11 +197,12 @@ impl Scripts {
             tenant_delete: acl(op!("tenant_delete.lua")),
             sweeper_unlock: script(Kind::Meta, op!("sweeper_unlock.lua")),
             watch: shard(op!("watch.lua")),
+            dlq_dismiss: shard(op!("dlq_dismiss.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 21] {
+    pub fn all(&self) -> [&Script; 22] {
         [
             &self.admit,
             &self.abandon,
@@ -222,6 +225,7 @@ impl Scripts {
             &self.tenant_delete,
             &self.sweeper_unlock,
             &self.watch,
+            &self.dlq_dismiss,
         ]
     }
 }
@@ -254,6 +258,7 @@ mod tests {
             "tenant_delete.lua",
             "sweeper_unlock.lua",
             "watch.lua",
+            "dlq_dismiss.lua",
         ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for op in ops {

@@ -3,9 +3,9 @@
 use std::collections::HashSet;
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, problem_code};
 
 fn ids(page: &Value) -> Vec<String> {
     page["executions"]
@@ -202,5 +202,168 @@ async fn the_tenant_registry_is_listed_in_pages() {
             .await
             .unwrap();
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn the_dedup_key_filter_finds_the_one_execution_holding_the_key() {
+    let app = TestApp::spawn().await;
+    let held = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "flow.a", "dedup_key": "order/42 ü"}),
+        )
+        .await;
+    let other = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "flow.a", "dedup_key": "order-43"}),
+        )
+        .await;
+    app.admit_with("acme", json!({"flow_id": "flow.b"})).await;
+    // Another tenant's execution under the same key is not acme's.
+    app.admit_with(
+        "globex",
+        json!({"flow_id": "flow.a", "dedup_key": "order/42 ü"}),
+    )
+    .await;
+
+    let page = app.page("acme", "dedup_key=order%2F42%20%C3%BC").await;
+    assert_eq!(ids(&page), vec![held.clone()]);
+    assert_eq!(page["total"], 1);
+    assert_eq!(page["executions"][0]["dedup_key"], "order/42 ü");
+    assert_eq!(page["next_cursor"], Value::Null);
+
+    // Combined with the other filters: it must pass them too.
+    let page = app
+        .page("acme", "dedup_key=order-43&status=queued&flow_id=flow.a")
+        .await;
+    assert_eq!(ids(&page), vec![other.clone()]);
+    for q in [
+        "dedup_key=order-43&status=running",
+        "dedup_key=order-43&flow_id=flow.b",
+        "dedup_key=order-44",
+    ] {
+        let page = app.page("acme", q).await;
+        assert_eq!(page["total"], 0, "{q}");
+        assert_eq!(ids(&page), Vec::<String>::new(), "{q}");
+    }
+    // A cancelled holder still holds its key (its mapping outlives it by the dedup TTL).
+    app.cancel("acme", &other).await;
+    let page = app
+        .page("acme", "dedup_key=order-43&status=cancelled")
+        .await;
+    assert_eq!(ids(&page), vec![other.clone()]);
+    // A force delete frees the key: nothing holds it, then the new holder does.
+    app.delete("acme", &other, true).await;
+    assert_eq!(app.page("acme", "dedup_key=order-43").await["total"], 0);
+    let again = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "flow.a", "dedup_key": "order-43"}),
+        )
+        .await;
+    assert_eq!(
+        ids(&app.page("acme", "dedup_key=order-43").await),
+        vec![again]
+    );
+    // A key that is no dedup key at all is refused before Redis sees it.
+    let res = app.list("acme", "dedup_key=").await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(problem_code(res).await, "invalid_dedup_key");
+}
+
+#[tokio::test]
+async fn the_time_range_filter_bounds_executions_by_admission_time() {
+    let app = TestApp::spawn().await;
+    let mut ids_in_order = Vec::new();
+    for _ in 0..3 {
+        ids_in_order.push(
+            app.admit("acme", "flow.t").await["execution_id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+        // A millisecond apart at least, so each has its own admission time.
+        let last = ids_in_order.last().unwrap().clone();
+        while sluice::admission::ExecutionId::new().as_str()[..12] == last[..12] {
+            tokio::task::yield_now().await;
+        }
+    }
+    // The id's own time: the middle execution's millisecond, as RFC 3339.
+    let ms_of = |id: &str| u64::from_str_radix(&id[..12], 16).unwrap();
+    let rfc = |ms: u64| {
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let enc = |s: &str| s.replace('+', "%2B").replace(':', "%3A");
+    let mid = ms_of(&ids_in_order[1]);
+
+    // From the middle one's millisecond (inclusive): the last two, newest first.
+    let page = app
+        .page("acme", &format!("created_from={}", enc(&rfc(mid))))
+        .await;
+    assert_eq!(
+        ids(&page),
+        vec![ids_in_order[2].clone(), ids_in_order[1].clone()]
+    );
+    assert_eq!(page["total"], 2);
+    // Before it (exclusive): only the first.
+    let page = app
+        .page("acme", &format!("created_before={}", enc(&rfc(mid))))
+        .await;
+    assert_eq!(ids(&page), vec![ids_in_order[0].clone()]);
+    assert_eq!(page["total"], 1);
+    // Exactly its millisecond, combined with a status filter and with paging.
+    let page = app
+        .page(
+            "acme",
+            &format!(
+                "created_from={}&created_before={}&status=queued",
+                enc(&rfc(mid)),
+                enc(&rfc(mid + 1))
+            ),
+        )
+        .await;
+    assert_eq!(ids(&page), vec![ids_in_order[1].clone()]);
+    let all = format!(
+        "created_from={}&created_before={}",
+        enc(&rfc(ms_of(&ids_in_order[0]))),
+        enc(&rfc(ms_of(&ids_in_order[2]) + 1))
+    );
+    let first = app.page("acme", &format!("{all}&limit=2")).await;
+    assert_eq!(first["total"], 3);
+    assert_eq!(
+        ids(&first),
+        vec![ids_in_order[2].clone(), ids_in_order[1].clone()]
+    );
+    let cursor = first["next_cursor"].as_str().unwrap().to_owned();
+    let second = app
+        .page("acme", &format!("{all}&limit=2&cursor={cursor}"))
+        .await;
+    assert_eq!(ids(&second), vec![ids_in_order[0].clone()]);
+    assert_eq!(second["next_cursor"], Value::Null);
+    // A time with an offset is the same instant in UTC.
+    let page = app
+        .page(
+            "acme",
+            &format!("created_from={}", enc("2000-01-01T02:00:00+02:00")),
+        )
+        .await;
+    assert_eq!(page["total"], 3);
+    let page = app
+        .page(
+            "acme",
+            &format!("created_from={}", enc("2999-01-01T00:00:00Z")),
+        )
+        .await;
+    assert_eq!(page["total"], 0);
+    // Not a time: 400 before Redis sees it.
+    for bad in ["yesterday", "2026-13-01T00:00:00Z", "2026-11-29"] {
+        let res = app.list("acme", &format!("created_from={bad}")).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(problem_code(res).await, "invalid_time", "{bad}");
     }
 }

@@ -8,6 +8,7 @@ mod chaining;
 mod cluster;
 mod config;
 mod connections;
+mod console;
 mod deployment;
 mod dev;
 mod faults;

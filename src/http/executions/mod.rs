@@ -19,7 +19,7 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
 use crate::access::KeyRole;
-use crate::admission::{AdmitRequest, ExecutionId, FlowId, Status};
+use crate::admission::{AdmitRequest, DedupKey, ExecutionId, FlowId, Status};
 use crate::store::{Admission, ListQuery, Retry};
 use wire::{Execution, ExecutionPage, NewExecution};
 
@@ -236,6 +236,25 @@ pub struct ListParams {
     /// Only executions of this flow.
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")]
     pub flow_id: Option<String>,
+    /// Only the execution that holds this dedup key now (a key is held while its execution is
+    /// queued or running and `--dedup-ttl-hours` after it ended): at most one. 1–256 bytes of
+    /// UTF-8 without control characters.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+    )]
+    pub dedup_key: Option<String>,
+    /// Only executions admitted at or after this time (RFC 3339, millisecond precision). The
+    /// time compared is the one in the execution id, minted by the server at admission
+    /// (`created_at` is Redis's clock at that moment).
+    #[param(value_type = Option<String>, format = DateTime, pattern = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")]
+    pub created_from: Option<String>,
+    /// Only executions admitted before this time (RFC 3339; exclusive). For both times the
+    /// pattern allows dates that do not exist, such as February 30: those are a 400
+    /// `invalid_time`.
+    #[param(value_type = Option<String>, format = DateTime, pattern = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")]
+    pub created_before: Option<String>,
     /// Page size (default 50); a page also ends early at the server's byte budget.
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
@@ -246,6 +265,8 @@ pub struct ListParams {
 
 /// List the caller's tenant's executions, newest first.
 ///
+/// Filters combine (all must match): `status`, `flow_id`, `dedup_key`, and the time range
+/// `created_from` ≤ admission < `created_before`; `total` counts every execution that matches.
 /// The cost of a call is proportional to the page size, not to the tenant's history. A page
 /// holds at most `limit` executions and ends early once their stored size reaches the server's
 /// byte budget (`--max-page-bytes`, 4 MiB by default; at least one execution per page);
@@ -291,6 +312,9 @@ pub async fn list_executions(
     let query = ListQuery {
         status,
         flow: p.flow_id.as_deref().map(FlowId::parse).transpose()?,
+        dedup: p.dedup_key.as_deref().map(DedupKey::parse).transpose()?,
+        created_from_ms: p.created_from.as_deref().map(unix_ms).transpose()?,
+        created_before_ms: p.created_before.as_deref().map(unix_ms).transpose()?,
         cursor: p
             .cursor
             .as_deref()
@@ -310,6 +334,72 @@ pub async fn list_executions(
         next_cursor: page.next_cursor,
         total: page.total,
     }))
+}
+
+/// An RFC 3339 time of a listing filter as Unix milliseconds (times before 1970 are 0: no
+/// execution is older). Exactly what the documented pattern allows, and a date that exists:
+/// the `time` crate alone would also take other separators, leap seconds and any number of
+/// fraction digits.
+fn unix_ms(s: &str) -> Result<u64, ApiError> {
+    let invalid = || ApiError::BadRequest {
+        code: "invalid_time",
+        detail: "created_from and created_before must be RFC 3339 times, e.g. 2026-11-29T09:00:00Z"
+            .into(),
+    };
+    if !is_rfc3339_shaped(s) {
+        return Err(invalid());
+    }
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| invalid())?;
+    Ok(u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))
+}
+
+/// Whether `s` has the shape of the time filters' pattern:
+/// `YYYY-MM-DDTHH:MM:SS[.f{1,9}](Z|±HH:MM)`, `T` and `Z` in either case, each field in range
+/// (the day only up to 31: whether the date exists is the parser's to say).
+fn is_rfc3339_shaped(s: &str) -> bool {
+    let b = s.as_bytes();
+    let num = |at: usize, len: usize| -> Option<u32> {
+        let digits = b.get(at..at + len)?;
+        digits
+            .iter()
+            .all(u8::is_ascii_digit)
+            .then(|| digits.iter().fold(0, |n, d| n * 10 + u32::from(d - b'0')))
+    };
+    let at = |i: usize, c: u8| b.get(i) == Some(&c);
+    let date_time = num(0, 4).is_some()
+        && at(4, b'-')
+        && num(5, 2).is_some_and(|m| (1..=12).contains(&m))
+        && at(7, b'-')
+        && num(8, 2).is_some_and(|d| (1..=31).contains(&d))
+        && matches!(b.get(10), Some(b'T' | b't'))
+        && num(11, 2).is_some_and(|h| h < 24)
+        && at(13, b':')
+        && num(14, 2).is_some_and(|m| m < 60)
+        && at(16, b':')
+        && num(17, 2).is_some_and(|s| s < 60);
+    if !date_time {
+        return false;
+    }
+    let mut rest = &b[19..];
+    if let Some(fraction) = rest.strip_prefix(b".") {
+        let digits = fraction.iter().take_while(|c| c.is_ascii_digit()).count();
+        if !(1..=9).contains(&digits) {
+            return false;
+        }
+        rest = &fraction[digits..];
+    }
+    let two = |a: u8, b: u8| {
+        (a.is_ascii_digit() && b.is_ascii_digit())
+            .then(|| u32::from(a - b'0') * 10 + u32::from(b - b'0'))
+    };
+    match *rest {
+        [b'Z' | b'z'] => true,
+        [b'+' | b'-', h1, h2, b':', m1, m2] => {
+            two(h1, h2).is_some_and(|h| h < 24) && two(m1, m2).is_some_and(|m| m < 60)
+        }
+        _ => false,
+    }
 }
 
 /// Cancel an execution.
@@ -447,5 +537,44 @@ pub async fn retry_execution(
         }),
         Retry::Disabled => Err(refusal(Admission::Disabled)),
         Retry::QueueFull { waiting } => Err(refusal(Admission::QueueFull { waiting })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_rfc3339_shaped, unix_ms};
+
+    #[test]
+    fn time_filters_take_exactly_what_their_pattern_documents() {
+        for ok in [
+            "2026-11-29T09:00:00Z",
+            "2026-11-29t09:00:00z",
+            "2026-11-29T09:00:00.123456789+02:00",
+            "1969-12-31T23:59:59-23:59",
+        ] {
+            assert!(is_rfc3339_shaped(ok), "{ok}");
+            assert!(unix_ms(ok).is_ok(), "{ok}");
+        }
+        assert_eq!(unix_ms("1970-01-01T00:00:01.5Z").ok(), Some(1500));
+        assert_eq!(unix_ms("1969-01-01T00:00:00Z").ok(), Some(0));
+        for bad in [
+            "6045-11-09 11:23:38.0051385z",
+            "2026-11-29T09:00:00",
+            "2026-11-29T09:00:60Z",
+            "2026-11-29T24:00:00Z",
+            "2026-13-29T09:00:00Z",
+            "2026-11-29T09:00:00.1234567890Z",
+            "2026-11-29T09:00:00.Z",
+            "2026-11-29T09:00:00+24:00",
+            "2026-11-29T09:00:00+0200",
+            "2026-11-29T09:00:00Zjunk",
+            "2026-11-29",
+            "",
+        ] {
+            assert!(!is_rfc3339_shaped(bad), "{bad}");
+        }
+        // The right shape, a date that does not exist.
+        assert!(is_rfc3339_shaped("2026-02-30T00:00:00Z"));
+        assert!(unix_ms("2026-02-30T00:00:00Z").is_err());
     }
 }

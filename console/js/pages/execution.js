@@ -1,0 +1,167 @@
+// One execution: status, queue state, attempts, a timeline, params/output/error as text, its
+// dead letters, and Cancel / Retry / Force delete as the role allows. Live until terminal:
+// it follows GET /api/executions/{id}/events (SSE read with fetch) and redraws on each change.
+
+import { call, followExecution, isTerminal, ApiError } from '../api.js';
+import { h, replace, fmtTime, statusBadge, jsonBlock, toast, confirmDialog } from '../dom.js';
+
+export async function render(ctx) {
+  const { tenant, can, main } = ctx;
+  const id = ctx.route.id;
+  const listHref = `#/t/${encodeURIComponent(tenant)}/executions`;
+  const abort = new AbortController();
+  const seen = [];
+  let current = null;
+  let deadLetters = [];
+
+  if (!/^[0-9a-f]{32}$/.test(id)) {
+    replace(main, h('section', { class: 'panel' }, h('h1', {}, 'Not an execution id'), h('p', {}, 'An execution id is 32 lowercase hex characters.')));
+    return null;
+  }
+
+  const liveEl = h('span', { id: 'live', class: 'live' });
+  const body = h('div', { id: 'execution' });
+  replace(main,
+    h('div', { class: 'page-head' },
+      h('a', { href: listHref, class: 'button', id: 'back-to-list' }, '← Executions'),
+      h('h1', { class: 'mono' }, id), liveEl),
+    body);
+
+  function record(e) {
+    const last = seen[seen.length - 1];
+    const label = e.status + (e.queue_state ? ` (${e.queue_state})` : '') + (e.cancel_requested && !isTerminal(e.status) ? ' (cancel requested)' : '');
+    if (!last || last.label !== label) seen.push({ label, at: e.updated_at });
+  }
+
+  function draw() {
+    const e = current;
+    if (!e) return;
+    const actions = h('div', { class: 'row-actions', id: 'actions' });
+    if (can.cancel && !isTerminal(e.status) && !e.cancel_requested) {
+      actions.append(h('button', { id: 'action-cancel', type: 'button', onclick: cancel }, 'Cancel'));
+    }
+    if (can.retry && (e.status === 'failed' || e.status === 'cancelled')) {
+      actions.append(h('button', { id: 'action-retry', type: 'button', onclick: retry }, 'Retry'));
+    }
+    if (can.forceDelete) {
+      actions.append(h('button', { id: 'action-force-delete', type: 'button', class: 'danger', onclick: forceDelete }, 'Force delete'));
+    }
+    const times = [['created', e.created_at], ['started', e.started_at], ['finished', e.finished_at], ['updated', e.updated_at]];
+    replace(body,
+      h('section', { class: 'panel' },
+        h('dl', { class: 'facts' },
+          h('dt', {}, 'Status'), h('dd', { id: 'detail-status' }, statusBadge(e.status)),
+          h('dt', {}, 'Queue state'), h('dd', { id: 'detail-queue-state' }, e.queue_state || '—'),
+          h('dt', {}, 'Cancel requested'), h('dd', {}, e.cancel_requested ? 'yes' : 'no'),
+          h('dt', {}, 'Attempt'), h('dd', { id: 'detail-attempt' }, `${e.attempt} of ${e.max_attempts}`),
+          h('dt', {}, 'Flow'), h('dd', { id: 'detail-flow' }, e.flow_id, e.version ? ` @${e.version}` : ''),
+          h('dt', {}, 'Dedup key'), h('dd', { id: 'detail-dedup' }, e.dedup_key ?? '—'),
+          h('dt', {}, 'Tenant'), h('dd', {}, e.tenant_id)),
+        actions),
+      h('section', { class: 'panel' },
+        h('h2', {}, 'Timeline'),
+        h('ol', { class: 'timeline', id: 'timeline' },
+          times.filter(([, t]) => t).map(([what, t]) => h('li', {}, h('span', { class: 'time' }, fmtTime(t)), ` ${what}`))),
+        seen.length > 1 ? h('div', {}, h('h3', {}, 'Seen live'),
+          h('ol', { class: 'timeline', id: 'seen-live' }, seen.map((s) => h('li', {}, h('span', { class: 'time' }, fmtTime(s.at)), ` ${s.label}`)))) : null),
+      h('section', { class: 'panel' }, h('h2', {}, 'Params'), jsonBlock(e.params, { id: 'detail-params' })),
+      e.output !== null && e.output !== undefined
+        ? h('section', { class: 'panel' }, h('h2', {}, 'Output'), jsonBlock(e.output, { id: 'detail-output' })) : null,
+      e.error ? h('section', { class: 'panel' }, h('h2', {}, 'Error'),
+        h('p', { id: 'detail-error' }, h('code', {}, e.error.kind), ': ', e.error.message)) : null,
+      h('section', { class: 'panel' }, h('h2', {}, 'Dead letters'),
+        deadLetters.length === 0 ? h('p', { class: 'muted', id: 'detail-no-dead-letters' }, 'None among the tenant\'s 200 newest dead letters.')
+          : h('table', { class: 'grid', id: 'detail-dead-letters' },
+            h('thead', {}, h('tr', {}, h('th', {}, 'When'), h('th', {}, 'Reason'), h('th', {}, 'Attempts'), h('th', {}, 'Message'))),
+            h('tbody', {}, deadLetters.map((d) => h('tr', {},
+              h('td', {}, fmtTime(d.dead_lettered_at)), h('td', {}, d.reason), h('td', {}, String(d.attempts)), h('td', {}, d.message)))))));
+    liveEl.textContent = isTerminal(e.status) ? '' : '● live';
+  }
+
+  function gone() {
+    abort.abort();
+    liveEl.textContent = '';
+    replace(body, h('section', { class: 'panel' }, h('p', { id: 'detail-gone' }, 'This execution does not exist (or was force-deleted).'),
+      h('a', { href: listHref, class: 'button' }, 'Back to the list')));
+  }
+
+  async function loadDeadLetters() {
+    try {
+      const { data } = await call('GET', '/api/dlq?limit=200', { tenant });
+      deadLetters = data.dead_letters.filter((d) => d.execution_id === id);
+    } catch (e) {
+      deadLetters = [];
+    }
+  }
+
+  /** Whether `e` is older than what is shown (an answer overtaken by a streamed event). */
+  function stale(e) {
+    if (!current) return false;
+    const now = Date.parse(current.updated_at);
+    const then = Date.parse(e.updated_at);
+    return then < now || (then === now && isTerminal(current.status) && !isTerminal(e.status));
+  }
+
+  function update(e) {
+    if (stale(e)) return;
+    const wasTerminal = current && isTerminal(current.status);
+    current = e;
+    record(e);
+    draw();
+    if (isTerminal(e.status) && !wasTerminal) loadDeadLetters().then(() => { if (!abort.signal.aborted) draw(); });
+  }
+
+  function follow() {
+    followExecution(tenant, id, {
+      onExecution: (e) => { if (!abort.signal.aborted) update(e); },
+      onDeleted: () => { if (!abort.signal.aborted) gone(); },
+      onError: (err) => { if (!abort.signal.aborted) toast(`Live updates stopped: ${err.message}`, 'error'); },
+      signal: abort.signal,
+    }).finally(() => { if (!abort.signal.aborted && current) liveEl.textContent = ''; });
+  }
+
+  async function cancel() {
+    try {
+      const { data } = await call('POST', `/api/executions/${id}/cancel`, { tenant });
+      update(data);
+      toast(data.status === 'cancelled' ? 'Cancelled.' : 'Cancel requested; its worker stops it.');
+    } catch (e) { if (e.status !== 401) toast(`Cancel refused: ${e.message}`, 'error'); }
+  }
+
+  async function retry() {
+    try {
+      const { data } = await call('POST', `/api/executions/${id}/retry`, { tenant });
+      update(data);
+      toast('Queued again.');
+      follow();
+    } catch (e) { if (e.status !== 401) toast(`Retry refused: ${e.message}`, 'error'); }
+  }
+
+  async function forceDelete() {
+    const typed = id.slice(0, 8);
+    const ok = await confirmDialog({
+      title: 'Force delete this execution?',
+      message: 'It is terminalized now, its slot and dedup key are released and its row is deleted. This cannot be undone.',
+      typed, action: 'Force delete', danger: true,
+    });
+    if (!ok) return;
+    try {
+      await call('DELETE', `/api/executions/${id}?force=true`, { tenant });
+      toast('Deleted.');
+      location.hash = listHref;
+    } catch (e) { if (e.status !== 401) toast(`Delete refused: ${e.message}`, 'error'); }
+  }
+
+  try {
+    const { data } = await call('GET', `/api/executions/${id}`, { tenant });
+    if (isTerminal(data.status)) await loadDeadLetters();
+    current = data;
+    record(data);
+    draw();
+    if (!isTerminal(data.status)) follow();
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 404) gone();
+    else if (!(e instanceof ApiError) || e.status !== 401) replace(body, h('p', { class: 'error' }, e.message));
+  }
+  return () => abort.abort();
+}

@@ -1,0 +1,31 @@
+#!lua flags=allow-oom
+-- dlq_dismiss.lua: remove one dead-letter record, once an operator has dealt with it (replayed
+-- the execution, or decided to leave it failed). The execution itself is not touched: it stays
+-- readable as `failed` until its retention ends. Counted as `dlq_dismissed` in the shard's
+-- statistics, so what left the stream other than by the cap is known.
+--
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the shard's dead-letter stream
+-- KEYS[3]  the shard's statistics hash
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  record id, <ms>-<seq> (built from numbers by the caller)
+-- ARGV[7]  tenant id: only a record of this tenant is removed; '' removes any record (the
+--          platform admin, also poison records that belong to no tenant)
+--
+-- Reply: 1 removed; 0 no such record in this shard (or another tenant's, left alone).
+local DLQ = declared(2, K.dlq())
+local STATS = declared(3, K.stats())
+local id, tenant = ARGV[6], ARGV[7]
+
+local records = redis.call('XRANGE', DLQ, id, id)
+if #records == 0 then return 0 end
+if tenant ~= '' then
+  local fields, owner = records[1][2], nil
+  for i = 1, #fields, 2 do
+    if fields[i] == 'tenant_id' then owner = fields[i + 1] end
+  end
+  if owner ~= tenant then return 0 end
+end
+redis.call('XDEL', DLQ, id)
+redis.call('HINCRBY', STATS, 'dlq_dismissed', 1)
+return 1

@@ -1,0 +1,644 @@
+"""The web console, tested in a real browser.
+
+Run by scripts/console_test.sh, which installs Debian's chromium and chromium-driver when
+missing and Selenium (pinned) into a virtualenv. Starts its own redis-server, `sluice serve`
+(with an admin token), `sluice worker --demo-flows` and a second `sluice serve --dev-auth`,
+all on free loopback ports, then drives /usr/bin/chromium (headless) through
+/usr/bin/chromedriver: nothing downloads a browser or a driver.
+
+What a user would check, each step waiting for a condition (never a fixed sleep): login with
+a bad and a good token; tenants registered and their limits edited, with their effect (429,
+then a waiting execution dispatched); keys created (token shown once) and revoked (401
+after, and a signed-in session sent back to the login); admit from the form (201, replay,
+422 with the holder, 429 with Retry-After); `<img onerror>` in params shown as text; a
+demo.sleep row turning from running to completed without a reload, the detail page live over
+SSE; cancel, retry, force delete (typed confirmation); bulk cancel and retry; a dead letter
+replayed and dismissed; filters in the URL surviving a reload; jump to an id; role gating for
+viewer, editor, admin and platform admin; dev auth without login; and no console errors
+(every browser log entry of level SEVERE fails the run, except the network lines of the API
+answers the test provokes on purpose: 4xx from /api/). On failure a screenshot and the page's
+HTML are kept in the work folder.
+
+Usage: python console_test.py <sluice binary> <work folder> [--screenshots <folder>]
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+ADMIN_TOKEN = "console-admin-" + os.urandom(12).hex()
+WAIT_S = 20
+DEADLINE_S = 240
+checks = 0
+started = time.monotonic()
+
+
+class Failed(Exception):
+    pass
+
+
+def check(condition, what):
+    global checks
+    if not condition:
+        raise Failed(what)
+    checks += 1
+    print(f"  ok  {what}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, deadline_s=30):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise Failed(f"nothing listens on port {port}")
+
+
+class Api:
+    """Plain HTTP to the API, for setup and for checking what the browser did."""
+
+    def __init__(self, base, token):
+        self.base, self.token = base, token
+
+    def call(self, method, path, body=None, tenant=None, token=None):
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        if tenant:
+            headers["X-Tenant-Id"] = tenant
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as res:
+                raw = res.read()
+                return res.status, (json.loads(raw) if raw else None)
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            return e.code, (json.loads(raw) if raw else None)
+
+    def ready(self, deadline_s=30):
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.base + "/readyz", timeout=2) as res:
+                    if res.status == 200:
+                        return
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.1)
+        raise Failed("sluice did not become ready")
+
+
+class Console:
+    """The browser, with helpers that wait for conditions."""
+
+    def __init__(self, driver, base):
+        self.d, self.base = driver, base
+        self.allowed_network_errors = 0
+
+    def open(self, hash_=""):
+        """Loads the console afresh (a new document, even if only the hash differs)."""
+        self.d.get("about:blank")
+        self.d.get(f"{self.base}/console/{hash_}")
+
+    def go(self, hash_):
+        """Navigates inside the app (no reload)."""
+        self.d.execute_script("location.hash = arguments[0]", hash_)
+
+    def until(self, cond, what, timeout=WAIT_S):
+        try:
+            return WebDriverWait(self.d, timeout, poll_frequency=0.1,
+                                 ignored_exceptions=(StaleElementReferenceException,)).until(
+                lambda d: cond())
+        except TimeoutException:
+            raise Failed(f"timed out waiting for: {what}")
+
+    def el(self, css, what=None, timeout=WAIT_S):
+        def find():
+            found = self.d.find_elements(By.CSS_SELECTOR, css)
+            return found[0] if found and found[0].is_displayed() else None
+        return self.until(find, what or css, timeout)
+
+    def gone(self, css, what=None):
+        self.until(lambda: not self.d.find_elements(By.CSS_SELECTOR, css), what or f"{css} gone")
+
+    def present(self, css):
+        return bool(self.d.find_elements(By.CSS_SELECTOR, css))
+
+    def text(self, css):
+        return self.el(css).text
+
+    def type(self, css, value):
+        e = self.el(css)
+        e.clear()
+        e.send_keys(value)
+        return e
+
+    def click(self, css):
+        self.el(css).click()
+
+    def row_status(self, exec_id):
+        rows = self.d.find_elements(By.CSS_SELECTOR, f'#executions-body tr[data-id="{exec_id}"]')
+        return rows[0].get_attribute("data-status") if rows else None
+
+    def console_errors(self):
+        """SEVERE browser log entries, minus the API answers the test provokes (4xx)."""
+        bad = []
+        for entry in self.d.get_log("browser"):
+            if entry["level"] != "SEVERE":
+                continue
+            msg = entry["message"]
+            if entry.get("source") == "network" and "/api/" in msg and " 4" in msg:
+                self.allowed_network_errors += 1
+                continue
+            bad.append(msg)
+        return bad
+
+    def login(self, token):
+        self.d.execute_script("sessionStorage.clear()")
+        self.open("#/login")
+        self.type("#login-token", token)
+        self.click("#login-submit")
+
+    def admit(self, flow, params="{}", dedup=""):
+        if not self.d.find_element(By.CSS_SELECTOR, "#admit-panel").is_displayed():
+            self.click("#new-execution")
+        self.type("#admit-flow", flow)
+        self.type("#admit-params", params)
+        self.type("#admit-dedup", dedup)
+        self.d.execute_script("document.getElementById('admit-result').replaceChildren()")
+        self.click("#admit-submit")
+        res = self.until(lambda: self.d.find_elements(By.CSS_SELECTOR, "#admit-result > *"), "an admission answer")
+        return res[0]
+
+    def admitted_id(self, flow, params="{}", dedup=""):
+        res = self.admit(flow, params, dedup)
+        check(res.get_attribute("id") == "admit-created", f"{flow} admitted from the form ({res.text})")
+        return res.find_element(By.CSS_SELECTOR, "a.exec-link").get_attribute("data-id")
+
+    def confirm(self, typed=None):
+        if typed is not None:
+            self.type("#confirm-input", typed)
+        self.click("#confirm-ok")
+        self.gone("dialog.confirm", "the confirmation closed")
+
+    def shot(self, path):
+        self.d.save_screenshot(path)
+
+
+def main(sluice, work, screenshots):
+    os.makedirs(work, exist_ok=True)
+    data = tempfile.mkdtemp(prefix="sluice-console-")
+    redis_port, api_port, dev_port = free_port(), free_port(), free_port()
+    procs, driver = [], None
+    logs = open(os.path.join(work, "processes.log"), "w")
+    try:
+        procs.append(subprocess.Popen(
+            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", data,
+             "--save", "", "--appendonly", "no"], stdout=logs, stderr=logs))
+        wait_port(redis_port)
+        redis = f"redis://127.0.0.1:{redis_port}"
+        env = dict(os.environ, SLUICE_ADMIN_TOKEN=ADMIN_TOKEN)
+        procs.append(subprocess.Popen(
+            [sluice, "serve", "--listen", f"127.0.0.1:{api_port}", "--redis-url", redis],
+            env=env, stdout=logs, stderr=logs))
+        procs.append(subprocess.Popen(
+            [sluice, "worker", "--demo-flows", "--redis-url", redis, "--concurrency", "8",
+             "--retry-backoff-ms", "100", "--heartbeat-ms", "1000", "--lease-ttl-ms", "5000"],
+            stdout=logs, stderr=logs))
+        procs.append(subprocess.Popen(
+            [sluice, "serve", "--dev-auth", "--listen", f"127.0.0.1:{dev_port}", "--redis-url", redis,
+             "--sweep-interval-secs", "0"], stdout=logs, stderr=logs))
+        base = f"http://127.0.0.1:{api_port}"
+        api = Api(base, ADMIN_TOKEN)
+        api.ready()
+        Api(f"http://127.0.0.1:{dev_port}", "").ready()
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = "/usr/bin/chromium"
+        for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1440,1000", "--no-first-run", "--disable-extensions",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", "--metrics-recording-only", "--no-default-browser-check",
+                    f"--user-data-dir={os.path.join(data, 'chromium')}"]:
+            options.add_argument(arg)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        service = Service(executable_path="/usr/bin/chromedriver", log_output=os.path.join(work, "chromedriver.log"))
+        driver = webdriver.Chrome(service=service, options=options)
+        driver.set_page_load_timeout(20)
+        ui = Console(driver, base)
+        try:
+            run(ui, api, base, f"http://127.0.0.1:{dev_port}", screenshots)
+        except BaseException:
+            try:
+                ui.shot(os.path.join(work, "failure.png"))
+                with open(os.path.join(work, "failure.html"), "w") as f:
+                    f.write(driver.page_source)
+                print(f"console test: screenshot and HTML kept in {work}/failure.png, failure.html", file=sys.stderr)
+            except Exception as e:  # the browser itself may be gone
+                print(f"console test: no screenshot ({e})", file=sys.stderr)
+            raise
+    finally:
+        if driver is not None:
+            driver.quit()
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        logs.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def no_errors(ui, where):
+    errors = ui.console_errors()
+    check(not errors, f"no browser console errors ({where})" + (f": {errors}" if errors else ""))
+
+
+def within_deadline():
+    if time.monotonic() - started > DEADLINE_S:
+        raise Failed(f"the run took longer than {DEADLINE_S} s")
+
+
+def run(ui, api, base, dev_base, screenshots):
+    shots = screenshots or None
+
+    def shot(name):
+        if shots:
+            # Without the toasts of earlier steps, which would cover the page.
+            ui.d.execute_script("document.querySelectorAll('.toast').forEach((t) => t.remove())")
+            ui.shot(os.path.join(shots, name))
+
+    # --- Login: a bad token, then the platform admin token.
+    ui.open()
+    ui.el("#login-form", "the login form (no credential yet)")
+    ui.type("#login-token", "not-the-token")
+    ui.click("#login-submit")
+    check("not accepted" in ui.text("#login-error"), "a bad token is refused on the login page")
+    stored = ui.d.execute_script("return [sessionStorage.getItem('sluice.token'), localStorage.getItem('sluice.token')]")
+    check(stored == [None, None], "a refused token is not kept")
+    shot("login.png")
+    ui.type("#login-token", ADMIN_TOKEN)
+    ui.click("#login-submit")
+    check(ui.text("#who-role") == "platform admin", "the admin token signs in as platform admin")
+    check(ui.d.execute_script("return sessionStorage.getItem('sluice.token')") == ADMIN_TOKEN
+          and ui.d.execute_script("return localStorage.getItem('sluice.token')") is None,
+          "the token is in sessionStorage only")
+    ui.el("#shards-table", "the overview (platform admin's home)")
+    no_errors(ui, "login")
+
+    # --- Tenants: register acme and a spare one to delete.
+    ui.go("#/tenants")
+    for tenant in ["acme", "spare"]:
+        ui.type("#new-tenant-id", tenant)
+        ui.click("#register-submit")
+        ui.el(f'#tenants-body tr[data-tenant="{tenant}"]', f"tenant {tenant} listed")
+    check(api.call("GET", "/api/tenants/acme")[0] == 200, "acme is registered")
+    row = 'tr[data-tenant="spare"]'
+    ui.click(f"{row} .delete-tenant")
+    ui.el("#confirm-input")
+    check(ui.el("#confirm-ok").get_attribute("disabled") is not None, "delete waits for the typed tenant id")
+    ui.confirm("spare")
+    ui.gone(f"#tenants-body {row}", "spare no longer listed")
+    check(api.call("GET", "/api/tenants/spare")[0] == 404, "spare is deleted")
+
+    # --- API keys of acme: one per role, each token shown once.
+    ui.go("#/t/acme/api-keys")
+    tokens = {}
+    for role in ["viewer", "editor", "admin"]:
+        Select(ui.el("#new-key-role")).select_by_value(role)
+        ui.type("#new-key-name", f"console {role}")
+        ui.click("#create-key-submit")
+        token = ui.until(lambda: (ui.d.find_elements(By.CSS_SELECTOR, "#new-key-token") or [None])[0], "the new token").get_attribute("value")
+        check(token.startswith("sk_"), f"{role} key created, token shown")
+        tokens[role] = token
+        key_id = token.split("_")[1]
+        ui.el(f'#api-keys-body tr[data-key="{key_id}"]', f"{role} key listed")
+        ui.until(lambda: ui.d.find_elements(By.CSS_SELECTOR, "#copy-token"), "copy button")
+        ui.d.execute_script("document.getElementById('created-key').replaceChildren()")
+    listed = api.call("GET", "/api/tenants/acme/api-keys")[1]["api_keys"]
+    check(len(listed) == 3 and all("token" not in k for k in listed), "three keys, no token in the list")
+    shot("api-keys.png")
+    no_errors(ui, "tenants and keys")
+
+    # --- Executions: admit from the form, replay, conflict, untrusted params as text.
+    ui.go("#/t/acme/executions")
+    ui.el("#executions-table")
+    Select(ui.el("#refresh-select")).select_by_value("2")
+    ui.d.execute_script("window.__noReload = 'still here'")
+    xss = '{"note": "<img src=x onerror=\\"window.__xss=1\\">", "n": 1}'
+    first = ui.admitted_id("demo.echo", xss, "order-1")
+    ui.until(lambda: ui.row_status(first), "the admitted row in the list")
+    check(ui.row_status(first) in ("queued", "running", "completed"), "the new row shows its status")
+    res = ui.admit("demo.echo", xss, "order-1")
+    check(res.get_attribute("id") == "admit-replay" and first in res.text
+          and res.find_element(By.CSS_SELECTOR, "a.exec-link").get_attribute("data-id") == first,
+          "the same request again shows a replay of the same execution")
+    res = ui.admit("demo.echo", '{"n": 2}', "order-1")
+    holder = res.find_elements(By.CSS_SELECTOR, "a.exec-link")
+    check(res.get_attribute("id") == "admit-conflict" and holder and holder[0].get_attribute("data-id") == first,
+          "different params under the key: 422 with a link to the holder")
+    shot("new-execution.png")
+    holder[0].click()
+    ui.until(lambda: ui.text("#detail-status") == "completed", "demo.echo completed")
+    params = ui.text("#detail-params")
+    check('<img src=x onerror=\\"window.__xss=1\\">' in params, "params with <img onerror> are shown as text")
+    check(ui.d.execute_script("return document.querySelectorAll('#main img').length") == 0
+          and ui.d.execute_script("return window.__xss") is None, "no element made of the params, nothing ran")
+    check("<img" in ui.text("#detail-output"), "the output is shown as text too")
+    no_errors(ui, "admission")
+
+    # --- A demo.sleep row turns from running to completed without a reload.
+    ui.go("#/t/acme/executions")
+    sleeper = ui.admitted_id("demo.sleep", '{"ms": 4000}')
+    ui.until(lambda: ui.row_status(sleeper) == "running", "the demo.sleep row running", 15)
+    ui.until(lambda: ui.row_status(sleeper) == "completed", "the demo.sleep row completed", 15)
+    check(ui.d.execute_script("return window.__noReload") == "still here", "running -> completed without a reload")
+
+    # --- Auto-refresh pauses while the tab is hidden (the page is told so, as a browser
+    # would), and reloads at once when it is visible again.
+    ui.d.execute_script("""
+        window.__hidden = true;
+        Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => window.__hidden ? 'hidden' : 'visible'});
+        document.dispatchEvent(new Event('visibilitychange'));""")
+    ui.until(lambda: ui.text("#refresh-state") == "paused while hidden", "auto-refresh paused")
+    hidden_since = time.monotonic()
+    try:
+        # Two refresh intervals and a half: a refresh would have shown "updated ...".
+        WebDriverWait(ui.d, 5, poll_frequency=0.1).until(lambda d: ui.text("#refresh-state") != "paused while hidden")
+        raise Failed("the list refreshed while the tab was hidden")
+    except TimeoutException:
+        check(time.monotonic() - hidden_since >= 5, "no refresh while the tab is hidden")
+    ui.d.execute_script("window.__hidden = false; document.dispatchEvent(new Event('visibilitychange'))")
+    ui.until(lambda: ui.text("#refresh-state").startswith("updated"), "refreshed at once when visible again", 2)
+
+    # --- The detail page is live (SSE): queued/running -> completed, no reload.
+    live = ui.admitted_id("demo.sleep", '{"ms": 3000}')
+    ui.go(f"#/t/acme/executions/{live}")
+    ui.until(lambda: ui.text("#detail-status") == "running", "detail shows running")
+    ui.el("#live", "the live marker")
+    shot("execution.png")
+    ui.until(lambda: ui.text("#detail-status") == "completed", "detail turns completed by itself", 15)
+    check(ui.d.execute_script("return window.__noReload") == "still here", "the detail page followed it live")
+    check("running" in ui.text("#seen-live"), "the changes seen live are in the timeline")
+
+    # --- Cancel, retry, force delete on the detail page.
+    ui.go("#/t/acme/executions")
+    long_one = ui.admitted_id("demo.sleep", '{"ms": 60000}')
+    ui.go(f"#/t/acme/executions/{long_one}")
+    ui.until(lambda: ui.text("#detail-status") == "running", "the long sleep running")
+    ui.click("#action-cancel")
+    ui.until(lambda: ui.text("#detail-status") == "cancelled", "cancelled after Cancel")
+    ui.click("#action-retry")
+    ui.until(lambda: ui.text("#detail-status") in ("queued", "running"), "queued again after Retry")
+    check(ui.text("#detail-attempt").startswith(("0 ", "1 ")), "a retry starts over at attempt 0")
+    ui.click("#action-force-delete")
+    ui.el("#confirm-input")
+    ui.type("#confirm-input", "wrong")
+    check(ui.el("#confirm-ok").get_attribute("disabled") is not None, "force delete waits for the typed id")
+    ui.confirm(long_one[:8])
+    ui.el("#executions-table", "back on the list after the delete")
+    check(api.call("GET", f"/api/executions/{long_one}", tenant="acme")[0] == 404, "force-deleted: 404")
+    no_errors(ui, "cancel, retry, force delete")
+
+    # --- Bulk cancel and retry of selected rows.
+    bulk = [ui.admitted_id("demo.sleep", '{"ms": 60000}') for _ in range(2)]
+    for b in bulk:
+        ui.until(lambda: ui.row_status(b) is not None, "bulk row listed")
+        ui.el(f'#executions-body tr[data-id="{b}"] .row-select').click()
+    ui.click("#bulk-cancel")
+    ui.until(lambda: all(ui.row_status(b) == "cancelled" for b in bulk), "both selected rows cancelled")
+    for b in bulk:
+        ui.el(f'#executions-body tr[data-id="{b}"] .row-select').click()
+    ui.click("#bulk-retry")
+    ui.until(lambda: all(ui.row_status(b) in ("queued", "running") for b in bulk), "both selected rows queued again")
+    for b in bulk:
+        api.call("POST", f"/api/executions/{b}/cancel", tenant="acme")
+
+    # --- Filters in the URL, surviving a reload; the time range; jump to an id.
+    Select(ui.el("#filter-status")).select_by_value("completed")
+    ui.type("#filter-flow", "demo.echo")
+    ui.click("#filter-apply")
+    ui.until(lambda: "status=completed" in ui.d.current_url and "flow=demo.echo" in ui.d.current_url, "filters in the URL")
+    ui.d.refresh()
+    ui.until(lambda: ui.row_status(first) == "completed", "the filtered list after a reload")
+    check(Select(ui.el("#filter-status")).first_selected_option.get_attribute("value") == "completed"
+          and ui.el("#filter-flow").get_attribute("value") == "demo.echo"
+          and ui.el("#total").get_attribute("data-total") == "1", "the filters survive a reload (total 1)")
+    ui.go("#/t/acme/executions?dedup=order-1")
+    ui.until(lambda: ui.el("#total").get_attribute("data-total") == "1" and ui.row_status(first), "the dedup key filter")
+    ui.go("#/t/acme/executions?from=2999-01-01T00%3A00%3A00.000Z")
+    ui.until(lambda: ui.el("#total").get_attribute("data-total") == "0", "a time range in the future matches nothing")
+    ui.el("#no-executions")
+    ui.go("#/t/acme/executions?from=2000-01-01T00%3A00%3A00.000Z&before=2999-01-01T00%3A00%3A00.000Z")
+    ui.until(lambda: ui.row_status(first), "a wide time range matches")
+    ui.type("#jump-input", first + Keys.ENTER)
+    ui.until(lambda: ui.present("#detail-status") and first in ui.d.current_url, "jump to an id opens its detail")
+    no_errors(ui, "filters")
+
+    # --- A dead letter: replayed, then dismissed.
+    ui.go("#/t/acme/executions")
+    failing = ui.admitted_id("demo.fail", '{"message": "boom <b>bold</b>"}')
+    ui.until(lambda: ui.row_status(failing) == "failed", "demo.fail failed after its attempts", 20)
+    ui.go("#/t/acme/dead-letters")
+    rec = f'#dead-letters-body tr[data-execution="{failing}"]'
+    ui.el(rec, "its dead letter listed")
+    check("handler_error" in ui.text(f"{rec} .reason") and "<b>bold</b>" in ui.text(f"{rec} .message"),
+          "the dead letter shows its reason, the message as text")
+    shot("dead-letters.png")
+    ui.go(f"#/t/acme/executions/{failing}")
+    ui.el("#detail-dead-letters", "the execution's page lists its dead letter")
+    check("handler_error" in ui.text("#detail-dead-letters") and "boom" in ui.text("#detail-error"),
+          "the failed execution shows its error and dead letter")
+    ui.go("#/t/acme/dead-letters")
+    ui.click(f"{rec} .row-select")
+    ui.click("#dlq-replay")
+    ui.until(lambda: any("Replayed 1 of 1" in t.text for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast")),
+             "the replay is confirmed")
+    ui.until(lambda: api.call("GET", f"/api/executions/{failing}", tenant="acme")[1]["status"] == "failed"
+             and len([d for d in api.call("GET", "/api/dlq", tenant="acme")[1]["dead_letters"] if d["execution_id"] == failing]) == 2,
+             "the replay failed again: a second dead letter", 20)
+    ui.d.refresh()
+    ui.until(lambda: len(ui.d.find_elements(By.CSS_SELECTOR, rec)) == 2, "two dead letters listed")
+    for box in ui.d.find_elements(By.CSS_SELECTOR, f"{rec} .row-select"):
+        box.click()
+    ui.click("#dlq-dismiss")
+    ui.el("#no-dead-letters", "the dismissed records are gone")
+    check(api.call("GET", "/api/dlq", tenant="acme")[1]["dead_letters"] == [], "the API lists no dead letter either")
+    check(api.call("GET", f"/api/executions/{failing}", tenant="acme")[1]["status"] == "failed",
+          "dismissing left the execution failed")
+    no_errors(ui, "dead letters")
+
+    # --- Limits edited, and their effect: a full queue (429), then a waiting one dispatched.
+    def idle():
+        usage = api.call("GET", "/api/tenants/acme")[1]["usage"]
+        return usage["running"] + usage["dispatched"] + usage["waiting"] == 0
+    ui.until(idle, "acme holds no slot (the cancelled runs have stopped)")
+    ui.go("#/tenants")
+    acme = 'tr[data-tenant="acme"]'
+    ui.type(f"{acme} .edit-max-concurrent", "1")
+    ui.type(f"{acme} .edit-max-queued", "1")
+    ui.click(f"{acme} .save-tenant")
+    ui.until(lambda: api.call("GET", "/api/tenants/acme")[1]["max_concurrent"] == 1, "max_concurrent 1 saved")
+    ui.go("#/t/acme/executions")
+    a = ui.admitted_id("demo.sleep", '{"ms": 60000}')
+    b = ui.admitted_id("demo.sleep", '{"ms": 60000}')
+    res = ui.admit("demo.sleep", '{"ms": 60000}')
+    check(res.get_attribute("id") == "admit-queue-full" and "retry after 5 s" in res.text,
+          f"the third admission: 429 with its Retry-After ({res.text})")
+    ui.until(lambda: ui.row_status(a) == "running" and ui.row_status(b) == "queued", "one running, one waiting")
+    check("waiting" in ui.text(f'#executions-body tr[data-id="{b}"] .status'), "the second one waits for a slot")
+    shot("executions.png")
+    ui.go("#/overview")
+    ui.until(lambda: "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .slots')
+             and "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .queue'), "saturation: 1/1 slots, 1/1 waiting")
+    shot("overview.png")
+    ui.go("#/tenants")
+    ui.type(f"{acme} .edit-max-concurrent", "2")
+    ui.click(f"{acme} .save-tenant")
+    ui.go("#/t/acme/executions")
+    ui.until(lambda: ui.row_status(b) == "running", "raising max_concurrent dispatched the waiting one")
+    for x in (a, b):
+        api.call("POST", f"/api/executions/{x}/cancel", tenant="acme")
+    ui.go("#/tenants")
+    ui.el(f"#tenants-body {acme}")
+    shot("tenants.png")
+    ui.click(f"{acme} .edit-enabled")
+    ui.click(f"{acme} .save-tenant")
+    ui.until(lambda: api.call("GET", "/api/tenants/acme")[1]["enabled"] is False, "acme disabled")
+    ui.go("#/t/acme/executions")
+    res = ui.admit("demo.echo")
+    check(res.get_attribute("id") == "admit-error" and "tenant_disabled" in res.text,
+          "a disabled tenant's admission is refused in the form")
+    ui.go("#/tenants")
+    ui.click(f"{acme} .edit-enabled")
+    ui.click(f"{acme} .save-tenant")
+    ui.until(lambda: api.call("GET", "/api/tenants/acme")[1]["enabled"] is True, "acme enabled again")
+    no_errors(ui, "limits")
+    within_deadline()
+
+    # --- Role gating, each role in a fresh session.
+    ui.login(tokens["viewer"])
+    check(ui.text("#who-role") == "viewer", "the viewer key signs in as viewer")
+    ui.el("#executions-table")
+    ui.until(lambda: ui.row_status(first), "the viewer reads executions")
+    check(not ui.present("#new-execution") and not ui.present("#bulk-cancel") and not ui.present(".row-select"),
+          "viewer: no admission, no bulk actions")
+    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants") and not ui.present("#nav-overview"),
+          "viewer: no keys, tenants or overview in the menu")
+    ui.go(f"#/t/acme/executions/{first}")
+    ui.el("#detail-status")
+    check(not ui.present("#action-cancel") and not ui.present("#action-retry") and not ui.present("#action-force-delete"),
+          "viewer: no actions on an execution")
+    ui.go("#/tenants")
+    ui.el("#not-allowed", "viewer: the tenants page is not offered")
+    ui.go("#/t/acme/dead-letters")
+    ui.el("#dead-letters-table")
+    check(not ui.present("#dlq-replay") and not ui.present("#dlq-dismiss"), "viewer: no replay or dismiss")
+
+    ui.login(tokens["editor"])
+    check(ui.text("#who-role") == "editor", "the editor key signs in as editor")
+    ui.el("#new-execution", "editor: New execution offered")
+    check(ui.present("#bulk-cancel") and ui.present("#bulk-retry"), "editor: bulk cancel and retry offered")
+    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants"), "editor: no keys or tenants")
+    ed = ui.admitted_id("demo.sleep", '{"ms": 60000}')
+    ui.go(f"#/t/acme/executions/{ed}")
+    ui.el("#action-cancel", "editor: Cancel offered")
+    check(not ui.present("#action-force-delete"), "editor: no Force delete")
+    ui.click("#action-cancel")
+    ui.until(lambda: ui.text("#detail-status") == "cancelled", "the editor cancelled it")
+    ui.go("#/t/acme/dead-letters")
+    ui.el("#dead-letters-table")
+    check(ui.present("#dlq-replay") and ui.present("#dlq-dismiss"), "editor: replay and dismiss offered")
+
+    ui.login(tokens["admin"])
+    check(ui.text("#who-role") == "admin", "the admin key signs in as admin")
+    ui.el("#nav-api-keys", "admin: API keys offered")
+    check(not ui.present("#nav-tenants") and not ui.present("#nav-overview"), "admin: no tenants or overview")
+    ui.go(f"#/t/acme/executions/{ed}")
+    ui.el("#action-force-delete", "admin: Force delete offered")
+    ui.go("#/t/other/executions")
+    ui.el("#not-allowed", "a tenant key cannot open another tenant")
+    no_errors(ui, "roles")
+
+    # --- Revoking: the viewer key (its next sign-in refused), then the editor key under a
+    # signed-in session (sent back to the login by the next refresh).
+    ui.go("#/t/acme/api-keys")
+    viewer_id = tokens["viewer"].split("_")[1]
+    ui.click(f'#api-keys-body tr[data-key="{viewer_id}"] .revoke-key')
+    ui.confirm()
+    ui.gone(f'#api-keys-body tr[data-key="{viewer_id}"]', "the viewer key no longer listed")
+    check(api.call("GET", "/api/me", token=tokens["viewer"])[0] == 401, "the revoked key gets 401")
+    ui.login(tokens["viewer"])
+    check("not accepted" in ui.text("#login-error"), "the revoked key cannot sign in")
+    ui.login(tokens["editor"])
+    ui.el("#executions-table")
+    Select(ui.el("#refresh-select")).select_by_value("2")
+    status, _ = api.call("DELETE", f"/api/tenants/acme/api-keys/{tokens['editor'].split('_')[1]}")
+    check(status == 204, "the editor key revoked behind the session's back")
+    ui.el("#login-form", "a 401 sends the session back to the login")
+    check("refused" in ui.text("#login-error")
+          and ui.d.execute_script("return sessionStorage.getItem('sluice.token')") is None,
+          "the login says why, and the token is dropped")
+    no_errors(ui, "revoke")
+
+    # --- Themes and times.
+    ui.login(ADMIN_TOKEN)
+    ui.go(f"#/t/acme/executions/{first}")
+    ui.el("#detail-status")
+    Select(ui.el("#theme-select")).select_by_value("dark")
+    check(ui.d.execute_script("return document.documentElement.dataset.theme") == "dark", "the dark theme")
+    Select(ui.el("#time-select")).select_by_value("utc")
+    ui.until(lambda: "UTC" in ui.text("#timeline"), "times in UTC")
+    shot("execution-dark.png")
+    Select(ui.el("#theme-select")).select_by_value("system")
+    Select(ui.el("#time-select")).select_by_value("local")
+
+    # --- Dev auth: no login at all.
+    ui.d.execute_script("sessionStorage.clear()")
+    ui.d.get(f"{dev_base}/console/")
+    check(ui.text("#who-role") == "platform admin" and not ui.present("#login-form"), "dev auth: no login")
+    check(not ui.present("#logout"), "dev auth: nothing to sign out of")
+    no_errors(ui, "dev auth")
+    within_deadline()
+    print(f"  ({ui.allowed_network_errors} network lines of provoked 4xx answers ignored)")
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    shots = None
+    if "--screenshots" in args:
+        i = args.index("--screenshots")
+        shots = args[i + 1]
+        del args[i:i + 2]
+        os.makedirs(shots, exist_ok=True)
+    if len(args) != 2:
+        raise SystemExit(__doc__)
+    try:
+        main(args[0], args[1], shots)
+    except Failed as e:
+        raise SystemExit(f"console test FAILED after {checks} checks: {e}")
+    print(f"console test: {checks} passed, 0 failed in {time.monotonic() - started:.0f} s")
