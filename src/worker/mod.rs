@@ -210,7 +210,12 @@ impl Runs {
             }
             self.unreported.push_back((id.clone(), fence));
         }
-        self.held.remove(id);
+        // Only this run: the execution's next run may have started here already (its report
+        // re-queued it and a pickup started it again before this task got here), and it is
+        // held under the same id. Removing that one would leave it without heartbeats.
+        if self.held.get(id).is_some_and(|h| h.fence == fence) {
+            self.held.remove(id);
+        }
     }
 }
 
