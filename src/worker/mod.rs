@@ -282,21 +282,26 @@ impl Shared {
         runs.spawn(async move {
             let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
             let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
-            // Whether this slot starts the shard's next run in the same call.
+            // Whether this slot starts the shard's next run in the same call, and with how many
+            // slots: this one, and while no other shard waits for a slot, every free one (a
+            // backlog is then started in batches, as a pickup's start call does).
             let chain = me
                 .upgrade()
                 .and_then(|shared| shared.pass_on(shard, depth, &outcome).map(|g| (shared, g)));
+            let mut slot = slot;
+            if let Some((shared, _)) = &chain
+                && shared.waiting_for_slot.load(Ordering::SeqCst) == 0
+            {
+                while slot.num_permits() < shared.config.concurrency {
+                    match shared.slots.clone().try_acquire_owned() {
+                        Ok(more) => slot.merge(more),
+                        Err(_) => break,
+                    }
+                }
+            }
+            let next = if chain.is_some() { slot.num_permits() } else { 0 };
             let sent = Instant::now();
-            let report = report(
-                &store,
-                shard,
-                &id,
-                fence,
-                &outcome,
-                &config,
-                chain.is_some(),
-            )
-            .await;
+            let report = report(&store, shard, &id, fence, &outcome, &config, next).await;
             // A retry after a backoff: this worker looks again when it is due (any worker's
             // orphan scan would put it back too, later).
             if let (
@@ -323,10 +328,10 @@ impl Shared {
                     wake.make_unsure();
                 }
             }
-            let mut slot = Some(slot);
             for next in report.started {
+                // A start reads no more entries than it was asked for: one slot each.
                 match slot
-                    .take()
+                    .split(1)
                     .or_else(|| shared.slots.clone().try_acquire_owned().ok())
                 {
                     Some(s) => shared.launch(next, sent, s, depth + 1),
@@ -336,6 +341,8 @@ impl Shared {
                     ),
                 }
             }
+            // The slots it did not use go back.
+            drop(slot);
             // Until here no `adopt` of the shard could run: what this call started is known
             // before Redis is asked what the worker holds.
             drop(guard);
@@ -624,8 +631,8 @@ struct Reported {
 
 /// Reports an outcome, retrying while Redis is unavailable for up to one lease TTL (after that
 /// the lease has expired and the orphan scan re-runs the execution anyway). Repeating is safe:
-/// a report applied before is recognised (`Repeat`). With `chain`, the first call also starts
-/// the shard's next run for this worker; a repeat never does.
+/// a report applied before is recognised (`Repeat`). With `chain` > 0, the first call also
+/// starts up to that many of the shard's next runs for this worker; a repeat never does.
 async fn report(
     store: &Store,
     shard: Shard,
@@ -633,11 +640,11 @@ async fn report(
     fence: u64,
     outcome: &Outcome,
     config: &WorkerConfig,
-    chain: bool,
+    chain: usize,
 ) -> Reported {
     let deadline = tokio::time::Instant::now() + config.lease_ttl;
     let mut pause = Duration::from_millis(50);
-    let mut next = usize::from(chain);
+    let mut next = chain;
     let mut unsure = false;
     loop {
         match store
