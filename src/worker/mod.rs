@@ -299,7 +299,11 @@ impl Shared {
                     }
                 }
             }
-            let next = if chain.is_some() { slot.num_permits() } else { 0 };
+            let next = if chain.is_some() {
+                slot.num_permits()
+            } else {
+                0
+            };
             let sent = Instant::now();
             let report = report(&store, shard, &id, fence, &outcome, &config, next).await;
             // A retry after a backoff: this worker looks again when it is due (any worker's
