@@ -11,7 +11,7 @@ use serde_json::Value as Json;
 
 use super::keys::WORKER_GROUP;
 use super::{Shard, Store, StoreError};
-use crate::admission::{ExecutionId, Status};
+use crate::admission::{ExecutionId, FlowId, Status, TenantId};
 
 /// An execution a worker has just started (it holds the lease for `attempt`).
 #[derive(Debug, Clone)]
@@ -24,8 +24,8 @@ pub struct Started {
     /// Starts of the current run of the execution, 1 on the first (a retry starts over).
     pub attempt: u32,
     pub max_attempts: u32,
-    pub tenant: String,
-    pub flow: String,
+    pub tenant: TenantId,
+    pub flow: FlowId,
     pub version: Option<String>,
     pub params: Json,
 }
@@ -360,8 +360,10 @@ fn runs_of(shard: Shard, reply: Vec<RunReply>) -> Result<Vec<Started>, StoreErro
                     fence,
                     attempt,
                     max_attempts,
-                    tenant,
-                    flow,
+                    tenant: TenantId::parse(&tenant)
+                        .map_err(|_| StoreError::Corrupt(format!("tenant of {id}: {tenant:?}")))?,
+                    flow: FlowId::parse(&flow)
+                        .map_err(|_| StoreError::Corrupt(format!("flow of {id}: {flow:?}")))?,
                     version: (!version.is_empty()).then_some(version),
                     params: serde_json::from_str(&params)
                         .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,

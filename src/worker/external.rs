@@ -145,8 +145,8 @@ impl super::handler::Handler for HttpHandler {
             .client
             .post(self.url.clone())
             .timeout(self.timeout)
-            .header("X-Sluice-Execution-Id", &ctx.execution_id)
-            .header("X-Sluice-Tenant-Id", &ctx.tenant_id)
+            .header("X-Sluice-Execution-Id", ctx.execution_id.as_str())
+            .header("X-Sluice-Tenant-Id", ctx.tenant_id.as_str())
             .header("X-Sluice-Attempt", ctx.attempt.to_string())
             .header("X-Sluice-Fence", ctx.fence.to_string())
             .json(&ctx.params);
@@ -185,9 +185,9 @@ impl super::handler::Handler for CommandHandler {
     fn run(&self, ctx: Context) -> HandlerFuture {
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
-            .env("SLUICE_EXECUTION_ID", &ctx.execution_id)
-            .env("SLUICE_TENANT_ID", &ctx.tenant_id)
-            .env("SLUICE_FLOW_ID", &ctx.flow_id)
+            .env("SLUICE_EXECUTION_ID", ctx.execution_id.as_str())
+            .env("SLUICE_TENANT_ID", ctx.tenant_id.as_str())
+            .env("SLUICE_FLOW_ID", ctx.flow_id.as_str())
             .env("SLUICE_ATTEMPT", ctx.attempt.to_string())
             .env("SLUICE_FENCE", ctx.fence.to_string())
             .stdin(Stdio::piped())

@@ -12,12 +12,14 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::{ExecutionId, FlowId, TenantId};
+
 /// Everything a handler learns about the execution it runs.
 #[derive(Debug, Clone)]
 pub struct Context {
-    pub execution_id: String,
-    pub tenant_id: String,
-    pub flow_id: String,
+    pub execution_id: ExecutionId,
+    pub tenant_id: TenantId,
+    pub flow_id: FlowId,
     pub version: Option<String>,
     pub params: Value,
     /// Starts of this run of the execution: 1 on the first (a retry starts over at 1).

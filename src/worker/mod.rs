@@ -538,18 +538,19 @@ async fn run_one(
     why: &StopReason,
     config: &WorkerConfig,
 ) -> Outcome {
-    let Some(handler) = registry.get(&s.flow) else {
+    let Some(handler) = registry.get(s.flow.as_str()) else {
         return Outcome::Failed {
             kind: "unknown_flow".into(),
             message: format!(
                 "no handler for flow {:?} on worker {}",
-                s.flow, config.consumer
+                s.flow.as_str(),
+                config.consumer
             ),
             retry_after: None,
         };
     };
     let ctx = Context {
-        execution_id: s.id.to_string(),
+        execution_id: s.id,
         tenant_id: s.tenant,
         flow_id: s.flow,
         version: s.version,
