@@ -31,6 +31,7 @@ use super::compose::{self, Composed, Library};
 
 const GUARD: &str = include_str!("../../migrations-lua/guard.lua");
 
+/// The shard helpers, split into definitions once per process.
 fn common() -> &'static Library {
     static LIB: OnceLock<Library> = OnceLock::new();
     LIB.get_or_init(|| {
@@ -41,6 +42,7 @@ fn common() -> &'static Library {
     })
 }
 
+/// The access key builders, split into definitions once per process.
 fn acl_keys() -> &'static Library {
     static LIB: OnceLock<Library> = OnceLock::new();
     LIB.get_or_init(|| {

@@ -14,33 +14,14 @@ use crate::helpers::{TestApp, TestWorker};
 /// Long enough that nothing a test sees can come from it.
 const AN_HOUR_MS: &str = "3600000";
 
-/// Script calls over every master since the last `CONFIG RESETSTAT`.
+/// Script calls over every master since the last `reset_stats`.
 async fn script_calls(app: &TestApp) -> u64 {
     app.redis
-        .info("commandstats")
+        .command_calls()
         .await
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-        .map(|stats| {
-            stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .sum()
-}
-
-async fn reset_stats(app: &TestApp) {
-    for i in 0..app.redis.masters() {
-        let mut c = app.redis.node_conn(i).await;
-        let () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+        .into_iter()
+        .find(|(c, _)| c == "evalsha")
+        .map_or(0, |(_, n)| n)
 }
 
 /// Admits `n` `demo.echo` executions of `tenant`; their ids, in order.
@@ -76,7 +57,7 @@ fn sortable(t: &str) -> String {
 async fn a_busy_worker_makes_one_call_per_execution() {
     let app = TestApp::spawn().await;
     let ids = admit_many(&app, "acme", 60).await;
-    reset_stats(&app).await;
+    app.redis.reset_stats().await;
     // No orphan scans or heartbeats in the count: only starts and completions. One slot, so
     // without passing it on every execution would need a start call of its own.
     let _w = TestWorker::spawn(

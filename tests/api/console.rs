@@ -101,15 +101,7 @@ async fn the_console_is_served_from_the_binary_with_a_strict_policy() {
         let body = res.text().await.unwrap();
         assert!(!body.contains("https://"), "{path} names another origin");
     }
-    let index = app
-        .client
-        .get(app.url("/console/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let index = app.get_text("/console/").await;
     assert!(index.contains(r#"<script type="module" src="/console/js/app.js"></script>"#));
     // No credential is needed for the files; unknown ones are 404 problem documents.
     let res = app

@@ -354,6 +354,42 @@ impl TestRedis {
         }
     }
 
+    /// Calls per command over every master since the last `reset_stats` (from `INFO
+    /// commandstats`: also the commands scripts run, and each script call as `evalsha`).
+    pub async fn command_calls(&self) -> Vec<(String, u64)> {
+        let text = self.info("commandstats").await;
+        let mut out: Vec<(String, u64)> = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("cmdstat_") else {
+                continue;
+            };
+            let (name, stats) = rest.split_once(':').unwrap();
+            let n: u64 = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .unwrap()
+                .parse()
+                .unwrap();
+            match out.iter_mut().find(|(c, _)| c == name) {
+                Some((_, total)) => *total += n,
+                None => out.push((name.to_owned(), n)),
+            }
+        }
+        out
+    }
+
+    /// `CONFIG RESETSTAT` on every master: the command counters start from zero.
+    pub async fn reset_stats(&self) {
+        for i in 0..self.masters() {
+            let mut c = self.node_conn(i).await;
+            let () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    }
+
     /// `INFO <section>` of every master, one after the other.
     pub async fn info(&self, section: &str) -> String {
         let mut all = String::new();
@@ -496,6 +532,18 @@ impl TestApp {
 
     /// GET `path` and parse the JSON answer: as the platform admin acting for `tenant`, or
     /// for no tenant when `None`.
+    /// The body of `GET path` as text (no credential: metrics, the console's files, ...).
+    pub async fn get_text(&self, path: &str) -> String {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn get_json(&self, tenant: Option<&str>, path: &str) -> Value {
         let req = match tenant {
             Some(t) => self.as_tenant(reqwest::Method::GET, path, t),

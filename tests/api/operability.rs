@@ -315,15 +315,7 @@ async fn metric_labels_come_from_closed_sets() {
     for tenant in ["t1", "t2", "t3", "t4"] {
         app.admit(tenant, "demo.echo").await;
     }
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.get_text("/metrics").await;
     let latency = series(&text, "sluice_http_request_duration_seconds_count");
     assert!(
         latency
@@ -361,15 +353,7 @@ async fn metric_labels_come_from_closed_sets() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     app.admit("t5", "demo.echo").await;
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.get_text("/metrics").await;
     let admitted = series(&text, "sluice_admissions_total");
     assert!(
         !admitted.iter().any(|l| l.contains(r#""t1""#)),

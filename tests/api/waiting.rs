@@ -418,15 +418,7 @@ async fn many_waiters_on_one_execution_cost_redis_nothing_while_they_wait() {
         );
     }
     until_waiters(&app, 50).await;
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.get_text("/metrics").await;
     assert!(metrics.contains("sluice_waiters 50\n"), "{metrics}");
     assert!(
         metrics.contains("sluice_waiters_listening 1\n"),

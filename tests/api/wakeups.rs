@@ -46,40 +46,6 @@ async fn shard_count(app: &TestApp) -> u64 {
     u64::from(app.store().await.shards().all().count() as u16)
 }
 
-/// Calls per command over every master since the last `CONFIG RESETSTAT`.
-async fn calls(app: &TestApp) -> Vec<(String, u64)> {
-    let text = app.redis.info("commandstats").await;
-    let mut out: Vec<(String, u64)> = Vec::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("cmdstat_") else {
-            continue;
-        };
-        let (name, stats) = rest.split_once(':').unwrap();
-        let n: u64 = stats
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("calls="))
-            .unwrap()
-            .parse()
-            .unwrap();
-        match out.iter_mut().find(|(c, _)| c == name) {
-            Some((_, total)) => *total += n,
-            None => out.push((name.to_owned(), n)),
-        }
-    }
-    out
-}
-
-async fn reset_stats(app: &TestApp) {
-    for i in 0..app.redis.masters() {
-        let mut c = app.redis.node_conn(i).await;
-        let () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
-}
-
 #[tokio::test]
 async fn an_admission_wakes_an_idle_worker_that_never_polls() {
     let app = TestApp::spawn().await;
@@ -108,11 +74,11 @@ async fn an_idle_worker_sends_nothing_but_one_orphan_scan_per_shard_per_interval
     app.wait_terminal("acme", &id, Duration::from_secs(10))
         .await;
     wait_blocked(&app, shards).await;
-    reset_stats(&app).await;
+    app.redis.reset_stats().await;
     // A measurement window, not a synchronisation: what does an idle worker send in 3 s?
     let window = Duration::from_secs(3);
     tokio::time::sleep(window).await;
-    let calls = calls(&app).await;
+    let calls = app.redis.command_calls().await;
     let of = |name: &str| calls.iter().find(|(c, _)| c == name).map_or(0, |(_, n)| *n);
     // Scans: one per shard every 500 ms (the first tick of a window may add one per shard).
     let scans = shards * (window.as_millis() as u64 / 500 + 1);

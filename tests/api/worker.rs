@@ -460,15 +460,7 @@ async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
         1,
         "the evicted record is counted"
     );
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.get_text("/metrics").await;
     let shard = app.shard("acme").label();
     let evicted = format!("sluice_shard_events{{shard=\"{shard}\",event=\"dlq_evicted\"}} 1");
     assert!(metrics.contains(&evicted), "{evicted} not in:\n{metrics}");
