@@ -305,7 +305,13 @@ impl Shared {
                 0
             };
             let sent = Instant::now();
-            let report = report(&store, shard, &id, fence, &outcome, &config, next).await;
+            let (shared, guard) = chain.unzip();
+            let mut asked = guard.map(|guard| Asked {
+                count: next,
+                _guard: guard,
+                wake: wake.clone(),
+            });
+            let report = report(&store, shard, &id, fence, &outcome, &config, &mut asked).await;
             // A retry after a backoff: this worker looks again when it is due (any worker's
             // orphan scan would put it back too, later).
             if let (
@@ -321,17 +327,10 @@ impl Shared {
             held.lock()
                 .expect("held map")
                 .ended(shard, &id, fence, report.reported);
-            let Some((shared, guard)) = chain else {
+            let (Some(shared), Some(asked)) = (shared, asked) else {
                 drop(slot);
                 return;
             };
-            if report.unsure {
-                // The call may have started runs nobody knows of: the pickup adopts them (after
-                // this guard is gone) before anything else starts in the shard.
-                if let Some(wake) = &wake {
-                    wake.make_unsure();
-                }
-            }
             for next in report.started {
                 // A start reads no more entries than it was asked for: one slot each.
                 match slot
@@ -349,7 +348,7 @@ impl Shared {
             drop(slot);
             // Until here no `adopt` of the shard could run: what this call started is known
             // before Redis is asked what the worker holds.
-            drop(guard);
+            drop(asked);
         });
     }
 
@@ -624,20 +623,29 @@ fn backoff(config: &WorkerConfig, attempt: u32) -> Duration {
         .min(config.retry_backoff_max)
 }
 
+/// A completion that also asks for the shard's next runs: how many, and the shard's start lock
+/// (held shared until what the call started is launched, see `Wake::starts`).
+struct Asked {
+    count: usize,
+    _guard: tokio::sync::OwnedRwLockReadGuard<()>,
+    wake: Option<Arc<Wake>>,
+}
+
 /// What reporting a run's outcome came to.
 struct Reported {
     /// Whether Redis answered (else the run was given up on: its lease will expire).
     reported: bool,
     /// What the completion call started on the run's slot (when it asked).
     started: Vec<Started>,
-    /// Whether a call that asked for a next run went unanswered: it may have started one.
-    unsure: bool,
 }
 
 /// Reports an outcome, retrying while Redis is unavailable for up to one lease TTL (after that
 /// the lease has expired and the orphan scan re-runs the execution anyway). Repeating is safe:
-/// a report applied before is recognised (`Repeat`). With `chain` > 0, the first call also
-/// starts up to that many of the shard's next runs for this worker; a repeat never does.
+/// a report applied before is recognised (`Repeat`). With `asked`, the first call also starts
+/// up to `count` of the shard's next runs for this worker; a repeat never does. If that first
+/// call goes unanswered it may have started some: `asked` is given up at once (its lock
+/// released, the shard made unsure), so the pickup adopts them as soon as Redis answers,
+/// while this report is still being repeated.
 async fn report(
     store: &Store,
     shard: Shard,
@@ -645,13 +653,12 @@ async fn report(
     fence: u64,
     outcome: &Outcome,
     config: &WorkerConfig,
-    chain: usize,
+    asked: &mut Option<Asked>,
 ) -> Reported {
     let deadline = tokio::time::Instant::now() + config.lease_ttl;
     let mut pause = Duration::from_millis(50);
-    let mut next = chain;
-    let mut unsure = false;
     loop {
+        let next = asked.as_ref().map_or(0, |a| a.count);
         match store
             .complete_and_start(
                 shard,
@@ -669,7 +676,6 @@ async fn report(
                 return Reported {
                     reported: true,
                     started: Vec::new(),
-                    unsure,
                 };
             }
             Ok((done, batch)) => {
@@ -677,23 +683,25 @@ async fn report(
                 return Reported {
                     reported: true,
                     started: batch.started,
-                    unsure,
                 };
             }
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                unsure |= next > 0;
-                next = 0;
+            Err(e) => {
+                if let Some(gone) = asked.take()
+                    && let Some(wake) = &gone.wake
+                {
+                    // Made unsure before the lock goes: no start can slip in between.
+                    wake.make_unsure();
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::error!(%id, error = %e, "giving up reporting; the orphan scan will re-run it");
+                    return Reported {
+                        reported: false,
+                        started: Vec::new(),
+                    };
+                }
                 tracing::warn!(%id, error = %e, "cannot report completion yet; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => {
-                tracing::error!(%id, error = %e, "giving up reporting; the orphan scan will re-run it");
-                return Reported {
-                    reported: false,
-                    started: Vec::new(),
-                    unsure: unsure || next > 0,
-                };
             }
         }
     }
