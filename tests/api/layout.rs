@@ -26,8 +26,17 @@ async fn migrate_layout_moves_every_key_and_old_processes_stop_writing() {
     let mut app = TestApp::spawn_on(redis, |_| {}).await;
     assert_eq!(app.shard("acme").prefix(), "sluice:{s15}:");
 
-    // acme may run one at a time: one dispatched, one waiting behind it (with a dedup key);
-    // beta has one dispatched and one completed.
+    // beta has one completed execution and (below) one dispatched; acme may run one at a
+    // time: one dispatched, one waiting behind it (with a dedup key). The worker that completes
+    // beta's first is gone before acme's are admitted, so nothing of theirs has started.
+    let done = app.admit("beta", "demo.echo").await["execution_id"].clone();
+    {
+        let mut worker = TestWorker::spawn(&app.redis, &["--concurrency", "1"]);
+        app.wait_terminal("beta", done.as_str().unwrap(), Duration::from_secs(15))
+            .await;
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(15)).success());
+    }
     app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
     let first = app.admit("acme", "demo.echo").await["execution_id"].clone();
     let res = app
@@ -36,12 +45,6 @@ async fn migrate_layout_moves_every_key_and_old_processes_stop_writing() {
     assert_eq!(res.status(), StatusCode::CREATED);
     let waiting: Value = res.json().await.unwrap();
     assert_eq!(waiting["queue_state"], "waiting");
-    let done = app.admit("beta", "demo.echo").await["execution_id"].clone();
-    {
-        let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "1"]);
-        app.wait_terminal("beta", done.as_str().unwrap(), Duration::from_secs(15))
-            .await;
-    }
     let queued = app.admit("beta", "demo.echo").await["execution_id"].clone();
     let old_keys = app.redis.keys().await;
 
