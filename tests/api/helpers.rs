@@ -299,12 +299,7 @@ impl TestRedis {
         let mut all = BTreeSet::new();
         for n in &self.nodes[..self.masters] {
             let mut c = n.direct().await.expect("redis connection");
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("*")
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            all.extend(keys);
+            all.extend(all_keys(&mut c).await);
         }
         all
     }
@@ -317,12 +312,7 @@ impl TestRedis {
         let mut all = BTreeMap::new();
         for n in &self.nodes[..self.masters] {
             let mut c = n.direct().await.expect("redis connection");
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("*")
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            for k in keys {
+            for k in all_keys(&mut c).await {
                 let (kind, value, expires): (String, Vec<u8>, i64) = redis::pipe()
                     .cmd("TYPE")
                     .arg(&k)
@@ -420,6 +410,11 @@ impl Drop for TestRedis {
 
 /// Shard `n` of a default store (16 shards, the current layout): for tests that call scripts
 /// or read keys of a shard directly.
+/// Every key of one node (`KEYS *`: test data is small).
+async fn all_keys(c: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    redis::cmd("KEYS").arg("*").query_async(c).await.unwrap()
+}
+
 pub fn shard_no(n: u16) -> Shard {
     ShardMap::new(16, sluice::store::Layout::CURRENT).shard(n)
 }
