@@ -11,16 +11,26 @@
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's ready stream    KEYS[3]  its lease index
+-- KEYS[4]  the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  consumer name (the worker)
 -- ARGV[7]  most entries to look at (the worker's concurrency is enough)
 -- ARGV[8]  lease TTL, milliseconds: each lease found is extended from now, so the worker's
 --          own deadline can be counted from this call
+-- ARGV[9]  barrier: the number of the worker's last start-capable call in the shard. Recorded
+--          (it only rises; kept a day) so that any of those calls that reaches Redis after this
+--          one starts nothing (see barred() in common.lua): with calls spread over several
+--          connections, Redis may run a delayed start after this adopt, and what it started
+--          would then be known to nobody until its lease expired.
 --
 -- Reply: a list of the executions the consumer holds, each as in start.lua:
 --   {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
 local READY, LEASES = declared(2, K.ready()), declared(3, K.leases())
 local consumer, count, ttl = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local BARRIER, barrier = declared(4, K.adopted(consumer)), tonumber(ARGV[9])
+if barrier > (tonumber(redis.call('GET', BARRIER)) or 0) then
+  redis.call('SET', BARRIER, barrier, 'PX', 86400000)
+end
 local now = now_ms()
 local held = {}
 local pending = redis.call('XPENDING', READY, GROUP, '-', '+', count, consumer)

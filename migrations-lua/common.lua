@@ -41,6 +41,7 @@ function K.stats() return P .. 'stats' end
 function K.void(id) return P .. 'void:' .. id end
 function K.frozen() return P .. 'frozen' end
 function K.bell() return P .. 'bell' end
+function K.adopted(consumer) return P .. 'adopted:' .. consumer end
 
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
@@ -377,6 +378,14 @@ end
 --
 -- Returns more (1 when it read as many entries as it asked for, else 0) and the started runs,
 -- each {id, fence, attempt, tenant, flow, version or '', params, max_attempts} (as run_of()).
+-- Whether a worker's start-capable call numbered `call` (0: unnumbered) is covered by the
+-- barrier its last adopt.lua wrote: such a call had its answer lost and reaches Redis only now,
+-- after the worker asked what it holds, so it must start nothing (nobody would run it).
+local function barred(consumer, call)
+  if call == 0 then return false end
+  return call <= (tonumber(redis.call('GET', K.adopted(consumer))) or 0)
+end
+
 local function start_entries(consumer, count, ttl, cap, now)
   local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
     'STREAMS', K.ready(), '>')

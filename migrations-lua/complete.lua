@@ -11,6 +11,7 @@
 -- KEYS[2]  the execution's row
 -- KEYS[3]  the shard's ready stream    KEYS[4]  its lease index   KEYS[5]  its retry delays
 -- KEYS[6]  its dead-letter stream      KEYS[7]  its counters
+-- KEYS[8]  the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  execution id
 -- ARGV[7]  fence of the run the worker held
@@ -30,6 +31,9 @@
 --          BullMQ's moveToFinished does, instead of a completion and a start. Like start.lua,
 --          it first puts due retries back, and it keeps the doorbell (start_entries()).
 -- ARGV[16] lease TTL of the runs it starts, milliseconds
+-- ARGV[17] the call's number among the worker's start-capable calls in the shard (0: none). A
+--          call its worker's last adopt.lua covered records the report but starts nothing
+--          (see start.lua).
 --
 -- Reply: {what, detail, more, started}; `more` and `started` as start.lua's (0 and {} when
 -- nothing was asked for, or when the report was stale or a repeat: then nothing starts).
@@ -50,6 +54,7 @@ declared(6, K.dlq())
 local fence, consumer, outcome = ARGV[7], ARGV[8], ARGV[9]
 local output, err_kind, err_msg, backoff = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 local cap, chain, ttl = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+declared(8, K.adopted(consumer))
 local now = now_ms()
 
 -- Records the report; returns what happened and its detail (see Reply).
@@ -113,7 +118,7 @@ end
 
 local what, detail = record()
 local more, started = 0, {}
-if chain > 0 and what ~= 'stale' and what ~= 'repeat' then
+if chain > 0 and what ~= 'stale' and what ~= 'repeat' and not barred(consumer, tonumber(ARGV[17])) then
   promote_due(now, 100)
   more, started = start_entries(consumer, chain, ttl, cap, now)
 end

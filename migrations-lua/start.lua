@@ -12,11 +12,15 @@
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's ready stream    KEYS[3]  its retry delays  KEYS[4]  its lease index
 -- KEYS[5]  its dead-letter stream      KEYS[6]  its counters
+-- KEYS[7]  the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  consumer name (the worker)
 -- ARGV[7]  count: the worker's free slots (>= 1)
 -- ARGV[8]  lease TTL, milliseconds
 -- ARGV[9]  dead-letter stream cap
+-- ARGV[10] the call's number among the worker's start-capable calls in the shard (0: none). A
+--          call its worker's last adopt.lua covered (its answer was lost, and it reaches Redis
+--          only after that adopt) changes nothing and replies {0, {}}.
 --
 -- Reply: {more, started}
 --   more      1 when the call read as many entries as it asked for (more may be waiting), else 0
@@ -25,6 +29,8 @@
 declared(2, K.ready()); declared(3, K.delayed()); declared(4, K.leases())
 declared(5, K.dlq()); declared(6, K.stats())
 local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+declared(7, K.adopted(consumer))
+if barred(consumer, tonumber(ARGV[10])) then return { 0, {} } end
 local now = now_ms()
 promote_due(now, 100)
 local more, started = start_entries(consumer, count, ttl, cap, now)

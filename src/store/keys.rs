@@ -173,6 +173,16 @@ impl Shard {
         format!("{}bell", self.prefix())
     }
 
+    /// The adoption barrier of one worker (`consumer`) in this shard: the number of the last
+    /// start-capable call (a start, or a completion that asked for the next runs) that the
+    /// worker's last `adopt` covered. A call of that number or lower that reaches Redis later
+    /// (its answer was lost, and Redis ran it after the `adopt`: calls on two connections are
+    /// resumed in any order after a stall) starts nothing, so it cannot start a run nobody
+    /// knows of. Expires a day after the `adopt` that wrote it.
+    pub fn adopted(self, consumer: &str) -> String {
+        format!("{}adopted:{consumer}", self.prefix())
+    }
+
     /// Running executions by lease expiry (ms): the orphan scan reads only expired ones.
     pub fn leases(self) -> String {
         format!("{}leases", self.prefix())
@@ -365,6 +375,8 @@ impl ShardMap {
 pub enum KeyKind {
     Row,
     Void,
+    /// A worker's adoption barrier (`Shard::adopted`).
+    Adopted,
     Frozen,
     Ready,
     Bell,
@@ -439,6 +451,9 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             id: Some(id),
             ..at(KeyKind::Row)?
         });
+    }
+    if rest.starts_with("adopted:") {
+        return at(KeyKind::Adopted);
     }
     if let Some(id) = rest.strip_prefix("void:") {
         return Some(KeyName {
@@ -562,6 +577,7 @@ mod tests {
             s.frozen(),
             s.ready(),
             s.bell(),
+            s.adopted("host-1-abc"),
             s.leases(),
             s.delayed(),
             s.dead_letters(),
@@ -636,6 +652,7 @@ mod tests {
             (s.frozen(), KeyKind::Frozen),
             (s.ready(), KeyKind::Ready),
             (s.bell(), KeyKind::Bell),
+            (s.adopted("host-1-abc"), KeyKind::Adopted),
             (s.leases(), KeyKind::Leases),
             (s.delayed(), KeyKind::Delayed),
             (s.dead_letters(), KeyKind::DeadLetters),

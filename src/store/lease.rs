@@ -117,12 +117,17 @@ impl Store {
     ///
     /// An error does not mean nothing started: the call may have run with its answer lost.
     /// Call `adopt` before starting anything else in that shard.
+    ///
+    /// `call` numbers the worker's start-capable calls in the shard (1, 2, …, rising; 0 for
+    /// none): a numbered call that reaches Redis after an `adopt` whose barrier covers it
+    /// starts nothing (see `Shard::adopted`).
     pub async fn start(
         &self,
         shard: Shard,
         consumer: &str,
         count: usize,
         lease_ttl: Duration,
+        call: u64,
     ) -> Result<StartBatch, StoreError> {
         let keys = [
             shard.ready(),
@@ -130,12 +135,14 @@ impl Store {
             shard.leases(),
             shard.dead_letters(),
             shard.stats(),
+            shard.adopted(consumer),
         ];
         let mut inv = self.shard_script(&self.scripts.start, shard, &keys);
         inv.arg(consumer)
             .arg(count.max(1))
             .arg(lease_ttl.as_millis() as u64)
-            .arg(self.dlq_cap());
+            .arg(self.dlq_cap())
+            .arg(call);
         let mut c = self.conn();
         let (more, runs): (u8, Vec<RunReply>) = match self.bounded(inv.invoke_async(&mut c)).await {
             Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
@@ -152,18 +159,24 @@ impl Store {
 
     /// Every run `consumer` holds in one shard according to Redis, their leases extended (see
     /// `migrations-lua/adopt.lua`): what a lost `start` answer started is among them.
+    ///
+    /// `barrier` is the number of the worker's last start-capable call in the shard: every call
+    /// up to it whose answer was lost either ran before this one (and what it started is in the
+    /// answer) or starts nothing when it runs later.
     pub async fn adopt(
         &self,
         shard: Shard,
         consumer: &str,
         most: usize,
         lease_ttl: Duration,
+        barrier: u64,
     ) -> Result<Vec<Started>, StoreError> {
-        let keys = [shard.ready(), shard.leases()];
+        let keys = [shard.ready(), shard.leases(), shard.adopted(consumer)];
         let mut inv = self.shard_script(&self.scripts.adopt, shard, &keys);
         inv.arg(consumer)
             .arg(most.max(1))
-            .arg(lease_ttl.as_millis() as u64);
+            .arg(lease_ttl.as_millis() as u64)
+            .arg(barrier);
         let mut c = self.conn();
         let reply: Vec<RunReply> = self.bounded(inv.invoke_async(&mut c)).await?;
         runs_of(shard, reply)
@@ -211,7 +224,7 @@ impl Store {
         outcome: &Outcome,
     ) -> Result<Completion, StoreError> {
         let (done, _) = self
-            .complete_and_start(shard, id, fence, consumer, outcome, 0, Duration::ZERO)
+            .complete_and_start(shard, id, fence, consumer, outcome, 0, Duration::ZERO, 0)
             .await?;
         Ok(done)
     }
@@ -220,6 +233,7 @@ impl Store {
     /// executions of the shard for `consumer` (leases of `lease_ttl`) on the slot it frees, as
     /// `start` would (nothing starts after a `Stale` or `Repeat` report). An error leaves open
     /// whether it started any: the caller then adopts before it starts more in the shard.
+    /// `call` numbers the call as `start`'s does.
     #[allow(clippy::too_many_arguments)]
     pub async fn complete_and_start(
         &self,
@@ -230,6 +244,7 @@ impl Store {
         outcome: &Outcome,
         chain: usize,
         lease_ttl: Duration,
+        call: u64,
     ) -> Result<(Completion, StartBatch), StoreError> {
         let (name, output, kind, message, backoff) = match outcome {
             Outcome::Completed(v) => ("completed", v.to_string(), "", "", String::new()),
@@ -257,6 +272,7 @@ impl Store {
             shard.delayed(),
             shard.dead_letters(),
             shard.stats(),
+            shard.adopted(consumer),
         ];
         let mut inv = self.shard_script(&self.scripts.complete, shard, &keys);
         inv.arg(id.as_str())
@@ -269,7 +285,8 @@ impl Store {
             .arg(backoff)
             .arg(self.dlq_cap())
             .arg(chain)
-            .arg(lease_ttl.as_millis() as u64);
+            .arg(lease_ttl.as_millis() as u64)
+            .arg(call);
         let mut c = self.conn();
         let (what, detail, more, runs): (String, String, u8, Vec<RunReply>) =
             self.bounded(inv.invoke_async(&mut c)).await?;

@@ -25,8 +25,9 @@
 //!   deadline: Redis stalled, or this process was paused) is stopped at once and reported as
 //!   abandoned, since another worker may already run it;
 //! - a start call whose answer was lost is followed by `adopt` before anything else starts in
-//!   that shard (its slots stay reserved until then), so what it started runs here instead of
-//!   being declared lost a lease later;
+//!   that shard (its slots kept for it until then), so what it started runs here instead of
+//!   being declared lost a lease later; the `adopt` raises a barrier that stops the lost call
+//!   from starting anything if Redis runs it only afterwards;
 //! - a shard that cannot be reached, also at start, is retried by its own pickup, which creates
 //!   the shard's consumer group again before its next call; the other shards go on.
 
@@ -299,18 +300,23 @@ impl Shared {
                     }
                 }
             }
-            let next = if chain.is_some() {
-                slot.num_permits()
-            } else {
-                0
-            };
             let sent = Instant::now();
             let (shared, guard) = chain.unzip();
-            let mut asked = guard.map(|guard| Asked {
-                count: next,
-                _guard: guard,
-                wake: wake.clone(),
-            });
+            // With a chain, the slots go with the call: to the runs it starts, or, if its
+            // answer is lost, to the `adopt` that finds them (see `Wake::kept`).
+            let (mut asked, slot) = match (guard, &wake) {
+                (Some(guard), Some(wake)) => (
+                    Some(Asked {
+                        count: slot.num_permits(),
+                        call: wake.next_call(),
+                        slot: Some(slot),
+                        _guard: guard,
+                        wake: wake.clone(),
+                    }),
+                    None,
+                ),
+                _ => (None, Some(slot)),
+            };
             let report = report(&store, shard, &id, fence, &outcome, &config, &mut asked).await;
             // A retry after a backoff: this worker looks again when it is due (any worker's
             // orphan scan would put it back too, later).
@@ -327,14 +333,16 @@ impl Shared {
             held.lock()
                 .expect("held map")
                 .ended(shard, &id, fence, report.reported);
-            let (Some(shared), Some(asked)) = (shared, asked) else {
+            let (Some(shared), Some(mut asked)) = (shared, asked) else {
                 drop(slot);
                 return;
             };
+            let mut slot = asked.slot.take();
             for next in report.started {
                 // A start reads no more entries than it was asked for: one slot each.
                 match slot
-                    .split(1)
+                    .as_mut()
+                    .and_then(|s| s.split(1))
                     .or_else(|| shared.slots.clone().try_acquire_owned().ok())
                 {
                     Some(s) => shared.launch(next, sent, s, depth + 1),
@@ -623,12 +631,15 @@ fn backoff(config: &WorkerConfig, attempt: u32) -> Duration {
         .min(config.retry_backoff_max)
 }
 
-/// A completion that also asks for the shard's next runs: how many, and the shard's start lock
-/// (held shared until what the call started is launched, see `Wake::starts`).
+/// A completion that also asks for the shard's next runs: how many, the call's number (see
+/// `Wake::next_call`), the slots they will run on, and the shard's start lock (held shared
+/// until what the call started is launched, see `Wake::starts`).
 struct Asked {
     count: usize,
+    call: u64,
+    slot: Option<OwnedSemaphorePermit>,
     _guard: tokio::sync::OwnedRwLockReadGuard<()>,
-    wake: Option<Arc<Wake>>,
+    wake: Arc<Wake>,
 }
 
 /// What reporting a run's outcome came to.
@@ -658,7 +669,7 @@ async fn report(
     let deadline = tokio::time::Instant::now() + config.lease_ttl;
     let mut pause = Duration::from_millis(50);
     loop {
-        let next = asked.as_ref().map_or(0, |a| a.count);
+        let (next, call) = asked.as_ref().map_or((0, 0), |a| (a.count, a.call));
         match store
             .complete_and_start(
                 shard,
@@ -668,6 +679,7 @@ async fn report(
                 outcome,
                 next,
                 config.lease_ttl,
+                call,
             )
             .await
         {
@@ -686,11 +698,14 @@ async fn report(
                 };
             }
             Err(e) => {
-                if let Some(gone) = asked.take()
-                    && let Some(wake) = &gone.wake
-                {
-                    // Made unsure before the lock goes: no start can slip in between.
-                    wake.make_unsure();
+                if let Some(mut gone) = asked.take() {
+                    // Its slots wait for the `adopt` (the run they were kept for is over),
+                    // and the shard is made unsure before the lock goes: no start can slip in
+                    // between.
+                    if let Some(slot) = gone.slot.take() {
+                        gone.wake.keep(slot);
+                    }
+                    gone.wake.make_unsure();
                 }
                 if tokio::time::Instant::now() >= deadline {
                     tracing::error!(%id, error = %e, "giving up reporting; the orphan scan will re-run it");

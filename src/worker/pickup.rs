@@ -22,7 +22,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,17 @@ pub(super) struct Wake {
     /// launched, and exclusively by `adopt`: so an `adopt` answer never names a run whose
     /// start is still on its way back, which would then run twice.
     pub(super) starts: Arc<RwLock<()>>,
+    /// The number of the last call that may start runs in the shard (taken with `starts` held
+    /// shared, see `next_call`). `adopt` sends it as its barrier: a lost call that Redis runs
+    /// only after the `adopt` (calls on different connections resume in any order after a
+    /// stall) then starts nothing, instead of a run nobody knows of.
+    calls: AtomicU64,
+    /// The slots of calls whose answer was lost, kept for what `adopt` finds they started (a
+    /// call starts at most as many runs as it had slots), with when the first was kept: other
+    /// shards cannot take them meanwhile and leave an adopted run without a slot. Given back
+    /// when the `adopt` is answered, or after a lease TTL without one (the runs' leases have
+    /// run out by then and the orphan scan re-runs them).
+    kept: Mutex<Option<(OwnedSemaphorePermit, Instant)>>,
 }
 
 impl Wake {
@@ -62,6 +73,36 @@ impl Wake {
     pub(super) fn make_unsure(&self) {
         self.unsure.store(true, Ordering::SeqCst);
         self.notify.notify_one();
+    }
+
+    /// Numbers a call that may start runs; call it with `starts` held shared.
+    pub(super) fn next_call(&self) -> u64 {
+        self.calls.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Keeps the slots of a call whose answer was lost for the `adopt` that follows.
+    pub(super) fn keep(&self, slots: OwnedSemaphorePermit) {
+        let mut kept = self.kept.lock().expect("kept slots");
+        match kept.as_mut() {
+            Some((all, _)) => all.merge(slots),
+            None => *kept = Some((slots, Instant::now())),
+        }
+    }
+
+    /// The kept slots, if any.
+    fn take_kept(&self) -> Option<OwnedSemaphorePermit> {
+        self.kept.lock().expect("kept slots").take().map(|(p, _)| p)
+    }
+
+    /// Gives the kept slots back to the worker if they were kept for longer than `most`.
+    fn expire_kept(&self, most: Duration) {
+        let mut kept = self.kept.lock().expect("kept slots");
+        if kept
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() >= most)
+        {
+            *kept = None;
+        }
     }
 
     /// Whether the shard waits for an `adopt`.
@@ -135,10 +176,10 @@ pub(super) struct Pickup {
     /// and again after any failure (the shard's Redis may have come back without it).
     group_ready: bool,
     // A start whose answer was lost makes the shard unsure (`Wake::unsure`): its slots are
-    // given back meanwhile — a shard whose master is down may stay unsure for long, and must
-    // not starve the others. The runs it started hold no slot until adopted; any that then
-    // find no free slot are left to their lease (another worker reruns them), so the
-    // concurrency still holds.
+    // kept for the `adopt` (`Wake::kept`), so what it started finds them, but only for a lease
+    // TTL — a shard whose master is down may stay unsure for long, and must not starve the
+    // others. A run the `adopt` finds no slot for is left to its lease (another worker reruns
+    // it), so the concurrency still holds.
     /// Whether the last call failed: an outage is logged once when it begins and once when it
     /// ends, not at every retry.
     failing: bool,
@@ -206,10 +247,9 @@ impl Pickup {
                 self.group_ready = true;
             }
             if self.wake.is_unsure() {
-                // The slot this pickup queued for is free for what `adopt` finds: with one slot,
-                // holding it would leave an adopted run none.
-                drop(first.take());
-                if !self.adopt().await {
+                // The slot this pickup queued for goes to what `adopt` finds (with the slots
+                // of the lost calls): with one slot, holding it would leave an adopted run none.
+                if !self.adopt(first.take()).await {
                     return Served::Failed;
                 }
                 continue;
@@ -254,6 +294,7 @@ impl Pickup {
         let (store, config) = (&self.shared.store, &self.shared.config);
         // Until what it started is launched, no `adopt` of the shard runs (see `Wake::starts`).
         let _starting = self.wake.starts.clone().read_owned().await;
+        let call = self.wake.next_call();
         let sent = Instant::now();
         match store
             .start(
@@ -261,6 +302,7 @@ impl Pickup {
                 &config.consumer,
                 reserved.num_permits(),
                 config.lease_ttl,
+                call,
             )
             .await
         {
@@ -275,6 +317,8 @@ impl Pickup {
                     &e,
                     "cannot start executions; will adopt what the call may have started",
                 );
+                // Its slots wait for what the call may have started (see `Wake::kept`).
+                self.wake.keep(reserved);
                 self.wake.unsure.store(true, Ordering::SeqCst);
                 None
             }
@@ -385,6 +429,9 @@ impl Pickup {
     ) -> Option<Option<OwnedSemaphorePermit>> {
         let _queued = Queued::join(self.shared.clone());
         loop {
+            if self.wake.is_unsure() {
+                return Some(None);
+            }
             let slots = self.shared.slots.clone();
             let mut ringing = self.ringing.take();
             let rung = async {
@@ -404,6 +451,10 @@ impl Pickup {
                         self.give_back().await;
                     }
                 }
+                // A lost call may have started runs here: they are adopted at once (with the
+                // slots the call had), not after this pickup's turn for a slot comes, by which
+                // time their leases may have run out.
+                _ = self.wake.notify.notified() => self.ringing = ringing,
                 _ = stop.cancelled() => return None,
             }
         }
@@ -415,19 +466,33 @@ impl Pickup {
         wait: Duration,
         stop: &CancellationToken,
     ) -> Option<Option<OwnedSemaphorePermit>> {
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => Some(None),
-            _ = stop.cancelled() => None,
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => return Some(None),
+                // A completion's lost call made the shard unsure: adopt now.
+                _ = self.wake.notify.notified() => {
+                    if self.wake.is_unsure() {
+                        return Some(None);
+                    }
+                }
+                _ = stop.cancelled() => return None,
+            }
         }
     }
 
     /// Asks Redis what this worker holds in the shard after a start whose answer was lost, and
     /// runs what it does not know of, never a run it already ended (see `Runs::may_adopt`).
     /// Whether Redis answered.
-    async fn adopt(&mut self) -> bool {
+    ///
+    /// `extra` is a slot the pickup holds already; with the slots kept from the lost calls
+    /// (`Wake::kept`) and any free one, it runs what the answer names.
+    async fn adopt(&mut self, extra: Option<OwnedSemaphorePermit>) -> bool {
         let (store, config, shard) = (&self.shared.store, &self.shared.config, self.shard);
         // Every call that may have started runs here has launched them first.
         let _alone = self.wake.starts.clone().write_owned().await;
+        // No call is out now: every one numbered so far is covered.
+        let barrier = self.wake.calls.load(Ordering::SeqCst);
         self.shared
             .held
             .lock()
@@ -441,6 +506,7 @@ impl Pickup {
                 &config.consumer,
                 config.concurrency,
                 config.lease_ttl,
+                barrier,
             )
             .await;
         let adopted: Vec<Started> = {
@@ -460,17 +526,21 @@ impl Pickup {
             Ok(_) => {
                 self.answered();
                 self.wake.unsure.store(false, Ordering::SeqCst);
-                // The slots free now (none is waited for: a run that finds none is left to
-                // its lease, see `unsure`).
-                let free = self.shared.slots.available_permits().min(adopted.len());
-                let reserved = u32::try_from(free)
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .and_then(|n| self.shared.slots.clone().try_acquire_many_owned(n).ok());
+                // The lost calls' slots, the pickup's, then any free one (a run that finds
+                // none is left to its lease: only possible once kept slots were given back
+                // after a lease TTL without an answer).
+                let mut reserved = extra;
+                if let Some(kept) = self.wake.take_kept() {
+                    match reserved.as_mut() {
+                        Some(r) => r.merge(kept),
+                        None => reserved = Some(kept),
+                    }
+                }
                 self.launch_all(adopted, sent, reserved);
                 true
             }
             Err(e) => {
+                self.wake.expire_kept(self.shared.config.lease_ttl);
                 self.failed(&e, "cannot find out what a lost start call started");
                 false
             }

@@ -47,7 +47,7 @@ async fn lua_key_builders_name_the_keys_the_rust_keys_module_does() {
     // Every builder of common.lua, against the function of keys.rs that names the same key.
     let op = "#!lua flags=no-writes
 local t, id, f, h = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local out = { K.frozen(), K.ready(), K.bell(), K.leases(), K.delayed(), K.dlq(), K.stats(),
+local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delayed(), K.dlq(), K.stats(),
   K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
   K.dedup(t, h), EVENTS_CHANNEL .. id }
 for _, s in ipairs(STATUSES) do
@@ -71,6 +71,7 @@ return out";
             s.frozen(),
             s.ready(),
             s.bell(),
+            s.adopted(digest),
             s.leases(),
             s.delayed(),
             s.dead_letters(),

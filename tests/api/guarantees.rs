@@ -537,7 +537,11 @@ async fn reports_are_fenced_by_run_and_holder_and_repeats_are_not_counted() {
     let shard = app.shard("acme");
     let id = id_of(&app.admit("acme", "demo.echo").await);
     let ttl = Duration::from_secs(30);
-    let started = store.start(shard, "holder", 1, ttl).await.unwrap().started;
+    let started = store
+        .start(shard, "holder", 1, ttl, 0)
+        .await
+        .unwrap()
+        .started;
     assert_eq!(started.len(), 1);
     let run = &started[0];
     assert_eq!(run.id.as_str(), id);

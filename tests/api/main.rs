@@ -24,6 +24,7 @@ mod pinning;
 mod quota;
 mod redis_trouble;
 mod shards;
+mod stalls;
 mod waiting;
 mod wakeups;
 mod worker;
