@@ -384,3 +384,96 @@ async fn a_late_admission_after_its_settling_call_admits_nothing() {
     }
     assert!(voided > 0, "the settling call never overtook the admission");
 }
+
+/// WAIT calls the master has answered since the last `reset_stats`.
+async fn wait_calls(redis: &crate::helpers::TestRedis) -> u64 {
+    redis
+        .command_calls()
+        .await
+        .into_iter()
+        .find(|(c, _)| c == "wait")
+        .map_or(0, |(_, n)| n)
+}
+
+/// `--redis-replica-acks 1` and a frozen replica (SIGSTOP): the master's `INFO` lists it as
+/// `online` for up to its `repl-timeout` (60 s) although it acknowledges nothing. Counting
+/// such a replica re-enabled WAIT every 500 ms, each WAIT blocked the shared connection for its
+/// whole time-out, and admissions fell to a sixth. A replica counts only while it acknowledged
+/// within the last second: over 8 s of admissions with the replica frozen (and known to be
+/// silent), WAIT is sent once, to find it short (before: three to eight times); once the
+/// replica runs again, every write waits for it again.
+#[tokio::test]
+async fn a_frozen_replica_does_not_block_the_connection_every_probe() {
+    let master = crate::helpers::TestRedis::start_standalone().await;
+    let replica = crate::helpers::TestRedis::start_standalone().await;
+    let mut c = replica.node_conn(0).await;
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !master.info("replication").await.contains("state=online") {
+        assert!(Instant::now() < deadline, "the replica did not sync");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let app = TestApp::spawn_on(master, |c| c.redis.redis_replica_acks = 1).await;
+    app.admit("acme", "demo.echo").await;
+    assert!(
+        wait_calls(&app.redis).await > 0,
+        "admissions wait for the replica"
+    );
+
+    replica.signal("STOP");
+    // Until the master has not heard from it for two seconds, a frozen replica cannot be told
+    // from a live one; from then on it is still `online` in the master's INFO.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = app.redis.info("replication").await;
+        let lag = info
+            .lines()
+            .find(|l| l.starts_with("slave0:"))
+            .and_then(|l| l.rsplit_once("lag=")?.1.trim().parse::<u64>().ok());
+        assert!(info.contains("state=online"), "{info}");
+        if lag.is_some_and(|lag| lag >= 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica's lag did not grow: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.redis.reset_stats().await;
+    let until = Instant::now() + Duration::from_secs(8);
+    let mut admitted = 0;
+    while Instant::now() < until && admitted < 100_000 {
+        app.admit("acme", "demo.echo").await;
+        admitted += 1;
+    }
+    // One WAIT finds it short; no probe brings WAIT back while it stays frozen.
+    let waits = wait_calls(&app.redis).await;
+    assert!(
+        waits <= 1,
+        "{waits} WAITs in 8 s for a replica that acknowledges nothing ({admitted} admissions)"
+    );
+
+    replica.signal("CONT");
+    // Back: within the relapse back-off (at most 8 s), every admission waits for it again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let before = wait_calls(&app.redis).await;
+        for _ in 0..5 {
+            app.admit("acme", "demo.echo").await;
+        }
+        if wait_calls(&app.redis).await - before >= 5 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "WAIT did not resume once the replica ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
