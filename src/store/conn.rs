@@ -271,8 +271,11 @@ pub struct ReplicaAcks {
     short: Arc<Mutex<HashMap<Option<Route>, Probing>>>,
     /// Masters whose replicas came back: when, and the probe interval they had then (a relapse
     /// soon after doubles it).
-    back: Arc<Mutex<HashMap<Option<Route>, (Instant, Duration)>>>,
+    back: Arc<Mutex<HashMap<Option<Route>, Back>>>,
 }
+
+/// When a master's replicas came back, and the probe interval it had until then.
+type Back = (Instant, Duration);
 
 /// A master that fell short of replicas: when it is next asked, and how often.
 #[derive(Clone, Copy)]
