@@ -32,6 +32,15 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use crate::store::{BellConn, Shard, StartBatch, Started, StoreError};
 
+/// How long the slots of a lost call wait for the `adopt` that finds what it started: a third
+/// of the lease, and no more than `KEPT_MAX`. Long enough for a short stall; short enough that a
+/// master that died does not keep the other shards' work from the worker's slots for long (an
+/// `adopt` answered later waits for slots instead, see `launch_when_free`).
+fn keep_at_most(lease_ttl: Duration) -> Duration {
+    (lease_ttl / 3).min(KEPT_MAX)
+}
+const KEPT_MAX: Duration = Duration::from_secs(1);
+
 /// First pause after a failed call on the shard; it doubles up to `FAILING_PAUSE_MAX`.
 const FAILING_PAUSE: Duration = Duration::from_millis(20);
 const FAILING_PAUSE_MAX: Duration = Duration::from_secs(1);
@@ -63,8 +72,8 @@ pub(super) struct Wake {
     /// The slots of calls whose answer was lost, kept for what `adopt` finds they started (a
     /// call starts at most as many runs as it had slots), with when the first was kept: other
     /// shards cannot take them meanwhile and leave an adopted run without a slot. Given back
-    /// when the `adopt` is answered, or after a lease TTL without one (the runs' leases have
-    /// run out by then and the orphan scan re-runs them).
+    /// when the `adopt` is answered, or at the first failed call of the shard after
+    /// `keep_at_most` (a shard that is down must not hold the worker's slots).
     kept: Mutex<Option<(OwnedSemaphorePermit, Instant)>>,
 }
 
@@ -176,10 +185,11 @@ pub(super) struct Pickup {
     /// and again after any failure (the shard's Redis may have come back without it).
     group_ready: bool,
     // A start whose answer was lost makes the shard unsure (`Wake::unsure`): its slots are
-    // kept for the `adopt` (`Wake::kept`), so what it started finds them, but only for a lease
-    // TTL — a shard whose master is down may stay unsure for long, and must not starve the
-    // others. A run the `adopt` finds no slot for is left to its lease (another worker reruns
-    // it), so the concurrency still holds.
+    // kept for the `adopt` (`Wake::kept`), so what it started finds them, but only briefly
+    // (`keep_at_most`) — a shard whose master is down may stay unsure for long, and must not
+    // starve the others. A run the `adopt` finds no slot for waits for one for half a lease
+    // (`launch_when_free`), then is left to its lease (another worker reruns it), so the
+    // concurrency still holds.
     /// Whether the last call failed: an outage is logged once when it begins and once when it
     /// ends, not at every retry.
     failing: bool,
@@ -214,6 +224,10 @@ impl Pickup {
             let served = self.serve(slot.take()).await;
             let next = match served {
                 Served::Failed => {
+                    // Whichever call failed (the `adopt`, or the group's creation before it),
+                    // the slots kept for the `adopt` go back once they waited long enough.
+                    self.wake
+                        .expire_kept(keep_at_most(self.shared.config.lease_ttl));
                     let wait = pause;
                     pause = (pause * 2).min(FAILING_PAUSE_MAX);
                     self.pause(wait, &stop).await
@@ -309,7 +323,11 @@ impl Pickup {
             Ok(mut batch) => {
                 self.answered();
                 let started = std::mem::take(&mut batch.started);
-                self.launch_all(started, sent, Some(reserved));
+                let left = self.launch_all(started, sent, Some(reserved));
+                debug_assert!(
+                    left.is_empty(),
+                    "a start reads no more than it has slots for"
+                );
                 Some(batch)
             }
             Err(e) => {
@@ -536,11 +554,11 @@ impl Pickup {
                         None => reserved = Some(kept),
                     }
                 }
-                self.launch_all(adopted, sent, reserved);
+                let left = self.launch_all(adopted, sent, reserved);
+                Self::launch_when_free(&self.shared, left, sent).await;
                 true
             }
             Err(e) => {
-                self.wake.expire_kept(self.shared.config.lease_ttl);
                 self.failed(&e, "cannot find out what a lost start call started");
                 false
             }
@@ -548,31 +566,54 @@ impl Pickup {
     }
 
     /// Runs each started execution on a slot of `reserved` (or one free now); the slots left
-    /// over go back when `reserved` is dropped.
+    /// over go back when `reserved` is dropped. The runs no slot was free for come back.
     fn launch_all(
         &self,
         started: Vec<Started>,
         sent: Instant,
         mut reserved: Option<OwnedSemaphorePermit>,
-    ) {
+    ) -> Vec<Started> {
+        let mut left = Vec::new();
         for s in started {
             // A start reads no more than it was asked for; an adopt answer can exceed the
-            // reservation only if this worker forgot runs it could not report (more than
-            // `UNREPORTED_KEPT`): then a free slot is needed, or the run is left to expire.
+            // slots it has when the lost calls' slots were given back (`Wake::kept`), or when
+            // this worker forgot runs it could not report (more than `UNREPORTED_KEPT`).
             let slot = reserved
                 .as_mut()
                 .and_then(|r| r.split(1))
                 .or_else(|| self.shared.slots.clone().try_acquire_owned().ok());
-            let Some(slot) = slot else {
-                tracing::warn!(
+            match slot {
+                Some(slot) => self.shared.launch(s, sent, slot, 0),
+                None => left.push(s),
+            }
+        }
+        left
+    }
+
+    /// Runs adopted executions that found no free slot as slots free up (first come, first
+    /// served with the other shards), for up to half a lease after the `adopt` call that
+    /// extended their leases was sent at `sent`; one still waiting then is left to its lease
+    /// (another worker reruns it). Called with the shard's start lock held exclusively, so no
+    /// other `adopt` can name these runs meanwhile.
+    async fn launch_when_free(shared: &Shared, left: Vec<Started>, sent: Instant) {
+        let deadline = sent + shared.config.lease_ttl / 2;
+        for s in left {
+            let slot =
+                tokio::time::timeout_at(deadline.into(), shared.slots.clone().acquire_owned())
+                    .await;
+            match slot {
+                Ok(slot) => {
+                    let slot = slot.expect("the slots are never closed");
+                    shared.launch(s, sent, slot, 0);
+                }
+                Err(_) => tracing::warn!(
                     id = %s.id,
                     fence = s.fence,
-                    shard = self.shard.number(),
-                    "no free slot for a run Redis names as this worker's; its lease will expire"
-                );
-                continue;
-            };
-            self.shared.launch(s, sent, slot, 0);
+                    shard = s.shard.number(),
+                    "no slot freed within half a lease for a run Redis names as this worker's; \
+                     its lease will expire"
+                ),
+            }
         }
     }
 
