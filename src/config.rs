@@ -251,10 +251,12 @@ pub struct ApiSettings {
     #[arg(long, env = "SLUICE_MAX_CONNECTION_AGE_MS", default_value_t = 300_000)]
     pub max_connection_age_ms: u64,
     /// Connections one client address may hold that have not yet carried an authenticated
-    /// request (0 = no cap); one more is answered 503 `too_many_connections`. A connection
-    /// stops counting with its first authenticated request, so many authenticated clients
-    /// behind one address (workers behind a NAT) still fit. Raise it (or 0) behind a reverse
-    /// proxy that serves many anonymous browsers from one address.
+    /// request (0 = no cap). One accepted beyond them must authenticate: a request on it that
+    /// does not is answered 503 `too_many_connections` and the connection closed, and a
+    /// silent one is closed after 2 s. A connection stops counting with its first
+    /// authenticated request, so many authenticated clients behind one address (workers
+    /// behind a NAT) still fit. Raise it (or 0) behind a reverse proxy that serves many
+    /// anonymous browsers from one address.
     #[arg(
         long,
         env = "SLUICE_MAX_ANONYMOUS_CONNECTIONS_PER_ADDRESS",

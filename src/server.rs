@@ -6,12 +6,16 @@
 //!   that is answered with a fixed `503` problem document (best effort: written without reading
 //!   the request) and closed at once, so the connections already served are not disturbed and
 //!   the process stays clear of its open-file limit.
-//! - **Per address.** At most `max_anonymous_per_address` connections of one client address
-//!   that have not carried an authenticated request yet; one more from that address is refused
-//!   like one beyond the cap. A connection leaves that count with its first request that
-//!   passes authentication, so any number of authenticated clients behind one address (workers
-//!   behind a NAT) fit, bounded by the cap and the per-tenant waiter limits; idle ones are
-//!   bounded in time by the rules below.
+//! - **Per address.** One client address has room for `max_anonymous_per_address`
+//!   connections that have not carried an authenticated request yet. A connection leaves that
+//!   count with its first request that passes authentication. One accepted while its address
+//!   has no room is on probation: its requests must authenticate — one that does not is
+//!   answered `503 too_many_connections` and the connection closed — and its first must come
+//!   within [`PROBATION`] (or the header timeout, if shorter). So one address cannot hold
+//!   more than that many connections without credentials, while any number of authenticated
+//!   clients behind one address (workers behind a NAT, even opening connections in a burst)
+//!   fit, bounded by the cap and the per-tenant waiter limits; idle ones are bounded in time
+//!   by the rules below.
 //! - **Waiting for a request.** A connection with no request in flight must deliver the next
 //!   request's headers within `header_read_timeout`: counted from the accept (so a client that
 //!   sends nothing at all, or only the HTTP/2 preface, is closed too) and from the last byte of
@@ -59,8 +63,11 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::http::error::ApiError;
 use crate::http::metrics::Metrics;
 use crate::http::{CloseConnection, ConnectionControl, ConnectionHandle};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
 
 /// Bounds on the connections of one listener.
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +85,10 @@ pub struct ConnectionLimits {
     pub max_anonymous_per_address: usize,
 }
 
+/// How soon a connection on probation (see [`ConnectionLimits::max_anonymous_per_address`])
+/// must deliver its first request, at most.
+const PROBATION: Duration = Duration::from_secs(2);
+
 /// After a connection was asked to shut down (GOAWAY), how long it may take to close by itself
 /// before it is dropped, once nothing is in flight on it.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -90,16 +101,6 @@ connection: close\r\n\
 content-length: 193\r\n\
 \r\n\
 {\"type\":\"urn:sluice:problem:too_many_connections\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"the server has no room for another connection; retry later\",\"code\":\"too_many_connections\"}";
-
-/// What the accept loop answers a client address with `max_anonymous_per_address`
-/// connections that have not authenticated yet.
-const REFUSAL_PER_ADDRESS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
-content-type: application/problem+json\r\n\
-retry-after: 1\r\n\
-connection: close\r\n\
-content-length: 239\r\n\
-\r\n\
-{\"type\":\"urn:sluice:problem:too_many_connections\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"this address has as many unauthenticated connections open as the server allows; reuse one or retry later\",\"code\":\"too_many_connections\"}";
 
 /// Serves `router` on `listener` until `stop` is cancelled, then lets open connections finish
 /// their requests for up to `grace` (they are asked to close: HTTP/1 after the current answer,
@@ -138,15 +139,10 @@ pub async fn serve(
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             metrics.connection_refused();
             tracing::debug!(max, "connection refused: at the connection cap");
-            refuse(stream, REFUSAL);
+            refuse(stream);
             continue;
         };
-        let Some(unproven) = anonymous.admit(peer.ip()) else {
-            metrics.connection_refused();
-            tracing::debug!(peer = %peer.ip(), "connection refused: at the per-address cap");
-            refuse(stream, REFUSAL_PER_ADDRESS);
-            continue;
-        };
+        let unproven = anonymous.admit(peer.ip());
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
         let router = router.clone();
@@ -172,8 +168,8 @@ pub async fn serve(
 
 /// Answers a connection beyond the cap and closes it. Best effort and never waiting: the
 /// kernel's send buffer of a fresh connection takes the few bytes at once.
-fn refuse(stream: TcpStream, answer: &'static [u8]) {
-    let _ = stream.try_write(answer);
+fn refuse(stream: TcpStream) {
+    let _ = stream.try_write(REFUSAL);
     tokio::spawn(async move {
         let mut stream = stream;
         // A FIN after the answer rather than a reset, when the client is quick to read it.
@@ -195,34 +191,39 @@ impl Anonymous {
         }
     }
 
-    /// Counts one more connection of `ip`, or `None` when it already has `max`.
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Unproven> {
+    /// A new connection of `ip`: counted when its address has room, else on probation.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Unproven {
         let ip = ip.to_canonical();
+        let mut counted = false;
         if self.max > 0 {
             let mut map = self.by_address.lock().unwrap_or_else(|e| e.into_inner());
             let n = map.entry(ip).or_insert(0);
-            if *n >= self.max {
-                return None;
+            if *n < self.max {
+                *n += 1;
+                counted = true;
             }
-            *n += 1;
         }
-        Some(Unproven {
+        Unproven {
             registry: self.clone(),
             ip,
-        })
+            probation: self.max > 0 && !counted,
+        }
     }
 }
 
-/// One connection counted as not authenticated yet; dropping it (on the first authenticated
-/// request, or when the connection ends) takes it out of its address's count.
+/// A connection that has not authenticated a request yet: one of its address's
+/// `max_anonymous_per_address`, or beyond them on probation. Dropping it (on the first
+/// authenticated request, or when the connection ends) frees its place.
 struct Unproven {
     registry: Arc<Anonymous>,
     ip: IpAddr,
+    /// Beyond the address's cap: its first request must authenticate, and come soon.
+    probation: bool,
 }
 
 impl Drop for Unproven {
     fn drop(&mut self) {
-        if self.registry.max == 0 {
+        if self.registry.max == 0 || self.probation {
             return;
         }
         let mut map = self
@@ -268,6 +269,19 @@ async fn serve_connection<S>(
         let tracked = tracked.clone();
         async move {
             let mut res = router.oneshot(req).await?;
+            if tracked.on_probation() {
+                // Beyond its address's unauthenticated connections, and this request did not
+                // authenticate: refused, and the connection closed.
+                res = ApiError::Busy {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: "too_many_connections",
+                    detail: "this address has as many unauthenticated connections open as the \
+                             server allows; reuse one, authenticate, or retry later"
+                        .into(),
+                    retry_after: 1,
+                }
+                .into_response();
+            }
             let asked = res.extensions().get::<CloseConnection>().is_some();
             if http1 && (asked || tracked.too_old()) {
                 // hyper closes an HTTP/1 connection after an answer that says so.
@@ -290,7 +304,15 @@ async fn serve_connection<S>(
     tokio::pin!(conn);
     let stalled_after = limits.request_timeout + limits.header_read_timeout;
     // Phase 1: serve until the connection ends, idles out, stalls or the server stops.
-    let mut check = activity.idle_deadline(limits.header_read_timeout);
+    // A connection on probation must come with its first request sooner.
+    let idle_timeout = || {
+        if activity.on_probation() {
+            limits.header_read_timeout.min(PROBATION)
+        } else {
+            limits.header_read_timeout
+        }
+    };
+    let mut check = activity.idle_deadline(idle_timeout());
     let reason = loop {
         tokio::select! {
             res = conn.as_mut() => {
@@ -305,7 +327,7 @@ async fn serve_connection<S>(
             () = tokio::time::sleep_until(check.into()) => {
                 let now = Instant::now();
                 if activity.in_flight() == 0 {
-                    let deadline = activity.idle_deadline(limits.header_read_timeout);
+                    let deadline = activity.idle_deadline(idle_timeout());
                     if deadline <= now {
                         break "idle";
                     }
@@ -401,6 +423,16 @@ impl Activity {
 
     fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Whether the connection is beyond its address's unauthenticated ones and has not
+    /// authenticated a request yet.
+    fn on_probation(&self) -> bool {
+        self.unproven
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|u| u.probation)
     }
 
     /// When the connection reaches its maximum age.
@@ -627,9 +659,7 @@ mod tests {
             max_age: Duration::from_secs(60),
             max_anonymous_per_address: 0,
         };
-        let unproven = Arc::new(Anonymous::new(0))
-            .admit(std::net::Ipv4Addr::LOCALHOST.into())
-            .expect("no per-address cap");
+        let unproven = Arc::new(Anonymous::new(0)).admit(std::net::Ipv4Addr::LOCALHOST.into());
         tokio::spawn(async move {
             let builder = auto::Builder::new(TokioExecutor::new());
             let stop = CancellationToken::new();
@@ -704,15 +734,13 @@ mod tests {
     }
 
     #[test]
-    fn the_refusals_are_complete_problem_answers() {
-        for refusal in [REFUSAL, REFUSAL_PER_ADDRESS] {
-            let text = std::str::from_utf8(refusal).unwrap();
-            let (head, body) = text.split_once("\r\n\r\n").unwrap();
-            assert!(head.contains(&format!("content-length: {}", body.len())));
-            let problem: serde_json::Value = serde_json::from_str(body).unwrap();
-            assert_eq!(problem["code"], "too_many_connections");
-            assert_eq!(problem["status"], 503);
-        }
+    fn the_refusal_is_a_complete_problem_answer() {
+        let text = std::str::from_utf8(REFUSAL).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(problem["code"], "too_many_connections");
+        assert_eq!(problem["status"], 503);
     }
 
     /// HTTP/2 frames as a server writes them: a SETTINGS frame, a PING acknowledgement, then a
