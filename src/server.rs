@@ -30,7 +30,8 @@
 //!   long poll, an event stream) is never cut by it. So a client that sends a cheap request
 //!   every few seconds cannot keep a connection for ever; it reconnects.
 //! - **Asked to close.** An answer carrying [`CloseConnection`] in its extensions (a refused
-//!   waiter) ends its connection: `Connection: close` over HTTP/1, a GOAWAY over HTTP/2.
+//!   waiter) ends its connection: `Connection: close` over HTTP/1; over HTTP/2 a GOAWAY once
+//!   the connection's other streams (long polls, event streams of the same client) are done.
 //! - **Stalled peers.** A connection with a request in flight that writes no byte of an answer
 //!   for `request_timeout + header_read_timeout` since the request began is closed: the handler
 //!   is bounded by `request_timeout`, so that silence means the client stopped reading its
@@ -47,7 +48,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -323,7 +324,12 @@ async fn serve_connection<S>(
                 return;
             }
             () = stop.cancelled() => break "server stopping",
-            () = activity.close.notified() => break "asked to close",
+            () = activity.close.notified() => {
+                // A request may have begun since: then its end wakes this again.
+                if activity.in_flight() == 0 {
+                    break "retired";
+                }
+            }
             () = tokio::time::sleep_until(check.into()) => {
                 let now = Instant::now();
                 if activity.in_flight() == 0 {
@@ -331,8 +337,8 @@ async fn serve_connection<S>(
                     if deadline <= now {
                         break "idle";
                     }
-                    if activity.too_old() {
-                        break "max age";
+                    if activity.to_retire() {
+                        break "retired";
                     }
                     check = deadline.min(activity.retire_at());
                 } else {
@@ -384,7 +390,9 @@ struct Activity {
     /// Until when the requests in flight may be silent (a long poll's allowance), reset when
     /// none is in flight any more.
     quiet_until_ms: AtomicU64,
-    /// Wakes the watchdog to close the connection (asked by an answer, or past its age).
+    /// An answer asked to close the connection: it is retired once nothing is in flight.
+    retiring: AtomicBool,
+    /// Wakes the watchdog when a connection to retire has nothing in flight any more.
     close: Notify,
     /// The connection's place in its address's unauthenticated count, until a request of it
     /// authenticates.
@@ -401,6 +409,7 @@ impl Activity {
             progress_ms: AtomicU64::new(0),
             last_write_ms: AtomicU64::new(0),
             quiet_until_ms: AtomicU64::new(0),
+            retiring: AtomicBool::new(false),
             close: Notify::new(),
             unproven: Mutex::new(Some(unproven)),
         }
@@ -417,12 +426,12 @@ impl Activity {
     /// A request started; the guard ends it.
     fn begin(self: &Arc<Self>) -> InFlight {
         self.progress_ms.store(self.elapsed_ms(), Ordering::Relaxed);
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(self.clone())
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Whether the connection is beyond its address's unauthenticated ones and has not
@@ -444,9 +453,20 @@ impl Activity {
         self.started.elapsed() >= self.max_age
     }
 
-    /// Asks the watchdog to close the connection gracefully (GOAWAY over HTTP/2).
+    /// Whether the connection is to be closed as soon as nothing is in flight on it: past its
+    /// age, or asked by an answer.
+    fn to_retire(&self) -> bool {
+        self.retiring.load(Ordering::SeqCst) || self.too_old()
+    }
+
+    /// Asks the watchdog to close the connection gracefully (GOAWAY over HTTP/2) once its
+    /// other requests, if any, are done (they are not cut: an HTTP/2 client may have long
+    /// polls and streams on the same connection).
     fn close_soon(&self) {
-        self.close.notify_one();
+        self.retiring.store(true, Ordering::SeqCst);
+        if self.in_flight() == 0 {
+            self.close.notify_one();
+        }
     }
 
     /// When the connection will have waited `timeout` for a request, counting from when it
@@ -486,12 +506,12 @@ impl Drop for InFlight {
         self.0
             .idle_since_ms
             .store(self.0.elapsed_ms(), Ordering::Release);
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             // The allowance was for the requests that were in flight, not for the next ones.
             self.0.quiet_until_ms.store(0, Ordering::Relaxed);
-            if self.0.too_old() {
+            if self.0.to_retire() {
                 // Its last request is done: now is the time to retire it.
-                self.0.close_soon();
+                self.0.close.notify_one();
             }
         }
     }

@@ -460,7 +460,8 @@ async fn cheap_requests_cannot_keep_a_connection_past_its_max_age() {
 }
 
 /// A long poll in flight when its connection reaches its max age is not cut: it gets its
-/// whole wait and its answer, which closes the connection (`Connection: close`).
+/// whole wait and its answer, which closes the connection (`Connection: close` over HTTP/1,
+/// a GOAWAY after it over HTTP/2).
 #[tokio::test]
 async fn a_long_poll_outlives_the_max_age_of_its_connection() {
     let app = TestApp::spawn_with(|c| {
@@ -488,6 +489,33 @@ async fn a_long_poll_outlives_the_max_age_of_its_connection() {
             .await
             .is_some()
     );
+    // Over HTTP/2 alike: the poll gets its answer, then the connection its GOAWAY.
+    let io = TokioIo::new(TcpStream::connect(app.addr).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake::<
+        _,
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(TokioExecutor::new(), io)
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get(app.url(&format!("/api/executions/{id}?wait=2s")))
+        .header(
+            "authorization",
+            format!("Bearer {}", crate::helpers::ADMIN_TOKEN),
+        )
+        .header("x-tenant-id", "acme")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let res = h2.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["sluice-wait"], "timeout");
+    drop(res);
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("an HTTP/2 connection past its max age stayed open")
+        .unwrap()
+        .ok();
 }
 
 /// One address has room for `--max-anonymous-connections-per-address` connections without an

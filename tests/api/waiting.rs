@@ -652,10 +652,12 @@ async fn waits_and_streams_end_at_once_when_the_server_shuts_down() {
 }
 
 /// A refused waiter gives its connection back: the 429 says `Connection: close` and the
-/// connection ends over HTTP/1; over HTTP/2 the server sends a GOAWAY and the connection ends.
-/// (The idle bound here is a minute, so nothing else would close them.)
+/// connection ends over HTTP/1; over HTTP/2 the server sends a GOAWAY once the connection's
+/// other stream (the client's waiter that got in) is done — that one is not cut — and the
+/// connection ends. (The idle bound here is a minute, so nothing else would close them.)
 #[tokio::test]
 async fn a_refused_waiter_has_its_connection_closed() {
+    use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let app = TestApp::spawn_with(|c| {
@@ -663,11 +665,30 @@ async fn a_refused_waiter_has_its_connection_closed() {
         c.api.header_read_timeout_ms = 60_000;
     })
     .await;
+    // No worker: it stays queued until cancelled.
     let id = admit_sleep(&app, "acme", 100).await;
-    let _held = EventStream::open(&app, "acme", &id).await;
+    let events_of = |id: &str| {
+        hyper::Request::get(app.url(&format!("/api/executions/{id}/events")))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .header("x-tenant-id", "acme")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    // An HTTP/2 (h2c) connection whose first stream is the tenant's one waiter.
+    let io = hyper_util::rt::TokioIo::new(tokio::net::TcpStream::connect(app.addr).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake::<
+        _,
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(hyper_util::rt::TokioExecutor::new(), io)
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let held = h2.send_request(events_of(&id)).await.unwrap();
+    assert_eq!(held.status(), 200);
     until_waiters(&app, 1).await;
 
-    // HTTP/1.1, by hand.
+    // HTTP/1.1, by hand: refused, told so, and closed.
     let mut h1 = tokio::net::TcpStream::connect(app.addr).await.unwrap();
     let req = format!(
         "GET /api/executions/{id}?wait=5s HTTP/1.1\r\nHost: sluice\r\n\
@@ -684,31 +705,25 @@ async fn a_refused_waiter_has_its_connection_closed() {
     assert!(answer.contains("connection: close"), "{answer}");
     assert!(answer.contains("tenant_too_many_waiters"), "{answer}");
 
-    // HTTP/2 (h2c), through hyper's client.
-    let io = hyper_util::rt::TokioIo::new(tokio::net::TcpStream::connect(app.addr).await.unwrap());
-    let (mut h2, conn) = hyper::client::conn::http2::handshake::<
-        _,
-        _,
-        http_body_util::Empty<bytes::Bytes>,
-    >(hyper_util::rt::TokioExecutor::new(), io)
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
-    let req = hyper::Request::get(app.url(&format!("/api/executions/{id}/events")))
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .header("x-tenant-id", "acme")
-        .body(http_body_util::Empty::new())
-        .unwrap();
-    let res = h2.send_request(req).await.unwrap();
+    // A second stream on the HTTP/2 connection: refused.
+    let res = h2.send_request(events_of(&id)).await.unwrap();
     assert_eq!(res.status(), 429);
     drop(res);
+    // The stream that got in is not cut: it still delivers the execution's end.
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    let body = tokio::time::timeout(Duration::from_secs(20), held.into_body().collect())
+        .await
+        .expect("the held stream never ended")
+        .expect("the held stream was cut")
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("\"cancelled\""), "{body}");
+    // Then the connection is closed.
     tokio::time::timeout(Duration::from_secs(10), conn)
         .await
         .expect("the refused waiter's HTTP/2 connection stayed open")
         .unwrap()
         .ok();
-    // The waiter that was in first is untouched.
-    assert_eq!(app.waiters.waiters(), 1);
 }
 
 /// `wait` is read from the decoded query, by the time bound as by the handler: `2%73` is `2s`,
