@@ -59,6 +59,7 @@ impl Application {
                 config.redis.redis_timeout_ms
             );
         }
+        config.api.check_connection_shares()?;
         let store = Arc::new(
             Store::connect(config.store())
                 .await
@@ -77,7 +78,7 @@ impl Application {
             store.clone(),
             HubConfig {
                 max_waiters: config.api.max_waiters,
-                max_per_tenant: config.api.max_waiters_per_tenant,
+                max_per_tenant: config.api.waiters_per_tenant(),
             },
             stop.clone(),
         );
@@ -115,6 +116,15 @@ impl Application {
             .cors_origins
             .iter()
             .map(|o| {
+                // tower-http refuses a wildcard in a list (it panics); any origin is not
+                // offered on purpose: a page on any site could then drive the API with a
+                // token it holds, or as anyone under --dev-auth.
+                if o.trim() == "*" {
+                    anyhow::bail!(
+                        "--cors-origin '*' is not supported: name each browser origin allowed \
+                         to call the API (e.g. https://console.example.com)"
+                    );
+                }
                 HeaderValue::from_str(o.trim())
                     .with_context(|| format!("--cors-origin {o:?} is not a valid origin"))
             })
@@ -153,6 +163,8 @@ impl Application {
             max_connections: connection_cap(config.api.max_connections, listeners),
             header_read_timeout: config.api.header_read_timeout(),
             request_timeout: config.api.request_timeout(),
+            max_age: config.api.max_connection_age(),
+            max_anonymous_per_address: config.api.max_anonymous_connections_per_address,
         };
         Ok(Self {
             listener,

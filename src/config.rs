@@ -244,6 +244,25 @@ pub struct ApiSettings {
     /// raises to its hard limit at start and then checks this against.
     #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
+    /// Age of a connection, in milliseconds, after which it is closed once no request is in
+    /// flight on it (HTTP/1: `Connection: close` on the next answer; HTTP/2: GOAWAY). A long
+    /// poll or event stream in flight is not cut; the client simply reconnects afterwards. So
+    /// no client keeps a connection for ever by sending a cheap request every few seconds.
+    #[arg(long, env = "SLUICE_MAX_CONNECTION_AGE_MS", default_value_t = 300_000)]
+    pub max_connection_age_ms: u64,
+    /// Connections one client address may hold that have not yet carried an authenticated
+    /// request (0 = no cap). One accepted beyond them must authenticate: a request on it that
+    /// does not is answered 503 `too_many_connections` and the connection closed, and a
+    /// silent one is closed after 2 s. A connection stops counting with its first
+    /// authenticated request, so many authenticated clients behind one address (workers
+    /// behind a NAT) still fit. Raise it (or 0) behind a reverse proxy that serves many
+    /// anonymous browsers from one address.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_ANONYMOUS_CONNECTIONS_PER_ADDRESS",
+        default_value_t = 64
+    )]
+    pub max_anonymous_connections_per_address: usize,
     /// Largest `params` of an execution, in bytes of canonical JSON (413 `params_too_large`).
     #[arg(long, env = "SLUICE_MAX_PARAMS_BYTES", default_value_t = 64 * 1024)]
     pub max_params_bytes: usize,
@@ -306,9 +325,12 @@ pub struct ApiSettings {
     #[arg(long, env = "SLUICE_MAX_WAITERS", default_value_t = 10_000)]
     pub max_waiters: usize,
     /// Of those, how many one tenant may hold; more are answered 429
-    /// `tenant_too_many_waiters`.
-    #[arg(long, env = "SLUICE_MAX_WAITERS_PER_TENANT", default_value_t = 1_000)]
-    pub max_waiters_per_tenant: usize,
+    /// `tenant_too_many_waiters` (and the connection is closed). Each waiter holds a
+    /// connection, so this must be at most half of --max-connections (checked at start): one
+    /// tenant's keys can never take most of the server's connections. Default: a quarter of
+    /// --max-connections (256 of 1024).
+    #[arg(long, env = "SLUICE_MAX_WAITERS_PER_TENANT")]
+    pub max_waiters_per_tenant: Option<usize>,
     /// How long an event stream lasts, in seconds; the client then opens it again (and gets
     /// the current state first). Keeps an execution that stays queued from holding a waiter
     /// forever.
@@ -406,6 +428,34 @@ impl ApiSettings {
     /// `--request-timeout-ms` as a duration.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// `--max-connection-age-ms` as a duration.
+    pub fn max_connection_age(&self) -> Duration {
+        Duration::from_millis(self.max_connection_age_ms)
+    }
+
+    /// `--max-waiters-per-tenant`, or a quarter of `--max-connections` when not set.
+    pub fn waiters_per_tenant(&self) -> usize {
+        self.max_waiters_per_tenant
+            .unwrap_or(self.max_connections / 4)
+            .max(1)
+    }
+
+    /// Refuses settings whose relation makes no sense: one tenant's waiters, each holding a
+    /// connection, must leave most of `--max-connections` to everyone else.
+    pub fn check_connection_shares(&self) -> anyhow::Result<()> {
+        if let Some(per_tenant) = self.max_waiters_per_tenant
+            && per_tenant.saturating_mul(2) > self.max_connections
+        {
+            anyhow::bail!(
+                "--max-waiters-per-tenant ({per_tenant}) must be at most half of \
+                 --max-connections ({}): each waiter holds a connection, and one tenant must \
+                 not be able to take most of them",
+                self.max_connections
+            );
+        }
+        Ok(())
     }
 
     /// `--header-read-timeout-ms` as a duration.

@@ -154,41 +154,51 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let token = bearer(&parts.headers)?;
-        // Parsed only once the credential passed, so a stranger learns nothing from a 400.
-        let tenant = || tenant_header(&parts.headers);
-        match token {
-            Some(given) if given.starts_with(TOKEN_PREFIX) => {
-                let key = PresentedKey::parse(given).ok_or(ApiError::Unauthorized)?;
-                let (own, role) = state
-                    .store
-                    .authenticate_key(&key, state.auth.dev_auth)
-                    .await?
-                    .ok_or(ApiError::Unauthorized)?;
-                if tenant()?.is_some_and(|t| t != own) {
-                    return Err(tenant_mismatch());
-                }
-                Ok(Caller {
-                    tenant: Some(own),
-                    grant: Grant::Key(role),
-                    credential: Credential::ApiKey(key.id),
-                })
+        let caller = authenticate(parts, state).await?;
+        // Its connection is no longer one of its address's unauthenticated ones.
+        if let Some(conn) = parts.extensions.get::<super::ConnectionHandle>() {
+            conn.authenticated();
+        }
+        Ok(caller)
+    }
+}
+
+/// The caller a request's credentials name (see [`Caller`]).
+async fn authenticate(parts: &Parts, state: &AppState) -> Result<Caller, ApiError> {
+    let token = bearer(&parts.headers)?;
+    // Parsed only once the credential passed, so a stranger learns nothing from a 400.
+    let tenant = || tenant_header(&parts.headers);
+    match token {
+        Some(given) if given.starts_with(TOKEN_PREFIX) => {
+            let key = PresentedKey::parse(given).ok_or(ApiError::Unauthorized)?;
+            let (own, role) = state
+                .store
+                .authenticate_key(&key, state.auth.dev_auth)
+                .await?
+                .ok_or(ApiError::Unauthorized)?;
+            if tenant()?.is_some_and(|t| t != own) {
+                return Err(tenant_mismatch());
             }
-            Some(given) => match state.auth.admin_token.as_ref().map(Secret::expose) {
-                Some(admin) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => Ok(Caller {
-                    tenant: tenant()?,
-                    grant: Grant::PlatformAdmin,
-                    credential: Credential::AdminToken,
-                }),
-                _ => Err(ApiError::Unauthorized),
-            },
-            None if state.auth.dev_auth => Ok(Caller {
+            Ok(Caller {
+                tenant: Some(own),
+                grant: Grant::Key(role),
+                credential: Credential::ApiKey(key.id),
+            })
+        }
+        Some(given) => match state.auth.admin_token.as_ref().map(Secret::expose) {
+            Some(admin) if bool::from(given.as_bytes().ct_eq(admin.as_bytes())) => Ok(Caller {
                 tenant: tenant()?,
                 grant: Grant::PlatformAdmin,
-                credential: Credential::DevAuth,
+                credential: Credential::AdminToken,
             }),
-            None => Err(ApiError::Unauthorized),
-        }
+            _ => Err(ApiError::Unauthorized),
+        },
+        None if state.auth.dev_auth => Ok(Caller {
+            tenant: tenant()?,
+            grant: Grant::PlatformAdmin,
+            credential: Credential::DevAuth,
+        }),
+        None => Err(ApiError::Unauthorized),
     }
 }
 

@@ -210,6 +210,10 @@ impl IntoResponse for ApiError {
         if matches!(self, ApiError::Unauthorized) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if matches!(self, ApiError::Busy { .. }) {
+            // A client refused for holding too much gives its connection back.
+            res.extensions_mut().insert(super::CloseConnection);
+        }
         res
     }
 }

@@ -70,7 +70,17 @@ pub trait ConnectionControl: Send + Sync {
     /// The request in flight may move no byte until `until` without the connection counting
     /// as stalled (a long poll has nothing to say until then).
     fn allow_silence_until(&self, until: Instant);
+
+    /// A request on this connection passed authentication: the connection no longer counts
+    /// against its client address's cap on unauthenticated connections.
+    fn authenticated(&self);
 }
+
+/// Put in an answer's extensions to end its connection after it (`Connection: close` over
+/// HTTP/1, a GOAWAY over HTTP/2): a client refused for holding too much of the server (its
+/// waiters) gives the connection back instead of keeping it idle.
+#[derive(Debug, Clone, Copy)]
+pub struct CloseConnection;
 
 impl ConnectionHandle {
     /// The handle of a connection that `control` steers.
@@ -81,6 +91,11 @@ impl ConnectionHandle {
     /// See [`ConnectionControl::allow_silence_until`].
     pub fn allow_silence_until(&self, until: Instant) {
         self.0.allow_silence_until(until);
+    }
+
+    /// See [`ConnectionControl::authenticated`].
+    pub fn authenticated(&self) {
+        self.0.authenticated();
     }
 }
 
@@ -131,7 +146,7 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
                 async move { axum::Json(spec.as_ref().clone()) }
             }),
         )
-        .merge(SwaggerUi::new("/docs").config(swagger_ui::Config::from("/openapi.json")))
+        .merge(docs_routes())
         .merge(console::routes())
         .fallback(unknown_route)
         .layer(middleware::from_fn_with_state(
@@ -154,6 +169,38 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
         app = app.layer(cors);
     }
     app.with_state(state)
+}
+
+/// The policy of every `/docs` answer: Swagger UI's files come from this binary and read
+/// `/openapi.json` and the API on this origin; nothing else is loaded, nothing frames it.
+/// Inline styles stay allowed: Swagger UI sets style attributes (its script stays strict).
+pub const DOCS_CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; \
+     connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// Swagger UI at `/docs` (vendored: served from the binary), with a strict
+/// Content-Security-Policy, no framing (clickjacking a logged-in "Try it out") and no MIME
+/// sniffing.
+fn docs_routes() -> Router<AppState> {
+    Router::from(SwaggerUi::new("/docs").config(swagger_ui::Config::from("/openapi.json"))).layer(
+        middleware::map_response(|mut res: Response| async move {
+            let headers = res.headers_mut();
+            headers.insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(DOCS_CONTENT_SECURITY_POLICY),
+            );
+            headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+            headers.insert(
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            );
+            headers.insert(
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            );
+            res
+        }),
+    )
 }
 
 /// `/metrics` alone, for its own listener (`--metrics-listen`), with the same per-request

@@ -139,3 +139,57 @@ fn a_printed_configuration_does_not_show_the_admin_token() {
     );
     assert!(!format!("{cli:?}").contains("very-secret-token-value"));
 }
+
+/// Settings of a server on `redis`, as `sluice serve` would get them by default.
+fn settings_on(redis: &crate::helpers::TestRedis) -> sluice::config::AppConfig {
+    let mut api = sluice::config::ApiSettings::defaults();
+    api.listen = "127.0.0.1:0".parse().unwrap();
+    sluice::config::AppConfig {
+        api,
+        redis: redis.settings(),
+    }
+}
+
+/// One tenant's waiters (each a connection) may not be most of the connection cap: the
+/// defaults leave three quarters to others, and a configuration that gives one tenant more
+/// than half is refused at start with an error naming both flags.
+#[tokio::test]
+async fn one_tenants_waiters_must_leave_most_connections_to_others() {
+    let defaults = sluice::config::ApiSettings::defaults();
+    assert_eq!(defaults.max_waiters_per_tenant, None);
+    assert_eq!(defaults.waiters_per_tenant() * 4, defaults.max_connections);
+    let redis = crate::helpers::TestRedis::start().await;
+    let mut config = settings_on(&redis);
+    config.api.max_connections = 200;
+    config.api.max_waiters_per_tenant = Some(101);
+    let err = sluice::Application::build(config.clone())
+        .await
+        .err()
+        .expect("a tenant allowed more than half of the connections was accepted")
+        .to_string();
+    assert!(
+        err.contains("--max-waiters-per-tenant") && err.contains("--max-connections"),
+        "{err}"
+    );
+    config.api.max_waiters_per_tenant = Some(100);
+    assert!(sluice::Application::build(config.clone()).await.is_ok());
+    // Not set, it follows the cap: a quarter of it.
+    config.api.max_waiters_per_tenant = None;
+    assert_eq!(config.api.waiters_per_tenant(), 50);
+    assert!(sluice::Application::build(config).await.is_ok());
+}
+
+/// `--cors-origin '*'` is refused at start with an error that says what to do (it used to
+/// panic inside tower-http).
+#[tokio::test]
+async fn a_wildcard_cors_origin_is_a_clear_error() {
+    let redis = crate::helpers::TestRedis::start().await;
+    let mut config = settings_on(&redis);
+    config.api.cors_origins = vec!["https://console.example".into(), "*".into()];
+    let err = sluice::Application::build(config)
+        .await
+        .err()
+        .expect("a wildcard origin was accepted")
+        .to_string();
+    assert!(err.contains("--cors-origin '*' is not supported"), "{err}");
+}

@@ -229,7 +229,7 @@ async fn the_cap_stays_under_the_open_file_limit() {
         .arg("-c")
         .arg(format!(
             "ulimit -n 128 && exec {} serve --listen 127.0.0.1:{port} {} \
-             --header-read-timeout-ms 60000",
+             --header-read-timeout-ms 60000 --max-anonymous-connections-per-address 0",
             crate::helpers::sluice_bin().display(),
             redis.args().join(" ")
         ))
@@ -281,4 +281,326 @@ async fn the_cap_stays_under_the_open_file_limit() {
         .try_iter()
         .any(|l| l.contains("--max-connections exceeds what the open-file limit allows"));
     assert!(warned, "no warning about the lowered cap");
+}
+
+/// One GET on a kept-alive HTTP/1.1 connection, with `extra` header lines; the answer's head
+/// (status line and headers, lowercase), or `None` when the server closed the connection
+/// before answering.
+async fn ask(stream: &mut TcpStream, path: &str, extra: &str) -> Option<String> {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: sluice\r\n{extra}\r\n");
+    if stream.write_all(req.as_bytes()).await.is_err() {
+        return None;
+    }
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let head = head.to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if body.len() >= len {
+                return Some(head);
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .expect("an answer within 10 s");
+        match tokio::time::timeout(left, stream.read(&mut chunk))
+            .await
+            .expect("an answer within 10 s")
+        {
+            Ok(0) | Err(_) if buf.is_empty() => return None,
+            Ok(0) | Err(_) => panic!("closed in the middle of an answer: {text}"),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A PING frame (stream 0, 8 bytes of payload) and an empty SETTINGS frame: what a peer can
+/// send to provoke a write from the server without asking for anything.
+const H2_PING: &[u8] = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00sluice!!";
+const H2_EMPTY_SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// The reproduction of the report: HTTP/2 connections that send no request but a PING or an
+/// empty SETTINGS frame every 300 ms (well within the 1 s idle bound) fill the cap of 200.
+/// Control frames do not reset a connection's idle time, so they are closed like silent ones
+/// and a new client is served.
+#[tokio::test]
+async fn ping_only_http2_connections_cannot_hold_the_cap() {
+    const HOARDERS: usize = 200;
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_connections = HOARDERS;
+        c.api.header_read_timeout_ms = 1_000;
+        // All of them come from 127.0.0.1: this test is about the idle rule alone.
+        c.api.max_anonymous_connections_per_address = 0;
+    })
+    .await;
+    let mut hoarders = Vec::new();
+    for i in 0..HOARDERS {
+        let mut s = TcpStream::connect(app.addr).await.unwrap();
+        s.write_all(H2_PREFACE).await.unwrap();
+        hoarders.push(tokio::spawn(async move {
+            let (mut rd, mut wr) = s.into_split();
+            // Reads whatever the server sends (its SETTINGS, the acknowledgements) until it
+            // closes the connection.
+            let reader = tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = rd.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut n = i;
+            while !reader.is_finished() && Instant::now() < deadline {
+                let frame = if n % 2 == 0 {
+                    H2_PING
+                } else {
+                    H2_EMPTY_SETTINGS
+                };
+                n += 1;
+                if wr.write_all(frame).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            // Whether the server closed it (rather than the test's bound running out).
+            tokio::time::timeout(Duration::from_secs(10), reader)
+                .await
+                .is_ok()
+        }));
+    }
+    // A newcomer is served within a bounded time: the hoarders are closed after the idle bound.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut refused = 0;
+    loop {
+        let mut next = TcpStream::connect(app.addr).await.unwrap();
+        let head = ask(&mut next, "/healthz", "Connection: close\r\n").await;
+        if head
+            .as_deref()
+            .is_some_and(|h| h.starts_with("http/1.1 200"))
+        {
+            break;
+        }
+        refused += 1;
+        assert!(
+            Instant::now() < deadline,
+            "PING-only connections kept the cap for 30 s ({refused} newcomers refused)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for h in hoarders {
+        assert!(
+            h.await.unwrap(),
+            "a PING-only connection was not closed by the server"
+        );
+    }
+}
+
+/// Over HTTP/1, a `GET /healthz` every 200 ms on each of 20 connections (far within the idle
+/// bound) does not keep them past `--max-connection-age-ms`: the answer after that age says
+/// `Connection: close` and the connection ends; none ends before that age.
+#[tokio::test]
+async fn cheap_requests_cannot_keep_a_connection_past_its_max_age() {
+    let max_age = Duration::from_millis(1_500);
+    let app = TestApp::spawn_with(|c| {
+        c.api.header_read_timeout_ms = 2_000;
+        c.api.max_connection_age_ms = 1_500;
+    })
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(app.addr).await.unwrap();
+        let opened = Instant::now();
+        clients.push(tokio::spawn(async move {
+            let deadline = opened + Duration::from_secs(30);
+            // Whether the server ended it while the client kept asking (not after the client
+            // gave up at the deadline and went idle), and whether it said so on an answer.
+            let mut ended = false;
+            let mut told = false;
+            while Instant::now() < deadline {
+                match ask(&mut s, "/healthz", "").await {
+                    // Closed while idle between two requests, past its age.
+                    None => ended = true,
+                    Some(head) => {
+                        assert!(head.starts_with("http/1.1 200"), "{head}");
+                        if head.contains("connection: close") {
+                            told = true;
+                            ended = read_until_closed(&mut s, Duration::from_secs(10))
+                                .await
+                                .is_some();
+                        }
+                    }
+                }
+                if ended || told {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (ended, told, opened.elapsed())
+        }));
+    }
+    let mut told = 0;
+    for c in clients {
+        let (ended, was_told, age) = c.await.unwrap();
+        assert!(
+            ended,
+            "a connection stayed open through 30 s of cheap requests"
+        );
+        assert!(age >= max_age, "closed before its max age: {age:?}");
+        told += usize::from(was_told);
+    }
+    // Those that asked right after the age were told, gracefully, on an answer.
+    assert!(told > 0, "no answer carried Connection: close");
+}
+
+/// A long poll in flight when its connection reaches its max age is not cut: it gets its
+/// whole wait and its answer, which closes the connection (`Connection: close` over HTTP/1,
+/// a GOAWAY after it over HTTP/2).
+#[tokio::test]
+async fn a_long_poll_outlives_the_max_age_of_its_connection() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_connection_age_ms = 300;
+    })
+    .await;
+    // No worker: the execution stays queued, the wait runs to its end.
+    let id = app.admit("acme", "demo.echo").await["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut s = TcpStream::connect(app.addr).await.unwrap();
+    let auth = format!(
+        "Authorization: Bearer {}\r\nX-Tenant-Id: acme\r\n",
+        crate::helpers::ADMIN_TOKEN
+    );
+    let head = ask(&mut s, &format!("/api/executions/{id}?wait=2s"), &auth)
+        .await
+        .expect("the long poll was answered");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("sluice-wait: timeout"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(
+        read_until_closed(&mut s, Duration::from_secs(10))
+            .await
+            .is_some()
+    );
+    // Over HTTP/2 alike: the poll gets its answer, then the connection its GOAWAY.
+    let io = TokioIo::new(TcpStream::connect(app.addr).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake::<
+        _,
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(TokioExecutor::new(), io)
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get(app.url(&format!("/api/executions/{id}?wait=2s")))
+        .header(
+            "authorization",
+            format!("Bearer {}", crate::helpers::ADMIN_TOKEN),
+        )
+        .header("x-tenant-id", "acme")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let res = h2.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["sluice-wait"], "timeout");
+    drop(res);
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("an HTTP/2 connection past its max age stayed open")
+        .unwrap()
+        .ok();
+}
+
+/// One address has room for `--max-anonymous-connections-per-address` connections without an
+/// authenticated request. Beyond that a connection must authenticate: an anonymous request on
+/// it is answered 503 `too_many_connections` and the connection closed, a silent one is closed
+/// within the probation (2 s). Connections that authenticate do not count, even fifty opened
+/// at once from one address (workers behind a NAT), and one that authenticates frees its place.
+#[tokio::test]
+async fn the_per_address_cap_refuses_unauthenticated_excess_only() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_anonymous_connections_per_address = 3;
+        // No connection of this test idles out on its own.
+        c.api.header_read_timeout_ms = 60_000;
+    })
+    .await;
+    let auth = format!("Authorization: Bearer {}\r\n", crate::helpers::ADMIN_TOKEN);
+    // Three anonymous connections fit: they stay open, and are served.
+    let mut anonymous = Vec::new();
+    for _ in 0..3 {
+        anonymous.push(TcpStream::connect(app.addr).await.unwrap());
+    }
+    let head = ask(&mut anonymous[0], "/healthz", "")
+        .await
+        .expect("an answer");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // Fifty authenticated clients from this address, opened at once: all served.
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let (addr, auth, barrier) = (app.addr, auth.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let head = ask(&mut s, "/api/me", &auth).await.expect("an answer");
+            (head, s)
+        }));
+    }
+    let mut workers = Vec::new();
+    for t in tasks {
+        let (head, s) = t.await.unwrap();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+        workers.push(s);
+    }
+    // A fourth anonymous one is refused on its first request and closed.
+    let mut fourth = TcpStream::connect(app.addr).await.unwrap();
+    let head = ask(&mut fourth, "/healthz", "").await.expect("an answer");
+    assert!(head.starts_with("http/1.1 503"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(
+        read_until_closed(&mut fourth, Duration::from_secs(10))
+            .await
+            .is_some()
+    );
+    // A silent one beyond the cap is closed too (within the probation, not the minute).
+    let mut silent = TcpStream::connect(app.addr).await.unwrap();
+    assert!(
+        read_until_closed(&mut silent, Duration::from_secs(20))
+            .await
+            .is_some(),
+        "a silent connection beyond the per-address cap stayed open"
+    );
+    // The three within it were not disturbed, and the authenticated ones are still served.
+    for s in &mut anonymous {
+        assert!(
+            read_until_closed(s, Duration::from_millis(200))
+                .await
+                .is_none(),
+            "a connection within the per-address cap was closed"
+        );
+    }
+    for w in &mut workers {
+        let head = ask(w, "/api/me", &auth).await.expect("an answer");
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+    }
+    // One of the anonymous ones authenticates: its place is free for a newcomer.
+    let head = ask(&mut anonymous[1], "/api/me", &auth)
+        .await
+        .expect("an answer");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let mut newcomer = TcpStream::connect(app.addr).await.unwrap();
+    let head = ask(&mut newcomer, "/healthz", "").await.expect("an answer");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // And the cap holds again.
+    let mut refused = TcpStream::connect(app.addr).await.unwrap();
+    let head = ask(&mut refused, "/healthz", "").await.expect("an answer");
+    assert!(head.starts_with("http/1.1 503"), "{head}");
 }

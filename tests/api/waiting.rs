@@ -359,7 +359,7 @@ async fn a_cancel_and_a_force_delete_end_waits_and_streams() {
 async fn the_waiter_caps_refuse_the_next_one() {
     let app = TestApp::spawn_with(|c| {
         c.api.max_waiters = 3;
-        c.api.max_waiters_per_tenant = 2;
+        c.api.max_waiters_per_tenant = Some(2);
     })
     .await;
     let a = admit_sleep(&app, "acme", 100).await;
@@ -649,4 +649,96 @@ async fn waits_and_streams_end_at_once_when_the_server_shuts_down() {
         .await
         .expect("the server stopped")
         .unwrap();
+}
+
+/// A refused waiter gives its connection back: the 429 says `Connection: close` and the
+/// connection ends over HTTP/1; over HTTP/2 the server sends a GOAWAY once the connection's
+/// other stream (the client's waiter that got in) is done — that one is not cut — and the
+/// connection ends. (The idle bound here is a minute, so nothing else would close them.)
+#[tokio::test]
+async fn a_refused_waiter_has_its_connection_closed() {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_waiters_per_tenant = Some(1);
+        c.api.header_read_timeout_ms = 60_000;
+    })
+    .await;
+    // No worker: it stays queued until cancelled.
+    let id = admit_sleep(&app, "acme", 100).await;
+    let events_of = |id: &str| {
+        hyper::Request::get(app.url(&format!("/api/executions/{id}/events")))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .header("x-tenant-id", "acme")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    // An HTTP/2 (h2c) connection whose first stream is the tenant's one waiter.
+    let io = hyper_util::rt::TokioIo::new(tokio::net::TcpStream::connect(app.addr).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake::<
+        _,
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(hyper_util::rt::TokioExecutor::new(), io)
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let held = h2.send_request(events_of(&id)).await.unwrap();
+    assert_eq!(held.status(), 200);
+    until_waiters(&app, 1).await;
+
+    // HTTP/1.1, by hand: refused, told so, and closed.
+    let mut h1 = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let req = format!(
+        "GET /api/executions/{id}?wait=5s HTTP/1.1\r\nHost: sluice\r\n\
+         Authorization: Bearer {ADMIN_TOKEN}\r\nX-Tenant-Id: acme\r\n\r\n"
+    );
+    h1.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), h1.read_to_end(&mut answer))
+        .await
+        .expect("the refused waiter's HTTP/1 connection stayed open")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(answer.starts_with("http/1.1 429"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(answer.contains("tenant_too_many_waiters"), "{answer}");
+
+    // A second stream on the HTTP/2 connection: refused.
+    let res = h2.send_request(events_of(&id)).await.unwrap();
+    assert_eq!(res.status(), 429);
+    drop(res);
+    // The stream that got in is not cut: it still delivers the execution's end.
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    let body = tokio::time::timeout(Duration::from_secs(20), held.into_body().collect())
+        .await
+        .expect("the held stream never ended")
+        .expect("the held stream was cut")
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("\"cancelled\""), "{body}");
+    // Then the connection is closed.
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("the refused waiter's HTTP/2 connection stayed open")
+        .unwrap()
+        .ok();
+}
+
+/// `wait` is read from the decoded query, by the time bound as by the handler: `2%73` is `2s`,
+/// so the request is bounded by its wait plus the request bound, and answers at the end of the
+/// wait instead of timing out after the request bound (here 1 s).
+#[tokio::test]
+async fn a_percent_encoded_wait_is_the_same_wait() {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 300;
+        c.api.request_timeout_ms = 1_000;
+    })
+    .await;
+    // No worker: it stays queued, and the wait runs to its end.
+    let id = admit_sleep(&app, "acme", 100).await;
+    let res = wait_get(&app, "acme", &id, "2%73").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(wait_outcome(&res), "timeout");
 }

@@ -186,7 +186,7 @@ pub struct GetParams {
 /// then (`Sluice-Wait: timeout`; also when the server shuts down meanwhile: ask again). It
 /// costs Redis one call to start and nothing while it waits, however many clients wait on the
 /// same execution; at most `--max-waiters` (10 000) long polls and event streams are open per
-/// server, `--max-waiters-per-tenant` (1 000) of one tenant. Without `wait` it answers at once.
+/// server, `--max-waiters-per-tenant` (256) of one tenant. Without `wait` it answers at once.
 #[utoipa::path(
     get,
     path = "/api/executions/{id}",
@@ -199,9 +199,9 @@ pub struct GetParams {
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant (with `wait`: also when it is force-deleted during the wait)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`tenant_too_many_waiters` (with `wait`): the tenant has `--max-waiters-per-tenant` open waits and streams on this server", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "`tenant_too_many_waiters` (with `wait`): the tenant has `--max-waiters-per-tenant` open waits and streams on this server; the connection is closed after this answer", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 503, description = "Redis unavailable; or `too_many_waiters` (with `wait`): the server has `--max-waiters` open waits and streams", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "Redis unavailable; or `too_many_waiters` (with `wait`): the server has `--max-waiters` open waits and streams (the connection is closed after this answer)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
     security(("bearer" = []))

@@ -81,12 +81,13 @@ pub fn parse_wait(text: &str) -> Result<Duration, ApiError> {
     Ok(wait)
 }
 
-/// The `wait` of a request's query string, if it has a valid one.
+/// The `wait` of a request's query string, if it has a valid one: decoded exactly as the
+/// handler decodes it (percent-escapes and all), so the bound given here is the wait the
+/// handler then waits (`12%73` is `12s` to both).
 fn wait_of(uri: &Uri) -> Option<Duration> {
-    uri.query()?
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("wait="))
-        .and_then(|v| parse_wait(v).ok())
+    let axum::extract::Query(params) =
+        axum::extract::Query::<super::GetParams>::try_from_uri(uri).ok()?;
+    parse_wait(&params.wait?).ok()
 }
 
 /// How much longer than `--request-timeout-ms` a request may take, and stay silent on its
@@ -174,7 +175,7 @@ pub(super) async fn wait_for_execution(
 ///
 /// Waiting costs Redis nothing per client: the server subscribes once per execution and reads
 /// it once per change for all its clients. At most `--max-waiters` (10 000) streams and long
-/// polls are open per server, `--max-waiters-per-tenant` (1 000) of one tenant.
+/// polls are open per server, `--max-waiters-per-tenant` (256) of one tenant.
 #[utoipa::path(
     get,
     path = "/api/executions/{id}/events",
@@ -186,9 +187,9 @@ pub(super) async fn wait_for_execution(
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`tenant_too_many_waiters`: the tenant has `--max-waiters-per-tenant` open waits and streams on this server", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "`tenant_too_many_waiters`: the tenant has `--max-waiters-per-tenant` open waits and streams on this server; the connection is closed after this answer", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 503, description = "`too_many_waiters`: the server has `--max-waiters` open waits and streams; or Redis unavailable", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "`too_many_waiters`: the server has `--max-waiters` open waits and streams (the connection is closed after this answer); or Redis unavailable", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
     security(("bearer" = []))
