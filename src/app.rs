@@ -16,9 +16,11 @@ use tokio::net::TcpListener;
 use crate::access::TOKEN_PREFIX;
 use crate::config::AppConfig;
 use crate::http::auth::AuthConfig;
+use crate::http::dev_guard::DevAuthGuard;
 use crate::http::executions::waiting::EventLimits;
 use crate::http::metrics::Metrics;
 use crate::http::{self, AppState, HttpLimits};
+use crate::revocation::Revocations;
 use crate::server::{self, ConnectionLimits};
 use crate::store::Store;
 use crate::waiters::{Hub, HubConfig};
@@ -73,8 +75,10 @@ impl Application {
         }
         let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
         let stop = tokio_util::sync::CancellationToken::new();
+        let revocations = Revocations::new(store.clone());
         let waiters = Hub::new(
             store.clone(),
+            revocations.clone(),
             HubConfig {
                 max_waiters: config.api.max_waiters,
                 max_per_tenant: config.api.max_waiters_per_tenant,
@@ -101,6 +105,7 @@ impl Application {
             max_api_keys: config.api.max_api_keys_per_tenant,
             metrics: metrics.clone(),
             waiters: waiters.clone(),
+            revocations,
             events,
         };
         if let Some(token) = &config.api.admin_token
@@ -122,8 +127,12 @@ impl Application {
         let limits = HttpLimits {
             request_timeout: config.api.request_timeout(),
             body_limit: config.api.body_limit,
-            cors_origins,
+            cors_origins: cors_origins.clone(),
             metrics_on_main: config.api.metrics_listen.is_none(),
+            dev_auth_guard: config.api.dev_auth.then(|| DevAuthGuard {
+                loopback_host_only: !config.api.dangerously_allow_dev_auth_on_network,
+                allowed_origins: cors_origins.clone(),
+            }),
         };
         let listener = TcpListener::bind(config.api.listen)
             .await

@@ -770,3 +770,133 @@ async fn a_refusal_names_the_role_the_call_needs_as_the_api_spells_it() {
         );
     }
 }
+
+/// Issue 19, item 8: a dev-auth server answers only what a local tool sends. A page whose DNS
+/// name was rebound to 127.0.0.1 (simulated by resolving a made-up name to the server's
+/// loopback address) and a cross-site form post (an `Origin` of another site) are refused
+/// with a 403 problem before anything is read or written; loopback names in every spelling
+/// and the server's own origin are served.
+#[tokio::test]
+async fn dev_auth_serves_only_loopback_hosts_and_its_own_origin() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.dev_auth = true;
+        c.api.admin_token = None;
+    })
+    .await;
+    let port = app.addr.port();
+    let rebound = reqwest::Client::builder()
+        .resolve("rebound.example", app.addr)
+        .build()
+        .unwrap();
+    let foreign = |method: Method, path: &str| {
+        rebound.request(method, format!("http://rebound.example:{port}{path}"))
+    };
+    let refusals = [
+        foreign(Method::GET, "/api/tenants"),
+        foreign(Method::PUT, "/api/tenants/acme").json(&json!({})),
+        foreign(Method::POST, "/api/tenants/acme/api-keys").json(&json!({"role": "admin"})),
+        foreign(Method::GET, "/api/me"),
+        foreign(Method::GET, "/console/"),
+    ];
+    for req in refusals {
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            res.headers()["content-type"],
+            "application/problem+json",
+            "a problem document"
+        );
+        assert_eq!(problem_code(res).await, "dev_auth_host_refused");
+    }
+    // Nothing was registered by the refused calls.
+    let listed = app
+        .client
+        .get(app.url("/api/tenants"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), StatusCode::OK);
+    assert_eq!(listed.json::<Value>().await.unwrap()["tenants"], json!([]));
+
+    // Loopback names, however spelt, are served.
+    for host in [
+        format!("localhost:{port}"),
+        format!("LocalHost.:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.2:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let res = app
+            .client
+            .get(app.url("/api/me"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "Host: {host}");
+    }
+
+    // A cross-site form post needs no preflight: refused by its Origin, nothing pinned.
+    app.client
+        .put(app.url("/api/tenants/acme"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    for origin in [
+        "http://evil.example",
+        "null",
+        &format!("http://127.0.0.1:{}", port + 1),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/tenants/acme/dedicated-shard"))
+            .header("origin", origin)
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "Origin: {origin}");
+        assert_eq!(problem_code(res).await, "dev_auth_origin_refused");
+    }
+    // A cross-site request without Origin (an image, a link) is known by Sec-Fetch-Site.
+    let res = app
+        .client
+        .get(app.url("/api/tenants"))
+        .header("sec-fetch-site", "cross-site")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem_code(res).await, "dev_auth_origin_refused");
+    let pins: std::collections::HashMap<String, String> = app
+        .redis
+        .query(redis::cmd("HGETALL").arg("sluice:{meta}:pins"))
+        .await;
+    assert!(pins.is_empty(), "no dedicated shard was taken: {pins:?}");
+
+    // The server's own pages (the console, Swagger UI) are same-origin: served.
+    let res = app
+        .client
+        .post(app.url("/api/tenants/acme/dedicated-shard"))
+        .header("origin", format!("http://127.0.0.1:{port}"))
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    // A server that authenticates serves any host: a rebound page holds no credential.
+    let normal = TestApp::spawn().await;
+    let res = reqwest::Client::builder()
+        .resolve("rebound.example", normal.addr)
+        .build()
+        .unwrap()
+        .get(format!(
+            "http://rebound.example:{}/api/tenants",
+            normal.addr.port()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}

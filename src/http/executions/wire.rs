@@ -223,6 +223,8 @@ pub struct ExecutionPage {
 pub struct ExecutionEvent {
     /// `execution`: `data` is the execution, exactly as `GET /api/executions/{id}` returns it.
     /// `deleted`: it was force-deleted; `data` is `{"execution_id": ...}`, and the stream ends.
+    /// `revoked`: the caller's API key was revoked or its tenant deleted; `data` is
+    /// `{"execution_id": ...}`, and the stream ends (opening it again answers 401).
     pub event: ExecutionEventName,
     /// The event's payload, JSON text.
     #[schema(content_media_type = "application/json")]
@@ -236,4 +238,5 @@ pub struct ExecutionEvent {
 pub enum ExecutionEventName {
     Execution,
     Deleted,
+    Revoked,
 }
