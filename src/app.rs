@@ -50,6 +50,7 @@ impl Application {
     /// binds the listen address.
     pub async fn build(config: AppConfig) -> anyhow::Result<Self> {
         check_dev_auth_exposure(&config)?;
+        check_admin_token(&config)?;
         // An admission makes up to three bounded Redis calls (key lookup, admit, and settling
         // a lost answer); the request's own bound must not cut in between, or a client would
         // get a time-out that names no execution although one may have been admitted.
@@ -108,13 +109,6 @@ impl Application {
             revocations,
             events,
         };
-        if let Some(token) = &config.api.admin_token
-            && token.expose().starts_with(TOKEN_PREFIX)
-        {
-            anyhow::bail!(
-                "the admin token must not start with {TOKEN_PREFIX} (that marks API keys)"
-            );
-        }
         let cors_origins = config
             .api
             .cors_origins
@@ -242,6 +236,31 @@ impl Application {
             let _ = task.await;
         }
     }
+}
+
+/// Shortest admin token accepted, in bytes: 16 random bytes (or 32 hex digits, as
+/// `openssl rand -hex 32` prints 64) are out of reach of guessing; a one-character token is
+/// not. Checked at start, so a weak token never serves a request.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// The admin token grants everything: refuse one that is short enough to guess, and one that
+/// looks like an API key (the `sk_` prefix routes a token to the key lookup).
+fn check_admin_token(config: &AppConfig) -> anyhow::Result<()> {
+    let Some(token) = &config.api.admin_token else {
+        return Ok(());
+    };
+    let token = token.expose();
+    if token.starts_with(TOKEN_PREFIX) {
+        anyhow::bail!("the admin token must not start with {TOKEN_PREFIX} (that marks API keys)");
+    }
+    if token.len() < MIN_ADMIN_TOKEN_BYTES {
+        anyhow::bail!(
+            "--admin-token / SLUICE_ADMIN_TOKEN is {} bytes long; it must be at least \
+             {MIN_ADMIN_TOKEN_BYTES} (generate one with `openssl rand -hex 32`)",
+            token.len()
+        );
+    }
+    Ok(())
 }
 
 /// `--dev-auth` checks no credentials: on anything but loopback that makes everyone who can

@@ -567,6 +567,71 @@ async fn invalid_key_requests_are_400() {
     }
 }
 
+/// Issue 19: a name that reads as something else in a listing ("ci" with a right-to-left
+/// override, a zero-width space) is refused like a control character; so is a dedup key that
+/// would look like another one.
+#[tokio::test]
+async fn invisible_and_bidirectional_characters_are_refused_in_key_names_and_dedup_keys() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    for name in [
+        "ci\u{202E}gnp.exe",
+        "c\u{200B}i",
+        "\u{FEFF}ci",
+        "ci\u{2066}x\u{2069}",
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/tenants/acme/api-keys"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"role": "viewer", "name": name}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{name:?}");
+        assert_eq!(problem_code(res).await, "invalid_key_name");
+    }
+    for key in ["order\u{200B}42", "order\u{202E}24", "order\u{200D}42"] {
+        let res = app
+            .post_execution("acme", &json!({"flow_id": "demo.echo", "dedup_key": key}))
+            .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{key:?}");
+        assert_eq!(problem_code(res).await, "invalid_dedup_key");
+    }
+    assert_eq!(app.row_count().await, 0, "nothing admitted");
+    // Names and keys in any script are fine.
+    let res = app
+        .client
+        .post(app.url("/api/tenants/acme/api-keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"role": "viewer", "name": "сборка ci"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+/// Issue 19: a one-character `--admin-token` used to be accepted. The server now refuses to
+/// start with one shorter than 16 bytes, and says why.
+#[tokio::test]
+async fn a_short_admin_token_is_refused_at_start() {
+    let redis = crate::helpers::TestRedis::start().await;
+    let mut api = sluice::config::ApiSettings::defaults();
+    api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = sluice::config::AppConfig {
+        api,
+        redis: redis.settings(),
+    };
+    for short in ["x", "change-me", "fifteen-bytes!!"] {
+        config.api.admin_token = Some(short.into());
+        let refused = sluice::Application::build(config.clone()).await;
+        let error = format!("{:#}", refused.err().expect("refused"));
+        assert!(error.contains("at least 16"), "{error}");
+    }
+    config.api.admin_token = Some("sixteen-bytes-ok".into());
+    assert!(sluice::Application::build(config).await.is_ok());
+}
+
 #[tokio::test]
 async fn keys_minted_under_dev_auth_never_work_on_a_server_that_authenticates() {
     let dev = TestApp::spawn_with(|c| {

@@ -240,11 +240,12 @@ pub struct ListParams {
     pub flow_id: Option<String>,
     /// Only the execution that holds this dedup key now (a key is held while its execution is
     /// queued or running and `--dedup-ttl-hours` after it ended): at most one. 1–256 bytes of
-    /// UTF-8 without control characters.
+    /// UTF-8 without control characters or invisible formatting ones (zero-width,
+    /// bidirectional).
     #[param(
         min_length = 1,
         max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$"
     )]
     pub dedup_key: Option<String>,
     /// Only executions admitted at or after this time (RFC 3339, millisecond precision). The
