@@ -8,9 +8,10 @@
 //!   wait and stream of that key or tenant to end at once.
 //! - **Never dependent on delivery.** A message can be lost (the listener reconnecting, a
 //!   server that crashed between the change and the publish), so each open wait also re-checks
-//!   its key on Redis: [`KeyWatch::revoked`] resolves at most [`RECHECK_EVERY`] after a
-//!   check that found the key gone. The check is shared by every wait of one key in this
-//!   process (one lookup per key per interval, whatever the number of its streams).
+//!   its key on Redis every [`RECHECK_EVERY`], with an answer at most that old: a wait ends
+//!   within about twice that (a second) of a revocation whose message never came. The
+//!   lookup is shared by every wait of one key in this process (one per key per interval,
+//!   whatever the number of its streams).
 //! - **Strangers cost nothing.** A well-formed `sk_` token that Redis does not know is
 //!   remembered (by key id and a digest of its secret, never the secret) for
 //!   [`MISS_TTL`], at most [`MISS_CAP`] of them, so repeating it costs no Redis call. A key
@@ -56,6 +57,7 @@ pub struct Revocations {
 }
 
 impl Revocations {
+    /// Nothing remembered yet; news arrives once a `waiters::Hub` listens with it.
     pub fn new(store: Arc<Store>) -> Arc<Self> {
         Arc::new(Self {
             store,
