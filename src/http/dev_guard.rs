@@ -191,6 +191,23 @@ mod tests {
     }
 
     #[test]
+    fn an_http2_authority_counts_over_the_host_header() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        let g = guard();
+        let foreign = Uri::from_static("http://rebound.example:8080/api/tenants");
+        assert_eq!(
+            g.check(&foreign, &headers).map_err(|e| e.code()),
+            Err("dev_auth_host_refused")
+        );
+        let own = Uri::from_static("http://[::1]:8080/api/tenants");
+        assert_eq!(
+            g.check(&own, &HeaderMap::new()).map_err(|e| e.code()),
+            Ok(())
+        );
+    }
+
+    #[test]
     fn only_the_servers_own_or_an_allowed_origin_is_served() {
         let g = guard();
         let ok = [
