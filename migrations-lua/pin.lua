@@ -3,6 +3,8 @@
 -- admission or limit change for it that still arrives here (from a process that has not yet
 -- learned the pin) is sent on instead of writing here. Only a tenant with nothing in this
 -- shard can be pinned: its executions cannot follow it to another slot atomically.
+-- Unpinning runs the same script on the tenant's dedicated shard, naming its hashed shard as
+-- the target: the move back has the same rule and leaves the same marker.
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set   KEYS[4]  its waiting set

@@ -295,6 +295,9 @@ def run(ui, api, base, dev_base, screenshots):
     # --- Login: a bad token, then the platform admin token.
     ui.open()
     ui.el("#login-form", "the login form (no credential yet)")
+    # A first visit without a token asks nothing of /api: no refused request in the log.
+    first_visit = [e["message"] for e in ui.d.get_log("browser") if e["level"] == "SEVERE"]
+    check(not first_visit, "a first visit logs no error" + (f": {first_visit}" if first_visit else ""))
     ui.type("#login-token", "not-the-token")
     ui.click("#login-submit")
     check("not accepted" in ui.text("#login-error"), "a bad token is refused on the login page")

@@ -15,6 +15,8 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::admission::TenantId;
+
 /// Prefix of every tenant API key; tells it apart from the platform admin token.
 pub const TOKEN_PREFIX: &str = "sk_";
 const KEY_ID_BYTES: usize = 8;
@@ -137,6 +139,12 @@ impl PresentedKey {
         })
     }
 
+    /// A digest of the secret, to remember a token that did not work without keeping its
+    /// secret in memory (`crate::revocation`).
+    pub fn fingerprint(&self) -> [u8; 32] {
+        Sha256::digest(self.secret.as_bytes()).into()
+    }
+
     /// Whether the presented secret is the one stored (constant time), for a key minted with
     /// real authentication or, when `accept_dev_auth`, in dev-auth mode.
     pub fn matches(&self, stored_hash: &str, accept_dev_auth: bool) -> bool {
@@ -188,6 +196,40 @@ fn hash_secret(secret: &str, origin: KeyOrigin) -> String {
 
 fn is_lower_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A change of who may call, as announced to every server on the access channel (see
+/// `crate::revocation`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessChange {
+    /// The key was revoked: its requests, waits and streams end.
+    KeyRevoked(KeyId),
+    /// The tenant was deleted, and with it all its keys.
+    TenantDeleted(TenantId),
+    /// The key was just created: a miss remembered for its id is forgotten.
+    KeyCreated(KeyId),
+}
+
+impl AccessChange {
+    /// The message's text on the channel.
+    pub fn to_message(&self) -> String {
+        match self {
+            AccessChange::KeyRevoked(id) => format!("key_revoked:{id}"),
+            AccessChange::TenantDeleted(t) => format!("tenant_deleted:{t}"),
+            AccessChange::KeyCreated(id) => format!("key_created:{id}"),
+        }
+    }
+
+    /// A message's text read back; `None` for anything else.
+    pub fn parse(message: &str) -> Option<Self> {
+        let (kind, what) = message.split_once(':')?;
+        match kind {
+            "key_revoked" => KeyId::parse(what).map(AccessChange::KeyRevoked),
+            "tenant_deleted" => TenantId::parse(what).ok().map(AccessChange::TenantDeleted),
+            "key_created" => KeyId::parse(what).map(AccessChange::KeyCreated),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,9 +16,11 @@ use tokio::net::TcpListener;
 use crate::access::TOKEN_PREFIX;
 use crate::config::AppConfig;
 use crate::http::auth::AuthConfig;
+use crate::http::dev_guard::DevAuthGuard;
 use crate::http::executions::waiting::EventLimits;
 use crate::http::metrics::Metrics;
 use crate::http::{self, AppState, HttpLimits};
+use crate::revocation::Revocations;
 use crate::server::{self, ConnectionLimits};
 use crate::store::Store;
 use crate::waiters::{Hub, HubConfig};
@@ -48,6 +50,7 @@ impl Application {
     /// binds the listen address.
     pub async fn build(config: AppConfig) -> anyhow::Result<Self> {
         check_dev_auth_exposure(&config)?;
+        check_admin_token(&config)?;
         // An admission makes up to three bounded Redis calls (key lookup, admit, and settling
         // a lost answer); the request's own bound must not cut in between, or a client would
         // get a time-out that names no execution although one may have been admitted.
@@ -74,8 +77,10 @@ impl Application {
         }
         let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
         let stop = tokio_util::sync::CancellationToken::new();
+        let revocations = Revocations::new(store.clone());
         let waiters = Hub::new(
             store.clone(),
+            revocations.clone(),
             HubConfig {
                 max_waiters: config.api.max_waiters,
                 max_per_tenant: config.api.waiters_per_tenant(),
@@ -102,15 +107,9 @@ impl Application {
             max_api_keys: config.api.max_api_keys_per_tenant,
             metrics: metrics.clone(),
             waiters: waiters.clone(),
+            revocations,
             events,
         };
-        if let Some(token) = &config.api.admin_token
-            && token.expose().starts_with(TOKEN_PREFIX)
-        {
-            anyhow::bail!(
-                "the admin token must not start with {TOKEN_PREFIX} (that marks API keys)"
-            );
-        }
         let cors_origins = config
             .api
             .cors_origins
@@ -132,8 +131,12 @@ impl Application {
         let limits = HttpLimits {
             request_timeout: config.api.request_timeout(),
             body_limit: config.api.body_limit,
-            cors_origins,
+            cors_origins: cors_origins.clone(),
             metrics_on_main: config.api.metrics_listen.is_none(),
+            dev_auth_guard: config.api.dev_auth.then(|| DevAuthGuard {
+                loopback_host_only: !config.api.dangerously_allow_dev_auth_on_network,
+                allowed_origins: cors_origins.clone(),
+            }),
         };
         let listener = TcpListener::bind(config.api.listen)
             .await
@@ -245,6 +248,31 @@ impl Application {
             let _ = task.await;
         }
     }
+}
+
+/// Shortest admin token accepted, in bytes: 16 random bytes (or 32 hex digits, as
+/// `openssl rand -hex 32` prints 64) are out of reach of guessing; a one-character token is
+/// not. Checked at start, so a weak token never serves a request.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// The admin token grants everything: refuse one that is short enough to guess, and one that
+/// looks like an API key (the `sk_` prefix routes a token to the key lookup).
+fn check_admin_token(config: &AppConfig) -> anyhow::Result<()> {
+    let Some(token) = &config.api.admin_token else {
+        return Ok(());
+    };
+    let token = token.expose();
+    if token.starts_with(TOKEN_PREFIX) {
+        anyhow::bail!("the admin token must not start with {TOKEN_PREFIX} (that marks API keys)");
+    }
+    if token.len() < MIN_ADMIN_TOKEN_BYTES {
+        anyhow::bail!(
+            "--admin-token / SLUICE_ADMIN_TOKEN is {} bytes long; it must be at least \
+             {MIN_ADMIN_TOKEN_BYTES} (generate one with `openssl rand -hex 32`)",
+            token.len()
+        );
+    }
+    Ok(())
 }
 
 /// `--dev-auth` checks no credentials: on anything but loopback that makes everyone who can

@@ -10,6 +10,7 @@
 //! - [`worker`]: the worker runtime — handlers, leases, heartbeats, orphan recovery.
 //! - [`sweeper`]: the background repair of what should never drift.
 //! - [`waiters`]: clients waiting on executions, served by one Pub/Sub listener per process.
+//! - [`revocation`]: withdrawn credentials end open waits; unknown tokens cost no Redis call.
 //! - [`dev`]: the embedded default's managed `redis-server`.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
 //! - [`commands`]: what each subcommand does (`main.rs` only dispatches).
@@ -23,6 +24,7 @@ pub mod dev;
 pub mod http;
 pub mod migrate;
 pub mod reshard;
+pub mod revocation;
 pub mod server;
 pub mod store;
 pub mod sweeper;

@@ -16,6 +16,9 @@
 //!   answering its pings), every waiter falls back to re-reading its execution itself every
 //!   [`FALLBACK_READ`]; on reconnecting, the listener subscribes to every channel again and
 //!   re-reads every watched execution once (announcements may have been missed meanwhile).
+//! - **Access news too.** The same connection hears the access channel (a key revoked, a
+//!   tenant deleted): the hub hands it to `crate::revocation`, which ends the open waits of
+//!   that key or tenant (`http::executions::waiting` waits on both).
 //! - **Bounded.** At most `max_waiters` waiters per process and `max_per_tenant` of one tenant
 //!   ([`Hub::join`] refuses more); every wait has a deadline; the hub's stop token (the
 //!   server's shutdown) ends every wait at once.
@@ -30,7 +33,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Execution, ExecutionId, TenantId};
-use crate::store::{Events, Store, StoreError};
+use crate::revocation::Revocations;
+use crate::store::{Announcement, Events, Store, StoreError};
 
 /// How often a waiter re-reads its execution itself while the listener is not subscribed
 /// (its connection is down or being re-established).
@@ -108,6 +112,8 @@ pub struct HubConfig {
 /// docs). Shared as `Arc<Hub>`.
 pub struct Hub {
     store: Arc<Store>,
+    /// Told what the access channel (heard on the listener's connection) announces.
+    revocations: Arc<Revocations>,
     registry: Mutex<Registry>,
     /// Wakes the listener: some channel's subscription needs attention (`Registry::todo`).
     dirty: Notify,
@@ -162,11 +168,18 @@ struct Seen {
 }
 
 impl Hub {
-    /// A hub reading through `store`, ending every wait when `stop` is cancelled. Nothing
-    /// is subscribed until [`Hub::listen`] runs.
-    pub fn new(store: Arc<Store>, config: HubConfig, stop: CancellationToken) -> Arc<Self> {
+    /// A hub reading through `store`, telling `revocations` what the access channel says,
+    /// ending every wait when `stop` is cancelled. Nothing is subscribed until [`Hub::listen`]
+    /// runs.
+    pub fn new(
+        store: Arc<Store>,
+        revocations: Arc<Revocations>,
+        config: HubConfig,
+        stop: CancellationToken,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
+            revocations,
             registry: Mutex::default(),
             dirty: Notify::new(),
             reads: AtomicU64::new(1),
@@ -312,6 +325,8 @@ impl Hub {
                 Ok(mut events) => {
                     let began = Instant::now();
                     let generation = self.link_up();
+                    // Access news may have been missed while no connection listened.
+                    self.revocations.resync();
                     tracing::debug!(node = events.node(), generation, "waiters: listening");
                     let ended = self.serve_link(&mut events, generation).await;
                     self.link_down();
@@ -396,8 +411,9 @@ impl Hub {
                 () = self.dirty.notified() => {}
                 msg = events.next() => match msg {
                     None => return Err(StoreError::Unavailable("pub/sub connection closed".into())),
-                    Some(Some(id)) => self.changed(&id),
-                    Some(None) => {}
+                    Some(Announcement::Changed(id)) => self.changed(&id),
+                    Some(Announcement::Access(change)) => self.revocations.notice(change),
+                    Some(Announcement::Other) => {}
                 },
                 _ = ping.tick() => events.ping().await?,
             }

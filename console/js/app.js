@@ -173,9 +173,28 @@ function showLogin(message) {
   login.render({ main, message, onLogin: () => boot() });
 }
 
+/**
+ * Whether this server runs with --dev-auth (no login), from /console/session.json; null when
+ * that cannot be read (then the probe below finds out, and says so if the server is down).
+ */
+async function devAuth() {
+  try {
+    const res = await fetch('/console/session.json', { cache: 'no-store' });
+    return res.ok ? (await res.json()).dev_auth === true : null;
+  } catch (e) {
+    return null;
+  }
+}
+
 /** Finds out who the caller is, then shows the page the URL names (or the login). */
 async function boot() {
   applyTheme();
+  // Without a token only a dev-auth server accepts GET /api/me: ask which kind this is first,
+  // so a first visit shows the login without a refused request in the browser's console.
+  if (!token() && (await devAuth()) === false) {
+    showLogin(null);
+    return;
+  }
   try {
     const { data } = await call('GET', '/api/me');
     state.me = data;

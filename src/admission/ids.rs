@@ -114,7 +114,31 @@ impl Version {
     }
 }
 
-/// A client's idempotency key: 1–256 bytes of UTF-8 without control characters. Scoped by
+/// Whether `c` is a character a person reading a label cannot see or that changes how the
+/// text around it is shown: control characters, and the invisible formatting ones — zero-width
+/// spaces and joiners (U+200B–U+200D, U+2060–U+2064, U+FEFF), directional marks, embeddings,
+/// overrides and isolates (U+061C, U+200E–U+200F, U+202A–U+202E, U+2066–U+2069), line and
+/// paragraph separators (U+2028–U+2029), the soft hyphen (U+00AD), U+180E and the interlinear
+/// annotation marks (U+FFF9–U+FFFB). Two keys that look the same to an operator must be the
+/// same key, and a name in a listing must read as what it is ("Trojan Source").
+pub fn is_hidden_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
+
+/// A client's idempotency key: 1–256 bytes of UTF-8 without control characters or invisible
+/// formatting characters (see [`is_hidden_char`]). Scoped by
 /// tenant; its mapping's key name carries only a digest of it (the key itself is kept in the
 /// execution's row, to be shown back).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -124,12 +148,13 @@ string_newtype!(DedupKey);
 impl DedupKey {
     /// Parses a dedup key.
     pub fn parse(s: &str) -> Result<Self, InvalidInput> {
-        if !s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control) {
+        if !s.is_empty() && s.len() <= 256 && !s.chars().any(is_hidden_char) {
             Ok(Self(s.to_owned()))
         } else {
             Err(InvalidInput::new(
                 "invalid_dedup_key",
-                "dedup key must be 1-256 bytes of UTF-8 without control characters",
+                "dedup key must be 1-256 bytes of UTF-8 without control, zero-width or \
+                 bidirectional formatting characters",
             ))
         }
     }
@@ -219,6 +244,22 @@ mod tests {
         assert!(DedupKey::parse(&"€".repeat(86)).is_err());
         assert!(DedupKey::parse("a\nb").is_err());
         assert!(DedupKey::parse("order 42 / retry").is_ok());
+    }
+
+    #[test]
+    fn dedup_keys_refuse_invisible_and_bidirectional_formatting() {
+        for c in [
+            '\u{200B}', '\u{200C}', '\u{200D}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202E}',
+            '\u{2066}', '\u{2069}', '\u{FEFF}', '\u{2060}', '\u{00AD}', '\u{061C}', '\u{2028}',
+        ] {
+            let key = format!("order{c}42");
+            assert!(DedupKey::parse(&key).is_err(), "U+{:04X}", c as u32);
+            assert!(is_hidden_char(c));
+        }
+        // Letters of any script stay welcome.
+        for key in ["заказ-42", "注文42", "طلب-42", "ordre n° 42 – é"] {
+            assert!(DedupKey::parse(key).is_ok(), "{key}");
+        }
     }
 
     #[test]

@@ -7,5 +7,5 @@ mod ids;
 mod request;
 
 pub use execution::{ErrorInfo, Execution, QueueState, Status, rfc3339_from_ms};
-pub use ids::{DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version};
+pub use ids::{DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version, is_hidden_char};
 pub use request::{AdmitInput, AdmitRequest, Fingerprint, MAX_ATTEMPTS_LIMIT};

@@ -18,7 +18,7 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path};
 use super::tenants::tenant_not_found;
 use crate::access::{KeyId, KeyOrigin, KeyRole};
-use crate::admission::TenantId;
+use crate::admission::{TenantId, is_hidden_char};
 use crate::store::{ApiKeyRecord, KeyCreation};
 
 /// Longest key name accepted.
@@ -39,11 +39,12 @@ pub struct NewApiKey {
     /// What the key may do.
     pub role: KeyRole,
     /// A label to recognise the key by, e.g. where it is used: 1–64 characters, no control
-    /// characters.
+    /// characters and no invisible formatting ones (zero-width, bidirectional overrides and
+    /// isolates), so a listing shows what the name is.
     #[schema(
         min_length = 1,
         max_length = 64,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$"
     )]
     pub name: Option<String>,
 }
@@ -150,11 +151,14 @@ pub async fn create_api_key(
     if let Some(name) = &body.name
         && (name.is_empty()
             || name.chars().count() > MAX_NAME_LEN
-            || name.chars().any(char::is_control))
+            || name.chars().any(is_hidden_char))
     {
         return Err(ApiError::BadRequest {
             code: "invalid_key_name",
-            detail: format!("name must be 1–{MAX_NAME_LEN} characters without control characters"),
+            detail: format!(
+                "name must be 1–{MAX_NAME_LEN} characters without control, zero-width or \
+                 bidirectional formatting characters"
+            ),
         });
     }
     // Checked before the (atomic) creation: concurrent creations may each see room, so a

@@ -2,10 +2,13 @@
 //! for the platform admin and in dev mode, from `X-Tenant-Id`), never from a request body.
 //!
 //! Credentials, in order: a bearer token starting `sk_` is a tenant API key, looked up on Redis
-//! on every request (no cache, so revocation is immediate); any other bearer token must equal
+//! on every request (no cache of live keys, so revocation is immediate; a token Redis did not
+//! know is remembered a few seconds, see `crate::revocation`); any other bearer token must equal
 //! the platform admin token (constant-time compare); no `Authorization` header is accepted
 //! only in dev mode. A tenant key sent with an `X-Tenant-Id` naming another tenant is a 403
 //! `tenant_mismatch`; a missing, malformed, unknown or revoked credential is a 401.
+
+use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
@@ -17,6 +20,7 @@ use super::error::ApiError;
 use crate::access::{KeyId, KeyRole, PresentedKey, TOKEN_PREFIX};
 use crate::admission::TenantId;
 use crate::config::Secret;
+use crate::revocation::{KeyWatch, Revocations};
 
 /// Header naming the tenant the platform admin (or a dev-mode caller) acts for.
 pub const TENANT_HEADER: &str = "x-tenant-id";
@@ -53,6 +57,18 @@ impl Caller {
     /// How the caller authenticated.
     pub fn credential(&self) -> &Credential {
         &self.credential
+    }
+
+    /// For a caller with an API key: a watch that resolves when the key is revoked or its
+    /// tenant deleted (open waits and streams end then). `None` for the admin token and dev
+    /// auth, which nothing on Redis withdraws.
+    pub fn key_watch(&self, revocations: &Arc<Revocations>) -> Option<KeyWatch> {
+        match (&self.credential, &self.tenant) {
+            (Credential::ApiKey(id), Some(tenant)) => {
+                Some(revocations.watch(id.clone(), tenant.clone()))
+            }
+            _ => None,
+        }
     }
 
     /// The tenant this call acts for, with at least `role`.
@@ -172,8 +188,8 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<Caller, ApiErro
         Some(given) if given.starts_with(TOKEN_PREFIX) => {
             let key = PresentedKey::parse(given).ok_or(ApiError::Unauthorized)?;
             let (own, role) = state
-                .store
-                .authenticate_key(&key, state.auth.dev_auth)
+                .revocations
+                .authenticate(&key, state.auth.dev_auth)
                 .await?
                 .ok_or(ApiError::Unauthorized)?;
             if tenant()?.is_some_and(|t| t != own) {

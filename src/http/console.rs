@@ -12,6 +12,7 @@
 //! Not part of the OpenAPI document (like `/docs`): it is not an API.
 
 use axum::Router;
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
@@ -55,7 +56,8 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
 ];
 
 /// The console's routes (outside `/api`, no authentication: the files are public, the data
-/// comes from `/api` with the user's credential).
+/// comes from `/api` with the user's credential; `session.json` says only whether dev auth
+/// is on, which every request to a dev-auth server shows anyway).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route(
@@ -63,10 +65,23 @@ pub fn routes() -> Router<AppState> {
             get(|| async { Redirect::permanent("/console/") }),
         )
         .route("/console/", get(|| async { asset("index.html") }))
+        .route("/console/session.json", get(session))
         .route(
             "/console/{*path}",
             get(|Path(path): Path<String>| async move { asset(&path) }),
         )
+}
+
+/// What the console needs to know before it asks anything of `/api`: whether this server runs
+/// with `--dev-auth` (no login). Without it, a first visit would have to probe `GET /api/me`
+/// with no credential and get a 401, which the browser logs as an error; with it, the console
+/// shows the login page straight away when it holds no token.
+async fn session(State(state): State<AppState>) -> Response {
+    let body = serde_json::json!({ "dev_auth": state.auth.dev_auth }).to_string();
+    let mut res = with_console_headers((StatusCode::OK, body).into_response(), "application/json");
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
 }
 
 /// One file with the console's security headers, or a 404 problem document.
@@ -78,7 +93,11 @@ fn asset(path: &str) -> Response {
         }
         .into_response();
     };
-    let mut res = (StatusCode::OK, *body).into_response();
+    with_console_headers((StatusCode::OK, *body).into_response(), mime)
+}
+
+/// `res` with the console's media type and security headers (see the module docs).
+fn with_console_headers(mut res: Response, mime: &'static str) -> Response {
     let h = res.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime));
     h.insert(

@@ -7,6 +7,7 @@
 pub mod api_keys;
 pub mod auth;
 pub mod console;
+pub mod dev_guard;
 pub mod error;
 pub mod executions;
 pub mod extract;
@@ -33,6 +34,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{self as swagger_ui, SwaggerUi};
 
+use crate::revocation::Revocations;
 use crate::store::Store;
 use crate::waiters::Hub;
 use auth::AuthConfig;
@@ -56,6 +58,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// The local waiters of executions (`?wait`, `/events`) and their one Pub/Sub listener.
     pub waiters: Arc<Hub>,
+    /// Unknown tokens remembered, and the news that ends open waits of withdrawn keys.
+    pub revocations: Arc<Revocations>,
     /// How long event streams last and how often they beat.
     pub events: EventLimits,
 }
@@ -108,6 +112,8 @@ pub struct HttpLimits {
     pub cors_origins: Vec<HeaderValue>,
     /// Whether `/metrics` is served with the API (false: on its own listener).
     pub metrics_on_main: bool,
+    /// Under `--dev-auth`: the host and origin checks every request passes first.
+    pub dev_auth_guard: Option<dev_guard::DevAuthGuard>,
 }
 
 fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
@@ -153,6 +159,7 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
             Edge {
                 metrics: state.metrics.clone(),
                 request_timeout: limits.request_timeout,
+                dev_auth_guard: limits.dev_auth_guard.clone().map(Arc::new),
             },
             edge,
         ))
@@ -213,6 +220,7 @@ pub fn metrics_router(state: AppState, limits: &HttpLimits) -> Router {
             Edge {
                 metrics: state.metrics.clone(),
                 request_timeout: limits.request_timeout,
+                dev_auth_guard: limits.dev_auth_guard.clone().map(Arc::new),
             },
             edge,
         ))
@@ -276,11 +284,13 @@ async fn unknown_route() -> ApiError {
 struct Edge {
     metrics: Arc<metrics::Metrics>,
     request_timeout: Duration,
+    dev_auth_guard: Option<Arc<dev_guard::DevAuthGuard>>,
 }
 
 /// Everything done around every request, in one middleware (each layer costs a boxed future
 /// and a clone per request): the time bound (503 `request_timeout`), problem+json for bare
-/// error responses, and the latency histogram, which sees the final status.
+/// error responses, the latency histogram, which sees the final status, and under
+/// `--dev-auth` the host and origin checks (`dev_guard`), before anything else runs.
 ///
 /// A long poll (`GET /api/executions/{id}?wait=...`) is bounded by its wait plus the request
 /// bound, and its connection told that it may stay silent that long; its latency is recorded
@@ -293,6 +303,14 @@ async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_owned());
+    if let Some(guard) = &edge.dev_auth_guard
+        && let Err(refused) = guard.check(req.uri(), req.headers())
+    {
+        let res = refused.into_response();
+        edge.metrics
+            .observe_latency(&method, route, res.status(), started.elapsed());
+        return res;
+    }
     let mut bound = edge.request_timeout;
     if let Some(wait) = waiting::allowance(&method, route.as_deref(), req.uri()) {
         bound += wait;

@@ -15,14 +15,14 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
 use crate::access::KeyRole;
 use crate::admission::TenantId;
-use crate::store::{Change, Pin, TenantLimits, TenantState};
+use crate::store::{Change, Pin, TenantLimits, TenantState, Unpin};
 
 /// The tenant routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(put_tenant, get_tenant, delete_tenant))
         .routes(routes!(list_tenants))
-        .routes(routes!(pin_tenant))
+        .routes(routes!(pin_tenant, unpin_tenant))
 }
 
 /// Answer of `POST /api/tenants/{tenant}/dedicated-shard`.
@@ -44,8 +44,9 @@ pub struct DedicatedShard {
 /// tenant uses at most one master, shared with the other tenants hashed to its shard. A
 /// tenant expected to be hot gets one of the dedicated shards here (`--dedicated-shards`, 2 by
 /// default); `sluice cluster move-shard` can then put that shard on a master of its own. Only a
-/// tenant without executions can be pinned (they cannot follow it atomically): pin before it
-/// starts. Pinning a pinned tenant answers its shard again. Its own limits move with it.
+/// registered tenant (`PUT /api/tenants/{tenant}`) without executions can be pinned (they
+/// cannot follow it atomically): pin before it starts. Pinning a pinned tenant answers its
+/// shard again. Its own limits move with it. `DELETE` on the same path undoes it.
 #[utoipa::path(
     post,
     path = "/api/tenants/{tenant}/dedicated-shard",
@@ -56,6 +57,7 @@ pub struct DedicatedShard {
         (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not a registered tenant (`tenant_not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The tenant has executions (`tenant_has_executions`), or every dedicated shard is taken (`no_dedicated_shard_free`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
@@ -68,11 +70,11 @@ pub async fn pin_tenant(
 ) -> Result<axum::Json<DedicatedShard>, ApiError> {
     caller.require_platform_admin()?;
     let tenant = TenantId::parse(&tenant)?;
-    let conflict = |code: &'static str, detail: String| ApiError::Status {
-        status: StatusCode::CONFLICT,
-        code,
-        detail,
-    };
+    // A dedicated shard is scarce and a pin is undone only by the platform admin: none is
+    // spent on a name nobody registered (a typo, or a request the admin did not mean).
+    if !state.store.tenant_registered(&tenant).await? {
+        return Err(tenant_not_found());
+    }
     match state.store.pin_tenant(&tenant).await? {
         Pin::Pinned(shard) => Ok(axum::Json(DedicatedShard {
             tenant_id: tenant.to_string(),
@@ -88,6 +90,55 @@ pub async fn pin_tenant(
         Pin::NoneFree => Err(conflict(
             "no_dedicated_shard_free",
             "every dedicated shard is pinned to a tenant already (see --dedicated-shards)".into(),
+        )),
+    }
+}
+
+/// A 409 problem with this code.
+fn conflict(code: &'static str, detail: String) -> ApiError {
+    ApiError::Status {
+        status: StatusCode::CONFLICT,
+        code,
+        detail,
+    }
+}
+
+/// Move a pinned tenant back to its hashed shard (platform admin).
+///
+/// Frees the tenant's dedicated shard for another tenant. As with pinning, only a tenant
+/// without executions on its dedicated shard moves (they cannot follow it atomically; their
+/// rows expire after the retention period, or force-delete them). Its own limits move with
+/// it. A tenant that is not pinned (never, or no longer) is left as it is: 204 as well, so the
+/// call can be repeated. It works for a tenant deleted since it was pinned too.
+#[utoipa::path(
+    delete,
+    path = "/api/tenants/{tenant}/dedicated-shard",
+    tag = "tenants",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
+    responses(
+        (status = 204, description = "The tenant is on its hashed shard (moved back now, or it was not pinned)"),
+        (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The tenant has executions on its dedicated shard (`tenant_has_executions`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn unpin_tenant(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require_platform_admin()?;
+    let tenant = TenantId::parse(&tenant)?;
+    match state.store.unpin_tenant(&tenant).await? {
+        Unpin::Unpinned(_) | Unpin::NotPinned => Ok(StatusCode::NO_CONTENT),
+        Unpin::Busy(n) => Err(conflict(
+            "tenant_has_executions",
+            format!(
+                "tenant {tenant} has {n} executions on its dedicated shard; only a tenant without executions there can be unpinned"
+            ),
         )),
     }
 }

@@ -2,13 +2,14 @@
 //! the `{acl}` hash tag (see `keys::acl_prefix` for why not in the tenants' shards); a tenant's
 //! limits and executions stay in its shard and are handled in `store/tenants.rs`.
 //!
-//! Key lookups are not cached: a revoked key or a deleted tenant is refused on the very next
-//! request, at the cost of one small script call per authenticated request.
+//! Key lookups are not cached here: a revoked key or a deleted tenant is refused on the very
+//! next request, at the cost of one small script call per authenticated request (only
+//! unknown tokens are remembered, by `crate::revocation`, which also ends open waits).
 
 use std::collections::HashMap;
 
 use super::{Store, StoreError, keys};
-use crate::access::{GeneratedKey, KeyId, KeyOrigin, KeyRole, PresentedKey};
+use crate::access::{AccessChange, GeneratedKey, KeyId, KeyOrigin, KeyRole, PresentedKey};
 use crate::admission::TenantId;
 
 /// What an API key grants (never its secret or hash).
@@ -46,6 +47,20 @@ impl Store {
             )
             .await?;
         Ok(())
+    }
+
+    /// Whether `tenant` is in the registry (`PUT /api/tenants/{tenant}` put it there).
+    pub async fn tenant_registered(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+        let mut c = self.conn();
+        let score: Option<f64> = self
+            .bounded(
+                redis::cmd("ZSCORE")
+                    .arg(keys::tenants())
+                    .arg(tenant.as_str())
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(score.is_some())
     }
 
     /// Up to `limit` registered tenants after `after` (exclusive), in id order, and whether
@@ -90,6 +105,10 @@ impl Store {
             .arg(tenant.as_str());
         let mut c = self.conn();
         let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        if revoked >= 0 {
+            self.announce(AccessChange::TenantDeleted(tenant.clone()))
+                .await;
+        }
         let cfg = self.shard_of(tenant).tenant_config(tenant);
         let _: i64 = self
             .bounded(redis::cmd("DEL").arg(cfg).query_async(&mut c))
@@ -126,6 +145,8 @@ impl Store {
             let reply: String = self.bounded(inv.invoke_async(&mut c)).await?;
             match reply.as_str() {
                 "ok" => {
+                    self.announce(AccessChange::KeyCreated(key.id.clone()))
+                        .await;
                     let record = ApiKeyRecord {
                         id: key.id.clone(),
                         tenant: tenant.clone(),
@@ -198,6 +219,9 @@ impl Store {
             .arg(tenant.as_str());
         let mut c = self.conn();
         let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        if revoked == 1 {
+            self.announce(AccessChange::KeyRevoked(id.clone())).await;
+        }
         Ok(revoked == 1)
     }
 
@@ -209,22 +233,57 @@ impl Store {
         key: &PresentedKey,
         accept_dev_auth: bool,
     ) -> Result<Option<(TenantId, KeyRole)>, StoreError> {
+        let Some((tenant, role, hash)) = self.look_up_key(&key.id).await? else {
+            return Ok(None);
+        };
+        if !key.matches(&hash, accept_dev_auth) {
+            return Ok(None);
+        }
+        Ok(Some((tenant, role)))
+    }
+
+    /// The tenant of a live key (its record there, its tenant registered): what an open wait
+    /// re-checks of a key whose secret was checked when the wait began.
+    pub async fn key_tenant(&self, id: &KeyId) -> Result<Option<TenantId>, StoreError> {
+        Ok(self.look_up_key(id).await?.map(|(tenant, _, _)| tenant))
+    }
+
+    /// A live key's tenant, role and secret hash (`migrations-lua/api_key_auth.lua`).
+    async fn look_up_key(
+        &self,
+        id: &KeyId,
+    ) -> Result<Option<(TenantId, KeyRole, String)>, StoreError> {
         let mut inv = self.acl_script(&self.scripts.api_key_auth);
-        inv.key(keys::api_key(key.id.as_str()))
+        inv.key(keys::api_key(id.as_str()))
             .key(keys::tenants())
-            .arg(key.id.as_str());
+            .arg(id.as_str());
         let mut c = self.conn();
         let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
         let [tenant, role, hash] = reply.as_slice() else {
             return Ok(None);
         };
-        if !key.matches(hash, accept_dev_auth) {
-            return Ok(None);
-        }
         let tenant = TenantId::parse(tenant).map_err(|e| StoreError::Corrupt(e.detail))?;
         let role = KeyRole::parse(role)
-            .ok_or_else(|| StoreError::Corrupt(format!("key {} has role {role}", key.id)))?;
-        Ok(Some((tenant, role)))
+            .ok_or_else(|| StoreError::Corrupt(format!("key {id} has role {role}")))?;
+        Ok(Some((tenant, role, hash.clone())))
+    }
+
+    /// Announces a change of who may call to every server (`crate::revocation`), after the
+    /// change is on Redis. A failure is logged, not returned: the change itself happened, and
+    /// the re-checks of open waits catch an announcement that was lost.
+    async fn announce(&self, change: AccessChange) {
+        let mut c = self.conn();
+        let sent: Result<i64, StoreError> = self
+            .bounded(
+                redis::cmd("PUBLISH")
+                    .arg(keys::access_channel())
+                    .arg(change.to_message())
+                    .query_async(&mut c),
+            )
+            .await;
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, ?change, "could not announce an access change; open waits find out by their re-check");
+        }
     }
 }
 

@@ -67,6 +67,13 @@ pub fn events_channel_execution(channel: &str) -> Option<ExecutionId> {
         .and_then(|id| ExecutionId::parse(id).ok())
 }
 
+/// The Pub/Sub channel on which a change of who may call is announced (a key revoked, a
+/// tenant deleted, a key created; see `crate::revocation`). Not a key: on a cluster a PUBLISH
+/// reaches the subscribers of every node.
+pub fn access_channel() -> &'static str {
+    "sluice:access"
+}
+
 /// The consumer group of every ready stream.
 pub const WORKER_GROUP: &str = "workers";
 

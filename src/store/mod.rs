@@ -56,7 +56,7 @@ pub use keys::{Shard, ShardMap, WORKER_GROUP};
 pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Reclaimed, StartBatch, Started};
 pub use list::{ListQuery, Page};
-pub use pin::Pin;
+pub use pin::{Pin, Unpin};
 use scripts::Scripts;
 #[doc(hidden)]
 pub use scripts::{composed_source, operation};
@@ -64,7 +64,7 @@ pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget, SweepTargets};
 pub use tenants::{Change, TenantLimits, TenantState};
 pub use wake::{BellConn, StopListener};
-pub use watch::Events;
+pub use watch::{Announcement, Events};
 
 /// Why a storage call did not produce an answer.
 #[derive(Debug, thiserror::Error)]

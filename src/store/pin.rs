@@ -11,14 +11,15 @@
 //! in its hashed shard, and `admit.lua` and `set_limits.lua` answer `moved` there. Only a
 //! tenant with nothing in its hashed shard can be pinned (its executions cannot follow it to
 //! another slot atomically): pin a tenant before it starts, or after it has drained and its
-//! rows have expired or been deleted.
+//! rows have expired or been deleted. Unpinning (`unpin_tenant`) is the same move backwards,
+//! under the same rule: only a tenant with nothing on its dedicated shard moves back.
 
 use std::collections::HashMap;
 
 use redis::Value;
 
 use super::row::split_tag;
-use super::{Change, Shard, Store, StoreError, TenantLimits, keys};
+use super::{Shard, Store, StoreError, keys};
 use crate::admission::{Status, TenantId};
 
 /// What pinning a tenant did.
@@ -30,6 +31,17 @@ pub enum Pin {
     Busy(u64),
     /// Every dedicated shard is taken (see `--dedicated-shards`): nothing changed.
     NoneFree,
+}
+
+/// What unpinning a tenant did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unpin {
+    /// The tenant is back on its hashed shard; this dedicated shard is free again.
+    Unpinned(Shard),
+    /// The tenant was not pinned: nothing changed.
+    NotPinned,
+    /// The tenant has this many executions on its dedicated shard: nothing changed.
+    Busy(u64),
 }
 
 impl Store {
@@ -110,19 +122,8 @@ impl Store {
                     .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
                 let shard = self.shards.shard(number);
                 // The tenant's own limits go with it; absent ones stay the server defaults.
-                let limit = |v: String| match v.parse::<u32>() {
-                    Ok(n) => Change::Set(n),
-                    Err(_) => Change::Keep,
-                };
-                let limits = TenantLimits {
-                    max_concurrent: limit(text(1)?),
-                    max_queued: limit(text(2)?),
-                    enabled: match text(3)?.as_str() {
-                        "0" => Change::Set(false),
-                        _ => Change::Keep,
-                    },
-                };
-                self.set_limits_in(shard, tenant, &limits).await?;
+                self.make_home(shard, tenant, [text(1)?, text(2)?, text(3)?])
+                    .await?;
                 let () = self
                     .bounded(
                         redis::cmd("HSET")
@@ -137,6 +138,85 @@ impl Store {
             }
             other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
         }
+    }
+
+    /// Moves a pinned tenant back to its hashed shard and frees its dedicated one, if it has
+    /// no executions there (the same rule as pinning, for the same reason). Safe to repeat:
+    /// an interrupted unpin is finished by the next one, and a tenant not pinned is left as it
+    /// is (`Unpin::NotPinned`).
+    ///
+    /// The steps, each safe to stop after: `pin.lua` on the dedicated shard marks the tenant
+    /// there as moved to its hashed shard (so a server that has not reread the pins is sent
+    /// on, as after a pin) and returns its limits; `pin_home.lua` on the hashed shard drops the
+    /// marker the pin left there and sets those limits; then the pins hash forgets both.
+    pub async fn unpin_tenant(&self, tenant: &TenantId) -> Result<Unpin, StoreError> {
+        self.refresh_pins().await?;
+        let hashed = self.shards.shard_of(tenant);
+        let pinned = self.shard_of(tenant);
+        if pinned == hashed {
+            return Ok(Unpin::NotPinned);
+        }
+        let mut keys = vec![
+            pinned.tenant_config(tenant),
+            pinned.slots(tenant),
+            pinned.waiting(tenant),
+            pinned.deleting(tenant),
+        ];
+        keys.extend(Status::ALL.map(|s| pinned.status_index(tenant, s)));
+        let mut inv = self.shard_script(&self.scripts.pin, pinned, &keys);
+        inv.arg(tenant.as_str()).arg(hashed.number());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        let text = |i: usize| -> Result<String, StoreError> {
+            Ok(redis::from_redis_value(rest.get(i).cloned().ok_or_else(
+                || StoreError::Corrupt("pin reply too short".into()),
+            )?)?)
+        };
+        match tag.as_str() {
+            "busy" => Ok(Unpin::Busy(text(0)?.parse().unwrap_or(0))),
+            "pinned" => {
+                self.make_home(hashed, tenant, [text(1)?, text(2)?, text(3)?])
+                    .await?;
+                let slot = format!("s:{}", pinned.number());
+                let holder: Option<String> = self
+                    .bounded(
+                        redis::cmd("HGET")
+                            .arg(keys::pins())
+                            .arg(&slot)
+                            .query_async(&mut c),
+                    )
+                    .await?;
+                let mut forget = redis::pipe();
+                forget.hdel(keys::pins(), format!("t:{tenant}"));
+                if holder.as_deref() == Some(tenant.as_str()) {
+                    forget.hdel(keys::pins(), slot);
+                }
+                let _: Value = self.bounded(forget.query_async(&mut c)).await?;
+                self.refresh_pins().await?;
+                Ok(Unpin::Unpinned(pinned))
+            }
+            other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
+        }
+    }
+
+    /// Runs `pin_home.lua`: `shard` becomes `tenant`'s home with exactly these limits
+    /// (`max_concurrent`, `max_queued`, `enabled` as `pin.lua` replies them: '' for none).
+    async fn make_home(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        [max_concurrent, max_queued, enabled]: [String; 3],
+    ) -> Result<(), StoreError> {
+        let keys = [shard.tenant_config(tenant)];
+        let mut inv = self.shard_script(&self.scripts.pin_home, shard, &keys);
+        inv.arg(tenant.as_str())
+            .arg(max_concurrent)
+            .arg(max_queued)
+            .arg(if enabled == "0" { "0" } else { "" });
+        let mut c = self.conn();
+        let _: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(())
     }
 
     /// Claims a free dedicated shard for `tenant` (or finds the one it claimed before).

@@ -130,6 +130,7 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "list.lua" => op!("list.lua").1,
         "set_limits.lua" => op!("set_limits.lua").1,
         "pin.lua" => op!("pin.lua").1,
+        "pin_home.lua" => op!("pin_home.lua").1,
         "start.lua" => op!("start.lua").1,
         "heartbeat.lua" => op!("heartbeat.lua").1,
         "complete.lua" => op!("complete.lua").1,
@@ -158,6 +159,7 @@ pub struct Scripts {
     pub list: Script,
     pub set_limits: Script,
     pub pin: Script,
+    pub pin_home: Script,
     pub start: Script,
     pub heartbeat: Script,
     pub complete: Script,
@@ -187,6 +189,7 @@ impl Scripts {
             list: shard(op!("list.lua")),
             set_limits: shard(op!("set_limits.lua")),
             pin: shard(op!("pin.lua")),
+            pin_home: shard(op!("pin_home.lua")),
             start: shard(op!("start.lua")),
             heartbeat: shard(op!("heartbeat.lua")),
             complete: shard(op!("complete.lua")),
@@ -204,7 +207,7 @@ impl Scripts {
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 22] {
+    pub fn all(&self) -> [&Script; 23] {
         [
             &self.admit,
             &self.abandon,
@@ -215,6 +218,7 @@ impl Scripts {
             &self.list,
             &self.set_limits,
             &self.pin,
+            &self.pin_home,
             &self.start,
             &self.heartbeat,
             &self.complete,
@@ -248,6 +252,7 @@ mod tests {
             "list.lua",
             "set_limits.lua",
             "pin.lua",
+            "pin_home.lua",
             "start.lua",
             "heartbeat.lua",
             "complete.lua",

@@ -12,6 +12,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 
 use super::row::{execution_from, split_tag};
 use super::{RedisTarget, Store, StoreError, keys};
+use crate::access::AccessChange;
 use crate::admission::{Execution, ExecutionId, TenantId};
 
 /// Channels one SUBSCRIBE or UNSUBSCRIBE names at most (a reconnect resubscribes every watched
@@ -57,12 +58,19 @@ impl Store {
         };
         let client = redis::Client::open(url.as_str())?;
         let (sink, stream) = self.bounded(client.get_async_pubsub()).await?.split();
-        Ok(Events {
+        let mut events = Events {
             sink,
             stream,
             timeout: self.config.op_timeout,
             node: url,
-        })
+        };
+        // The same connection hears who may no longer call (`crate::revocation`).
+        bounded(
+            events.timeout,
+            events.sink.subscribe(keys::access_channel()),
+        )
+        .await?;
+        Ok(events)
     }
 }
 
@@ -107,12 +115,32 @@ impl Events {
         Ok(())
     }
 
-    /// The next announcement: `Some(Some(id))` for a change of `id`, `Some(None)` for a
-    /// message on some other channel, `None` once the connection is gone.
-    pub async fn next(&mut self) -> Option<Option<ExecutionId>> {
+    /// The next announcement, `None` once the connection is gone.
+    pub async fn next(&mut self) -> Option<Announcement> {
         let msg = self.stream.next().await?;
-        Some(keys::events_channel_execution(msg.get_channel_name()))
+        let channel = msg.get_channel_name();
+        if let Some(id) = keys::events_channel_execution(channel) {
+            return Some(Announcement::Changed(id));
+        }
+        if channel == keys::access_channel() {
+            let text: String = msg.get_payload().unwrap_or_default();
+            if let Some(change) = AccessChange::parse(&text) {
+                return Some(Announcement::Access(change));
+            }
+        }
+        Some(Announcement::Other)
     }
+}
+
+/// What arrived on an `Events` connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Announcement {
+    /// An execution a server waits on changed.
+    Changed(ExecutionId),
+    /// Who may call changed (`crate::revocation`).
+    Access(AccessChange),
+    /// Anything else (ignored).
+    Other,
 }
 
 /// Runs one Pub/Sub command under the time bound.

@@ -567,6 +567,71 @@ async fn invalid_key_requests_are_400() {
     }
 }
 
+/// Issue 19: a name that reads as something else in a listing ("ci" with a right-to-left
+/// override, a zero-width space) is refused like a control character; so is a dedup key that
+/// would look like another one.
+#[tokio::test]
+async fn invisible_and_bidirectional_characters_are_refused_in_key_names_and_dedup_keys() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    for name in [
+        "ci\u{202E}gnp.exe",
+        "c\u{200B}i",
+        "\u{FEFF}ci",
+        "ci\u{2066}x\u{2069}",
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/tenants/acme/api-keys"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"role": "viewer", "name": name}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{name:?}");
+        assert_eq!(problem_code(res).await, "invalid_key_name");
+    }
+    for key in ["order\u{200B}42", "order\u{202E}24", "order\u{200D}42"] {
+        let res = app
+            .post_execution("acme", &json!({"flow_id": "demo.echo", "dedup_key": key}))
+            .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{key:?}");
+        assert_eq!(problem_code(res).await, "invalid_dedup_key");
+    }
+    assert_eq!(app.row_count().await, 0, "nothing admitted");
+    // Names and keys in any script are fine.
+    let res = app
+        .client
+        .post(app.url("/api/tenants/acme/api-keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"role": "viewer", "name": "сборка ci"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+/// Issue 19: a one-character `--admin-token` used to be accepted. The server now refuses to
+/// start with one shorter than 16 bytes, and says why.
+#[tokio::test]
+async fn a_short_admin_token_is_refused_at_start() {
+    let redis = crate::helpers::TestRedis::start().await;
+    let mut api = sluice::config::ApiSettings::defaults();
+    api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = sluice::config::AppConfig {
+        api,
+        redis: redis.settings(),
+    };
+    for short in ["x", "change-me", "fifteen-bytes!!"] {
+        config.api.admin_token = Some(short.into());
+        let refused = sluice::Application::build(config.clone()).await;
+        let error = format!("{:#}", refused.err().expect("refused"));
+        assert!(error.contains("at least 16"), "{error}");
+    }
+    config.api.admin_token = Some("sixteen-bytes-ok".into());
+    assert!(sluice::Application::build(config).await.is_ok());
+}
+
 #[tokio::test]
 async fn keys_minted_under_dev_auth_never_work_on_a_server_that_authenticates() {
     let dev = TestApp::spawn_with(|c| {
@@ -769,4 +834,134 @@ async fn a_refusal_names_the_role_the_call_needs_as_the_api_spells_it() {
             "{method} {path}"
         );
     }
+}
+
+/// Issue 19, item 8: a dev-auth server answers only what a local tool sends. A page whose DNS
+/// name was rebound to 127.0.0.1 (simulated by resolving a made-up name to the server's
+/// loopback address) and a cross-site form post (an `Origin` of another site) are refused
+/// with a 403 problem before anything is read or written; loopback names in every spelling
+/// and the server's own origin are served.
+#[tokio::test]
+async fn dev_auth_serves_only_loopback_hosts_and_its_own_origin() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.dev_auth = true;
+        c.api.admin_token = None;
+    })
+    .await;
+    let port = app.addr.port();
+    let rebound = reqwest::Client::builder()
+        .resolve("rebound.example", app.addr)
+        .build()
+        .unwrap();
+    let foreign = |method: Method, path: &str| {
+        rebound.request(method, format!("http://rebound.example:{port}{path}"))
+    };
+    let refusals = [
+        foreign(Method::GET, "/api/tenants"),
+        foreign(Method::PUT, "/api/tenants/acme").json(&json!({})),
+        foreign(Method::POST, "/api/tenants/acme/api-keys").json(&json!({"role": "admin"})),
+        foreign(Method::GET, "/api/me"),
+        foreign(Method::GET, "/console/"),
+    ];
+    for req in refusals {
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            res.headers()["content-type"],
+            "application/problem+json",
+            "a problem document"
+        );
+        assert_eq!(problem_code(res).await, "dev_auth_host_refused");
+    }
+    // Nothing was registered by the refused calls.
+    let listed = app
+        .client
+        .get(app.url("/api/tenants"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), StatusCode::OK);
+    assert_eq!(listed.json::<Value>().await.unwrap()["tenants"], json!([]));
+
+    // Loopback names, however spelt, are served.
+    for host in [
+        format!("localhost:{port}"),
+        format!("LocalHost.:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.2:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let res = app
+            .client
+            .get(app.url("/api/me"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "Host: {host}");
+    }
+
+    // A cross-site form post needs no preflight: refused by its Origin, nothing pinned.
+    app.client
+        .put(app.url("/api/tenants/acme"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    for origin in [
+        "http://evil.example",
+        "null",
+        &format!("http://127.0.0.1:{}", port + 1),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/tenants/acme/dedicated-shard"))
+            .header("origin", origin)
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "Origin: {origin}");
+        assert_eq!(problem_code(res).await, "dev_auth_origin_refused");
+    }
+    // A cross-site request without Origin (an image, a link) is known by Sec-Fetch-Site.
+    let res = app
+        .client
+        .get(app.url("/api/tenants"))
+        .header("sec-fetch-site", "cross-site")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem_code(res).await, "dev_auth_origin_refused");
+    let pins: std::collections::HashMap<String, String> = app
+        .redis
+        .query(redis::cmd("HGETALL").arg("sluice:{meta}:pins"))
+        .await;
+    assert!(pins.is_empty(), "no dedicated shard was taken: {pins:?}");
+
+    // The server's own pages (the console, Swagger UI) are same-origin: served.
+    let res = app
+        .client
+        .post(app.url("/api/tenants/acme/dedicated-shard"))
+        .header("origin", format!("http://127.0.0.1:{port}"))
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    // A server that authenticates serves any host: a rebound page holds no credential.
+    let normal = TestApp::spawn().await;
+    let res = reqwest::Client::builder()
+        .resolve("rebound.example", normal.addr)
+        .build()
+        .unwrap()
+        .get(format!(
+            "http://rebound.example:{}/api/tenants",
+            normal.addr.port()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 }

@@ -296,3 +296,34 @@ async fn a_malformed_dismissal_is_refused_before_redis_sees_it() {
         assert_eq!(problem_code(res).await, code, "{shard}/{entry}");
     }
 }
+
+/// Issue 19: the console's first load logged a 401 of `GET /api/me` (its probe without a
+/// token). `/console/session.json` tells it whether the server runs with dev auth, so without a
+/// token it shows the login at once and asks `/api` nothing (the browser check is in
+/// `scripts/console_test.py`).
+#[tokio::test]
+async fn the_console_learns_whether_it_needs_a_login_without_a_refused_call() {
+    let app = TestApp::spawn().await;
+    let dev = TestApp::spawn_with(|c| {
+        c.api.dev_auth = true;
+        c.api.admin_token = None;
+    })
+    .await;
+    for (server, dev_auth) in [(&app, false), (&dev, true)] {
+        let res = server
+            .client
+            .get(server.url("/console/session.json"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["cache-control"], "no-store");
+        assert!(res.headers().contains_key("content-security-policy"));
+        assert_eq!(
+            res.json::<Value>().await.unwrap(),
+            json!({"dev_auth": dev_auth})
+        );
+    }
+    let app_js = app.get_text("/console/js/app.js").await;
+    assert!(app_js.contains("/console/session.json"));
+}

@@ -186,7 +186,9 @@ pub struct GetParams {
 /// then (`Sluice-Wait: timeout`; also when the server shuts down meanwhile: ask again). It
 /// costs Redis one call to start and nothing while it waits, however many clients wait on the
 /// same execution; at most `--max-waiters` (10 000) long polls and event streams are open per
-/// server, `--max-waiters-per-tenant` (256) of one tenant. Without `wait` it answers at once.
+/// server, `--max-waiters-per-tenant` (256) of one tenant. A wait whose API key is revoked
+/// (or whose tenant is deleted) meanwhile answers 401 within a second. Without `wait` it
+/// answers at once.
 #[utoipa::path(
     get,
     path = "/api/executions/{id}",
@@ -196,7 +198,7 @@ pub struct GetParams {
         (status = 200, description = "The execution", body = Execution,
             headers(("Sluice-Wait" = String, description = "With `wait` only: `terminal` (it is terminal) or `timeout` (the wait ended first)"))),
         (status = 400, description = "Malformed id, or `invalid_wait`", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials (with `wait`: also when the API key is revoked or its tenant deleted during the wait)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant (with `wait`: also when it is force-deleted during the wait)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`tenant_too_many_waiters` (with `wait`): the tenant has `--max-waiters-per-tenant` open waits and streams on this server; the connection is closed after this answer", body = Problem, content_type = "application/problem+json",
@@ -216,7 +218,7 @@ pub async fn get_execution(
     let id = ExecutionId::parse(&id)?;
     if let Some(wait) = query.parse()?.wait {
         let wait = waiting::parse_wait(&wait)?;
-        return waiting::wait_for_execution(&state, tenant, &id, wait).await;
+        return waiting::wait_for_execution(&state, &caller, &id, wait).await;
     }
     state
         .store
@@ -238,11 +240,12 @@ pub struct ListParams {
     pub flow_id: Option<String>,
     /// Only the execution that holds this dedup key now (a key is held while its execution is
     /// queued or running and `--dedup-ttl-hours` after it ended): at most one. 1–256 bytes of
-    /// UTF-8 without control characters.
+    /// UTF-8 without control characters or invisible formatting ones (zero-width,
+    /// bidirectional).
     #[param(
         min_length = 1,
         max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$"
     )]
     pub dedup_key: Option<String>,
     /// Only executions admitted at or after this time (RFC 3339, millisecond precision). The

@@ -21,11 +21,12 @@ use tokio::time::Instant;
 
 use super::wire::{Execution, ExecutionEvent};
 use crate::access::KeyRole;
-use crate::admission::{ExecutionId, TenantId};
+use crate::admission::ExecutionId;
 use crate::http::AppState;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::Path;
+use crate::revocation::KeyWatch;
 use crate::waiters::{Observed, Refusal, Waiter};
 
 /// The longest `wait` a GET may ask for.
@@ -128,17 +129,25 @@ fn refused(r: Refusal) -> ApiError {
 
 /// The `?wait` branch of `GET /api/executions/{id}`: answers as soon as the execution is
 /// terminal, or with its state when the wait is over.
+///
+/// A caller whose API key is revoked (or its tenant deleted) meanwhile gets a 401 at once.
 pub(super) async fn wait_for_execution(
     state: &AppState,
-    tenant: &TenantId,
+    caller: &Caller,
     id: &ExecutionId,
     wait: Duration,
 ) -> Result<Response, ApiError> {
+    let tenant = caller.tenant_with(KeyRole::Viewer)?;
     let deadline = Instant::now() + wait;
+    let mut revoked = caller.key_watch(&state.revocations);
     let mut waiter = state.waiters.join(tenant, id).map_err(refused)?;
     let mut seen = waiter.start(deadline).await?;
     while !seen.is_final() {
-        match waiter.next(deadline).await {
+        let next = tokio::select! {
+            next = waiter.next(deadline) => next,
+            () = until_revoked(&mut revoked) => return Err(ApiError::Unauthorized),
+        };
+        match next {
             Some(s) => seen = s,
             None => {
                 seen = waiter.current().await?;
@@ -160,6 +169,15 @@ pub(super) async fn wait_for_execution(
     Ok(res)
 }
 
+/// Resolves when the watched key is withdrawn; never without a watch (the admin token, dev
+/// auth).
+async fn until_revoked(watch: &mut Option<KeyWatch>) {
+    match watch {
+        Some(w) => w.revoked().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Follow an execution's changes as Server-Sent Events.
 ///
 /// A `text/event-stream` (read it with `fetch`, which can send the Authorization header; the
@@ -171,7 +189,9 @@ pub(super) async fn wait_for_execution(
 /// `{"execution_id": ...}`) when the execution is force-deleted. A comment line (`:`) is sent
 /// after `--events-heartbeat-ms` (15 s) of silence. A stream also ends after
 /// `--events-lifetime-secs` (300 s) or when the server shuts down: a stream that ended without
-/// a terminal or `deleted` event should be opened again.
+/// a terminal or `deleted` event should be opened again. A stream of an API key that is
+/// revoked (or whose tenant is deleted) ends within a second with an event named `revoked`
+/// (data `{"execution_id": ...}`): opening it again answers 401.
 ///
 /// Waiting costs Redis nothing per client: the server subscribes once per execution and reads
 /// it once per change for all its clients. At most `--max-waiters` (10 000) streams and long
@@ -203,6 +223,7 @@ pub async fn stream_execution_events(
     let id = ExecutionId::parse(&id)?;
     let limits = state.events;
     let deadline = Instant::now() + limits.lifetime;
+    let revoked = caller.key_watch(&state.revocations);
     let mut waiter = state.waiters.join(tenant, &id).map_err(refused)?;
     let first = waiter.start(deadline).await?;
     if matches!(first, Observed::Gone) {
@@ -210,6 +231,7 @@ pub async fn stream_execution_events(
     }
     let feed = Feed {
         waiter,
+        revoked,
         id,
         pending: Some(first),
         last: None,
@@ -228,6 +250,8 @@ pub async fn stream_execution_events(
 /// What a stream has said and what it waits through.
 struct Feed {
     waiter: Waiter,
+    /// The caller's API key, watched: the stream ends when it is withdrawn.
+    revoked: Option<KeyWatch>,
     id: ExecutionId,
     /// A state to send before waiting for the next (the first one).
     pending: Option<Observed>,
@@ -238,7 +262,8 @@ struct Feed {
     done: bool,
 }
 
-/// The events of one stream, ending after a final state, at its deadline, or on shutdown.
+/// The events of one stream, ending after a final state, at its deadline, on shutdown, or
+/// with a `revoked` event when the caller's key is withdrawn.
 fn events(feed: Feed) -> impl Stream<Item = Result<Event, Infallible>> {
     stream::unfold(feed, |mut f| async move {
         if f.done {
@@ -247,7 +272,15 @@ fn events(feed: Feed) -> impl Stream<Item = Result<Event, Infallible>> {
         loop {
             let state = match f.pending.take() {
                 Some(s) => s,
-                None => f.waiter.next(f.deadline).await?,
+                None => tokio::select! {
+                    next = f.waiter.next(f.deadline) => next?,
+                    () = until_revoked(&mut f.revoked) => {
+                        f.done = true;
+                        let data = serde_json::json!({ "execution_id": f.id.as_str() });
+                        let event = Event::default().event("revoked").data(data.to_string());
+                        return Some((Ok(event), f));
+                    }
+                },
             };
             let (name, data) = match &state {
                 Observed::Present(e) => (

@@ -176,13 +176,14 @@ pub struct NewExecution {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub params: Option<Value>,
-    /// Idempotency key: 1–256 bytes of UTF-8 without control characters; may instead come
-    /// from the `Idempotency-Key` header.
+    /// Idempotency key: 1–256 bytes of UTF-8 without control characters or invisible
+    /// formatting ones (zero-width, bidirectional overrides and isolates: they would make two
+    /// keys that look alike differ); may instead come from the `Idempotency-Key` header.
     #[serde(default)]
     #[schema(
         min_length = 1,
         max_length = 256,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*$"
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$"
     )]
     pub dedup_key: Option<String>,
     /// How many times a worker may start it (default 5).
@@ -223,6 +224,8 @@ pub struct ExecutionPage {
 pub struct ExecutionEvent {
     /// `execution`: `data` is the execution, exactly as `GET /api/executions/{id}` returns it.
     /// `deleted`: it was force-deleted; `data` is `{"execution_id": ...}`, and the stream ends.
+    /// `revoked`: the caller's API key was revoked or its tenant deleted; `data` is
+    /// `{"execution_id": ...}`, and the stream ends (opening it again answers 401).
     pub event: ExecutionEventName,
     /// The event's payload, JSON text.
     #[schema(content_media_type = "application/json")]
@@ -236,4 +239,5 @@ pub struct ExecutionEvent {
 pub enum ExecutionEventName {
     Execution,
     Deleted,
+    Revoked,
 }

@@ -1,0 +1,26 @@
+#!lua flags=allow-oom
+-- pin_home.lua: make this shard a tenant's home, as the last step of pinning it to a
+-- dedicated shard (run there) or of unpinning it (run on its hashed shard): drop the `pinned`
+-- marker an earlier move left here (pin.lua writes it in the shard a tenant leaves, so that
+-- servers that have not learned the move yet are sent on) and give the tenant exactly the
+-- limits it had where it comes from. Safe to repeat.
+--
+-- KEYS[1]  the shard's freeze marker (see guard.lua)
+-- KEYS[2]  the tenant's limits (cfg)
+-- ARGV[1..5] common (see common.lua)
+-- ARGV[6]  tenant id
+-- ARGV[7]  max_concurrent ('' = none of its own: the server default)
+-- ARGV[8]  max_queued (likewise)
+-- ARGV[9]  enabled ('0' disabled; '' the default, enabled)
+--
+-- Reply: 1
+local tenant = ARGV[6]
+local CFG = declared(2, K.cfg(tenant))
+redis.call('HDEL', CFG, 'pinned')
+-- The field 'configured' keeps the hash in existence, which marks the tenant as known.
+redis.call('HSET', CFG, 'configured', 1)
+local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9] }
+for field, value in pairs(values) do
+  if value == '' then redis.call('HDEL', CFG, field) else redis.call('HSET', CFG, field, value) end
+end
+return 1

@@ -1,0 +1,205 @@
+//! Credentials that stop working while they are in use, and credentials that never worked.
+//! No HTTP here; `http::auth` asks, `waiters` delivers the news.
+//!
+//! - **One channel for news.** Revoking a key, deleting a tenant and creating a key publish an
+//!   [`AccessChange`] on one Pub/Sub channel (`keys::access_channel`) after the change is on
+//!   Redis. Every server hears it on the connection its waiters' listener already holds
+//!   (`crate::waiters::Hub::listen`) and hands it to its [`Revocations`], which tells every open
+//!   wait and stream of that key or tenant to end at once.
+//! - **Never dependent on delivery.** A message can be lost (the listener reconnecting, a
+//!   server that crashed between the change and the publish), so each open wait also re-checks
+//!   its key on Redis every [`RECHECK_EVERY`], with an answer at most that old: a wait ends
+//!   within about twice that (a second) of a revocation whose message never came. The
+//!   lookup is shared by every wait of one key in this process (one per key per interval,
+//!   whatever the number of its streams).
+//! - **Strangers cost nothing.** A well-formed `sk_` token that Redis does not know is
+//!   remembered (by key id and a digest of its secret, never the secret) for
+//!   [`MISS_TTL`], at most [`MISS_CAP`] of them, so repeating it costs no Redis call. A key
+//!   can only be remembered as missing if its exact token was presented before it existed; the
+//!   key's creation announces its id anyway, and every server forgets the misses of that id.
+//!   On a reconnect of the listener (news may have been missed) all misses are forgotten.
+//!
+//! Later work that needs "this credential was withdrawn" (other kinds of sessions, caches of
+//! keys) subscribes here ([`Revocations::subscribe`]) instead of inventing its own channel.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use crate::access::{AccessChange, KeyId, KeyRole, PresentedKey};
+use crate::admission::TenantId;
+use crate::store::{Store, StoreError};
+
+/// How old the check of an open wait's key may be: within about this long of a revocation
+/// whose message was lost, the wait ends anyway.
+pub const RECHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// How long a token Redis did not know is answered 401 without asking Redis again.
+pub const MISS_TTL: Duration = Duration::from_secs(10);
+
+/// Most unknown tokens remembered at once (about 100 bytes each); more are looked up each time.
+pub const MISS_CAP: usize = 10_000;
+
+/// Most keys whose last check is kept for open waits.
+const CHECK_CAP: usize = 100_000;
+
+/// The process's view of revocations (see the module docs). Shared as `Arc<Revocations>`.
+pub struct Revocations {
+    store: Arc<Store>,
+    /// Unknown tokens: (key id, digest of the secret) → until when.
+    misses: Mutex<HashMap<(String, [u8; 32]), Instant>>,
+    /// The last check of each key with open waits: when, and whether it was still live.
+    checks: Mutex<HashMap<KeyId, (Instant, bool)>>,
+    news: broadcast::Sender<AccessChange>,
+}
+
+impl Revocations {
+    /// Nothing remembered yet; news arrives once a `waiters::Hub` listens with it.
+    pub fn new(store: Arc<Store>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            misses: Mutex::default(),
+            checks: Mutex::default(),
+            news: broadcast::channel(1024).0,
+        })
+    }
+
+    fn misses(&self) -> MutexGuard<'_, HashMap<(String, [u8; 32]), Instant>> {
+        self.misses.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn checks(&self) -> MutexGuard<'_, HashMap<KeyId, (Instant, bool)>> {
+        self.checks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The tenant and role of a presented key, or `None` when Redis does not know it (see
+    /// `Store::authenticate_key`); an unknown token is remembered for `MISS_TTL`.
+    pub async fn authenticate(
+        &self,
+        key: &PresentedKey,
+        accept_dev_auth: bool,
+    ) -> Result<Option<(TenantId, KeyRole)>, StoreError> {
+        let entry = (key.id.as_str().to_owned(), key.fingerprint());
+        let now = Instant::now();
+        if self.misses().get(&entry).is_some_and(|until| *until > now) {
+            return Ok(None);
+        }
+        let found = self.store.authenticate_key(key, accept_dev_auth).await?;
+        if found.is_none() {
+            let mut misses = self.misses();
+            if misses.len() >= MISS_CAP {
+                misses.retain(|_, until| *until > now);
+            }
+            if misses.len() < MISS_CAP {
+                misses.insert(entry, now + MISS_TTL);
+            }
+        }
+        Ok(found)
+    }
+
+    /// News from the access channel (or from this process): forget what it makes stale and
+    /// tell the open waits.
+    pub fn notice(&self, change: AccessChange) {
+        match &change {
+            AccessChange::KeyCreated(id) => {
+                self.misses().retain(|(k, _), _| k != id.as_str());
+            }
+            AccessChange::KeyRevoked(id) => {
+                self.checks().insert(id.clone(), (Instant::now(), false));
+            }
+            AccessChange::TenantDeleted(_) => {}
+        }
+        // No receiver is fine: nobody waits.
+        let _ = self.news.send(change);
+    }
+
+    /// The listener reconnected: news may have been missed, so nothing remembered is trusted.
+    pub fn resync(&self) {
+        self.misses().clear();
+        self.checks().clear();
+    }
+
+    /// News as it arrives (see the module docs).
+    pub fn subscribe(&self) -> broadcast::Receiver<AccessChange> {
+        self.news.subscribe()
+    }
+
+    /// Whether `key` of `tenant` is still live, by a check at most `RECHECK_EVERY` old (shared
+    /// by every wait of the key in this process).
+    async fn still_live(&self, key: &KeyId, tenant: &TenantId) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        if let Some((at, live)) = self.checks().get(key).copied()
+            && now.duration_since(at) < RECHECK_EVERY
+        {
+            return Ok(live);
+        }
+        let live = self
+            .store
+            .key_tenant(key)
+            .await?
+            .is_some_and(|owner| &owner == tenant);
+        let mut checks = self.checks();
+        if checks.len() >= CHECK_CAP {
+            checks.retain(|_, (at, _)| now.duration_since(*at) < RECHECK_EVERY);
+        }
+        // A revocation noticed during the lookup wins over what the lookup read.
+        if let Some((at, false)) = checks.get(key)
+            && *at >= now
+        {
+            return Ok(false);
+        }
+        checks.insert(key.clone(), (now, live));
+        Ok(live)
+    }
+
+    /// A watch on one key for an open wait or stream.
+    pub fn watch(self: &Arc<Self>, key: KeyId, tenant: TenantId) -> KeyWatch {
+        let mut tick = tokio::time::interval_at(Instant::now() + RECHECK_EVERY, RECHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        KeyWatch {
+            revocations: self.clone(),
+            news: self.subscribe(),
+            tick,
+            key,
+            tenant,
+        }
+    }
+}
+
+/// What an open wait of an API key holds to learn that the key was withdrawn.
+pub struct KeyWatch {
+    revocations: Arc<Revocations>,
+    news: broadcast::Receiver<AccessChange>,
+    /// The re-checks, kept across calls of `revoked` (a wait calls it once per change).
+    tick: tokio::time::Interval,
+    key: KeyId,
+    tenant: TenantId,
+}
+
+impl KeyWatch {
+    /// Resolves once the key is revoked or its tenant deleted: at once when the news arrives,
+    /// else by the next re-check (at most about `RECHECK_EVERY` later). A re-check that cannot
+    /// reach Redis does not end the wait (the wait's own reads fail then).
+    pub async fn revoked(&mut self) {
+        loop {
+            tokio::select! {
+                news = self.news.recv() => match news {
+                    Ok(AccessChange::KeyRevoked(id)) if id == self.key => return,
+                    Ok(AccessChange::TenantDeleted(t)) if t == self.tenant => return,
+                    Ok(_) => {}
+                    // Missed news: the next check decides.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+                },
+                _ = self.tick.tick() => {
+                    if let Ok(false) = self.revocations.still_live(&self.key, &self.tenant).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
