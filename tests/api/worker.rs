@@ -471,6 +471,67 @@ async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
     assert_eq!(len, 0, "poison entries were removed from the stream");
 }
 
+/// A dispatched execution whose stream entry is gone (a ready stream lost or replaced, as an
+/// interrupted layout migration once did) would hold its slot and never run: nothing reads a
+/// row, only the stream. The sweeper puts each such execution back on the ready stream, once
+/// (a second sweep finds nothing to do), counts it (`repaired_lost_entries` in
+/// `GET /api/queues`), and leaves a running execution alone although its entry went too.
+#[tokio::test]
+async fn the_sweeper_puts_back_a_dispatched_execution_whose_stream_entry_is_lost() {
+    let app = TestApp::spawn().await;
+    let worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
+    let running = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 120_000}}),
+        )
+        .await;
+    app.wait_running("acme", &running, 1).await;
+    // The worker's one slot is taken: these stay dispatched, unread.
+    let mut lost = Vec::new();
+    for _ in 0..5 {
+        lost.push(
+            app.admit_with("acme", json!({"flow_id": "demo.echo"}))
+                .await,
+        );
+    }
+    let ready = app.shard("acme").ready();
+    let _: u64 = app.redis.query(redis::cmd("DEL").arg(&ready)).await;
+
+    let store = std::sync::Arc::new(app.store().await);
+    let repaired = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    assert_eq!(
+        repaired.get("slots").copied().unwrap_or(0),
+        5,
+        "{repaired:?}"
+    );
+    let len: u64 = app.redis.query(redis::cmd("XLEN").arg(&ready)).await;
+    assert_eq!(len, 5);
+    let again = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    assert_eq!(again.get("slots").copied().unwrap_or(0), 0, "{again:?}");
+    assert_eq!(app.counter("repaired_lost_entries").await, 5);
+    assert_eq!(app.counter("repaired_slots").await, 0);
+    let e = app.execution("acme", &running).await;
+    assert_eq!(e["status"], "running", "{e}");
+
+    // The worker's slot frees; the five run, each once.
+    assert_eq!(app.cancel("acme", &running).await.status(), StatusCode::OK);
+    for id in &lost {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(15)).await;
+        assert_eq!(e["status"], "completed", "{e}");
+        assert_eq!(e["attempt"], 1, "{e}");
+    }
+    let e = app
+        .wait_terminal("acme", &running, Duration::from_secs(15))
+        .await;
+    assert_eq!(e["status"], "cancelled", "{e}");
+    drop(worker);
+}
+
 #[tokio::test]
 async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     let app = TestApp::spawn().await;
