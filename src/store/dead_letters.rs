@@ -47,7 +47,22 @@ pub struct DeadLetter {
 impl Store {
     /// Re-queues a failed or cancelled execution with fresh attempts.
     pub async fn retry(&self, tenant: &TenantId, id: &ExecutionId) -> Result<Retry, StoreError> {
-        let shard = self.shard_of(tenant);
+        let found = self.retry_in(self.shard_of(tenant), tenant, id).await?;
+        match self
+            .repinned(tenant, matches!(found, Retry::NotFound))
+            .await?
+        {
+            Some(shard) => self.retry_in(shard, tenant, id).await,
+            None => Ok(found),
+        }
+    }
+
+    async fn retry_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<Retry, StoreError> {
         let keys = [
             shard.row(id),
             shard.tenant_config(tenant),
