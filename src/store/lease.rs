@@ -122,6 +122,7 @@ impl Store {
             shard.leases(),
             shard.dead_letters(),
             shard.stats(),
+            shard.dead_letters_indexed(),
         ];
         let mut inv = self.shard_script(&self.scripts.start, shard, &keys);
         inv.arg(consumer)
@@ -249,6 +250,7 @@ impl Store {
             shard.delayed(),
             shard.dead_letters(),
             shard.stats(),
+            shard.dead_letters_indexed(),
         ];
         let mut inv = self.shard_script(&self.scripts.complete, shard, &keys);
         inv.arg(id.as_str())
@@ -299,6 +301,7 @@ impl Store {
             shard.dead_letters(),
             shard.stats(),
             shard.delayed(),
+            shard.dead_letters_indexed(),
         ];
         let mut inv = self.shard_script(&self.scripts.reclaim, shard, &keys);
         inv.arg(batch.max(1)).arg(self.dlq_cap());
