@@ -190,69 +190,78 @@ impl Cluster {
             let mut tgt = self.node(&target.host, target.port).await?;
             // 1. Open the slot on the target (idempotent; nothing is redirected to it before
             // the source is MIGRATING), so the target can be asked whether it already holds
-            // the marker.
-            let () = redis::cmd("CLUSTER")
+            // the marker. A run interrupted after handing the slot to the target finds the
+            // target owning it already (it refuses to import its own slot) while the seed may
+            // not have heard yet: only the hand-over is left.
+            let opened: redis::RedisResult<()> = redis::cmd("CLUSTER")
                 .arg("SETSLOT")
                 .arg(slot)
                 .arg("IMPORTING")
                 .arg(&source.id)
                 .query_async(&mut tgt)
-                .await?;
-            // 2. Freeze: from here on every script of this shard refuses. A run interrupted
-            // after the marker was copied left it on the target, and the source then answers
-            // ASK for it: the shard is frozen already (scripts sent to the source find a
-            // declared key missing and get TRYAGAIN; those sent on to the target find the
-            // marker), so it is not written again.
-            let (_, on_target): ((), bool) = redis::pipe()
-                .cmd("ASKING")
-                .cmd("EXISTS")
-                .arg(&frozen_key)
-                .query_async(&mut tgt)
-                .await?;
-            if !on_target {
-                self.store.freeze_shard(shard).await?;
-            }
-            let () = redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("MIGRATING")
-                .arg(&target.id)
-                .query_async(&mut src)
-                .await?;
-            // 3. Copy every key, the marker last. REPLACE: the source is the truth while the
-            // shard is frozen, so a copy left by an interrupted run is overwritten. Bounded:
-            // each round moves up to `keys_per_call` keys, and a frozen shard does not grow.
-            let per_call = keys_per_call.max(1);
-            for _ in 0..1_000_000 {
-                // One more than a batch, so a marker among them still leaves a full batch of
-                // other keys (Redis 7.0 lists the newest key of a slot first).
-                let keys: Vec<String> = redis::cmd("CLUSTER")
-                    .arg("GETKEYSINSLOT")
+                .await;
+            let handed_over = match opened {
+                Ok(()) => false,
+                Err(e) if e.to_string().contains("already the owner") => true,
+                Err(e) => return Err(e.into()),
+            };
+            if !handed_over {
+                // 2. Freeze: from here on every script of this shard refuses. A run interrupted
+                // after the marker was copied left it on the target, and the source then answers
+                // ASK for it: the shard is frozen already (scripts sent to the source find a
+                // declared key missing and get TRYAGAIN; those sent on to the target find the
+                // marker), so it is not written again.
+                let (_, on_target): ((), bool) = redis::pipe()
+                    .cmd("ASKING")
+                    .cmd("EXISTS")
+                    .arg(&frozen_key)
+                    .query_async(&mut tgt)
+                    .await?;
+                if !on_target {
+                    self.store.freeze_shard(shard).await?;
+                }
+                let () = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
                     .arg(slot)
-                    .arg(per_call + 1)
+                    .arg("MIGRATING")
+                    .arg(&target.id)
                     .query_async(&mut src)
                     .await?;
-                let batch = next_batch(&keys, &frozen_key, per_call);
-                if batch.is_empty() {
-                    break;
+                // 3. Copy every key, the marker last. REPLACE: the source is the truth while the
+                // shard is frozen, so a copy left by an interrupted run is overwritten. Bounded:
+                // each round moves up to `keys_per_call` keys, and a frozen shard does not grow.
+                let per_call = keys_per_call.max(1);
+                for _ in 0..1_000_000 {
+                    // One more than a batch, so a marker among them still leaves a full batch of
+                    // other keys (Redis 7.0 lists the newest key of a slot first).
+                    let keys: Vec<String> = redis::cmd("CLUSTER")
+                        .arg("GETKEYSINSLOT")
+                        .arg(slot)
+                        .arg(per_call + 1)
+                        .query_async(&mut src)
+                        .await?;
+                    let batch = next_batch(&keys, &frozen_key, per_call);
+                    if batch.is_empty() {
+                        break;
+                    }
+                    let mut migrate = redis::cmd("MIGRATE");
+                    migrate
+                        .arg(&target.host)
+                        .arg(target.port)
+                        .arg("")
+                        .arg(0)
+                        .arg(10_000)
+                        .arg("REPLACE");
+                    if let Some(password) = self.seed.redis_settings().password() {
+                        match self.seed.redis_settings().username() {
+                            Some(user) => migrate.arg("AUTH2").arg(user).arg(password),
+                            None => migrate.arg("AUTH").arg(password),
+                        };
+                    }
+                    migrate.arg("KEYS").arg(&batch);
+                    let _: redis::Value = migrate.query_async(&mut src).await?;
+                    moved += batch.len();
                 }
-                let mut migrate = redis::cmd("MIGRATE");
-                migrate
-                    .arg(&target.host)
-                    .arg(target.port)
-                    .arg("")
-                    .arg(0)
-                    .arg(10_000)
-                    .arg("REPLACE");
-                if let Some(password) = self.seed.redis_settings().password() {
-                    match self.seed.redis_settings().username() {
-                        Some(user) => migrate.arg("AUTH2").arg(user).arg(password),
-                        None => migrate.arg("AUTH").arg(password),
-                    };
-                }
-                migrate.arg("KEYS").arg(&batch);
-                let _: redis::Value = migrate.query_async(&mut src).await?;
-                moved += batch.len();
             }
             // 4. Hand the slot over: the target first (it then answers for it), then the
             // source and every other master.

@@ -885,3 +885,59 @@ async fn one_key_per_call_moves_the_marker_last() {
     assert_eq!(restored.last(), Some(&shard.frozen()), "{restored:?}");
     served_after_move(&app, tenant, to, &ids).await;
 }
+
+/// A move interrupted in its hand-over: every key is on the target and the target already
+/// owns the slot, but the seed node (here the source) may not have heard yet. The target
+/// refuses to import a slot it owns; running the command again must finish the hand-over and
+/// unfreeze, not fail on that refusal.
+#[tokio::test]
+async fn a_move_interrupted_in_its_hand_over_is_finished_by_running_it_again() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    // A tenant whose shard is on node 0, the seed `move-shard` asks first.
+    let mut tenant = None;
+    for i in 0..1_000 {
+        let t = format!("h{i}");
+        if app.master_of(&t).await == 0 {
+            tenant = Some(t);
+            break;
+        }
+    }
+    let tenant = tenant.expect("a tenant on node 0");
+    let ids = five_queued(&app, &tenant).await;
+    let shard = app.shard(&tenant);
+    let to = 1;
+    let (mut src, slot) = begin_move_by_hand(&app, shard, to).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(10_000)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    let (marker, rest): (Vec<String>, Vec<String>) =
+        keys.into_iter().partition(|k| *k == shard.frozen());
+    migrate_by_hand(&app, &mut src, to, &rest).await;
+    migrate_by_hand(&app, &mut src, to, &marker).await;
+    // The target takes the slot; the source is not told.
+    let mut tgt = app.redis.node_conn(to).await;
+    let tgt_id: String = redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query_async(&mut tgt)
+        .await
+        .unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(&tgt_id)
+        .query_async(&mut tgt)
+        .await
+        .unwrap();
+
+    move_shard(&app, shard, to, 100);
+    served_after_move(&app, &tenant, to, &ids).await;
+}
