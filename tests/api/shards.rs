@@ -313,14 +313,24 @@ async fn a_worker_waiting_for_redis_stops_cleanly_on_sigterm() {
     app.redis.kill();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("worker.log");
-    let mut worker = std::process::Command::new(crate::helpers::sluice_bin())
-        .args(["worker", "--demo-flows"])
-        .args(app.redis.args())
-        .env("RUST_LOG", "warn")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed when the test ends, also when an assertion fails first.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut worker = Reaped(
+        std::process::Command::new(crate::helpers::sluice_bin())
+            .args(["worker", "--demo-flows"])
+            .args(app.redis.args())
+            .env("RUST_LOG", "warn")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     // Two retries logged: it is waiting, not failing.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -329,21 +339,21 @@ async fn a_worker_waiting_for_redis_stops_cleanly_on_sigterm() {
             break;
         }
         assert!(
-            worker.try_wait().unwrap().is_none(),
+            worker.0.try_wait().unwrap().is_none(),
             "the worker gave up: {text}"
         );
         assert!(Instant::now() < deadline, "no retry logged: {text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let ok = std::process::Command::new("kill")
-        .args(["-TERM", &worker.id().to_string()])
+        .args(["-TERM", &worker.0.id().to_string()])
         .status()
         .unwrap()
         .success();
     assert!(ok);
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        if let Some(s) = worker.try_wait().unwrap() {
+        if let Some(s) = worker.0.try_wait().unwrap() {
             break s;
         }
         assert!(
