@@ -37,6 +37,8 @@ function K.tenants() return P .. 'tenants' end
 function K.leases() return P .. 'leases' end
 function K.delayed() return P .. 'delayed' end
 function K.dlq() return P .. 'dlq' end
+function K.tenant_dlq(t) return P .. 't:' .. t .. ':dlq' end
+function K.dlq_indexed() return P .. 'dlq_indexed' end
 function K.stats() return P .. 'stats' end
 function K.void(id) return P .. 'void:' .. id end
 function K.frozen() return P .. 'frozen' end
@@ -253,12 +255,49 @@ local function requeue(t, flow, id, now, attempt)
   notify(id, now)
 end
 
+-- The value of field `name` in a flat {field, value, ...} list (a stream record), or nil.
+local function record_field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return nil
+end
+
+-- Most records one call evicts by hand (each leaving its tenant's index too); more are only
+-- over the cap after the cap was lowered, and XADD's own trim takes those.
+local DLQ_EVICT_BUDGET = 100
+
 -- Appends a record to the shard's dead-letter stream, capped at `cap` entries (exact trim, so
--- the number evicted is known and counted: nothing leaves silently).
+-- the number evicted is known and counted: nothing leaves silently). A tenant's record is
+-- also indexed in the tenant's own stream of record ids (same ids, `K.tenant_dlq`), so that
+-- listing one tenant's dead letters reads only its own records, not its shard neighbours'; an
+-- evicted record leaves its tenant's index in the same step. `K.dlq_indexed` keeps the first
+-- record id written with the index: older records (from a build without it) are found by
+-- scanning below it.
 local function dead_letter(record, cap)
-  local before = redis.call('XLEN', K.dlq())
-  redis.call('XADD', K.dlq(), 'MAXLEN', cap, '*', unpack(record))
-  local evicted = before + 1 - redis.call('XLEN', K.dlq())
+  local dlq = K.dlq()
+  local before = redis.call('XLEN', dlq)
+  local over = math.min(before + 1 - cap, DLQ_EVICT_BUDGET)
+  if over > 0 then
+    for _, old in ipairs(redis.call('XRANGE', dlq, '-', '+', 'COUNT', over)) do
+      local owner = record_field(old[2], 'tenant_id')
+      if owner and owner ~= '' then redis.call('XDEL', K.tenant_dlq(owner), old[1]) end
+      redis.call('XDEL', dlq, old[1])
+    end
+  end
+  local id = redis.call('XADD', dlq, 'MAXLEN', cap, '*', unpack(record))
+  redis.call('SET', K.dlq_indexed(), id, 'NX')
+  local tenant = record_field(record, 'tenant_id')
+  if tenant and tenant ~= '' then
+    -- Ids only grow in a stream; one that cannot follow the index's last (a shard stream
+    -- deleted by hand, then a clock set back) is left out and counted rather than fail the
+    -- call that dead-letters.
+    local added = redis.pcall('XADD', K.tenant_dlq(tenant), 'MAXLEN', cap, id, 'r', '1')
+    if type(added) == 'table' and added.err then
+      redis.call('HINCRBY', K.stats(), 'dlq_unindexed', 1)
+    end
+  end
+  local evicted = before + 1 - redis.call('XLEN', dlq)
   if evicted > 0 then redis.call('HINCRBY', K.stats(), 'dlq_evicted', evicted) end
   redis.call('HINCRBY', K.stats(), 'dead_lettered', 1)
 end

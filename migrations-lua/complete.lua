@@ -11,7 +11,8 @@
 -- KEYS[2]  the execution's row
 -- KEYS[3]  the shard's ready stream    KEYS[4]  its lease index   KEYS[5]  its retry delays
 -- KEYS[6]  its dead-letter stream      KEYS[7]  its counters
--- KEYS[8]  the worker's adoption barrier (K.adopted(consumer))
+-- KEYS[8]  its dead-letter index start (see dead_letter in common.lua)
+-- KEYS[9]  the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  execution id
 -- ARGV[7]  fence of the run the worker held
@@ -50,11 +51,11 @@ local id = ARGV[6]
 local ROW = declared(2, K.row(id))
 declared(3, K.ready()); declared(4, K.leases())
 local DELAYED, STATS = declared(5, K.delayed()), declared(7, K.stats())
-declared(6, K.dlq())
+declared(6, K.dlq()); declared(8, K.dlq_indexed())
 local fence, consumer, outcome = ARGV[7], ARGV[8], ARGV[9]
 local output, err_kind, err_msg, backoff = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 local cap, chain, ttl = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
-declared(8, K.adopted(consumer))
+declared(9, K.adopted(consumer))
 local now = now_ms()
 
 -- Records the report; returns what happened and its detail (see Reply).

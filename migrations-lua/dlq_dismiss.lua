@@ -2,7 +2,8 @@
 -- dlq_dismiss.lua: remove one dead-letter record, once an operator has dealt with it (replayed
 -- the execution, or decided to leave it failed). The execution itself is not touched: it stays
 -- readable as `failed` until its retention ends. Counted as `dlq_dismissed` in the shard's
--- statistics, so what left the stream other than by the cap is known.
+-- statistics, so what left the stream other than by the cap is known. The record's id leaves
+-- its tenant's index (see `dead_letter` in common.lua) in the same step.
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's dead-letter stream
@@ -19,13 +20,9 @@ local id, tenant = ARGV[6], ARGV[7]
 
 local records = redis.call('XRANGE', DLQ, id, id)
 if #records == 0 then return 0 end
-if tenant ~= '' then
-  local fields, owner = records[1][2], nil
-  for i = 1, #fields, 2 do
-    if fields[i] == 'tenant_id' then owner = fields[i + 1] end
-  end
-  if owner ~= tenant then return 0 end
-end
+local owner = record_field(records[1][2], 'tenant_id')
+if tenant ~= '' and owner ~= tenant then return 0 end
 redis.call('XDEL', DLQ, id)
+if owner and owner ~= '' then redis.call('XDEL', K.tenant_dlq(owner), id) end
 redis.call('HINCRBY', STATS, 'dlq_dismissed', 1)
 return 1

@@ -16,6 +16,7 @@
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's lease index     KEYS[3]  its ready stream
 -- KEYS[4]  its dead-letter stream      KEYS[5]  its counters     KEYS[6]  its retry delays
+-- KEYS[7]  its dead-letter index start (see dead_letter in common.lua)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  most orphans to handle in this call
 -- ARGV[7]  dead-letter stream cap
@@ -24,6 +25,7 @@
 --   unread    1 when the ready stream holds entries no worker has read yet (after this call)
 local LEASES = declared(2, K.leases())
 declared(3, K.ready()); declared(4, K.dlq()); declared(5, K.stats()); declared(6, K.delayed())
+declared(7, K.dlq_indexed())
 local batch, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, batch)

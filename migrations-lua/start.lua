@@ -12,7 +12,8 @@
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's ready stream    KEYS[3]  its retry delays  KEYS[4]  its lease index
 -- KEYS[5]  its dead-letter stream      KEYS[6]  its counters
--- KEYS[7]  the worker's adoption barrier (K.adopted(consumer))
+-- KEYS[7]  its dead-letter index start (see dead_letter in common.lua)
+-- KEYS[8]  the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  consumer name (the worker)
 -- ARGV[7]  count: the worker's free slots (>= 1)
@@ -27,9 +28,9 @@
 --   started   a list of started executions, each
 --             {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
 declared(2, K.ready()); declared(3, K.delayed()); declared(4, K.leases())
-declared(5, K.dlq()); declared(6, K.stats())
+declared(5, K.dlq()); declared(6, K.stats()); declared(7, K.dlq_indexed())
 local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-declared(7, K.adopted(consumer))
+declared(8, K.adopted(consumer))
 if barred(consumer, tonumber(ARGV[10])) then return { 0, {} } end
 local now = now_ms()
 promote_due(now, 100)

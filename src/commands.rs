@@ -21,12 +21,13 @@ pub async fn migrate_layout(redis: RedisSettings) -> anyhow::Result<()> {
     match crate::migrate::migrate_layout(redis.store_config(&ApiSettings::defaults())).await? {
         None => println!("already on the current key layout; nothing to do"),
         Some(m) => println!(
-            "key layout {} -> {}: {} keys in {:?}. Restart every sluice process: \
-             those still running answer 503 for the old shards.",
+            "key layout {} -> {}: {} keys in {:?} ({} copied by an earlier run kept). \
+             Restart every sluice process: those still running answer 503 for the old shards.",
             m.from.number(),
             m.to.number(),
             m.keys,
-            m.took
+            m.took,
+            m.kept
         ),
     }
     Ok(())

@@ -4,16 +4,23 @@
 //! `store::layout`). The migration renames every shard key to its layout-2 name:
 //!
 //! 1. every old shard is frozen (its scripts refuse, retryably, from now on);
-//! 2. each key of each old shard is copied to its new name (`DUMP` + `RESTORE ... REPLACE`,
-//!    which keeps its TTL, and for streams their consumer groups and pending entries), then
-//!    deleted — on a cluster the new name usually lives on another master;
+//! 2. each key of each old shard is copied to its new name (`DUMP` + `RESTORE`, which keeps
+//!    its TTL, and for streams their consumer groups and pending entries), then deleted — on a
+//!    cluster the new name usually lives on another master;
 //! 3. the meta record is set to the new layout.
 //!
 //! Processes still running with the old layout keep answering 503 (their shards stay frozen:
 //! the old markers are left in place for them); restarted, they read the new layout. An
 //! interrupted migration is finished by running it again: the old shards stay frozen, a key
-//! already copied and deleted is not seen again, and one copied but not yet deleted is copied
-//! again over its copy.
+//! already copied and deleted is not seen again, and an old key whose new name exists already
+//! is deleted without being copied. That decision is made per key by Redis itself (`RESTORE`
+//! without `REPLACE` refuses with `BUSYKEY`): the new name is the record that the key was
+//! copied. Nothing writes new names before the meta record names the new layout, and the
+//! frozen old shard changes only through writers that do not check the marker — older builds
+//! that bring an empty ready stream or a doorbell back under the old name (this build creates
+//! its consumer groups and rings its doorbells through scripts, which refuse while frozen). So
+//! the copy is always the one to keep; copying the old key over it would replace a ready
+//! stream full of queued executions with an empty one.
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +35,11 @@ use crate::store::{Conn, Layout, RedisTarget, ShardMap, Store, StoreConfig, keys
 pub struct Migrated {
     pub from: Layout,
     pub to: Layout,
+    /// Keys copied to their new name.
     pub keys: usize,
+    /// Old keys whose new name an earlier, interrupted run had written already: deleted, the
+    /// copy kept.
+    pub kept: usize,
     pub took: Duration,
 }
 
@@ -50,7 +61,7 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
     let mut conn = Conn::open(&config.redis, 1, config.op_timeout, 0)
         .await?
         .remove(0);
-    let mut moved = 0;
+    let (mut moved, mut kept) = (0, 0);
     for shard in old.all() {
         let (from, to) = (shard.prefix(), new.shard(shard.number()).prefix());
         let marker = shard.frozen();
@@ -79,15 +90,19 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
                         .await?;
                     // Expired between SCAN and DUMP: nothing to keep.
                     let Some(dump) = dump else { continue };
-                    let () = redis::cmd("RESTORE")
+                    // Never REPLACE: a new name that exists was copied by an earlier run.
+                    let restored: redis::RedisResult<()> = redis::cmd("RESTORE")
                         .arg(format!("{to}{rest}"))
                         .arg(ttl.max(0))
                         .arg(dump)
-                        .arg("REPLACE")
                         .query_async(&mut conn)
-                        .await?;
+                        .await;
+                    match restored {
+                        Ok(()) => moved += 1,
+                        Err(e) if e.code() == Some("BUSYKEY") => kept += 1,
+                        Err(e) => return Err(e.into()),
+                    }
                     let () = redis::cmd("DEL").arg(&key).query_async(node).await?;
-                    moved += 1;
                 }
                 cursor = next;
                 if cursor == 0 {
@@ -106,6 +121,7 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
         from: old.layout(),
         to: Layout::CURRENT,
         keys: moved,
+        kept,
         took: began.elapsed(),
     }))
 }

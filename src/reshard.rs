@@ -188,75 +188,80 @@ impl Cluster {
         if source.id != target.id {
             let mut src = self.node(&source.host, source.port).await?;
             let mut tgt = self.node(&target.host, target.port).await?;
-            // A run interrupted after copying every key (the marker included) left the source
-            // empty and the target holding the shard: only the hand-over is left (the marker
-            // cannot be written through the source any more: it would answer ASK).
-            let count = |c: &mut MultiplexedConnection| {
-                let mut c = c.clone();
-                async move {
-                    redis::cmd("CLUSTER")
-                        .arg("COUNTKEYSINSLOT")
-                        .arg(slot)
-                        .query_async::<u64>(&mut c)
-                        .await
-                }
-            };
-            let copied = count(&mut src).await? == 0 && count(&mut tgt).await? > 0;
-            // 1. Freeze: from here on every script of this shard refuses.
-            if !copied {
-                self.store.freeze_shard(shard).await?;
-            }
-            // 2. Open the slot on both sides (idempotent).
-            let () = redis::cmd("CLUSTER")
+            // 1. Open the slot on the target (idempotent; nothing is redirected to it before
+            // the source is MIGRATING), so the target can be asked whether it already holds
+            // the marker. A run interrupted after handing the slot to the target finds the
+            // target owning it already (it refuses to import its own slot) while the seed may
+            // not have heard yet: only the hand-over is left.
+            let opened: redis::RedisResult<()> = redis::cmd("CLUSTER")
                 .arg("SETSLOT")
                 .arg(slot)
                 .arg("IMPORTING")
                 .arg(&source.id)
                 .query_async(&mut tgt)
-                .await?;
-            let () = redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("MIGRATING")
-                .arg(&target.id)
-                .query_async(&mut src)
-                .await?;
-            // 3. Copy every key, the marker last. REPLACE: the source is the truth while the
-            // shard is frozen, so a copy left by an interrupted run is overwritten. Bounded:
-            // each round moves up to `keys_per_call` keys, and a frozen shard does not grow.
-            for _ in 0..1_000_000 {
-                let keys: Vec<String> = redis::cmd("CLUSTER")
-                    .arg("GETKEYSINSLOT")
+                .await;
+            let handed_over = match opened {
+                Ok(()) => false,
+                Err(e) if e.to_string().contains("already the owner") => true,
+                Err(e) => return Err(e.into()),
+            };
+            if !handed_over {
+                // 2. Freeze: from here on every script of this shard refuses. A run interrupted
+                // after the marker was copied left it on the target, and the source then answers
+                // ASK for it: the shard is frozen already (scripts sent to the source find a
+                // declared key missing and get TRYAGAIN; those sent on to the target find the
+                // marker), so it is not written again.
+                let (_, on_target): ((), bool) = redis::pipe()
+                    .cmd("ASKING")
+                    .cmd("EXISTS")
+                    .arg(&frozen_key)
+                    .query_async(&mut tgt)
+                    .await?;
+                if !on_target {
+                    self.store.freeze_shard(shard).await?;
+                }
+                let () = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
                     .arg(slot)
-                    .arg(keys_per_call.max(1))
+                    .arg("MIGRATING")
+                    .arg(&target.id)
                     .query_async(&mut src)
                     .await?;
-                let batch: Vec<&String> = keys.iter().filter(|k| **k != frozen_key).collect();
-                let batch: Vec<&String> = if batch.is_empty() {
-                    keys.iter().collect()
-                } else {
-                    batch
-                };
-                if batch.is_empty() {
-                    break;
+                // 3. Copy every key, the marker last. REPLACE: the source is the truth while the
+                // shard is frozen, so a copy left by an interrupted run is overwritten. Bounded:
+                // each round moves up to `keys_per_call` keys, and a frozen shard does not grow.
+                let per_call = keys_per_call.max(1);
+                for _ in 0..1_000_000 {
+                    // One more than a batch, so a marker among them still leaves a full batch of
+                    // other keys (Redis 7.0 lists the newest key of a slot first).
+                    let keys: Vec<String> = redis::cmd("CLUSTER")
+                        .arg("GETKEYSINSLOT")
+                        .arg(slot)
+                        .arg(per_call + 1)
+                        .query_async(&mut src)
+                        .await?;
+                    let batch = next_batch(&keys, &frozen_key, per_call);
+                    if batch.is_empty() {
+                        break;
+                    }
+                    let mut migrate = redis::cmd("MIGRATE");
+                    migrate
+                        .arg(&target.host)
+                        .arg(target.port)
+                        .arg("")
+                        .arg(0)
+                        .arg(10_000)
+                        .arg("REPLACE");
+                    if let Some(password) = self.seed.redis_settings().password() {
+                        match self.seed.redis_settings().username() {
+                            Some(user) => migrate.arg("AUTH2").arg(user).arg(password),
+                            None => migrate.arg("AUTH").arg(password),
+                        };
+                    }
+                    migrate.arg("KEYS").arg(&batch);
+                    let _: redis::Value = migrate.query_async(&mut src).await?;
+                    moved += batch.len();
                 }
-                let mut migrate = redis::cmd("MIGRATE");
-                migrate
-                    .arg(&target.host)
-                    .arg(target.port)
-                    .arg("")
-                    .arg(0)
-                    .arg(10_000)
-                    .arg("REPLACE");
-                if let Some(password) = self.seed.redis_settings().password() {
-                    match self.seed.redis_settings().username() {
-                        Some(user) => migrate.arg("AUTH2").arg(user).arg(password),
-                        None => migrate.arg("AUTH").arg(password),
-                    };
-                }
-                migrate.arg("KEYS").arg(&batch);
-                let _: redis::Value = migrate.query_async(&mut src).await?;
-                moved += batch.len();
             }
             // 4. Hand the slot over: the target first (it then answers for it), then the
             // source and every other master.
@@ -291,6 +296,23 @@ impl Cluster {
             keys: moved,
             took: began.elapsed(),
         })
+    }
+}
+
+/// The keys of one `MIGRATE` call, out of what `CLUSTER GETKEYSINSLOT` listed (up to
+/// `per_call + 1` keys): up to `per_call` keys other than the freeze `marker`, and the marker
+/// only once it is the last key of the slot — so the source refuses the shard's scripts
+/// until everything else has arrived, and an interrupted move can always freeze again.
+fn next_batch<'a>(listed: &'a [String], marker: &str, per_call: usize) -> Vec<&'a String> {
+    let others: Vec<&String> = listed
+        .iter()
+        .filter(|k| *k != marker)
+        .take(per_call)
+        .collect();
+    if others.is_empty() {
+        listed.iter().filter(|k| *k == marker).collect()
+    } else {
+        others
     }
 }
 
@@ -360,5 +382,19 @@ f5e6 127.0.0.1:30004@40004 slave e7d1 0 1 1 connected
         assert!(masters[0].serves(6000) && !masters[0].serves(5461));
         assert_eq!(masters[1].address(), "127.0.0.1:30002");
         assert_eq!(slot_counts(&masters)["127.0.0.1:30002"], 539 + 4922);
+    }
+
+    #[test]
+    fn the_marker_is_moved_only_when_it_is_the_last_key() {
+        let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        // Redis 7.0 lists the newest key (the marker) first.
+        let listed = keys(&["m", "a"]);
+        assert_eq!(next_batch(&listed, "m", 1), vec!["a"]);
+        let listed = keys(&["a", "b", "m"]);
+        assert_eq!(next_batch(&listed, "m", 2), vec!["a", "b"]);
+        let listed = keys(&["a", "b", "c"]);
+        assert_eq!(next_batch(&listed, "m", 2), vec!["a", "b"]);
+        assert_eq!(next_batch(&keys(&["m"]), "m", 1), vec!["m"]);
+        assert!(next_batch(&[], "m", 1).is_empty());
     }
 }

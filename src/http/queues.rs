@@ -91,9 +91,10 @@ pub struct DeadLetterPage {
 
 /// List dead letters, newest first.
 ///
-/// With a tenant (`X-Tenant-Id` or a tenant credential) only that tenant's records; the
-/// platform admin without `X-Tenant-Id` sees every tenant's (and poison records, which belong
-/// to no tenant).
+/// With a tenant (`X-Tenant-Id` or a tenant credential) only that tenant's records, read
+/// through the tenant's own index (its shard neighbours' records are not read); the platform
+/// admin without `X-Tenant-Id` sees every tenant's (and poison records, which belong to no
+/// tenant).
 #[utoipa::path(
     get,
     path = "/api/dlq",

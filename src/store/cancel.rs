@@ -4,7 +4,7 @@
 use redis::Value;
 
 use super::row::{execution_from, split_tag};
-use super::{Store, StoreError};
+use super::{Shard, Store, StoreError};
 use crate::admission::{Execution, ExecutionId, Status, TenantId};
 
 impl Store {
@@ -14,7 +14,19 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<Option<Execution>, StoreError> {
-        let shard = self.shard_of(tenant);
+        let found = self.cancel_in(self.shard_of(tenant), tenant, id).await?;
+        match self.repinned(tenant, found.is_none()).await? {
+            Some(shard) => self.cancel_in(shard, tenant, id).await,
+            None => Ok(found),
+        }
+    }
+
+    async fn cancel_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<Option<Execution>, StoreError> {
         let keys = [
             shard.row(id),
             shard.tenant_config(tenant),
@@ -46,7 +58,21 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<bool, StoreError> {
-        let shard = self.shard_of(tenant);
+        let found = self
+            .force_delete_in(self.shard_of(tenant), tenant, id)
+            .await?;
+        match self.repinned(tenant, !found).await? {
+            Some(shard) => self.force_delete_in(shard, tenant, id).await,
+            None => Ok(found),
+        }
+    }
+
+    async fn force_delete_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<bool, StoreError> {
         let keys = [
             shard.row(id),
             shard.tenant_config(tenant),

@@ -47,7 +47,22 @@ pub struct DeadLetter {
 impl Store {
     /// Re-queues a failed or cancelled execution with fresh attempts.
     pub async fn retry(&self, tenant: &TenantId, id: &ExecutionId) -> Result<Retry, StoreError> {
-        let shard = self.shard_of(tenant);
+        let found = self.retry_in(self.shard_of(tenant), tenant, id).await?;
+        match self
+            .repinned(tenant, matches!(found, Retry::NotFound))
+            .await?
+        {
+            Some(shard) => self.retry_in(shard, tenant, id).await,
+            None => Ok(found),
+        }
+    }
+
+    async fn retry_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<Retry, StoreError> {
         let keys = [
             shard.row(id),
             shard.tenant_config(tenant),
@@ -111,9 +126,18 @@ impl Store {
         // Every shard at the same time: a slow master delays the answer by its own time only.
         // A shard that fails fails the page (records left out would be skipped for good by the
         // `before` cursor).
-        let reads = shards
-            .into_iter()
-            .map(|shard| self.shard_dead_letters(shard, tenant, &max, limit));
+        let reads = shards.into_iter().map(|shard| {
+            let max = max.clone();
+            async move {
+                match tenant {
+                    Some(t) => {
+                        self.tenant_dead_letters(shard, t, before, &max, limit)
+                            .await
+                    }
+                    None => self.shard_dead_letters(shard, None, &max, limit).await,
+                }
+            }
+        });
         let mut out = Vec::new();
         for page in futures_util::future::join_all(reads).await {
             out.extend(page?);
@@ -145,8 +169,82 @@ impl Store {
         Ok(removed == 1)
     }
 
+    /// Up to `limit` dead letters of `tenant` in its shard, newest first, below `max` (an
+    /// XREVRANGE bound; `before` is the same bound as numbers). Read through the tenant's index
+    /// (`Shard::tenant_dead_letters`): a page of ids, then their records in one pipeline — what
+    /// is read is the tenant's own, however many records its shard neighbours have. Ids whose
+    /// record is gone are skipped (at most a few index pages per call). Records older than
+    /// the index (`Shard::dead_letters_indexed`) are found by the scan of a build without it.
+    async fn tenant_dead_letters(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        before: Option<(u64, u64)>,
+        max: &str,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut c = self.conn();
+        let index = shard.tenant_dead_letters(tenant);
+        let first: Option<String> = self
+            .bounded(
+                redis::cmd("GET")
+                    .arg(shard.dead_letters_indexed())
+                    .query_async(&mut c),
+            )
+            .await?;
+        let mut out = Vec::new();
+        let mut upper = max.to_owned();
+        if first.is_some() {
+            for _ in 0..8 {
+                let ids: Vec<(String, Value)> = self
+                    .bounded(
+                        redis::cmd("XREVRANGE")
+                            .arg(&index)
+                            .arg(&upper)
+                            .arg("-")
+                            .arg("COUNT")
+                            .arg(limit - out.len())
+                            .query_async(&mut c),
+                    )
+                    .await?;
+                let Some((last, _)) = ids.last() else { break };
+                upper = format!("({last}");
+                let asked = limit - out.len();
+                let mut p = redis::pipe();
+                for (id, _) in &ids {
+                    p.cmd("XRANGE").arg(shard.dead_letters()).arg(id).arg(id);
+                }
+                let records: Vec<Vec<(String, HashMap<String, String>)>> =
+                    self.bounded(p.query_async(&mut c)).await?;
+                for (entry_id, f) in records.into_iter().flatten() {
+                    if f.get("tenant_id").map(String::as_str) == Some(tenant.as_str()) {
+                        out.push(dead_letter_of(shard.number(), entry_id, f));
+                    }
+                }
+                if out.len() >= limit || ids.len() < asked {
+                    break;
+                }
+            }
+        }
+        if out.len() >= limit {
+            return Ok(out);
+        }
+        // Records from before the index: below its first id (and below `before`).
+        let legacy_max = match &first {
+            None => max.to_owned(),
+            Some(first) if before.is_some_and(|b| b <= stream_id_key(first)) => max.to_owned(),
+            Some(first) => format!("({first}"),
+        };
+        out.extend(
+            self.shard_dead_letters(shard, Some(tenant), &legacy_max, limit - out.len())
+                .await?,
+        );
+        Ok(out)
+    }
+
     /// Up to `limit` dead letters of one shard (of `tenant` only, when given), newest first,
-    /// below `max` (an XREVRANGE bound).
+    /// below `max` (an XREVRANGE bound), by scanning the shard's stream: every shard's for the
+    /// platform admin, and a tenant's records written before its index existed.
     async fn shard_dead_letters(
         &self,
         shard: Shard,

@@ -205,6 +205,19 @@ impl Shard {
         format!("{}dlq", self.prefix())
     }
 
+    /// The id of the first dead-letter record written together with its tenant's index
+    /// (`tenant_dead_letters`): records below it come from a build without the index and are
+    /// found by scanning.
+    pub fn dead_letters_indexed(self) -> String {
+        format!("{}dlq_indexed", self.prefix())
+    }
+
+    /// A tenant's dead-letter index: a stream holding the ids of its records in the shard's
+    /// dead-letter stream (same ids, no data), so its listing reads only its own records.
+    pub fn tenant_dead_letters(self, t: &TenantId) -> String {
+        format!("{}t:{t}:dlq", self.prefix())
+    }
+
     /// Counters of what happened in this shard (completed, fenced, reclaimed, dlq_evicted, ...).
     pub fn stats(self) -> String {
         format!("{}stats", self.prefix())
@@ -390,6 +403,7 @@ pub enum KeyKind {
     Leases,
     Delayed,
     DeadLetters,
+    DeadLettersIndexed,
     Stats,
     Tenants,
     TenantConfig,
@@ -397,6 +411,7 @@ pub enum KeyKind {
     Waiting,
     Deleting,
     Flows,
+    TenantDeadLetters,
     StatusIndex,
     FlowIndex,
     Dedup,
@@ -476,6 +491,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             "leases" => at(KeyKind::Leases),
             "delayed" => at(KeyKind::Delayed),
             "dlq" => at(KeyKind::DeadLetters),
+            "dlq_indexed" => at(KeyKind::DeadLettersIndexed),
             "stats" => at(KeyKind::Stats),
             "tenants" => at(KeyKind::Tenants),
             _ => None,
@@ -489,6 +505,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         "waiting" => KeyKind::Waiting,
         "deleting" => KeyKind::Deleting,
         "flows" => KeyKind::Flows,
+        "dlq" => KeyKind::TenantDeadLetters,
         _ if tail.starts_with("st:") => KeyKind::StatusIndex,
         _ if tail.starts_with("fl:") => KeyKind::FlowIndex,
         _ if tail.starts_with("dd:") => KeyKind::Dedup,
@@ -643,6 +660,7 @@ mod tests {
             (s.waiting(&t), KeyKind::Waiting),
             (s.deleting(&t), KeyKind::Deleting),
             (s.flows(&t), KeyKind::Flows),
+            (s.tenant_dead_letters(&t), KeyKind::TenantDeadLetters),
             (s.status_index(&t, Status::Running), KeyKind::StatusIndex),
             (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
             (s.dedup(&t, "00ff"), KeyKind::Dedup),
@@ -663,6 +681,7 @@ mod tests {
             (s.leases(), KeyKind::Leases),
             (s.delayed(), KeyKind::Delayed),
             (s.dead_letters(), KeyKind::DeadLetters),
+            (s.dead_letters_indexed(), KeyKind::DeadLettersIndexed),
             (s.stats(), KeyKind::Stats),
             (s.tenants(), KeyKind::Tenants),
         ] {

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 
-use super::keys::WORKER_GROUP;
 use super::{Shard, Store, StoreError};
 use crate::admission::{ExecutionId, FlowId, Status, TenantId};
 
@@ -92,23 +91,16 @@ impl Store {
             .collect()
     }
 
-    /// Creates the `workers` consumer group on one shard's ready stream (idempotent).
+    /// Creates the `workers` consumer group on one shard's ready stream (idempotent). A frozen
+    /// shard (a slot move or a layout migration under way) is left alone: nothing is created
+    /// now, and the next start that finds no group creates it once the shard is unfrozen.
     pub async fn ensure_group(&self, shard: Shard) -> Result<(), StoreError> {
+        let inv = self.shard_script(&self.scripts.ensure_group, shard, &[shard.ready()]);
         let mut c = self.conn();
-        let r: redis::RedisResult<()> = self
-            .bounded_raw(
-                redis::cmd("XGROUP")
-                    .arg("CREATE")
-                    .arg(shard.ready())
-                    .arg(WORKER_GROUP)
-                    .arg("0")
-                    .arg("MKSTREAM")
-                    .query_async(&mut c),
-            )
-            .await?;
+        let r: redis::RedisResult<u8> = self.bounded_raw(inv.invoke_async(&mut c)).await?;
         match r {
-            Ok(()) => Ok(()),
-            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("TRYAGAIN") => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -135,6 +127,7 @@ impl Store {
             shard.leases(),
             shard.dead_letters(),
             shard.stats(),
+            shard.dead_letters_indexed(),
             shard.adopted(consumer),
         ];
         let mut inv = self.shard_script(&self.scripts.start, shard, &keys);
@@ -272,6 +265,7 @@ impl Store {
             shard.delayed(),
             shard.dead_letters(),
             shard.stats(),
+            shard.dead_letters_indexed(),
             shard.adopted(consumer),
         ];
         let mut inv = self.shard_script(&self.scripts.complete, shard, &keys);
@@ -324,6 +318,7 @@ impl Store {
             shard.dead_letters(),
             shard.stats(),
             shard.delayed(),
+            shard.dead_letters_indexed(),
         ];
         let mut inv = self.shard_script(&self.scripts.reclaim, shard, &keys);
         inv.arg(batch.max(1)).arg(self.dlq_cap());

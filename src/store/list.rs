@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::row::{from_fields, row_to_execution};
-use super::{Store, StoreError};
+use super::{Shard, Store, StoreError};
 use crate::admission::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
 
 /// A page of a tenant's executions, newest first.
@@ -44,7 +44,19 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<Option<Execution>, StoreError> {
-        let shard = self.shard_of(tenant);
+        let found = self.get_in(self.shard_of(tenant), tenant, id).await?;
+        match self.repinned(tenant, found.is_none()).await? {
+            Some(shard) => self.get_in(shard, tenant, id).await,
+            None => Ok(found),
+        }
+    }
+
+    async fn get_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+    ) -> Result<Option<Execution>, StoreError> {
         let mut c = self.conn();
         let fields: HashMap<String, String> = self
             .bounded(redis::cmd("HGETALL").arg(shard.row(id)).query_async(&mut c))

@@ -13,6 +13,12 @@
 //! another slot atomically): pin a tenant before it starts, or after it has drained and its
 //! rows have expired or been deleted. Unpinning (`unpin_tenant`) is the same move backwards,
 //! under the same rule: only a tenant with nothing on its dedicated shard moves back.
+//!
+//! Between refreshes a process's copy of the pins may be stale: a tenant pinned through
+//! another server a moment ago still looks hashed here. Writes are safe (the scripts answer
+//! `moved`), and lookups by id (read, wait, cancel, retry, force delete) that find nothing in
+//! the cached shard ask Redis for that one tenant's pin before answering "not found"
+//! (`repinned`): one `HGET` per miss, and a second lookup only when the pin changed.
 
 use std::collections::HashMap;
 
@@ -73,6 +79,52 @@ impl Store {
             .collect();
         *self.pins.write().expect("pins") = pins;
         Ok(())
+    }
+
+    /// After a lookup by id in `tenant`'s shard as this process knows it: when it `missed`
+    /// and Redis pins the tenant elsewhere than the cached pins say (another server pinned it
+    /// since the last refresh), the pins are read again and the shard to look in once more is
+    /// returned. So an execution admitted through a server that knew the pin is never answered
+    /// 404 by one that did not yet. Nothing is asked of Redis after a hit.
+    pub(super) async fn repinned(
+        &self,
+        tenant: &TenantId,
+        missed: bool,
+    ) -> Result<Option<Shard>, StoreError> {
+        if missed && self.pin_changed(tenant).await? {
+            Ok(Some(self.shard_of(tenant)))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Whether Redis pins `tenant` to another shard than this process's copy of the pins says;
+    /// when it does, the copy is read again. One `HGET` when nothing changed.
+    pub async fn pin_changed(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+        let mut c = self.conn();
+        let on_redis: Option<String> = self
+            .bounded(
+                redis::cmd("HGET")
+                    .arg(keys::pins())
+                    .arg(format!("t:{tenant}"))
+                    .query_async(&mut c),
+            )
+            .await?;
+        let total = self.shards.count() + self.shards.dedicated();
+        let on_redis = on_redis
+            .and_then(|v| v.parse::<u16>().ok())
+            .filter(|n| *n >= self.shards.count() && *n < total);
+        let cached = self
+            .pins
+            .read()
+            .expect("pins")
+            .get(tenant.as_str())
+            .copied();
+        if on_redis == cached {
+            return Ok(false);
+        }
+        self.refresh_pins().await?;
+        Ok(true)
     }
 
     /// Gives `tenant` a dedicated shard of its own (see the module comment).

@@ -144,6 +144,8 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "sweeper_unlock.lua" => op!("sweeper_unlock.lua").1,
         "watch.lua" => op!("watch.lua").1,
         "dlq_dismiss.lua" => op!("dlq_dismiss.lua").1,
+        "ensure_group.lua" => op!("ensure_group.lua").1,
+        "ring.lua" => op!("ring.lua").1,
         _ => return None,
     })
 }
@@ -173,6 +175,8 @@ pub struct Scripts {
     pub sweeper_unlock: Script,
     pub watch: Script,
     pub dlq_dismiss: Script,
+    pub ensure_group: Script,
+    pub ring: Script,
 }
 
 impl Scripts {
@@ -203,11 +207,13 @@ impl Scripts {
             sweeper_unlock: script(Kind::Meta, op!("sweeper_unlock.lua")),
             watch: shard(op!("watch.lua")),
             dlq_dismiss: shard(op!("dlq_dismiss.lua")),
+            ensure_group: shard(op!("ensure_group.lua")),
+            ring: shard(op!("ring.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 23] {
+    pub fn all(&self) -> [&Script; 25] {
         [
             &self.admit,
             &self.abandon,
@@ -232,6 +238,8 @@ impl Scripts {
             &self.sweeper_unlock,
             &self.watch,
             &self.dlq_dismiss,
+            &self.ensure_group,
+            &self.ring,
         ]
     }
 }
@@ -266,6 +274,8 @@ mod tests {
             "sweeper_unlock.lua",
             "watch.lua",
             "dlq_dismiss.lua",
+            "ensure_group.lua",
+            "ring.lua",
         ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for op in ops {

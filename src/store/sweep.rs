@@ -111,6 +111,7 @@ impl Store {
             shard.slots(t),
             shard.waiting(t),
             shard.ready(),
+            shard.leases(),
         ];
         if let (SweepMode::Index, Some(status)) = (step.mode, step.status) {
             keys.push(match step.flow.as_deref().map(FlowId::parse) {

@@ -101,16 +101,12 @@ impl Store {
 
     /// Sets a shard's doorbell again: a worker woke for work it cannot take now (no free
     /// slot), so another worker with a free slot may be woken instead.
+    /// Through a script, so a frozen shard refuses (`TRYAGAIN`) instead of being written.
     pub async fn ring(&self, shard: Shard) -> Result<(), StoreError> {
+        let inv = self.shard_script(&self.scripts.ring, shard, &[shard.bell()]);
         let mut c = self.conn();
-        self.bounded(
-            redis::cmd("ZADD")
-                .arg(shard.bell())
-                .arg(0)
-                .arg(1)
-                .query_async::<()>(&mut c),
-        )
-        .await
+        let _: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
+        Ok(())
     }
 
     /// Subscribes to the stop messages of worker `consumer` (see the module comment); on a

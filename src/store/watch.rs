@@ -11,7 +11,7 @@ use redis::Value;
 use redis::aio::{PubSubSink, PubSubStream};
 
 use super::row::{execution_from, split_tag};
-use super::{RedisTarget, Store, StoreError, keys};
+use super::{RedisTarget, Shard, Store, StoreError, keys};
 use crate::access::AccessChange;
 use crate::admission::{Execution, ExecutionId, TenantId};
 
@@ -30,7 +30,22 @@ impl Store {
         id: &ExecutionId,
         horizon: Duration,
     ) -> Result<Option<Execution>, StoreError> {
-        let shard = self.shard_of(tenant);
+        let found = self
+            .watch_in(self.shard_of(tenant), tenant, id, horizon)
+            .await?;
+        match self.repinned(tenant, found.is_none()).await? {
+            Some(shard) => self.watch_in(shard, tenant, id, horizon).await,
+            None => Ok(found),
+        }
+    }
+
+    async fn watch_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        horizon: Duration,
+    ) -> Result<Option<Execution>, StoreError> {
         let mut inv = self.shard_script(&self.scripts.watch, shard, &[shard.row(id)]);
         inv.arg(tenant.as_str())
             .arg(id.as_str())

@@ -649,31 +649,16 @@ async fn a_master_failover_costs_only_its_tenants_a_few_seconds_and_loses_nothin
     );
 }
 
-/// A move interrupted after every key was copied (the marker last) but before the slot was
-/// handed over: the source is empty and answers ASK for the shard, so the marker cannot be
-/// written through it. Running the same command again must finish the move, not fail.
-#[tokio::test]
-async fn an_interrupted_move_is_finished_by_running_it_again() {
-    if !cluster_mode() {
-        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
-        return;
-    }
-    let app = TestApp::spawn().await;
-    let tenant = "halfway";
-    let ids: Vec<String> = {
-        let mut ids = Vec::new();
-        for _ in 0..5 {
-            ids.push(
-                app.admit_with(tenant, json!({"flow_id": "demo.echo"}))
-                    .await,
-            );
-        }
-        ids
-    };
-    let shard = app.shard(tenant);
+/// Starts moving `shard` to master `to` by hand, as `move-shard` does before it copies: the
+/// shard frozen, its slot IMPORTING on the target and MIGRATING on the source. The source's
+/// connection and the slot.
+async fn begin_move_by_hand(
+    app: &TestApp,
+    shard: sluice::store::Shard,
+    to: usize,
+) -> (redis::aio::MultiplexedConnection, u16) {
     let slot = app.redis.slot_of(&shard.prefix()).await;
-    let from = app.master_of(tenant).await;
-    let to = (from + 1) % app.redis.masters();
+    let from = app.redis.master_of_slot(slot).await;
     let (mut src, mut tgt) = (
         app.redis.node_conn(from).await,
         app.redis.node_conn(to).await,
@@ -689,7 +674,6 @@ async fn an_interrupted_move_is_finished_by_running_it_again() {
         }
     };
     let (src_id, tgt_id) = (id_of(&mut src).await, id_of(&mut tgt).await);
-    // What `move-shard` does up to the hand-over, by hand.
     app.store().await.freeze_shard(shard).await.unwrap();
     let setslot = |state: &str, node: &str| {
         let mut c = redis::cmd("CLUSTER");
@@ -704,14 +688,16 @@ async fn an_interrupted_move_is_finished_by_running_it_again() {
         .query_async(&mut src)
         .await
         .unwrap();
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(10_000)
-        .query_async(&mut src)
-        .await
-        .unwrap();
-    assert!(keys.contains(&shard.frozen()), "{keys:?}");
+    (src, slot)
+}
+
+/// Copies `keys` from the source `src` to master `to` by hand (one `MIGRATE`).
+async fn migrate_by_hand(
+    app: &TestApp,
+    src: &mut redis::aio::MultiplexedConnection,
+    to: usize,
+    keys: &[String],
+) {
     let (host, port) = app
         .redis
         .node_address(to)
@@ -725,11 +711,14 @@ async fn an_interrupted_move_is_finished_by_running_it_again() {
         .arg(0)
         .arg(5_000)
         .arg("KEYS")
-        .arg(&keys)
-        .query_async(&mut src)
+        .arg(keys)
+        .query_async(src)
         .await
         .unwrap();
+}
 
+/// Runs `sluice cluster move-shard` for `shard` to master `to`; asserts it finished.
+fn move_shard(app: &TestApp, shard: sluice::store::Shard, to: usize, keys_per_call: usize) {
     let out = std::process::Command::new(crate::helpers::sluice_bin())
         .args([
             "cluster",
@@ -738,6 +727,7 @@ async fn an_interrupted_move_is_finished_by_running_it_again() {
             &shard.number().to_string(),
         ])
         .args(["--to", &app.redis.node_address(to)])
+        .args(["--keys-per-call", &keys_per_call.to_string()])
         .args(app.redis.args())
         .env("RUST_LOG", "warn")
         .output()
@@ -747,11 +737,207 @@ async fn an_interrupted_move_is_finished_by_running_it_again() {
         "move-shard did not finish the move: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Five `demo.echo` executions of `tenant`, queued (no worker yet).
+async fn five_queued(app: &TestApp, tenant: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            app.admit_with(tenant, json!({"flow_id": "demo.echo"}))
+                .await,
+        );
+    }
+    ids
+}
+
+/// After a move to master `to`: the shard is served there, unfrozen, and a worker completes
+/// every one of `ids`.
+async fn served_after_move(app: &TestApp, tenant: &str, to: usize, ids: &[String]) {
+    let shard = app.shard(tenant);
     assert_eq!(app.master_of(tenant).await, to);
     assert!(!app.store().await.is_frozen(shard).await.unwrap());
     let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "4"]);
-    for id in &ids {
+    for id in ids {
         let done = app.wait_terminal(tenant, id, Duration::from_secs(20)).await;
         assert_eq!(done["status"], "completed", "{done}");
     }
+}
+
+/// A move interrupted after every key was copied (the marker last) but before the slot was
+/// handed over: the source is empty and answers ASK for the shard, so the marker cannot be
+/// written through it. Running the same command again must finish the move, not fail.
+#[tokio::test]
+async fn an_interrupted_move_is_finished_by_running_it_again() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let tenant = "halfway";
+    let ids = five_queued(&app, tenant).await;
+    let shard = app.shard(tenant);
+    let to = (app.master_of(tenant).await + 1) % app.redis.masters();
+    let (mut src, slot) = begin_move_by_hand(&app, shard, to).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(10_000)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    assert!(keys.contains(&shard.frozen()), "{keys:?}");
+    migrate_by_hand(&app, &mut src, to, &keys).await;
+
+    move_shard(&app, shard, to, 100);
+    served_after_move(&app, tenant, to, &ids).await;
+}
+
+/// A move interrupted after its marker was copied alone, before the other keys (what
+/// `--keys-per-call 1` did when Redis 7.0 listed the marker first): the marker is on the
+/// target, the rest on the source, which answers ASK for the marker. Every re-run used to
+/// fail with `Ask`, the shard refusing until `redis-cli --cluster fix`; running the command
+/// again must finish the move.
+#[tokio::test]
+async fn a_move_interrupted_after_its_marker_went_first_is_finished_by_running_it_again() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let tenant = "markerfirst";
+    let ids = five_queued(&app, tenant).await;
+    let shard = app.shard(tenant);
+    let to = (app.master_of(tenant).await + 1) % app.redis.masters();
+    let (mut src, _) = begin_move_by_hand(&app, shard, to).await;
+    migrate_by_hand(&app, &mut src, to, &[shard.frozen()]).await;
+
+    move_shard(&app, shard, to, 1);
+    served_after_move(&app, tenant, to, &ids).await;
+}
+
+/// `move-shard --keys-per-call 1` copies the freeze marker last, whatever order Redis lists
+/// the slot's keys in (7.0 lists the newest, the marker, first): the target's own command log
+/// (`MONITOR`) shows every other key restored before the marker. Then the shard serves.
+#[tokio::test]
+async fn one_key_per_call_moves_the_marker_last() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let tenant = "onebyone";
+    let ids = five_queued(&app, tenant).await;
+    let shard = app.shard(tenant);
+    let to = (app.master_of(tenant).await + 1) % app.redis.masters();
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("monitor.log");
+    let port = app
+        .redis
+        .node_address(to)
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .to_owned();
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", &port, "monitor"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // MONITOR answers OK once it is on.
+    let on = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).unwrap().starts_with("OK") {
+        assert!(Instant::now() < on, "MONITOR did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    move_shard(&app, shard, to, 1);
+    // Every key arrived before the move's command returned; a PING through MONITOR marks the
+    // end of what the log must hold.
+    let mut c = app.redis.node_conn(to).await;
+    let _: String = redis::cmd("PING")
+        .arg("end-of-move")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let logged = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("end-of-move")
+    {
+        assert!(Instant::now() < logged, "MONITOR did not log the end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let restored: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"RESTORE-ASKING\""))
+        .filter_map(|l| l.split('"').nth(3).map(str::to_owned))
+        .collect();
+    assert!(restored.len() > 5, "{restored:?}");
+    assert_eq!(
+        restored.iter().filter(|k| **k == shard.frozen()).count(),
+        1,
+        "{restored:?}"
+    );
+    assert_eq!(restored.last(), Some(&shard.frozen()), "{restored:?}");
+    served_after_move(&app, tenant, to, &ids).await;
+}
+
+/// A move interrupted in its hand-over: every key is on the target and the target already
+/// owns the slot, but the seed node (here the source) may not have heard yet. The target
+/// refuses to import a slot it owns; running the command again must finish the hand-over and
+/// unfreeze, not fail on that refusal.
+#[tokio::test]
+async fn a_move_interrupted_in_its_hand_over_is_finished_by_running_it_again() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    // A tenant whose shard is on node 0, the seed `move-shard` asks first.
+    let mut tenant = None;
+    for i in 0..1_000 {
+        let t = format!("h{i}");
+        if app.master_of(&t).await == 0 {
+            tenant = Some(t);
+            break;
+        }
+    }
+    let tenant = tenant.expect("a tenant on node 0");
+    let ids = five_queued(&app, &tenant).await;
+    let shard = app.shard(&tenant);
+    let to = 1;
+    let (mut src, slot) = begin_move_by_hand(&app, shard, to).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(10_000)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    let (marker, rest): (Vec<String>, Vec<String>) =
+        keys.into_iter().partition(|k| *k == shard.frozen());
+    migrate_by_hand(&app, &mut src, to, &rest).await;
+    migrate_by_hand(&app, &mut src, to, &marker).await;
+    // The target takes the slot; the source is not told.
+    let mut tgt = app.redis.node_conn(to).await;
+    let tgt_id: String = redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query_async(&mut tgt)
+        .await
+        .unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(&tgt_id)
+        .query_async(&mut tgt)
+        .await
+        .unwrap();
+
+    move_shard(&app, shard, to, 100);
+    served_after_move(&app, &tenant, to, &ids).await;
 }

@@ -49,7 +49,7 @@ async fn lua_key_builders_name_the_keys_the_rust_keys_module_does() {
 local t, id, f, h = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delayed(), K.dlq(), K.stats(),
   K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
-  K.dedup(t, h), EVENTS_CHANNEL .. id }
+  K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -85,6 +85,8 @@ return out";
             s.deleting(&t),
             s.flows(&t),
             s.dedup(&t, digest),
+            s.tenant_dead_letters(&t),
+            s.dead_letters_indexed(),
             keys::events_channel(&id),
         ];
         for st in Status::ALL {

@@ -189,3 +189,104 @@ async fn an_interrupted_migration_is_finished_by_running_it_again() {
     let page = app.get_json(Some("acme"), "/api/executions?limit=10").await;
     assert_eq!(page["total"], 3, "{page}");
 }
+
+/// An interrupted migration run again while processes of the old layout still run (#19): the
+/// first run had moved acme's ready stream (five queued executions) when it stopped; then an
+/// old worker starts and an old server answers `GET /api/queues`, both of which used to
+/// create the old ready stream again, empty (`XGROUP CREATE ... MKSTREAM`), and the second
+/// run copied that empty stream over the real one: the five never ran. Now the old processes
+/// write nothing under the frozen old names, and even an old key brought back (as an older
+/// build would) is not copied over a key the first run moved. The five run, once each.
+#[tokio::test]
+async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() {
+    use sluice::store::{Layout, ShardMap};
+    let redis = TestRedis::start().await;
+    let _: () = redis
+        .query(
+            redis::cmd("HSET")
+                .arg(sluice::store::keys::meta())
+                .arg("shards")
+                .arg(16)
+                .arg("layout")
+                .arg(1),
+        )
+        .await;
+    let mut app = TestApp::spawn_on(redis, |_| {}).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            app.admit_with("acme", json!({"flow_id": "demo.echo"}))
+                .await,
+        );
+    }
+    // What a first run had done when it stopped: every old shard frozen, acme's ready stream
+    // copied to its new name and deleted.
+    let old_map = app.store().await.shards();
+    let new_map = ShardMap::with_dedicated(16, old_map.dedicated(), Layout::CURRENT);
+    let old = app.shard("acme");
+    let new = new_map.shard(old.number());
+    let store = app.store().await;
+    for shard in old_map.all() {
+        store.freeze_shard(shard).await.unwrap();
+    }
+    let dump: Vec<u8> = app.redis.query(redis::cmd("DUMP").arg(old.ready())).await;
+    let () = app
+        .redis
+        .query(redis::cmd("RESTORE").arg(new.ready()).arg(0).arg(dump))
+        .await;
+    let _: u64 = app.redis.query(redis::cmd("DEL").arg(old.ready())).await;
+
+    // Old processes go on: a worker starts (it creates its groups) and the server is asked for
+    // the queue statistics (which creates a missing group).
+    let mut old_worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
+    let stats = app.get_json(None, "/api/queues").await;
+    assert!(stats["shards"].is_array(), "{stats}");
+    let old_ready: u64 = app.redis.query(redis::cmd("EXISTS").arg(old.ready())).await;
+    assert_eq!(
+        old_ready, 0,
+        "an old process wrote the frozen shard's ready stream"
+    );
+    // An older build (no freeze check on these writes) would have brought it back all the same.
+    let () = app
+        .redis
+        .query(
+            redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(old.ready())
+                .arg(sluice::store::WORKER_GROUP)
+                .arg("0")
+                .arg("MKSTREAM"),
+        )
+        .await;
+
+    let out = std::process::Command::new(sluice_bin())
+        .arg("migrate-layout")
+        .args(app.redis.args())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let len: u64 = app.redis.query(redis::cmd("XLEN").arg(new.ready())).await;
+    assert_eq!(len, 5, "the migrated ready stream lost its entries");
+    let keys = app.redis.keys().await;
+    let stale: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("sluice:{s") && !k.contains('.') && !k.ends_with(":frozen"))
+        .collect();
+    assert!(stale.is_empty(), "{stale:?}");
+
+    // The old processes are restarted (the README's procedure): everything runs, once.
+    old_worker.signal("TERM");
+    assert!(old_worker.wait_exit(Duration::from_secs(15)).success());
+    app.addr = app.spawn_beside(|_| {}).await;
+    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
+    for id in &ids {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(15)).await;
+        assert_eq!(e["status"], "completed", "{e}");
+        assert_eq!(e["attempt"], 1, "{e}");
+    }
+}

@@ -219,3 +219,60 @@ async fn only_a_tenant_without_executions_can_be_pinned_and_dedicated_shards_run
     let b: Value = pin(&app, "hot-b").await.json().await.unwrap();
     assert_ne!(a["shard"], b["shard"]);
 }
+
+/// A server that has not learned a pin yet (it rereads the pins every 2 s) used to answer 404
+/// for an execution another server had just acknowledged (#19): pin a tenant through server
+/// A, admit through A (201), then read, wait on and cancel it through server B. Each is asked
+/// right after a fresh pin, so each finds its execution on its own.
+#[tokio::test]
+async fn a_server_that_has_not_seen_a_pin_yet_finds_the_tenants_executions() {
+    let mut app = TestApp::spawn_with(|c| c.redis.dedicated_shards = 3).await;
+    let a = app.addr;
+    let b = app.spawn_beside(|_| {}).await;
+    let pinned_and_admitted = async |app: &mut TestApp, tenant: &str| {
+        app.addr = a;
+        // Only a registered tenant is pinned.
+        app.put_tenant(tenant, &json!({})).await;
+        assert_eq!(pin(app, tenant).await.status(), StatusCode::OK);
+        let res = app
+            .post_execution(tenant, &json!({"flow_id": "demo.echo"}))
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        let id = res.json::<Value>().await.unwrap()["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        app.addr = b;
+        id
+    };
+
+    let id = pinned_and_admitted(&mut app, "pin-get").await;
+    let res = app.get_execution("pin-get", &id).await;
+    assert_eq!(res.status(), StatusCode::OK, "GET through the other server");
+
+    let id = pinned_and_admitted(&mut app, "pin-wait").await;
+    let res = app
+        .as_tenant(
+            reqwest::Method::GET,
+            &format!("/api/executions/{id}?wait=100ms"),
+            "pin-wait",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "?wait= through the other server"
+    );
+
+    let id = pinned_and_admitted(&mut app, "pin-cancel").await;
+    let res = app.cancel("pin-cancel", &id).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "cancel through the other server"
+    );
+    let e: Value = res.json().await.unwrap();
+    assert_eq!(e["status"], "cancelled", "{e}");
+}

@@ -303,3 +303,64 @@ async fn a_worker_started_while_redis_is_down_waits_for_it() {
         .await;
     assert_eq!(e["status"], "completed");
 }
+
+/// A worker started before its Redis waits for it (logging each retry, with a growing pause)
+/// and still stops at once, cleanly, on SIGTERM while it waits — a container stopped before
+/// its Redis ever came up must not hang until it is killed.
+#[tokio::test]
+async fn a_worker_waiting_for_redis_stops_cleanly_on_sigterm() {
+    let mut app = TestApp::spawn().await;
+    app.redis.kill();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("worker.log");
+    // Killed when the test ends, also when an assertion fails first.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut worker = Reaped(
+        std::process::Command::new(crate::helpers::sluice_bin())
+            .args(["worker", "--demo-flows"])
+            .args(app.redis.args())
+            .env("RUST_LOG", "warn")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Two retries logged: it is waiting, not failing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.matches("the worker waits for it").count() >= 2 {
+            break;
+        }
+        assert!(
+            worker.0.try_wait().unwrap().is_none(),
+            "the worker gave up: {text}"
+        );
+        assert!(Instant::now() < deadline, "no retry logged: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &worker.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = worker.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGTERM did not stop the waiting worker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+}

@@ -471,6 +471,67 @@ async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
     assert_eq!(len, 0, "poison entries were removed from the stream");
 }
 
+/// A dispatched execution whose stream entry is gone (a ready stream lost or replaced, as an
+/// interrupted layout migration once did) would hold its slot and never run: nothing reads a
+/// row, only the stream. The sweeper puts each such execution back on the ready stream, once
+/// (a second sweep finds nothing to do), counts it (`repaired_lost_entries` in
+/// `GET /api/queues`), and leaves a running execution alone although its entry went too.
+#[tokio::test]
+async fn the_sweeper_puts_back_a_dispatched_execution_whose_stream_entry_is_lost() {
+    let app = TestApp::spawn().await;
+    let worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
+    let running = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.sleep", "params": {"ms": 120_000}}),
+        )
+        .await;
+    app.wait_running("acme", &running, 1).await;
+    // The worker's one slot is taken: these stay dispatched, unread.
+    let mut lost = Vec::new();
+    for _ in 0..5 {
+        lost.push(
+            app.admit_with("acme", json!({"flow_id": "demo.echo"}))
+                .await,
+        );
+    }
+    let ready = app.shard("acme").ready();
+    let _: u64 = app.redis.query(redis::cmd("DEL").arg(&ready)).await;
+
+    let store = std::sync::Arc::new(app.store().await);
+    let repaired = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    assert_eq!(
+        repaired.get("slots").copied().unwrap_or(0),
+        5,
+        "{repaired:?}"
+    );
+    let len: u64 = app.redis.query(redis::cmd("XLEN").arg(&ready)).await;
+    assert_eq!(len, 5);
+    let again = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    assert_eq!(again.get("slots").copied().unwrap_or(0), 0, "{again:?}");
+    assert_eq!(app.counter("repaired_lost_entries").await, 5);
+    assert_eq!(app.counter("repaired_slots").await, 0);
+    let e = app.execution("acme", &running).await;
+    assert_eq!(e["status"], "running", "{e}");
+
+    // The worker's slot frees; the five run, each once.
+    assert_eq!(app.cancel("acme", &running).await.status(), StatusCode::OK);
+    for id in &lost {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(15)).await;
+        assert_eq!(e["status"], "completed", "{e}");
+        assert_eq!(e["attempt"], 1, "{e}");
+    }
+    let e = app
+        .wait_terminal("acme", &running, Duration::from_secs(15))
+        .await;
+    assert_eq!(e["status"], "cancelled", "{e}");
+    drop(worker);
+}
+
 #[tokio::test]
 async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     let app = TestApp::spawn().await;
@@ -622,4 +683,200 @@ async fn an_orphan_whose_cancel_was_requested_ends_cancelled_not_rerun() {
         app.usage("acme").await,
         json!({"running": 0, "dispatched": 0, "waiting": 0})
     );
+}
+
+/// Bytes Redis has sent to its clients, over every master.
+async fn redis_output_bytes(app: &TestApp) -> u64 {
+    app.redis
+        .info("stats")
+        .await
+        .lines()
+        .filter_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .map(|n| n.trim().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Dead-letters `n` `demo.fail` executions of `tenant` (one attempt each) with `message`.
+async fn dead_lettered(app: &TestApp, tenant: &str, n: usize, message: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        ids.push(
+            app.admit_with(
+                tenant,
+                json!({"flow_id": "demo.fail", "max_attempts": 1, "params": {"message": message}}),
+            )
+            .await,
+        );
+    }
+    for id in &ids {
+        let e = app.wait_terminal(tenant, id, Duration::from_secs(30)).await;
+        assert_eq!(e["status"], "failed", "{e}");
+    }
+    ids
+}
+
+/// A tenant's shard neighbour of `tenant` (another tenant hashed to the same shard).
+fn neighbour_of(app: &TestApp, tenant: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("n{i}"))
+        .find(|t| app.shard(t) == app.shard(tenant))
+        .expect("a neighbour")
+}
+
+/// `GET /api/dlq` for one tenant used to scan its shard's whole dead-letter stream, reading the
+/// neighbours' records to find its own (#19: 2 MB read for 382 bytes returned). Now a tenant's
+/// listing goes through its own index of record ids: with a neighbour's 60 records of 8 KB on
+/// the shard, listing the tenant's 3 (and one record from before the index, found below it)
+/// costs Redis well under one neighbour record per returned one. Paging and dismissal keep the
+/// index in step.
+#[tokio::test]
+async fn a_tenants_dead_letter_listing_reads_only_its_own_records() {
+    let app = TestApp::spawn().await;
+    let mine = "mine";
+    let neighbour = neighbour_of(&app, mine);
+    let shard = app.shard(mine);
+    // A record written by a build without the index.
+    let legacy: String = app
+        .redis
+        .query(
+            redis::cmd("XADD")
+                .arg(shard.dead_letters())
+                .arg("*")
+                .arg(&["execution_id", "0123456789abcdef0123456789abcdef"])
+                .arg(&[
+                    "tenant_id",
+                    mine,
+                    "flow_id",
+                    "demo.fail",
+                    "reason",
+                    "handler_error",
+                ])
+                .arg(&[
+                    "attempts",
+                    "1",
+                    "source_entry",
+                    "0-1",
+                    "at",
+                    "1700000000000",
+                ])
+                .arg(&["message", "legacy"]),
+        )
+        .await;
+    let mut worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "8"]));
+    let own = dead_lettered(&app, mine, 3, "mine").await;
+    dead_lettered(&app, &neighbour, 60, &"x".repeat(8 * 1024)).await;
+    worker.kill9();
+
+    let before = redis_output_bytes(&app).await;
+    let page = app.get_json(Some(mine), "/api/dlq?limit=50").await;
+    let read = redis_output_bytes(&app).await - before;
+    let records = page["dead_letters"].as_array().unwrap();
+    let listed: Vec<&str> = records
+        .iter()
+        .map(|r| r["execution_id"].as_str().unwrap())
+        .collect();
+    // Newest first: its three (dead-lettered in whatever order the worker failed them), then
+    // the legacy record.
+    assert_eq!(listed.len(), 4, "{page}");
+    let newest: BTreeSet<&str> = listed[..3].iter().copied().collect();
+    assert_eq!(newest, own.iter().map(String::as_str).collect(), "{page}");
+    assert_eq!(listed[3], "0123456789abcdef0123456789abcdef", "{page}");
+    let entry_ids: Vec<&str> = records
+        .iter()
+        .map(|r| r["entry_id"].as_str().unwrap())
+        .collect();
+    let mut sorted = entry_ids.clone();
+    sorted.sort_by_key(|e| {
+        let (ms, seq) = e.split_once('-').unwrap();
+        std::cmp::Reverse((ms.parse::<u64>().unwrap(), seq.parse::<u64>().unwrap()))
+    });
+    assert_eq!(entry_ids, sorted, "newest first");
+    assert!(records.iter().all(|r| r["tenant_id"] == mine));
+    assert!(
+        read < 32 * 1024,
+        "listing 4 small records read {read} bytes from Redis (the neighbour's are 8 KB each)"
+    );
+
+    // Pages of 2: the newest two, then the third and the legacy record.
+    let first = app.get_json(Some(mine), "/api/dlq?limit=2").await;
+    assert_eq!(first["dead_letters"].as_array().unwrap().len(), 2);
+    let cursor = first["next_before"].as_str().unwrap().to_owned();
+    let second = app
+        .get_json(Some(mine), &format!("/api/dlq?limit=2&before={cursor}"))
+        .await;
+    let rest: Vec<&str> = second["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["execution_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(rest, listed[2..].to_vec(), "{second}");
+
+    // Dismissing a record takes it out of the tenant's index too.
+    let newest = &records[0];
+    let res = app
+        .as_tenant(
+            reqwest::Method::DELETE,
+            &format!(
+                "/api/dlq/{}/{}",
+                newest["shard"],
+                newest["entry_id"].as_str().unwrap()
+            ),
+            mine,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let tenant = sluice::admission::TenantId::parse(mine).unwrap();
+    let indexed: u64 = app
+        .redis
+        .query(redis::cmd("XLEN").arg(shard.tenant_dead_letters(&tenant)))
+        .await;
+    assert_eq!(
+        indexed, 2,
+        "the index holds the two records left since the index"
+    );
+    let after = app.get_json(Some(mine), "/api/dlq").await;
+    assert_eq!(
+        after["dead_letters"].as_array().unwrap().len(),
+        3,
+        "{after}"
+    );
+    assert!(
+        after["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["entry_id"] == legacy.as_str()),
+        "{after}"
+    );
+}
+
+/// Records the cap evicts leave their tenant's index in the same step: a tenant whose records
+/// were pushed out by a neighbour's lists none and indexes none.
+#[tokio::test]
+async fn dead_letters_evicted_by_the_cap_leave_their_tenants_index() {
+    let app = TestApp::spawn_with(|c| c.api.dlq_cap = 3).await;
+    let mine = "mine";
+    let neighbour = neighbour_of(&app, mine);
+    let shard = app.shard(mine);
+    let _worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
+    dead_lettered(&app, mine, 2, "mine").await;
+    dead_lettered(&app, &neighbour, 3, "theirs").await;
+    let tenant = sluice::admission::TenantId::parse(mine).unwrap();
+    let indexed: u64 = app
+        .redis
+        .query(redis::cmd("XLEN").arg(shard.tenant_dead_letters(&tenant)))
+        .await;
+    assert_eq!(indexed, 0);
+    let page = app.get_json(Some(mine), "/api/dlq").await;
+    assert_eq!(page["dead_letters"].as_array().unwrap().len(), 0, "{page}");
+    let theirs = app.get_json(Some(&neighbour), "/api/dlq").await;
+    assert_eq!(
+        theirs["dead_letters"].as_array().unwrap().len(),
+        3,
+        "{theirs}"
+    );
+    assert_eq!(app.counter("dlq_evicted").await, 2);
 }
