@@ -11,7 +11,7 @@
 //!   count with its first request that passes authentication. One accepted while its address
 //!   has no room is on probation: its requests must authenticate — one that does not is
 //!   answered `503 too_many_connections` and the connection closed — and its first must come
-//!   within [`PROBATION`] (or the header timeout, if shorter). So one address cannot hold
+//!   within `PROBATION` (or the header timeout, if shorter). So one address cannot hold
 //!   more than that many connections without credentials, while any number of authenticated
 //!   clients behind one address (workers behind a NAT, even opening connections in a burst)
 //!   fit, bounded by the cap and the per-tenant waiter limits; idle ones are bounded in time

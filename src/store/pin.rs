@@ -50,6 +50,15 @@ pub enum Unpin {
     Busy(u64),
 }
 
+/// What `pin.lua` did with a tenant asked to move from one shard to another.
+enum Moved {
+    /// It has this many executions on the shard it was to leave: it stays.
+    Busy(u64),
+    /// It moved to this shard number, with its limits (`max_concurrent`, `max_queued`,
+    /// `enabled`, '' for none of its own) to be set there.
+    To(u16, [String; 3]),
+}
+
 impl Store {
     /// The shard holding `tenant`'s keys: its dedicated one when pinned, else its hashed one.
     pub fn shard_of(&self, tenant: &TenantId) -> Shard {
@@ -138,26 +147,10 @@ impl Store {
         let Some(target) = self.claim_dedicated(tenant).await? else {
             return Ok(Pin::NoneFree);
         };
-        let mut keys = vec![
-            hashed.tenant_config(tenant),
-            hashed.slots(tenant),
-            hashed.waiting(tenant),
-            hashed.deleting(tenant),
-        ];
-        keys.extend(Status::ALL.map(|s| hashed.status_index(tenant, s)));
-        let mut inv = self.shard_script(&self.scripts.pin, hashed, &keys);
-        inv.arg(tenant.as_str()).arg(target.number());
+        let moved = self.move_away(tenant, hashed, target).await?;
         let mut c = self.conn();
-        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
-        let (tag, rest) = split_tag(reply)?;
-        let text = |i: usize| -> Result<String, StoreError> {
-            Ok(redis::from_redis_value(rest.get(i).cloned().ok_or_else(
-                || StoreError::Corrupt("pin reply too short".into()),
-            )?)?)
-        };
-        match tag.as_str() {
-            "busy" => {
-                let held: u64 = text(0)?.parse().unwrap_or(0);
+        match moved {
+            Moved::Busy(held) => {
                 let _: Value = self
                     .bounded(
                         redis::cmd("HDEL")
@@ -168,14 +161,10 @@ impl Store {
                     .await?;
                 Ok(Pin::Busy(held))
             }
-            "pinned" => {
-                let number: u16 = text(0)?
-                    .parse()
-                    .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
+            Moved::To(number, limits) => {
                 let shard = self.shards.shard(number);
                 // The tenant's own limits go with it; absent ones stay the server defaults.
-                self.make_home(shard, tenant, [text(1)?, text(2)?, text(3)?])
-                    .await?;
+                self.make_home(shard, tenant, limits).await?;
                 let () = self
                     .bounded(
                         redis::cmd("HSET")
@@ -188,7 +177,6 @@ impl Store {
                 self.refresh_pins().await?;
                 Ok(Pin::Pinned(shard))
             }
-            other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
         }
     }
 
@@ -208,28 +196,12 @@ impl Store {
         if pinned == hashed {
             return Ok(Unpin::NotPinned);
         }
-        let mut keys = vec![
-            pinned.tenant_config(tenant),
-            pinned.slots(tenant),
-            pinned.waiting(tenant),
-            pinned.deleting(tenant),
-        ];
-        keys.extend(Status::ALL.map(|s| pinned.status_index(tenant, s)));
-        let mut inv = self.shard_script(&self.scripts.pin, pinned, &keys);
-        inv.arg(tenant.as_str()).arg(hashed.number());
+        let moved = self.move_away(tenant, pinned, hashed).await?;
         let mut c = self.conn();
-        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
-        let (tag, rest) = split_tag(reply)?;
-        let text = |i: usize| -> Result<String, StoreError> {
-            Ok(redis::from_redis_value(rest.get(i).cloned().ok_or_else(
-                || StoreError::Corrupt("pin reply too short".into()),
-            )?)?)
-        };
-        match tag.as_str() {
-            "busy" => Ok(Unpin::Busy(text(0)?.parse().unwrap_or(0))),
-            "pinned" => {
-                self.make_home(hashed, tenant, [text(1)?, text(2)?, text(3)?])
-                    .await?;
+        match moved {
+            Moved::Busy(held) => Ok(Unpin::Busy(held)),
+            Moved::To(_, limits) => {
+                self.make_home(hashed, tenant, limits).await?;
                 let slot = format!("s:{}", pinned.number());
                 let holder: Option<String> = self
                     .bounded(
@@ -247,6 +219,42 @@ impl Store {
                 let _: Value = self.bounded(forget.query_async(&mut c)).await?;
                 self.refresh_pins().await?;
                 Ok(Unpin::Unpinned(pinned))
+            }
+        }
+    }
+
+    /// Runs `pin.lua` on `from`: `tenant` moves to shard `to` if it has no executions on
+    /// `from` (its limits come back, to be set on `to`), else nothing changes.
+    async fn move_away(
+        &self,
+        tenant: &TenantId,
+        from: Shard,
+        to: Shard,
+    ) -> Result<Moved, StoreError> {
+        let mut keys = vec![
+            from.tenant_config(tenant),
+            from.slots(tenant),
+            from.waiting(tenant),
+            from.deleting(tenant),
+        ];
+        keys.extend(Status::ALL.map(|s| from.status_index(tenant, s)));
+        let mut inv = self.shard_script(&self.scripts.pin, from, &keys);
+        inv.arg(tenant.as_str()).arg(to.number());
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        let text = |i: usize| -> Result<String, StoreError> {
+            Ok(redis::from_redis_value(rest.get(i).cloned().ok_or_else(
+                || StoreError::Corrupt("pin reply too short".into()),
+            )?)?)
+        };
+        match tag.as_str() {
+            "busy" => Ok(Moved::Busy(text(0)?.parse().unwrap_or(0))),
+            "pinned" => {
+                let number: u16 = text(0)?
+                    .parse()
+                    .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
+                Ok(Moved::To(number, [text(1)?, text(2)?, text(3)?]))
             }
             other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
         }

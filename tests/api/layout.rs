@@ -120,12 +120,9 @@ async fn migrate_layout_moves_every_key_and_old_processes_stop_writing() {
     assert_eq!(fresh["status"], "queued");
 }
 
-/// A migration interrupted half-way — one row copied but its original not yet deleted,
-/// another copied and deleted, the rest untouched — is finished by running it again: every
-/// execution is found once under its new name, and runs.
-#[tokio::test]
-async fn an_interrupted_migration_is_finished_by_running_it_again() {
-    use sluice::store::{Layout, ShardMap};
+/// A deployment still on key layout 1 (16 shards) with `n` queued executions of `acme`: the
+/// app and their ids.
+async fn on_layout_1_with(n: usize) -> (TestApp, Vec<String>) {
     let redis = TestRedis::start().await;
     let _: () = redis
         .query(
@@ -133,20 +130,28 @@ async fn an_interrupted_migration_is_finished_by_running_it_again() {
                 .arg(sluice::store::keys::meta())
                 .arg("shards")
                 .arg(16)
-                .arg("dedicated")
-                .arg(2)
                 .arg("layout")
                 .arg(1),
         )
         .await;
-    let mut app = TestApp::spawn_on(redis, |_| {}).await;
+    let app = TestApp::spawn_on(redis, |_| {}).await;
     let mut ids = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..n {
         ids.push(
             app.admit_with("acme", json!({"flow_id": "demo.echo"}))
                 .await,
         );
     }
+    (app, ids)
+}
+
+/// A migration interrupted half-way — one row copied but its original not yet deleted,
+/// another copied and deleted, the rest untouched — is finished by running it again: every
+/// execution is found once under its new name, and runs.
+#[tokio::test]
+async fn an_interrupted_migration_is_finished_by_running_it_again() {
+    use sluice::store::{Layout, ShardMap};
+    let (mut app, ids) = on_layout_1_with(3).await;
     // What a first run had done when it stopped.
     let old = app.shard("acme");
     let new = ShardMap::with_dedicated(16, 2, Layout::CURRENT).shard(old.number());
@@ -200,25 +205,7 @@ async fn an_interrupted_migration_is_finished_by_running_it_again() {
 #[tokio::test]
 async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() {
     use sluice::store::{Layout, ShardMap};
-    let redis = TestRedis::start().await;
-    let _: () = redis
-        .query(
-            redis::cmd("HSET")
-                .arg(sluice::store::keys::meta())
-                .arg("shards")
-                .arg(16)
-                .arg("layout")
-                .arg(1),
-        )
-        .await;
-    let mut app = TestApp::spawn_on(redis, |_| {}).await;
-    let mut ids = Vec::new();
-    for _ in 0..5 {
-        ids.push(
-            app.admit_with("acme", json!({"flow_id": "demo.echo"}))
-                .await,
-        );
-    }
+    let (mut app, ids) = on_layout_1_with(5).await;
     // What a first run had done when it stopped: every old shard frozen, acme's ready stream
     // copied to its new name and deleted.
     let old_map = app.store().await.shards();
