@@ -98,7 +98,9 @@ local function ring()
 end
 
 -- Whether the shard's ready stream holds entries no worker has read yet: those after the
--- consumer group's last-delivered id. Exact (deleted entries do not count), and O(1).
+-- consumer group's last-delivered id. Exact (deleted entries do not count), and O(1). A stream
+-- without the group (it was replaced, e.g. restored without its group) holds nothing anyone
+-- has read: any entry counts, so a worker is woken and creates the group again.
 local function undelivered()
   local groups = redis.call('XINFO', 'GROUPS', K.ready())
   for _, g in ipairs(groups) do
@@ -111,7 +113,7 @@ local function undelivered()
       return #redis.call('XRANGE', K.ready(), '(' .. last, '+', 'COUNT', 1) > 0
     end
   end
-  return false
+  return redis.call('XLEN', K.ready()) > 0
 end
 
 -- Puts a queued execution on the shard's ready stream. `fields` (optional) are more fields

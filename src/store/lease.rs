@@ -139,8 +139,13 @@ impl Store {
         let mut c = self.conn();
         let (more, runs): (u8, Vec<RunReply>) = match self.bounded(inv.invoke_async(&mut c)).await {
             Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
+                // The stream lost its group (it was replaced): created again, from its first
+                // entry; `more`, so the caller reads what waits at once.
                 self.ensure_group(shard).await?;
-                return Ok(StartBatch::default());
+                return Ok(StartBatch {
+                    started: Vec::new(),
+                    more: true,
+                });
             }
             other => other?,
         };

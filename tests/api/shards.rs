@@ -364,3 +364,59 @@ async fn a_worker_waiting_for_redis_stops_cleanly_on_sigterm() {
     };
     assert!(status.success(), "{status}");
 }
+
+/// A ready stream replaced under a worker that has gone back to listening: its group is gone
+/// (restored without it), its entries unread, its doorbell clear. The orphan scan used to see
+/// "no group" as "nothing unread", so nothing woke the worker and the executions waited for
+/// ever; any entry of a stream without the group now counts as unread, the scan rings, and the
+/// worker creates the group again and runs them. Reproduced step by step: the key is deleted,
+/// the worker's pickup recreates it empty (with the group) and reads nothing, then the real
+/// stream, whose group was destroyed, is put back over it.
+#[tokio::test]
+async fn a_ready_stream_replaced_under_a_listening_worker_is_picked_up() {
+    let app = TestApp::spawn().await;
+    let (tenant, _) = first_and_other(&app);
+    let ready = app.shard(&tenant).ready();
+    let queued = admit_echoes(&app, &tenant, 3).await;
+    // The real stream, aside and without its group; the key itself gone.
+    let _: () = app
+        .redis
+        .query(redis::cmd("RENAME").arg(&ready).arg(parked(&ready)))
+        .await;
+    let _: () = app
+        .redis
+        .query(
+            redis::cmd("XGROUP")
+                .arg("DESTROY")
+                .arg(parked(&ready))
+                .arg("workers"),
+        )
+        .await;
+    let _worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
+    // The pickup creates the stream again, empty, with the group, and reads it: reading
+    // fewer entries than asked clears the doorbell the admissions rang (only a start clears
+    // it before the pickup first listens). It then listens on a clear doorbell.
+    let bell = app.shard(&tenant).bell();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut c = app.redis.conn().await;
+        let groups: redis::RedisResult<Vec<redis::Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&ready)
+            .query_async(&mut c)
+            .await;
+        let rung: i64 = app.redis.query(redis::cmd("EXISTS").arg(&bell)).await;
+        if groups.is_ok_and(|g| !g.is_empty()) && rung == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker never read its shard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The real stream comes back over it, without its group.
+    let _: () = app
+        .redis
+        .query(redis::cmd("RENAME").arg(parked(&ready)).arg(&ready))
+        .await;
+    assert_completed(&app, &tenant, &queued).await;
+    assert_eq!(app.counter("reclaimed").await, 0);
+}
