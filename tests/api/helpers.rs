@@ -781,14 +781,25 @@ impl TestWorker {
         Self { child }
     }
 
-    /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`).
+    /// Sends a signal by name (`KILL`, `STOP`, `CONT`, `TERM`). `STOP` returns only once every
+    /// thread of the worker has stopped: the kernel stops a thread that is running when it next
+    /// enters the kernel, and on a loaded machine one may still act (e.g. send a start call on
+    /// a wake-up that just came in) after `kill` returned.
     pub fn signal(&self, sig: &str) {
+        let pid = self.child.id();
         let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .args([&format!("-{sig}"), &pid.to_string()])
             .status()
             .unwrap()
             .success();
         assert!(ok, "kill -{sig} failed");
+        if sig == "STOP" {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !all_threads_stopped(pid) {
+                assert!(Instant::now() < deadline, "worker {pid} did not stop");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// SIGKILL and reap.
@@ -911,4 +922,18 @@ impl TestApp {
         .await
         .unwrap()
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // `pid (name) state ...`: the state follows the last ')'.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+        })
+    })
 }
