@@ -323,11 +323,10 @@ impl Pickup {
             Ok(mut batch) => {
                 self.answered();
                 let started = std::mem::take(&mut batch.started);
+                // A start reads no more than it has slots for; should one ever read more,
+                // the extra runs wait for a slot as an adopt's do (never dropped silently).
                 let left = self.launch_all(started, sent, Some(reserved));
-                debug_assert!(
-                    left.is_empty(),
-                    "a start reads no more than it has slots for"
-                );
+                Self::launch_when_free(&self.shared, left, sent).await;
                 Some(batch)
             }
             Err(e) => {

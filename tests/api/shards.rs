@@ -48,6 +48,14 @@ async fn break_key(app: &TestApp, key: &str) {
         .await;
 }
 
+/// Destroys the workers' consumer group of the stream `key` (as a stream restored without it).
+async fn destroy_group(app: &TestApp, key: &str) {
+    let _: () = app
+        .redis
+        .query(redis::cmd("XGROUP").arg("DESTROY").arg(key).arg("workers"))
+        .await;
+}
+
 /// Puts the real value of a key `break_key` broke back.
 async fn repair_key(app: &TestApp, key: &str) {
     let _: i64 = app.redis.query(redis::cmd("DEL").arg(key)).await;
@@ -87,15 +95,7 @@ async fn a_broken_shard_holds_back_no_other_shard_and_is_picked_up_once_repaired
     // with the data (as a master that came back empty but for this stream would have).
     let queued = admit_echoes(&app, broken, 3).await;
     break_key(&app, &ready).await;
-    let _: () = app
-        .redis
-        .query(
-            redis::cmd("XGROUP")
-                .arg("DESTROY")
-                .arg(parked(&ready))
-                .arg("workers"),
-        )
-        .await;
+    destroy_group(&app, &parked(&ready)).await;
     let mut worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
     let ids = admit_echoes(&app, &healthy, 6).await;
     assert_completed(&app, &healthy, &ids).await;
@@ -383,15 +383,7 @@ async fn a_ready_stream_replaced_under_a_listening_worker_is_picked_up() {
         .redis
         .query(redis::cmd("RENAME").arg(&ready).arg(parked(&ready)))
         .await;
-    let _: () = app
-        .redis
-        .query(
-            redis::cmd("XGROUP")
-                .arg("DESTROY")
-                .arg(parked(&ready))
-                .arg("workers"),
-        )
-        .await;
+    destroy_group(&app, &parked(&ready)).await;
     let _worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "2"]));
     // The pickup creates the stream again, empty, with the group, and reads it: reading
     // fewer entries than asked clears the doorbell the admissions rang (only a start clears
