@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds sluice and its benchmark in release mode and runs the benchmark (arguments are passed
-# on: --json, --smoke, --cluster, --compare-standalone, --push-only, --admission-secs 20, ...;
-# see `sluice-bench --help`). The benchmark starts its own redis-server (with --cluster, the
+# on: --json, --smoke, --cluster, --compare-standalone, --push-only, --fairness-only,
+# --skip-fairness, --compare-builds BEFORE AFTER, --admission-secs 20, ...; see
+# `sluice-bench --help`). The benchmark starts its own redis-server (with --cluster, the
 # masters of a local Redis Cluster) and sluice processes on loopback; nothing else is needed.
-# The pickup phase's BullMQ peer (bench/bullmq) is installed with `npm ci` into the cargo
-# target folder when missing (Node.js and npm with apt-get when missing); when that fails the
-# benchmark runs without it and its report says so.
+# The BullMQ peer of the pickup and noisy-neighbour phases (bench/bullmq) is installed with
+# `npm ci` into the cargo target folder when missing (Node.js and npm with apt-get when
+# missing); when that fails the benchmark runs without it and its report says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_redis
 target="${CARGO_TARGET_DIR:-target}"
 case " $* " in
-  *" --skip-bullmq "* | *" --skip-pickup "*) ;;
+  *" --skip-bullmq "* | *" --compare-builds "*) ;;
   *)
     if ensure_node && ensure_npm_project bench/bullmq "$target/bench-bullmq"; then
       SLUICE_BENCH_BULLMQ_DIR="$(cd "$target/bench-bullmq" && pwd)"

@@ -20,8 +20,20 @@
 // with its age then: a lower bound, so a worker that falls behind cannot hide it. sluice-bench
 // computes the percentiles (the same nearest-rank code as for sluice).
 //
-// `--role worker --port P --queue Q` is the child: it runs the Worker until its parent kills
-// it, and says `{"ready": true}` over the IPC channel once the worker is connected.
+// `--noisy '{"flood": 12000, "ms": 20, "concurrency": 8, "calm_rate": 4, "calm_count": 100}'`
+// runs the noisy-neighbour phase of sluice-bench's fairness group instead: one queue, one
+// worker child with that concurrency whose processor sleeps `job.data.ms`; `flood` jobs of
+// `ms` added at once (addBulk, 500 per call), then `calm_count` jobs of the same length added
+// to the same queue at `calm_rate` per second, open loop, while the flood runs. It prints
+//   {"bullmq", "node", "noisy": {"flood_added", "calm_added", "add_errors", "completed",
+//    "unfinished", "unpicked", "calm_during_flood", "flood_span_ms", "flood_pickup_ms": [...],
+//    "calm_pickup_ms": [...]}}
+// with pickup = processedOn − timestamp as above; `calm_during_flood` counts the calm jobs
+// added before the last flood job was picked up (the ones the flood could delay).
+//
+// `--role worker --port P --queue Q [--concurrency N]` is the child: it runs the Worker until
+// its parent kills it, and says `{"ready": true}` over the IPC channel once the worker is
+// connected.
 
 import { fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -37,6 +49,8 @@ const { values: opts } = parseArgs({
     port: { type: 'string' },
     queue: { type: 'string' },
     rates: { type: 'string', default: '[]' },
+    noisy: { type: 'string' },
+    concurrency: { type: 'string' },
     'drain-secs': { type: 'string', default: '30' },
     'settle-ms': { type: 'string', default: '1000' },
   },
@@ -55,8 +69,19 @@ function bullmqVersion() {
 }
 
 async function runWorker() {
-  // BullMQ's defaults: nothing but the connection is set.
-  const worker = new Worker(opts.queue, async () => {}, { connection });
+  // BullMQ's defaults: nothing but the connection is set (and the concurrency, when the
+  // noisy-neighbour phase asks for sluice's). A job with `data.ms` sleeps that long (the
+  // flood's and the calm tenant's 20 ms jobs); the pickup phase's jobs return at once.
+  const options = { connection };
+  if (opts.concurrency !== undefined) options.concurrency = Number(opts.concurrency);
+  const worker = new Worker(
+    opts.queue,
+    async (job) => {
+      const ms = Number(job.data?.ms ?? 0);
+      if (ms > 0) await sleep(ms);
+    },
+    options,
+  );
   worker.on('error', (e) => process.stderr.write(`[bullmq worker] ${e}\n`));
   await worker.waitUntilReady();
   process.send({ ready: true });
@@ -65,9 +90,11 @@ async function runWorker() {
 }
 
 /** Starts the worker child for `queue`; resolves once it is connected. */
-async function startWorker(queue) {
+async function startWorker(queue, concurrency) {
   const self = new URL(import.meta.url).pathname;
-  const child = fork(self, ['--role', 'worker', '--port', String(port), '--queue', queue], {
+  const args = ['--role', 'worker', '--port', String(port), '--queue', queue];
+  if (concurrency !== undefined) args.push('--concurrency', String(concurrency));
+  const child = fork(self, args, {
     stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
   });
   await new Promise((resolve, reject) => {
@@ -88,8 +115,9 @@ async function stopWorker(child) {
   await gone;
 }
 
-/** Adds jobs to `queue` at `rate` per second for `secs`, open loop; the ids and errors. */
-async function produce(queue, rate, secs) {
+/** Adds jobs to `queue` at `rate` per second for `secs`, open loop; the ids and errors. Job
+ * `k` is named `name` with data `data(k)`. */
+async function produce(queue, rate, secs, name = 'echo', data = (k) => ({ n: k })) {
   const total = Math.max(1, Math.floor(rate * secs));
   const start = Date.now() + 10;
   const adds = [];
@@ -100,7 +128,7 @@ async function produce(queue, rate, secs) {
     const now = Date.now();
     while (k < total && start + (k * 1000) / rate <= now) {
       adds.push(
-        queue.add('echo', { n: k }).then(
+        queue.add(name, data(k)).then(
           (job) => job.id,
           () => {
             errors += 1;
@@ -183,7 +211,102 @@ async function runRate(redis, index, rate, secs, drainSecs, settleMs) {
   }
 }
 
+/** The noisy-neighbour phase (see the header). */
+async function runNoisy(redis, plan, drainSecs, settleMs) {
+  await redis.flushall();
+  const name = 'noisy';
+  const child = await startWorker(name, plan.concurrency);
+  const queue = new Queue(name, { connection });
+  try {
+    await queue.waitUntilReady();
+    await sleep(settleMs);
+    process.stderr.write(`[bullmq noisy] flood of ${plan.flood} jobs of ${plan.ms} ms\n`);
+    const floodIds = [];
+    let errors = 0;
+    for (let i = 0; i < plan.flood; i += 500) {
+      const jobs = [];
+      for (let k = i; k < Math.min(plan.flood, i + 500); k += 1) {
+        jobs.push({ name: 'flood', data: { ms: plan.ms, n: k } });
+      }
+      try {
+        for (const job of await queue.addBulk(jobs)) floodIds.push(job.id);
+      } catch {
+        errors += jobs.length;
+      }
+    }
+    process.stderr.write(
+      `[bullmq noisy] calm: ${plan.calm_count} jobs at ${plan.calm_rate}/s in the same queue\n`,
+    );
+    const calm = await produce(queue, plan.calm_rate, plan.calm_count / plan.calm_rate, 'calm', (k) => ({
+      ms: plan.ms,
+      n: k,
+    }));
+    errors += calm.errors;
+    const total = floodIds.length + calm.ids.length;
+    const deadline = Date.now() + drainSecs * 1000;
+    let completed = 0;
+    while (Date.now() < deadline) {
+      completed = (await queue.getJobCounts('completed')).completed;
+      if (completed >= total) break;
+      await sleep(50);
+    }
+    const end = Date.now();
+    const pickups = (rows) => {
+      const out = [];
+      let unpicked = 0;
+      let unfinished = 0;
+      for (const [timestamp, processedOn, finishedOn] of rows) {
+        if (timestamp === null) continue;
+        out.push(Math.max(0, (processedOn ?? end) - timestamp));
+        if (processedOn === null) unpicked += 1;
+        if (finishedOn === null) unfinished += 1;
+      }
+      return { out, unpicked, unfinished };
+    };
+    const floodRows = await readJobs(redis, queue, floodIds);
+    const calmRows = await readJobs(redis, queue, calm.ids);
+    const flood = pickups(floodRows);
+    const calmP = pickups(calmRows);
+    const floodStarts = floodRows.map((r) => r[1]).filter((v) => v !== null);
+    const lastFloodStart = floodStarts.length ? Math.max(...floodStarts) : 0;
+    const firstFloodStart = floodStarts.length ? Math.min(...floodStarts) : 0;
+    const calmDuring = calmRows.filter((r) => r[0] !== null && r[0] <= lastFloodStart).length;
+    return {
+      flood_added: floodIds.length,
+      calm_added: calm.ids.length,
+      add_errors: errors,
+      completed,
+      unfinished: flood.unfinished + calmP.unfinished,
+      unpicked: flood.unpicked + calmP.unpicked,
+      calm_during_flood: calmDuring,
+      flood_span_ms: lastFloodStart - firstFloodStart,
+      flood_pickup_ms: flood.out,
+      calm_pickup_ms: calmP.out,
+    };
+  } finally {
+    await stopWorker(child);
+    await queue.close();
+  }
+}
+
 async function main() {
+  if (opts.noisy !== undefined) {
+    const redis = new IORedis({ ...connection, maxRetriesPerRequest: 3 });
+    let noisy;
+    try {
+      noisy = await runNoisy(
+        redis,
+        JSON.parse(opts.noisy),
+        Number(opts['drain-secs']),
+        Number(opts['settle-ms']),
+      );
+    } finally {
+      redis.disconnect();
+    }
+    const line = `${JSON.stringify({ bullmq: bullmqVersion(), node: process.version, noisy })}\n`;
+    await new Promise((resolve) => process.stdout.write(line, resolve));
+    return;
+  }
   const rates = JSON.parse(opts.rates);
   const drainSecs = Number(opts['drain-secs']);
   const settleMs = Number(opts['settle-ms']);

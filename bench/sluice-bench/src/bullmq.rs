@@ -1,4 +1,4 @@
-//! The BullMQ peer of the pickup phase: `bench/bullmq/peer.mjs` (a default BullMQ `Worker`
+//! The BullMQ peer of the pickup phase and of the fairness group's noisy-neighbour phase: `bench/bullmq/peer.mjs` (a default BullMQ `Worker`
 //! with a no-op processor, a `Queue` adding jobs at fixed rates) run with `node` against a
 //! `redis-server` of its own that this module starts on a free loopback port, so sluice and
 //! BullMQ are measured in one run on one machine at the same rates. `scripts/bench.sh`
@@ -19,7 +19,7 @@ use tokio::process::Command;
 use crate::Args;
 use crate::load::Latencies;
 use crate::procs::{self, Scratch};
-use crate::report::{Check, PeerVersions, PickupSide};
+use crate::report::{Check, NoisySide, PeerVersions, PickupSide};
 
 /// What the peer prints for one rate.
 #[derive(Debug, Deserialize)]
@@ -71,6 +71,14 @@ fn peer_dir(args: &Args) -> Option<PathBuf> {
 
 /// Runs the peer at `rates` (per second, seconds each).
 pub async fn run(args: &Args, scratch: &Scratch, rates: &[(f64, f64)]) -> Result<PeerRun, NoPeer> {
+    let script = locate(args).await?;
+    measure(args, scratch, &script, rates)
+        .await
+        .map_err(NoPeer::Failed)
+}
+
+/// The peer's `peer.mjs`, when it is installed and `node` runs.
+async fn locate(args: &Args) -> Result<PathBuf, NoPeer> {
     let Some(dir) = peer_dir(args) else {
         return Err(NoPeer::Skipped("no folder for the BullMQ peer".into()));
     };
@@ -90,9 +98,7 @@ pub async fn run(args: &Args, scratch: &Scratch, rates: &[(f64, f64)]) -> Result
             )));
         }
     }
-    measure(args, scratch, &script, rates)
-        .await
-        .map_err(NoPeer::Failed)
+    Ok(script)
 }
 
 async fn measure(
@@ -193,4 +199,141 @@ async fn measure(
             detail: details.join("; "),
         },
     })
+}
+
+/// The noisy-neighbour phase as the peer runs it (see `fairness::noisy`): one queue, one
+/// worker of `concurrency`, `flood` jobs of `ms` added at once, then `calm_count` at
+/// `calm_rate` per second into the same queue.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NoisyPlan {
+    pub flood: u64,
+    pub ms: u64,
+    pub concurrency: usize,
+    pub calm_rate: f64,
+    pub calm_count: u64,
+}
+
+/// What the peer prints for the noisy-neighbour phase.
+#[derive(Debug, Deserialize)]
+struct RawNoisy {
+    flood_added: u64,
+    calm_added: u64,
+    add_errors: u64,
+    completed: u64,
+    unfinished: u64,
+    unpicked: u64,
+    calm_during_flood: u64,
+    flood_span_ms: u64,
+    flood_pickup_ms: Vec<u64>,
+    calm_pickup_ms: Vec<u64>,
+}
+
+/// The peer's one line of output in the noisy-neighbour mode.
+#[derive(Debug, Deserialize)]
+struct RawNoisyRun {
+    bullmq: String,
+    node: String,
+    noisy: RawNoisy,
+}
+
+/// Runs the noisy-neighbour phase on the peer; its side of the report and its check.
+pub async fn noisy(
+    args: &Args,
+    scratch: &Scratch,
+    plan: &NoisyPlan,
+    drain_secs: u64,
+) -> Result<(NoisySide, Check, PeerVersions), NoPeer> {
+    let script = locate(args).await?;
+    measure_noisy(args, scratch, &script, plan, drain_secs)
+        .await
+        .map_err(NoPeer::Failed)
+}
+
+async fn measure_noisy(
+    args: &Args,
+    scratch: &Scratch,
+    script: &Path,
+    plan: &NoisyPlan,
+    drain_secs: u64,
+) -> anyhow::Result<(NoisySide, Check, PeerVersions)> {
+    let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
+    let port = redis.urls[0]
+        .rsplit(':')
+        .next()
+        .context("redis url without a port")?
+        .to_owned();
+    // Bounded: the calm schedule, the drain, and a minute for adding the flood, starting Node
+    // and reading the jobs back.
+    let bound = plan.calm_count as f64 / plan.calm_rate.max(0.1) + drain_secs as f64 + 60.0;
+    eprintln!("[bullmq] noisy neighbour: {}", script.display());
+    let child = Command::new(&args.node)
+        .arg(script)
+        .args(["--port", &port])
+        .args(["--noisy", &serde_json::to_string(plan)?])
+        .args(["--drain-secs", &drain_secs.to_string()])
+        .args(["--settle-ms", &args.pickup_settle_ms.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {}", args.node.display()))?;
+    let out = tokio::time::timeout(Duration::from_secs_f64(bound), child.wait_with_output())
+        .await
+        .with_context(|| format!("the BullMQ peer did not finish in {bound:.0} s"))??;
+    redis.kill().await;
+    anyhow::ensure!(
+        out.status.success(),
+        "the BullMQ peer exited ({})",
+        out.status
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("the BullMQ peer printed no result")?;
+    let raw: RawNoisyRun = serde_json::from_str(line).context("the BullMQ peer's result")?;
+    let versions = PeerVersions {
+        bullmq: raw.bullmq,
+        node: raw.node,
+    };
+    let r = raw.noisy;
+    let added = r.flood_added + r.calm_added;
+    let ok = r.add_errors == 0
+        && r.flood_added == plan.flood
+        && r.calm_added == plan.calm_count
+        && r.completed == added
+        && r.unfinished == 0;
+    let check = Check {
+        phase: "bullmq noisy".into(),
+        ok,
+        detail: format!(
+            "flood added={} of {} calm added={} of {} add errors={} completed={} unfinished={}",
+            r.flood_added,
+            plan.flood,
+            r.calm_added,
+            plan.calm_count,
+            r.add_errors,
+            r.completed,
+            r.unfinished
+        ),
+    };
+    let us = |v: Vec<u64>| -> Vec<u32> {
+        v.into_iter()
+            .map(|ms| ms.saturating_mul(1000).min(u64::from(u32::MAX)) as u32)
+            .collect()
+    };
+    let side = NoisySide {
+        flood_admitted: r.flood_added,
+        calm_admitted: r.calm_added,
+        errors: r.add_errors,
+        completed: r.completed,
+        not_started: r.unpicked,
+        calm_during_flood: r.calm_during_flood,
+        flood_span_secs: r.flood_span_ms as f64 / 1000.0,
+        calm: Latencies::new(us(r.calm_pickup_ms)).percentiles(),
+        flood: Latencies::new(us(r.flood_pickup_ms)).percentiles(),
+    };
+    Ok((side, check, versions))
 }

@@ -469,9 +469,14 @@ impl Direct {
 pub struct RowTimes {
     pub id: String,
     pub status: String,
+    /// The tenant the row belongs to (the fairness phases tell their tenants apart by it).
+    pub tenant: Option<String>,
     pub created: Option<u64>,
     pub started: Option<u64>,
     pub finished: Option<u64>,
+    /// When the execution became runnable (its admission, or its due time when it was
+    /// scheduled); absent on a build without scheduled starts.
+    pub ready_at: Option<u64>,
 }
 
 impl Direct {
@@ -479,6 +484,40 @@ impl Direct {
     /// (`sluice worker` runs one pickup, orphan scan and heartbeat per shard of `all()`).
     pub fn shards_served(&self) -> usize {
         self.store.shards().all().count()
+    }
+
+    /// The shard holding `tenant`'s keys (sluice's own mapping, `Store::shard_of`), so the
+    /// fairness phases can put their tenants in one shard.
+    pub fn shard_of(&self, tenant: &TenantId) -> Shard {
+        self.store.shard_of(tenant)
+    }
+
+    /// The tenants of the first `count` entries of `shard`'s start log (oldest first), or
+    /// `None` when the shard has no start log (a build without fair dispatch).
+    pub async fn start_log(
+        &mut self,
+        shard: Shard,
+        count: usize,
+    ) -> anyhow::Result<Option<Vec<String>>> {
+        let key = start_log_key(shard);
+        let exists: bool = self.conn.exists(&key).await?;
+        if !exists {
+            return Ok(None);
+        }
+        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn)
+            .await?;
+        let mut out = Vec::with_capacity(entries.ids.len());
+        for e in entries.ids {
+            let t: Option<String> = e.get("t");
+            out.push(t.context("a start-log entry without its tenant (`t`)")?);
+        }
+        Ok(Some(out))
     }
 
     /// `127.0.0.1:<port>` of each node, in node order.
@@ -505,11 +544,22 @@ impl Direct {
                         .arg("status")
                         .arg("created")
                         .arg("started")
-                        .arg("finished");
+                        .arg("finished")
+                        .arg("tenant")
+                        .arg("ready_at");
                 }
-                type Row = (Option<String>, Option<u64>, Option<u64>, Option<u64>);
+                type Row = (
+                    Option<String>,
+                    Option<u64>,
+                    Option<u64>,
+                    Option<u64>,
+                    Option<String>,
+                    Option<u64>,
+                );
                 let rows: Vec<Row> = p.query_async(node).await?;
-                for (k, (status, created, started, finished)) in keys.iter().zip(rows) {
+                for (k, (status, created, started, finished, tenant, ready_at)) in
+                    keys.iter().zip(rows)
+                {
                     let (Some(status), Some(id)) = (status, keys::parse(k).and_then(|n| n.id))
                     else {
                         continue; // deleted between SCAN and HMGET
@@ -517,9 +567,11 @@ impl Direct {
                     out.push(RowTimes {
                         id: id.to_owned(),
                         status,
+                        tenant,
                         created,
                         started,
                         finished,
+                        ready_at,
                     });
                 }
             }
@@ -594,6 +646,12 @@ fn key_kind(k: &str) -> &'static str {
         Some(KeyKind::Ready) => "ready streams",
         _ => "other",
     }
+}
+
+/// The shard's start log, `<prefix>starts` (issue 20's contract: a capped stream, one entry
+/// per start with the tenant `t`, its virtual start tag `vt` and weight `w`).
+fn start_log_key(shard: Shard) -> String {
+    format!("{}starts", shard.prefix())
 }
 
 /// Rows read per pipeline when a phase's rows are read back.

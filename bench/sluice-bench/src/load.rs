@@ -383,6 +383,7 @@ pub struct Latencies(Vec<u32>);
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Percentiles {
     pub p50_ms: f64,
+    pub p90_ms: f64,
     pub p99_ms: f64,
     pub p999_ms: f64,
     pub max_ms: f64,
@@ -405,11 +406,12 @@ impl Latencies {
         self.0[rank - 1]
     }
 
-    /// p50, p99, p99.9 and max.
+    /// p50, p90, p99, p99.9 and max.
     pub fn percentiles(&self) -> Percentiles {
         let ms = |us: u32| f64::from(us) / 1000.0;
         Percentiles {
             p50_ms: ms(self.quantile(0.5)),
+            p90_ms: ms(self.quantile(0.9)),
             p99_ms: ms(self.quantile(0.99)),
             p999_ms: ms(self.quantile(0.999)),
             max_ms: ms(self.0.last().copied().unwrap_or(0)),

@@ -22,7 +22,18 @@
 //! 9. **idle**: the calls an idle default worker sends to Redis (`serve` stopped).
 //!
 //! `--push-only` runs only 7–9; `--skip-pickup`, `--skip-bullmq`, `--skip-cancel`,
-//! `--skip-idle` leave one out.
+//! `--skip-idle` leave one out. Then the fairness group (`fairness.rs`, issue 20):
+//!
+//! 10. **noisy neighbour**: a flood tenant keeps one worker of concurrency 8 busy for 30 s
+//!     while a calm tenant of the same shard admits 4/s; both tenants' pickup, and the BullMQ
+//!     peer's single queue in the same run beside it;
+//! 11. **weighted share**: two backlogged tenants of weights 1 and 3, their shares of the first
+//!     2,000 starts (the shard's start log);
+//! 12. **scheduled-start lateness**: executions admitted with `delay`, started − due.
+//!
+//! `--fairness-only` runs only 10–12, `--skip-fairness` leaves them out. `--compare-builds
+//! BEFORE AFTER` runs none of the above: it measures two builds of `sluice` against each other
+//! (`compare.rs`: HTTP admission and end-to-end, alternating runs, medians).
 //!
 //! After every phase it checks what Redis holds against what the clients were told; the
 //! report says so and the exit status is non-zero when a check fails. On a cluster the report
@@ -32,7 +43,9 @@
 //! in CI so it cannot rot.
 
 mod bullmq;
+mod compare;
 mod direct;
+mod fairness;
 mod load;
 mod procs;
 mod push;
@@ -219,6 +232,58 @@ pub struct Args {
     /// Milliseconds between the idle worker's start and the measurement.
     #[arg(long, default_value_t = 3000)]
     idle_settle_ms: u64,
+
+    // Issue 20's fairness group: noisy neighbour (+ the BullMQ peer), weighted share,
+    // scheduled-start lateness (`fairness.rs`).
+    /// Run only the fairness group, none of the other phases.
+    #[arg(long, conflicts_with_all = ["push_only", "skip_fairness"])]
+    fairness_only: bool,
+    /// Skip the fairness group.
+    #[arg(long)]
+    skip_fairness: bool,
+    /// `--concurrency` of the noisy-neighbour phase's one worker.
+    #[arg(long, default_value_t = 8)]
+    noisy_concurrency: usize,
+    /// Length of every noisy-neighbour execution (`demo.sleep`), ms.
+    #[arg(long, default_value_t = 20)]
+    noisy_exec_ms: u64,
+    /// Seconds the flood keeps the worker busy: it admits concurrency × this ÷ the execution
+    /// length executions (8 × 30 s ÷ 20 ms = 12 000).
+    #[arg(long, default_value_t = 30.0)]
+    noisy_flood_secs: f64,
+    /// The calm tenant's admissions per second.
+    #[arg(long, default_value_t = 4.0)]
+    noisy_calm_rate: f64,
+    /// The calm tenant's admissions in all (100 at 4/s: 25 s, inside the flood).
+    #[arg(long, default_value_t = 100)]
+    noisy_calm_samples: u64,
+    /// Executions each weighted tenant has queued before the worker starts.
+    #[arg(long, default_value_t = 2000)]
+    weighted_backlog: u64,
+    /// The first starts whose shares are counted.
+    #[arg(long, default_value_t = 2000)]
+    weighted_window: u64,
+    /// Scheduled executions of the lateness phase.
+    #[arg(long, default_value_t = 200)]
+    lateness_samples: u64,
+    /// Their delays are spread evenly over this many milliseconds ...
+    #[arg(long, default_value_t = 3000)]
+    lateness_spread_ms: u64,
+    /// ... after this many (so every one is admitted before it is due).
+    #[arg(long, default_value_t = 1000)]
+    lateness_lead_ms: u64,
+
+    /// Instead of the phases: compare two builds of `sluice` (each a program, or a folder
+    /// holding `sluice`), BEFORE then AFTER: HTTP admission and end-to-end, `--compare-runs`
+    /// alternating runs per build, medians of throughput and of Redis's script time per call.
+    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with_all = ["compare_standalone", "cluster"])]
+    compare_builds: Option<Vec<PathBuf>>,
+    /// Runs per build of `--compare-builds`.
+    #[arg(long, default_value_t = 5)]
+    compare_runs: usize,
+    /// Seconds of each phase of each `--compare-builds` run.
+    #[arg(long, default_value_t = 5)]
+    compare_secs: u64,
 }
 
 impl Args {
@@ -243,6 +308,16 @@ impl Args {
             self.cancel_timeout_secs = self.cancel_timeout_secs.min(10);
             self.idle_secs = 1;
             self.idle_settle_ms = self.idle_settle_ms.min(300);
+            // 8 × 0.5 s ÷ 20 ms = 200 flood executions, 4 calm ones in half a second.
+            self.noisy_flood_secs = self.noisy_flood_secs.min(0.5);
+            self.noisy_calm_samples = self.noisy_calm_samples.min(4);
+            self.noisy_calm_rate = self.noisy_calm_rate.max(8.0);
+            self.weighted_backlog = self.weighted_backlog.min(100);
+            self.weighted_window = self.weighted_window.min(100);
+            self.lateness_samples = self.lateness_samples.min(10);
+            self.lateness_spread_ms = self.lateness_spread_ms.min(300);
+            self.lateness_lead_ms = self.lateness_lead_ms.min(300);
+            self.compare_secs = 1;
         }
         self
     }
@@ -303,6 +378,14 @@ async fn bench_main(args: Args) -> ExitCode {
                     },
                     passed(&c.standalone) && passed(&c.cluster),
                 ),
+                Outcome::Builds(c) => (
+                    if args.json {
+                        serde_json::to_string_pretty(c).map(|t| t + "\n")
+                    } else {
+                        Ok(c.human())
+                    },
+                    c.correct,
+                ),
             };
             match text {
                 Ok(text) => print!("{text}"),
@@ -324,14 +407,21 @@ async fn bench_main(args: Args) -> ExitCode {
     }
 }
 
-/// One report, or a standalone and a cluster one (`--compare-standalone`).
+/// One report, or a standalone and a cluster one (`--compare-standalone`), or two builds
+/// (`--compare-builds`).
 enum Outcome {
     One(Box<Report>),
     Compared(Box<Comparison>),
+    Builds(Box<compare::BuildComparison>),
 }
 
-/// The run the flags ask for: one, or standalone then cluster.
+/// The run the flags ask for: one, or standalone then cluster, or two builds.
 async fn run_all(args: Args) -> anyhow::Result<Outcome> {
+    if let Some(builds) = &args.compare_builds {
+        return Ok(Outcome::Builds(Box::new(
+            compare::compare(&args, builds).await?,
+        )));
+    }
     if !args.compare_standalone {
         return Ok(Outcome::One(Box::new(run(args).await?)));
     }
@@ -507,7 +597,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     let pids = Pids::of(&redis_and(&redis, &serve));
     let clients = args.clients.max(1);
 
-    if !args.push_only {
+    if !args.push_only && !args.fairness_only {
         // 1. Ceiling.
         direct.reset().await?;
         let (r, cpu) = phase("ceiling", &pids, |p| {
@@ -661,17 +751,32 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         tenants: &tenants,
         others: redis_and(&redis, &serve),
     };
-    if !args.skip_pickup {
+    let push_phases = !args.fairness_only;
+    if push_phases && !args.skip_pickup {
         pickup_phase(&ctx, &mut direct, &mut report).await?;
     }
-    if !args.skip_cancel {
+    if push_phases && !args.skip_cancel {
         let (c, check) = push::cancel(&ctx, &mut direct).await?;
         report.checks.push(check);
         report.cancel = Some(c);
     }
+    // Issue 20's fairness group, against the same server and Redis.
+    if !args.push_only && !args.skip_fairness {
+        let mut f = report::Fairness::default();
+        let (noisy, checks) = fairness::noisy(&ctx, &mut direct).await?;
+        report.checks.extend(checks);
+        f.noisy = Some(noisy);
+        let (weighted, check) = fairness::weighted(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        f.weighted = Some(weighted);
+        let (lateness, check) = fairness::lateness(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        f.lateness = Some(lateness);
+        report.fairness = Some(f);
+    }
     serve.ensure_running()?;
     serve.kill().await;
-    if !args.skip_idle {
+    if push_phases && !args.skip_idle {
         let ctx = push::Ctx {
             args: &args,
             cmd: &cmd,

@@ -55,7 +55,7 @@ pub fn worker_defaults() -> WorkerSettings {
 /// Extra worker arguments: none (the defaults), except in a smoke run, where the heartbeat is
 /// shortened so that a cancel that travels with it (the polling worker) ends in a second
 /// instead of ten: a smoke run measures nothing, it checks that the phases work.
-fn worker_extra(args: &Args) -> Vec<String> {
+pub(crate) fn worker_extra(args: &Args) -> Vec<String> {
     if args.smoke {
         vec!["--heartbeat-ms".into(), "200".into()]
     } else {
@@ -66,7 +66,7 @@ fn worker_extra(args: &Args) -> Vec<String> {
 /// Starts `n` default workers named `<prefix>-<i>` and waits until each says it started,
 /// then `settle` more (a polling worker reaches its idle pause; a push worker its blocking
 /// reads).
-async fn start_workers(
+pub(crate) async fn start_workers(
     ctx: &Ctx<'_>,
     prefix: &str,
     n: usize,
@@ -91,7 +91,7 @@ async fn start_workers(
 }
 
 /// Kills the workers after checking they are still running.
-async fn stop_workers(workers: Vec<Proc>) -> anyhow::Result<()> {
+pub(crate) async fn stop_workers(workers: Vec<Proc>) -> anyhow::Result<()> {
     let mut alive = Ok(());
     for mut w in workers {
         if alive.is_ok() {
@@ -549,9 +549,11 @@ mod tests {
                 "queued"
             }
             .into(),
+            tenant: None,
             created: Some(1000),
             started,
             finished: started.map(|s| s + 1),
+            ready_at: None,
         };
         let side = pickup_side(&[row(Some(1003)), row(None)], 1500, 2, 0);
         assert_eq!(side.not_started, 1);
