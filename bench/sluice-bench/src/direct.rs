@@ -477,6 +477,8 @@ pub struct RowTimes {
     /// When the execution became runnable (its admission, or its due time when it was
     /// scheduled); absent on a build without scheduled starts.
     pub ready_at: Option<u64>,
+    /// When a scheduled execution is (was) due; absent when it never was scheduled.
+    pub run_at: Option<u64>,
 }
 
 impl Direct {
@@ -546,7 +548,8 @@ impl Direct {
                         .arg("started")
                         .arg("finished")
                         .arg("tenant")
-                        .arg("ready_at");
+                        .arg("ready_at")
+                        .arg("run_at");
                 }
                 type Row = (
                     Option<String>,
@@ -555,9 +558,10 @@ impl Direct {
                     Option<u64>,
                     Option<String>,
                     Option<u64>,
+                    Option<u64>,
                 );
                 let rows: Vec<Row> = p.query_async(node).await?;
-                for (k, (status, created, started, finished, tenant, ready_at)) in
+                for (k, (status, created, started, finished, tenant, ready_at, run_at)) in
                     keys.iter().zip(rows)
                 {
                     let (Some(status), Some(id)) = (status, keys::parse(k).and_then(|n| n.id))
@@ -572,6 +576,7 @@ impl Direct {
                         started,
                         finished,
                         ready_at,
+                        run_at,
                     });
                 }
             }

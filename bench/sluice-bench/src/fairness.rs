@@ -18,7 +18,7 @@
 //!   from the rows ordered by `started` on a build that has no start log.
 //! - **scheduled-start lateness**: one default worker on an idle system; `--lateness-samples`
 //!   (200) `demo.echo` executions admitted with `delay` spread over `--lateness-spread-ms`
-//!   after `--lateness-lead-ms`; lateness = the row's `started` − its due time (`ready_at`,
+//!   after `--lateness-lead-ms`; lateness = the row's `started` − its due time (`run_at`,
 //!   both Redis clock). A start before its due time fails the correctness check. A build
 //!   without `delay` answers 400: "unsupported".
 //!
@@ -507,9 +507,10 @@ pub async fn weighted(
     ))
 }
 
-/// Lateness of each row against its due time: `ready_at` when the row has it, else `created` +
-/// the delay asked (by id). Returns (lateness µs with early ones at 0, early count, most early
-/// ms, where the due time came from).
+/// Lateness of each row against its due time: the row's `run_at` (or `ready_at`, the time it
+/// became runnable, which for a scheduled execution is its due time) when it has one, else
+/// `created` + the delay asked (by id). Returns (lateness µs with early ones at 0, early count,
+/// most early ms, where the due time came from).
 fn lateness_of(rows: &[RowTimes], asked: &HashMap<String, u64>) -> (Vec<u32>, u64, u64, String) {
     let (mut late, mut early, mut most_early) = (Vec::new(), 0u64, 0u64);
     let (mut from_row, mut from_delay) = (0u64, 0u64);
@@ -518,7 +519,7 @@ fn lateness_of(rows: &[RowTimes], asked: &HashMap<String, u64>) -> (Vec<u32>, u6
             continue;
         };
         let Some(started) = r.started else { continue };
-        let due = match (r.ready_at, r.created) {
+        let due = match (r.run_at.or(r.ready_at), r.created) {
             (Some(d), _) => {
                 from_row += 1;
                 d
@@ -538,9 +539,9 @@ fn lateness_of(rows: &[RowTimes], asked: &HashMap<String, u64>) -> (Vec<u32>, u6
         }
     }
     let from = match (from_row, from_delay) {
-        (_, 0) => "the row's ready_at".to_owned(),
+        (_, 0) => "the row's run_at".to_owned(),
         (0, _) => "the row's created + the delay asked".to_owned(),
-        (a, b) => format!("ready_at for {a} rows, created + delay for {b}"),
+        (a, b) => format!("run_at for {a} rows, created + delay for {b}"),
     };
     (late, early, most_early, from)
 }
@@ -651,7 +652,7 @@ pub async fn lateness(ctx: &Ctx<'_>, direct: &mut Direct) -> anyhow::Result<(Lat
 mod tests {
     use super::*;
 
-    fn row(id: &str, created: u64, started: Option<u64>, ready_at: Option<u64>) -> RowTimes {
+    fn row(id: &str, created: u64, started: Option<u64>, due: Option<u64>) -> RowTimes {
         RowTimes {
             id: id.into(),
             status: "completed".into(),
@@ -659,14 +660,15 @@ mod tests {
             created: Some(created),
             started,
             finished: started,
-            ready_at,
+            ready_at: None,
+            run_at: due,
         }
     }
 
     #[test]
-    fn lateness_counts_an_early_start_and_prefers_ready_at() {
+    fn lateness_counts_an_early_start_and_prefers_the_rows_due_time() {
         let asked: HashMap<String, u64> = [("a".into(), 100), ("b".into(), 100)].into();
-        // a: due 1100 by ready_at, started 1103 → 3 ms late; b: due 1100, started 1090 → early.
+        // a: due 1100 by the row, started 1103 → 3 ms late; b: due 1100, started 1090 → early.
         let rows = [
             row("a", 1000, Some(1103), Some(1100)),
             row("b", 1000, Some(1090), Some(1100)),
@@ -675,7 +677,7 @@ mod tests {
         assert_eq!(early, 1);
         assert_eq!(most, 10);
         assert_eq!(Latencies::new(late).percentiles().max_ms, 3.0);
-        assert_eq!(from, "the row's ready_at");
+        assert_eq!(from, "the row's run_at");
         // Without ready_at: created + the delay asked.
         let rows = [row("a", 1000, Some(1105), None)];
         let (late, early, _, from) = lateness_of(&rows, &asked);

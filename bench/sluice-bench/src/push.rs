@@ -554,6 +554,7 @@ mod tests {
             started,
             finished: started.map(|s| s + 1),
             ready_at: None,
+            run_at: None,
         };
         let side = pickup_side(&[row(Some(1003)), row(None)], 1500, 2, 0);
         assert_eq!(side.not_started, 1);

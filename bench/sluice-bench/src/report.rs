@@ -326,7 +326,8 @@ pub struct Lateness {
     /// The delays are spread over this window (after `lead_ms`).
     pub spread_ms: u64,
     pub lead_ms: u64,
-    /// Where the due time came from: the row's `ready_at`, or `created` + the delay asked.
+    /// Where the due time came from: the row's `run_at` (or `ready_at`), or `created` + the
+    /// delay asked.
     pub due_from: String,
     /// Started − due, ms (Redis clock); early starts count as 0 here and in `early`.
     #[serde(skip_serializing_if = "Option::is_none")]
