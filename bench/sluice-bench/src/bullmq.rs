@@ -1,7 +1,9 @@
-//! The BullMQ peer of the pickup phase and of the fairness group's noisy-neighbour phase: `bench/bullmq/peer.mjs` (a default BullMQ `Worker`
+//! The BullMQ peer of the pickup phase: `bench/bullmq/peer.mjs` (a default BullMQ `Worker`
 //! with a no-op processor, a `Queue` adding jobs at fixed rates) run with `node` against a
 //! `redis-server` of its own that this module starts on a free loopback port, so sluice and
-//! BullMQ are measured in one run on one machine at the same rates. `scripts/bench.sh`
+//! BullMQ are measured in one run on one machine at the same rates. The same peer runs the
+//! fairness group's noisy-neighbour phase (`noisy`, `peer.mjs --noisy`): one queue, one worker
+//! of sluice's concurrency, a flood and then calm jobs in that queue. `scripts/bench.sh`
 //! installs the peer (`npm ci` of `bench/bullmq`'s lock) under the cargo target folder; when it
 //! is not there, or `node` is missing, the peer is skipped and the report says so loudly.
 //!

@@ -366,7 +366,8 @@ pub async fn noisy(
     Ok((
         NoisyNeighbour {
             worker: format!(
-                "one `sluice worker --demo-flows --concurrency {concurrency}`, other settings default"
+                "one `sluice worker --demo-flows --concurrency {concurrency}`, other settings \
+                 default"
             ),
             flood_tenant: flood.to_string(),
             calm_tenant: calm.to_string(),

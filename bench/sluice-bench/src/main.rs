@@ -276,7 +276,12 @@ pub struct Args {
     /// Instead of the phases: compare two builds of `sluice` (each a program, or a folder
     /// holding `sluice`), BEFORE then AFTER: HTTP admission and end-to-end, `--compare-runs`
     /// alternating runs per build, medians of throughput and of Redis's script time per call.
-    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with_all = ["compare_standalone", "cluster"])]
+    #[arg(
+        long,
+        num_args = 2,
+        value_names = ["BEFORE", "AFTER"],
+        conflicts_with_all = ["compare_standalone", "cluster"]
+    )]
     compare_builds: Option<Vec<PathBuf>>,
     /// Runs per build of `--compare-builds`.
     #[arg(long, default_value_t = 5)]
