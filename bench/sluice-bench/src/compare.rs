@@ -27,6 +27,7 @@ use serde_json::Value;
 
 use crate::load::{self, Conn, Workload};
 use crate::procs::{self, Proc, Scratch, SluiceCmd};
+use crate::report::CpuShare;
 use crate::{ADMIN_TOKEN, Args, Pids, UNLIMITED};
 
 /// One run of one build.
@@ -36,8 +37,14 @@ pub struct BuildRun {
     pub build: &'static str,
     pub round: usize,
     pub admissions_per_sec: f64,
-    /// Redis's time per script call during the admission phase (µs).
+    /// Redis's time per script call during the admission phase (µs, `INFO commandstats`:
+    /// wall time inside Redis, so it grows when other processes take Redis's core).
     pub admission_script_us_per_call: f64,
+    /// redis-server's CPU time (user + system, from `/proc`) per script call: also parsing and
+    /// replies, but not inflated by waiting for a core.
+    pub admission_redis_cpu_us_per_call: f64,
+    /// Cores the rest of the machine (not this benchmark's processes) used meanwhile.
+    pub admission_rest_cores: f64,
     pub e2e_admitted: u64,
     pub e2e_completed: u64,
     /// Completed executions per second, from the first admission to the moment the last one
@@ -45,6 +52,9 @@ pub struct BuildRun {
     pub e2e_per_sec: f64,
     /// Redis's time per script call during the end-to-end phase (admit, start, complete).
     pub e2e_script_us_per_call: f64,
+    /// redis-server's CPU time per script call, as for admission.
+    pub e2e_redis_cpu_us_per_call: f64,
+    pub e2e_rest_cores: f64,
     /// Redis's script time per completed execution.
     pub e2e_script_us_per_execution: f64,
     /// Non-2xx admissions in both phases (must be 0).
@@ -58,9 +68,14 @@ pub struct BuildMedians {
     pub runs: usize,
     pub admissions_per_sec: f64,
     pub admission_script_us_per_call: f64,
+    pub admission_redis_cpu_us_per_call: f64,
     pub e2e_per_sec: f64,
     pub e2e_script_us_per_call: f64,
+    pub e2e_redis_cpu_us_per_call: f64,
     pub e2e_script_us_per_execution: f64,
+    /// Cores the rest of the machine used during the phases (median): how disturbed they were.
+    pub admission_rest_cores: f64,
+    pub e2e_rest_cores: f64,
 }
 
 /// The comparison: every run, and each build's medians.
@@ -171,6 +186,18 @@ fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
+/// CPU seconds a process used so far (0 when unreadable).
+fn cpu_of(p: &Proc) -> f64 {
+    p.pid().and_then(procs::cpu_seconds).unwrap_or(0.0)
+}
+
+/// The "rest of the machine" share of a phase's CPU shares.
+fn rest(cpu: &[CpuShare]) -> f64 {
+    cpu.iter()
+        .find(|c| c.process == "rest")
+        .map_or(0.0, |c| c.cores)
+}
+
 /// One run of `program`: admission, then end-to-end, each on a fresh Redis.
 async fn one_run(
     args: &Args,
@@ -206,11 +233,13 @@ async fn one_run(
     };
     let pids = Pids::of(&[&redis.nodes[0], &serve]);
     let (before_calls, before_us) = script_stats(&url).await?;
+    let cpu_before = cpu_of(&redis.nodes[0]);
     let name = format!("{build} #{round} admission");
     let w = workload("cmp-adm");
-    let (adm, _) =
+    let (adm, adm_cpu) =
         crate::phase(&name, &pids, |p| load::closed_loop(&w, clients, secs, 0, p)).await?;
     let (calls, us) = script_stats(&url).await?;
+    let adm_redis_cpu = cpu_of(&redis.nodes[0]) - cpu_before;
     let (adm_calls, adm_us) = (calls - before_calls, us - before_us);
     serve.ensure_running()?;
     serve.kill().await;
@@ -243,6 +272,8 @@ async fn one_run(
     all.extend(workers.iter());
     let pids = Pids::of(&all);
     let (before_calls, before_us) = script_stats(&url).await?;
+    let cpu_before = cpu_of(&redis.nodes[0]);
+    let shares_before = pids.sample();
     let started = Instant::now();
     let w = Workload {
         addr,
@@ -263,6 +294,8 @@ async fn one_run(
     }
     let span = started.elapsed().as_secs_f64().max(1e-3);
     let (calls, us) = script_stats(&url).await?;
+    let e2e_redis_cpu = cpu_of(&redis.nodes[0]) - cpu_before;
+    let e2e_rest = rest(&pids.since(&shares_before, started.elapsed()));
     let (e2e_calls, e2e_us) = (calls - before_calls, us - before_us);
     for w in &mut workers {
         w.ensure_running()?;
@@ -281,10 +314,14 @@ async fn one_run(
             adm.outcomes.created as f64 / adm.elapsed.as_secs_f64().max(1e-3),
         ),
         admission_script_us_per_call: round2(adm_us as f64 / adm_calls.max(1) as f64),
+        admission_redis_cpu_us_per_call: round2(adm_redis_cpu * 1e6 / adm_calls.max(1) as f64),
+        admission_rest_cores: rest(&adm_cpu),
         e2e_admitted: e2e.outcomes.created,
         e2e_completed: done,
         e2e_per_sec: round2(done as f64 / span),
         e2e_script_us_per_call: round2(e2e_us as f64 / e2e_calls.max(1) as f64),
+        e2e_redis_cpu_us_per_call: round2(e2e_redis_cpu * 1e6 / e2e_calls.max(1) as f64),
+        e2e_rest_cores: e2e_rest,
         e2e_script_us_per_execution: round2(e2e_us as f64 / done.max(1) as f64),
         errors: adm.outcomes.errors + e2e.outcomes.errors,
     };
@@ -326,9 +363,13 @@ pub async fn compare(args: &Args, builds: &[PathBuf]) -> anyhow::Result<BuildCom
             runs: args.compare_runs.max(1),
             admissions_per_sec: of(|r| r.admissions_per_sec),
             admission_script_us_per_call: of(|r| r.admission_script_us_per_call),
+            admission_redis_cpu_us_per_call: of(|r| r.admission_redis_cpu_us_per_call),
             e2e_per_sec: of(|r| r.e2e_per_sec),
             e2e_script_us_per_call: of(|r| r.e2e_script_us_per_call),
+            e2e_redis_cpu_us_per_call: of(|r| r.e2e_redis_cpu_us_per_call),
             e2e_script_us_per_execution: of(|r| r.e2e_script_us_per_execution),
+            admission_rest_cores: of(|r| r.admission_rest_cores),
+            e2e_rest_cores: of(|r| r.e2e_rest_cores),
         }
     };
     let correct = runs
@@ -389,6 +430,16 @@ impl BuildComparison {
                 b.admission_script_us_per_call,
                 a.admission_script_us_per_call,
             ),
+            (
+                "  redis-server CPU µs per script call",
+                b.admission_redis_cpu_us_per_call,
+                a.admission_redis_cpu_us_per_call,
+            ),
+            (
+                "  rest of the machine, cores",
+                b.admission_rest_cores,
+                a.admission_rest_cores,
+            ),
             ("end-to-end completed/s", b.e2e_per_sec, a.e2e_per_sec),
             (
                 "  Redis script µs per call (target ≤ +5 %)",
@@ -396,9 +447,19 @@ impl BuildComparison {
                 a.e2e_script_us_per_call,
             ),
             (
+                "  redis-server CPU µs per script call",
+                b.e2e_redis_cpu_us_per_call,
+                a.e2e_redis_cpu_us_per_call,
+            ),
+            (
                 "  Redis script µs per execution",
                 b.e2e_script_us_per_execution,
                 a.e2e_script_us_per_execution,
+            ),
+            (
+                "  rest of the machine, cores",
+                b.e2e_rest_cores,
+                a.e2e_rest_cores,
             ),
         ];
         for (name, x, y) in rows {
@@ -406,27 +467,36 @@ impl BuildComparison {
         }
         let _ = writeln!(
             o,
-            "\n  {:<6} {:>5} {:>12} {:>10} {:>12} {:>10} {:>12} {:>7}",
+            "\n  (µs/call: INFO commandstats, cpu/call: redis-server CPU time per script call, \
+             rest: cores used by other processes meanwhile)\n  {:<6} {:>5} {:>12} {:>8} {:>8} \
+             {:>5} {:>11} {:>8} {:>8} {:>5} {:>6}",
             "build",
             "round",
             "admissions/s",
             "µs/call",
+            "cpu/call",
+            "rest",
             "completed/s",
             "µs/call",
-            "µs/execution",
+            "cpu/call",
+            "rest",
             "errors"
         );
         for r in &self.runs {
             let _ = writeln!(
                 o,
-                "  {:<6} {:>5} {:>12.0} {:>10.1} {:>12.0} {:>10.1} {:>12.1} {:>7}",
+                "  {:<6} {:>5} {:>12.0} {:>8.1} {:>8.1} {:>5.2} {:>11.0} {:>8.1} {:>8.1} {:>5.2} \
+                 {:>6}",
                 r.build,
                 r.round,
                 r.admissions_per_sec,
                 r.admission_script_us_per_call,
+                r.admission_redis_cpu_us_per_call,
+                r.admission_rest_cores,
                 r.e2e_per_sec,
                 r.e2e_script_us_per_call,
-                r.e2e_script_us_per_execution,
+                r.e2e_redis_cpu_us_per_call,
+                r.e2e_rest_cores,
                 r.errors
             );
         }
