@@ -368,29 +368,38 @@ impl Direct {
     async fn shard_counts(&mut self, s: Shard) -> anyhow::Result<ShardCounts> {
         let mut p = redis::pipe();
         p.xlen(s.ready())
+            .exists(s.ready())
             .zcard(s.leases())
             .zcard(s.delayed())
             .xlen(s.dead_letters())
-            .hget(s.stats(), "completed")
-            .cmd("XPENDING")
-            .arg(s.ready())
-            .arg(WORKER_GROUP);
-        let (ready, leases, delayed, dead_letters, completed, pending): (
+            .hget(s.stats(), "completed");
+        let (ready, stream, leases, delayed, dead_letters, completed): (
             u64,
+            bool,
             u64,
             u64,
             u64,
             Option<u64>,
-            Value,
         ) = p.query_async(&mut self.conn).await?;
-        // XPENDING's summary form: [count, first id, last id, consumers].
-        let pending = match pending {
-            Value::Array(v) => v
-                .first()
-                .map(redis::from_redis_value_ref::<u64>)
-                .transpose()?
-                .unwrap_or(0),
-            _ => 0,
+        // Entries read and not acknowledged, when the shard has a ready stream (a build that
+        // dispatches through ordered sets has none, and nothing pending: its running
+        // executions are the leases). XPENDING's summary form: [count, first, last, consumers].
+        let pending = if stream {
+            let v: Value = redis::cmd("XPENDING")
+                .arg(s.ready())
+                .arg(WORKER_GROUP)
+                .query_async(&mut self.conn)
+                .await?;
+            match v {
+                Value::Array(v) => v
+                    .first()
+                    .map(redis::from_redis_value_ref::<u64>)
+                    .transpose()?
+                    .unwrap_or(0),
+                _ => 0,
+            }
+        } else {
+            0
         };
         Ok(ShardCounts {
             ready,
