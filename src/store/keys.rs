@@ -167,15 +167,43 @@ impl Shard {
         format!("{}void:{id}", self.prefix())
     }
 
-    /// The ready stream (consumer group `workers`): dispatched executions waiting for a worker.
+    /// Schema 1's ready stream (consumer group `workers`), read only by the migration to
+    /// schema 2 (`migrations-lua/migrate_dispatch.lua`), which deletes it.
     pub fn ready(self) -> String {
         format!("{}ready", self.prefix())
     }
 
-    /// The ready stream's doorbell: a wake-up marker (a sorted set of one member) set by every
-    /// entry put on the stream, that workers with a free slot wait on with `BZPOPMIN` instead
-    /// of polling (see `ring` in `migrations-lua/common.lua`). Built inside the scripts from
-    /// the prefix.
+    /// The tenants that can start something now (a queued runnable execution and a free
+    /// slot), scored by virtual time: a start takes the least (see "Dispatch" in
+    /// `migrations-lua/common.lua`).
+    pub fn runnable(self) -> String {
+        format!("{}runnable", self.prefix())
+    }
+
+    /// The fair share's bookkeeping (a hash): `clock` (the virtual start tag of the last start),
+    /// `weight` (the sum of the runnable tenants' weights) and `vt:<tenant>` (the virtual time
+    /// of a tenant that left the runnable set ahead of the clock).
+    pub fn sched(self) -> String {
+        format!("{}sched", self.prefix())
+    }
+
+    /// The start log: a capped stream with one entry per start — tenant `t`, virtual start
+    /// tag `vt`, weight `w` — from which tests and the fault suite's checker prove the fair
+    /// share.
+    pub fn starts(self) -> String {
+        format!("{}starts", self.prefix())
+    }
+
+    /// The executions one worker (`consumer`) holds leases of in this shard (a set): what
+    /// `adopt` reads after a start whose answer was lost.
+    pub fn held(self, consumer: &str) -> String {
+        format!("{}held:{consumer}", self.prefix())
+    }
+
+    /// The shard's doorbell: a wake-up marker (a sorted set of one member) set whenever a tenant
+    /// can start something or a new earliest due time is set, that workers with a free slot
+    /// wait on with `BZPOPMIN` instead of polling (see `ring` in `migrations-lua/common.lua`).
+    /// Built inside the scripts from the prefix.
     pub fn bell(self) -> String {
         format!("{}bell", self.prefix())
     }
@@ -195,7 +223,8 @@ impl Shard {
         format!("{}leases", self.prefix())
     }
 
-    /// Failed executions waiting out their retry backoff, by due time (ms). They keep their slot.
+    /// The shard's one timer set: queued executions not due yet — scheduled ones and retries
+    /// waiting out their backoff — by due time (ms). They hold no slot.
     pub fn delayed(self) -> String {
         format!("{}delayed", self.prefix())
     }
@@ -243,12 +272,13 @@ impl Shard {
         format!("{}t:{t}:cfg", self.prefix())
     }
 
-    /// Ids of a tenant's executions holding a concurrency slot (dispatched or running).
+    /// Ids of a tenant's executions holding a concurrency slot: the running ones.
     pub fn slots(self, t: &TenantId) -> String {
         format!("{}t:{t}:slots", self.prefix())
     }
 
-    /// A tenant's executions over its concurrency limit, FIFO by admission time (a sorted set).
+    /// A tenant's queue: its runnable executions by order key (the time each became runnable,
+    /// shifted by its priority), started first to last as the tenant gets slots.
     pub fn waiting(self, t: &TenantId) -> String {
         format!("{}t:{t}:waiting", self.prefix())
     }
@@ -262,6 +292,17 @@ impl Shard {
     /// A tenant's executions in one status (sorted set, all scores 0, ordered by id = age).
     pub fn status_index(self, t: &TenantId, s: Status) -> String {
         format!("{}t:{t}:st:{}", self.prefix(), s.as_str())
+    }
+
+    /// A tenant's scheduled executions (queued, on the timer set): same shape as
+    /// `status_index`, read by the `queue_state=scheduled` filter.
+    pub fn scheduled_index(self, t: &TenantId) -> String {
+        format!("{}t:{t}:st:scheduled", self.prefix())
+    }
+
+    /// A tenant's scheduled executions of one flow (same shape as `scheduled_index`).
+    pub fn scheduled_flow_index(self, t: &TenantId, f: &FlowId) -> String {
+        format!("{}t:{t}:fl:{f}:scheduled", self.prefix())
     }
 
     /// A tenant's executions of one flow in one status (same shape as `status_index`).
@@ -398,7 +439,13 @@ pub enum KeyKind {
     /// A worker's adoption barrier (`Shard::adopted`).
     Adopted,
     Frozen,
+    /// Schema 1's ready stream (read by the migration only).
     Ready,
+    Runnable,
+    Sched,
+    Starts,
+    /// A worker's held set (`Shard::held`).
+    Held,
     Bell,
     Leases,
     Delayed,
@@ -477,6 +524,9 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
     if rest.starts_with("adopted:") {
         return at(KeyKind::Adopted);
     }
+    if rest.starts_with("held:") {
+        return at(KeyKind::Held);
+    }
     if let Some(id) = rest.strip_prefix("void:") {
         return Some(KeyName {
             id: Some(id),
@@ -487,6 +537,9 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         return match rest {
             "frozen" => at(KeyKind::Frozen),
             "ready" => at(KeyKind::Ready),
+            "runnable" => at(KeyKind::Runnable),
+            "sched" => at(KeyKind::Sched),
+            "starts" => at(KeyKind::Starts),
             "bell" => at(KeyKind::Bell),
             "leases" => at(KeyKind::Leases),
             "delayed" => at(KeyKind::Delayed),
@@ -676,6 +729,10 @@ mod tests {
         for (k, kind) in [
             (s.frozen(), KeyKind::Frozen),
             (s.ready(), KeyKind::Ready),
+            (s.runnable(), KeyKind::Runnable),
+            (s.sched(), KeyKind::Sched),
+            (s.starts(), KeyKind::Starts),
+            (s.held("w-1"), KeyKind::Held),
             (s.bell(), KeyKind::Bell),
             (s.adopted("host-1-abc"), KeyKind::Adopted),
             (s.leases(), KeyKind::Leases),

@@ -5,22 +5,19 @@
 
 use std::collections::HashMap;
 
-use redis::Value;
-
-use super::keys::WORKER_GROUP;
 use super::{Shard, Store, StoreError};
 
 /// Counters and sizes of one shard.
 #[derive(Debug, Clone)]
 pub struct ShardStats {
     pub shard: u16,
-    /// Entries on the ready stream (dispatched, not yet started, plus running ones).
+    /// Tenants that can start an execution now (runnable work and a free slot).
     pub ready: u64,
-    /// Entries read by a worker and not yet acknowledged (= executions running).
+    /// Executions running (each holds a lease).
     pub pending: u64,
     /// Leases held.
     pub leases: u64,
-    /// Failed executions waiting out a retry backoff.
+    /// Executions on the timer set: scheduled for later, or waiting out a retry backoff.
     pub delayed: u64,
     pub dead_letters: u64,
     /// Counters since the shard's creation: completed, failed, cancelled, reclaimed, fenced,
@@ -47,7 +44,7 @@ impl Store {
         futures_util::future::join_all(reads).await
     }
 
-    /// Sizes and counters of one shard: two round trips on its slot.
+    /// Sizes and counters of one shard: one round trip on its slot.
     async fn shard_stats(&self, shard: Shard) -> Result<ShardStats, StoreError> {
         let mut c = self.conn();
         let (ready, leases, delayed, dead_letters, counters): (
@@ -59,7 +56,7 @@ impl Store {
         ) = self
             .bounded(
                 redis::pipe()
-                    .xlen(shard.ready())
+                    .zcard(shard.runnable())
                     .zcard(shard.leases())
                     .zcard(shard.delayed())
                     .xlen(shard.dead_letters())
@@ -67,30 +64,8 @@ impl Store {
                     .query_async(&mut c),
             )
             .await?;
-        // The group exists from start-up on; if it was deleted by hand, recreate it and
-        // report nothing pending this time rather than fail the answer.
-        let pending = match self
-            .bounded_raw(
-                redis::cmd("XPENDING")
-                    .arg(shard.ready())
-                    .arg(WORKER_GROUP)
-                    .query_async::<Value>(&mut c),
-            )
-            .await?
-        {
-            Ok(Value::Array(v)) => v
-                .into_iter()
-                .next()
-                .map(redis::from_redis_value::<u64>)
-                .transpose()?
-                .unwrap_or_default(),
-            Ok(_) => 0,
-            Err(e) if e.code() == Some("NOGROUP") => {
-                self.ensure_group(shard).await?;
-                0
-            }
-            Err(e) => return Err(e.into()),
-        };
+        // Every running execution holds a lease.
+        let pending = leases;
         Ok(ShardStats {
             shard: shard.number(),
             ready,
