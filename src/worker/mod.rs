@@ -433,7 +433,14 @@ impl Shared {
             .wakes
             .iter()
             .filter(|(s, w)| **s == own || w.is_waiting())
-            .map(|(s, w)| (*s, i64::try_from(w.weight()).unwrap_or(i64::MAX / 4)))
+            .map(|(s, w)| {
+                let weight = i64::try_from(w.weight()).unwrap_or(i64::MAX / 4);
+                // A pickup waits for a slot only when its shard has work; one that has not
+                // been answered since (its first call, or a doorbell after a drain) counts as
+                // weight 1 until its call tells.
+                let weight = if *s != own { weight.max(1) } else { weight };
+                (*s, weight)
+            })
             .filter(|(_, w)| *w > 0)
             .collect();
         if candidates.is_empty() {

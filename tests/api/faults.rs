@@ -43,7 +43,7 @@
 //!
 //! Then every process is continued, the clients stop, every tenant's limit is raised to 3 (to
 //! drain the backlog sooner), and the suite waits (at most 30 s) until no tenant has anything
-//! running, dispatched or waiting.
+//! running or queued.
 //!
 //! # What is asserted
 //!
@@ -85,7 +85,7 @@
 //!    when it was sent until a later change, sent after the first was answered, has been
 //!    acknowledged; a change whose answer was lost (5xx, no answer) is taken to apply within
 //!    10 s of that answer or never (the longest pause is 4 s).
-//! 6. **Usage returns to zero**: `{running: 0, dispatched: 0, waiting: 0}` for every tenant, and
+//! 6. **Usage returns to zero**: `{running: 0, waiting: 0, scheduled: 0}` for every tenant, and
 //!    nothing listed as `queued` or `running`.
 //! 7. **Attempts stay in bounds**: no final execution shows `attempt > max_attempts`.
 //!
@@ -1129,7 +1129,7 @@ async fn quiesce(api: &Api, limit: Duration) -> Result<Duration, String> {
         for t in TENANTS {
             let tenant = api.read(None, &format!("/api/tenants/{t}")).await;
             let usage = &tenant["usage"];
-            if usage != &json!({"running": 0, "dispatched": 0, "waiting": 0}) {
+            if usage != &json!({"running": 0, "waiting": 0, "scheduled": 0}) {
                 busy.push(format!("{t} usage {usage}"));
             }
             for status in ["queued", "running"] {
@@ -1467,7 +1467,7 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
         );
     }
     for (t, u) in &ev.fin.usage {
-        if u != &json!({"running": 0, "dispatched": 0, "waiting": 0}) {
+        if u != &json!({"running": 0, "waiting": 0, "scheduled": 0}) {
             v.fail(P6, format!("{t}: usage {u}"));
         }
     }
