@@ -10,6 +10,7 @@ mod config;
 mod connections;
 mod console;
 mod deployment;
+mod dispatch;
 mod dev;
 mod faults;
 mod fences;
