@@ -11,7 +11,7 @@
 //!   legal method, and a label taken from the request would let anyone grow the registry;
 //! - `sluice_http_connections_open` and `sluice_http_connections_refused_total` (beyond
 //!   `--max-connections`);
-//! - `sluice_queue_depth{shard}`: length of each shard's ready stream, read from Redis at
+//! - `sluice_queue_depth{shard}`: queued executions due in each shard (its tenants' queues), read from Redis at
 //!   scrape time (absent when Redis does not answer);
 //! - `sluice_dead_letters{shard}`: records on each shard's dead-letter stream;
 //! - `sluice_shard_events{shard,event}`: cumulative counts the scripts keep on Redis —

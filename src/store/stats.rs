@@ -11,8 +11,11 @@ use super::{Shard, Store, StoreError};
 #[derive(Debug, Clone)]
 pub struct ShardStats {
     pub shard: u16,
-    /// Tenants that can start an execution now (runnable work and a free slot).
+    /// Queued executions that are due (runnable, in their tenants' queues), summed over the
+    /// shard's tenants.
     pub ready: u64,
+    /// Tenants that can start an execution now (runnable work and a free slot).
+    pub runnable_tenants: u64,
     /// Executions running (each holds a lease).
     pub pending: u64,
     /// Leases held.
@@ -44,10 +47,11 @@ impl Store {
         futures_util::future::join_all(reads).await
     }
 
-    /// Sizes and counters of one shard: one round trip on its slot.
+    /// Sizes and counters of one shard: three round trips on its slot (the last one reads the
+    /// size of each of its tenants' queues).
     async fn shard_stats(&self, shard: Shard) -> Result<ShardStats, StoreError> {
         let mut c = self.conn();
-        let (ready, leases, delayed, dead_letters, counters): (
+        let (runnable_tenants, leases, delayed, dead_letters, counters): (
             u64,
             u64,
             u64,
@@ -66,9 +70,23 @@ impl Store {
             .await?;
         // Every running execution holds a lease.
         let pending = leases;
+        // The queues' sizes, one pipeline over the shard's tenants.
+        let tenants: Vec<String> = self
+            .bounded(redis::cmd("SMEMBERS").arg(shard.tenants()).query_async(&mut c))
+            .await?;
+        let mut p = redis::pipe();
+        for t in tenants
+            .iter()
+            .filter_map(|t| crate::admission::TenantId::parse(t).ok())
+        {
+            p.zcard(shard.waiting(&t));
+        }
+        let sizes: Vec<u64> = self.bounded(p.query_async(&mut c)).await?;
+        let ready = sizes.iter().sum();
         Ok(ShardStats {
             shard: shard.number(),
             ready,
+            runnable_tenants,
             pending,
             leases,
             delayed,
