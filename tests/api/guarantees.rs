@@ -316,7 +316,7 @@ async fn a_dedup_key_expires_only_once_its_execution_is_terminal() {
 async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stops() {
     let app = TestApp::spawn().await;
     let journal = Journal::new();
-    let _w = TestWorker::spawn_env(
+    let w = TestWorker::spawn_env(
         &app.redis,
         &[
             "--concurrency",
@@ -339,6 +339,9 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
             json!({"flow_id": "demo.journal", "params": {"ms": 50}}),
         )
         .await;
+    // The worker is told of a force delete at once: frozen, it cannot stop x's handler before
+    // the checks below (well within x's lease).
+    w.signal("STOP");
     assert_eq!(
         app.delete("acme", &x, true).await.status(),
         StatusCode::NO_CONTENT
@@ -347,24 +350,33 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
         app.get_execution("acme", &x).await.status(),
         StatusCode::NOT_FOUND
     );
-    // The key is free at once; the slot is not while x's handler runs (the worker is told at
-    // once, so it may have stopped already: then y holds the slot).
+    // The key is free at once; the slot is not while x's handler runs.
     let res = app.post_with_key("acme", "job-x", &long).await;
     assert_eq!(res.status(), StatusCode::CREATED);
     let z = id_of(&res.json().await.unwrap());
     assert_ne!(z, x);
-    // While x's handler runs, x holds the slot: y cannot start, both y and z wait. (The slot
-    // is taken when an execution starts: once x stopped, y may be ready or running.)
-    let usage = app.usage("acme").await;
-    let y_state = app.execution("acme", &y).await;
-    if journal.event(&x, 1, "end").is_none() {
-        assert_eq!(
-            usage,
-            json!({"running": 1, "waiting": 2, "scheduled": 0}),
-            "x's handler still runs"
-        );
-        assert_eq!(y_state["queue_state"], "waiting", "{y_state}");
-    }
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 1, "waiting": 2, "scheduled": 0}),
+        "x counts as running until its handler stops"
+    );
+    let e = app.execution("acme", &y).await;
+    assert_eq!(e["queue_state"], "waiting", "{e}");
+    // Another worker with room finds nothing it may start.
+    let store = app.store().await;
+    let batch = store
+        .start(
+            app.shard("acme"),
+            "another-worker",
+            4,
+            Duration::from_secs(30),
+            0,
+        )
+        .await
+        .unwrap();
+    assert!(batch.started.is_empty(), "started while x's handler ran");
+    assert!(journal.event(&x, 1, "end").is_none());
+    w.signal("CONT");
     // Until y is over, at most one of them counts as running at any time.
     let deadline = Instant::now() + Duration::from_secs(15);
     let done = loop {
