@@ -542,7 +542,10 @@ async fn a_disabled_tenant_reads_but_admits_nothing() {
     assert_eq!(res.status(), StatusCode::OK);
     let e: Value = res.json().await.unwrap();
     assert_eq!(e["status"], "queued");
-    assert_eq!(app.ready_len("acme").await, 1);
+    // Still in its tenant's queue, ready to start: disabling stops admissions, not work.
+    assert_eq!(e["queue_state"], "ready");
+    assert_eq!(app.queue_ids("acme").await, [id]);
+    assert_eq!(app.runnable_tenants("acme").await, ["acme"]);
 }
 
 #[tokio::test]
