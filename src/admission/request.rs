@@ -283,7 +283,9 @@ mod tests {
             Some(Schedule::At(1_577_836_800_000))
         );
         assert_eq!(
-            schedule_of(Some("2999-01-01T00:00:00Z"), None).unwrap_err().code,
+            schedule_of(Some("2999-01-01T00:00:00Z"), None)
+                .unwrap_err()
+                .code,
             "invalid_run_at"
         );
         assert_eq!(
@@ -291,7 +293,9 @@ mod tests {
             "invalid_run_at"
         );
         assert_eq!(
-            schedule_of(Some("2020-01-01T00:00:00Z"), Some("1s")).unwrap_err().code,
+            schedule_of(Some("2020-01-01T00:00:00Z"), Some("1s"))
+                .unwrap_err()
+                .code,
             "invalid_schedule"
         );
     }

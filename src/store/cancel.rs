@@ -113,7 +113,9 @@ impl Store {
         id: &ExecutionId,
         when: Schedule,
     ) -> Result<Reschedule, StoreError> {
-        let found = self.reschedule_in(self.shard_of(tenant), tenant, id, when).await?;
+        let found = self
+            .reschedule_in(self.shard_of(tenant), tenant, id, when)
+            .await?;
         let missing = matches!(found, Reschedule::NotFound);
         match self.repinned(tenant, missing).await? {
             Some(shard) => self.reschedule_in(shard, tenant, id, when).await,

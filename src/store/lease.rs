@@ -139,7 +139,11 @@ impl Store {
         lease_ttl: Duration,
         barrier: u64,
     ) -> Result<Vec<Started>, StoreError> {
-        let keys = [shard.held(consumer), shard.leases(), shard.adopted(consumer)];
+        let keys = [
+            shard.held(consumer),
+            shard.leases(),
+            shard.adopted(consumer),
+        ];
         let mut inv = self.shard_script(&self.scripts.adopt, shard, &keys);
         inv.arg(consumer)
             .arg(most.max(1))

@@ -72,7 +72,11 @@ impl Store {
         let pending = leases;
         // The queues' sizes, one pipeline over the shard's tenants.
         let tenants: Vec<String> = self
-            .bounded(redis::cmd("SMEMBERS").arg(shard.tenants()).query_async(&mut c))
+            .bounded(
+                redis::cmd("SMEMBERS")
+                    .arg(shard.tenants())
+                    .query_async(&mut c),
+            )
             .await?;
         let mut p = redis::pipe();
         for t in tenants

@@ -264,9 +264,8 @@ enum Next {
 }
 
 impl Shared {
-    /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`;
-    /// `depth` counts the runs before it that passed the slot on (0 for a pickup's start).
-    fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit, depth: u32) {
+    /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`.
+    fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit) {
         let stop = CancellationToken::new();
         let why = Arc::new(StopReason::default());
         let lease = Lease::granted(sent, self.config.lease_ttl);
@@ -300,16 +299,16 @@ impl Shared {
             // slots: this one, and while no other shard waits for a slot, every free one (a
             // backlog is then started in batches, as a pickup's start call does).
             let mut hand = None;
-            let chain = me.upgrade().and_then(|shared| {
-                match shared.pass_on(shard, &outcome) {
+            let chain = me
+                .upgrade()
+                .and_then(|shared| match shared.pass_on(shard, &outcome) {
                     Next::Chain(g) => Some((shared, g)),
                     Next::Hand(other) => {
                         hand = Some(other);
                         None
                     }
                     Next::Free => None,
-                }
-            });
+                });
             let mut slot = slot;
             if let Some((shared, _)) = &chain
                 && shared.waiting_for_slot.load(Ordering::SeqCst) == 0
@@ -376,7 +375,7 @@ impl Shared {
                     .and_then(|s| s.split(1))
                     .or_else(|| shared.slots.clone().try_acquire_owned().ok())
                 {
-                    Some(s) => shared.launch(next, sent, s, depth + 1),
+                    Some(s) => shared.launch(next, sent, s),
                     None => tracing::warn!(
                         id = %next.id,
                         "no free slot for a run Redis names as this worker's; its lease will expire"

@@ -633,7 +633,7 @@ impl Pickup {
                 .and_then(|r| r.split(1))
                 .or_else(|| self.shared.slots.clone().try_acquire_owned().ok());
             match slot {
-                Some(slot) => self.shared.launch(s, sent, slot, 0),
+                Some(slot) => self.shared.launch(s, sent, slot),
                 None => left.push(s),
             }
         }
@@ -654,7 +654,7 @@ impl Pickup {
             match slot {
                 Ok(slot) => {
                     let slot = slot.expect("the slots are never closed");
-                    shared.launch(s, sent, slot, 0);
+                    shared.launch(s, sent, slot);
                 }
                 Err(_) => tracing::warn!(
                     id = %s.id,

@@ -122,7 +122,10 @@ async fn starts_go_to_backlogged_tenants_in_proportion_to_their_weights() {
         }
         own_last.insert(tenant, *tag);
         *count.entry(tenant).or_default() += 1.0;
-        let (h, l) = (count.get(heavy).copied(), count.get(light.as_str()).copied());
+        let (h, l) = (
+            count.get(heavy).copied(),
+            count.get(light.as_str()).copied(),
+        );
         // While both have work (neither has run out yet).
         if h.unwrap_or(0.0) < EACH as f64 && l.unwrap_or(0.0) < EACH as f64 {
             worst = worst.max((h.unwrap_or(0.0) / 3.0 - l.unwrap_or(0.0)).abs());
@@ -149,7 +152,8 @@ async fn a_calm_tenant_behind_a_flood_starts_at_the_next_free_slot() {
     let app = TestApp::spawn().await;
     let flood = "flood";
     let calm = neighbour_of(&app, flood, "calm");
-    app.put_tenant(flood, &json!({"max_concurrent": 1000})).await;
+    app.put_tenant(flood, &json!({"max_concurrent": 1000}))
+        .await;
     let mut flood_ids = Vec::new();
     for i in 0..150 {
         flood_ids.push(
@@ -258,13 +262,22 @@ async fn scheduled_executions_wait_their_time_and_can_be_moved() {
             json!({"flow_id": "demo.echo", "delay": "1s", "run_at": "2026-01-01T00:00:00Z"}),
             "invalid_schedule",
         ),
-        (json!({"flow_id": "demo.echo", "delay": "366d"}), "invalid_delay"),
-        (json!({"flow_id": "demo.echo", "delay": "soon"}), "invalid_delay"),
+        (
+            json!({"flow_id": "demo.echo", "delay": "366d"}),
+            "invalid_delay",
+        ),
+        (
+            json!({"flow_id": "demo.echo", "delay": "soon"}),
+            "invalid_delay",
+        ),
         (
             json!({"flow_id": "demo.echo", "run_at": "2999-01-01T00:00:00Z"}),
             "invalid_run_at",
         ),
-        (json!({"flow_id": "demo.echo", "run_at": "noon"}), "invalid_run_at"),
+        (
+            json!({"flow_id": "demo.echo", "run_at": "noon"}),
+            "invalid_run_at",
+        ),
     ] {
         let res = app.post_execution("acme", &body).await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
@@ -338,7 +351,10 @@ async fn scheduled_executions_wait_their_time_and_can_be_moved() {
     assert_eq!(again.status(), StatusCode::OK);
     let again: Value = again.json().await.unwrap();
     assert_eq!(again["execution_id"], first["execution_id"]);
-    assert_eq!(again["run_at"], first["run_at"], "the first admission's schedule");
+    assert_eq!(
+        again["run_at"], first["run_at"],
+        "the first admission's schedule"
+    );
     let other = app
         .post_with_key(
             "acme",
@@ -370,14 +386,22 @@ async fn scheduled_executions_wait_their_time_and_can_be_moved() {
     assert_eq!(soon.status(), StatusCode::OK);
     let soon: Value = soon.json().await.unwrap();
     assert_eq!(soon["queue_state"], "scheduled");
-    let done = app.wait_terminal("acme", &later, Duration::from_secs(10)).await;
+    let done = app
+        .wait_terminal("acme", &later, Duration::from_secs(10))
+        .await;
     assert_eq!(done["status"], "completed");
-    assert!(ms_of(&done["started_at"]) >= ms_of(&soon["run_at"]), "{done}");
+    assert!(
+        ms_of(&done["started_at"]) >= ms_of(&soon["run_at"]),
+        "{done}"
+    );
     // Only while scheduled.
     let res = reschedule(&app, &later, &json!({"delay": "1s"})).await;
     assert_eq!(res.status(), StatusCode::CONFLICT);
     assert_eq!(problem_code(res).await, "not_scheduled");
-    for body in [json!({}), json!({"delay": "1s", "run_at": "2026-01-01T00:00:00Z"})] {
+    for body in [
+        json!({}),
+        json!({"delay": "1s", "run_at": "2026-01-01T00:00:00Z"}),
+    ] {
         let res = reschedule(&app, &later, &body).await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
     }
@@ -394,7 +418,9 @@ async fn scheduled_executions_wait_their_time_and_can_be_moved() {
     assert_eq!(app.page("acme", "queue_state=scheduled").await["total"], 0);
     let res = app.list("acme", "queue_state=waiting").await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
-    let res = app.list("acme", "queue_state=scheduled&status=running").await;
+    let res = app
+        .list("acme", "queue_state=scheduled&status=running")
+        .await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 }
 
@@ -490,7 +516,10 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
             .query_async(&mut c)
             .await
             .unwrap();
-        let _: () = index(&id, Status::Queued).query_async(&mut c).await.unwrap();
+        let _: () = index(&id, Status::Queued)
+            .query_async(&mut c)
+            .await
+            .unwrap();
         ids.push((id, 1));
     }
     // One waiting (FIFO set scored by admission time).
@@ -634,7 +663,11 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
         .redis
         .query(redis::cmd("SMEMBERS").arg(s.slots(&tenant)))
         .await;
-    assert_eq!(slots, [running.to_string()], "only the running one holds a slot");
+    assert_eq!(
+        slots,
+        [running.to_string()],
+        "only the running one holds a slot"
+    );
     let held: Vec<String> = app
         .redis
         .query(redis::cmd("SMEMBERS").arg(s.held("gone-worker")))

@@ -470,7 +470,7 @@ async fn admit_declares_the_keys_it_writes() {
     written.sort();
     assert_eq!(written, expected);
     // The execution is first in its tenant's queue, and the tenant runnable.
-    assert_eq!(app.queue_ids("acme").await, [id.clone()]);
+    assert_eq!(app.queue_ids("acme").await, std::slice::from_ref(&id));
     assert_eq!(app.runnable_tenants("acme").await, ["acme"]);
 
     let q = |c: &mut redis::Cmd| {

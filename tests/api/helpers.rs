@@ -956,13 +956,3 @@ fn all_threads_stopped(pid: u32) -> bool {
         })
     })
 }
-
-// TEMPORARY (removed once every test file is updated to the new dispatch model).
-impl TestApp {
-    pub async fn ready_len(&self, tenant: &str) -> u64 {
-        self.waiting_len(tenant).await
-    }
-    pub async fn ready_ids(&self, tenant: &str) -> Vec<String> {
-        self.queue_ids(tenant).await
-    }
-}

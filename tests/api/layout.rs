@@ -223,7 +223,12 @@ async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() 
         .await;
     let () = app
         .redis
-        .query(redis::cmd("RESTORE").arg(new.waiting(&acme)).arg(0).arg(dump))
+        .query(
+            redis::cmd("RESTORE")
+                .arg(new.waiting(&acme))
+                .arg(0)
+                .arg(dump),
+        )
         .await;
     let _: u64 = app
         .redis
@@ -239,7 +244,10 @@ async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() 
         .redis
         .query(redis::cmd("EXISTS").arg(old.waiting(&acme)))
         .await;
-    assert_eq!(old_queue, 0, "an old process wrote the frozen shard's queue");
+    assert_eq!(
+        old_queue, 0,
+        "an old process wrote the frozen shard's queue"
+    );
     // A writer without the freeze check could bring the old key back all the same.
     let _: u64 = app
         .redis

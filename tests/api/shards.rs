@@ -382,7 +382,10 @@ async fn a_tenant_lost_from_the_runnable_set_is_put_back_by_the_sweeper() {
         if rung == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "the worker never looked at its shard");
+        assert!(
+            Instant::now() < deadline,
+            "the worker never looked at its shard"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for id in &queued {

@@ -72,7 +72,10 @@ async fn saturation_without_churn() {
     loop {
         let (entries, deliveries) = pending(&app).await;
         max_pending = max_pending.max(entries);
-        assert!(deliveries <= 1, "an execution was started {deliveries} times");
+        assert!(
+            deliveries <= 1,
+            "an execution was started {deliveries} times"
+        );
         let page = app.page("acme", "status=completed&limit=1").await;
         if page["total"] == 30 {
             break;
@@ -96,11 +99,7 @@ async fn saturation_without_churn() {
     assert_eq!(app.counter("fenced").await, 0);
     assert_eq!(app.counter("completed").await, 30);
     assert_eq!(claim_calls(&app).await, "", "XCLAIM/XAUTOCLAIM was called");
-    assert_eq!(
-        pending(&app).await.0,
-        0,
-        "finished runs hold no lease"
-    );
+    assert_eq!(pending(&app).await.0, 0, "finished runs hold no lease");
     assert_eq!(
         app.usage("acme").await,
         json!({"running": 0, "waiting": 0, "scheduled": 0})
@@ -361,7 +360,7 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
     assert_eq!(e["status"], "queued");
     // Back in its tenant's order, first, and within its free slots.
     assert_eq!(e["queue_state"], "ready");
-    assert_eq!(app.queue_ids("acme").await, [id.clone()]);
+    assert_eq!(app.queue_ids("acme").await, std::slice::from_ref(&id));
     // A release is not an attempt: the next worker runs it as attempt 1 again.
     assert_eq!(e["attempt"], 0);
     let _b = TestWorker::spawn(&app.redis, &slow_lease);
@@ -462,7 +461,9 @@ async fn stale_queue_members_are_dropped_once_and_evictions_are_counted() {
         .await
         .unwrap();
     let _w = TestWorker::spawn(&app.redis, FAST_WORKER);
-    let e = app.wait_terminal("acme", &real, Duration::from_secs(10)).await;
+    let e = app
+        .wait_terminal("acme", &real, Duration::from_secs(10))
+        .await;
     assert_eq!(e["status"], "completed");
     assert_eq!(e["attempt"], 1);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -474,11 +475,8 @@ async fn stale_queue_members_are_dropped_once_and_evictions_are_counted() {
     let mut failed = Vec::new();
     for _ in 0..3 {
         failed.push(
-            app.admit_with(
-                "acme",
-                json!({"flow_id": "demo.fail", "max_attempts": 1}),
-            )
-            .await,
+            app.admit_with("acme", json!({"flow_id": "demo.fail", "max_attempts": 1}))
+                .await,
         );
     }
     for id in &failed {
@@ -551,7 +549,10 @@ async fn the_sweeper_puts_back_a_queued_execution_nothing_reaches() {
     let mut expected = lost.clone();
     expected.sort();
     assert_eq!(queued, expected);
-    assert_eq!(app.execution("acme", &later).await["queue_state"], "scheduled");
+    assert_eq!(
+        app.execution("acme", &later).await["queue_state"],
+        "scheduled"
+    );
     let again = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
         .await
         .expect("took the sweeper turn");
@@ -600,7 +601,10 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
         .redis
         .query(redis::cmd("SADD").arg(shard.slots(&tenant)).arg(ghost))
         .await;
-    assert_eq!(app.execution("acme", &waiting).await["queue_state"], "waiting");
+    assert_eq!(
+        app.execution("acme", &waiting).await["queue_state"],
+        "waiting"
+    );
     let _: i64 = app
         .redis
         .query(
