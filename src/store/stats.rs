@@ -78,15 +78,19 @@ impl Store {
                     .query_async(&mut c),
             )
             .await?;
-        let mut p = redis::pipe();
-        for t in tenants
+        let tenants: Vec<_> = tenants
             .iter()
             .filter_map(|t| crate::admission::TenantId::parse(t).ok())
-        {
-            p.zcard(shard.waiting(&t));
+            .collect();
+        let mut ready = 0;
+        if !tenants.is_empty() {
+            let mut p = redis::pipe();
+            for t in &tenants {
+                p.zcard(shard.waiting(t));
+            }
+            let sizes: Vec<u64> = self.bounded(p.query_async(&mut c)).await?;
+            ready = sizes.iter().sum();
         }
-        let sizes: Vec<u64> = self.bounded(p.query_async(&mut c)).await?;
-        let ready = sizes.iter().sum();
         Ok(ShardStats {
             shard: shard.number(),
             ready,
