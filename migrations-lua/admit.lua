@@ -80,6 +80,7 @@ redis.call('SADD', TENANTS, tenant)
 redis.call('SADD', FLOWS, flow)
 -- The row is written here, with its queue state (and stream entry), in one HSET.
 enqueue(tenant, id, qstate, now, row)
+tally(tenant, 'admitted', now)
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
 return { 'new', qstate, now }

@@ -40,6 +40,7 @@ if status == 'queued' then
   redis.call('HDEL', ROW, 'qstate', 'entry')
   settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'))
   redis.call('HINCRBY', STATS, 'cancelled', 1)
+  tally(tenant, 'cancelled', now)
 elseif status == 'running' then
   local run = redis.call('HMGET', ROW, 'cancel', 'lease_owner')
   if run[1] ~= '1' then

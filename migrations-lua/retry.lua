@@ -40,5 +40,6 @@ index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)
 enqueue(tenant, id, qstate, now, { 'status', 'queued', 'attempt', 0, 'updated', now })
+mark_busy(tenant)
 notify(id, now)
 return { 'ok', id, hgetall(id) }

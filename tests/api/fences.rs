@@ -49,7 +49,8 @@ async fn lua_key_builders_name_the_keys_the_rust_keys_module_does() {
 local t, id, f, h = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delayed(), K.dlq(), K.stats(),
   K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
-  K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id }
+  K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id,
+  K.trends(t, 20423), K.shard_trends(20423), K.busy() }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -88,6 +89,9 @@ return out";
             s.tenant_dead_letters(&t),
             s.dead_letters_indexed(),
             keys::events_channel(&id),
+            s.trends(&t, 20_423),
+            s.shard_trends(20_423),
+            s.busy(),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));
@@ -453,6 +457,14 @@ async fn admit_declares_the_keys_it_writes() {
         s.dedup(&t, &digest),
         s.bell(),
     ];
+    // The admission is counted in the tenant's and the shard's per-minute records of the day
+    // it was admitted on (Redis's clock), and the tenant is listed as having work.
+    let created: u64 = app
+        .redis
+        .query(redis::cmd("HGET").arg(s.row(&eid)).arg("created"))
+        .await;
+    let day = created / 86_400_000;
+    expected.extend([s.trends(&t, day), s.shard_trends(day), s.busy()]);
     expected.sort();
     // (The ready stream exists from start-up on: its consumer group is made then.)
     let entries: u64 = app.redis.query(redis::cmd("XLEN").arg(s.ready())).await;
