@@ -293,6 +293,20 @@ impl Store {
             .collect())
     }
 
+    /// Each shard's counters of the last complete minute before `now_ms` (for `/metrics`):
+    /// one `GETRANGE` of 36 bytes per shard, all shards at once.
+    pub async fn last_minute(&self, now_ms: u64) -> Vec<(Shard, Result<Minute, StoreError>)> {
+        let before = now_ms.saturating_sub(MINUTE_MS);
+        let reads = self.shards.all().map(|shard| async move {
+            let read = self
+                .read_trends(1, before, |day| shard.shard_trends(day))
+                .await
+                .map(|t| t.minutes.first().copied().unwrap_or_default());
+            (shard, read)
+        });
+        futures_util::future::join_all(reads).await
+    }
+
     /// Which of `tenants` are in the registry (`PUT /api/tenants/{tenant}`): one round trip.
     pub async fn registered(&self, tenants: &[TenantId]) -> Result<Vec<bool>, StoreError> {
         if tenants.is_empty() {

@@ -398,3 +398,53 @@ async fn trends_need_the_tenants_admin_or_the_platform_admin() {
         assert_eq!(problem_code(res).await, "invalid_hours");
     }
 }
+
+#[tokio::test]
+async fn metrics_expose_the_last_complete_minute_of_the_same_counters() {
+    let app = TestApp::spawn().await;
+    let tenant = "acme";
+    let shard = app.shard(tenant);
+    let time: Vec<String> = app.redis.query(&mut redis::cmd("TIME")).await;
+    let now_ms = time[0].parse::<u64>().unwrap() * 1000 + time[1].parse::<u64>().unwrap() / 1000;
+    // The same counts in this minute and the one before, written by the scripts' helpers: the
+    // last complete minute holds them whether or not the minute turns before the scrape.
+    let op = r#"#!lua
+local t, now = ARGV[6], tonumber(ARGV[7])
+for _, at in ipairs({ now, now - 60000 }) do
+  for _ = 1, 3 do tally(t, 'completed', at) end
+  tally(t, 'failed', at)
+  for _ = 1, 2 do
+    trend_add(t, at, { 'u32', TREND_FIELD.started, 'u16', TREND_WAIT_AT + 16 * 2 })
+  end
+end
+return 1"#;
+    let args: Vec<String> = vec![
+        shard.prefix(),
+        "10".into(),
+        "100".into(),
+        "60".into(),
+        "60".into(),
+        tenant.into(),
+        now_ms.to_string(),
+    ];
+    eval(
+        &app.redis,
+        &composed_source("shard", op),
+        &[shard.frozen()],
+        &args,
+    )
+    .await
+    .unwrap();
+    let text = app.get_text("/metrics").await;
+    let label = shard.label();
+    for line in [
+        format!("sluice_last_minute_events{{shard=\"{label}\",event=\"completed\"}} 3"),
+        format!("sluice_last_minute_events{{shard=\"{label}\",event=\"failed\"}} 1"),
+        format!("sluice_last_minute_events{{shard=\"{label}\",event=\"started\"}} 2"),
+        format!("sluice_last_minute_events{{shard=\"{label}\",event=\"admitted\"}} 0"),
+        // Both starts waited at most 150 ms (the third bucket).
+        format!("sluice_last_minute_wait_ms{{shard=\"{label}\",quantile=\"0.99\"}} 150"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+    }
+}
