@@ -8,6 +8,8 @@
 -- KEYS[8]  its 'queued' index of the flow   KEYS[9]  its set of flows
 -- KEYS[10] the shard's tenant set           KEYS[11] the shard's ready stream
 -- KEYS[12] the dedup mapping (only when a dedup key is given)
+-- (Also written, names built inside from the prefix since Redis's clock picks the day: the
+-- trends counters and the shard's busy set; see the trends block of common.lua.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id (validated: no braces, colons or spaces)
 -- ARGV[7]  new execution id (32 lowercase hex, minted by the caller)

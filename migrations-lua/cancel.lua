@@ -11,6 +11,7 @@
 -- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its waiting set
 -- KEYS[6]  its 'queued' status index   KEYS[7]  its 'cancelled' status index
 -- KEYS[8]  the shard's ready stream    KEYS[9]  its retry delays  KEYS[10] its counters
+-- (A cancel also counts in the trends counters, names built inside: common.lua, trends.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id

@@ -9,6 +9,7 @@
 -- KEYS[2]  the execution's row
 -- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its waiting set
 -- KEYS[6]  its 'queued' status index   KEYS[7]  the shard's ready stream
+-- (The tenant goes back in the shard's busy set, built inside: common.lua, trends.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
