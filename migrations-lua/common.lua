@@ -528,8 +528,9 @@ end
 -- One string per tenant per UTC day (K.trends), one per shard per day (K.shard_trends), each
 -- of 1440 fixed-size records (one per minute of the day), updated with BITFIELD ... OVERFLOW
 -- SAT (a counter stops at its largest value, never wraps). A record is TREND_RECORD_BITS
--- bits: five u32 counters (TREND_FIELD), then TREND_WAIT_BUCKETS u16 counts of starts by
--- waiting time (upper bounds TREND_WAIT_BOUNDS ms, the last bucket is everything above).
+-- bits: five u32 counters (TREND_FIELD), then from bit TREND_WAIT_AT eight u16 counts of
+-- starts by waiting time (upper bounds TREND_WAIT_BOUNDS ms; the eighth holds every longer
+-- wait).
 -- 1440 x 36 bytes = 51,840 bytes at most per key: a tenant costs at most one such key per
 -- day it was active. A day key expires 25 hours after its day ends (EXPIREAT, the same value
 -- on every write), so the last 24 hours can always be read.
