@@ -448,3 +448,33 @@ return 1"#;
         assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn an_execution_held_back_by_its_limit_shows_in_the_waiting_time() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("slow", &json!({"max_concurrent": 1})).await;
+    // The first holds the tenant's only slot for at least 400 ms; the second, admitted right
+    // after, waits for it: its wait is at least 400 ms, whatever the machine's load.
+    let first = app
+        .admit_params("slow", "demo.sleep", json!({"ms": 400}))
+        .await;
+    let second = app.admit_params("slow", "demo.echo", json!({})).await;
+    let _worker = TestWorker::spawn(&app.redis, FAST_WORKER);
+    for id in [&first, &second] {
+        let e = app.wait_terminal("slow", id, Duration::from_secs(30)).await;
+        assert_eq!(e["status"], "completed");
+    }
+    let s = &app.tenant_trends("slow", "?hours=1").await["series"];
+    assert_eq!(totals(s)[1], 2, "{}", s["totals"]);
+    // More than 150 ms: the bucket read is 600 ms or a later one.
+    let p99 = s["totals"]["wait_p99_ms"].as_u64().unwrap();
+    assert!(p99 >= 600, "p99 {p99} ms");
+    let per_minute_max = s["wait_p99_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_u64)
+        .max()
+        .unwrap();
+    assert!(per_minute_max >= 600, "{per_minute_max} ms");
+}
