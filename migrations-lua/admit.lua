@@ -8,6 +8,8 @@
 -- KEYS[8]  its 'queued' index of the flow   KEYS[9]  its set of flows
 -- KEYS[10] the shard's tenant set           KEYS[11] the shard's runnable tenants
 -- KEYS[12] the shard's timer set            KEYS[13] the dedup mapping (only with a dedup key)
+-- (Also written, names built inside from the prefix since Redis's clock picks the day: the
+-- trends counters and the shard's busy set; see the trends block of common.lua.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id (validated: no braces, colons or spaces)
 -- ARGV[7]  new execution id (32 lowercase hex, minted by the caller)
@@ -87,6 +89,7 @@ redis.call('SADD', TENANTS, tenant)
 redis.call('SADD', FLOWS, flow)
 -- The row is written here, with its queue state, in one HSET.
 enqueue(tenant, flow, id, now, priority, due, row)
+tally(tenant, 'admitted', now)
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
 if due then return { 'new', 'scheduled', now, due } end

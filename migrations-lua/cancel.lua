@@ -11,6 +11,7 @@
 -- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
 -- KEYS[6]  its 'queued' status index   KEYS[7]  its 'cancelled' status index
 -- KEYS[8]  the shard's runnable tenants KEYS[9]  its timer set    KEYS[10] its counters
+-- (A cancel also counts in the trends counters, names built inside: common.lua, trends.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
@@ -40,6 +41,7 @@ if status == 'queued' then
   redis.call('HDEL', ROW, 'qstate', 'entry')
   settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'))
   redis.call('HINCRBY', STATS, 'cancelled', 1)
+  tally(tenant, 'cancelled', now)
 elseif status == 'running' then
   local run = redis.call('HMGET', ROW, 'cancel', 'lease_owner')
   if run[1] ~= '1' then

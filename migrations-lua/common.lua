@@ -67,6 +67,8 @@ end
 
 -- Tells the servers waiting on an execution that it changed (the block at the end: waiters).
 local notify, announce
+-- Per-minute counters of what happened (the block at the end: trends).
+local tally, tally_start, mark_busy
 
 -- The tenant's effective limits: its own values where set, else the server defaults.
 -- Also whether the tenant is pinned to another shard (pin.lua): then its number; and its
@@ -387,6 +389,7 @@ local function finish(t, flow, id, status, now, extra, drop)
   announce(id, known[1], status, now)
   settle_terminal(t, id, known[2])
   redis.call('HINCRBY', K.stats(), status, 1)
+  tally(t, status, now)
 end
 
 -- The end of a run whose row was force-deleted while it ran (`deleted` is set): the row was
@@ -508,6 +511,7 @@ local function start_entries(consumer, count, ttl, cap, now)
       -- As run_of() reports a run, from what was read above (no second read).
       table.insert(started, { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4] })
       announce(id, row[11], 'running', now)
+      tally_start(tenant, tonumber(row[12] or row[13]) or now, now)
     end
   end
   local more = 0
@@ -573,4 +577,86 @@ end
 -- Before execution id's row is deleted (or hidden as deleted): tells its waiters it is gone.
 local function notify_deleted(id, now)
   announce(id, redis.call('HGET', K.row(id), 'watch'), 'deleted', now)
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Trends: per-minute counters of each tenant, and of the whole shard, written by the scripts
+-- that change state (no extra round trip): admissions, starts, completions, failures (dead
+-- letters included), cancellations, and a histogram of the waiting time of starts.
+--
+-- One string per tenant per UTC day (K.trends), one per shard per day (K.shard_trends), each
+-- of 1440 fixed-size records (one per minute of the day), updated with BITFIELD ... OVERFLOW
+-- SAT (a counter stops at its largest value, never wraps). A record is TREND_RECORD_BITS
+-- bits: five u32 counters (TREND_FIELD), then from bit TREND_WAIT_AT eight u16 counts of
+-- starts by waiting time (upper bounds TREND_WAIT_BOUNDS ms; the eighth holds every longer
+-- wait).
+-- 1440 x 36 bytes = 51,840 bytes at most per key: a tenant costs at most one such key per
+-- day it was active. A day key expires 25 hours after its day ends (EXPIREAT, the same value
+-- on every write), so the last 24 hours can always be read.
+--
+-- K.busy is the shard's set of tenants that may have queued or running executions (added at
+-- admission and start, removed by a terminal change that leaves none): readers list "tenants
+-- with work now" from it, registered or not, and check each member's indexes (a member may
+-- be stale: a force delete of the last execution does not remove it).
+--
+-- The layout mirrors src/store/trends.rs and the key names src/store/keys.rs; change both
+-- together. Call sites: admit.lua (admitted), start_entries (a start), finish() (completed,
+-- failed, cancelled), cancel.lua (a queued execution cancelled), retry.lua (mark_busy).
+function K.trends(t, day) return P .. 't:' .. t .. ':m:' .. day end
+function K.shard_trends(day) return P .. 'm:' .. day end
+function K.busy() return P .. 'busy' end
+
+local TREND_RECORD_BITS = 288
+local TREND_FIELD = { admitted = 0, started = 32, completed = 64, failed = 96, cancelled = 128 }
+local TREND_WAIT_AT = 160
+local TREND_WAIT_BOUNDS = { 10, 40, 150, 600, 2500, 10000, 30000 }
+
+-- Applies the BITFIELD increments `ops` (offsets within a record) to the record of the minute
+-- of `now` in tenant t's day key and in the shard's.
+local function trend_add(t, now, ops)
+  local day = math.floor(now / 86400000)
+  local base = math.floor((now % 86400000) / 60000) * TREND_RECORD_BITS
+  local expire_at = (day + 1) * 86400 + 25 * 3600
+  for _, key in ipairs({ K.trends(t, day), K.shard_trends(day) }) do
+    local args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
+    for i = 1, #ops, 2 do
+      for _, v in ipairs({ 'INCRBY', ops[i], base + ops[i + 1], 1 }) do table.insert(args, v) end
+    end
+    redis.call(unpack(args))
+    redis.call('EXPIREAT', key, expire_at)
+  end
+end
+
+-- Counts one event of tenant t at `now`: 'admitted', 'completed', 'failed' or 'cancelled'
+-- (a start goes through tally_start). A terminal one that leaves the tenant nothing queued or
+-- running takes it off the shard's busy set.
+tally = function(t, what, now)
+  trend_add(t, now, { 'u32', TREND_FIELD[what] })
+  if what == 'admitted' then
+    redis.call('SADD', K.busy(), t)
+  elseif redis.call('ZCARD', K.status_idx(t, 'queued')) == 0
+    and redis.call('ZCARD', K.status_idx(t, 'running')) == 0 then
+    redis.call('SREM', K.busy(), t)
+  end
+end
+
+-- Counts a start of tenant t at `now`, and its waiting time: from `ready_at`, when the
+-- execution became runnable (its admission, its due time, or its retry), to now — so a
+-- scheduled execution's wait does not count the time it was not due.
+tally_start = function(t, ready_at, now)
+  local wait = now - ready_at
+  local bucket = #TREND_WAIT_BOUNDS
+  for i, bound in ipairs(TREND_WAIT_BOUNDS) do
+    if wait <= bound then
+      bucket = i - 1
+      break
+    end
+  end
+  trend_add(t, now, { 'u32', TREND_FIELD.started, 'u16', TREND_WAIT_AT + 16 * bucket })
+  redis.call('SADD', K.busy(), t)
+end
+
+-- Tenant t has queued work again without an admission (a retry).
+mark_busy = function(t)
+  redis.call('SADD', K.busy(), t)
 end

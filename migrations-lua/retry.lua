@@ -9,6 +9,7 @@
 -- KEYS[2]  the execution's row
 -- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
 -- KEYS[6]  its 'queued' status index   KEYS[7]  the shard's runnable tenants
+-- (The tenant goes back in the shard's busy set, built inside: common.lua, trends.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
@@ -41,5 +42,6 @@ index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)
 make_runnable(tenant, id, now, row[6], { 'status', 'queued', 'attempt', 0, 'updated', now })
+mark_busy(tenant)
 notify(id, now)
 return { 'ok', id, view(id) }

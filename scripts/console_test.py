@@ -12,7 +12,8 @@ then a waiting execution dispatched); keys created (token shown once) and revoke
 after, and a signed-in session sent back to the login); admit from the form (201, replay,
 422 with the holder, 429 with Retry-After); `<img onerror>` in params shown as text; a
 demo.sleep row turning from running to completed without a reload, the detail page live over
-SSE; cancel, retry, force delete (typed confirmation); bulk cancel and retry; a dead letter
+SSE; the overview's charts, its tenants with work now (an unregistered one included) and its
+folded shard table; a tenant's trends chart whose totals match the executions it admitted; cancel, retry, force delete (typed confirmation); bulk cancel and retry; a dead letter
 replayed and dismissed; filters in the URL surviving a reload; jump to an id; role gating for
 viewer, editor, admin and platform admin; dev auth without login; and no console errors
 (every browser log entry of level SEVERE fails the run, except the network lines of the API
@@ -310,7 +311,7 @@ def run(ui, api, base, dev_base, screenshots):
     check(ui.d.execute_script("return sessionStorage.getItem('sluice.token')") == ADMIN_TOKEN
           and ui.d.execute_script("return localStorage.getItem('sluice.token')") is None,
           "the token is in sessionStorage only")
-    ui.el("#shards-table", "the overview (platform admin's home)")
+    ui.el("#overview-activity", "the overview (platform admin's home) with its activity chart")
     no_errors(ui, "login")
 
     # --- Tenants: register acme and a spare one to delete.
@@ -515,10 +516,28 @@ def run(ui, api, base, dev_base, screenshots):
     ui.until(lambda: ui.row_status(a) == "running" and ui.row_status(b) == "queued", "one running, one waiting")
     check("waiting" in ui.text(f'#executions-body tr[data-id="{b}"] .status'), "the second one waits for a slot")
     shot("executions.png")
+    # A tenant nobody registered (as every tenant of `sluice dev` is) with work of its own.
+    status, walk_in = api.call("POST", "/api/executions", {"flow_id": "demo.sleep", "params": {"ms": 60000}},
+                               tenant="walk-in")
+    check(status == 201, "an unregistered tenant admits")
     ui.go("#/overview")
     ui.until(lambda: "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .slots')
              and "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .queue'), "saturation: 1/1 slots, 1/1 waiting")
+    work = '#work-body tr[data-tenant="{}"]'
+    ui.until(lambda: ui.text(work.format("acme") + " .queued") == "1" and ui.text(work.format("acme") + " .running") == "1",
+             "tenants with work now: acme, 1 queued and 1 running")
+    ui.until(lambda: ui.text(work.format("walk-in") + " .registered") == "no"
+             and ui.text(work.format("walk-in") + " .running") == "1",
+             "tenants with work now: the unregistered walk-in tenant, running")
+    check(not ui.d.find_element(By.CSS_SELECTOR, "#shards-table").is_displayed(), "the per-shard table is folded away")
+    ui.click("#shard-details summary")
+    ui.el("#shards-table", "the per-shard table unfolds")
+    ui.until(lambda: len(ui.d.find_elements(By.CSS_SELECTOR, "#shards-body tr")) == 18, "every shard has a row")
+    ui.click("#shard-details summary")
     shot("overview.png")
+    api.call("POST", f"/api/executions/{walk_in['execution_id']}/cancel", tenant="walk-in")
+    ui.until(lambda: ui.present("#work-body") and not ui.present(work.format("walk-in")),
+             "a tenant whose work is done leaves the list")
     ui.go("#/tenants")
     ui.type(f"{acme} .edit-max-concurrent", "2")
     ui.click(f"{acme} .save-tenant")
@@ -543,6 +562,38 @@ def run(ui, api, base, dev_base, screenshots):
     no_errors(ui, "limits")
     within_deadline()
 
+    # --- Trends: a chart reflects what was admitted and completed.
+    charted = []
+    for _ in range(3):
+        status, e = api.call("POST", "/api/executions", {"flow_id": "demo.echo"}, tenant="charted")
+        check(status == 201, "charted: admitted")
+        charted.append(e["execution_id"])
+    ui.until(lambda: all(api.call("GET", f"/api/executions/{x}", tenant="charted")[1]["status"] == "completed"
+                         for x in charted), "charted: all three completed")
+    ui.go("#/t/charted/trends")
+    chart = "#tenant-activity"
+
+    def chart_says(name, want):
+        return ui.el(chart).get_attribute(f"data-total-{name}") == str(want)
+    ui.until(lambda: chart_says("admissions", 3) and chart_says("starts", 3) and chart_says("completions", 3)
+             and chart_says("failures", 0), "the tenant's chart totals: 3 admitted, started and completed")
+    check("3 admitted, 3 started, 3 completed, 0 failed" in ui.text(f"{chart} figcaption"),
+          "the chart's caption says so")
+    drawn = ui.d.execute_script(
+        "return [...document.querySelectorAll('#tenant-activity svg path.line-starts')].map((p) => p.getAttribute('d'))")
+    check(len(drawn) == 1 and drawn[0].count("L") >= 1 and drawn[0] != "M0 0", "the starts line is drawn as SVG")
+    ui.el("#tenant-wait", "the waiting-time chart")
+    check(ui.el("#tenant-wait").get_attribute("data-total-p99") not in (None, ""), "a p99 waiting time for the starts")
+    shot("trends.png")
+    # The overview sums every tenant: its chart agrees with the API.
+    ui.go("#/overview")
+    ui.until(lambda: ui.el("#overview-activity").get_attribute("data-total-completions")
+             == str(api.call("GET", "/api/trends")[1]["series"]["totals"]["completions"]),
+             "the overview's completions total is the API's")
+    check(int(ui.el("#overview-activity").get_attribute("data-total-completions")) >= 3,
+          "the overview counts charted's completions")
+    no_errors(ui, "trends")
+
     # --- Role gating, each role in a fresh session.
     ui.login(tokens["viewer"])
     check(ui.text("#who-role") == "viewer", "the viewer key signs in as viewer")
@@ -550,8 +601,8 @@ def run(ui, api, base, dev_base, screenshots):
     ui.until(lambda: ui.row_status(first), "the viewer reads executions")
     check(not ui.present("#new-execution") and not ui.present("#bulk-cancel") and not ui.present(".row-select"),
           "viewer: no admission, no bulk actions")
-    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants") and not ui.present("#nav-overview"),
-          "viewer: no keys, tenants or overview in the menu")
+    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants") and not ui.present("#nav-overview")
+          and not ui.present("#nav-trends"), "viewer: no keys, tenants, overview or trends in the menu")
     ui.go(f"#/t/acme/executions/{first}")
     ui.el("#detail-status")
     check(not ui.present("#action-cancel") and not ui.present("#action-retry") and not ui.present("#action-force-delete"),
@@ -580,6 +631,8 @@ def run(ui, api, base, dev_base, screenshots):
     ui.login(tokens["admin"])
     check(ui.text("#who-role") == "admin", "the admin key signs in as admin")
     ui.el("#nav-api-keys", "admin: API keys offered")
+    ui.click("#nav-trends")
+    ui.el("#tenant-activity", "admin: the tenant's trends")
     check(not ui.present("#nav-tenants") and not ui.present("#nav-overview"), "admin: no tenants or overview")
     ui.go(f"#/t/acme/executions/{ed}")
     ui.el("#action-force-delete", "admin: Force delete offered")

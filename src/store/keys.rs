@@ -314,6 +314,26 @@ impl Shard {
     pub fn dedup(self, t: &TenantId, digest: &str) -> String {
         format!("{}t:{t}:dd:{digest}", self.prefix())
     }
+
+    /// A tenant's per-minute counters of one UTC day (`day` = Unix ms / 86,400,000): a string
+    /// of fixed-size minute records the scripts update with `BITFIELD` (layout in
+    /// `super::trends`). Built inside the scripts (the day comes from Redis's clock), expires
+    /// 25 hours after its day.
+    pub fn trends(self, t: &TenantId, day: u64) -> String {
+        format!("{}t:{t}:m:{day}", self.prefix())
+    }
+
+    /// The same counters summed over every tenant of the shard, so the platform-wide series
+    /// costs one read per shard, not one per tenant.
+    pub fn shard_trends(self, day: u64) -> String {
+        format!("{}m:{day}", self.prefix())
+    }
+
+    /// Tenants of this shard that may have queued or running executions (a set, registered
+    /// tenants or not): "tenants with work now" reads it and checks each member's indexes.
+    pub fn busy(self) -> String {
+        format!("{}busy", self.prefix())
+    }
 }
 
 /// The one copy of each tag text: `Shard` stays `Copy` and cheap, and a process holds at most
@@ -462,6 +482,12 @@ pub enum KeyKind {
     StatusIndex,
     FlowIndex,
     Dedup,
+    /// A tenant's per-minute counters of one day (`Shard::trends`).
+    TenantTrends,
+    /// A shard's per-minute counters of one day (`Shard::shard_trends`).
+    ShardTrends,
+    /// The shard's tenants that may have work (`Shard::busy`).
+    Busy,
     /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
     Access,
     /// Anything under the `{meta}` tag.
@@ -547,6 +573,8 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             "dlq_indexed" => at(KeyKind::DeadLettersIndexed),
             "stats" => at(KeyKind::Stats),
             "tenants" => at(KeyKind::Tenants),
+            "busy" => at(KeyKind::Busy),
+            _ if rest.starts_with("m:") => at(KeyKind::ShardTrends),
             _ => None,
         };
     };
@@ -562,6 +590,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         _ if tail.starts_with("st:") => KeyKind::StatusIndex,
         _ if tail.starts_with("fl:") => KeyKind::FlowIndex,
         _ if tail.starts_with("dd:") => KeyKind::Dedup,
+        _ if tail.starts_with("m:") => KeyKind::TenantTrends,
         _ => return None,
     };
     Some(KeyName {
@@ -670,6 +699,9 @@ mod tests {
             s.status_index(&t, Status::Queued),
             s.flow_index(&t, &f, Status::Failed),
             s.dedup(&t, "ab"),
+            s.trends(&t, 20_423),
+            s.shard_trends(20_423),
+            s.busy(),
         ];
         for k in &keys {
             assert!(k.starts_with(&s.prefix()), "{k}");
@@ -717,6 +749,7 @@ mod tests {
             (s.status_index(&t, Status::Running), KeyKind::StatusIndex),
             (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
             (s.dedup(&t, "00ff"), KeyKind::Dedup),
+            (s.trends(&t, 20_423), KeyKind::TenantTrends),
         ];
         for (k, kind) in tenant_keys {
             let n = parse(&k).unwrap_or_else(|| panic!("{k}"));
@@ -741,6 +774,8 @@ mod tests {
             (s.dead_letters_indexed(), KeyKind::DeadLettersIndexed),
             (s.stats(), KeyKind::Stats),
             (s.tenants(), KeyKind::Tenants),
+            (s.shard_trends(20_423), KeyKind::ShardTrends),
+            (s.busy(), KeyKind::Busy),
         ] {
             let n = parse(&k).unwrap();
             assert_eq!((n.kind, n.shard, n.tenant), (kind, Some(s), None), "{k}");

@@ -17,7 +17,8 @@
 //! tenant registry), `list` (reading executions), `stats` (queue statistics), `freeze` (the
 //! markers that stop a shard's scripts during a slot move), `wake` (the blocking doorbell
 //! connections and stop messages that wake workers), `watch` (the start of a wait on an
-//! execution, and the Pub/Sub connection its changes are announced on). `row` decodes rows and
+//! execution, and the Pub/Sub connection its changes are announced on), `trends` (the
+//! per-minute counters the scripts keep, and the tenants with work now). `row` decodes rows and
 //! script replies, `keys` names every key, `scripts` composes the Lua. This file holds what
 //! they share: the connection, the error type, the time bound, the data policy.
 
@@ -38,6 +39,7 @@ mod scripts;
 mod stats;
 mod sweep;
 mod tenants;
+pub mod trends;
 mod wake;
 mod watch;
 
@@ -64,6 +66,7 @@ pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget, SweepTargets};
 pub use tenants::{Change, MAX_WEIGHT, TenantLimits, TenantState};
+pub use trends::{Minute, PlatformTrends, TenantWork, Trends};
 pub use wake::{BellConn, StopListener};
 pub use watch::{Announcement, Events};
 

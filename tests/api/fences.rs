@@ -50,7 +50,8 @@ local t, id, f, h = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delayed(), K.dlq(), K.stats(),
   K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
   K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id, K.runnable(), K.sched(),
-  K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled') }
+  K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled'),
+  K.trends(t, 20423), K.shard_trends(20423), K.busy() }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -95,6 +96,9 @@ return out";
             s.held(digest),
             s.scheduled_index(&t),
             s.scheduled_flow_index(&t, &f),
+            s.trends(&t, 20_423),
+            s.shard_trends(20_423),
+            s.busy(),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));
@@ -462,6 +466,14 @@ async fn admit_declares_the_keys_it_writes() {
         s.dedup(&t, &digest),
         s.bell(),
     ];
+    // The admission is counted in the tenant's and the shard's per-minute records of the day
+    // it was admitted on (Redis's clock), and the tenant is listed as having work.
+    let created: u64 = app
+        .redis
+        .query(redis::cmd("HGET").arg(s.row(&eid)).arg("created"))
+        .await;
+    let day = created / 86_400_000;
+    expected.extend([s.trends(&t, day), s.shard_trends(day), s.busy()]);
     expected.sort();
     // The doorbell is set (no worker runs here to take it).
     let marker: u64 = app.redis.query(redis::cmd("ZCARD").arg(s.bell())).await;

@@ -26,6 +26,7 @@ mod quota;
 mod redis_trouble;
 mod shards;
 mod stalls;
+mod trends;
 mod waiting;
 mod wakeups;
 mod worker;
