@@ -139,6 +139,10 @@ class Console:
         except TimeoutException:
             raise Failed(f"timed out waiting for: {what}")
 
+    def clear_toasts(self):
+        """Dismisses the messages in the corner, as a user would before clicking under them."""
+        self.d.execute_script("document.querySelectorAll('.toast').forEach((t) => t.click())")
+
     def sees(self, cond, what, timeout=WAIT_S):
         """Waits for what a user would see, and counts it as a check."""
         found = self.until(cond, what, timeout)
@@ -519,6 +523,7 @@ def run(ui, api, base, dev_base, screenshots):
     no_errors(ui, "schedule in the form")
 
     # --- The scheduled filter, in the URL: only scheduled executions, surviving a reload.
+    ui.clear_toasts()
     ui.click("#filter-scheduled")
     check(not ui.el('#filter-status option[value="running"]').is_enabled(),
           "with scheduled only, a status other than queued cannot be picked")
@@ -551,6 +556,7 @@ def run(ui, api, base, dev_base, screenshots):
     ui.sees(lambda: any("Reschedule refused" in t.text and "delay must be" in t.text
                          for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast.error")), "a bad delay: refused, the API's reason shown")
     nearer = datetime.datetime.now().replace(microsecond=0) + datetime.timedelta(minutes=3)
+    ui.clear_toasts()
     ui.start("reschedule", None, local_input(nearer), now=False)
     ui.click("#action-reschedule")
     ui.sees(lambda: ui.el("#detail-run-at").get_attribute("data-run-at") != old, "the due time moved on the page")
@@ -578,6 +584,7 @@ def run(ui, api, base, dev_base, screenshots):
     ui.click(f"{acme} .save-tenant")
     ui.sees(lambda: any("Not saved" in t.text and "weight" in t.text for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast.error")),
              "weight 0: the API's refusal shown")
+    ui.clear_toasts()
     ui.type(f"{acme} .edit-weight", "3")
     ui.click(f"{acme} .save-tenant")
     ui.sees(lambda: api.call("GET", "/api/tenants/acme")[1]["weight"] == 3, "weight 3 saved from the tenants page")
