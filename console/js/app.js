@@ -23,6 +23,7 @@ export function abilities(me) {
     admit: r >= RANK.editor,
     cancel: r >= RANK.editor,
     retry: r >= RANK.editor,
+    reschedule: r >= RANK.editor,
     dismiss: r >= RANK.editor,
     forceDelete: r >= RANK.admin,
     manageKeys: r >= RANK.admin,

@@ -36,7 +36,7 @@ export async function render(ctx) {
         workBody)),
     h('section', { class: 'panel' }, h('h2', {}, 'Tenant saturation'),
       h('table', { class: 'grid', id: 'saturation-table' },
-        h('thead', {}, h('tr', {}, h('th', {}, 'Tenant'), h('th', {}, 'Enabled'), h('th', {}, 'Running + dispatched / max_concurrent'),
+        h('thead', {}, h('tr', {}, h('th', {}, 'Tenant'), h('th', {}, 'Enabled'), h('th', {}, 'Running / max_concurrent'),
           h('th', {}, 'Waiting / max_queued'))),
         tenantsBody)),
     h('section', { class: 'panel' }, h('h2', {}, 'Shards'), totals, unavailable,
@@ -101,7 +101,7 @@ export async function render(ctx) {
       : tenants.data.tenants.map((t) => h('tr', { dataset: { tenant: t.tenant_id } },
         h('td', {}, h('a', { href: `#/t/${encodeURIComponent(t.tenant_id)}/executions` }, t.tenant_id)),
         h('td', {}, t.enabled ? 'yes' : 'no'),
-        h('td', { class: 'slots' }, bar(t.usage.running + t.usage.dispatched, t.max_concurrent)),
+        h('td', { class: 'slots' }, bar(t.usage.running, t.max_concurrent)),
         h('td', { class: 'queue' }, bar(t.usage.waiting, t.max_queued)))));
     stamp.textContent = `updated ${fmtTime(new Date(now).toISOString())}`;
   }
