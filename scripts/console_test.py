@@ -8,7 +8,7 @@ all on free loopback ports, then drives /usr/bin/chromium (headless) through
 
 What a user would check, each step waiting for a condition (never a fixed sleep): login with
 a bad and a good token; tenants registered and their limits edited, with their effect (429,
-then a waiting execution dispatched); keys created (token shown once) and revoked (401
+then a waiting execution started); keys created (token shown once) and revoked (401
 after, and a signed-in session sent back to the login); admit from the form (201, replay,
 422 with the holder, 429 with Retry-After); `<img onerror>` in params shown as text; a
 demo.sleep row turning from running to completed without a reload, the detail page live over
@@ -659,7 +659,7 @@ def run(ui, api, base, dev_base, screenshots):
           "dismissing left the execution failed")
     no_errors(ui, "dead letters")
 
-    # --- Limits edited, and their effect: a full queue (429), then a waiting one dispatched.
+    # --- Limits edited, and their effect: a full queue (429), then a waiting one started.
     def idle():
         usage = api.call("GET", "/api/tenants/acme")[1]["usage"]
         return usage["running"] + usage["waiting"] + usage["scheduled"] == 0
@@ -671,6 +671,10 @@ def run(ui, api, base, dev_base, screenshots):
     ui.until(lambda: api.call("GET", "/api/tenants/acme")[1]["max_concurrent"] == 1, "max_concurrent 1 saved")
     ui.go("#/t/acme/executions")
     a = ui.admitted_id("demo.sleep", '{"ms": 60000}')
+    # max_queued counts queued executions: the first must have started before the second
+    # queues, or the second would be the one refused.
+    ui.until(lambda: api.call("GET", f"/api/executions/{a}", tenant="acme")[1]["status"] == "running",
+             "the first one started")
     b = ui.admitted_id("demo.sleep", '{"ms": 60000}')
     res = ui.admit("demo.sleep", '{"ms": 60000}')
     check(res.get_attribute("id") == "admit-queue-full" and "retry after 5 s" in res.text,
@@ -704,7 +708,7 @@ def run(ui, api, base, dev_base, screenshots):
     ui.type(f"{acme} .edit-max-concurrent", "2")
     ui.click(f"{acme} .save-tenant")
     ui.go("#/t/acme/executions")
-    ui.until(lambda: ui.row_status(b) == "running", "raising max_concurrent dispatched the waiting one")
+    ui.until(lambda: ui.row_status(b) == "running", "raising max_concurrent started the waiting one")
     for x in (a, b):
         api.call("POST", f"/api/executions/{x}/cancel", tenant="acme")
     ui.go("#/tenants")

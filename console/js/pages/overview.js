@@ -1,7 +1,7 @@
 // The platform admin's overview, read at a glance: every tenant's activity over the last 24
 // hours as charts (starts, completions and failures per minute, waiting time p50/p99, from
 // GET /api/trends), the tenants with work now (queued or running, registered or not), tenant
-// saturation (running + dispatched against max_concurrent, waiting against max_queued, from
+// saturation (running against max_concurrent, queued against max_queued, from
 // GET /api/tenants), and the shards summed in one line with the per-shard table folded
 // below it (GET /api/queues; rates from two readings). Refreshed every 5 s while the tab is
 // visible.
@@ -102,7 +102,7 @@ export async function render(ctx) {
         h('td', {}, h('a', { href: `#/t/${encodeURIComponent(t.tenant_id)}/executions` }, t.tenant_id)),
         h('td', {}, t.enabled ? 'yes' : 'no'),
         h('td', { class: 'slots' }, bar(t.usage.running, t.max_concurrent)),
-        h('td', { class: 'queue' }, bar(t.usage.waiting, t.max_queued)))));
+        h('td', { class: 'queue' }, bar(t.usage.waiting + t.usage.scheduled, t.max_queued)))));
     stamp.textContent = `updated ${fmtTime(new Date(now).toISOString())}`;
   }
 

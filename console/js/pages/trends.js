@@ -31,7 +31,7 @@ export async function render(ctx) {
     replace(charts, trendCharts(trends.data.series, 'tenant'));
     const u = state && state.data.usage;
     usage.textContent = u
-      ? `Now: ${num(u.running)} running, ${num(u.dispatched)} dispatched, ${num(u.waiting)} waiting ` +
+      ? `Now: ${num(u.running)} running, ${num(u.waiting)} waiting, ${num(u.scheduled)} scheduled ` +
         `(max_concurrent ${num(state.data.max_concurrent)}, max_queued ${num(state.data.max_queued)}).`
       : 'Now: no executions and no limits of its own.';
     stamp.textContent = `updated ${fmtTime(new Date().toISOString())}`;
