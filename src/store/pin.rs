@@ -254,10 +254,7 @@ impl Store {
                 let number: u16 = text(0)?
                     .parse()
                     .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
-                Ok(Moved::To(
-                    number,
-                    [text(1)?, text(2)?, text(3)?, text(4)?],
-                ))
+                Ok(Moved::To(number, [text(1)?, text(2)?, text(3)?, text(4)?]))
             }
             other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
         }

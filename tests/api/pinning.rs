@@ -141,7 +141,8 @@ async fn a_pinned_tenant_gets_a_shard_of_its_own_and_stale_servers_are_sent_on()
     // A second server, started before the pin: it routes `hot` to its hashed shard.
     let fresh = app.addr;
     let stale = app.spawn_beside(|_| {}).await;
-    app.put_tenant("hot", &json!({"max_queued": 500, "weight": 7})).await;
+    app.put_tenant("hot", &json!({"max_queued": 500, "weight": 7}))
+        .await;
 
     let res = pin(&app, "hot").await;
     assert_eq!(res.status(), StatusCode::OK);
