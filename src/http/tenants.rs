@@ -270,7 +270,6 @@ pub async fn put_tenant(
     caller.require_platform_admin()?;
     let tenant = TenantId::parse(&tenant)?;
     let body = body.parse().await?;
-    state.store.register_tenant(&tenant).await?;
     let limits = TenantLimits {
         max_concurrent: change(body.max_concurrent).map(|w| w.0),
         max_queued: change(body.max_queued).map(|w| w.0),
@@ -285,6 +284,8 @@ pub async fn put_tenant(
             detail: format!("weight must be an integer from 1 to {MAX_WEIGHT}"),
         });
     }
+    // Checked before anything is written: a refused body registers nothing.
+    state.store.register_tenant(&tenant).await?;
     let s = state.store.put_tenant(&tenant, &limits).await?;
     Ok(axum::Json(Tenant::new(&tenant, s)))
 }

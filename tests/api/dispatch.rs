@@ -694,3 +694,39 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
         json!({"running": 0, "waiting": 0, "scheduled": 0})
     );
 }
+
+/// A weight is an integer from 1 to 1000; anything else is refused before anything is written
+/// (a tenant that did not exist is not registered by a refused request), and `null` restores
+/// the default, 1.
+#[tokio::test]
+async fn a_weight_out_of_range_is_refused_and_registers_nothing() {
+    let app = TestApp::spawn().await;
+    for bad in [json!(0), json!(1001), json!(2.5), json!("3")] {
+        let res = app
+            .client
+            .put(app.url("/api/tenants/newcomer"))
+            .bearer_auth(crate::helpers::ADMIN_TOKEN)
+            .json(&json!({"weight": bad}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "weight {bad}");
+    }
+    let registered: Option<f64> = app
+        .redis
+        .query(
+            redis::cmd("ZSCORE")
+                .arg(sluice::store::keys::tenants())
+                .arg("newcomer"),
+        )
+        .await;
+    assert_eq!(registered, None, "a refused PUT registered it");
+    assert_eq!(
+        app.put_tenant("newcomer", &json!({"weight": 1000})).await["weight"],
+        1000
+    );
+    assert_eq!(
+        app.put_tenant("newcomer", &json!({"weight": null})).await["weight"],
+        1
+    );
+}
