@@ -268,7 +268,7 @@ pub struct ListParams {
     /// Only queued executions in this queue state. `scheduled` (not due yet: a `run_at` or
     /// `delay`, or a retry's backoff) is the one that can be filtered on; with it, `status`
     /// may only be `queued`.
-    #[param(value_type = Option<ScheduledFilter>)]
+    #[param(value_type = Option<ScheduledFilter>, inline)]
     pub queue_state: Option<String>,
 }
 
