@@ -418,10 +418,19 @@ async fn scheduled_executions_wait_their_time_and_can_be_moved() {
     assert_eq!(app.page("acme", "queue_state=scheduled").await["total"], 0);
     let res = app.list("acme", "queue_state=waiting").await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
-    let res = app
-        .list("acme", "queue_state=scheduled&status=running")
+    // Filters combine: a scheduled execution is queued, so with another status none matches.
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "delay": "1h"}))
         .await;
-    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(app.page("acme", "queue_state=scheduled").await["total"], 1);
+    assert_eq!(
+        app.page("acme", "queue_state=scheduled&status=queued")
+            .await["total"],
+        1
+    );
+    let none = app
+        .page("acme", "queue_state=scheduled&status=running")
+        .await;
+    assert_eq!(none["total"], 0, "{none}");
 }
 
 /// A Redis written by the stream-model build (schema 1) — dispatched executions on the ready

@@ -266,8 +266,8 @@ pub struct ListParams {
     #[param(pattern = "^[0-9a-f]{32}$")]
     pub cursor: Option<String>,
     /// Only queued executions in this queue state. `scheduled` (not due yet: a `run_at` or
-    /// `delay`, or a retry's backoff) is the one that can be filtered on; with it, `status`
-    /// may only be `queued`.
+    /// `delay`, or a retry's backoff) is the one that can be filtered on; with a `status`
+    /// other than `queued` nothing matches.
     #[param(value_type = Option<ScheduledFilter>, inline)]
     pub queue_state: Option<String>,
 }
@@ -321,14 +321,16 @@ pub async fn list_executions(
         .transpose()?;
     let scheduled = match p.queue_state.as_deref() {
         None => false,
-        Some("scheduled") if matches!(status, None | Some(Status::Queued)) => true,
+        Some("scheduled") => true,
         Some(_) => {
             return Err(ApiError::BadRequest {
                 code: "invalid_queue_state",
-                detail: "queue_state can only be scheduled (with status queued or none)".into(),
+                detail: "queue_state can only be scheduled".into(),
             });
         }
     };
+    // Scheduled executions are queued: with another status nothing matches both filters.
+    let contradictory = scheduled && status.is_some_and(|s| s != Status::Queued);
     let limit = p.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::BadRequest {
@@ -356,6 +358,13 @@ pub async fn list_executions(
         limit,
         byte_budget: state.max_page_bytes,
     };
+    if contradictory {
+        return Ok(axum::Json(ExecutionPage {
+            executions: Vec::new(),
+            next_cursor: None,
+            total: 0,
+        }));
+    }
     let page = state.store.list(tenant, &query).await?;
     Ok(axum::Json(ExecutionPage {
         executions: page.executions.into_iter().map(Into::into).collect(),
