@@ -37,7 +37,7 @@ export async function render(ctx) {
     h('section', { class: 'panel' }, h('h2', {}, 'Tenant saturation'),
       h('table', { class: 'grid', id: 'saturation-table' },
         h('thead', {}, h('tr', {}, h('th', {}, 'Tenant'), h('th', {}, 'Enabled'), h('th', {}, 'Running / max_concurrent'),
-          h('th', {}, 'Waiting / max_queued'))),
+          h('th', {}, 'Queued / max_queued'))),
         tenantsBody)),
     h('section', { class: 'panel' }, h('h2', {}, 'Shards'), totals, unavailable,
       h('details', { id: 'shard-details' }, h('summary', {}, 'Per shard'),
