@@ -739,3 +739,48 @@ async fn a_weight_out_of_range_is_refused_and_registers_nothing() {
         1
     );
 }
+
+/// The `weight` field of a shard's fair-share bookkeeping: its runnable tenants' weights.
+async fn eligible_weight(app: &TestApp, shard: sluice::store::Shard) -> i64 {
+    let w: Option<i64> = app
+        .redis
+        .query(redis::cmd("HGET").arg(shard.sched()).arg("weight"))
+        .await;
+    w.unwrap_or(0)
+}
+
+/// The shard's eligible weight (what workers share their slots by) follows the runnable
+/// tenants' weights through every change: a weight set while runnable, a tenant deleted with
+/// work queued (its weight goes back to the default), its work cancelled (nothing runnable).
+#[tokio::test]
+async fn the_shards_eligible_weight_follows_its_runnable_tenants() {
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    app.put_tenant("acme", &json!({"weight": 5})).await;
+    assert_eq!(
+        eligible_weight(&app, shard).await,
+        0,
+        "nothing runnable yet"
+    );
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(eligible_weight(&app, shard).await, 5);
+    app.put_tenant("acme", &json!({"weight": 8})).await;
+    assert_eq!(eligible_weight(&app, shard).await, 8);
+    let res = app
+        .client
+        .delete(app.url("/api/tenants/acme"))
+        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        eligible_weight(&app, shard).await,
+        1,
+        "back to the default weight, still runnable"
+    );
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    assert_eq!(eligible_weight(&app, shard).await, 0, "nothing runnable");
+}
