@@ -6,8 +6,10 @@
 -- KEYS[4]  the tenant's limits (cfg)        KEYS[5]  its slot set
 -- KEYS[6]  its waiting set                  KEYS[7]  its 'queued' status index
 -- KEYS[8]  its 'queued' index of the flow   KEYS[9]  its set of flows
--- KEYS[10] the shard's tenant set           KEYS[11] the shard's ready stream
--- KEYS[12] the dedup mapping (only when a dedup key is given)
+-- KEYS[10] the shard's tenant set           KEYS[11] the shard's runnable tenants
+-- KEYS[12] the shard's timer set            KEYS[13] the dedup mapping (only with a dedup key)
+-- (Also written, names built inside from the prefix since Redis's clock picks the day: the
+-- trends counters and the shard's busy set; see the trends block of common.lua.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id (validated: no braces, colons or spaces)
 -- ARGV[7]  new execution id (32 lowercase hex, minted by the caller)
@@ -18,16 +20,19 @@
 -- ARGV[12] dedup key as given, '' for none
 -- ARGV[13] digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
 -- ARGV[14] request fingerprint (flow, version, params), hex
+-- ARGV[15] priority, 1..5 (1 first)
+-- ARGV[16] run_at: when to start at the earliest, Unix ms ('' for now)
+-- ARGV[17] delay: how long after the admission to start at the earliest, ms ('' for none)
 --
 -- Reply, one of:
---   {'new', qstate, now} admitted as 'dispatched' or 'waiting' at `now` (ms); the caller
---                       knows the rest of the row it asked for
+--   {'new', qstate, now, due} admitted at `now` (ms), queue state 'scheduled', 'ready' or
+--                       'waiting' (see queue_state() in common.lua), due time in ms or ''
+--                       when not scheduled; the caller knows the rest of the row it asked for
 --   {'dup', id, row}    the dedup key maps to live execution id, admitted with the same request
 --   {'conflict', id}    the dedup key maps to id, admitted with a different request
 --   {'void'}            this id was declared abandoned (abandon.lua ran first); nothing written
 --   {'disabled'}        the tenant is disabled; nothing written
---   {'full', waiting}   no room and the waiting set is at max_queued; nothing written
---                       (only older waiting executions may have been dispatched)
+--   {'full', queued}    the tenant has max_queued executions queued; nothing written
 --   {'moved', n}        the tenant is pinned to dedicated shard n (pin.lua; the quota decision
 --                       of place() finds it): nothing written
 local tenant, id, flow = ARGV[6], ARGV[7], ARGV[8]
@@ -42,13 +47,14 @@ local FLOWS, TENANTS = KEYS[9], KEYS[10]
 
 local version, params = ARGV[9], ARGV[10]
 local max_attempts, dedup, dedup_hash, fingerprint = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
+local priority, run_at, delay = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
 
 -- The caller gave up on this admission and was told nothing happened: keep it that way.
 if redis.call('EXISTS', VOID) == 1 then return { 'void' } end
 
 local dedup_key = nil
 if dedup ~= '' then
-  dedup_key = KEYS[12]
+  dedup_key = KEYS[13]
   local mapped = redis.call('GET', dedup_key)
   if mapped then
     local sep = string.find(mapped, ':', 1, true)
@@ -57,18 +63,21 @@ if dedup ~= '' then
     -- row can only mean its retention ran out first, so the key is free again.
     if redis.call('EXISTS', K.row(mapped_id)) == 1 then
       if mapped_fp ~= fingerprint then return { 'conflict', mapped_id } end
-      return { 'dup', mapped_id, hgetall(mapped_id) }
+      return { 'dup', mapped_id, view(mapped_id) }
     end
   end
 end
 
 local now = now_ms()
-local qstate, refusal, waiting = place(tenant, now)
-if not qstate then return { refusal, waiting } end
+local ok, refusal, queued = place(tenant)
+if not ok then return { refusal, queued } end
+local due = run_at or (delay and now + delay)
+if due and due <= now then due = nil end
 
 -- Decided; from here on only writes.
 local row = { 'tenant', tenant, 'flow', flow, 'params', params, 'status', 'queued',
-  'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now }
+  'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now,
+  'priority', priority }
 if version ~= '' then table.insert(row, 'version'); table.insert(row, version) end
 if dedup ~= '' then
   for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
@@ -78,8 +87,10 @@ redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
 -- Registries the sweeper walks (set members: repeated admissions cost nothing more).
 redis.call('SADD', TENANTS, tenant)
 redis.call('SADD', FLOWS, flow)
--- The row is written here, with its queue state (and stream entry), in one HSET.
-enqueue(tenant, id, qstate, now, row)
+-- The row is written here, with its queue state, in one HSET.
+enqueue(tenant, flow, id, now, priority, due, row)
+tally(tenant, 'admitted', now)
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
-return { 'new', qstate, now }
+if due then return { 'new', 'scheduled', now, due } end
+return { 'new', queue_state(tenant, id, 'queued'), now, '' }

@@ -5,12 +5,12 @@
 -- know of. So a start whose answer was lost never turns into a phantom run that burns an
 -- attempt or a false 'lease_lost' dead letter a lease later.
 --
--- The consumer's pending entries are exactly what it started and has not finished (start.lua
--- reads and starts in one step; every end of a run acknowledges its entry), so this costs what
+-- The worker's held set (K.held) is exactly what it started and has not finished (start.lua
+-- adds a run in the step that starts it; every end of a lease removes it), so this costs what
 -- the worker holds, never what the shard holds.
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's ready stream    KEYS[3]  its lease index
+-- KEYS[2]  the worker's held set       KEYS[3]  the shard's lease index
 -- KEYS[4]  the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  consumer name (the worker)
@@ -25,26 +25,25 @@
 --
 -- Reply: a list of the executions the consumer holds, each as in start.lua:
 --   {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
-local READY, LEASES = declared(2, K.ready()), declared(3, K.leases())
 local consumer, count, ttl = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local HELD, LEASES = declared(2, K.held(consumer)), declared(3, K.leases())
 local BARRIER, barrier = declared(4, K.adopted(consumer)), tonumber(ARGV[9])
 if barrier > (tonumber(redis.call('GET', BARRIER)) or 0) then
   redis.call('SET', BARRIER, barrier, 'PX', 86400000)
 end
 local now = now_ms()
 local held = {}
-local pending = redis.call('XPENDING', READY, GROUP, '-', '+', count, consumer)
-for _, p in ipairs(pending) do
-  local entry = p[1]
-  local read = redis.call('XRANGE', READY, entry, entry)
-  local id = read[1] and entry_execution(read[1][2])
-  if id then
-    local row = redis.call('HMGET', K.row(id), 'status', 'entry', 'lease_owner', 'deleted')
-    if row[1] == 'running' and row[2] == entry and row[3] == consumer and not row[4] then
+for _, id in ipairs(redis.call('SMEMBERS', HELD)) do
+  local row = redis.call('HMGET', K.row(id), 'status', 'lease_owner', 'deleted')
+  if row[1] == 'running' and row[2] == consumer and not row[3] then
+    if #held < count then
       redis.call('ZADD', LEASES, now + ttl, id)
       redis.call('HSET', K.row(id), 'lease_until', now + ttl)
       table.insert(held, run_of(id))
     end
+  else
+    -- Ended without leaving the set (repair): not this worker's any more.
+    redis.call('SREM', HELD, id)
   end
 end
 return held

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- cancel.lua: cancel one execution of a tenant.
---   queued  -> 'cancelled' now: off its queue, slot released, oldest waiting dispatched.
+--   queued  -> 'cancelled' now: off its queue (its tenant's order or the timer set).
 --   running -> 'cancel_requested' set; the worker holding it is told at once (tell_holder in
 --              common.lua) and stops it, and no path (retry backoff, reclaim, release) runs it
 --              again: it ends cancelled.
@@ -8,9 +8,10 @@
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the execution's row
--- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its waiting set
+-- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
 -- KEYS[6]  its 'queued' status index   KEYS[7]  its 'cancelled' status index
--- KEYS[8]  the shard's ready stream    KEYS[9]  its retry delays  KEYS[10] its counters
+-- KEYS[8]  the shard's runnable tenants KEYS[9]  its timer set    KEYS[10] its counters
+-- (A cancel also counts in the trends counters, names built inside: common.lua, trends.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
@@ -21,7 +22,7 @@ local ROW = declared(2, K.row(id))
 declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
 local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
 local CANCELLED_IDX = declared(7, K.status_idx(tenant, 'cancelled'))
-declared(8, K.ready()); declared(9, K.delayed())
+declared(8, K.runnable()); declared(9, K.delayed())
 local STATS = declared(10, K.stats())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow',
   'deleted')
@@ -30,7 +31,7 @@ local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
 
 local now = now_ms()
 if status == 'queued' then
-  unqueue(tenant, id, qstate, entry, now)
+  unqueue(tenant, flow, id, qstate)
   redis.call('ZREM', QUEUED_IDX, id)
   redis.call('ZREM', K.flow_idx(tenant, flow, 'queued'), id)
   redis.call('ZADD', CANCELLED_IDX, 0, id)
@@ -40,6 +41,7 @@ if status == 'queued' then
   redis.call('HDEL', ROW, 'qstate', 'entry')
   settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'))
   redis.call('HINCRBY', STATS, 'cancelled', 1)
+  tally(tenant, 'cancelled', now)
 elseif status == 'running' then
   local run = redis.call('HMGET', ROW, 'cancel', 'lease_owner')
   if run[1] ~= '1' then
@@ -48,4 +50,4 @@ elseif status == 'running' then
   end
 end
 notify(id, now)
-return { 'ok', id, hgetall(id) }
+return { 'ok', id, view(id) }

@@ -24,6 +24,10 @@ local DEDUP_TTL_SECS = tonumber(ARGV[5])
 
 local K = {}
 function K.ready() return P .. 'ready' end
+function K.runnable() return P .. 'runnable' end
+function K.sched() return P .. 'sched' end
+function K.starts() return P .. 'starts' end
+function K.held(consumer) return P .. 'held:' .. consumer end
 function K.row(id) return P .. 'exec:' .. id end
 function K.cfg(t) return P .. 't:' .. t .. ':cfg' end
 function K.slots(t) return P .. 't:' .. t .. ':slots' end
@@ -54,9 +58,6 @@ local function declared(i, expected)
   return KEYS[i]
 end
 
--- The consumer group every worker reads the ready stream through.
-local GROUP = 'workers'
-
 local STATUSES = { 'queued', 'running', 'completed', 'failed', 'cancelled' }
 
 local function now_ms()
@@ -66,13 +67,17 @@ end
 
 -- Tells the servers waiting on an execution that it changed (the block at the end: waiters).
 local notify, announce
+-- Per-minute counters of what happened (the block at the end: trends).
+local tally, tally_start, mark_busy
 
 -- The tenant's effective limits: its own values where set, else the server defaults.
--- Also whether the tenant is pinned to another shard (pin.lua): then its number.
+-- Also whether the tenant is pinned to another shard (pin.lua): then its number; and its
+-- weight in the shard's fair share (1..1000, default 1).
 local function limits(t)
-  local v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned')
+  local v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
+    'weight')
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
-    v[3] ~= '0', v[4]
+    v[3] ~= '0', v[4], tonumber(v[5]) or 1
 end
 
 local function index_add(t, flow, status, id)
@@ -87,141 +92,181 @@ end
 
 -- The shard's doorbell: a marker (a sorted set of one member) that a worker with a free slot
 -- waits on (BZPOPMIN, on a connection of its own), so new work wakes it at once instead of
--- being polled for. Every entry put on the ready stream sets it (one command, a no-op when it
--- is set already); Redis hands it to one waiting worker, whose start call sets it again while
--- more is left (so the next idle worker is woken in turn) and clears it once the stream holds
--- no unread entry (see start.lua). A marker taken by a worker that then died is set again by
--- the orphan scan (reclaim.lua). The key is the ready stream's companion and always built here
--- from the shard prefix.
+-- being polled for. Set whenever the shard may have work a worker can start now (a tenant
+-- became eligible, see refresh()) or a new earliest due time (a worker then learns when to
+-- wake, see next_due()); a no-op when it is set already. Redis hands it to one waiting worker,
+-- whose start call sets it again while work is left (so the next idle worker is woken in turn)
+-- and clears it once nothing can start. A marker taken by a worker that then died is set again
+-- by the orphan scan (reclaim.lua).
 local function ring()
   redis.call('ZADD', K.bell(), 0, 1)
 end
 
--- Whether the shard's ready stream holds entries no worker has read yet: those after the
--- consumer group's last-delivered id. Exact (deleted entries do not count), and O(1). A stream
--- without the group (it was replaced, e.g. restored without its group) holds nothing anyone
--- has read: any entry counts, so a worker is woken and creates the group again.
-local function undelivered()
-  local groups = redis.call('XINFO', 'GROUPS', K.ready())
-  for _, g in ipairs(groups) do
-    local name, last = nil, nil
-    for i = 1, #g, 2 do
-      if g[i] == 'name' then name = g[i + 1] end
-      if g[i] == 'last-delivered-id' then last = g[i + 1] end
-    end
-    if name == GROUP then
-      return #redis.call('XRANGE', K.ready(), '(' .. last, '+', 'COUNT', 1) > 0
-    end
+-- ------------------------------------------------------------------------------------------
+-- Dispatch: what starts next (docs/DESIGN.md, "Admission control").
+--
+-- A queued execution is in exactly one of two places of its shard:
+--   K.delayed()   the shard's one timer set (score: due time, ms): executions scheduled for
+--                 later (`run_at`/`delay`) and retries waiting out their backoff. Row qstate
+--                 'scheduled', field `run_at`. No slot.
+--   K.waiting(t)  its tenant's queue (score: the order key, see order_key()): runnable now,
+--                 started in order as the tenant gets slots. Row qstate 'queued' (rows of the
+--                 stream model say 'waiting': the same place), field `ready_at`.
+-- and K.runnable() holds the tenants that can start something now — a queue not empty and a
+-- free slot (running < max_concurrent) — scored by virtual time. A start takes the tenant
+-- with the least virtual time, the first execution of its queue, and one of its slots (the
+-- slot is taken when an execution starts, K.slots(t) holds running executions only), then
+-- advances the tenant's virtual time by QUANTUM / weight. A tenant leaving the set (idle or
+-- capped) keeps its virtual time only if it is ahead of the shard's clock (K.sched() fields
+-- `clock` and `vt:<tenant>`), and comes back at max(its own, the clock): no credit is banked
+-- while it had nothing to run. Every step is O(log n).
+
+-- Virtual time one start costs a tenant of weight 1 (a tenant of weight w pays QUANTUM / w).
+local QUANTUM = 1000
+
+-- How far one priority step moves an execution in its tenant's order: priority p is ordered
+-- as if it became runnable (p - 3) * PRIORITY_STEP_MS later than it did. So priority 1 passes
+-- priority 3 work that became runnable up to 2 steps (2 minutes) before it, never more.
+local PRIORITY_STEP_MS = 60000
+
+-- The shard's start log (K.starts()) keeps about this many starts.
+local START_LOG_CAP = 10000
+
+-- The order key of an execution that became runnable at `ready_at` (ms) with `priority`:
+-- fixed then, never changed while it waits.
+local function order_key(ready_at, priority)
+  return ready_at + ((tonumber(priority) or 3) - 3) * PRIORITY_STEP_MS
+end
+
+-- Takes tenant t out of the runnable set (its virtual time vt), keeping vt if it is ahead of
+-- the shard's clock.
+local function leave(t, vt, weight)
+  redis.call('ZREM', K.runnable(), t)
+  redis.call('HINCRBY', K.sched(), 'weight', -weight)
+  local clock = tonumber(redis.call('HGET', K.sched(), 'clock')) or 0
+  if vt > clock then
+    redis.call('HSET', K.sched(), 'vt:' .. t, vt)
+  else
+    redis.call('HDEL', K.sched(), 'vt:' .. t)
   end
-  return redis.call('XLEN', K.ready()) > 0
 end
 
--- Puts a queued execution on the shard's ready stream. `fields` (optional) are more fields
--- of the row the caller writes, set in the same HSET.
-local function dispatch_entry(id, now, fields)
-  local entry = redis.call('XADD', K.ready(), '*', 'id', id)
-  redis.call('HSET', K.row(id), 'qstate', 'dispatched', 'entry', entry, 'updated', now,
-    unpack(fields or {}))
-  ring()
+-- Puts tenant t in or out of the runnable set after anything changed its queue, its slots or
+-- its limits: in while its queue is not empty and it has a free slot. Rings the doorbell when
+-- it comes in.
+local function refresh(t)
+  local vt = tonumber(redis.call('ZSCORE', K.runnable(), t))
+  local eligible, weight = false, nil
+  if redis.call('EXISTS', K.waiting(t)) == 1 then
+    local max_concurrent, _, _, pinned, w = limits(t)
+    weight = w
+    eligible = not pinned and redis.call('SCARD', K.slots(t)) < max_concurrent
+  end
+  if eligible and not vt then
+    local sched = redis.call('HMGET', K.sched(), 'clock', 'vt:' .. t)
+    local at = math.max(tonumber(sched[1]) or 0, tonumber(sched[2]) or 0)
+    redis.call('ZADD', K.runnable(), at, t)
+    redis.call('HDEL', K.sched(), 'vt:' .. t)
+    redis.call('HINCRBY', K.sched(), 'weight', weight)
+    ring()
+  elseif vt and not eligible then
+    leave(t, vt, weight or select(5, limits(t)))
+  end
 end
 
--- Retries whose backoff is over go back on the ready stream (they kept their slot), at most
--- `most` per call.
+-- Makes a queued execution runnable now, in its tenant's order. `ready_at` is when it became
+-- runnable (admission, due time, or the first time for a run that went back). `fields` are
+-- more fields of its row, written in the same HSET.
+local function make_runnable(t, id, ready_at, priority, fields)
+  redis.call('ZADD', K.waiting(t), order_key(ready_at, priority), id)
+  redis.call('HSET', K.row(id), 'qstate', 'queued', 'ready_at', ready_at, unpack(fields or {}))
+  refresh(t)
+end
+
+-- Schedules a queued execution to become runnable at `due` (ms): on the timer set, listed in
+-- its tenant's 'scheduled' index. Rings the doorbell when it is the shard's earliest due time,
+-- so that a sleeping worker learns of it (next_due()).
+local function schedule(t, flow, id, due, fields)
+  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  redis.call('ZADD', K.delayed(), due, id)
+  index_add(t, flow, 'scheduled', id)
+  redis.call('HSET', K.row(id), 'qstate', 'scheduled', 'run_at', due, unpack(fields or {}))
+  if #first == 0 or tonumber(first[2]) > due then ring() end
+end
+
+-- Milliseconds until the shard's earliest due time (0 when one is due), -1 when none.
+local function next_due(now)
+  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  if #first == 0 then return -1 end
+  return math.max(0, tonumber(first[2]) - now)
+end
+
+-- Makes runnable the scheduled executions whose time has come (at most `most`), each in its
+-- tenant's order by its due time. Members whose row is no longer scheduled are dropped.
 local function promote_due(now, most)
-  local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'LIMIT', 0, most)
-  for _, id in ipairs(due) do
+  local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+    most)
+  for i = 1, #due, 2 do
+    local id, at = due[i], tonumber(due[i + 1])
     redis.call('ZREM', K.delayed(), id)
-    if redis.call('HGET', K.row(id), 'status') == 'queued' then dispatch_entry(id, now) end
-  end
-end
-
--- Tells the worker holding a running execution's lease to look at it now (a cancel or a force
--- delete): the worker subscribes to this channel and asks Redis (a heartbeat) what to do, so
--- the message only shortens the wait for its next heartbeat and is safe to lose.
-local function tell_holder(owner, id)
-  if owner and owner ~= '' then redis.call('PUBLISH', 'sluice:stop:' .. owner, id) end
-end
-
--- Gives a queued execution a slot of its tenant and puts it on the ready stream.
-local function dispatch(t, id, now, fields)
-  redis.call('SADD', K.slots(t), id)
-  dispatch_entry(id, now, fields)
-end
-
--- Fills free slots of tenant t from its waiting set, oldest first, handling at most `budget`
--- members (so one call stays short). Members whose row is gone or no longer waiting are
--- dropped (repair). Returns true when more could be dispatched now (room left and somebody
--- still waiting): the caller continues in another call.
-local function promote(t, now, budget)
-  -- The common case on every release: nobody waits.
-  if redis.call('EXISTS', K.waiting(t)) == 0 then return false end
-  local max_concurrent = limits(t)
-  local free = max_concurrent - redis.call('SCARD', K.slots(t))
-  while free > 0 do
-    if budget <= 0 then return redis.call('EXISTS', K.waiting(t)) == 1 end
-    budget = budget - 1
-    local popped = redis.call('ZPOPMIN', K.waiting(t))
-    if #popped == 0 then return false end
-    local id = popped[1]
-    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'watch')
-    if row[1] == 'queued' and row[2] == 'waiting' then
-      dispatch(t, id, now)
-      announce(id, row[3], 'queued', now)
-      free = free - 1
+    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant', 'flow', 'priority')
+    if row[1] == 'queued' and row[2] == 'scheduled' then
+      redis.call('ZREM', K.status_idx(row[3], 'scheduled'), id)
+      redis.call('ZREM', K.flow_idx(row[3], row[4], 'scheduled'), id)
+      make_runnable(row[3], id, at, row[5])
     end
   end
-  return false
 end
 
--- Members promote() handles in a call made for one release or admission.
-local PROMOTE_BUDGET = 100
-
--- The quota decision of an admission (and of a retry): where a new queued execution of t goes.
--- FIFO: while anybody of t waits, a newcomer waits behind them, whatever room there is; room
--- is first given to the oldest waiting (bounded). Returns 'dispatched' or 'waiting', or nil
--- and a refusal ('disabled'; 'full' with the waiting count; 'moved' with the shard a pinned
--- tenant lives in now, see pin.lua). Writes nothing but promotions.
-local function place(t, now)
-  local max_concurrent, max_queued, enabled, pinned = limits(t)
-  if pinned then return nil, 'moved', pinned end
-  if not enabled then return nil, 'disabled' end
-  promote(t, now, PROMOTE_BUDGET)
-  local waiting = redis.call('ZCARD', K.waiting(t))
-  if waiting == 0 and redis.call('SCARD', K.slots(t)) < max_concurrent then
-    return 'dispatched'
-  end
-  if waiting >= max_queued then return nil, 'full', waiting end
+-- Where a queued execution stands, as the API shows it: 'scheduled' (on the timer set),
+-- 'ready' (runnable, and within its tenant's free slots: it starts as soon as a worker has
+-- room and the fair share gets to its tenant) or 'waiting' (behind its tenant's
+-- max_concurrent). Its rank costs O(log n).
+local function queue_state(t, id, qstate)
+  if qstate == 'scheduled' then return 'scheduled' end
+  local rank = redis.call('ZRANK', K.waiting(t), id)
+  if not rank then return 'waiting' end
+  local max_concurrent = limits(t)
+  if rank < max_concurrent - redis.call('SCARD', K.slots(t)) then return 'ready' end
   return 'waiting'
 end
 
--- Enqueues a queued execution where place() decided, writing `fields` of its row (besides
--- its queue state) in the same HSET: an admission writes its whole row in one command.
-local function enqueue(t, id, qstate, now, fields)
-  if qstate == 'dispatched' then
-    dispatch(t, id, now, fields)
+-- The admission decision (and a retry's): whether tenant t may queue one more execution.
+-- max_queued counts every queued execution (scheduled, waiting and ready). Returns true, or
+-- nil and a refusal ('disabled'; 'full' with the queued count; 'moved' with the shard a
+-- pinned tenant lives in now, see pin.lua). Writes nothing.
+local function place(t)
+  local _, max_queued, enabled, pinned = limits(t)
+  if pinned then return nil, 'moved', pinned end
+  if not enabled then return nil, 'disabled' end
+  local queued = redis.call('ZCARD', K.status_idx(t, 'queued'))
+  if queued >= max_queued then return nil, 'full', queued end
+  return true
+end
+
+-- Queues an execution place() accepted: scheduled when `due` is later than now, runnable
+-- otherwise. `fields` are the rest of its row, written in the same HSET.
+local function enqueue(t, flow, id, now, priority, due, fields)
+  if due and due > now then
+    schedule(t, flow, id, due, fields)
   else
-    redis.call('ZADD', K.waiting(t), now, id)
-    redis.call('HSET', K.row(id), 'qstate', 'waiting', unpack(fields))
+    make_runnable(t, id, now, priority, fields)
   end
 end
 
--- Releases the slot id holds (if any) and dispatches the tenant's oldest waiting executions
--- into the room made. Set membership makes a second release a no-op.
-local function release_slot(t, id, now)
-  if redis.call('SREM', K.slots(t), id) == 1 then
-    promote(t, now, PROMOTE_BUDGET)
-  end
+-- Releases the slot id holds (if any): its tenant may be runnable again. Set membership makes
+-- a second release a no-op.
+local function release_slot(t, id)
+  if redis.call('SREM', K.slots(t), id) == 1 then refresh(t) end
 end
 
--- Takes a queued execution off its queue: the stream entry if dispatched (it has not been read:
--- workers start what they read in the same step) or its retry delay, the waiting set otherwise.
-local function unqueue(t, id, qstate, entry, now)
-  if qstate == 'dispatched' then
-    if entry and entry ~= '' then redis.call('XDEL', K.ready(), entry) end
+-- Takes a queued execution off its queue (the timer set or its tenant's queue).
+local function unqueue(t, flow, id, qstate)
+  if qstate == 'scheduled' then
     redis.call('ZREM', K.delayed(), id)
-    release_slot(t, id, now)
-  else
-    redis.call('ZREM', K.waiting(t), id)
+    index_remove(t, flow, 'scheduled', id)
+  elseif redis.call('ZREM', K.waiting(t), id) == 1 then
+    refresh(t)
   end
 end
 
@@ -231,30 +276,33 @@ local function index_move(t, flow, from, to, id)
   index_add(t, flow, to, id)
 end
 
--- Acknowledges and deletes a stream entry: once handled it must not stay pending or linger.
-local function drop_entry(entry)
-  if entry and entry ~= '' then
-    redis.call('XACK', K.ready(), GROUP, entry)
-    redis.call('XDEL', K.ready(), entry)
-  end
-end
-
--- Ends the lease of a running execution: out of the lease index, lease and entry fields gone
--- (the caller has dropped the entry itself).
-local function end_lease(id)
+-- Ends the lease of a running execution: out of the lease index and its holder's set, lease
+-- fields gone, slot released.
+local function end_lease(t, id, owner)
   redis.call('ZREM', K.leases(), id)
+  if owner and owner ~= '' then redis.call('SREM', K.held(owner), id) end
   redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
+  release_slot(t, id)
 end
 
--- Puts a running execution back on the ready stream (it keeps its slot). `attempt` is what
--- the row's attempt becomes: the same when the run counted (its lease was lost), one less
--- when it did not (a graceful release). The fence is never lowered.
-local function requeue(t, flow, id, now, attempt)
-  end_lease(id)
+-- Puts a running execution back in its tenant's order where it stood (its `ready_at` and
+-- priority: it waited its turn already). `attempt` is what the row's attempt becomes: the
+-- same when the run counted (its lease was lost), one less when it did not (a graceful
+-- release). The fence is never lowered.
+local function requeue(t, flow, id, now, attempt, owner)
+  end_lease(t, id, owner)
   index_move(t, flow, 'running', 'queued', id)
-  redis.call('HSET', K.row(id), 'status', 'queued', 'attempt', attempt, 'updated', now)
-  dispatch_entry(id, now)
+  local r = redis.call('HMGET', K.row(id), 'ready_at', 'created', 'priority')
+  make_runnable(t, id, tonumber(r[1] or r[2]), r[3],
+    { 'status', 'queued', 'attempt', attempt, 'updated', now })
   notify(id, now)
+end
+
+-- Tells the worker holding a running execution's lease to look at it now (a cancel or a force
+-- delete): the worker subscribes to this channel and asks Redis (a heartbeat) what to do, so
+-- the message only shortens the wait for its next heartbeat and is safe to lose.
+local function tell_holder(owner, id)
+  if owner and owner ~= '' then redis.call('PUBLISH', 'sluice:stop:' .. owner, id) end
 end
 
 -- The value of field `name` in a flat {field, value, ...} list (a stream record), or nil.
@@ -327,31 +375,29 @@ local function settle_terminal(t, id, digest)
 end
 
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
--- (oldest waiting dispatched), retention and dedup TTLs. `extra` holds fields to set besides
--- the status and times; `drop` names fields to remove besides the lease's. The caller has
--- already dropped its stream entry. The hot path of every completion: one read, one write and
--- one delete of the row, whatever the outcome.
+-- (its tenant may start the next), retention and dedup TTLs. `extra` holds fields to set
+-- besides the status and times; `drop` names fields to remove besides the lease's. The hot
+-- path of every completion: one read, one write and one delete of the row, whatever the
+-- outcome.
 local function finish(t, flow, id, status, now, extra, drop)
   local row = K.row(id)
-  local known = redis.call('HMGET', row, 'watch', 'ddh')
-  redis.call('ZREM', K.leases(), id)
+  local known = redis.call('HMGET', row, 'watch', 'ddh', 'lease_owner')
   index_move(t, flow, 'running', status, id)
   redis.call('HSET', row, 'status', status, 'finished', now, 'updated', now, unpack(extra))
-  redis.call('HDEL', row, 'entry', 'lease_owner', 'lease_until', unpack(drop))
+  if #drop > 0 then redis.call('HDEL', row, unpack(drop)) end
+  end_lease(t, id, known[3])
   announce(id, known[1], status, now)
-  release_slot(t, id, now)
   settle_terminal(t, id, known[2])
   redis.call('HINCRBY', K.stats(), status, 1)
+  tally(t, status, now)
 end
 
 -- The end of a run whose row was force-deleted while it ran (`deleted` is set): the row was
 -- kept only so that its slot stays taken until the handler stopped or its lease expired. Now
 -- both go.
-local function bury(t, id, entry, now)
-  drop_entry(entry)
+local function bury(t, id, owner)
   redis.call('SREM', K.deleting(t), id)
-  redis.call('ZREM', K.leases(), id)
-  release_slot(t, id, now)
+  end_lease(t, id, owner)
   redis.call('DEL', K.row(id))
 end
 
@@ -361,16 +407,15 @@ local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'fl
 
 -- What happens to a running execution whose run ended without a result (its lease expired, or
 -- its worker could no longer renew it): a cancelled one ends cancelled, a force-deleted one is
--- buried, one with attempts left goes back on the ready stream (the lost run counted as an
--- attempt), the rest are dead-lettered as 'lease_lost'. `row` holds RUN_FIELDS. Returns
--- 'requeued', 'dead_lettered', 'cancelled' or 'buried'.
+-- buried, one with attempts left goes back in its tenant's order where it stood (the lost run
+-- counted as an attempt), the rest are dead-lettered as 'lease_lost'. `row` holds RUN_FIELDS.
+-- Returns 'requeued', 'dead_lettered', 'cancelled' or 'buried'.
 local function recover(id, row, now, cap)
-  local tenant, flow, entry = row[5], row[6], row[7]
+  local tenant, flow, owner = row[5], row[6], row[9]
   if row[10] == '1' then
-    bury(tenant, id, entry, now)
+    bury(tenant, id, owner)
     return 'buried'
   end
-  drop_entry(entry)
   if row[8] == '1' then
     finish(tenant, flow, id, 'cancelled', now, {}, {})
     return 'cancelled'
@@ -379,20 +424,12 @@ local function recover(id, row, now, cap)
   if attempt >= max_attempts then
     local msg = 'lease expired on attempt ' .. attempt .. ' of ' .. max_attempts
     finish(tenant, flow, id, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg }, {})
-    dead_letter_run(id, tenant, flow, 'lease_lost', attempt, entry, now, msg, cap)
+    dead_letter_run(id, tenant, flow, 'lease_lost', attempt, row[7], now, msg, cap)
     return 'dead_lettered'
   end
-  requeue(tenant, flow, id, now, attempt)
+  requeue(tenant, flow, id, now, attempt, owner)
   redis.call('HINCRBY', K.stats(), 'reclaimed', 1)
   return 'requeued'
-end
-
--- The execution id a ready-stream entry carries (its fields as XREADGROUP/XRANGE give them).
-local function entry_execution(fields)
-  for i = 1, #fields, 2 do
-    if fields[i] == 'id' then return fields[i + 1] end
-  end
-  return nil
 end
 
 -- A started run as start.lua and adopt.lua report it:
@@ -403,22 +440,6 @@ local function run_of(id)
   return { id, r[1], r[2], r[3], r[4], r[5] or '', r[6], r[7] }
 end
 
--- Reads up to `count` new entries of the shard's ready stream for `consumer` and starts each,
--- in the same atomic step (start.lua, and complete.lua for the slot a run just freed): so an
--- entry is in the pending list only while a worker is running it, and a worker reads only as
--- many entries as it has free slots.
---
--- The doorbell (see ring()): a call that read fewer entries than it asked for has emptied the
--- stream of unread entries, so it clears the bell (no idle worker is woken for nothing); one
--- that read all it asked for sets it, so another worker with a free slot is woken for what may
--- remain.
---
--- Each start increments the row's `fence`, the token that heartbeats and completions name: it
--- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
--- current can never pass for the current one. `attempt` counts the starts of the current run.
---
--- Returns more (1 when it read as many entries as it asked for, else 0) and the started runs,
--- each {id, fence, attempt, tenant, flow, version or '', params, max_attempts} (as run_of()).
 -- Whether a worker's start-capable call numbered `call` (0: unnumbered) is covered by the
 -- barrier its last adopt.lua wrote: such a call had its answer lost and reaches Redis only now,
 -- after the worker asked what it holds, so it must start nothing (nobody would run it).
@@ -427,45 +448,58 @@ local function barred(consumer, call)
   return call <= (tonumber(redis.call('GET', K.adopted(consumer))) or 0)
 end
 
+-- Starts up to `count` executions for `consumer`, in the same atomic step that picks them
+-- (start.lua, and complete.lua for the slot a run just freed): each time the runnable tenant
+-- with the least virtual time, the first execution of its queue (see "Dispatch" above). Every
+-- start appends (tenant, virtual start tag, weight) to the shard's start log, from which tests
+-- and the fault suite's checker prove the fair share: the tags of successive starts never go
+-- down, and a tenant's own advance by QUANTUM / weight per start.
+--
+-- The doorbell (see ring()): a call that leaves no runnable tenant clears it (no idle worker is
+-- woken for nothing); one that leaves some sets it, so another worker with a free slot is woken
+-- for what remains.
+--
+-- Each start increments the row's `fence`, the token that heartbeats and completions name: it
+-- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
+-- current can never pass for the current one. `attempt` counts the starts of the current run.
+-- The run is listed in its worker's held set (K.held), which adopt.lua reads.
+--
+-- Returns more (1 when a tenant can still start something, else 0) and the started runs,
+-- each {id, fence, attempt, tenant, flow, version or '', params, max_attempts} (as run_of()).
 local function start_entries(consumer, count, ttl, cap, now)
-  local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', count,
-    'STREAMS', K.ready(), '>')
-  local entries = read and read[1][2] or {}
-  local more = 0
-  if #entries < count then
-    redis.call('DEL', K.bell())
-  else
-    more = 1
-    ring()
-  end
   local started = {}
-  for _, e in ipairs(entries) do
-    local entry, fields = e[1], e[2]
-    local id = entry_execution(fields)
+  -- Each round starts one execution or removes one stale member: bounded.
+  for _ = 1, count * 4 + 16 do
+    if #started >= count then break end
+    local top = redis.call('ZRANGE', K.runnable(), 0, 0, 'WITHSCORES')
+    if #top == 0 then break end
+    local tenant, vt = top[1], tonumber(top[2])
+    local popped = redis.call('ZPOPMIN', K.waiting(tenant))
+    local id = popped[1]
     local row = nil
     if id then
-      row = redis.call('HMGET', K.row(id), 'status', 'entry', 'attempt', 'max_attempts',
-        'tenant', 'flow', 'cancel', 'fence', 'version', 'params', 'watch')
+      row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'attempt', 'max_attempts',
+        'tenant', 'flow', 'cancel', 'fence', 'version', 'params', 'watch', 'ready_at',
+        'created')
     end
-    if not row or not row[1] then
-      -- Poison: an entry naming no execution, or one that does not exist. Dead-lettered once
-      -- and removed, so it can never loop.
-      drop_entry(entry)
-      dead_letter({ 'execution_id', id or '', 'reason', 'poison', 'attempts', 0,
-        'source_entry', entry, 'at', now, 'message', 'ready entry names no existing execution' },
-        cap)
-    elseif row[1] ~= 'queued' or row[2] ~= entry then
-      -- Cancelled, finished or deleted meanwhile, or an entry superseded by a newer one.
-      drop_entry(entry)
-    elseif row[7] == '1' then
-      -- A queued execution is cancelled at once, so this cannot happen; should it, a cancel
-      -- still wins over a start.
-      local tenant, flow = row[5], row[6]
-      drop_entry(entry)
-      index_move(tenant, flow, 'queued', 'running', id)
-      finish(tenant, flow, id, 'cancelled', now, {}, { 'qstate' })
+    if not id or row[1] ~= 'queued' or row[2] == 'scheduled' or row[5] ~= tenant then
+      -- An empty queue, or a member whose row is gone or moved on (repair): look again.
+      if id then redis.call('HINCRBY', K.stats(), 'repaired_stale_queue', 1) end
+      refresh(tenant)
     else
-      local tenant, flow = row[5], row[6]
+      local flow = row[6]
+      local max_concurrent, _, _, _, weight = limits(tenant)
+      redis.call('SADD', K.slots(tenant), id)
+      redis.call('HSET', K.sched(), 'clock', vt)
+      redis.call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant, 'vt', vt,
+        'w', weight)
+      local next_vt = vt + QUANTUM / weight
+      if redis.call('EXISTS', K.waiting(tenant)) == 1
+        and redis.call('SCARD', K.slots(tenant)) < max_concurrent then
+        redis.call('ZADD', K.runnable(), next_vt, tenant)
+      else
+        leave(tenant, next_vt, weight)
+      end
       local attempt = tonumber(row[3]) + 1
       local fence = (tonumber(row[8]) or 0) + 1
       index_move(tenant, flow, 'queued', 'running', id)
@@ -473,16 +507,45 @@ local function start_entries(consumer, count, ttl, cap, now)
         'started', now, 'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
       redis.call('HDEL', K.row(id), 'qstate')
       redis.call('ZADD', K.leases(), now + ttl, id)
+      redis.call('SADD', K.held(consumer), id)
       -- As run_of() reports a run, from what was read above (no second read).
       table.insert(started, { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4] })
       announce(id, row[11], 'running', now)
+      tally_start(tenant, tonumber(row[12] or row[13]) or now, now)
     end
+  end
+  local more = 0
+  if redis.call('EXISTS', K.runnable()) == 1 then
+    more = 1
+    ring()
+  else
+    redis.call('DEL', K.bell())
   end
   return more, started
 end
 
-local function hgetall(id)
-  return redis.call('HGETALL', K.row(id))
+-- The weight of the tenants that can start something in this shard now (the workers share
+-- their slots between shards in proportion to it).
+local function eligible_weight()
+  return tonumber(redis.call('HGET', K.sched(), 'weight')) or 0
+end
+
+-- An execution's row as the API reads it: the hash, plus `qs`, its queue state (see
+-- queue_state()) while it is queued.
+local function view(id)
+  local row = redis.call('HGETALL', K.row(id))
+  local status, tenant, qstate = nil, nil, nil
+  for i = 1, #row, 2 do
+    local f = row[i]
+    if f == 'status' then status = row[i + 1]
+    elseif f == 'tenant' then tenant = row[i + 1]
+    elseif f == 'qstate' then qstate = row[i + 1] end
+  end
+  if status == 'queued' and tenant then
+    table.insert(row, 'qs')
+    table.insert(row, queue_state(tenant, id, qstate))
+  end
+  return row
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -514,4 +577,86 @@ end
 -- Before execution id's row is deleted (or hidden as deleted): tells its waiters it is gone.
 local function notify_deleted(id, now)
   announce(id, redis.call('HGET', K.row(id), 'watch'), 'deleted', now)
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Trends: per-minute counters of each tenant, and of the whole shard, written by the scripts
+-- that change state (no extra round trip): admissions, starts, completions, failures (dead
+-- letters included), cancellations, and a histogram of the waiting time of starts.
+--
+-- One string per tenant per UTC day (K.trends), one per shard per day (K.shard_trends), each
+-- of 1440 fixed-size records (one per minute of the day), updated with BITFIELD ... OVERFLOW
+-- SAT (a counter stops at its largest value, never wraps). A record is TREND_RECORD_BITS
+-- bits: five u32 counters (TREND_FIELD), then from bit TREND_WAIT_AT eight u16 counts of
+-- starts by waiting time (upper bounds TREND_WAIT_BOUNDS ms; the eighth holds every longer
+-- wait).
+-- 1440 x 36 bytes = 51,840 bytes at most per key: a tenant costs at most one such key per
+-- day it was active. A day key expires 25 hours after its day ends (EXPIREAT, the same value
+-- on every write), so the last 24 hours can always be read.
+--
+-- K.busy is the shard's set of tenants that may have queued or running executions (added at
+-- admission and start, removed by a terminal change that leaves none): readers list "tenants
+-- with work now" from it, registered or not, and check each member's indexes (a member may
+-- be stale: a force delete of the last execution does not remove it).
+--
+-- The layout mirrors src/store/trends.rs and the key names src/store/keys.rs; change both
+-- together. Call sites: admit.lua (admitted), start_entries (a start), finish() (completed,
+-- failed, cancelled), cancel.lua (a queued execution cancelled), retry.lua (mark_busy).
+function K.trends(t, day) return P .. 't:' .. t .. ':m:' .. day end
+function K.shard_trends(day) return P .. 'm:' .. day end
+function K.busy() return P .. 'busy' end
+
+local TREND_RECORD_BITS = 288
+local TREND_FIELD = { admitted = 0, started = 32, completed = 64, failed = 96, cancelled = 128 }
+local TREND_WAIT_AT = 160
+local TREND_WAIT_BOUNDS = { 10, 40, 150, 600, 2500, 10000, 30000 }
+
+-- Applies the BITFIELD increments `ops` (offsets within a record) to the record of the minute
+-- of `now` in tenant t's day key and in the shard's.
+local function trend_add(t, now, ops)
+  local day = math.floor(now / 86400000)
+  local base = math.floor((now % 86400000) / 60000) * TREND_RECORD_BITS
+  local expire_at = (day + 1) * 86400 + 25 * 3600
+  for _, key in ipairs({ K.trends(t, day), K.shard_trends(day) }) do
+    local args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
+    for i = 1, #ops, 2 do
+      for _, v in ipairs({ 'INCRBY', ops[i], base + ops[i + 1], 1 }) do table.insert(args, v) end
+    end
+    redis.call(unpack(args))
+    redis.call('EXPIREAT', key, expire_at)
+  end
+end
+
+-- Counts one event of tenant t at `now`: 'admitted', 'completed', 'failed' or 'cancelled'
+-- (a start goes through tally_start). A terminal one that leaves the tenant nothing queued or
+-- running takes it off the shard's busy set.
+tally = function(t, what, now)
+  trend_add(t, now, { 'u32', TREND_FIELD[what] })
+  if what == 'admitted' then
+    redis.call('SADD', K.busy(), t)
+  elseif redis.call('ZCARD', K.status_idx(t, 'queued')) == 0
+    and redis.call('ZCARD', K.status_idx(t, 'running')) == 0 then
+    redis.call('SREM', K.busy(), t)
+  end
+end
+
+-- Counts a start of tenant t at `now`, and its waiting time: from `ready_at`, when the
+-- execution became runnable (its admission, its due time, or its retry), to now — so a
+-- scheduled execution's wait does not count the time it was not due.
+tally_start = function(t, ready_at, now)
+  local wait = now - ready_at
+  local bucket = #TREND_WAIT_BOUNDS
+  for i, bound in ipairs(TREND_WAIT_BOUNDS) do
+    if wait <= bound then
+      bucket = i - 1
+      break
+    end
+  end
+  trend_add(t, now, { 'u32', TREND_FIELD.started, 'u16', TREND_WAIT_AT + 16 * bucket })
+  redis.call('SADD', K.busy(), t)
+end
+
+-- Tenant t has queued work again without an admission (a retry).
+mark_busy = function(t)
+  redis.call('SADD', K.busy(), t)
 end

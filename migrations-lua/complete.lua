@@ -9,7 +9,7 @@
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the execution's row
--- KEYS[3]  the shard's ready stream    KEYS[4]  its lease index   KEYS[5]  its retry delays
+-- KEYS[3]  the shard's runnable tenants KEYS[4]  its lease index  KEYS[5]  its timer set
 -- KEYS[6]  its dead-letter stream      KEYS[7]  its counters
 -- KEYS[8]  its dead-letter index start (see dead_letter in common.lua)
 -- KEYS[9]  the worker's adoption barrier (K.adopted(consumer))
@@ -18,8 +18,8 @@
 -- ARGV[7]  fence of the run the worker held
 -- ARGV[8]  consumer name (the worker)
 -- ARGV[9]  outcome: 'completed' | 'failed' | 'cancelled'
---          | 'released'  (the worker is shutting down: back on the ready stream at once; the
---                         run does not count as an attempt)
+--          | 'released'  (the worker is shutting down: back in its tenant's order at once,
+--                         where it stood; the run does not count as an attempt)
 --          | 'abandoned' (the worker could not renew the lease in time and stopped the run:
 --                         handled like an expired lease, see recover() in common.lua)
 -- ARGV[10] output JSON (completed), '' otherwise
@@ -30,27 +30,30 @@
 -- ARGV[15] chain: how many runs to start for the same worker on the slot this run frees, once
 --          the report is recorded (0: none). So a busy worker needs one call per execution, as
 --          BullMQ's moveToFinished does, instead of a completion and a start. Like start.lua,
---          it first puts due retries back, and it keeps the doorbell (start_entries()).
+--          it first makes due executions runnable, and it keeps the doorbell (start_entries()).
 -- ARGV[16] lease TTL of the runs it starts, milliseconds
 -- ARGV[17] the call's number among the worker's start-capable calls in the shard (0: none). A
 --          call its worker's last adopt.lua covered records the report but starts nothing
 --          (see start.lua).
 --
--- Reply: {what, detail, more, started}; `more` and `started` as start.lua's (0 and {} when
--- nothing was asked for, or when the report was stale or a repeat: then nothing starts).
+-- Reply: {what, detail, more, started, next_due, weight}; the last four as start.lua's (0 and
+-- {} when nothing was asked for, or when the report was stale or a repeat: then nothing
+-- starts).
 -- what, detail:
 --   'stale', ''             the run is not current; nothing changed (counted in stats)
 --   'repeat', ''            this run's report was applied before; nothing changed
 --   'done', status          terminal now: completed, failed or cancelled
 --   'dead_lettered', ''     failed with attempts exhausted: terminal failed + dead-letter record
---   'retrying', due_ms      failed, attempts left: queued again after the backoff
---   'released', ''          back on the ready stream for another worker
+--   'retrying', due_ms      failed, attempts left: scheduled again after the backoff (its
+--                           slot is free meanwhile)
+--   'released', ''          back in its tenant's order for another worker
 --   'recovered', how        abandoned: how recover() handled it
 --   'deleted', ''           the execution was force-deleted while it ran; its slot is free now
 local id = ARGV[6]
 local ROW = declared(2, K.row(id))
-declared(3, K.ready()); declared(4, K.leases())
-local DELAYED, STATS = declared(5, K.delayed()), declared(7, K.stats())
+declared(3, K.runnable()); declared(4, K.leases())
+declared(5, K.delayed())
+local STATS = declared(7, K.stats())
 declared(6, K.dlq()); declared(8, K.dlq_indexed())
 local fence, consumer, outcome = ARGV[7], ARGV[8], ARGV[9]
 local output, err_kind, err_msg, backoff = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
@@ -69,7 +72,7 @@ local function record()
   local tenant, flow, entry = row[5], row[6], row[7]
 
   if row[10] == '1' then
-    bury(tenant, id, entry, now)
+    bury(tenant, id, consumer)
     return 'deleted', ''
   end
   if outcome == 'abandoned' then
@@ -78,9 +81,8 @@ local function record()
     return 'recovered', how
   end
 
-  -- The run is over: its entry leaves the pending list and the stream. From here on the row
-  -- stays, so the report is remembered against a repeat (`reported`, written with the outcome).
-  drop_entry(entry)
+  -- The run is over. From here on the row stays, so the report is remembered against a
+  -- repeat (`reported`, written with the outcome).
 
   if row[8] == '1' or outcome == 'cancelled' then
     finish(tenant, flow, id, 'cancelled', now, { 'reported', fence }, {})
@@ -92,7 +94,7 @@ local function record()
     return 'done', 'completed'
   elseif outcome == 'released' then
     redis.call('HSET', ROW, 'reported', fence)
-    requeue(tenant, flow, id, now, tonumber(row[3]) - 1)
+    requeue(tenant, flow, id, now, tonumber(row[3]) - 1, consumer)
     return 'released', ''
   end
 
@@ -100,11 +102,10 @@ local function record()
   local exhausted = tonumber(row[3]) >= tonumber(row[4])
   if backoff ~= '' and not exhausted then
     local due = now + tonumber(backoff)
-    end_lease(id)
+    end_lease(tenant, id, consumer)
     index_move(tenant, flow, 'running', 'queued', id)
-    redis.call('HSET', ROW, 'status', 'queued', 'qstate', 'dispatched', 'updated', now,
-      'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence)
-    redis.call('ZADD', DELAYED, due, id)
+    schedule(tenant, flow, id, due, { 'status', 'queued', 'updated', now,
+      'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence })
     notify(id, now)
     return 'retrying', due
   end
@@ -123,4 +124,4 @@ if chain > 0 and what ~= 'stale' and what ~= 'repeat' and not barred(consumer, t
   promote_due(now, 100)
   more, started = start_entries(consumer, chain, ttl, cap, now)
 end
-return { what, detail, more, started }
+return { what, detail, more, started, next_due(now), eligible_weight() }

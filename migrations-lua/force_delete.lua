@@ -12,9 +12,9 @@
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the execution's row
--- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its waiting set
+-- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
 -- KEYS[6]  its force-deleted set
--- KEYS[7]  the shard's ready stream    KEYS[8]  its retry delays  KEYS[9]  its lease index
+-- KEYS[7]  the shard's runnable tenants KEYS[8]  its timer set    KEYS[9]  its lease index
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
@@ -24,7 +24,7 @@ local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))
 declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
 local DELETING = declared(6, K.deleting(tenant))
-declared(7, K.ready()); declared(8, K.delayed())
+declared(7, K.runnable()); declared(8, K.delayed())
 local LEASES = declared(9, K.leases())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow', 'ddh',
   'deleted')
@@ -46,10 +46,10 @@ if status == 'running' then
   return { 'deleted' }
 end
 if status == 'queued' then
-  unqueue(tenant, id, qstate, entry, now)
+  unqueue(tenant, flow, id, qstate)
 else
   -- Terminal: its release already happened (SREM makes this a no-op).
-  release_slot(tenant, id, now)
+  release_slot(tenant, id)
 end
 redis.call('ZREM', LEASES, id)
 redis.call('DEL', ROW)

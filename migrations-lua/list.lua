@@ -9,12 +9,13 @@
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2..n+1]    the tenant's status index of each of the n statuses listed (the one of the
 --                 filter, or all five in the order queued, running, completed, failed,
---                 cancelled)
+--                 cancelled); the filter 'scheduled' reads the index of scheduled executions
+--                 (queued ones on the timer set, see schedule() in common.lua)
 -- KEYS[n+2..2n+1] with a flow filter: the flow's index of each of those statuses, same order
 -- KEYS[last]      with a dedup key filter: the tenant's dedup mapping of that key
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id
--- ARGV[7]  status filter, '' for all
+-- ARGV[7]  status filter, '' for all, 'scheduled' for the queued executions not yet due
 -- ARGV[8]  flow filter, '' for all
 -- ARGV[9]  cursor: the last id of the previous page, '' for the first page
 -- ARGV[10]  limit (1..200)
@@ -96,7 +97,14 @@ local reply = { '', 0 }
 local used = 0
 for i = 1, math.min(limit, #candidates) do
   local id = candidates[i]
-  local row = hgetall(id)
+  local row, gone = view(id), false
+  if source[id] == 'scheduled' and #row > 0
+    and redis.call('HGET', K.row(id), 'qstate') ~= 'scheduled' then
+    -- Became runnable or ended without leaving the index (repair): not listed.
+    redis.call('ZREM', status_idx.scheduled, id)
+    if flow ~= '' then redis.call('ZREM', flow_idx.scheduled, id) end
+    row, gone = {}, true
+  end
   local size = #id
   for j = 1, #row do size = size + #row[j] end
   if used > 0 and used + size > budget then
@@ -105,7 +113,9 @@ for i = 1, math.min(limit, #candidates) do
     break
   end
   used = used + size
-  if #row == 0 then
+  if gone then
+    total = total - 1
+  elseif #row == 0 then
     -- The row expired; its flow is unknown now unless filtered on, so the sweeper cleans the
     -- flow index otherwise.
     redis.call('ZREM', status_idx[source[id]], id)

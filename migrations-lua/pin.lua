@@ -15,7 +15,7 @@
 -- ARGV[7]  the dedicated shard's number
 --
 -- Reply, one of:
---   {'pinned', n, max_concurrent, max_queued, enabled}  pinned to shard n (now, or before);
+--   {'pinned', n, max_concurrent, max_queued, enabled, weight}  pinned to shard n (now, or before);
 --                        the tenant's own limits ('' where it has none), to copy there
 --   {'busy', executions} the tenant has executions here; nothing written
 local tenant, target = ARGV[6], ARGV[7]
@@ -27,8 +27,9 @@ local held = redis.call('SCARD', SLOTS) + redis.call('ZCARD', WAITING)
 for i, s in ipairs(STATUSES) do
   held = held + redis.call('ZCARD', declared(5 + i, K.status_idx(tenant, s)))
 end
-local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled')
-if v[1] then return { 'pinned', v[1], v[2] or '', v[3] or '', v[4] or '' } end
+local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
+  'weight')
+if v[1] then return { 'pinned', v[1], v[2] or '', v[3] or '', v[4] or '', v[5] or '' } end
 if held > 0 then return { 'busy', held } end
 redis.call('HSET', CFG, 'pinned', target)
-return { 'pinned', target, v[2] or '', v[3] or '', v[4] or '' }
+return { 'pinned', target, v[2] or '', v[3] or '', v[4] or '', v[5] or '' }

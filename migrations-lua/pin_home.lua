@@ -12,6 +12,7 @@
 -- ARGV[7]  max_concurrent ('' = none of its own: the server default)
 -- ARGV[8]  max_queued (likewise)
 -- ARGV[9]  enabled ('0' disabled; '' the default, enabled)
+-- ARGV[10] weight ('' = the default, 1)
 --
 -- Reply: 1
 local tenant = ARGV[6]
@@ -19,7 +20,8 @@ local CFG = declared(2, K.cfg(tenant))
 redis.call('HDEL', CFG, 'pinned')
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
 redis.call('HSET', CFG, 'configured', 1)
-local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9] }
+local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
+  weight = ARGV[10] }
 for field, value in pairs(values) do
   if value == '' then redis.call('HDEL', CFG, field) else redis.call('HSET', CFG, field, value) end
 end

@@ -1,18 +1,19 @@
 #!lua flags=allow-oom
--- promote.lua: dispatch a tenant's oldest waiting executions into its free slots, at most
--- `budget` of them per call, so raising a limit over a long waiting set is many short steps
--- (continued by the caller until the reply is 0) instead of one long one.
+-- promote.lua: put a tenant in or out of its shard's runnable set after its limits changed
+-- (refresh() in common.lua): executions start when they are picked, so raising a limit only
+-- has to make the tenant eligible again — one O(log n) step however long its queue is. Kept as
+-- its own call for the callers that continue a limit change (set_limits.lua does the same).
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set      KEYS[4]  its waiting set
--- KEYS[5]  the shard's ready stream
+-- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set      KEYS[4]  its queue
+-- KEYS[5]  the shard's runnable tenants
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id
--- ARGV[7]  most waiting executions to handle in this call
+-- ARGV[7]  unused (kept for callers of the stream model, which dispatched in batches)
 --
--- Reply: 1 when more waiting executions fit now, else 0
+-- Reply: 0 (nothing is left to continue)
 local tenant = ARGV[6]
 declared(2, K.cfg(tenant)); declared(3, K.slots(tenant)); declared(4, K.waiting(tenant))
-declared(5, K.ready())
-if promote(tenant, now_ms(), tonumber(ARGV[7])) then return 1 end
+declared(5, K.runnable())
+refresh(tenant)
 return 0

@@ -1,30 +1,31 @@
 #!lua flags=allow-oom
 -- reclaim.lua: recover executions whose lease expired (the worker died or stalled), reading
 -- only expired leases from the shard's lease index: the cost follows the orphans, never the
--- number of running executions. A live lease is never touched: no XCLAIM, no delivery count
--- or attempt change. Each orphan is handled by recover() (common.lua): back on the ready stream
--- (a new entry; the next start makes it attempt+1 with a new fence), dead-lettered as
+-- number of running executions. A live lease is never touched: no attempt change. Each orphan
+-- is handled by recover() (common.lua): back in its tenant's order where it stood (the next
+-- start makes it attempt+1 with a new fence), dead-lettered as
 -- 'lease_lost' when its attempts are used up, cancelled when its cancel was requested, or, if
 -- it was force-deleted while it ran, removed with its slot.
 --
 -- It is also every worker's safety poll of the shard (workers are woken by the doorbell, see
--- ring() in common.lua, and this call is the one they make when nothing wakes them): retries
--- whose backoff is over are put back on the ready stream, and a stream holding unread entries
--- gets its doorbell set again (its marker may have been taken by a worker that died or stalled
--- before starting), so no lost wake-up strands work for longer than one scan interval.
+-- ring() in common.lua, and this call is the one they make when nothing wakes them): scheduled
+-- executions and retries whose time has come become runnable, and a shard with a runnable
+-- tenant gets its doorbell set again (its marker may have been taken by a worker that died or
+-- stalled before starting), so no lost wake-up strands work for longer than one scan interval.
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's lease index     KEYS[3]  its ready stream
--- KEYS[4]  its dead-letter stream      KEYS[5]  its counters     KEYS[6]  its retry delays
+-- KEYS[2]  the shard's lease index     KEYS[3]  its runnable tenants
+-- KEYS[4]  its dead-letter stream      KEYS[5]  its counters     KEYS[6]  its timer set
 -- KEYS[7]  its dead-letter index start (see dead_letter in common.lua)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  most orphans to handle in this call
 -- ARGV[7]  dead-letter stream cap
 --
--- Reply: {requeued, dead_lettered, unread}
---   unread    1 when the ready stream holds entries no worker has read yet (after this call)
+-- Reply: {requeued, dead_lettered, unread, next_due}
+--   unread    1 when a tenant of the shard can start something now (after this call)
+--   next_due  milliseconds until the shard's earliest due time, -1 for none (see start.lua)
 local LEASES = declared(2, K.leases())
-declared(3, K.ready()); declared(4, K.dlq()); declared(5, K.stats()); declared(6, K.delayed())
+declared(3, K.runnable()); declared(4, K.dlq()); declared(5, K.stats()); declared(6, K.delayed())
 declared(7, K.dlq_indexed())
 local batch, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
@@ -43,8 +44,8 @@ for _, id in ipairs(expired) do
 end
 promote_due(now, batch)
 local unread = 0
-if undelivered() then
+if redis.call('EXISTS', K.runnable()) == 1 then
   unread = 1
   ring()
 end
-return { requeued, dead, unread }
+return { requeued, dead, unread, next_due(now) }

@@ -25,4 +25,4 @@ if row[3] == 'queued' or row[3] == 'running' then
   local until_ms = now_ms() + horizon
   if not row[4] or tonumber(row[4]) < until_ms then redis.call('HSET', ROW, 'watch', until_ms) end
 end
-return { 'ok', id, hgetall(id) }
+return { 'ok', id, view(id) }

@@ -8,11 +8,16 @@ all on free loopback ports, then drives /usr/bin/chromium (headless) through
 
 What a user would check, each step waiting for a condition (never a fixed sleep): login with
 a bad and a good token; tenants registered and their limits edited, with their effect (429,
-then a waiting execution dispatched); keys created (token shown once) and revoked (401
+then a waiting execution started); keys created (token shown once) and revoked (401
 after, and a signed-in session sent back to the login); admit from the form (201, replay,
 422 with the holder, 429 with Retry-After); `<img onerror>` in params shown as text; a
 demo.sleep row turning from running to completed without a reload, the detail page live over
-SSE; cancel, retry, force delete (typed confirmation); bulk cancel and retry; a dead letter
+SSE; the overview's charts, its tenants with work now (an unregistered one included) and its
+folded shard table; a tenant's trends chart whose totals match the executions it admitted;
+cancel, retry, force delete (typed confirmation); bulk cancel and retry; admissions with
+a priority and a delay or a date-time, listed as scheduled with their due time, the scheduled
+filter (in the URL) listing only those, a reschedule from the detail page to a nearer time and
+then to now (it runs), the API's refusals shown; a tenant's weight set and read back; a dead letter
 replayed and dismissed; filters in the URL surviving a reload; jump to an id; role gating for
 viewer, editor, admin and platform admin; dev auth without login; and no console errors
 (every browser log entry of level SEVERE fails the run, except the network lines of the API
@@ -22,6 +27,7 @@ HTML are kept in the work folder.
 Usage: python console_test.py <sluice binary> <work folder> [--screenshots <folder>]
 """
 
+import datetime
 import json
 import os
 import shutil
@@ -135,6 +141,16 @@ class Console:
         except TimeoutException:
             raise Failed(f"timed out waiting for: {what}")
 
+    def clear_toasts(self):
+        """Dismisses the messages in the corner, as a user would before clicking under them."""
+        self.d.execute_script("document.querySelectorAll('.toast').forEach((t) => t.click())")
+
+    def sees(self, cond, what, timeout=WAIT_S):
+        """Waits for what a user would see, and counts it as a check."""
+        found = self.until(cond, what, timeout)
+        check(True, what)
+        return found
+
     def el(self, css, what=None, timeout=WAIT_S):
         def find():
             found = self.d.find_elements(By.CSS_SELECTOR, css)
@@ -182,19 +198,37 @@ class Console:
         self.type("#login-token", token)
         self.click("#login-submit")
 
-    def admit(self, flow, params="{}", dedup=""):
+    def admit(self, flow, params="{}", dedup="", priority=3, delay=None, run_at=None):
+        """The New execution form; `run_at` is what a user puts in the date-time box."""
         if not self.d.find_element(By.CSS_SELECTOR, "#admit-panel").is_displayed():
             self.click("#new-execution")
         self.type("#admit-flow", flow)
         self.type("#admit-params", params)
         self.type("#admit-dedup", dedup)
+        Select(self.el("#admit-priority")).select_by_value(str(priority))
+        self.start("admit", delay, run_at, now=True)
         self.d.execute_script("document.getElementById('admit-result').replaceChildren()")
         self.click("#admit-submit")
         res = self.until(lambda: self.d.find_elements(By.CSS_SELECTOR, "#admit-result > *"), "an admission answer")
         return res[0]
 
-    def admitted_id(self, flow, params="{}", dedup=""):
-        res = self.admit(flow, params, dedup)
+    def start(self, prefix, delay, run_at, now):
+        """Picks a start (now, after a delay or at a date-time) in a form's schedule control."""
+        when = "delay" if delay is not None else "at" if run_at is not None else "now"
+        if when == "now" and not now:
+            raise ValueError("this form has no 'now'")
+        Select(self.el(f"#{prefix}-when")).select_by_value(when)
+        if delay is not None:
+            self.type(f"#{prefix}-delay", delay)
+        if run_at is not None:
+            # A datetime-local box takes keys in the browser's locale order; a user's pick is
+            # its value, so set that (and tell the page, as picking does).
+            box = self.el(f"#{prefix}-run-at")
+            self.d.execute_script("arguments[0].value = arguments[1];"
+                                  "arguments[0].dispatchEvent(new Event('input', {bubbles: true}))", box, run_at)
+
+    def admitted_id(self, flow, params="{}", dedup="", **schedule):
+        res = self.admit(flow, params, dedup, **schedule)
         check(res.get_attribute("id") == "admit-created", f"{flow} admitted from the form ({res.text})")
         return res.find_element(By.CSS_SELECTOR, "a.exec-link").get_attribute("data-id")
 
@@ -273,6 +307,21 @@ def main(sluice, work, screenshots):
         shutil.rmtree(data, ignore_errors=True)
 
 
+def local_input(dt):
+    """A datetime-local box's value for a moment, in local time (the browser shares our zone)."""
+    return dt.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def parse_time(iso):
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def shown_time(iso):
+    """An RFC 3339 time as the console shows it in local time (dom.js fmtTime)."""
+    t = parse_time(iso).astimezone()
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+
+
 def no_errors(ui, where):
     errors = ui.console_errors()
     check(not errors, f"no browser console errors ({where})" + (f": {errors}" if errors else ""))
@@ -310,7 +359,7 @@ def run(ui, api, base, dev_base, screenshots):
     check(ui.d.execute_script("return sessionStorage.getItem('sluice.token')") == ADMIN_TOKEN
           and ui.d.execute_script("return localStorage.getItem('sluice.token')") is None,
           "the token is in sessionStorage only")
-    ui.el("#shards-table", "the overview (platform admin's home)")
+    ui.el("#overview-activity", "the overview (platform admin's home) with its activity chart")
     no_errors(ui, "login")
 
     # --- Tenants: register acme and a spare one to delete.
@@ -441,6 +490,121 @@ def run(ui, api, base, dev_base, screenshots):
     for b in bulk:
         api.call("POST", f"/api/executions/{b}/cancel", tenant="acme")
 
+    # --- Priority and schedule: admitted from the form with priority 1 and a delay, listed as
+    # scheduled with its due time; another at a date-time; the API's refusals shown.
+    before = time.time()
+    later = ui.admitted_id("demo.sleep", '{"ms": 300}', priority=1, delay="10m")
+    after = time.time()
+    check("scheduled" in ui.text("#admit-created") and "priority 1" in ui.text("#admit-created"),
+          f"the form says scheduled, priority 1 ({ui.text('#admit-created')})")
+    e = api.call("GET", f"/api/executions/{later}", tenant="acme")[1]
+    due = parse_time(e["run_at"]).timestamp()
+    check(e["priority"] == 1 and e["status"] == "queued" and e["queue_state"] == "scheduled"
+          and before + 600 - 2 <= due <= after + 600 + 2,
+          f"the API holds priority 1, scheduled, due in 10 min ({e['run_at']})")
+    row = f'#executions-body tr[data-id="{later}"]'
+    ui.sees(lambda: ui.present(row), "the scheduled row listed")
+    check(ui.el(row).get_attribute("data-queue-state") == "scheduled" and "scheduled" in ui.text(f"{row} .status"),
+          "the row is queued · scheduled")
+    check(ui.text(f"{row} .priority") == "1", "the row shows priority 1")
+    check(ui.text(f"{row} .due .due-time") == shown_time(e["run_at"]) and "in 10 min" in ui.text(f"{row} .due"),
+          f"the row's Due column: {ui.text(f'{row} .due')}")
+    at = datetime.datetime.now().replace(microsecond=0) + datetime.timedelta(hours=2)
+    far = ui.admitted_id("demo.sleep", '{"ms": 300}', priority=5, run_at=local_input(at))
+    e = api.call("GET", f"/api/executions/{far}", tenant="acme")[1]
+    check(parse_time(e["run_at"]) == at.astimezone(datetime.timezone.utc) and e["priority"] == 5
+          and e["queue_state"] == "scheduled",
+          f"a start at a local date-time is sent as that moment in UTC ({e['run_at']})")
+    res = ui.admit("demo.sleep", "{}", delay="soon")
+    check(res.get_attribute("id") == "admit-error" and "invalid_delay" in res.text, f"a bad delay: the API's 400 shown ({res.text})")
+    next_year = (datetime.datetime.now() + datetime.timedelta(days=400)).replace(microsecond=0)
+    res = ui.admit("demo.sleep", "{}", run_at=local_input(next_year))
+    check(res.get_attribute("id") == "admit-error" and "invalid_run_at" in res.text,
+          f"more than a year ahead: the API's 400 shown ({res.text})")
+    Select(ui.el("#admit-when")).select_by_value("now")
+    no_errors(ui, "schedule in the form")
+
+    # --- The scheduled filter, in the URL: only scheduled executions, surviving a reload.
+    ui.clear_toasts()
+    ui.click("#filter-scheduled")
+    check(not ui.el('#filter-status option[value="running"]').is_enabled(),
+          "with scheduled only, a status other than queued cannot be picked")
+    ui.click("#filter-apply")
+    ui.sees(lambda: "queue=scheduled" in ui.d.current_url, "the scheduled filter in the URL")
+    want = api.call("GET", "/api/executions?queue_state=scheduled", tenant="acme")[1]
+
+    def scheduled_listed():
+        ids = [r.get_attribute("data-id") for r in ui.d.find_elements(By.CSS_SELECTOR, "#executions-body tr[data-id]")]
+        states = {r.get_attribute("data-queue-state") for r in ui.d.find_elements(By.CSS_SELECTOR, "#executions-body tr[data-id]")}
+        return ids if states == {"scheduled"} and ui.el("#total").get_attribute("data-total") == str(want["total"]) else None
+    ids = ui.until(scheduled_listed, "the scheduled executions only")
+    check(set(ids) == {x["execution_id"] for x in want["executions"]} and {later, far} <= set(ids) and first not in ids,
+          f"the filter lists the {len(ids)} scheduled executions, and not the others")
+    ui.d.refresh()
+    ui.sees(lambda: scheduled_listed() == ids and ui.el("#filter-scheduled").is_selected(), "the scheduled filter survives a reload")
+    shot("executions-scheduled.png")
+    ui.click("#filter-reset")
+    ui.until(lambda: "queue=" not in ui.d.current_url and not ui.el("#filter-scheduled").is_selected(), "the filter reset")
+
+    # --- Reschedule from the detail page: to a nearer date-time, then to now (it runs).
+    ui.go(f"#/t/acme/executions/{later}")
+    ui.until(lambda: ui.text("#detail-queue-state") == "scheduled", "the detail says scheduled")
+    old = api.call("GET", f"/api/executions/{later}", tenant="acme")[1]["run_at"]
+    check(ui.text("#detail-priority").startswith("1") and ui.text("#detail-run-at .due-time") == shown_time(old),
+          "the detail shows priority 1 and its due time")
+    ui.el("#reschedule-form", "the reschedule control")
+    ui.start("reschedule", "whenever", None, now=False)
+    ui.click("#action-reschedule")
+    ui.sees(lambda: any("Reschedule refused" in t.text and "delay must be" in t.text
+                         for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast.error")), "a bad delay: refused, the API's reason shown")
+    nearer = datetime.datetime.now().replace(microsecond=0) + datetime.timedelta(minutes=3)
+    ui.clear_toasts()
+    ui.start("reschedule", None, local_input(nearer), now=False)
+    ui.click("#action-reschedule")
+    ui.sees(lambda: ui.el("#detail-run-at").get_attribute("data-run-at") != old, "the due time moved on the page")
+    new = api.call("GET", f"/api/executions/{later}", tenant="acme")[1]
+    check(parse_time(new["run_at"]) == nearer.astimezone(datetime.timezone.utc) and parse_time(new["run_at"]) < parse_time(old)
+          and new["queue_state"] == "scheduled", f"rescheduled to the nearer time ({old} -> {new['run_at']})")
+    check(ui.text("#detail-run-at .due-time") == shown_time(new["run_at"]) and "in 3 min" in ui.text("#detail-run-at"),
+          f"the detail shows the new due time ({ui.text('#detail-run-at')})")
+    shot("reschedule.png")
+    ui.start("reschedule", "0s", None, now=False)
+    ui.click("#action-reschedule")
+    ui.sees(lambda: ui.text("#detail-status") == "completed", "rescheduled to now: it ran and completed, seen live", 15)
+    check(not ui.present("#reschedule-form"), "no reschedule control once it is not scheduled")
+    status, problem = api.call("POST", f"/api/executions/{later}/reschedule", {"delay": "1m"}, tenant="acme")
+    check(status == 409 and problem["code"] == "not_scheduled", "the API refuses to reschedule it now (409 not_scheduled)")
+    api.call("POST", f"/api/executions/{far}/cancel", tenant="acme")
+    no_errors(ui, "reschedule")
+
+    # --- A tenant's weight, set on the tenants page and read back.
+    ui.go("#/tenants")
+    acme = 'tr[data-tenant="acme"]'
+    check(ui.el(f"{acme} .edit-weight").get_attribute("value") == "1", "acme's weight is the default, 1")
+    check("scheduled" in ui.text(f"{acme} .usage"), f"the usage shows running, waiting and scheduled ({ui.text(f'{acme} .usage')})")
+    ui.type(f"{acme} .edit-weight", "0")
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: any("Not saved" in t.text and "weight" in t.text for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast.error")),
+             "weight 0: the API's refusal shown")
+    ui.clear_toasts()
+    ui.type(f"{acme} .edit-weight", "3")
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: api.call("GET", "/api/tenants/acme")[1]["weight"] == 3, "weight 3 saved from the tenants page")
+    ui.d.refresh()
+    ui.sees(lambda: ui.el(f"{acme} .edit-weight").get_attribute("value") == "3", "acme's weight reads 3 after a reload")
+    ui.type("#new-tenant-id", "heavy")
+    ui.type("#new-tenant-weight", "40")
+    ui.click("#register-submit")
+    ui.sees(lambda: ui.present('#tenants-body tr[data-tenant="heavy"]')
+             and ui.el('tr[data-tenant="heavy"] .edit-weight').get_attribute("value") == "40", "heavy registered with weight 40")
+    check(api.call("GET", "/api/tenants/heavy")[1]["weight"] == 40, "the API holds heavy's weight 40")
+    ui.el(f"{acme} .edit-weight").clear()
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: api.call("GET", "/api/tenants/acme")[1]["weight"] == 1, "an empty weight restores the default, 1")
+    no_errors(ui, "weight")
+    ui.go("#/t/acme/executions")
+    within_deadline()
+
     # --- Filters in the URL, surviving a reload; the time range; jump to an id.
     Select(ui.el("#filter-status")).select_by_value("completed")
     ui.type("#filter-flow", "demo.echo")
@@ -495,19 +659,22 @@ def run(ui, api, base, dev_base, screenshots):
           "dismissing left the execution failed")
     no_errors(ui, "dead letters")
 
-    # --- Limits edited, and their effect: a full queue (429), then a waiting one dispatched.
+    # --- Limits edited, and their effect: a full queue (429), then a waiting one started.
     def idle():
         usage = api.call("GET", "/api/tenants/acme")[1]["usage"]
-        return usage["running"] + usage["dispatched"] + usage["waiting"] == 0
+        return usage["running"] + usage["waiting"] + usage["scheduled"] == 0
     ui.until(idle, "acme holds no slot (the cancelled runs have stopped)")
     ui.go("#/tenants")
-    acme = 'tr[data-tenant="acme"]'
     ui.type(f"{acme} .edit-max-concurrent", "1")
     ui.type(f"{acme} .edit-max-queued", "1")
     ui.click(f"{acme} .save-tenant")
     ui.until(lambda: api.call("GET", "/api/tenants/acme")[1]["max_concurrent"] == 1, "max_concurrent 1 saved")
     ui.go("#/t/acme/executions")
     a = ui.admitted_id("demo.sleep", '{"ms": 60000}')
+    # max_queued counts queued executions: the first must have started before the second
+    # queues, or the second would be the one refused.
+    ui.until(lambda: api.call("GET", f"/api/executions/{a}", tenant="acme")[1]["status"] == "running",
+             "the first one started")
     b = ui.admitted_id("demo.sleep", '{"ms": 60000}')
     res = ui.admit("demo.sleep", '{"ms": 60000}')
     check(res.get_attribute("id") == "admit-queue-full" and "retry after 5 s" in res.text,
@@ -515,15 +682,33 @@ def run(ui, api, base, dev_base, screenshots):
     ui.until(lambda: ui.row_status(a) == "running" and ui.row_status(b) == "queued", "one running, one waiting")
     check("waiting" in ui.text(f'#executions-body tr[data-id="{b}"] .status'), "the second one waits for a slot")
     shot("executions.png")
+    # A tenant nobody registered (as every tenant of `sluice dev` is) with work of its own.
+    status, walk_in = api.call("POST", "/api/executions", {"flow_id": "demo.sleep", "params": {"ms": 60000}},
+                               tenant="walk-in")
+    check(status == 201, "an unregistered tenant admits")
     ui.go("#/overview")
     ui.until(lambda: "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .slots')
              and "1 / 1" in ui.text('#saturation-body tr[data-tenant="acme"] .queue'), "saturation: 1/1 slots, 1/1 waiting")
+    work = '#work-body tr[data-tenant="{}"]'
+    ui.until(lambda: ui.text(work.format("acme") + " .queued") == "1" and ui.text(work.format("acme") + " .running") == "1",
+             "tenants with work now: acme, 1 queued and 1 running")
+    ui.until(lambda: ui.text(work.format("walk-in") + " .registered") == "no"
+             and ui.text(work.format("walk-in") + " .running") == "1",
+             "tenants with work now: the unregistered walk-in tenant, running")
+    check(not ui.d.find_element(By.CSS_SELECTOR, "#shards-table").is_displayed(), "the per-shard table is folded away")
+    ui.click("#shard-details summary")
+    ui.el("#shards-table", "the per-shard table unfolds")
+    ui.until(lambda: len(ui.d.find_elements(By.CSS_SELECTOR, "#shards-body tr")) == 18, "every shard has a row")
+    ui.click("#shard-details summary")
     shot("overview.png")
+    api.call("POST", f"/api/executions/{walk_in['execution_id']}/cancel", tenant="walk-in")
+    ui.until(lambda: ui.present("#work-body") and not ui.present(work.format("walk-in")),
+             "a tenant whose work is done leaves the list")
     ui.go("#/tenants")
     ui.type(f"{acme} .edit-max-concurrent", "2")
     ui.click(f"{acme} .save-tenant")
     ui.go("#/t/acme/executions")
-    ui.until(lambda: ui.row_status(b) == "running", "raising max_concurrent dispatched the waiting one")
+    ui.until(lambda: ui.row_status(b) == "running", "raising max_concurrent started the waiting one")
     for x in (a, b):
         api.call("POST", f"/api/executions/{x}/cancel", tenant="acme")
     ui.go("#/tenants")
@@ -543,19 +728,58 @@ def run(ui, api, base, dev_base, screenshots):
     no_errors(ui, "limits")
     within_deadline()
 
+    # --- Trends: a chart reflects what was admitted and completed.
+    charted = []
+    for _ in range(3):
+        status, e = api.call("POST", "/api/executions", {"flow_id": "demo.echo"}, tenant="charted")
+        check(status == 201, "charted: admitted")
+        charted.append(e["execution_id"])
+    ui.until(lambda: all(api.call("GET", f"/api/executions/{x}", tenant="charted")[1]["status"] == "completed"
+                         for x in charted), "charted: all three completed")
+    ui.go("#/t/charted/trends")
+    chart = "#tenant-activity"
+
+    def chart_says(name, want):
+        return ui.el(chart).get_attribute(f"data-total-{name}") == str(want)
+    ui.until(lambda: chart_says("admissions", 3) and chart_says("starts", 3) and chart_says("completions", 3)
+             and chart_says("failures", 0), "the tenant's chart totals: 3 admitted, started and completed")
+    check("3 admitted, 3 started, 3 completed, 0 failed" in ui.text(f"{chart} figcaption"),
+          "the chart's caption says so")
+    drawn = ui.d.execute_script(
+        "return [...document.querySelectorAll('#tenant-activity svg path.line-starts')].map((p) => p.getAttribute('d'))")
+    check(len(drawn) == 1 and drawn[0].count("L") >= 1 and drawn[0] != "M0 0", "the starts line is drawn as SVG")
+    ui.el("#tenant-wait", "the waiting-time chart")
+    check(ui.el("#tenant-wait").get_attribute("data-total-p99") not in (None, ""), "a p99 waiting time for the starts")
+    shot("trends.png")
+    # The overview sums every tenant: its chart agrees with the API.
+    ui.go("#/overview")
+    ui.until(lambda: ui.el("#overview-activity").get_attribute("data-total-completions")
+             == str(api.call("GET", "/api/trends")[1]["series"]["totals"]["completions"]),
+             "the overview's completions total is the API's")
+    check(int(ui.el("#overview-activity").get_attribute("data-total-completions")) >= 3,
+          "the overview counts charted's completions")
+    no_errors(ui, "trends")
+
     # --- Role gating, each role in a fresh session.
+    check(api.call("PUT", "/api/tenants/acme", {"max_queued": None})[0] == 200, "acme's queue limit back to the default")
+    status, pending = api.call("POST", "/api/executions", {"flow_id": "demo.echo", "delay": "1h"}, tenant="acme")
+    check(status == 201 and pending["queue_state"] == "scheduled", "a scheduled execution for the role checks")
     ui.login(tokens["viewer"])
     check(ui.text("#who-role") == "viewer", "the viewer key signs in as viewer")
     ui.el("#executions-table")
     ui.until(lambda: ui.row_status(first), "the viewer reads executions")
     check(not ui.present("#new-execution") and not ui.present("#bulk-cancel") and not ui.present(".row-select"),
           "viewer: no admission, no bulk actions")
-    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants") and not ui.present("#nav-overview"),
-          "viewer: no keys, tenants or overview in the menu")
+    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants") and not ui.present("#nav-overview")
+          and not ui.present("#nav-trends"), "viewer: no keys, tenants, overview or trends in the menu")
     ui.go(f"#/t/acme/executions/{first}")
     ui.el("#detail-status")
     check(not ui.present("#action-cancel") and not ui.present("#action-retry") and not ui.present("#action-force-delete"),
           "viewer: no actions on an execution")
+    ui.go(f"#/t/acme/executions/{pending['execution_id']}")
+    ui.until(lambda: ui.text("#detail-queue-state") == "scheduled", "viewer: a scheduled execution's detail")
+    check(not ui.present("#reschedule-form") and ui.text("#detail-run-at .due-time") == shown_time(pending["run_at"]),
+          "viewer: its due time, and no reschedule")
     ui.go("#/tenants")
     ui.el("#not-allowed", "viewer: the tenants page is not offered")
     ui.go("#/t/acme/dead-letters")
@@ -573,6 +797,11 @@ def run(ui, api, base, dev_base, screenshots):
     check(not ui.present("#action-force-delete"), "editor: no Force delete")
     ui.click("#action-cancel")
     ui.until(lambda: ui.text("#detail-status") == "cancelled", "the editor cancelled it")
+    ui.go(f"#/t/acme/executions/{pending['execution_id']}")
+    ui.sees(lambda: ui.present("#reschedule-form"), "editor: Reschedule offered on a scheduled execution")
+    ui.click("#action-cancel")
+    ui.sees(lambda: ui.text("#detail-status") == "cancelled" and not ui.present("#reschedule-form"),
+             "the editor cancelled the scheduled one: no reschedule after")
     ui.go("#/t/acme/dead-letters")
     ui.el("#dead-letters-table")
     check(ui.present("#dlq-replay") and ui.present("#dlq-dismiss"), "editor: replay and dismiss offered")
@@ -580,6 +809,8 @@ def run(ui, api, base, dev_base, screenshots):
     ui.login(tokens["admin"])
     check(ui.text("#who-role") == "admin", "the admin key signs in as admin")
     ui.el("#nav-api-keys", "admin: API keys offered")
+    ui.click("#nav-trends")
+    ui.el("#tenant-activity", "admin: the tenant's trends")
     check(not ui.present("#nav-tenants") and not ui.present("#nav-overview"), "admin: no tenants or overview")
     ui.go(f"#/t/acme/executions/{ed}")
     ui.el("#action-force-delete", "admin: Force delete offered")

@@ -70,11 +70,6 @@ impl Application {
         );
         // Workers follow the data policy (limit defaults, retention) of the API servers.
         store.publish_defaults().await?;
-        // Workers create the groups too (each pickup before its first read), so a shard whose
-        // master is down now does not keep the API from serving the others.
-        if let Err(e) = store.ensure_groups().await {
-            tracing::warn!(error = %e, "cannot create every shard's consumer group yet");
-        }
         let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
         let stop = tokio_util::sync::CancellationToken::new();
         let revocations = Revocations::new(store.clone());

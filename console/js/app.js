@@ -12,6 +12,7 @@ import * as deadLetters from './pages/dead_letters.js';
 import * as overview from './pages/overview.js';
 import * as tenants from './pages/tenants.js';
 import * as apiKeys from './pages/api_keys.js';
+import * as trends from './pages/trends.js';
 
 const RANK = { viewer: 0, editor: 1, admin: 2, platform_admin: 3 };
 
@@ -22,9 +23,11 @@ export function abilities(me) {
     admit: r >= RANK.editor,
     cancel: r >= RANK.editor,
     retry: r >= RANK.editor,
+    reschedule: r >= RANK.editor,
     dismiss: r >= RANK.editor,
     forceDelete: r >= RANK.admin,
     manageKeys: r >= RANK.admin,
+    trends: r >= RANK.admin,
     platform: r >= RANK.platform_admin,
   };
 }
@@ -63,6 +66,10 @@ function route(me) {
     if (parts[2] === 'executions' && parts[3]) return { page: execution, tenant, id: parts[3], params };
     if (parts[2] === 'executions') return { page: executions, tenant, params };
     if (parts[2] === 'dead-letters') return { page: deadLetters, tenant, params };
+    if (parts[2] === 'trends') {
+      return can.trends ? { page: trends, tenant, params }
+        : { page: notAllowed, tenant, why: 'A tenant\'s trends need the admin role.' };
+    }
     if (parts[2] === 'api-keys') {
       return can.manageKeys ? { page: apiKeys, tenant, params }
         : { page: notAllowed, tenant, why: 'Managing API keys needs the admin role.' };
@@ -98,6 +105,7 @@ function header(me, current) {
   if (tenant) {
     nav.append(link(`#/t/${t}/executions`, 'Executions', 'nav-executions'),
       link(`#/t/${t}/dead-letters`, 'Dead letters', 'nav-dead-letters'));
+    if (can.trends) nav.append(link(`#/t/${t}/trends`, 'Trends', 'nav-trends'));
     if (can.manageKeys) nav.append(link(`#/t/${t}/api-keys`, 'API keys', 'nav-api-keys'));
   } else if (can.platform) {
     nav.append(link('#/dead-letters', 'Dead letters', 'nav-dead-letters'));

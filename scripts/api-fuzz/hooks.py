@@ -7,6 +7,8 @@ descriptions; nothing here loosens a check.
 - The listing's time filters name dates that exist (the pattern alone allows February 30).
 - The `Idempotency-Key` header and the body's `dedup_key`, when both are sent, must be equal
   (else 400 `dedup_key_mismatch`).
+- A schedule (`run_at` or `delay`, on admission and on `.../reschedule`) is at most a year
+  ahead; an admission names at most one of the two, a reschedule exactly one.
 
 And one rule of the run itself: a valid `wait` on `GET /api/executions/{id}` holds the request
 as long as it says when the execution stays queued (no worker runs here), so waits that may
@@ -46,15 +48,48 @@ def _valid_listing(case):
     )
 
 
+_YEAR_MS = 365 * 24 * 3600 * 1000
+_DELAY = re.compile(r"^([0-9]{1,12})(ms|s|m|h|d)?$")
+_UNIT_MS = {"ms": 1, "s": 1_000, None: 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _valid_schedule(body, exactly_one):
+    """Whether a body's `run_at`/`delay` is one the server accepts (at most a year ahead)."""
+    run_at, delay = body.get("run_at"), body.get("delay")
+    given = (run_at is not None) + (delay is not None)
+    if given > 1 or (exactly_one and given == 0):
+        return False
+    if isinstance(delay, str):
+        m = _DELAY.match(delay)
+        if m and int(m.group(1)) * _UNIT_MS[m.group(2)] > _YEAR_MS:
+            return False
+    if isinstance(run_at, str):
+        try:
+            t = datetime.datetime.fromisoformat(run_at.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            return True
+        if t.tzinfo is None:
+            return True
+        ahead = t - datetime.datetime.now(datetime.timezone.utc)
+        if ahead > datetime.timedelta(days=364):
+            return False
+    return True
+
+
 @schemathesis.hook
 def filter_case(context, case):
     if not _positive(case):
         return True
     if case.operation.method.upper() == "GET" and case.operation.path == "/api/executions":
         return _valid_listing(case)
+    if case.operation.method.upper() == "POST" and case.operation.path.endswith("/reschedule"):
+        body = case.body if isinstance(case.body, dict) else {}
+        return _valid_schedule(body, exactly_one=True)
     if case.operation.method.upper() != "POST" or case.operation.path != "/api/executions":
         return True
     body = case.body if isinstance(case.body, dict) else {}
+    if not _valid_schedule(body, exactly_one=False):
+        return False
     body_key = body.get("dedup_key")
     header_key = (case.headers or {}).get("Idempotency-Key")
     if isinstance(body_key, str) and len(body_key.encode("utf-8")) > 256:

@@ -50,12 +50,27 @@ impl Status {
     }
 }
 
-/// Where a queued execution waits: over its tenant's concurrency limit (`waiting`), or on the
-/// ready stream with a slot of its tenant, for a worker to start (`dispatched`).
+/// Where a queued execution stands: not due yet (`scheduled`: a `run_at`/`delay`, or a retry's
+/// backoff), runnable within its tenant's free slots (`ready`: it starts as soon as a worker
+/// has room and the fair share reaches its tenant), or runnable behind its tenant's
+/// `max_concurrent` (`waiting`). A snapshot taken when the answer was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueState {
+    Scheduled,
     Waiting,
-    Dispatched,
+    Ready,
+}
+
+impl QueueState {
+    /// The state as scripts name it (`queue_state()` in `migrations-lua/common.lua`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "scheduled" => Some(Self::Scheduled),
+            "waiting" => Some(Self::Waiting),
+            "ready" => Some(Self::Ready),
+            _ => None,
+        }
+    }
 }
 
 /// Why an execution failed.
@@ -78,6 +93,11 @@ pub struct Execution {
     pub status: Status,
     /// Set only while `queued`.
     pub queue_state: Option<QueueState>,
+    /// 1..=5, 1 first: the order within its tenant.
+    pub priority: u8,
+    /// RFC 3339: when it was scheduled to start at the earliest (its `run_at`, its `delay`
+    /// from admission, or the end of a retry's backoff); `None` when it never was.
+    pub run_at: Option<String>,
     pub dedup_key: Option<String>,
     /// True when this response replays an earlier admission with the same dedup key.
     pub deduplicated: bool,
@@ -105,8 +125,10 @@ impl Execution {
         req: &super::AdmitRequest,
         queue_state: QueueState,
         now_ms: &str,
+        due_ms: Option<String>,
     ) -> Result<Self, String> {
         let now = rfc3339_from_ms_of(now_ms, id)?;
+        let run_at = due_ms.map(|d| rfc3339_from_ms_of(&d, id)).transpose()?;
         Ok(Self {
             execution_id: id.to_owned(),
             tenant_id: tenant.to_owned(),
@@ -115,6 +137,8 @@ impl Execution {
             params: req.params_value.clone(),
             status: Status::Queued,
             queue_state: Some(queue_state),
+            priority: req.priority,
+            run_at,
             dedup_key: req.dedup.as_ref().map(|d| d.to_string()),
             deduplicated: false,
             attempt: 0,
@@ -148,10 +172,19 @@ impl Execution {
         };
         let status = Status::parse(need("status")?)
             .ok_or_else(|| format!("row {id} has an unknown status"))?;
-        let queue_state = match (status, get("qstate")) {
-            (Status::Queued, Some("waiting")) => Some(QueueState::Waiting),
-            (Status::Queued, Some("dispatched")) => Some(QueueState::Dispatched),
+        // `qs` is the state a script computed for the answer (it needs the tenant's queue);
+        // a plain read of the row knows only whether it is scheduled.
+        let queue_state = match (status, get("qs"), get("qstate")) {
+            (Status::Queued, Some(qs), _) => QueueState::parse(qs),
+            (Status::Queued, None, Some("scheduled")) => Some(QueueState::Scheduled),
+            (Status::Queued, None, _) => Some(QueueState::Waiting),
             _ => None,
+        };
+        let priority = match get("priority") {
+            None => super::request::DEFAULT_PRIORITY,
+            Some(p) => p
+                .parse()
+                .map_err(|_| format!("row {id} has a non-numeric priority"))?,
         };
         let params = serde_json::from_str(need("params")?)
             .map_err(|e| format!("row {id} has unreadable params: {e}"))?;
@@ -171,6 +204,8 @@ impl Execution {
             params,
             status,
             queue_state,
+            priority,
+            run_at: time_of("run_at")?,
             dedup_key: get("dedup").map(str::to_owned),
             deduplicated,
             attempt: number("attempt")?,

@@ -9,6 +9,21 @@ use super::ids::{DedupKey, FlowId, InvalidInput, Version};
 /// Upper bound on `max_attempts`; more is almost always a mistake in the client.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
 
+/// The priority of an admission that names none (1 is first, 5 last).
+pub const DEFAULT_PRIORITY: u8 = 3;
+
+/// How far ahead an execution can be scheduled: a year (365 days).
+pub const MAX_SCHEDULE_AHEAD_MS: u64 = 365 * 24 * 3600 * 1000;
+
+/// When an execution may start at the earliest, as the client asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// At this Unix time (ms); a time that has passed means now.
+    At(u64),
+    /// This long after the admission (ms), on Redis's clock.
+    After(u64),
+}
+
 /// The fields of an admission request as the client gave them, not yet checked.
 #[derive(Debug, Clone, Default)]
 pub struct AdmitInput {
@@ -18,6 +33,11 @@ pub struct AdmitInput {
     pub params: Option<Value>,
     pub dedup_key: Option<String>,
     pub max_attempts: Option<u32>,
+    pub priority: Option<u32>,
+    /// RFC 3339 date-time.
+    pub run_at: Option<String>,
+    /// A duration such as `250ms`, `30s`, `5m`, `2h` or `1d` (a plain number is seconds).
+    pub delay: Option<String>,
 }
 
 /// What identifies "the same request" under one dedup key: flow, version and params.
@@ -45,6 +65,10 @@ pub struct AdmitRequest {
     pub dedup: Option<DedupKey>,
     pub max_attempts: u32,
     pub fingerprint: Fingerprint,
+    /// 1..=5, 1 first; orders executions within their tenant only.
+    pub priority: u8,
+    /// When it may start at the earliest; `None` for now.
+    pub schedule: Option<Schedule>,
 }
 
 impl AdmitRequest {
@@ -84,6 +108,17 @@ impl AdmitRequest {
                 detail: format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"),
             });
         }
+        let priority = match body.priority {
+            None => DEFAULT_PRIORITY,
+            Some(p @ 1..=5) => p as u8,
+            Some(_) => {
+                return Err(InvalidInput {
+                    code: "invalid_priority",
+                    detail: "priority must be an integer from 1 (first) to 5 (last)".into(),
+                });
+            }
+        };
+        let schedule = schedule_of(body.run_at.as_deref(), body.delay.as_deref())?;
         // serde_json's map is ordered by key, so this text is canonical for equal params.
         let params_value = params;
         let params = params_value.to_string();
@@ -96,7 +131,69 @@ impl AdmitRequest {
             dedup,
             max_attempts,
             fingerprint,
+            priority,
+            schedule,
         })
+    }
+}
+
+/// The schedule an admission (or a reschedule) asks for: `run_at` or `delay`, not both; at
+/// most [`MAX_SCHEDULE_AHEAD_MS`] ahead. A `run_at` that has passed means now.
+pub fn schedule_of(
+    run_at: Option<&str>,
+    delay: Option<&str>,
+) -> Result<Option<Schedule>, InvalidInput> {
+    match (run_at, delay) {
+        (Some(_), Some(_)) => Err(InvalidInput {
+            code: "invalid_schedule",
+            detail: "give run_at or delay, not both".into(),
+        }),
+        (Some(at), None) => {
+            let bad = |why: &str| InvalidInput {
+                code: "invalid_run_at",
+                detail: format!("run_at {why}"),
+            };
+            let t = time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+                .map_err(|_| bad("must be an RFC 3339 date-time, e.g. 2026-12-01T09:30:00Z"))?;
+            let ms = t.unix_timestamp_nanos() / 1_000_000;
+            let now = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+            if ms > now + i128::from(MAX_SCHEDULE_AHEAD_MS) {
+                return Err(bad("is more than a year ahead"));
+            }
+            Ok(Some(Schedule::At(u64::try_from(ms.max(0)).unwrap_or(0))))
+        }
+        (None, Some(d)) => Ok(Some(Schedule::After(parse_delay(d)?))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Parses a `delay`: whole milliseconds (`250ms`), seconds (`30s`, or a plain `30`), minutes
+/// (`5m`), hours (`2h`) or days (`1d`), from 0 to a year.
+pub fn parse_delay(text: &str) -> Result<u64, InvalidInput> {
+    let invalid = || InvalidInput {
+        code: "invalid_delay",
+        detail: "delay must be a duration such as 250ms, 30s, 5m, 2h or 1d (a plain number is \
+                 seconds), at most a year"
+            .into(),
+    };
+    let units: [(&str, u64); 5] = [
+        ("ms", 1),
+        ("s", 1_000),
+        ("m", 60_000),
+        ("h", 3_600_000),
+        ("d", 86_400_000),
+    ];
+    let (digits, unit) = units
+        .iter()
+        .find_map(|(suffix, ms)| text.strip_suffix(suffix).map(|d| (d, *ms)))
+        .unwrap_or((text, 1_000));
+    if digits.is_empty() || digits.len() > 12 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid());
+    }
+    let n: u64 = digits.parse().map_err(|_| invalid())?;
+    match n.checked_mul(unit) {
+        Some(ms) if ms <= MAX_SCHEDULE_AHEAD_MS => Ok(ms),
+        _ => Err(invalid()),
     }
 }
 
@@ -129,6 +226,9 @@ mod tests {
                 .get("max_attempts")
                 .and_then(Value::as_u64)
                 .map(|n| n as u32),
+            priority: v.get("priority").and_then(Value::as_u64).map(|n| n as u32),
+            run_at: text("run_at"),
+            delay: text("delay"),
         }
     }
 
@@ -154,6 +254,50 @@ mod tests {
         assert_eq!(r.unwrap_err().code, "dedup_key_mismatch");
         let r = AdmitRequest::parse(body(json!({"flow_id":"f","dedup_key":"a"})), Some("a"), 5);
         assert_eq!(r.unwrap().dedup.unwrap().as_str(), "a");
+    }
+
+    #[test]
+    fn priority_and_schedule_stay_out_of_the_fingerprint() {
+        let fp = |v: Value| AdmitRequest::parse(body(v), None, 5).unwrap().fingerprint;
+        assert_eq!(
+            fp(json!({"flow_id":"f"})),
+            fp(json!({"flow_id":"f","priority":1}))
+        );
+        let r = AdmitRequest::parse(body(json!({"flow_id":"f","priority":6})), None, 5);
+        assert_eq!(r.unwrap_err().code, "invalid_priority");
+        let r = AdmitRequest::parse(body(json!({"flow_id":"f","priority":0})), None, 5);
+        assert_eq!(r.unwrap_err().code, "invalid_priority");
+    }
+
+    #[test]
+    fn schedules_parse_within_a_year() {
+        assert_eq!(parse_delay("250ms").unwrap(), 250);
+        assert_eq!(parse_delay("30").unwrap(), 30_000);
+        assert_eq!(parse_delay("2h").unwrap(), 7_200_000);
+        assert_eq!(parse_delay("365d").unwrap(), MAX_SCHEDULE_AHEAD_MS);
+        assert_eq!(parse_delay("366d").unwrap_err().code, "invalid_delay");
+        assert_eq!(parse_delay("-1s").unwrap_err().code, "invalid_delay");
+        assert_eq!(parse_delay("1.5s").unwrap_err().code, "invalid_delay");
+        assert_eq!(
+            schedule_of(Some("2020-01-01T00:00:00Z"), None).unwrap(),
+            Some(Schedule::At(1_577_836_800_000))
+        );
+        assert_eq!(
+            schedule_of(Some("2999-01-01T00:00:00Z"), None)
+                .unwrap_err()
+                .code,
+            "invalid_run_at"
+        );
+        assert_eq!(
+            schedule_of(Some("tomorrow"), None).unwrap_err().code,
+            "invalid_run_at"
+        );
+        assert_eq!(
+            schedule_of(Some("2020-01-01T00:00:00Z"), Some("1s"))
+                .unwrap_err()
+                .code,
+            "invalid_schedule"
+        );
     }
 
     #[test]

@@ -11,13 +11,18 @@
 //!   legal method, and a label taken from the request would let anyone grow the registry;
 //! - `sluice_http_connections_open` and `sluice_http_connections_refused_total` (beyond
 //!   `--max-connections`);
-//! - `sluice_queue_depth{shard}`: length of each shard's ready stream, read from Redis at
+//! - `sluice_queue_depth{shard}`: queued executions due in each shard (its tenants' queues), read from Redis at
 //!   scrape time (absent when Redis does not answer);
 //! - `sluice_dead_letters{shard}`: records on each shard's dead-letter stream;
 //! - `sluice_shard_events{shard,event}`: cumulative counts the scripts keep on Redis —
 //!   `completed`, `failed`, `cancelled`, `reclaimed`, `fenced` (late completions refused),
 //!   `dead_lettered`, `dlq_evicted` (dead letters pushed out by the cap), `repaired_*` (sweeper).
 //!   They are gauges because Redis, not this process, holds them; they only grow.
+//! - `sluice_last_minute_events{shard,event}`: what the per-minute counters (`/api/trends`)
+//!   hold for the last complete UTC minute — `admitted`, `started`, `completed`, `failed`,
+//!   `cancelled` — and `sluice_last_minute_wait_ms{shard,quantile}` (`0.5`, `0.99`; the
+//!   histogram bucket's upper bound, absent in a minute without starts): the same numbers the
+//!   console charts, read at scrape time (one 36-byte read per shard).
 //! - `sluice_shards_unreadable`: shards whose numbers could not be read at this scrape (their
 //!   series above are absent; the other shards are reported as usual).
 //! - `sluice_waiters`: clients waiting now (long polls and event streams, `--max-waiters`);
@@ -91,6 +96,12 @@ struct ShardEventLabels {
     event: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardQuantileLabels {
+    shard: String,
+    quantile: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms to ~16 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
@@ -105,6 +116,8 @@ pub struct Metrics {
     queue_depth: Family<ShardLabels, Gauge>,
     dead_letters: Family<ShardLabels, Gauge>,
     shard_events: Family<ShardEventLabels, Gauge>,
+    last_minute: Family<ShardEventLabels, Gauge>,
+    last_minute_wait: Family<ShardQuantileLabels, Gauge>,
     shards_unreadable: Gauge,
     waiters: Gauge,
     waiters_listening: Gauge,
@@ -142,6 +155,18 @@ impl Metrics {
         let queue_depth = Family::<ShardLabels, Gauge>::default();
         let dead_letters = Family::<ShardLabels, Gauge>::default();
         let shard_events = Family::<ShardEventLabels, Gauge>::default();
+        let last_minute = Family::<ShardEventLabels, Gauge>::default();
+        let last_minute_wait = Family::<ShardQuantileLabels, Gauge>::default();
+        registry.register(
+            "sluice_last_minute_events",
+            "Events per shard in the last complete UTC minute, from the per-minute counters",
+            last_minute.clone(),
+        );
+        registry.register(
+            "sluice_last_minute_wait_ms",
+            "Waiting time (admission to start) of the last complete minute's starts per shard: the histogram bucket's upper bound at this quantile",
+            last_minute_wait.clone(),
+        );
         registry.register(
             "sluice_dead_letters",
             "Records on each shard's dead-letter stream, read at scrape time",
@@ -210,6 +235,8 @@ impl Metrics {
             queue_depth,
             dead_letters,
             shard_events,
+            last_minute,
+            last_minute_wait,
             shards_unreadable,
             waiters,
             waiters_listening,
@@ -351,8 +378,9 @@ impl Metrics {
 /// Prometheus metrics (OpenMetrics text).
 ///
 /// Per-tenant admission counters, a request latency histogram, connection counts, and per
-/// shard the ready-stream depth, the dead-letter count and the event counters kept on Redis
-/// (completed, fenced, dlq_evicted, ...), read at scrape time. With `--metrics-token` it needs
+/// shard the ready-stream depth, the dead-letter count, the event counters kept on Redis
+/// (completed, fenced, dlq_evicted, ...) and the last complete minute of the per-minute
+/// counters (events and waiting time), read at scrape time. With `--metrics-token` it needs
 /// `Authorization: Bearer <metrics token>`; with `--metrics-listen` it is served only on that
 /// address (and answers 404 here).
 #[utoipa::path(get, path = "/metrics", tag = "operations",
@@ -405,6 +433,41 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
                     event,
                 })
                 .set(gauge(n));
+        }
+    }
+    m.last_minute.clear();
+    m.last_minute_wait.clear();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    for (shard, read) in state.store.last_minute(now).await {
+        // A shard that did not answer was counted above (or answers the next scrape).
+        let Ok(minute) = read else { continue };
+        let shard = shard.label();
+        for (event, n) in [
+            ("admitted", minute.admitted),
+            ("started", minute.started),
+            ("completed", minute.completed),
+            ("failed", minute.failed),
+            ("cancelled", minute.cancelled),
+        ] {
+            m.last_minute
+                .get_or_create(&ShardEventLabels {
+                    shard: shard.clone(),
+                    event: event.to_owned(),
+                })
+                .set(gauge(n));
+        }
+        for (quantile, q) in [("0.5", 0.5), ("0.99", 0.99)] {
+            if let Some(ms) = minute.wait_quantile_ms(q) {
+                m.last_minute_wait
+                    .get_or_create(&ShardQuantileLabels {
+                        shard: shard.clone(),
+                        quantile,
+                    })
+                    .set(i64::from(ms));
+            }
         }
     }
     m.shards_unreadable.set(unreadable);

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod queues;
 mod spec;
 pub mod tenants;
+pub mod trends;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -120,6 +121,7 @@ fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi
     let (router, mut spec) = OpenApiRouter::with_openapi(spec::ApiDoc::openapi())
         .merge(executions::routes())
         .merge(tenants::routes())
+        .merge(trends::routes())
         .merge(api_keys::routes())
         .merge(queues::routes())
         .merge(me::routes())

@@ -251,13 +251,16 @@ fn record_bound(s: &str) -> Option<Option<(u64, u64)>> {
 pub struct ShardStats {
     #[schema(maximum = 65535)]
     pub shard: u16,
-    /// Entries on the ready stream (dispatched, not yet started, plus running ones).
+    /// Queued executions that are due (runnable in their tenants' queues, ready or waiting).
     pub ready: u64,
-    /// Entries read by a worker and not yet acknowledged (= executions running).
+    /// Tenants that can start an execution now (due work and a free slot).
+    pub runnable_tenants: u64,
+    /// Executions running (each holds a lease; the same as `leases`, kept for clients of
+    /// earlier versions).
     pub pending: u64,
     /// Leases held.
     pub leases: u64,
-    /// Failed executions waiting out a retry backoff.
+    /// Executions on the timer set: scheduled for later, or waiting out a retry backoff.
     pub delayed: u64,
     pub dead_letters: u64,
     /// Counters since the shard's creation: completed, failed, cancelled, reclaimed, fenced,
@@ -270,6 +273,7 @@ impl From<store::ShardStats> for ShardStats {
         Self {
             shard: s.shard,
             ready: s.ready,
+            runnable_tenants: s.runnable_tenants,
             pending: s.pending,
             leases: s.leases,
             delayed: s.delayed,

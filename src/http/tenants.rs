@@ -15,7 +15,7 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
 use crate::access::KeyRole;
 use crate::admission::TenantId;
-use crate::store::{Change, Pin, TenantLimits, TenantState, Unpin};
+use crate::store::{Change, MAX_WEIGHT, Pin, TenantLimits, TenantState, Unpin};
 
 /// The tenant routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -148,14 +148,14 @@ pub async fn unpin_tenant(
 /// own value so the server default applies again.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"max_concurrent": 10, "max_queued": 1000, "enabled": true}))]
+#[schema(example = json!({"max_concurrent": 10, "max_queued": 1000, "enabled": true, "weight": 3}))]
 pub struct TenantSettings {
-    /// Executions dispatched or running at once. Raising it dispatches every waiting
-    /// execution that now fits, oldest first.
+    /// Executions running at once (a slot is taken when an execution starts). Raising it
+    /// lets waiting executions start as workers pick them, in the tenant's order.
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, nullable, format = Int64, maximum = 4294967295_u64)]
     pub max_concurrent: Option<Option<WholeU32>>,
-    /// Executions waiting beyond `max_concurrent` before admission answers 429.
+    /// Queued executions (scheduled, waiting and ready) before admission answers 429.
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, nullable, format = Int64, maximum = 4294967295_u64)]
     pub max_queued: Option<Option<WholeU32>>,
@@ -163,6 +163,11 @@ pub struct TenantSettings {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<bool>, nullable)]
     pub enabled: Option<Option<bool>>,
+    /// The tenant's share of starts (1..=1000, default 1): while workers are the bottleneck,
+    /// tenants with runnable work in one shard get starts in proportion to their weights.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>, nullable, minimum = 1, maximum = 1000)]
+    pub weight: Option<Option<WholeU32>>,
 }
 
 /// Tells a field given as `null` (`Some(None)`) from one left out (`None`, by `default`).
@@ -187,10 +192,10 @@ fn change<T>(field: Option<Option<T>>) -> Change<T> {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TenantUsage {
     pub running: u64,
-    /// On the ready stream holding a slot, not yet started.
-    pub dispatched: u64,
-    /// Over `max_concurrent`, in FIFO order.
+    /// Queued and due: runnable in the tenant's order (ready or waiting for a slot).
     pub waiting: u64,
+    /// Queued and not due yet: scheduled for later, or waiting out a retry backoff.
+    pub scheduled: u64,
 }
 
 /// A tenant's effective limits and usage.
@@ -200,7 +205,8 @@ pub struct TenantUsage {
     "max_concurrent": 10,
     "max_queued": 1000,
     "enabled": true,
-    "usage": {"running": 3, "dispatched": 7, "waiting": 42}
+    "weight": 1,
+    "usage": {"running": 3, "waiting": 42, "scheduled": 7}
 }))]
 pub struct Tenant {
     #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -210,6 +216,9 @@ pub struct Tenant {
     #[schema(format = Int64, maximum = 4294967295_u64)]
     pub max_queued: u32,
     pub enabled: bool,
+    /// Its share of starts against the other tenants with runnable work in its shard.
+    #[schema(minimum = 1, maximum = 1000)]
+    pub weight: u32,
     pub usage: TenantUsage,
 }
 
@@ -220,10 +229,11 @@ impl Tenant {
             max_concurrent: s.max_concurrent,
             max_queued: s.max_queued,
             enabled: s.enabled,
+            weight: s.weight,
             usage: TenantUsage {
                 running: s.running,
-                dispatched: s.dispatched,
                 waiting: s.waiting,
+                scheduled: s.scheduled,
             },
         }
     }
@@ -233,8 +243,8 @@ impl Tenant {
 ///
 /// Registers the tenant (so it is listed and can have API keys) and changes only the fields
 /// the body names: an absent field keeps its value, `null` restores the server default.
-/// Raising `max_concurrent` dispatches every waiting execution that now fits, oldest first,
-/// before answering; `enabled: false` makes admissions answer 403 `tenant_disabled` without
+/// Raising `max_concurrent` lets waiting executions start as workers pick them, in the
+/// tenant's order; `weight` sets its share of starts; `enabled: false` makes admissions answer 403 `tenant_disabled` without
 /// touching work already admitted.
 #[utoipa::path(
     put,
@@ -260,12 +270,22 @@ pub async fn put_tenant(
     caller.require_platform_admin()?;
     let tenant = TenantId::parse(&tenant)?;
     let body = body.parse().await?;
-    state.store.register_tenant(&tenant).await?;
     let limits = TenantLimits {
         max_concurrent: change(body.max_concurrent).map(|w| w.0),
         max_queued: change(body.max_queued).map(|w| w.0),
         enabled: change(body.enabled),
+        weight: change(body.weight).map(|w| w.0),
     };
+    if let Change::Set(w) = limits.weight
+        && !(1..=MAX_WEIGHT).contains(&w)
+    {
+        return Err(ApiError::BadRequest {
+            code: "invalid_weight",
+            detail: format!("weight must be an integer from 1 to {MAX_WEIGHT}"),
+        });
+    }
+    // Checked before anything is written: a refused body registers nothing.
+    state.store.register_tenant(&tenant).await?;
     let s = state.store.put_tenant(&tenant, &limits).await?;
     Ok(axum::Json(Tenant::new(&tenant, s)))
 }

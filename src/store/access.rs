@@ -109,7 +109,17 @@ impl Store {
             self.announce(AccessChange::TenantDeleted(tenant.clone()))
                 .await;
         }
-        let cfg = self.shard_of(tenant).tenant_config(tenant);
+        // Its own limits and weight go back to the defaults through the script (which keeps
+        // the shard's eligible weight in step), then its configuration goes.
+        let shard = self.shard_of(tenant);
+        let defaults = super::TenantLimits {
+            max_concurrent: super::Change::Reset,
+            max_queued: super::Change::Reset,
+            enabled: super::Change::Reset,
+            weight: super::Change::Reset,
+        };
+        self.set_limits_in(shard, tenant, &defaults).await?;
+        let cfg = shard.tenant_config(tenant);
         let _: i64 = self
             .bounded(redis::cmd("DEL").arg(cfg).query_async(&mut c))
             .await?;

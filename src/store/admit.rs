@@ -9,7 +9,7 @@ use redis::Value;
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
 use super::{Store, StoreError, is_lost};
 use crate::admission::{
-    AdmitRequest, DedupKey, Execution, ExecutionId, QueueState, Status, TenantId,
+    AdmitRequest, DedupKey, Execution, ExecutionId, QueueState, Schedule, Status, TenantId,
 };
 
 /// How long the marker of an abandoned admission lives: far longer than a call can stay in
@@ -60,7 +60,8 @@ impl Store {
                 shard.flow_index(tenant, &req.flow, Status::Queued),
                 shard.flows(tenant),
                 shard.tenants(),
-                shard.ready(),
+                shard.runnable(),
+                shard.delayed(),
             ];
             if req.dedup.is_some() {
                 keys.push(shard.dedup(tenant, &digest));
@@ -74,7 +75,13 @@ impl Store {
                 .arg(req.max_attempts)
                 .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
                 .arg(&digest)
-                .arg(req.fingerprint.as_str());
+                .arg(req.fingerprint.as_str())
+                .arg(req.priority);
+            match req.schedule {
+                Some(Schedule::At(ms)) => inv.arg(ms).arg(""),
+                Some(Schedule::After(ms)) => inv.arg("").arg(ms),
+                None => inv.arg("").arg(""),
+            };
             let mut c = self.conn();
             let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
                 Ok(Ok(reply)) => reply,
@@ -93,11 +100,12 @@ impl Store {
             return match tag.as_str() {
                 "new" => {
                     let (qstate, now) = (string_at(&rest, 0)?, string_at(&rest, 1)?);
-                    let qstate = match qstate.as_str() {
-                        "waiting" => QueueState::Waiting,
-                        _ => QueueState::Dispatched,
-                    };
-                    Execution::admitted(id.as_str(), tenant.as_str(), req, qstate, &now)
+                    let due = string_at(&rest, 2)?;
+                    let qstate = QueueState::parse(&qstate).ok_or_else(|| {
+                        StoreError::Corrupt(format!("admit: queue state {qstate}"))
+                    })?;
+                    let due = (!due.is_empty()).then_some(due);
+                    Execution::admitted(id.as_str(), tenant.as_str(), req, qstate, &now, due)
                         .map(Admission::Created)
                         .map_err(StoreError::Corrupt)
                 }

@@ -1,11 +1,12 @@
-//! Ending an execution on a caller's request: cancel (`migrations-lua/cancel.lua`) and force
-//! delete (`migrations-lua/force_delete.lua`).
+//! Changing a queued or running execution on a caller's request: cancel
+//! (`migrations-lua/cancel.lua`), force delete (`migrations-lua/force_delete.lua`) and moving
+//! a scheduled one (`migrations-lua/reschedule.lua`).
 
 use redis::Value;
 
-use super::row::{execution_from, split_tag};
+use super::row::{execution_from, split_tag, string_at};
 use super::{Shard, Store, StoreError};
-use crate::admission::{Execution, ExecutionId, Status, TenantId};
+use crate::admission::{Execution, ExecutionId, QueueState, Schedule, Status, TenantId};
 
 impl Store {
     /// Cancels an execution (see `migrations-lua/cancel.lua`); `None` when not found.
@@ -34,7 +35,7 @@ impl Store {
             shard.waiting(tenant),
             shard.status_index(tenant, Status::Queued),
             shard.status_index(tenant, Status::Cancelled),
-            shard.ready(),
+            shard.runnable(),
             shard.delayed(),
             shard.stats(),
         ];
@@ -79,7 +80,7 @@ impl Store {
             shard.slots(tenant),
             shard.waiting(tenant),
             shard.deleting(tenant),
-            shard.ready(),
+            shard.runnable(),
             shard.delayed(),
             shard.leases(),
         ];
@@ -89,5 +90,69 @@ impl Store {
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, _) = split_tag(reply)?;
         Ok(tag == "deleted")
+    }
+}
+
+/// What `reschedule` found.
+#[derive(Debug)]
+pub enum Reschedule {
+    /// Moved (or made runnable now, for a time that has come): the execution after it.
+    Done(Box<Execution>),
+    /// Missing, or another tenant's.
+    NotFound,
+    /// Not scheduled any more (runnable, running or over): its status, and its queue state
+    /// while queued.
+    NotScheduled(Status, Option<QueueState>),
+}
+
+impl Store {
+    /// Moves a scheduled execution to a new due time (see `migrations-lua/reschedule.lua`).
+    pub async fn reschedule(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        when: Schedule,
+    ) -> Result<Reschedule, StoreError> {
+        let found = self
+            .reschedule_in(self.shard_of(tenant), tenant, id, when)
+            .await?;
+        let missing = matches!(found, Reschedule::NotFound);
+        match self.repinned(tenant, missing).await? {
+            Some(shard) => self.reschedule_in(shard, tenant, id, when).await,
+            None => Ok(found),
+        }
+    }
+
+    async fn reschedule_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        when: Schedule,
+    ) -> Result<Reschedule, StoreError> {
+        let keys = [shard.row(id), shard.delayed()];
+        let mut inv = self.shard_script(&self.scripts.reschedule, shard, &keys);
+        inv.arg(tenant.as_str()).arg(id.as_str());
+        match when {
+            Schedule::At(ms) => inv.arg(ms).arg(""),
+            Schedule::After(ms) => inv.arg("").arg(ms),
+        };
+        let mut c = self.conn();
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let (tag, rest) = split_tag(reply)?;
+        match tag.as_str() {
+            "ok" => Ok(Reschedule::Done(Box::new(execution_from(rest, false)?))),
+            "not_found" => Ok(Reschedule::NotFound),
+            "not_scheduled" => {
+                let status = string_at(&rest, 0)?;
+                let status = Status::parse(&status)
+                    .ok_or_else(|| StoreError::Corrupt(format!("reschedule: status {status}")))?;
+                Ok(Reschedule::NotScheduled(
+                    status,
+                    QueueState::parse(&string_at(&rest, 1)?),
+                ))
+            }
+            other => Err(StoreError::Corrupt(format!("reschedule replied {other}"))),
+        }
     }
 }

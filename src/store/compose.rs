@@ -483,7 +483,8 @@ notify = function() announce() end
             "notify",
             "announce",
             "RUN_FIELDS",
-            "GROUP",
+            "refresh",
+            "QUANTUM",
         ] {
             assert!(defined.contains(name), "{name}");
         }

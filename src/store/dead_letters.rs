@@ -69,7 +69,7 @@ impl Store {
             shard.slots(tenant),
             shard.waiting(tenant),
             shard.status_index(tenant, Status::Queued),
-            shard.ready(),
+            shard.runnable(),
         ];
         let mut inv = self.shard_script(&self.scripts.retry, shard, &keys);
         inv.arg(tenant.as_str()).arg(id.as_str());

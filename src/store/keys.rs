@@ -167,15 +167,43 @@ impl Shard {
         format!("{}void:{id}", self.prefix())
     }
 
-    /// The ready stream (consumer group `workers`): dispatched executions waiting for a worker.
+    /// Schema 1's ready stream (consumer group `workers`), read only by the migration to
+    /// schema 2 (`migrations-lua/migrate_dispatch.lua`), which deletes it.
     pub fn ready(self) -> String {
         format!("{}ready", self.prefix())
     }
 
-    /// The ready stream's doorbell: a wake-up marker (a sorted set of one member) set by every
-    /// entry put on the stream, that workers with a free slot wait on with `BZPOPMIN` instead
-    /// of polling (see `ring` in `migrations-lua/common.lua`). Built inside the scripts from
-    /// the prefix.
+    /// The tenants that can start something now (a queued runnable execution and a free
+    /// slot), scored by virtual time: a start takes the least (see "Dispatch" in
+    /// `migrations-lua/common.lua`).
+    pub fn runnable(self) -> String {
+        format!("{}runnable", self.prefix())
+    }
+
+    /// The fair share's bookkeeping (a hash): `clock` (the virtual start tag of the last start),
+    /// `weight` (the sum of the runnable tenants' weights) and `vt:<tenant>` (the virtual time
+    /// of a tenant that left the runnable set ahead of the clock).
+    pub fn sched(self) -> String {
+        format!("{}sched", self.prefix())
+    }
+
+    /// The start log: a capped stream with one entry per start — tenant `t`, virtual start
+    /// tag `vt`, weight `w` — from which tests and the fault suite's checker prove the fair
+    /// share.
+    pub fn starts(self) -> String {
+        format!("{}starts", self.prefix())
+    }
+
+    /// The executions one worker (`consumer`) holds leases of in this shard (a set): what
+    /// `adopt` reads after a start whose answer was lost.
+    pub fn held(self, consumer: &str) -> String {
+        format!("{}held:{consumer}", self.prefix())
+    }
+
+    /// The shard's doorbell: a wake-up marker (a sorted set of one member) set whenever a tenant
+    /// can start something or a new earliest due time is set, that workers with a free slot
+    /// wait on with `BZPOPMIN` instead of polling (see `ring` in `migrations-lua/common.lua`).
+    /// Built inside the scripts from the prefix.
     pub fn bell(self) -> String {
         format!("{}bell", self.prefix())
     }
@@ -195,7 +223,8 @@ impl Shard {
         format!("{}leases", self.prefix())
     }
 
-    /// Failed executions waiting out their retry backoff, by due time (ms). They keep their slot.
+    /// The shard's one timer set: queued executions not due yet — scheduled ones and retries
+    /// waiting out their backoff — by due time (ms). They hold no slot.
     pub fn delayed(self) -> String {
         format!("{}delayed", self.prefix())
     }
@@ -243,12 +272,13 @@ impl Shard {
         format!("{}t:{t}:cfg", self.prefix())
     }
 
-    /// Ids of a tenant's executions holding a concurrency slot (dispatched or running).
+    /// Ids of a tenant's executions holding a concurrency slot: the running ones.
     pub fn slots(self, t: &TenantId) -> String {
         format!("{}t:{t}:slots", self.prefix())
     }
 
-    /// A tenant's executions over its concurrency limit, FIFO by admission time (a sorted set).
+    /// A tenant's queue: its runnable executions by order key (the time each became runnable,
+    /// shifted by its priority), started first to last as the tenant gets slots.
     pub fn waiting(self, t: &TenantId) -> String {
         format!("{}t:{t}:waiting", self.prefix())
     }
@@ -264,6 +294,17 @@ impl Shard {
         format!("{}t:{t}:st:{}", self.prefix(), s.as_str())
     }
 
+    /// A tenant's scheduled executions (queued, on the timer set): same shape as
+    /// `status_index`, read by the `queue_state=scheduled` filter.
+    pub fn scheduled_index(self, t: &TenantId) -> String {
+        format!("{}t:{t}:st:scheduled", self.prefix())
+    }
+
+    /// A tenant's scheduled executions of one flow (same shape as `scheduled_index`).
+    pub fn scheduled_flow_index(self, t: &TenantId, f: &FlowId) -> String {
+        format!("{}t:{t}:fl:{f}:scheduled", self.prefix())
+    }
+
     /// A tenant's executions of one flow in one status (same shape as `status_index`).
     pub fn flow_index(self, t: &TenantId, f: &FlowId, s: Status) -> String {
         format!("{}t:{t}:fl:{f}:{}", self.prefix(), s.as_str())
@@ -272,6 +313,26 @@ impl Shard {
     /// A tenant's dedup mapping for a key digest: `<execution id>:<request fingerprint>`.
     pub fn dedup(self, t: &TenantId, digest: &str) -> String {
         format!("{}t:{t}:dd:{digest}", self.prefix())
+    }
+
+    /// A tenant's per-minute counters of one UTC day (`day` = Unix ms / 86,400,000): a string
+    /// of fixed-size minute records the scripts update with `BITFIELD` (layout in
+    /// `super::trends`). Built inside the scripts (the day comes from Redis's clock), expires
+    /// 25 hours after its day.
+    pub fn trends(self, t: &TenantId, day: u64) -> String {
+        format!("{}t:{t}:m:{day}", self.prefix())
+    }
+
+    /// The same counters summed over every tenant of the shard, so the platform-wide series
+    /// costs one read per shard, not one per tenant.
+    pub fn shard_trends(self, day: u64) -> String {
+        format!("{}m:{day}", self.prefix())
+    }
+
+    /// Tenants of this shard that may have queued or running executions (a set, registered
+    /// tenants or not): "tenants with work now" reads it and checks each member's indexes.
+    pub fn busy(self) -> String {
+        format!("{}busy", self.prefix())
     }
 }
 
@@ -398,7 +459,13 @@ pub enum KeyKind {
     /// A worker's adoption barrier (`Shard::adopted`).
     Adopted,
     Frozen,
+    /// Schema 1's ready stream (read by the migration only).
     Ready,
+    Runnable,
+    Sched,
+    Starts,
+    /// A worker's held set (`Shard::held`).
+    Held,
     Bell,
     Leases,
     Delayed,
@@ -415,6 +482,12 @@ pub enum KeyKind {
     StatusIndex,
     FlowIndex,
     Dedup,
+    /// A tenant's per-minute counters of one day (`Shard::trends`).
+    TenantTrends,
+    /// A shard's per-minute counters of one day (`Shard::shard_trends`).
+    ShardTrends,
+    /// The shard's tenants that may have work (`Shard::busy`).
+    Busy,
     /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
     Access,
     /// Anything under the `{meta}` tag.
@@ -477,6 +550,9 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
     if rest.starts_with("adopted:") {
         return at(KeyKind::Adopted);
     }
+    if rest.starts_with("held:") {
+        return at(KeyKind::Held);
+    }
     if let Some(id) = rest.strip_prefix("void:") {
         return Some(KeyName {
             id: Some(id),
@@ -487,6 +563,9 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         return match rest {
             "frozen" => at(KeyKind::Frozen),
             "ready" => at(KeyKind::Ready),
+            "runnable" => at(KeyKind::Runnable),
+            "sched" => at(KeyKind::Sched),
+            "starts" => at(KeyKind::Starts),
             "bell" => at(KeyKind::Bell),
             "leases" => at(KeyKind::Leases),
             "delayed" => at(KeyKind::Delayed),
@@ -494,6 +573,8 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             "dlq_indexed" => at(KeyKind::DeadLettersIndexed),
             "stats" => at(KeyKind::Stats),
             "tenants" => at(KeyKind::Tenants),
+            "busy" => at(KeyKind::Busy),
+            _ if rest.starts_with("m:") => at(KeyKind::ShardTrends),
             _ => None,
         };
     };
@@ -509,6 +590,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         _ if tail.starts_with("st:") => KeyKind::StatusIndex,
         _ if tail.starts_with("fl:") => KeyKind::FlowIndex,
         _ if tail.starts_with("dd:") => KeyKind::Dedup,
+        _ if tail.starts_with("m:") => KeyKind::TenantTrends,
         _ => return None,
     };
     Some(KeyName {
@@ -617,6 +699,9 @@ mod tests {
             s.status_index(&t, Status::Queued),
             s.flow_index(&t, &f, Status::Failed),
             s.dedup(&t, "ab"),
+            s.trends(&t, 20_423),
+            s.shard_trends(20_423),
+            s.busy(),
         ];
         for k in &keys {
             assert!(k.starts_with(&s.prefix()), "{k}");
@@ -664,6 +749,7 @@ mod tests {
             (s.status_index(&t, Status::Running), KeyKind::StatusIndex),
             (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
             (s.dedup(&t, "00ff"), KeyKind::Dedup),
+            (s.trends(&t, 20_423), KeyKind::TenantTrends),
         ];
         for (k, kind) in tenant_keys {
             let n = parse(&k).unwrap_or_else(|| panic!("{k}"));
@@ -676,6 +762,10 @@ mod tests {
         for (k, kind) in [
             (s.frozen(), KeyKind::Frozen),
             (s.ready(), KeyKind::Ready),
+            (s.runnable(), KeyKind::Runnable),
+            (s.sched(), KeyKind::Sched),
+            (s.starts(), KeyKind::Starts),
+            (s.held("w-1"), KeyKind::Held),
             (s.bell(), KeyKind::Bell),
             (s.adopted("host-1-abc"), KeyKind::Adopted),
             (s.leases(), KeyKind::Leases),
@@ -684,6 +774,8 @@ mod tests {
             (s.dead_letters_indexed(), KeyKind::DeadLettersIndexed),
             (s.stats(), KeyKind::Stats),
             (s.tenants(), KeyKind::Tenants),
+            (s.shard_trends(20_423), KeyKind::ShardTrends),
+            (s.busy(), KeyKind::Busy),
         ] {
             let n = parse(&k).unwrap();
             assert_eq!((n.kind, n.shard, n.tenant), (kind, Some(s), None), "{k}");

@@ -2,8 +2,10 @@
 //! `heartbeat.lua`, `complete.lua`, `reclaim.lua`): starting what a worker reads, finding what
 //! a lost start answer started, keeping leases alive, reporting how a run ended, and
 //! recovering runs whose lease expired. Each of those is one script on one shard (a completion
-//! may also start the next run on the slot it frees: `complete_and_start`);
-//! `ensure_group(s)` creates the shards' consumer groups (`XGROUP CREATE`, no script).
+//! may also start the next run on the slot it frees: `complete_and_start`). Every call that
+//! can start runs also says when the shard's earliest scheduled execution is due and how much
+//! weight its runnable tenants have (`StartBatch`), so the worker sleeps on its own timer and
+//! shares its slots between shards by weight.
 
 use std::time::Duration;
 
@@ -74,38 +76,14 @@ pub enum Completion {
     Done(Status),
     /// Failed with attempts exhausted: dead-lettered.
     DeadLettered,
-    /// Failed; queued again after the backoff.
+    /// Failed; scheduled again after the backoff (its slot is free meanwhile).
     Retrying,
-    /// Back on the ready stream.
+    /// Back in its tenant's order, where it stood.
     Released,
 }
 
 impl Store {
-    /// Creates the `workers` consumer group on every ready stream (idempotent), all shards at
-    /// the same time; every shard is tried, and the first failure is returned.
-    pub async fn ensure_groups(&self) -> Result<(), StoreError> {
-        let all = self.shards.all().map(|shard| self.ensure_group(shard));
-        futures_util::future::join_all(all)
-            .await
-            .into_iter()
-            .collect()
-    }
-
-    /// Creates the `workers` consumer group on one shard's ready stream (idempotent). A frozen
-    /// shard (a slot move or a layout migration under way) is left alone: nothing is created
-    /// now, and the next start that finds no group creates it once the shard is unfrozen.
-    pub async fn ensure_group(&self, shard: Shard) -> Result<(), StoreError> {
-        let inv = self.shard_script(&self.scripts.ensure_group, shard, &[shard.ready()]);
-        let mut c = self.conn();
-        let r: redis::RedisResult<u8> = self.bounded_raw(inv.invoke_async(&mut c)).await?;
-        match r {
-            Ok(_) => Ok(()),
-            Err(e) if e.code() == Some("TRYAGAIN") => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Reads and starts up to `count` executions of one shard for `consumer`.
+    /// Picks (by fair share) and starts up to `count` executions of one shard for `consumer`.
     ///
     /// An error does not mean nothing started: the call may have run with its answer lost.
     /// Call `adopt` before starting anything else in that shard.
@@ -122,7 +100,7 @@ impl Store {
         call: u64,
     ) -> Result<StartBatch, StoreError> {
         let keys = [
-            shard.ready(),
+            shard.runnable(),
             shard.delayed(),
             shard.leases(),
             shard.dead_letters(),
@@ -137,21 +115,13 @@ impl Store {
             .arg(self.dlq_cap())
             .arg(call);
         let mut c = self.conn();
-        let (more, runs): (u8, Vec<RunReply>) = match self.bounded(inv.invoke_async(&mut c)).await {
-            Err(StoreError::Corrupt(m)) if m.contains("NOGROUP") => {
-                // The stream lost its group (it was replaced): created again, from its first
-                // entry; `more`, so the caller reads what waits at once.
-                self.ensure_group(shard).await?;
-                return Ok(StartBatch {
-                    started: Vec::new(),
-                    more: true,
-                });
-            }
-            other => other?,
-        };
+        let (more, runs, next_due, weight): (u8, Vec<RunReply>, i64, u64) =
+            self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(StartBatch {
             started: runs_of(shard, runs)?,
             more: more == 1,
+            next_due: due_in(next_due),
+            weight,
         })
     }
 
@@ -169,7 +139,11 @@ impl Store {
         lease_ttl: Duration,
         barrier: u64,
     ) -> Result<Vec<Started>, StoreError> {
-        let keys = [shard.ready(), shard.leases(), shard.adopted(consumer)];
+        let keys = [
+            shard.held(consumer),
+            shard.leases(),
+            shard.adopted(consumer),
+        ];
         let mut inv = self.shard_script(&self.scripts.adopt, shard, &keys);
         inv.arg(consumer)
             .arg(most.max(1))
@@ -265,7 +239,7 @@ impl Store {
         };
         let keys = [
             shard.row(id),
-            shard.ready(),
+            shard.runnable(),
             shard.leases(),
             shard.delayed(),
             shard.dead_letters(),
@@ -287,8 +261,14 @@ impl Store {
             .arg(lease_ttl.as_millis() as u64)
             .arg(call);
         let mut c = self.conn();
-        let (what, detail, more, runs): (String, String, u8, Vec<RunReply>) =
-            self.bounded(inv.invoke_async(&mut c)).await?;
+        let (what, detail, more, runs, next_due, weight): (
+            String,
+            String,
+            u8,
+            Vec<RunReply>,
+            i64,
+            u64,
+        ) = self.bounded(inv.invoke_async(&mut c)).await?;
         let done = match what.as_str() {
             "stale" => Completion::Stale,
             "repeat" => Completion::Repeat,
@@ -308,18 +288,20 @@ impl Store {
             StartBatch {
                 started: runs_of(shard, runs)?,
                 more: more == 1,
+                next_due: due_in(next_due),
+                weight,
             },
         ))
     }
 
     /// Recovers up to `batch` executions of one shard whose lease expired, and is the worker's
-    /// safety poll of the shard: due retries go back on the ready stream, and a doorbell whose
+    /// safety poll of the shard: due executions become runnable, and a doorbell whose
     /// token was lost is rung again (see `migrations-lua/reclaim.lua`). A retry's own worker
     /// wakes when it is due; this covers a worker that died or had no free slot then.
     pub async fn reclaim(&self, shard: Shard, batch: usize) -> Result<Reclaimed, StoreError> {
         let keys = [
             shard.leases(),
-            shard.ready(),
+            shard.runnable(),
             shard.dead_letters(),
             shard.stats(),
             shard.delayed(),
@@ -328,12 +310,13 @@ impl Store {
         let mut inv = self.shard_script(&self.scripts.reclaim, shard, &keys);
         inv.arg(batch.max(1)).arg(self.dlq_cap());
         let mut c = self.conn();
-        let (requeued, dead_lettered, unread): (u64, u64, u8) =
+        let (requeued, dead_lettered, unread, next_due): (u64, u64, u8, i64) =
             self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(Reclaimed {
             requeued,
             dead_lettered,
             unread: unread == 1,
+            next_due: due_in(next_due),
         })
     }
 }
@@ -343,22 +326,36 @@ impl Store {
 pub struct StartBatch {
     /// The executions it started, for the caller to run.
     pub started: Vec<Started>,
-    /// Whether it read all it asked for: more may be waiting, so the caller asks again (with a
-    /// free slot) instead of waiting for the doorbell. `false` means the stream held no more
-    /// unread entries (and the call cleared the shard's doorbell).
+    /// Whether a tenant of the shard can still start something: the caller asks again (with
+    /// a free slot) instead of waiting for the doorbell. `false` means nothing can start now
+    /// (and the call cleared the shard's doorbell).
     pub more: bool,
+    /// How long until the shard's earliest scheduled execution (or retry) is due, if any: the
+    /// caller wakes then on its own timer (a Redis blocking time-out would fire only at `hz`
+    /// granularity).
+    pub next_due: Option<Duration>,
+    /// The summed weight of the shard's runnable tenants after the call (0 when none): the
+    /// worker gives a freed slot to shards in proportion to it.
+    pub weight: u64,
+}
+
+/// A script's "milliseconds until due, -1 for none".
+fn due_in(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
 }
 
 /// What one orphan scan (`reclaim`) did in a shard.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Reclaimed {
-    /// Orphans put back on the ready stream.
+    /// Orphans put back in their tenant's order.
     pub requeued: u64,
     /// Orphans whose attempts were used up: failed and dead-lettered.
     pub dead_lettered: u64,
-    /// Whether the ready stream holds entries no worker has read: work the caller may start
+    /// Whether a tenant of the shard can start something: work the caller may start
     /// although no doorbell woke it.
     pub unread: bool,
+    /// How long until the shard's earliest scheduled execution is due, if any.
+    pub next_due: Option<Duration>,
 }
 
 /// A run as `start.lua` and `adopt.lua` report it:

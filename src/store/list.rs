@@ -2,6 +2,7 @@
 //! (`migrations-lua/list.lua`, newest first, bounded in rows and in bytes).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use redis::Value;
 
@@ -32,6 +33,8 @@ pub struct ListQuery {
     /// Only executions admitted before this Unix time in milliseconds.
     pub created_before_ms: Option<u64>,
     pub cursor: Option<ExecutionId>,
+    /// Only scheduled executions (queued, not due yet); `status` is then `queued` or none.
+    pub scheduled: bool,
     pub limit: u32,
     /// Bytes of rows (field names and values, as stored) after which the page ends early.
     pub byte_budget: usize,
@@ -58,14 +61,37 @@ impl Store {
         id: &ExecutionId,
     ) -> Result<Option<Execution>, StoreError> {
         let mut c = self.conn();
-        let fields: HashMap<String, String> = self
-            .bounded(redis::cmd("HGETALL").arg(shard.row(id)).query_async(&mut c))
+        // The row, and what its queue state is read from (a queued row's rank in its tenant's
+        // queue against the tenant's free slots), in one round trip.
+        let (mut fields, rank, running, max_concurrent): (
+            HashMap<String, String>,
+            Option<u64>,
+            u64,
+            Option<u64>,
+        ) = self
+            .bounded(
+                redis::pipe()
+                    .hgetall(shard.row(id))
+                    .zrank(shard.waiting(tenant), id.as_str())
+                    .scard(shard.slots(tenant))
+                    .hget(shard.tenant_config(tenant), "max_concurrent")
+                    .query_async(&mut c),
+            )
             .await?;
         // A force-deleted row still running is kept only to hold its slot: gone for readers.
         if fields.get("tenant").map(String::as_str) != Some(tenant.as_str())
             || fields.contains_key("deleted")
         {
             return Ok(None);
+        }
+        if fields.get("status").map(String::as_str) == Some("queued")
+            && fields.get("qstate").map(String::as_str) != Some("scheduled")
+        {
+            let max = max_concurrent
+                .unwrap_or_else(|| u64::from(self.policy.max_concurrent.load(Ordering::Relaxed)));
+            let ready = rank.is_some_and(|r| r < max.saturating_sub(running));
+            let qs = if ready { "ready" } else { "waiting" };
+            fields.insert("qs".into(), qs.into());
         }
         from_fields(id.as_str(), fields, false).map(Some)
     }
@@ -77,20 +103,33 @@ impl Store {
             Some(s) => vec![s],
             None => Status::ALL.to_vec(),
         };
-        let mut keys: Vec<String> = statuses
-            .iter()
-            .map(|s| shard.status_index(tenant, *s))
-            .collect();
+        let mut keys: Vec<String> = if q.scheduled {
+            vec![shard.scheduled_index(tenant)]
+        } else {
+            statuses
+                .iter()
+                .map(|s| shard.status_index(tenant, *s))
+                .collect()
+        };
         if let Some(f) = &q.flow {
-            keys.extend(statuses.iter().map(|s| shard.flow_index(tenant, f, *s)));
+            if q.scheduled {
+                keys.push(shard.scheduled_flow_index(tenant, f));
+            } else {
+                keys.extend(statuses.iter().map(|s| shard.flow_index(tenant, f, *s)));
+            }
         }
+        let status_filter = match (q.scheduled, q.status) {
+            (true, _) => "scheduled",
+            (false, Some(s)) => s.as_str(),
+            (false, None) => "",
+        };
         let digest = q.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
         if q.dedup.is_some() {
             keys.push(shard.dedup(tenant, &digest));
         }
         let mut inv = self.shard_script(&self.scripts.list, shard, &keys);
         inv.arg(tenant.as_str())
-            .arg(q.status.map(Status::as_str).unwrap_or(""))
+            .arg(status_filter)
             .arg(q.flow.as_ref().map(FlowId::as_str).unwrap_or(""))
             .arg(q.cursor.as_ref().map(ExecutionId::as_str).unwrap_or(""))
             .arg(q.limit)

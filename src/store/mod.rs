@@ -17,7 +17,8 @@
 //! tenant registry), `list` (reading executions), `stats` (queue statistics), `freeze` (the
 //! markers that stop a shard's scripts during a slot move), `wake` (the blocking doorbell
 //! connections and stop messages that wake workers), `watch` (the start of a wait on an
-//! execution, and the Pub/Sub connection its changes are announced on). `row` decodes rows and
+//! execution, and the Pub/Sub connection its changes are announced on), `trends` (the
+//! per-minute counters the scripts keep, and the tenants with work now). `row` decodes rows and
 //! script replies, `keys` names every key, `scripts` composes the Lua. This file holds what
 //! they share: the connection, the error type, the time bound, the data policy.
 
@@ -38,6 +39,7 @@ mod scripts;
 mod stats;
 mod sweep;
 mod tenants;
+pub mod trends;
 mod wake;
 mod watch;
 
@@ -50,6 +52,7 @@ use crate::admission::ExecutionId;
 
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::Admission;
+pub use cancel::Reschedule;
 pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, Retry};
 pub use keys::{Shard, ShardMap, WORKER_GROUP};
@@ -62,7 +65,8 @@ use scripts::Scripts;
 pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget, SweepTargets};
-pub use tenants::{Change, TenantLimits, TenantState};
+pub use tenants::{Change, MAX_WEIGHT, TenantLimits, TenantState};
+pub use trends::{Minute, PlatformTrends, TenantWork, Trends};
 pub use wake::{BellConn, StopListener};
 pub use watch::{Announcement, Events};
 
@@ -141,6 +145,20 @@ pub struct StoreConfig {
     pub dlq_cap: u64,
 }
 
+/// The data schema this build reads and writes (recorded as `schema` in the meta record; a
+/// Redis without it holds schema 1). Schema 2 is fair dispatch: the slot is taken at start and
+/// what is runnable lives in ordered sets (see `migrations-lua/common.lua`, "Dispatch").
+pub const SCHEMA: u32 = 2;
+
+/// How far a schema migration got.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Every shard is migrated and the meta record says so.
+    pub done: bool,
+    /// Executions moved (re-queued or re-listed) on the way.
+    pub moved: u64,
+}
+
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
 pub struct Store {
     conns: Vec<Conn>,
@@ -192,9 +210,102 @@ impl Store {
             config,
             policy,
         };
-        store.shards = store.init_meta().await?;
+        let (shards, fresh) = store.init_meta().await?;
+        store.shards = shards;
         store.refresh_pins().await?;
+        store.ensure_schema(fresh).await?;
         Ok(store)
+    }
+
+    /// Brings the data to this build's schema (`SCHEMA`) before anything uses it: a Redis
+    /// written by an older build is migrated (see `migrate_dispatch`), a new one is marked.
+    async fn ensure_schema(&self, fresh: bool) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        if fresh {
+            let () = self
+                .bounded(
+                    redis::cmd("HSETNX")
+                        .arg(keys::meta())
+                        .arg("schema")
+                        .arg(SCHEMA)
+                        .query_async(&mut c),
+                )
+                .await
+                .map(|_: i64| ())?;
+            return Ok(());
+        }
+        let schema: Option<u32> = self
+            .bounded(
+                redis::cmd("HGET")
+                    .arg(keys::meta())
+                    .arg("schema")
+                    .query_async(&mut c),
+            )
+            .await?;
+        match schema.unwrap_or(1) {
+            s if s == SCHEMA => Ok(()),
+            s if s > SCHEMA => Err(StoreError::Corrupt(format!(
+                "redis holds data schema {s}, this build knows up to {SCHEMA}: upgrade sluice"
+            ))),
+            s => {
+                tracing::warn!(
+                    from = s,
+                    to = SCHEMA,
+                    "migrating queued work to fair dispatch (schema 2); stop processes of \
+                     older builds first"
+                );
+                let done = self.migrate_dispatch(1_000, usize::MAX).await?;
+                tracing::info!(moved = done.moved, "data schema is now {SCHEMA}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Schema migration 2 (`migrations-lua/migrate_dispatch.lua`): every shard in bounded
+    /// atomic batches of `batch` members, at most `max_calls` calls in all (tests interrupt it
+    /// with a small number). Once every shard is done the meta record says schema 2. Safe to
+    /// run again, also concurrently from several processes, and after an interruption.
+    pub async fn migrate_dispatch(
+        &self,
+        batch: usize,
+        max_calls: usize,
+    ) -> Result<Migration, StoreError> {
+        let mut calls = 0usize;
+        let mut moved = 0u64;
+        for shard in self.shards.all() {
+            let keys = [
+                shard.ready(),
+                shard.delayed(),
+                shard.tenants(),
+                shard.runnable(),
+            ];
+            let (mut phase, mut cursor) = ("stream".to_owned(), "0".to_owned());
+            while phase != "done" {
+                if calls >= max_calls {
+                    return Ok(Migration { done: false, moved });
+                }
+                calls += 1;
+                let mut inv = self.shard_script(&self.scripts.migrate_dispatch, shard, &keys);
+                inv.arg(&phase).arg(&cursor).arg(batch.max(1));
+                let mut c = self.conn();
+                let (next, at, n): (String, String, u64) =
+                    self.bounded(inv.invoke_async(&mut c)).await?;
+                moved += n;
+                (phase, cursor) = (next, at);
+            }
+        }
+        let mut c = self.conn();
+        let () = self
+            .bounded(
+                redis::cmd("HSET")
+                    .arg(keys::meta())
+                    .arg("schema")
+                    .arg(SCHEMA)
+                    .query_async(&mut c),
+            )
+            .await
+            .map(|_: i64| ())?;
+        Ok(Migration { done: true, moved })
     }
 
     /// The shard map in force (possibly recorded by an earlier start).
@@ -202,10 +313,11 @@ impl Store {
         self.shards
     }
 
-    async fn init_meta(&self) -> Result<ShardMap, StoreError> {
+    /// Reads (or records, on first start: then `true`) the shard count and layout.
+    async fn init_meta(&self) -> Result<(ShardMap, bool), StoreError> {
         let mut c = self.conn();
-        type Meta = (Value, Value, Value, Option<u16>, Option<u32>, Option<u16>);
-        let (_, _, _, shards, layout, dedicated): Meta = self
+        type Meta = (i64, Value, Value, Option<u16>, Option<u32>, Option<u16>);
+        let (created, _, _, shards, layout, dedicated): Meta = self
             .bounded(
                 redis::pipe()
                     .hset_nx(keys::meta(), "shards", self.config.shards)
@@ -243,10 +355,9 @@ impl Store {
             );
         }
         self.load_scripts().await?;
-        Ok(ShardMap::with_dedicated(
-            shards,
-            dedicated.unwrap_or(0),
-            layout,
+        Ok((
+            ShardMap::with_dedicated(shards, dedicated.unwrap_or(0), layout),
+            created == 1,
         ))
     }
 

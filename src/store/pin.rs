@@ -56,7 +56,7 @@ enum Moved {
     Busy(u64),
     /// It moved to this shard number, with its limits (`max_concurrent`, `max_queued`,
     /// `enabled`, '' for none of its own) to be set there.
-    To(u16, [String; 3]),
+    To(u16, [String; 4]),
 }
 
 impl Store {
@@ -254,26 +254,28 @@ impl Store {
                 let number: u16 = text(0)?
                     .parse()
                     .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
-                Ok(Moved::To(number, [text(1)?, text(2)?, text(3)?]))
+                Ok(Moved::To(number, [text(1)?, text(2)?, text(3)?, text(4)?]))
             }
             other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
         }
     }
 
     /// Runs `pin_home.lua`: `shard` becomes `tenant`'s home with exactly these limits
-    /// (`max_concurrent`, `max_queued`, `enabled` as `pin.lua` replies them: '' for none).
+    /// (`max_concurrent`, `max_queued`, `enabled`, `weight` as `pin.lua` replies them: '' for
+    /// none).
     async fn make_home(
         &self,
         shard: Shard,
         tenant: &TenantId,
-        [max_concurrent, max_queued, enabled]: [String; 3],
+        [max_concurrent, max_queued, enabled, weight]: [String; 4],
     ) -> Result<(), StoreError> {
         let keys = [shard.tenant_config(tenant)];
         let mut inv = self.shard_script(&self.scripts.pin_home, shard, &keys);
         inv.arg(tenant.as_str())
             .arg(max_concurrent)
             .arg(max_queued)
-            .arg(if enabled == "0" { "0" } else { "" });
+            .arg(if enabled == "0" { "0" } else { "" })
+            .arg(weight);
         let mut c = self.conn();
         let _: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(())

@@ -144,7 +144,8 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "sweeper_unlock.lua" => op!("sweeper_unlock.lua").1,
         "watch.lua" => op!("watch.lua").1,
         "dlq_dismiss.lua" => op!("dlq_dismiss.lua").1,
-        "ensure_group.lua" => op!("ensure_group.lua").1,
+        "reschedule.lua" => op!("reschedule.lua").1,
+        "migrate_dispatch.lua" => op!("migrate_dispatch.lua").1,
         "ring.lua" => op!("ring.lua").1,
         _ => return None,
     })
@@ -175,7 +176,8 @@ pub struct Scripts {
     pub sweeper_unlock: Script,
     pub watch: Script,
     pub dlq_dismiss: Script,
-    pub ensure_group: Script,
+    pub reschedule: Script,
+    pub migrate_dispatch: Script,
     pub ring: Script,
 }
 
@@ -207,13 +209,14 @@ impl Scripts {
             sweeper_unlock: script(Kind::Meta, op!("sweeper_unlock.lua")),
             watch: shard(op!("watch.lua")),
             dlq_dismiss: shard(op!("dlq_dismiss.lua")),
-            ensure_group: shard(op!("ensure_group.lua")),
+            reschedule: shard(op!("reschedule.lua")),
+            migrate_dispatch: shard(op!("migrate_dispatch.lua")),
             ring: shard(op!("ring.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 25] {
+    pub fn all(&self) -> [&Script; 26] {
         [
             &self.admit,
             &self.abandon,
@@ -238,7 +241,8 @@ impl Scripts {
             &self.sweeper_unlock,
             &self.watch,
             &self.dlq_dismiss,
-            &self.ensure_group,
+            &self.reschedule,
+            &self.migrate_dispatch,
             &self.ring,
         ]
     }
@@ -274,7 +278,8 @@ mod tests {
             "sweeper_unlock.lua",
             "watch.lua",
             "dlq_dismiss.lua",
-            "ensure_group.lua",
+            "reschedule.lua",
+            "migrate_dispatch.lua",
             "ring.lua",
         ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
@@ -319,7 +324,7 @@ mod tests {
     #[test]
     fn a_hot_script_carries_only_the_helpers_it_reaches() {
         let start = composed_source("shard", operation("start.lua").unwrap());
-        assert!(start.contains("local function finish("));
+        assert!(start.contains("local function refresh("));
         assert!(
             !start.contains("local function tell_holder("),
             "start never tells a holder"

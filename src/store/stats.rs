@@ -5,22 +5,22 @@
 
 use std::collections::HashMap;
 
-use redis::Value;
-
-use super::keys::WORKER_GROUP;
 use super::{Shard, Store, StoreError};
 
 /// Counters and sizes of one shard.
 #[derive(Debug, Clone)]
 pub struct ShardStats {
     pub shard: u16,
-    /// Entries on the ready stream (dispatched, not yet started, plus running ones).
+    /// Queued executions that are due (runnable, in their tenants' queues), summed over the
+    /// shard's tenants.
     pub ready: u64,
-    /// Entries read by a worker and not yet acknowledged (= executions running).
+    /// Tenants that can start an execution now (runnable work and a free slot).
+    pub runnable_tenants: u64,
+    /// Executions running (each holds a lease).
     pub pending: u64,
     /// Leases held.
     pub leases: u64,
-    /// Failed executions waiting out a retry backoff.
+    /// Executions on the timer set: scheduled for later, or waiting out a retry backoff.
     pub delayed: u64,
     pub dead_letters: u64,
     /// Counters since the shard's creation: completed, failed, cancelled, reclaimed, fenced,
@@ -47,10 +47,11 @@ impl Store {
         futures_util::future::join_all(reads).await
     }
 
-    /// Sizes and counters of one shard: two round trips on its slot.
+    /// Sizes and counters of one shard: three round trips on its slot (the last one reads the
+    /// size of each of its tenants' queues).
     async fn shard_stats(&self, shard: Shard) -> Result<ShardStats, StoreError> {
         let mut c = self.conn();
-        let (ready, leases, delayed, dead_letters, counters): (
+        let (runnable_tenants, leases, delayed, dead_letters, counters): (
             u64,
             u64,
             u64,
@@ -59,7 +60,7 @@ impl Store {
         ) = self
             .bounded(
                 redis::pipe()
-                    .xlen(shard.ready())
+                    .zcard(shard.runnable())
                     .zcard(shard.leases())
                     .zcard(shard.delayed())
                     .xlen(shard.dead_letters())
@@ -67,33 +68,33 @@ impl Store {
                     .query_async(&mut c),
             )
             .await?;
-        // The group exists from start-up on; if it was deleted by hand, recreate it and
-        // report nothing pending this time rather than fail the answer.
-        let pending = match self
-            .bounded_raw(
-                redis::cmd("XPENDING")
-                    .arg(shard.ready())
-                    .arg(WORKER_GROUP)
-                    .query_async::<Value>(&mut c),
+        // Every running execution holds a lease.
+        let pending = leases;
+        // The queues' sizes, one pipeline over the shard's tenants.
+        let tenants: Vec<String> = self
+            .bounded(
+                redis::cmd("SMEMBERS")
+                    .arg(shard.tenants())
+                    .query_async(&mut c),
             )
-            .await?
-        {
-            Ok(Value::Array(v)) => v
-                .into_iter()
-                .next()
-                .map(redis::from_redis_value::<u64>)
-                .transpose()?
-                .unwrap_or_default(),
-            Ok(_) => 0,
-            Err(e) if e.code() == Some("NOGROUP") => {
-                self.ensure_group(shard).await?;
-                0
+            .await?;
+        let tenants: Vec<_> = tenants
+            .iter()
+            .filter_map(|t| crate::admission::TenantId::parse(t).ok())
+            .collect();
+        let mut ready = 0;
+        if !tenants.is_empty() {
+            let mut p = redis::pipe();
+            for t in &tenants {
+                p.zcard(shard.waiting(t));
             }
-            Err(e) => return Err(e.into()),
-        };
+            let sizes: Vec<u64> = self.bounded(p.query_async(&mut c)).await?;
+            ready = sizes.iter().sum();
+        }
         Ok(ShardStats {
             shard: shard.number(),
             ready,
+            runnable_tenants,
             pending,
             leases,
             delayed,

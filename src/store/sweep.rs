@@ -110,7 +110,7 @@ impl Store {
             shard.tenant_config(t),
             shard.slots(t),
             shard.waiting(t),
-            shard.ready(),
+            shard.runnable(),
             shard.leases(),
         ];
         if let (SweepMode::Index, Some(status)) = (step.mode, step.status) {
@@ -162,8 +162,11 @@ pub struct SweepTarget {
 pub enum SweepMode {
     /// The tenant's slot set.
     Slots,
-    /// The tenant's waiting set.
+    /// The tenant's queue.
     Waiting,
+    /// The tenant's queued executions: each must be reachable (on the timer set or in the
+    /// queue).
+    Reach,
     /// One status index (of the tenant, or of one of its flows).
     Index,
 }
@@ -174,6 +177,7 @@ impl SweepMode {
         match self {
             SweepMode::Slots => "slots",
             SweepMode::Waiting => "waiting",
+            SweepMode::Reach => "reach",
             SweepMode::Index => "index",
         }
     }
@@ -190,8 +194,8 @@ pub struct SweepStep {
 }
 
 impl SweepTarget {
-    /// Every walk this tenant needs: slots, waiting, and each status index with and without
-    /// flow.
+    /// Every walk this tenant needs: slots, queue, reachability of its queued executions, and
+    /// each status index with and without flow.
     pub fn steps(&self) -> Vec<SweepStep> {
         let step = |mode, status, flow| SweepStep {
             shard: self.shard,
@@ -203,6 +207,7 @@ impl SweepTarget {
         let mut v = vec![
             step(SweepMode::Slots, None, None),
             step(SweepMode::Waiting, None, None),
+            step(SweepMode::Reach, None, None),
         ];
         for status in Status::ALL {
             v.push(step(SweepMode::Index, Some(status), None));

@@ -1,5 +1,5 @@
-//! A tenant's limits and usage: changing limits (`migrations-lua/set_limits.lua`), dispatching
-//! the waiting executions that fit (`migrations-lua/promote.lua`), and reading limits and usage
+//! A tenant's limits and usage: changing limits and weight (`migrations-lua/set_limits.lua`,
+//! which also makes the tenant runnable when room was made), and reading limits and usage
 //! (plain pipelines, one per shard). The registry of tenants and their API keys live under the
 //! `{acl}` tag instead (`access.rs`).
 
@@ -11,8 +11,11 @@ use redis::Value;
 use super::{Shard, Store, StoreError};
 use crate::admission::{Status, TenantId};
 
-/// Waiting executions one promotion step handles.
+/// ARGV of the stream model's batched dispatch, unused since (see `set_limits.lua`).
 const PROMOTE_STEP: u32 = 1_000;
+
+/// The most a tenant's weight can be (the least is 1, the default).
+pub const MAX_WEIGHT: u32 = 1_000;
 
 /// What a tenant update does to one of its limits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,6 +57,8 @@ pub struct TenantLimits {
     pub max_concurrent: Change<u32>,
     pub max_queued: Change<u32>,
     pub enabled: Change<bool>,
+    /// Its share of starts against the other tenants with runnable work (1..=1000).
+    pub weight: Change<u32>,
 }
 
 /// A tenant's effective limits and live usage.
@@ -62,16 +67,17 @@ pub struct TenantState {
     pub max_concurrent: u32,
     pub max_queued: u32,
     pub enabled: bool,
+    pub weight: u32,
     /// Executions running now.
     pub running: u64,
-    /// Executions on the ready stream, holding a slot, not yet started.
-    pub dispatched: u64,
-    /// Executions over the concurrency limit, in FIFO order.
+    /// Queued executions that are runnable (due), in the tenant's order.
     pub waiting: u64,
+    /// Queued executions not due yet (scheduled, or waiting out a retry backoff).
+    pub scheduled: u64,
 }
 
 /// Commands `tenant_reads` adds per tenant.
-const TENANT_READS: usize = 9;
+const TENANT_READS: usize = 10;
 
 /// What the reads of `tenant_reads` found for one tenant, in their order.
 struct TenantReads {
@@ -80,11 +86,11 @@ struct TenantReads {
     max_queued: Option<u32>,
     /// Its own `enabled` flag (0 = disabled), where set.
     enabled: Option<u8>,
+    weight: Option<u32>,
     /// Whether it has a configuration hash at all.
     configured: bool,
-    /// Executions holding a slot (dispatched or running).
-    slots: u64,
     waiting: u64,
+    scheduled: u64,
     running: u64,
     /// Force-deleted executions whose handler still runs (they keep their slot).
     deleting: u64,
@@ -98,6 +104,7 @@ impl redis::FromRedisValue for TenantReads {
             Option<u32>,
             Option<u32>,
             Option<u8>,
+            Option<u32>,
             bool,
             u64,
             u64,
@@ -109,9 +116,10 @@ impl redis::FromRedisValue for TenantReads {
             max_concurrent,
             max_queued,
             enabled,
+            weight,
             configured,
-            slots,
             waiting,
+            scheduled,
             running,
             deleting,
             indexes,
@@ -120,9 +128,10 @@ impl redis::FromRedisValue for TenantReads {
             max_concurrent,
             max_queued,
             enabled,
+            weight,
             configured,
-            slots,
             waiting,
+            scheduled,
             running,
             deleting,
             indexes,
@@ -132,15 +141,15 @@ impl redis::FromRedisValue for TenantReads {
 
 /// What `set_limits.lua` did.
 pub(super) enum Limits {
-    /// Written; `more` when waiting executions now fit (promote them).
-    Set { more: bool },
+    /// Written.
+    Set,
     /// The tenant is pinned elsewhere: nothing written.
     Moved,
 }
 
 impl Store {
-    /// Changes the limits `limits` names (the others stay) and dispatches every waiting
-    /// execution that now fits, oldest first (see `migrations-lua/set_limits.lua`).
+    /// Changes the limits `limits` names (the others stay); raised limits let waiting
+    /// executions start as workers pick them, in order (see `migrations-lua/set_limits.lua`).
     pub async fn put_tenant(
         &self,
         tenant: &TenantId,
@@ -150,8 +159,7 @@ impl Store {
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
             match self.set_limits_in(shard, tenant, limits).await? {
-                Limits::Set { more: true } => self.promote_all(tenant).await?,
-                Limits::Set { more: false } => {}
+                Limits::Set => {}
                 Limits::Moved => {
                     self.refresh_pins().await?;
                     continue;
@@ -180,12 +188,13 @@ impl Store {
             .arg(limits.max_concurrent.arg())
             .arg(limits.max_queued.arg())
             .arg(limits.enabled.map(u8::from).arg())
-            .arg(PROMOTE_STEP);
+            .arg(PROMOTE_STEP)
+            .arg(limits.weight.arg());
         let mut c = self.conn();
         let reply: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(match reply {
             r if r < 0 => Limits::Moved,
-            r => Limits::Set { more: r == 1 },
+            _ => Limits::Set,
         })
     }
 
@@ -293,9 +302,10 @@ impl Store {
                 .max_queued
                 .unwrap_or(self.policy.max_queued.load(Ordering::Relaxed)),
             enabled: r.enabled != Some(0),
+            weight: r.weight.unwrap_or(1),
             running,
-            dispatched: r.slots.saturating_sub(running),
             waiting: r.waiting,
+            scheduled: r.scheduled,
         })
     }
 }
@@ -306,7 +316,7 @@ fn promote_keys(shard: Shard, tenant: &TenantId) -> [String; 4] {
         shard.tenant_config(tenant),
         shard.slots(tenant),
         shard.waiting(tenant),
-        shard.ready(),
+        shard.runnable(),
     ]
 }
 
@@ -316,9 +326,10 @@ fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
     p.hget(shard.tenant_config(tenant), "max_concurrent")
         .hget(shard.tenant_config(tenant), "max_queued")
         .hget(shard.tenant_config(tenant), "enabled")
+        .hget(shard.tenant_config(tenant), "weight")
         .exists(shard.tenant_config(tenant))
-        .scard(shard.slots(tenant))
         .zcard(shard.waiting(tenant))
+        .zcard(shard.scheduled_index(tenant))
         .zcard(shard.status_index(tenant, Status::Running))
         .scard(shard.deleting(tenant));
     let indexes: Vec<String> = Status::ALL

@@ -1,5 +1,5 @@
-//! The worker runtime: reads dispatched executions only while it has free slots and starts
-//! what it reads in the same atomic step, runs each under a lease that one heartbeat per shard
+//! The worker runtime: asks for executions only while it has free slots (Redis picks them by
+//! fair share and starts them in the same atomic step), runs each under a lease that one heartbeat per shard
 //! keeps alive, reports the outcome fenced by the run's token, and recovers orphans (expired
 //! leases only, never live ones). `sluice worker` runs it with flows from a file; Rust programs
 //! run it through `Worker::new` with their own `Registry`.
@@ -10,13 +10,17 @@
 //! a master) delays only its own executions. The shards share the worker's slots: a start call
 //! asks for no more executions than slots it reserved first. A run that ends reports its
 //! outcome and starts the shard's next execution on its slot in the same call (one call per
-//! execution while the shard has work, as BullMQ's moveToFinished does); a slot passes on this
-//! way at most `CHAIN_MAX` times in a row while another shard waits for one.
+//! execution while the shard has work, as BullMQ's moveToFinished does). While other shards
+//! wait for a slot, a freed slot goes to the shards in proportion to their runnable weight
+//! (each call says its shard's): the run's own shard chains only when it is the one picked,
+//! else the slot is handed to the picked shard's pickup (`Shared::pass_on`).
 //!
 //! Nothing here polls: a pickup with room waits on its shard's doorbell (`store::wake`), and a
 //! cancel or force delete of a run reaches it as a stop message (`stop_listener`), answered
-//! with a heartbeat of that run. The orphan scan is the slow safety net under both: it puts
-//! due retries back and re-rings a doorbell whose wake-up was lost.
+//! with a heartbeat of that run. A shard's scheduled executions and retries are started on the
+//! pickup's own timer, set from the earliest due time each call reports. The orphan scan is
+//! the slow safety net under all three: it makes due executions runnable and re-rings a
+//! doorbell whose wake-up was lost.
 //!
 //! What it does under faults:
 //! - a handler runs in its own task: a panic fails the execution like an error, and the
@@ -28,8 +32,8 @@
 //!   that shard (its slots kept for it until then), so what it started runs here instead of
 //!   being declared lost a lease later; the `adopt` raises a barrier that stops the lost call
 //!   from starting anything if Redis runs it only afterwards;
-//! - a shard that cannot be reached, also at start, is retried by its own pickup, which creates
-//!   the shard's consumer group again before its next call; the other shards go on.
+//! - a shard that cannot be reached, also at start, is retried by its own pickup; the other
+//!   shards go on.
 
 mod builtin;
 mod external;
@@ -239,21 +243,29 @@ struct Shared {
     wakes: HashMap<Shard, Arc<Wake>>,
     /// Cancelled when the worker stops reading (shutdown): no run starts another then.
     reading: CancellationToken,
-    /// Pickups waiting for a free slot (their shards have work): while there are any, a slot
-    /// passes from run to run in one shard at most `CHAIN_MAX` times.
+    /// Pickups waiting for a free slot (their shards have work): while there are any, a freed
+    /// slot goes to a shard picked by weight (`pass_on`).
     waiting_for_slot: AtomicUsize,
+    /// The smooth weighted round robin's credit per shard (`pick_shard`).
+    credits: Mutex<HashMap<Shard, i64>>,
     /// This `Shared`, for the run tasks (which must not keep it alive: it owns their set).
     me: Weak<Shared>,
 }
 
-/// How many times in a row a slot may pass from a run to the next of the same shard while
-/// other shards wait for a slot: the shards then take turns in batches of this many runs.
-const CHAIN_MAX: u32 = 8;
+/// Where a run's freed slot goes.
+enum Next {
+    /// To the shard's next run, started by the completion call (the guard keeps `adopt` out
+    /// until what it started is known).
+    Chain(tokio::sync::OwnedRwLockReadGuard<()>),
+    /// To another shard's pickup, picked by weight.
+    Hand(Arc<Wake>),
+    /// Back to the worker's free slots.
+    Free,
+}
 
 impl Shared {
-    /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`;
-    /// `depth` counts the runs before it that passed the slot on (0 for a pickup's start).
-    fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit, depth: u32) {
+    /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`.
+    fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit) {
         let stop = CancellationToken::new();
         let why = Arc::new(StopReason::default());
         let lease = Lease::granted(sent, self.config.lease_ttl);
@@ -286,9 +298,17 @@ impl Shared {
             // Whether this slot starts the shard's next run in the same call, and with how many
             // slots: this one, and while no other shard waits for a slot, every free one (a
             // backlog is then started in batches, as a pickup's start call does).
+            let mut hand = None;
             let chain = me
                 .upgrade()
-                .and_then(|shared| shared.pass_on(shard, depth, &outcome).map(|g| (shared, g)));
+                .and_then(|shared| match shared.pass_on(shard, &outcome) {
+                    Next::Chain(g) => Some((shared, g)),
+                    Next::Hand(other) => {
+                        hand = Some(other);
+                        None
+                    }
+                    Next::Free => None,
+                });
             let mut slot = slot;
             if let Some((shared, _)) = &chain
                 && shared.waiting_for_slot.load(Ordering::SeqCst) == 0
@@ -315,7 +335,14 @@ impl Shared {
                     }),
                     None,
                 ),
-                _ => (None, Some(slot)),
+                _ => match hand {
+                    // The report does not wait for the other shard's start.
+                    Some(other) => {
+                        other.give(slot);
+                        (None, None)
+                    }
+                    None => (None, Some(slot)),
+                },
             };
             let report = report(&store, shard, &id, fence, &outcome, &config, &mut asked).await;
             // A retry after a backoff: this worker looks again when it is due (any worker's
@@ -329,6 +356,9 @@ impl Shared {
             ) = (&outcome, &wake)
             {
                 wake.set_due_in(*wait);
+            }
+            if let (Some(wake), Some((due, weight))) = (&wake, report.learned) {
+                wake.learn(due, weight);
             }
             held.lock()
                 .expect("held map")
@@ -345,7 +375,7 @@ impl Shared {
                     .and_then(|s| s.split(1))
                     .or_else(|| shared.slots.clone().try_acquire_owned().ok())
                 {
-                    Some(s) => shared.launch(next, sent, s, depth + 1),
+                    Some(s) => shared.launch(next, sent, s),
                     None => tracing::warn!(
                         id = %next.id,
                         "no free slot for a run Redis names as this worker's; its lease will expire"
@@ -360,31 +390,77 @@ impl Shared {
         });
     }
 
-    /// Whether a run of `shard` that ended with `outcome` should start the shard's next run on
-    /// its slot (its completion call asks for one): not while stopping, not for a run that lost
-    /// its lease or is handed back, not while the shard awaits an `adopt`, and not more than
-    /// `CHAIN_MAX` times in a row (`depth`) while another shard waits for a slot. The guard it
-    /// returns keeps `adopt` out until the started run is known.
-    fn pass_on(
-        &self,
-        shard: Shard,
-        depth: u32,
-        outcome: &Outcome,
-    ) -> Option<tokio::sync::OwnedRwLockReadGuard<()>> {
-        if matches!(outcome, Outcome::Released | Outcome::Abandoned) {
-            return None;
+    /// Where the slot of a run of `shard` that ended with `outcome` goes. While other shards'
+    /// pickups wait for a slot, the shards with runnable work take turns by weight
+    /// (`pick_shard`): the run's own shard chains its next run only when it is picked, else the
+    /// slot is handed to the picked shard. The own shard never chains while stopping, after a
+    /// run that lost its lease or is handed back, or while it awaits an `adopt`.
+    fn pass_on(&self, shard: Shard, outcome: &Outcome) -> Next {
+        if self.reading.is_cancelled() || matches!(outcome, Outcome::Released | Outcome::Abandoned)
+        {
+            return Next::Free;
         }
-        if depth >= CHAIN_MAX && self.waiting_for_slot.load(Ordering::SeqCst) > 0 {
-            return None;
+        if self.waiting_for_slot.load(Ordering::SeqCst) > 0
+            && let Some(other) = self.pick_shard(shard)
+            && other != shard
+        {
+            return match self.wakes.get(&other) {
+                Some(w) => Next::Hand(w.clone()),
+                None => Next::Free,
+            };
         }
-        let wake = self.wakes.get(&shard)?;
-        let guard = wake.starts.clone().try_read_owned().ok()?;
+        let Some(wake) = self.wakes.get(&shard) else {
+            return Next::Free;
+        };
+        let Ok(guard) = wake.starts.clone().try_read_owned() else {
+            return Next::Free;
+        };
         // Checked with the guard held: shutdown takes every shard's lock once it has stopped
         // reading, so a run that passes this check is launched before the drain begins.
         if self.reading.is_cancelled() || wake.is_unsure() {
+            return Next::Free;
+        }
+        Next::Chain(guard)
+    }
+
+    /// The shard a freed slot goes to, among `own` and the shards whose pickups wait for a
+    /// slot, in proportion to their runnable weight (a smooth weighted round robin: each pick
+    /// adds every candidate's weight to its credit and takes the largest credit, which then
+    /// pays the total). `None` when no candidate has runnable work.
+    fn pick_shard(&self, own: Shard) -> Option<Shard> {
+        let candidates: Vec<(Shard, i64)> = self
+            .wakes
+            .iter()
+            .filter(|(s, w)| **s == own || w.is_waiting())
+            .map(|(s, w)| {
+                let weight = i64::try_from(w.weight()).unwrap_or(i64::MAX / 4);
+                // A pickup waits for a slot only when its shard has work; one that has not
+                // been answered since (its first call, or a doorbell after a drain) counts as
+                // weight 1 until its call tells.
+                let weight = if *s != own { weight.max(1) } else { weight };
+                (*s, weight)
+            })
+            .filter(|(_, w)| *w > 0)
+            .collect();
+        if candidates.is_empty() {
             return None;
         }
-        Some(guard)
+        let total: i64 = candidates.iter().map(|(_, w)| *w).sum();
+        let mut credits = self.credits.lock().expect("credits");
+        let mut best: Option<(Shard, i64)> = None;
+        for (s, w) in &candidates {
+            let c = credits.entry(*s).or_insert(0);
+            *c += w;
+            if best.is_none_or(|(b, bc)| *c > bc || (*c == bc && s.number() < b.number())) {
+                best = Some((*s, *c));
+            }
+        }
+        let (picked, _) = best?;
+        *credits.entry(picked).or_insert(0) -= total;
+        // Credits of shards that are not candidates now are forgotten: no credit is banked
+        // while a shard has nothing to run.
+        credits.retain(|s, _| candidates.iter().any(|(c, _)| c == s));
+        Some(picked)
     }
 }
 
@@ -433,6 +509,7 @@ impl Worker {
             wakes: wakes.clone(),
             reading: stop_reading.clone(),
             waiting_for_slot: AtomicUsize::new(0),
+            credits: Mutex::new(HashMap::new()),
             me: me.clone(),
         });
         let stop_background = CancellationToken::new();
@@ -648,6 +725,8 @@ struct Reported {
     reported: bool,
     /// What the completion call started on the run's slot (when it asked).
     started: Vec<Started>,
+    /// What the answered call said of the shard: its next due time and runnable weight.
+    learned: Option<(Option<Duration>, u64)>,
 }
 
 /// Reports an outcome, retrying while Redis is unavailable for up to one lease TTL (after that
@@ -688,12 +767,14 @@ async fn report(
                 return Reported {
                     reported: true,
                     started: Vec::new(),
+                    learned: None,
                 };
             }
             Ok((done, batch)) => {
                 tracing::debug!(%id, fence, ?done, "execution reported");
                 return Reported {
                     reported: true,
+                    learned: Some((batch.next_due, batch.weight)),
                     started: batch.started,
                 };
             }
@@ -712,6 +793,7 @@ async fn report(
                     return Reported {
                         reported: false,
                         started: Vec::new(),
+                        learned: None,
                     };
                 }
                 tracing::warn!(%id, error = %e, "cannot report completion yet; retrying");
@@ -900,6 +982,9 @@ async fn reclaim_loop(
         for _ in 0..100 {
             match store.reclaim(shard, BATCH).await {
                 Ok(r) => {
+                    if let Some(due) = r.next_due {
+                        wake.set_due_in(due);
+                    }
                     if r.requeued + r.dead_lettered > 0 {
                         tracing::info!(
                             shard = shard.number(),

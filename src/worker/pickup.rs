@@ -75,6 +75,14 @@ pub(super) struct Wake {
     /// when the `adopt` is answered, or at the first failed call of the shard after
     /// `keep_at_most` (a shard that is down must not hold the worker's slots).
     kept: Mutex<Option<(OwnedSemaphorePermit, Instant)>>,
+    /// The summed weight of the shard's runnable tenants, as its last answered call said: the
+    /// worker shares freed slots between shards in proportion to it (`Shared::pass_on`).
+    weight: AtomicU64,
+    /// Whether the pickup waits for a slot (`wait_for_slot`): only then is a slot handed to it.
+    waiting: AtomicBool,
+    /// A slot another shard's run handed to this shard (its turn by weight), until the pickup
+    /// takes it.
+    given: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl Wake {
@@ -125,7 +133,47 @@ impl Wake {
         self.notify.notify_one();
     }
 
-    /// A retry of the shard is due after `wait`.
+    /// The shard's runnable weight, as a call just answered.
+    pub(super) fn set_weight(&self, weight: u64) {
+        self.weight.store(weight, Ordering::SeqCst);
+    }
+
+    /// The shard's runnable weight as last seen.
+    pub(super) fn weight(&self) -> u64 {
+        self.weight.load(Ordering::SeqCst)
+    }
+
+    /// Whether the pickup waits for a slot now.
+    pub(super) fn is_waiting(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Hands a freed slot to this shard's pickup (the shard's turn by weight).
+    pub(super) fn give(&self, slot: OwnedSemaphorePermit) {
+        let mut given = self.given.lock().expect("given slot");
+        match given.as_mut() {
+            Some(all) => all.merge(slot),
+            None => *given = Some(slot),
+        }
+        drop(given);
+        self.notify.notify_one();
+    }
+
+    /// The slot handed to the pickup, if any.
+    fn take_given(&self) -> Option<OwnedSemaphorePermit> {
+        self.given.lock().expect("given slot").take()
+    }
+
+    /// What an answered call said of the shard: when its earliest scheduled execution is due
+    /// and how much runnable weight it has.
+    pub(super) fn learn(&self, next_due: Option<Duration>, weight: u64) {
+        self.set_weight(weight);
+        if let Some(wait) = next_due {
+            self.set_due_in(wait);
+        }
+    }
+
+    /// An execution of the shard (a scheduled one, or a retry) is due after `wait`.
     pub(super) fn set_due_in(&self, wait: Duration) {
         let at = Instant::now() + wait;
         let mut due = self.due.lock().expect("due");
@@ -181,9 +229,6 @@ pub(super) struct Pickup {
     /// Pause before the next doorbell connection after one failed (doubling; zero once a
     /// marker came through).
     bell_pause: Duration,
-    /// Whether the shard's consumer group is known to exist: ensured before the first start
-    /// and again after any failure (the shard's Redis may have come back without it).
-    group_ready: bool,
     // A start whose answer was lost makes the shard unsure (`Wake::unsure`): its slots are
     // kept for the `adopt` (`Wake::kept`), so what it started finds them, but only briefly
     // (`keep_at_most`) — a shard whose master is down may stay unsure for long, and must not
@@ -206,7 +251,6 @@ impl Pickup {
             bell: None,
             ringing: None,
             bell_pause: Duration::ZERO,
-            group_ready: false,
             failing: false,
         }
     }
@@ -216,12 +260,19 @@ impl Pickup {
     pub(super) async fn run(mut self, stop: CancellationToken) {
         let mut pause = FAILING_PAUSE;
         // A worker that starts looks once: work may be waiting from before.
-        let mut slot = None;
+        let mut slot: Option<OwnedSemaphorePermit> = None;
         loop {
             if stop.is_cancelled() {
                 return;
             }
-            let served = self.serve(slot.take()).await;
+            let mut first = slot.take();
+            if let Some(given) = self.wake.take_given() {
+                match first.as_mut() {
+                    Some(f) => f.merge(given),
+                    None => first = Some(given),
+                }
+            }
+            let served = self.serve(first).await;
             let next = match served {
                 Served::Failed => {
                     // Whichever call failed (the `adopt`, or the group's creation before it),
@@ -253,13 +304,6 @@ impl Pickup {
     /// (`first` is a slot reserved already), again at once while a call reads all it asked for.
     async fn serve(&mut self, mut first: Option<OwnedSemaphorePermit>) -> Served {
         loop {
-            if !self.group_ready {
-                if let Err(e) = self.shared.store.ensure_group(self.shard).await {
-                    self.failed(&e, "cannot create the shard's consumer group");
-                    return Served::Failed;
-                }
-                self.group_ready = true;
-            }
             if self.wake.is_unsure() {
                 // The slot this pickup queued for goes to what `adopt` finds (with the slots
                 // of the lost calls): with one slot, holding it would leave an adopted run none.
@@ -322,6 +366,7 @@ impl Pickup {
         {
             Ok(mut batch) => {
                 self.answered();
+                self.wake.learn(batch.next_due, batch.weight);
                 let started = std::mem::take(&mut batch.started);
                 // A start reads no more than it has slots for; should one ever read more,
                 // the extra runs wait for a slot as an adopt's do (never dropped silently).
@@ -350,6 +395,9 @@ impl Pickup {
             let (due_now, due_at) = self.wake.take_due();
             if due_now || self.wake.is_unsure() {
                 return Some(None);
+            }
+            if let Some(given) = self.wake.take_given() {
+                return Some(Some(given));
             }
             let mut ringing = self.ringing.take().unwrap_or_else(|| self.ring());
             let due = async move {
@@ -444,10 +492,13 @@ impl Pickup {
         &mut self,
         stop: &CancellationToken,
     ) -> Option<Option<OwnedSemaphorePermit>> {
-        let _queued = Queued::join(self.shared.clone());
+        let _queued = Queued::join(self.shared.clone(), self.wake.clone());
         loop {
             if self.wake.is_unsure() {
                 return Some(None);
+            }
+            if let Some(given) = self.wake.take_given() {
+                return Some(Some(given));
             }
             let slots = self.shared.slots.clone();
             let mut ringing = self.ringing.take();
@@ -582,7 +633,7 @@ impl Pickup {
                 .and_then(|r| r.split(1))
                 .or_else(|| self.shared.slots.clone().try_acquire_owned().ok());
             match slot {
-                Some(slot) => self.shared.launch(s, sent, slot, 0),
+                Some(slot) => self.shared.launch(s, sent, slot),
                 None => left.push(s),
             }
         }
@@ -603,7 +654,7 @@ impl Pickup {
             match slot {
                 Ok(slot) => {
                     let slot = slot.expect("the slots are never closed");
-                    shared.launch(s, sent, slot, 0);
+                    shared.launch(s, sent, slot);
                 }
                 Err(_) => tracing::warn!(
                     id = %s.id,
@@ -616,9 +667,8 @@ impl Pickup {
         }
     }
 
-    /// A call failed: the shard may be down, or may have lost its group with its data.
+    /// A call failed: the shard may be down.
     fn failed(&mut self, e: &StoreError, what: &str) {
-        self.group_ready = false;
         if self.failing {
             tracing::debug!(error = %e, shard = self.shard.number(), "{what}");
         } else {
@@ -637,17 +687,21 @@ impl Pickup {
 }
 
 /// A pickup counted among those waiting for a slot while this lives.
-struct Queued(Arc<Shared>);
+struct Queued(Arc<Shared>, Arc<Wake>);
 
 impl Queued {
-    fn join(shared: Arc<Shared>) -> Self {
+    fn join(shared: Arc<Shared>, wake: Arc<Wake>) -> Self {
         shared.waiting_for_slot.fetch_add(1, Ordering::SeqCst);
-        Self(shared)
+        wake.waiting.store(true, Ordering::SeqCst);
+        Self(shared, wake)
     }
 }
 
 impl Drop for Queued {
     fn drop(&mut self) {
+        self.1.waiting.store(false, Ordering::SeqCst);
         self.0.waiting_for_slot.fetch_sub(1, Ordering::SeqCst);
+        // A slot handed over as the pickup stopped waiting goes back to the worker.
+        drop(self.1.take_given());
     }
 }

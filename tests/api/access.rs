@@ -109,6 +109,8 @@ async fn call(app: &TestApp, who: &Who, name: &str) -> StatusCode {
         }
         "dead_letters" => send(Method::GET, "/api/dlq".into()).send(),
         "queue_stats" => send(Method::GET, "/api/queues".into()).send(),
+        "tenant_trends" => send(Method::GET, "/api/tenants/acme/trends".into()).send(),
+        "trends" => send(Method::GET, "/api/trends".into()).send(),
         "me" => send(Method::GET, "/api/me".into()).send(),
         // No such record: a caller with the role gets 404, one without it 403 first.
         "dismiss_dead_letter" => send(Method::DELETE, "/api/dlq/0/1-1".into()).send(),
@@ -128,7 +130,7 @@ async fn each_role_gets_exactly_its_calls() {
         ("platform", Who::Platform("acme")),
     ];
     // Expected status for viewer, editor, tenant admin, platform admin.
-    let matrix: [(&str, [u16; 4]); 19] = [
+    let matrix: [(&str, [u16; 4]); 21] = [
         ("admit", [403, 201, 201, 201]),
         ("get", [200, 200, 200, 200]),
         ("list", [200, 200, 200, 200]),
@@ -145,6 +147,8 @@ async fn each_role_gets_exactly_its_calls() {
         ("retry", [403, 200, 200, 200]),
         ("dead_letters", [200, 200, 200, 200]),
         ("queue_stats", [403, 403, 403, 200]),
+        ("tenant_trends", [403, 403, 200, 200]),
+        ("trends", [403, 403, 403, 200]),
         ("me", [200, 200, 200, 200]),
         ("dismiss_dead_letter", [403, 404, 404, 404]),
         ("get", [200, 200, 200, 200]),
@@ -542,7 +546,10 @@ async fn a_disabled_tenant_reads_but_admits_nothing() {
     assert_eq!(res.status(), StatusCode::OK);
     let e: Value = res.json().await.unwrap();
     assert_eq!(e["status"], "queued");
-    assert_eq!(app.ready_len("acme").await, 1);
+    // Still in its tenant's queue, ready to start: disabling stops admissions, not work.
+    assert_eq!(e["queue_state"], "ready");
+    assert_eq!(app.queue_ids("acme").await, [id]);
+    assert_eq!(app.runnable_tenants("acme").await, ["acme"]);
 }
 
 #[tokio::test]

@@ -23,7 +23,8 @@ async fn race(key_in: KeyIn) {
     const KEYS: usize = 50;
     const COPIES: usize = 20;
     let app = Arc::new(TestApp::spawn().await);
-    // Room for 20 running: the other 30 must wait, so both queues are exercised.
+    // Room for 20 running: 20 are ready to start, the other 30 wait behind them, so both
+    // queue states are exercised.
     app.put_tenant("racer", &json!({"max_concurrent": 20}))
         .await;
     let barrier = Arc::new(Barrier::new(KEYS * COPIES));
@@ -78,7 +79,8 @@ async fn race(key_in: KeyIn) {
     let all_ids: HashSet<_> = ids_by_key.values().flatten().cloned().collect();
     assert_eq!(all_ids.len(), KEYS);
 
-    // Through the API: 50 executions, usage 50 (20 holding slots, 30 waiting).
+    // Through the API: 50 executions, all queued (none started: no slot taken), 20 of them
+    // ready to start and 30 waiting behind them.
     let page = app.page("racer", "limit=200").await;
     assert_eq!(page["total"], KEYS);
     let listed: HashSet<_> = page["executions"]
@@ -88,19 +90,30 @@ async fn race(key_in: KeyIn) {
         .map(|e| e["execution_id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(listed, all_ids);
+    let mut states: HashMap<String, usize> = HashMap::new();
+    for e in page["executions"].as_array().unwrap() {
+        *states
+            .entry(e["queue_state"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        states,
+        HashMap::from([("ready".to_owned(), 20), ("waiting".to_owned(), 30)])
+    );
     let usage = app.usage("racer").await;
-    assert_eq!(
-        usage,
-        json!({"running": 0, "dispatched": 20, "waiting": 30})
-    );
+    assert_eq!(usage, json!({"running": 0, "waiting": 50, "scheduled": 0}));
 
-    // On Redis: 50 rows, 50 queue entries, 20 slots taken.
+    // On Redis: 50 rows, one queue entry each, no slot taken.
     assert_eq!(app.row_count().await, KEYS);
-    assert_eq!(
-        app.ready_len("racer").await + app.waiting_len("racer").await,
-        KEYS as u64
-    );
-    assert_eq!(app.ready_len("racer").await, 20);
+    let queue = app.queue_ids("racer").await;
+    assert_eq!(queue.len(), KEYS);
+    assert_eq!(queue.into_iter().collect::<HashSet<_>>(), all_ids);
+    let tenant = sluice::admission::TenantId::parse("racer").unwrap();
+    let slots: u64 = app
+        .redis
+        .query(redis::cmd("SCARD").arg(app.shard("racer").slots(&tenant)))
+        .await;
+    assert_eq!(slots, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -130,7 +143,9 @@ async fn new_admission_answers_201_with_location_and_a_full_row() {
     assert_eq!(body["version"], "v2");
     assert_eq!(body["params"], json!({"a": 1}));
     assert_eq!(body["status"], "queued");
-    assert_eq!(body["queue_state"], "dispatched");
+    assert_eq!(body["queue_state"], "ready");
+    assert_eq!(body["priority"], 3);
+    assert_eq!(body["run_at"], Value::Null);
     assert_eq!(body["attempt"], 0);
     assert_eq!(body["max_attempts"], 3);
     assert_eq!(body["dedup_key"], Value::Null);
@@ -201,11 +216,13 @@ async fn force_delete_frees_the_key_for_a_new_execution() {
         app.delete("acme", id, true).await.status(),
         StatusCode::NOT_FOUND
     );
-    // Nothing of it is left: no row, no index entry, no stream entry, no slot, no dedup key.
+    // Nothing of it is left: no row, no index entry, no queue entry, the tenant no longer
+    // runnable, no dedup key.
     assert_eq!(app.row_count().await, 0);
-    assert_eq!(app.ready_len("acme").await, 0);
+    assert!(app.queue_ids("acme").await.is_empty());
+    assert!(app.runnable_tenants("acme").await.is_empty());
     let usage = app.usage("acme").await;
-    assert_eq!(usage, json!({"running": 0, "dispatched": 0, "waiting": 0}));
+    assert_eq!(usage, json!({"running": 0, "waiting": 0, "scheduled": 0}));
 
     let res = app.post_with_key("acme", "k", &body).await;
     assert_eq!(res.status(), StatusCode::CREATED);

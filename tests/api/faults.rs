@@ -43,7 +43,7 @@
 //!
 //! Then every process is continued, the clients stop, every tenant's limit is raised to 3 (to
 //! drain the backlog sooner), and the suite waits (at most 30 s) until no tenant has anything
-//! running, dispatched or waiting.
+//! running or queued.
 //!
 //! # What is asserted
 //!
@@ -85,9 +85,17 @@
 //!    when it was sent until a later change, sent after the first was answered, has been
 //!    acknowledged; a change whose answer was lost (5xx, no answer) is taken to apply within
 //!    10 s of that answer or never (the longest pause is 4 s).
-//! 6. **Usage returns to zero**: `{running: 0, dispatched: 0, waiting: 0}` for every tenant, and
+//! 6. **Usage returns to zero**: `{running: 0, waiting: 0, scheduled: 0}` for every tenant, and
 //!    nothing listed as `queued` or `running`.
 //! 7. **Attempts stay in bounds**: no final execution shows `attempt > max_attempts`.
+//! 8. **Never started before due.** An execution admitted with a `delay` (a quarter of them,
+//!    100–1500 ms; 40 % also carry a priority 1–5) has no run in the journal that started
+//!    before its admission's Redis time plus the delay (unless a retry of it was requested:
+//!    that makes it runnable at once).
+//! 9. **Fair share by weight.** The tenants have weights 1, 2 and 5. In every shard's start
+//!    log the virtual start tags never go down, and each tenant's own tags advance by at least
+//!    1000 / weight per start: start-time fair queueing, whose bound (two backlogged tenants'
+//!    starts divided by their weights differ by at most one start of each) follows from both.
 //!
 //! The report also counts admissions by answer, faults by kind, runs (by how they ended, and
 //! how many lost their lease before ending), executions by final status, dead letters by reason,
@@ -873,6 +881,8 @@ struct Plan {
     /// `params.ms`: how long each run sleeps.
     ms: u64,
     max_attempts: u64,
+    /// The admission's `delay` (ms), if it was scheduled.
+    delay: Option<u64>,
 }
 
 /// What the client tasks share.
@@ -1058,11 +1068,20 @@ async fn admit(cs: &Clients, rng: &mut Rng, tenant: String, nonce: String) {
         rng.between(50, 400)
     };
     let max_attempts = rng.between(1, 4);
-    let body = json!({
+    let mut body = json!({
         "flow_id": FLOW,
         "params": {"ms": ms, "nonce": nonce, "fail_attempts": fail_attempts},
         "max_attempts": max_attempts,
     });
+    // Some are prioritized, some scheduled a little later (the same on every try: a retried
+    // request with a relative delay is a replay, and keeps the first admission's schedule).
+    if rng.percent(40) {
+        body["priority"] = json!(rng.between(1, 5));
+    }
+    let delay = rng.percent(25).then(|| rng.between(100, 1_500));
+    if let Some(d) = delay {
+        body["delay"] = json!(format!("{d}ms"));
+    }
     let key = rng.percent(50).then(|| format!("key-{nonce}"));
     for try_no in 1..=4 {
         let sent = now_ms();
@@ -1087,7 +1106,11 @@ async fn admit(cs: &Clients, rng: &mut Rng, tenant: String, nonce: String) {
             let mut known = cs.known.lock().expect("known");
             if known.len() < 100_000 {
                 known.push((tenant.clone(), id.to_owned()));
-                let plan = Plan { ms, max_attempts };
+                let plan = Plan {
+                    ms,
+                    max_attempts,
+                    delay,
+                };
                 cs.plans.lock().expect("plans").insert(id.to_owned(), plan);
             }
         }
@@ -1129,7 +1152,7 @@ async fn quiesce(api: &Api, limit: Duration) -> Result<Duration, String> {
         for t in TENANTS {
             let tenant = api.read(None, &format!("/api/tenants/{t}")).await;
             let usage = &tenant["usage"];
-            if usage != &json!({"running": 0, "dispatched": 0, "waiting": 0}) {
+            if usage != &json!({"running": 0, "waiting": 0, "scheduled": 0}) {
                 busy.push(format!("{t} usage {usage}"));
             }
             for status in ["queued", "running"] {
@@ -1160,6 +1183,8 @@ struct Final {
     usage: BTreeMap<String, Value>,
     dead_letters: Vec<Value>,
     counters: BTreeMap<String, u64>,
+    /// Each shard's start log: (tenant, virtual start tag, weight) per start, oldest first.
+    start_logs: BTreeMap<String, Vec<(String, f64, f64)>>,
 }
 
 async fn final_state(api: &Api, redis_url: &str) -> Final {
@@ -1198,6 +1223,49 @@ async fn final_state(api: &Api, redis_url: &str) -> Final {
         .get_multiplexed_async_connection()
         .await
         .expect("redis connection after healing");
+    let mut start_logs = BTreeMap::new();
+    let mut cursor = 0u64;
+    for _ in 0..100_000 {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg("sluice:{*}:starts")
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .expect("SCAN");
+        for key in keys {
+            let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+                .arg(&key)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .expect("XRANGE");
+            let log = entries
+                .into_iter()
+                .map(|(_, f)| {
+                    let get = |n: &str| {
+                        f.chunks(2)
+                            .find(|c| c[0] == n)
+                            .map(|c| c[1].clone())
+                            .unwrap_or_default()
+                    };
+                    (
+                        get("t"),
+                        get("vt").parse().unwrap_or(f64::NAN),
+                        get("w").parse().unwrap_or(f64::NAN),
+                    )
+                })
+                .collect();
+            start_logs.insert(key, log);
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
     let mut cursor = 0u64;
     for _ in 0..100_000 {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -1278,6 +1346,7 @@ async fn final_state(api: &Api, redis_url: &str) -> Final {
         usage,
         dead_letters,
         counters,
+        start_logs,
     }
 }
 
@@ -1442,6 +1511,20 @@ const P4: &str = "4. cancels stick";
 const P5: &str = "5. tenant limits hold for running handlers";
 const P6: &str = "6. usage back to zero";
 const P7: &str = "7. attempt <= max_attempts";
+const P8: &str = "8. never started before due";
+const P9: &str = "9. fair share by weight (start log)";
+
+/// The weight each tenant is given at setup.
+fn weight_of(tenant: &str) -> u64 {
+    match tenant {
+        "chaos-a" => 1,
+        "chaos-b" => 2,
+        _ => 5,
+    }
+}
+
+/// The virtual time one start costs a tenant of weight 1 (`QUANTUM` in common.lua).
+const QUANTUM: f64 = 1000.0;
 
 /// Everything the checker reads.
 struct Evidence<'a> {
@@ -1452,6 +1535,7 @@ struct Evidence<'a> {
     gone: &'a HashMap<u32, u64>,
     faults: &'a [Fault],
     quiesced: &'a Result<Duration, String>,
+    plans: &'a HashMap<String, Plan>,
 }
 
 fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
@@ -1460,6 +1544,8 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
     check_runs(ev, &mut v);
     check_cancels(ev, &mut v);
     check_limits(ev, &mut v, report);
+    check_schedules(ev, &mut v);
+    check_fair_share(ev, &mut v);
     if let Err(busy) = ev.quiesced {
         v.fail(
             P6,
@@ -1467,7 +1553,7 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
         );
     }
     for (t, u) in &ev.fin.usage {
-        if u != &json!({"running": 0, "dispatched": 0, "waiting": 0}) {
+        if u != &json!({"running": 0, "waiting": 0, "scheduled": 0}) {
             v.fail(P6, format!("{t}: usage {u}"));
         }
     }
@@ -1487,6 +1573,92 @@ fn is_terminal(e: &Value) -> bool {
         e["status"].as_str(),
         Some("completed" | "failed" | "cancelled")
     )
+}
+
+/// Property 8: an execution admitted with a `delay` never ran before its due time (its
+/// admission's Redis time plus the delay), unless a retry of it (which makes it runnable at
+/// once) was requested. Journal times and Redis times are one machine's clock.
+fn check_schedules(ev: &Evidence<'_>, v: &mut Verdict) {
+    let retried: BTreeSet<&str> = ev
+        .log
+        .iter()
+        .filter_map(|r| match &r.op {
+            Op::Retry { id } => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut first_start: HashMap<&str, u64> = HashMap::new();
+    for r in &ev.journal.runs {
+        let at = first_start.entry(r.id.as_str()).or_insert(r.start);
+        *at = (*at).min(r.start);
+    }
+    for (id, plan) in ev.plans {
+        let Some(delay) = plan.delay else { continue };
+        if retried.contains(id.as_str()) {
+            continue;
+        }
+        let (Some(e), Some(start)) = (ev.fin.execs.get(id), first_start.get(id.as_str())) else {
+            continue;
+        };
+        let Some(created) = e["created_at"].as_str().and_then(ms_of_rfc3339) else {
+            v.fail(P8, format!("{id}: no readable created_at: {e}"));
+            continue;
+        };
+        if *start < created + delay {
+            v.fail(
+                P8,
+                format!(
+                    "{id}: admitted at {created} with delay {delay} ms, started at {start} ({} ms early)",
+                    created + delay - start
+                ),
+            );
+        }
+    }
+}
+
+/// Property 9: each shard's start log shows start-time fair queueing: the virtual start tags
+/// of successive starts never go down (the shard's clock only moves forward, and a tenant
+/// comes back at the clock, never below it), and each tenant's own tags advance by at least
+/// QUANTUM / weight per start (exactly that while it stays runnable; more after it came back).
+/// Together: while two tenants both had work, their starts divided by their weights differ by
+/// at most one start of each.
+fn check_fair_share(ev: &Evidence<'_>, v: &mut Verdict) {
+    for (key, log) in &ev.fin.start_logs {
+        let mut last = f64::MIN;
+        let mut own: HashMap<&str, f64> = HashMap::new();
+        for (i, (t, tag, w)) in log.iter().enumerate() {
+            if !tag.is_finite() || !w.is_finite() {
+                v.fail(P9, format!("{key}[{i}]: unreadable entry"));
+                continue;
+            }
+            if *w != weight_of(t) as f64 {
+                v.fail(P9, format!("{key}[{i}]: {t} logged weight {w}"));
+            }
+            if *tag < last - 1e-6 {
+                v.fail(
+                    P9,
+                    format!("{key}[{i}]: {t}'s tag {tag} is below the last, {last}"),
+                );
+            }
+            last = last.max(*tag);
+            if let Some(prev) = own.get(t.as_str()) {
+                let step = QUANTUM / w;
+                if tag - prev < step - 1e-6 {
+                    v.fail(
+                        P9,
+                        format!("{key}[{i}]: {t}'s tag advanced by {} < {step}", tag - prev),
+                    );
+                }
+            }
+            own.insert(t, *tag);
+        }
+    }
+}
+
+/// Unix ms of an RFC 3339 time.
+fn ms_of_rfc3339(t: &str) -> Option<u64> {
+    let t = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
 }
 
 /// Properties 1 and 2: admissions against the executions found at the end.
@@ -1923,7 +2095,7 @@ async fn guarantees_hold_under_faults() {
     });
     for t in TENANTS {
         let n = rng.between(1, 3);
-        let body = json!({"max_concurrent": n, "max_queued": MAX_QUEUED});
+        let body = json!({"max_concurrent": n, "max_queued": MAX_QUEUED, "weight": weight_of(t)});
         let ans = set_limit(&cs, t, body, n).await;
         assert!(ans.is_2xx(), "setting up {t}: {ans:?}");
     }
@@ -1976,6 +2148,7 @@ async fn guarantees_hold_under_faults() {
     }
     let fin = final_state(&api, &redis_url).await;
     let log = cs.log.lock().expect("log").clone();
+    let plans = cs.plans.lock().expect("plans").clone();
     let (mut faults, exits) = {
         let mut c = cluster.lock().await;
         c.ensure_running();
@@ -2130,8 +2303,15 @@ async fn guarantees_hold_under_faults() {
         gone: &gone,
         faults: &faults,
         quiesced: &quiesced,
+        plans: &plans,
     };
     let mut verdict = check(&ev, &mut report);
+    let scheduled = plans.values().filter(|p| p.delay.is_some()).count();
+    let starts: usize = fin.start_logs.values().map(Vec::len).sum();
+    let _ = writeln!(
+        report,
+        "scheduled admissions: {scheduled}; starts in the shards' start logs: {starts}"
+    );
     if journal.runs.is_empty() {
         verdict.fail(
             P3,

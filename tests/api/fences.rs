@@ -49,7 +49,9 @@ async fn lua_key_builders_name_the_keys_the_rust_keys_module_does() {
 local t, id, f, h = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delayed(), K.dlq(), K.stats(),
   K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
-  K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id }
+  K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id, K.runnable(), K.sched(),
+  K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled'),
+  K.trends(t, 20423), K.shard_trends(20423), K.busy() }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -88,6 +90,15 @@ return out";
             s.tenant_dead_letters(&t),
             s.dead_letters_indexed(),
             keys::events_channel(&id),
+            s.runnable(),
+            s.sched(),
+            s.starts(),
+            s.held(digest),
+            s.scheduled_index(&t),
+            s.scheduled_flow_index(&t, &f),
+            s.trends(&t, 20_423),
+            s.shard_trends(20_423),
+            s.busy(),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));
@@ -150,7 +161,8 @@ pub(crate) fn admit_call(
         s.flow_index(&t, &f, Status::Queued),
         s.flows(&t),
         s.tenants(),
-        s.ready(),
+        s.runnable(),
+        s.delayed(),
     ];
     let mut args = common(&prefix_of.prefix());
     args.extend(
@@ -164,6 +176,9 @@ pub(crate) fn admit_call(
             "",
             "",
             "fingerprint",
+            "3",
+            "",
+            "",
         ]
         .map(String::from),
     );
@@ -229,10 +244,10 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
         s3.slots(&acme), // should be the tenant's cfg
         s3.slots(&acme),
         s3.waiting(&acme),
-        s3.ready(),
+        s3.runnable(),
     ];
     let mut a = common(&s3.prefix());
-    a.extend(["acme", "5", "", "", "100"].map(String::from));
+    a.extend(["acme", "5", "", "", "100", ""].map(String::from));
     let e = eval(&redis, &set_limits, &k, &a).await.unwrap_err();
     assert!(
         e.to_string()
@@ -340,15 +355,11 @@ async fn a_frozen_shard_refuses_every_script_until_the_marker_goes() {
     let _worker = TestWorker::spawn(&app.redis, FAST_WORKER);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(app.execution("acme", &queued).await["status"], "queued");
-    let pending: Vec<RedisValue> = app
+    let leases: u64 = app
         .redis
-        .query(
-            redis::cmd("XPENDING")
-                .arg(shard.ready())
-                .arg(sluice::store::WORKER_GROUP),
-        )
+        .query(redis::cmd("ZCARD").arg(shard.leases()))
         .await;
-    assert_eq!(pending[0], RedisValue::Int(0), "a run started: {pending:?}");
+    assert_eq!(leases, 0, "a run started");
 
     // Nothing changed in the frozen shard (the other shards' keys may have).
     let in_shard = |ks: &std::collections::BTreeSet<String>| -> Vec<String> {
@@ -449,20 +460,31 @@ async fn admit_declares_the_keys_it_writes() {
         s.flow_index(&t, &f, Status::Queued),
         s.flows(&t),
         s.tenants(),
-        s.slots(&t),
+        s.waiting(&t),
+        s.runnable(),
+        s.sched(),
         s.dedup(&t, &digest),
         s.bell(),
     ];
+    // The admission is counted in the tenant's and the shard's per-minute records of the day
+    // it was admitted on (Redis's clock), and the tenant is listed as having work.
+    let created: u64 = app
+        .redis
+        .query(redis::cmd("HGET").arg(s.row(&eid)).arg("created"))
+        .await;
+    let day = created / 86_400_000;
+    expected.extend([s.trends(&t, day), s.shard_trends(day), s.busy()]);
     expected.sort();
-    // (The ready stream exists from start-up on: its consumer group is made then.)
-    let entries: u64 = app.redis.query(redis::cmd("XLEN").arg(s.ready())).await;
-    assert_eq!(entries, 1);
     // The doorbell is set (no worker runs here to take it).
     let marker: u64 = app.redis.query(redis::cmd("ZCARD").arg(s.bell())).await;
     assert_eq!(marker, 1);
     let mut written = written;
     written.sort();
     assert_eq!(written, expected);
+    // The execution is first in its tenant's queue, and the tenant runnable.
+    assert_eq!(app.queue_ids("acme").await, std::slice::from_ref(&id));
+    assert_eq!(app.runnable_tenants("acme").await, ["acme"]);
+
     let q = |c: &mut redis::Cmd| {
         let c = c.clone();
         let app = &app;
@@ -492,4 +514,30 @@ async fn admit_declares_the_keys_it_writes() {
         .query(redis::cmd("GET").arg(s.dedup(&t, &digest)))
         .await;
     assert!(mapping.starts_with(&format!("{id}:")), "{mapping}");
+
+    // A scheduled admission writes the timer set and the tenant's scheduled indexes instead.
+    let before = app.redis.keys().await;
+    let res = app
+        .post_execution("acme", &json!({"flow_id": "demo.echo", "delay": "1h"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let later = res.json::<serde_json::Value>().await.unwrap();
+    assert_eq!(later["queue_state"], "scheduled");
+    let later_id = ExecutionId::parse(later["execution_id"].as_str().unwrap()).unwrap();
+    let mut written: Vec<String> = app
+        .redis
+        .keys()
+        .await
+        .difference(&before)
+        .cloned()
+        .collect();
+    written.sort();
+    let mut expected = vec![
+        s.row(&later_id),
+        s.delayed(),
+        s.scheduled_index(&t),
+        s.scheduled_flow_index(&t, &f),
+    ];
+    expected.sort();
+    assert_eq!(written, expected);
 }

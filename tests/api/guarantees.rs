@@ -162,7 +162,7 @@ async fn a_cancel_requested_during_a_failing_attempt_is_final() {
     assert_eq!(done["attempt"], 1, "it never ran again: {done}");
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 0, "dispatched": 0, "waiting": 0})
+        json!({"running": 0, "waiting": 0, "scheduled": 0})
     );
 }
 
@@ -172,7 +172,7 @@ async fn a_cancel_requested_during_a_failing_attempt_is_final() {
 #[tokio::test]
 async fn a_start_whose_answer_was_lost_is_adopted_not_reclaimed() {
     let app = TestApp::spawn_with(|c| {
-        // One shard, so every start call of the worker reads the execution's stream; an API
+        // One shard, so every start call of the worker reads the execution's shard; an API
         // patient enough to wait out the stall.
         c.redis.shards = 1;
         c.redis.redis_timeout_ms = 5_000;
@@ -250,7 +250,7 @@ async fn a_panicking_handler_fails_its_execution_and_the_worker_goes_on() {
     assert_eq!(done["attempt"], 2);
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 0, "dispatched": 0, "waiting": 0})
+        json!({"running": 0, "waiting": 0, "scheduled": 0})
     );
     let letters = app.dead_letters().await;
     assert_eq!(letters.len(), 1);
@@ -316,7 +316,7 @@ async fn a_dedup_key_expires_only_once_its_execution_is_terminal() {
 async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stops() {
     let app = TestApp::spawn().await;
     let journal = Journal::new();
-    let _w = TestWorker::spawn_env(
+    let w = TestWorker::spawn_env(
         &app.redis,
         &[
             "--concurrency",
@@ -339,6 +339,9 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
             json!({"flow_id": "demo.journal", "params": {"ms": 50}}),
         )
         .await;
+    // The worker is told of a force delete at once: frozen, it cannot stop x's handler before
+    // the checks below (well within x's lease).
+    w.signal("STOP");
     assert_eq!(
         app.delete("acme", &x, true).await.status(),
         StatusCode::NO_CONTENT
@@ -347,19 +350,45 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
         app.get_execution("acme", &x).await.status(),
         StatusCode::NOT_FOUND
     );
-    // The key is free at once; the slot is not while x's handler runs (the worker is told at
-    // once, so it may have stopped already: then y holds the slot).
+    // The key is free at once; the slot is not while x's handler runs.
     let res = app.post_with_key("acme", "job-x", &long).await;
     assert_eq!(res.status(), StatusCode::CREATED);
     let z = id_of(&res.json().await.unwrap());
     assert_ne!(z, x);
-    let usage = app.usage("acme").await;
     assert_eq!(
-        usage["running"].as_u64().unwrap() + usage["dispatched"].as_u64().unwrap(),
-        1,
-        "{usage}"
+        app.usage("acme").await,
+        json!({"running": 1, "waiting": 2, "scheduled": 0}),
+        "x counts as running until its handler stops"
     );
-    let done = app.wait_terminal("acme", &y, Duration::from_secs(15)).await;
+    let e = app.execution("acme", &y).await;
+    assert_eq!(e["queue_state"], "waiting", "{e}");
+    // Another worker with room finds nothing it may start.
+    let store = app.store().await;
+    let batch = store
+        .start(
+            app.shard("acme"),
+            "another-worker",
+            4,
+            Duration::from_secs(30),
+            0,
+        )
+        .await
+        .unwrap();
+    assert!(batch.started.is_empty(), "started while x's handler ran");
+    assert!(journal.event(&x, 1, "end").is_none());
+    w.signal("CONT");
+    // Until y is over, at most one of them counts as running at any time.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let done = loop {
+        let usage = app.usage("acme").await;
+        assert!(usage["running"].as_u64().unwrap() <= 1, "{usage}");
+        let e = app.execution("acme", &y).await;
+        if e["status"] != "queued" && e["status"] != "running" {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "y did not end: {e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(done["status"], "completed");
     let x_end = journal
         .wait_event(&x, 1, "end", Duration::from_secs(5))
@@ -382,78 +411,122 @@ async fn a_force_deleted_running_execution_holds_its_slot_until_its_handler_stop
 }
 
 /// 8a. `PUT /api/tenants/{t}` reset absent fields: `{"enabled": false}` turned a limit of 1
-/// into the default and dispatched everything waiting.
+/// into the default and dispatched everything waiting (now: would let all three start).
 #[tokio::test]
 async fn disabling_a_tenant_changes_nothing_else() {
     let app = TestApp::spawn().await;
     app.put_tenant("acme", &json!({"max_concurrent": 1, "max_queued": 10}))
         .await;
+    let mut ids = Vec::new();
     for _ in 0..3 {
-        app.admit("acme", "demo.echo").await;
+        ids.push(id_of(&app.admit("acme", "demo.echo").await));
     }
+    let states = async |app: &TestApp| {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(app.execution("acme", id).await["queue_state"].clone());
+        }
+        v
+    };
     let t = app.put_tenant("acme", &json!({"enabled": false})).await;
     assert_eq!(t["max_concurrent"], 1);
     assert_eq!(t["max_queued"], 10);
     assert_eq!(t["enabled"], false);
     assert_eq!(
         t["usage"],
-        json!({"running": 0, "dispatched": 1, "waiting": 2})
+        json!({"running": 0, "waiting": 3, "scheduled": 0})
     );
+    // Still one at a time: only the oldest would start.
+    assert_eq!(states(&app).await, ["ready", "waiting", "waiting"]);
     let res = app
         .post_execution("acme", &json!({"flow_id": "demo.echo"}))
         .await;
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
     let t = app.put_tenant("acme", &json!({"enabled": true})).await;
     assert_eq!(t["max_concurrent"], 1);
-    assert_eq!(t["usage"]["waiting"], 2);
+    assert_eq!(t["max_queued"], 10);
+    assert_eq!(
+        t["usage"],
+        json!({"running": 0, "waiting": 3, "scheduled": 0})
+    );
+    assert_eq!(states(&app).await, ["ready", "waiting", "waiting"]);
 }
 
 /// 8b. Raising `max_concurrent` dispatched at most 1000 waiting executions; the rest waited
-/// for releases that might never come.
+/// for releases that might never come. Now nothing is moved when the limit rises: every
+/// waiting execution that fits is ready at once, and a worker starts them all.
 #[tokio::test]
-async fn raising_the_limit_dispatches_every_waiting_execution_that_fits() {
+async fn raising_the_limit_lets_every_waiting_execution_that_fits_start() {
     let app = TestApp::spawn().await;
     app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
     let n = 1_201;
     let admitted = futures_util::future::join_all((0..16).map(|_| async {
-        let mut k = 0;
+        let mut ids = Vec::new();
         loop {
             // Claim one of the n admissions.
             let i = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if i >= n {
-                return k;
+                return ids;
             }
-            app.admit("acme", "demo.echo").await;
-            k += 1;
+            ids.push(id_of(&app.admit("acme", "demo.echo").await));
         }
     }))
     .await;
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    assert_eq!(admitted.iter().sum::<usize>(), n);
-    assert_eq!(app.waiting_len("acme").await, 1_200);
+    let admitted: BTreeSet<String> = admitted.into_iter().flatten().collect();
+    assert_eq!(admitted.len(), n);
+    assert_eq!(app.waiting_len("acme").await, 1_201);
+    let queue = app.queue_ids("acme").await;
+    let (first, last) = (queue[0].clone(), queue[n - 1].clone());
+    assert_eq!(app.execution("acme", &first).await["queue_state"], "ready");
+    assert_eq!(app.execution("acme", &last).await["queue_state"], "waiting");
     let t = app
         .put_tenant("acme", &json!({"max_concurrent": 5000}))
         .await;
     assert_eq!(
         t["usage"],
-        json!({"running": 0, "dispatched": 1201, "waiting": 0})
+        json!({"running": 0, "waiting": 1201, "scheduled": 0})
     );
-    assert_eq!(app.ready_len("acme").await, 1201);
+    // The last in the queue fits now: all 1201 would start if workers had room.
+    assert_eq!(app.execution("acme", &last).await["queue_state"], "ready");
+    assert_eq!(app.runnable_tenants("acme").await, ["acme"]);
+    // And a worker starts every one of them.
+    let _w = TestWorker::spawn(&app.redis, &with(&["--concurrency", "32"]));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let page = app.page("acme", "status=completed&limit=1").await;
+        if page["total"] == n {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all started: {}",
+            app.usage("acme").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(app.start_log("acme").await.len(), n);
+    assert_eq!(
+        app.usage("acme").await,
+        json!({"running": 0, "waiting": 0, "scheduled": 0})
+    );
 }
 
 /// 8c. A new admission overtook older waiting executions when room appeared without their
-/// promotion (an interrupted limit change, a repaired slot): FIFO within a tenant broke.
+/// promotion (an interrupted limit change, a repaired slot): FIFO within a tenant broke. Now
+/// nothing is promoted: a tenant's queue is ordered by a key fixed at admission, and room
+/// appearing behind sluice's back changes nothing of that order.
 #[tokio::test]
 async fn a_new_admission_never_overtakes_an_older_waiting_one() {
     let app = TestApp::spawn().await;
+    let journal = Journal::new();
     app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
-    // One dispatched, 120 waiting: more than one admission promotes on its way (100).
+    let quick = json!({"flow_id": "demo.journal", "params": {"ms": 0}});
     let mut ids = Vec::new();
     for _ in 0..121 {
-        ids.push(id_of(&app.admit("acme", "demo.echo").await));
+        ids.push(app.admit_with("acme", quick.clone()).await);
     }
-    // Room appears with nobody promoted: the limit raised behind sluice's back, as a limit
-    // change interrupted between its write and its promotion steps would leave it.
+    // Room appears with nobody told: the limit raised behind sluice's back.
     let tenant = TenantId::parse("acme").unwrap();
     let _: i64 = app
         .redis
@@ -464,34 +537,21 @@ async fn a_new_admission_never_overtakes_an_older_waiting_one() {
                 .arg(1000),
         )
         .await;
-    let newest = id_of(&app.admit("acme", "demo.echo").await);
+    let newest = app.admit_with("acme", quick).await;
     ids.push(newest.clone());
-    // The oldest were dispatched first, in admission order; the newcomer waits behind the
-    // rest although there is room.
-    let dispatched = app.ready_ids("acme").await;
-    assert_eq!(dispatched, ids[..dispatched.len()].to_vec());
-    assert!(
-        dispatched.len() > 1 && dispatched.len() < ids.len(),
-        "{}",
-        dispatched.len()
-    );
-    let e = app.execution("acme", &newest).await;
-    assert_eq!(e["queue_state"], "waiting");
-    let waiting: Vec<String> = app
-        .redis
-        .query(
-            redis::cmd("ZRANGE")
-                .arg(app.shard("acme").waiting(&tenant))
-                .arg(0)
-                .arg(-1),
-        )
+    // The newcomer is last in the queue, behind every older one, although there is room.
+    assert_eq!(app.queue_ids("acme").await, ids);
+    // A worker with one slot starts them one by one: in admission order.
+    let _w = TestWorker::spawn_env(&app.redis, &with(&["--concurrency", "1"]), &journal.env());
+    app.wait_terminal("acme", &newest, Duration::from_secs(60))
         .await;
-    assert_eq!(waiting, ids[dispatched.len()..].to_vec());
-    // The next admissions finish the promotion: then everything is dispatched, in order.
-    let later = id_of(&app.admit("acme", "demo.echo").await);
-    ids.push(later);
-    let dispatched = app.ready_ids("acme").await;
-    assert_eq!(dispatched, ids);
+    let started: Vec<String> = journal
+        .lines()
+        .into_iter()
+        .filter(|l| l["ev"] == "start")
+        .map(|l| l["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(started, ids);
 }
 
 /// 8d. Deleting a tenant dropped its limits but left its waiting executions stranded until
@@ -499,10 +559,17 @@ async fn a_new_admission_never_overtakes_an_older_waiting_one() {
 #[tokio::test]
 async fn deleting_a_tenant_leaves_none_of_its_executions_stranded() {
     let app = TestApp::spawn().await;
-    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    // A limit of 0: nothing of the tenant can start, so it is not runnable, and only the
+    // deletion can make it so (no slot will ever free).
+    app.put_tenant("acme", &json!({"max_concurrent": 0})).await;
+    let mut ids = Vec::new();
     for _ in 0..3 {
-        app.admit("acme", "demo.echo").await;
+        ids.push(id_of(&app.admit("acme", "demo.echo").await));
     }
+    for id in &ids {
+        assert_eq!(app.execution("acme", id).await["queue_state"], "waiting");
+    }
+    assert!(app.runnable_tenants("acme").await.is_empty());
     let res = app
         .client
         .delete(app.url("/api/tenants/acme"))
@@ -511,20 +578,19 @@ async fn deleting_a_tenant_leaves_none_of_its_executions_stranded() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    // The server defaults apply again (100 at once): all three are dispatched.
+    // The server defaults apply again (100 at once): all three are ready to start.
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 0, "dispatched": 3, "waiting": 0})
+        json!({"running": 0, "waiting": 3, "scheduled": 0})
     );
+    for id in &ids {
+        assert_eq!(app.execution("acme", id).await["queue_state"], "ready");
+    }
+    assert_eq!(app.runnable_tenants("acme").await, ["acme"]);
     let _w = TestWorker::spawn(&app.redis, &with(&[]));
-    let page = app.page("acme", "").await;
-    for e in page["executions"].as_array().unwrap() {
-        app.wait_terminal(
-            "acme",
-            e["execution_id"].as_str().unwrap(),
-            Duration::from_secs(10),
-        )
-        .await;
+    for id in &ids {
+        let done = app.wait_terminal("acme", id, Duration::from_secs(10)).await;
+        assert_eq!(done["status"], "completed", "{done}");
     }
 }
 

@@ -675,35 +675,54 @@ impl TestApp {
             .count()
     }
 
-    /// Entries on a tenant's shard's ready stream.
-    pub async fn ready_len(&self, tenant: &str) -> u64 {
-        let key = self.shard(tenant).ready();
-        self.redis.query(redis::cmd("XLEN").arg(key)).await
+    /// The execution ids of a tenant's queue (runnable, not started), first to start first.
+    pub async fn queue_ids(&self, tenant: &str) -> Vec<String> {
+        let t = TenantId::parse(tenant).unwrap();
+        let key = self.shard(tenant).waiting(&t);
+        self.redis
+            .query(redis::cmd("ZRANGE").arg(key).arg(0).arg(-1))
+            .await
     }
 
-    /// The execution ids on a tenant's shard's ready stream, oldest entry first.
-    pub async fn ready_ids(&self, tenant: &str) -> Vec<String> {
+    /// The tenants of a tenant's shard that can start something now (the runnable set).
+    pub async fn runnable_tenants(&self, tenant: &str) -> Vec<String> {
+        let key = self.shard(tenant).runnable();
+        self.redis
+            .query(redis::cmd("ZRANGE").arg(key).arg(0).arg(-1))
+            .await
+    }
+
+    /// The start log of a tenant's shard, oldest first: (tenant, virtual start tag, weight).
+    pub async fn start_log(&self, tenant: &str) -> Vec<(String, f64, u32)> {
         let entries: Vec<(String, Vec<String>)> = self
             .redis
             .query(
                 redis::cmd("XRANGE")
-                    .arg(self.shard(tenant).ready())
+                    .arg(self.shard(tenant).starts())
                     .arg("-")
                     .arg("+"),
             )
             .await;
         entries
             .into_iter()
-            .filter_map(|(_, fields)| {
-                fields
-                    .chunks(2)
-                    .find(|f| f[0] == "id")
-                    .map(|f| f[1].clone())
+            .map(|(_, fields)| {
+                let get = |name: &str| {
+                    fields
+                        .chunks(2)
+                        .find(|f| f[0] == name)
+                        .map(|f| f[1].clone())
+                        .unwrap_or_default()
+                };
+                (
+                    get("t"),
+                    get("vt").parse().unwrap(),
+                    get("w").parse().unwrap(),
+                )
             })
             .collect()
     }
 
-    /// Members of a tenant's waiting set.
+    /// Members of a tenant's queue (runnable executions not started).
     pub async fn waiting_len(&self, tenant: &str) -> u64 {
         let t = TenantId::parse(tenant).unwrap();
         let key = self.shard(tenant).waiting(&t);

@@ -196,18 +196,18 @@ async fn an_interrupted_migration_is_finished_by_running_it_again() {
 }
 
 /// An interrupted migration run again while processes of the old layout still run (#19): the
-/// first run had moved acme's ready stream (five queued executions) when it stopped; then an
-/// old worker starts and an old server answers `GET /api/queues`, both of which used to
-/// create the old ready stream again, empty (`XGROUP CREATE ... MKSTREAM`), and the second
-/// run copied that empty stream over the real one: the five never ran. Now the old processes
-/// write nothing under the frozen old names, and even an old key brought back (as an older
-/// build would) is not copied over a key the first run moved. The five run, once each.
+/// first run had moved acme's queue (five queued executions) when it stopped; then an old
+/// worker starts and an old server answers `GET /api/queues`. (With the stream model both used
+/// to create the old ready stream again, empty, and the second run copied that empty stream
+/// over the real one: the five never ran.) The old processes write nothing under the frozen
+/// old names, and even an old key brought back (as an older build would) is not copied over a
+/// key the first run moved. The five run, once each.
 #[tokio::test]
 async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() {
     use sluice::store::{Layout, ShardMap};
     let (mut app, ids) = on_layout_1_with(5).await;
-    // What a first run had done when it stopped: every old shard frozen, acme's ready stream
-    // copied to its new name and deleted.
+    // What a first run had done when it stopped: every old shard frozen, acme's queue copied
+    // to its new name and deleted.
     let old_map = app.store().await.shards();
     let new_map = ShardMap::with_dedicated(16, old_map.dedicated(), Layout::CURRENT);
     let old = app.shard("acme");
@@ -216,33 +216,46 @@ async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() 
     for shard in old_map.all() {
         store.freeze_shard(shard).await.unwrap();
     }
-    let dump: Vec<u8> = app.redis.query(redis::cmd("DUMP").arg(old.ready())).await;
+    let acme = sluice::admission::TenantId::parse("acme").unwrap();
+    let dump: Vec<u8> = app
+        .redis
+        .query(redis::cmd("DUMP").arg(old.waiting(&acme)))
+        .await;
     let () = app
         .redis
-        .query(redis::cmd("RESTORE").arg(new.ready()).arg(0).arg(dump))
+        .query(
+            redis::cmd("RESTORE")
+                .arg(new.waiting(&acme))
+                .arg(0)
+                .arg(dump),
+        )
         .await;
-    let _: u64 = app.redis.query(redis::cmd("DEL").arg(old.ready())).await;
+    let _: u64 = app
+        .redis
+        .query(redis::cmd("DEL").arg(old.waiting(&acme)))
+        .await;
 
     // Old processes go on: a worker starts (it creates its groups) and the server is asked for
     // the queue statistics (which creates a missing group).
     let mut old_worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
     let stats = app.get_json(None, "/api/queues").await;
     assert!(stats["shards"].is_array(), "{stats}");
-    let old_ready: u64 = app.redis.query(redis::cmd("EXISTS").arg(old.ready())).await;
+    let old_queue: u64 = app
+        .redis
+        .query(redis::cmd("EXISTS").arg(old.waiting(&acme)))
+        .await;
     assert_eq!(
-        old_ready, 0,
-        "an old process wrote the frozen shard's ready stream"
+        old_queue, 0,
+        "an old process wrote the frozen shard's queue"
     );
-    // An older build (no freeze check on these writes) would have brought it back all the same.
-    let () = app
+    // A writer without the freeze check could bring the old key back all the same.
+    let _: u64 = app
         .redis
         .query(
-            redis::cmd("XGROUP")
-                .arg("CREATE")
-                .arg(old.ready())
-                .arg(sluice::store::WORKER_GROUP)
-                .arg("0")
-                .arg("MKSTREAM"),
+            redis::cmd("ZADD")
+                .arg(old.waiting(&acme))
+                .arg(0)
+                .arg("0123456789abcdef0123456789abcdef"),
         )
         .await;
 
@@ -257,8 +270,11 @@ async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let len: u64 = app.redis.query(redis::cmd("XLEN").arg(new.ready())).await;
-    assert_eq!(len, 5, "the migrated ready stream lost its entries");
+    let len: u64 = app
+        .redis
+        .query(redis::cmd("ZCARD").arg(new.waiting(&acme)))
+        .await;
+    assert_eq!(len, 5, "the migrated queue lost its entries");
     let keys = app.redis.keys().await;
     let stale: Vec<&String> = keys
         .iter()

@@ -87,8 +87,8 @@ async fn metrics_count_admissions_per_tenant_and_show_queue_depth() {
     for (series, value) in want {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
-    // Queue depth: acme's three executions are on its shard's ready stream; every shard has
-    // a gauge (the 16 hashed ones and the 2 dedicated ones).
+    // Queue depth: acme's three executions are queued in its shard (runnable, none started,
+    // no worker); every shard has a gauge (the 16 hashed ones and the 2 dedicated ones).
     let shard = app.shard("acme").label();
     assert_eq!(
         sample(&text, &format!(r#"sluice_queue_depth{{shard="{shard}"}}"#)),

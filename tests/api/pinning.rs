@@ -141,7 +141,8 @@ async fn a_pinned_tenant_gets_a_shard_of_its_own_and_stale_servers_are_sent_on()
     // A second server, started before the pin: it routes `hot` to its hashed shard.
     let fresh = app.addr;
     let stale = app.spawn_beside(|_| {}).await;
-    app.put_tenant("hot", &json!({"max_queued": 500})).await;
+    app.put_tenant("hot", &json!({"max_queued": 500, "weight": 7}))
+        .await;
 
     let res = pin(&app, "hot").await;
     assert_eq!(res.status(), StatusCode::OK);
@@ -180,8 +181,12 @@ async fn a_pinned_tenant_gets_a_shard_of_its_own_and_stale_servers_are_sent_on()
     app.addr = fresh;
     let t = app.get_json(None, "/api/tenants/hot").await;
     assert_eq!(
-        (t["max_queued"].as_u64(), t["max_concurrent"].as_u64()),
-        (Some(500), Some(3)),
+        (
+            t["max_queued"].as_u64(),
+            t["max_concurrent"].as_u64(),
+            t["weight"].as_u64()
+        ),
+        (Some(500), Some(3), Some(7)),
         "{t}"
     );
 

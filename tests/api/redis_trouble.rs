@@ -128,9 +128,9 @@ async fn a_redis_that_does_not_answer_is_503_within_the_timeout() {
     match res.status() {
         StatusCode::OK => {
             let e: Value = res.json().await.unwrap();
-            assert_eq!(e["queue_state"], "dispatched");
+            assert_eq!(e["queue_state"], "ready");
             assert!(
-                app.ready_ids("acme").await.contains(&named),
+                app.queue_ids("acme").await.contains(&named),
                 "admitted without its queue entry"
             );
         }

@@ -261,7 +261,7 @@ async fn a_wait_on_an_execution_that_stays_queued_answers_its_state_when_the_wai
     assert_eq!(wait_outcome(&res), "timeout");
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["status"], "queued");
-    assert_eq!(body["queue_state"], "dispatched");
+    assert_eq!(body["queue_state"], "ready");
     // The waiter left: nothing stays registered after an answer.
     until_waiters(&app, 0).await;
     // Without `wait` the read is as it always was: no header, no waiting.

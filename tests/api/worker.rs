@@ -14,26 +14,33 @@ fn with(extra: &[&'static str]) -> Vec<&'static str> {
     FAST_WORKER.iter().chain(extra).copied().collect()
 }
 
-/// Pending-list facts of every shard's ready stream (the app's own shard map, dedicated shards
-/// included): (entries, highest delivery count). Every stream and group exists from the
-/// server's start on, so an error (a wrong name) fails the test rather than reading as zero.
+/// Lease facts of every shard (the app's own shard map, dedicated shards included):
+/// (executions holding a lease, the highest fence among them: how many times the most started
+/// of them was started).
 async fn pending(app: &TestApp) -> (u64, u64) {
     let mut c = app.redis.conn().await;
-    let (mut entries, mut max_deliveries) = (0, 0);
+    let (mut entries, mut max_starts) = (0, 0);
     for shard in app.store().await.shards().all() {
-        let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-            .arg(shard.ready())
-            .arg(sluice::store::WORKER_GROUP)
-            .arg("-")
-            .arg("+")
-            .arg(1000)
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(shard.leases())
+            .arg(0)
+            .arg(-1)
             .query_async(&mut c)
             .await
-            .unwrap_or_else(|e| panic!("XPENDING of {}: {e}", shard.ready()));
-        entries += rows.len() as u64;
-        max_deliveries = max_deliveries.max(rows.iter().map(|r| r.3).max().unwrap_or(0));
+            .unwrap();
+        entries += ids.len() as u64;
+        for id in ids {
+            let row = shard.row(&sluice::admission::ExecutionId::parse(&id).unwrap());
+            let fence: Option<u64> = redis::cmd("HGET")
+                .arg(row)
+                .arg("fence")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            max_starts = max_starts.max(fence.unwrap_or(0));
+        }
     }
-    (entries, max_deliveries)
+    (entries, max_starts)
 }
 
 async fn claim_calls(app: &TestApp) -> String {
@@ -65,7 +72,10 @@ async fn saturation_without_churn() {
     loop {
         let (entries, deliveries) = pending(&app).await;
         max_pending = max_pending.max(entries);
-        assert!(deliveries <= 1, "a delivery count grew to {deliveries}");
+        assert!(
+            deliveries <= 1,
+            "an execution was started {deliveries} times"
+        );
         let page = app.page("acme", "status=completed&limit=1").await;
         if page["total"] == 30 {
             break;
@@ -89,14 +99,10 @@ async fn saturation_without_churn() {
     assert_eq!(app.counter("fenced").await, 0);
     assert_eq!(app.counter("completed").await, 30);
     assert_eq!(claim_calls(&app).await, "", "XCLAIM/XAUTOCLAIM was called");
-    assert_eq!(
-        pending(&app).await.0,
-        0,
-        "finished entries left the pending list"
-    );
+    assert_eq!(pending(&app).await.0, 0, "finished runs hold no lease");
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 0, "dispatched": 0, "waiting": 0})
+        json!({"running": 0, "waiting": 0, "scheduled": 0})
     );
 }
 
@@ -300,12 +306,12 @@ async fn cancelling_a_running_execution_stops_it_and_releases_the_slot_once() {
     app.wait_running("acme", &waiting, 1).await;
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 1, "dispatched": 0, "waiting": 0})
+        json!({"running": 1, "waiting": 0, "scheduled": 0})
     );
     app.cancel("acme", &id).await;
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 1, "dispatched": 0, "waiting": 0})
+        json!({"running": 1, "waiting": 0, "scheduled": 0})
     );
     assert_eq!(app.counter("cancelled").await, 1);
     app.cancel("acme", &waiting).await;
@@ -313,7 +319,7 @@ async fn cancelling_a_running_execution_stops_it_and_releases_the_slot_once() {
         .await;
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 0, "dispatched": 0, "waiting": 0})
+        json!({"running": 0, "waiting": 0, "scheduled": 0})
     );
 }
 
@@ -352,7 +358,9 @@ async fn graceful_shutdown_hands_unfinished_work_over_at_once() {
     assert!(status.success(), "{status}");
     let e = app.execution("acme", &id).await;
     assert_eq!(e["status"], "queued");
-    assert_eq!(e["queue_state"], "dispatched");
+    // Back in its tenant's order, first, and within its free slots.
+    assert_eq!(e["queue_state"], "ready");
+    assert_eq!(app.queue_ids("acme").await, std::slice::from_ref(&id));
     // A release is not an attempt: the next worker runs it as attempt 1 again.
     assert_eq!(e["attempt"], 0);
     let _b = TestWorker::spawn(&app.redis, &slow_lease);
@@ -414,70 +422,93 @@ async fn handler_failures_retry_then_dead_letter_and_permanent_ones_fail_at_once
     assert_eq!(theirs["dead_letters"].as_array().unwrap().len(), 0);
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 0, "dispatched": 0, "waiting": 0})
+        json!({"running": 0, "waiting": 0, "scheduled": 0})
     );
 }
 
+/// A queue member whose execution does not exist (or is no longer queued) is dropped by the
+/// first start that meets it, once, and counted (`repaired_stale_queue`): it never loops. Dead
+/// letters beyond the cap evict the oldest, and each eviction is counted.
 #[tokio::test]
-async fn poison_entries_are_dead_lettered_once_and_evictions_are_counted() {
+async fn stale_queue_members_are_dropped_once_and_evictions_are_counted() {
     let app = TestApp::spawn_with(|c| c.api.dlq_cap = 2).await;
-    let ready = app.shard("acme").ready();
+    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let shard = app.shard("acme");
+    // Three stale members at the head of the tenant's queue, and one real execution after them.
+    let real = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
     let mut c = app.redis.conn().await;
-    for fields in [
-        vec![("id", "0123456789abcdef0123456789abcdef")],
-        vec![("junk", "x")],
-        vec![("id", "nope")],
+    for (score, ghost) in [
+        (1, "0123456789abcdef0123456789abcdef"),
+        (2, "nope"),
+        (3, real.as_str()),
     ] {
-        let _: String = redis::cmd("XADD")
-            .arg(&ready)
-            .arg("*")
-            .arg(fields)
+        // The real one again, with a lower score: its row is queued, so it is kept.
+        let _: i64 = redis::cmd("ZADD")
+            .arg(shard.waiting(&tenant))
+            .arg(score)
+            .arg(ghost)
             .query_async(&mut c)
             .await
             .unwrap();
     }
+    let _: i64 = redis::cmd("ZADD")
+        .arg(shard.waiting(&tenant))
+        .arg(4)
+        .arg("fedcba9876543210fedcba9876543210")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     let _w = TestWorker::spawn(&app.redis, FAST_WORKER);
+    let e = app
+        .wait_terminal("acme", &real, Duration::from_secs(10))
+        .await;
+    assert_eq!(e["status"], "completed");
+    assert_eq!(e["attempt"], 1);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app.counter("dead_lettered").await < 3 {
-        assert!(
-            Instant::now() < deadline,
-            "poison entries were not dead-lettered"
-        );
+    while app.counter("repaired_stale_queue").await < 3 {
+        assert!(Instant::now() < deadline, "stale members were not dropped");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Let the worker poll a while more: nothing loops back.
-    let real = app
-        .admit_with("acme", json!({"flow_id": "demo.echo"}))
-        .await;
-    app.wait_terminal("acme", &real, Duration::from_secs(10))
-        .await;
+    // Three dead letters with a cap of two: one evicted, and counted.
+    let mut failed = Vec::new();
+    for _ in 0..3 {
+        failed.push(
+            app.admit_with("acme", json!({"flow_id": "demo.fail", "max_attempts": 1}))
+                .await,
+        );
+    }
+    for id in &failed {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(10)).await;
+        assert_eq!(e["status"], "failed");
+    }
+    assert_eq!(app.counter("repaired_stale_queue").await, 3);
     assert_eq!(app.counter("dead_lettered").await, 3);
     let dlq = app.dead_letters().await;
     assert_eq!(dlq.len(), 2, "capped at 2");
-    assert!(dlq.iter().all(|d| d["reason"] == "poison"));
     assert_eq!(
         app.counter("dlq_evicted").await,
         1,
         "the evicted record is counted"
     );
     let metrics = app.get_text("/metrics").await;
-    let shard = app.shard("acme").label();
-    let evicted = format!("sluice_shard_events{{shard=\"{shard}\",event=\"dlq_evicted\"}} 1");
+    let label = shard.label();
+    let evicted = format!("sluice_shard_events{{shard=\"{label}\",event=\"dlq_evicted\"}} 1");
     assert!(metrics.contains(&evicted), "{evicted} not in:\n{metrics}");
-    let dead = format!("sluice_dead_letters{{shard=\"{shard}\"}} 2");
+    let dead = format!("sluice_dead_letters{{shard=\"{label}\"}} 2");
     assert!(metrics.contains(&dead), "{dead} not in:\n{metrics}");
     assert_eq!(pending(&app).await.0, 0);
-    let len: u64 = app.redis.query(redis::cmd("XLEN").arg(&ready)).await;
-    assert_eq!(len, 0, "poison entries were removed from the stream");
+    assert!(app.queue_ids("acme").await.is_empty());
 }
 
-/// A dispatched execution whose stream entry is gone (a ready stream lost or replaced, as an
-/// interrupted layout migration once did) would hold its slot and never run: nothing reads a
-/// row, only the stream. The sweeper puts each such execution back on the ready stream, once
-/// (a second sweep finds nothing to do), counts it (`repaired_lost_entries` in
-/// `GET /api/queues`), and leaves a running execution alone although its entry went too.
+/// A queued execution that no structure of its shard reaches (its queue entry lost, e.g. left
+/// on the ready stream of a stream-model build, or removed by hand) would never run. The
+/// sweeper puts each such execution back in its tenant's order, once (a second sweep finds
+/// nothing to do), counts it (`repaired_reach` in `GET /api/queues`), puts back a scheduled one
+/// on the timer set, and leaves a running execution alone.
 #[tokio::test]
-async fn the_sweeper_puts_back_a_dispatched_execution_whose_stream_entry_is_lost() {
+async fn the_sweeper_puts_back_a_queued_execution_nothing_reaches() {
     let app = TestApp::spawn().await;
     let worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     let running = app
@@ -487,7 +518,7 @@ async fn the_sweeper_puts_back_a_dispatched_execution_whose_stream_entry_is_lost
         )
         .await;
     app.wait_running("acme", &running, 1).await;
-    // The worker's one slot is taken: these stay dispatched, unread.
+    // The worker's one slot is taken: these stay queued.
     let mut lost = Vec::new();
     for _ in 0..5 {
         lost.push(
@@ -495,32 +526,45 @@ async fn the_sweeper_puts_back_a_dispatched_execution_whose_stream_entry_is_lost
                 .await,
         );
     }
-    let ready = app.shard("acme").ready();
-    let _: u64 = app.redis.query(redis::cmd("DEL").arg(&ready)).await;
+    let later = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "delay": "2s"}))
+        .await;
+    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let shard = app.shard("acme");
+    for key in [shard.waiting(&tenant), shard.delayed(), shard.runnable()] {
+        let _: u64 = app.redis.query(redis::cmd("DEL").arg(key)).await;
+    }
 
     let store = std::sync::Arc::new(app.store().await);
     let repaired = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
         .await
         .expect("took the sweeper turn");
     assert_eq!(
-        repaired.get("slots").copied().unwrap_or(0),
-        5,
+        repaired.get("reach").copied().unwrap_or(0),
+        6,
         "{repaired:?}"
     );
-    let len: u64 = app.redis.query(redis::cmd("XLEN").arg(&ready)).await;
-    assert_eq!(len, 5);
+    let mut queued = app.queue_ids("acme").await;
+    queued.sort();
+    let mut expected = lost.clone();
+    expected.sort();
+    assert_eq!(queued, expected);
+    assert_eq!(
+        app.execution("acme", &later).await["queue_state"],
+        "scheduled"
+    );
     let again = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
         .await
         .expect("took the sweeper turn");
-    assert_eq!(again.get("slots").copied().unwrap_or(0), 0, "{again:?}");
-    assert_eq!(app.counter("repaired_lost_entries").await, 5);
+    assert_eq!(again.get("reach").copied().unwrap_or(0), 0, "{again:?}");
+    assert_eq!(app.counter("repaired_reach").await, 6);
     assert_eq!(app.counter("repaired_slots").await, 0);
     let e = app.execution("acme", &running).await;
     assert_eq!(e["status"], "running", "{e}");
 
-    // The worker's slot frees; the five run, each once.
+    // The worker's slot frees; the six run, each once.
     assert_eq!(app.cancel("acme", &running).await.status(), StatusCode::OK);
-    for id in &lost {
+    for id in lost.iter().chain([&later]) {
         let e = app.wait_terminal("acme", id, Duration::from_secs(15)).await;
         assert_eq!(e["status"], "completed", "{e}");
         assert_eq!(e["attempt"], 1, "{e}");
@@ -545,13 +589,22 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     let tenant = sluice::admission::TenantId::parse("acme").unwrap();
     let shard = app.shard("acme");
     let holder_id = sluice::admission::ExecutionId::parse(&holder).unwrap();
-    // Drift by hand: the holder's row vanishes (as if expired) while its slot stays, and an
-    // index points at a row that does not exist.
+    // Drift by hand: the holder's row vanishes (as if expired) while its queue entry and
+    // indexes stay, a slot is held by an execution that does not exist (the tenant's one slot:
+    // nothing could start), and an index points at a row that does not exist.
     let _: i64 = app
         .redis
         .query(redis::cmd("DEL").arg(shard.row(&holder_id)))
         .await;
     let ghost = "0123456789abcdef0123456789abcdef";
+    let _: i64 = app
+        .redis
+        .query(redis::cmd("SADD").arg(shard.slots(&tenant)).arg(ghost))
+        .await;
+    assert_eq!(
+        app.execution("acme", &waiting).await["queue_state"],
+        "waiting"
+    );
     let _: i64 = app
         .redis
         .query(
@@ -566,10 +619,11 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
         .await
         .expect("took the sweeper turn");
     assert_eq!(repaired["slots"], 1);
+    assert_eq!(repaired["waiting"], 1, "{repaired:?}");
     assert!(repaired["index"] >= 2, "{repaired:?}");
-    // The freed slot went to the waiting execution.
+    // The freed slot lets the waiting execution start: it is ready now.
     let e = app.execution("acme", &waiting).await;
-    assert_eq!(e["queue_state"], "dispatched");
+    assert_eq!(e["queue_state"], "ready");
     let page = app.page("acme", "").await;
     let ids: BTreeSet<&str> = page["executions"]
         .as_array()
@@ -681,7 +735,7 @@ async fn an_orphan_whose_cancel_was_requested_ends_cancelled_not_rerun() {
     assert_eq!(e["attempt"], 1, "it was not started again");
     assert_eq!(
         app.usage("acme").await,
-        json!({"running": 0, "dispatched": 0, "waiting": 0})
+        json!({"running": 0, "waiting": 0, "scheduled": 0})
     );
 }
 

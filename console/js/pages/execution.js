@@ -1,9 +1,12 @@
-// One execution: status, queue state, attempts, a timeline, params/output/error as text, its
-// dead letters, and Cancel / Retry / Force delete as the role allows. Live until terminal:
-// it follows GET /api/executions/{id}/events (SSE read with fetch) and redraws on each change.
+// One execution: status, queue state, priority, due time, attempts, a timeline,
+// params/output/error as text, its dead letters, and Cancel / Retry / Force delete as the role
+// allows, with Reschedule (after a delay or at a time) while it is still scheduled. Live until
+// terminal: it follows GET /api/executions/{id}/events (SSE read with fetch) and redraws on
+// each change.
 
 import { call, followExecution, isTerminal, ApiError } from '../api.js';
-import { h, replace, fmtTime, statusBadge, jsonBlock, toast, confirmDialog } from '../dom.js';
+import { h, replace, fmtTime, toInputTime, statusBadge, jsonBlock, toast, confirmDialog } from '../dom.js';
+import { fmtUntil, scheduleControl } from './executions.js';
 
 export async function render(ctx) {
   const { tenant, can, main } = ctx;
@@ -18,6 +21,15 @@ export async function render(ctx) {
     replace(main, h('section', { class: 'panel' }, h('h1', {}, 'Not an execution id'), h('p', {}, 'An execution id is 32 lowercase hex characters.')));
     return null;
   }
+
+  // Built once, so a redraw by a streamed event keeps what the user is typing.
+  const moveTo = scheduleControl('reschedule', { now: false, initial: 'delay' });
+  let prefilled = null;
+  const rescheduleForm = h('form', {
+    id: 'reschedule-form', class: 'inline-form reschedule',
+    onsubmit: (ev) => { ev.preventDefault(); reschedule(); },
+  }, h('span', { class: 'field-label' }, 'Move the start to'), moveTo.el,
+  h('button', { id: 'action-reschedule', type: 'submit' }, 'Reschedule'));
 
   const liveEl = h('span', { id: 'live', class: 'live' });
   const body = h('div', { id: 'execution' });
@@ -46,18 +58,30 @@ export async function render(ctx) {
     if (can.forceDelete) {
       actions.append(h('button', { id: 'action-force-delete', type: 'button', class: 'danger', onclick: forceDelete }, 'Force delete'));
     }
-    const times = [['created', e.created_at], ['started', e.started_at], ['finished', e.finished_at], ['updated', e.updated_at]];
+    const scheduled = e.status === 'queued' && e.queue_state === 'scheduled';
+    if (e.run_at !== prefilled) {
+      // The date-time box starts at the current due time, the nearest edit a user makes.
+      prefilled = e.run_at;
+      moveTo.runAt.value = toInputTime(e.run_at);
+    }
+    const times = [['created', e.created_at], ['due', e.run_at], ['started', e.started_at], ['finished', e.finished_at], ['updated', e.updated_at]];
     replace(body,
       h('section', { class: 'panel' },
         h('dl', { class: 'facts' },
           h('dt', {}, 'Status'), h('dd', { id: 'detail-status' }, statusBadge(e.status)),
           h('dt', {}, 'Queue state'), h('dd', { id: 'detail-queue-state' }, e.queue_state || '—'),
+          h('dt', {}, 'Priority'), h('dd', { id: 'detail-priority' }, String(e.priority),
+            h('span', { class: 'muted' }, ' (1 starts first within the tenant)')),
+          h('dt', {}, 'Due'), h('dd', { id: 'detail-run-at', dataset: { runAt: e.run_at || '' } },
+            e.run_at ? h('span', { class: 'due-time' }, fmtTime(e.run_at)) : '— (not scheduled)',
+            scheduled ? h('span', { class: 'muted' }, ` ${fmtUntil(e.run_at)}`) : null),
           h('dt', {}, 'Cancel requested'), h('dd', {}, e.cancel_requested ? 'yes' : 'no'),
           h('dt', {}, 'Attempt'), h('dd', { id: 'detail-attempt' }, `${e.attempt} of ${e.max_attempts}`),
           h('dt', {}, 'Flow'), h('dd', { id: 'detail-flow' }, e.flow_id, e.version ? ` @${e.version}` : ''),
           h('dt', {}, 'Dedup key'), h('dd', { id: 'detail-dedup' }, e.dedup_key ?? '—'),
           h('dt', {}, 'Tenant'), h('dd', {}, e.tenant_id)),
-        actions),
+        actions,
+        can.reschedule && scheduled ? rescheduleForm : null),
       h('section', { class: 'panel' },
         h('h2', {}, 'Timeline'),
         h('ol', { class: 'timeline', id: 'timeline' },
@@ -135,6 +159,17 @@ export async function render(ctx) {
       toast('Queued again.');
       follow();
     } catch (e) { if (e.status !== 401) toast(`Retry refused: ${e.message}`, 'error'); }
+  }
+
+  async function reschedule() {
+    const to = moveTo.value();
+    if (to.missing) { toast(`To reschedule, give ${to.missing}.`, 'error'); return; }
+    try {
+      const { data } = await call('POST', `/api/executions/${id}/reschedule`, { tenant, body: to });
+      update(data);
+      moveTo.delay.value = '';
+      toast(data.queue_state === 'scheduled' ? `Rescheduled: due ${fmtTime(data.run_at)}.` : 'Rescheduled: due now.');
+    } catch (e) { if (e.status !== 401) toast(`Reschedule refused: ${e.message}`, 'error'); }
   }
 
   async function forceDelete() {

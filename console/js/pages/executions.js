@@ -1,7 +1,8 @@
-// Executions of one tenant: filters kept in the URL (status, flow, dedup key, time range,
-// cursor), `total`, cursor paging, auto-refresh at a chosen interval (paused while the tab is
-// hidden), bulk cancel/retry of the selected rows, and the New execution form with every
-// answer an admission can get (201, 200 replay, 422 conflict, 429 with Retry-After).
+// Executions of one tenant: filters kept in the URL (status, scheduled only, flow, dedup key,
+// time range, cursor), `total`, cursor paging, each row's priority and due time, auto-refresh
+// at a chosen interval (paused while the tab is hidden), bulk cancel/retry of the selected
+// rows, and the New execution form (priority; start now, after a delay or at a time) with
+// every answer an admission can get (201, 200 replay, 422 conflict, 429 with Retry-After).
 
 import { call, query, ApiError, isTerminal } from '../api.js';
 import { h, replace, fmtTime, toInputTime, fromInputTime, statusBadge, toast, field, num } from '../dom.js';
@@ -9,6 +10,10 @@ import { h, replace, fmtTime, toInputTime, fromInputTime, statusBadge, toast, fi
 const STATUSES = ['queued', 'running', 'completed', 'failed', 'cancelled'];
 const PAGE = 50;
 const INTERVALS = [['0', 'off'], ['2', '2 s'], ['5', '5 s'], ['10', '10 s'], ['30', '30 s']];
+/** `priority` on admission: 1 starts first within the tenant, 3 when not given. */
+const PRIORITIES = [['1', '1 (first)'], ['2', '2'], ['3', '3 (default)'], ['4', '4'], ['5', '5 (last)']];
+/** Statuses a `scheduled` filter may go with (a scheduled execution is queued). */
+const SCHEDULED_STATUSES = new Set(['', 'queued']);
 
 function refreshSetting() {
   const v = localStorage.getItem('sluice.refresh');
@@ -17,6 +22,54 @@ function refreshSetting() {
 
 export function execLink(tenant, id, text) {
   return h('a', { href: `#/t/${encodeURIComponent(tenant)}/executions/${id}`, class: 'mono exec-link', dataset: { id } }, text || id);
+}
+
+/**
+ * How far ahead an RFC 3339 time is, for a due time: `in 40 s`, `in 4 min`, `in 2 h 5 min`,
+ * `in 3 d 1 h`; `due` once passed (a due execution starts as soon as a worker and its tenant's
+ * share allow).
+ */
+export function fmtUntil(iso) {
+  const ms = Date.parse(iso) - Date.now();
+  if (Number.isNaN(ms)) return '';
+  if (ms <= 0) return 'due';
+  const s = Math.ceil(ms / 1000);
+  if (s < 90) return `in ${s} s`;
+  const m = Math.round(s / 60);
+  if (m < 90) return `in ${m} min`;
+  const hours = Math.floor(m / 60);
+  if (hours < 48) return `in ${hours} h${m % 60 ? ` ${m % 60} min` : ''}`;
+  return `in ${Math.floor(hours / 24)} d${hours % 24 ? ` ${hours % 24} h` : ''}`;
+}
+
+/**
+ * A "start" choice for a form: now, after a delay (the API's duration grammar, checked by the
+ * server) or at a date-time (a `datetime-local` read in the chosen time mode, sent as RFC 3339
+ * UTC). `value()` is `{}`, `{delay}` or `{run_at}`, or `{missing}` with what to ask for.
+ */
+export function scheduleControl(prefix, { now = true, initial = 'now', at = '' } = {}) {
+  const choices = [['delay', 'after a delay'], ['at', 'at a time']];
+  if (now) choices.unshift(['now', 'now']);
+  const when = h('select', { id: `${prefix}-when`, 'aria-label': 'Start' },
+    choices.map(([v, l]) => h('option', { value: v, selected: v === initial }, l)));
+  const delay = h('input', { id: `${prefix}-delay`, placeholder: '30s, 5m, 2h, 1d', size: 10, spellcheck: 'false', 'aria-label': 'Delay' });
+  const runAt = h('input', { id: `${prefix}-run-at`, type: 'datetime-local', step: 1, value: at, 'aria-label': 'Start at' });
+  const show = () => { delay.hidden = when.value !== 'delay'; runAt.hidden = when.value !== 'at'; };
+  when.addEventListener('change', () => { show(); (when.value === 'delay' ? delay : runAt).focus(); });
+  show();
+  const el = h('span', { class: 'schedule-pick' }, when, delay, runAt);
+  function value() {
+    if (when.value === 'delay') {
+      const d = delay.value.trim();
+      return d ? { delay: d } : { missing: 'a delay, such as 30s, 5m, 2h or 1d' };
+    }
+    if (when.value === 'at') {
+      const t = fromInputTime(runAt.value);
+      return t ? { run_at: t } : { missing: 'a date and time' };
+    }
+    return {};
+  }
+  return { el, when, delay, runAt, value };
 }
 
 export async function render(ctx) {
@@ -28,11 +81,12 @@ export async function render(ctx) {
     dedup_key: p.get('dedup') || '',
     created_from: p.get('from') || '',
     created_before: p.get('before') || '',
+    queue_state: p.get('queue') === 'scheduled' ? 'scheduled' : '',
   };
   const cursor = p.get('cursor') || '';
   const base = `#/t/${encodeURIComponent(tenant)}/executions`;
   const hashFor = (f, c) => base + query({
-    status: f.status, flow: f.flow_id, dedup: f.dedup_key, from: f.created_from, before: f.created_before, cursor: c,
+    status: f.status, queue: f.queue_state, flow: f.flow_id, dedup: f.dedup_key, from: f.created_from, before: f.created_before, cursor: c,
   });
 
   const selected = new Set();
@@ -45,6 +99,16 @@ export async function render(ctx) {
   const statusSel = h('select', { id: 'filter-status', name: 'status' },
     h('option', { value: '' }, 'any status'),
     STATUSES.map((s) => h('option', { value: s, selected: filters.status === s }, s)));
+  // Scheduled (queued, not due yet) is a queue state: with it, only "queued" or any status.
+  const scheduledIn = h('input', {
+    id: 'filter-scheduled', type: 'checkbox', checked: filters.queue_state === 'scheduled',
+    onchange: () => limitStatuses(),
+  });
+  function limitStatuses() {
+    for (const o of statusSel.options) o.disabled = scheduledIn.checked && !SCHEDULED_STATUSES.has(o.value);
+    if (scheduledIn.checked && !SCHEDULED_STATUSES.has(statusSel.value)) statusSel.value = 'queued';
+  }
+  limitStatuses();
   const flowIn = h('input', { id: 'filter-flow', name: 'flow', value: filters.flow_id, placeholder: 'flow id', spellcheck: 'false' });
   const dedupIn = h('input', { id: 'filter-dedup', name: 'dedup', value: filters.dedup_key, placeholder: 'dedup key', spellcheck: 'false' });
   const fromIn = h('input', { id: 'filter-from', type: 'datetime-local', step: 1, value: toInputTime(filters.created_from) });
@@ -56,10 +120,11 @@ export async function render(ctx) {
       location.hash = hashFor({
         status: statusSel.value, flow_id: flowIn.value.trim(), dedup_key: dedupIn.value,
         created_from: fromInput(fromIn), created_before: fromInput(beforeIn),
+        queue_state: scheduledIn.checked ? 'scheduled' : '',
       }, '');
     },
   },
-  field('Status', statusSel), field('Flow', flowIn), field('Dedup key', dedupIn),
+  field('Status', statusSel), field('Scheduled only', scheduledIn, 'not due yet'), field('Flow', flowIn), field('Dedup key', dedupIn),
   field('Created from', fromIn), field('Created before', beforeIn),
   h('div', { class: 'filter-buttons' },
     h('button', { type: 'submit', class: 'primary', id: 'filter-apply' }, 'Apply'),
@@ -88,8 +153,9 @@ export async function render(ctx) {
   const table = h('table', { class: 'grid', id: 'executions-table' },
     h('thead', {}, h('tr', {},
       (can.cancel || can.retry) ? h('th', { class: 'check' }, selectAll) : null,
-      h('th', {}, 'Execution'), h('th', {}, 'Flow'), h('th', {}, 'Status'), h('th', {}, 'Attempt'),
-      h('th', {}, 'Dedup key'), h('th', {}, 'Created'))),
+      h('th', {}, 'Execution'), h('th', {}, 'Flow'), h('th', {}, 'Status'),
+      h('th', { title: '1 starts first within the tenant' }, 'Priority'), h('th', {}, 'Attempt'),
+      h('th', {}, 'Dedup key'), h('th', {}, 'Created'), h('th', { title: 'Its earliest start (run_at)' }, 'Due'))),
     tbody);
 
   // New execution.
@@ -98,6 +164,13 @@ export async function render(ctx) {
   const paramsField = h('textarea', { id: 'admit-params', name: 'params', rows: 5, spellcheck: 'false' });
   paramsField.value = '{}';
   const dedupField = h('input', { id: 'admit-dedup', name: 'dedup_key', placeholder: 'optional', spellcheck: 'false' });
+  const priorityField = h('select', { id: 'admit-priority', name: 'priority' },
+    PRIORITIES.map(([v, l]) => h('option', { value: v, selected: v === '3' }, l)));
+  const startField = scheduleControl('admit');
+  const startHint = h('span', { class: 'hint' }, 'until due it is queued and scheduled: it holds its dedup key and takes no slot');
+  const showStartHint = () => { startHint.hidden = startField.when.value === 'now'; };
+  startField.when.addEventListener('change', showStartHint);
+  showStartHint();
   const admitResult = h('div', { id: 'admit-result', role: 'status', 'aria-live': 'polite' });
   const admitPanel = h('section', { class: 'panel', id: 'admit-panel', hidden: true },
     h('h2', {}, 'New execution'),
@@ -107,6 +180,8 @@ export async function render(ctx) {
     },
     field('Flow', flowField), field('Version', versionField),
     field('Params (JSON object)', paramsField), field('Dedup key', dedupField, 'the same key with the same request returns the same execution'),
+    field('Priority', priorityField, 'orders this tenant\'s own executions: 1 first, FIFO within a priority'),
+    h('div', { class: 'field' }, h('span', { class: 'field-label' }, 'Start'), startField.el, startHint),
     h('div', { class: 'row-actions' }, h('button', { type: 'submit', class: 'primary', id: 'admit-submit' }, 'Admit'))),
     admitResult);
 
@@ -122,8 +197,8 @@ export async function render(ctx) {
   function drawRows() {
     const checkable = can.cancel || can.retry;
     replace(tbody, rows.length === 0
-      ? h('tr', {}, h('td', { colspan: 7, class: 'empty', id: 'no-executions' }, 'No executions match.'))
-      : rows.map((e) => h('tr', { dataset: { id: e.execution_id, status: e.status } },
+      ? h('tr', {}, h('td', { colspan: checkable ? 9 : 8, class: 'empty', id: 'no-executions' }, 'No executions match.'))
+      : rows.map((e) => h('tr', { dataset: { id: e.execution_id, status: e.status, queueState: e.queue_state || '' } },
         checkable ? h('td', { class: 'check' }, h('input', {
           type: 'checkbox', class: 'row-select', 'aria-label': `Select ${e.execution_id}`, checked: selected.has(e.execution_id),
           onchange: (ev) => { if (ev.target.checked) selected.add(e.execution_id); else selected.delete(e.execution_id); updateBulk(); },
@@ -131,10 +206,19 @@ export async function render(ctx) {
         h('td', {}, execLink(tenant, e.execution_id)),
         h('td', { class: 'flow' }, e.flow_id, e.version ? h('span', { class: 'muted' }, ` @${e.version}`) : null),
         h('td', { class: 'status' }, statusBadge(e.status, e.queue_state || (e.cancel_requested && !isTerminal(e.status) ? 'cancel requested' : null))),
+        h('td', { class: 'priority' }, String(e.priority)),
         h('td', {}, `${e.attempt}/${e.max_attempts}`),
         h('td', { class: 'dedup' }, e.dedup_key ?? ''),
-        h('td', { class: 'time' }, fmtTime(e.created_at)))));
+        h('td', { class: 'time' }, fmtTime(e.created_at)),
+        h('td', { class: 'time due', dataset: { runAt: e.run_at || '' } }, dueCell(e)))));
     updateBulk();
+  }
+
+  /** The due time; with how far ahead while it is still scheduled. */
+  function dueCell(e) {
+    if (!e.run_at) return '—';
+    return [h('span', { class: 'due-time' }, fmtTime(e.run_at)),
+      e.queue_state === 'scheduled' ? h('span', { class: 'muted due-in' }, ` ${fmtUntil(e.run_at)}`) : null];
   }
 
   function updateBulk() {
@@ -209,7 +293,12 @@ export async function render(ctx) {
       replace(admitResult, h('p', { class: 'error', id: 'admit-error' }, `Params are not JSON: ${e.message}`));
       return;
     }
-    const body = { flow_id: flowField.value.trim(), params };
+    const start = startField.value();
+    if (start.missing) {
+      replace(admitResult, h('p', { class: 'error', id: 'admit-error' }, `To start later, give ${start.missing}.`));
+      return;
+    }
+    const body = { flow_id: flowField.value.trim(), params, priority: Number(priorityField.value), ...start };
     if (versionField.value.trim()) body.version = versionField.value.trim();
     if (dedupField.value) body.dedup_key = dedupField.value;
     try {
@@ -219,7 +308,9 @@ export async function render(ctx) {
           'Replayed: dedup key ', h('code', {}, data.dedup_key), ' already started ', execLink(tenant, data.execution_id),
           ` (${data.status}); nothing new was admitted.`));
       } else {
-        replace(admitResult, h('p', { class: 'notice ok', id: 'admit-created' }, 'Admitted ', execLink(tenant, data.execution_id), ` (${data.status}${data.queue_state ? `, ${data.queue_state}` : ''}).`));
+        const due = data.queue_state === 'scheduled' && data.run_at ? `, due ${fmtTime(data.run_at)}` : '';
+        replace(admitResult, h('p', { class: 'notice ok', id: 'admit-created' }, 'Admitted ', execLink(tenant, data.execution_id),
+          ` (${data.status}${data.queue_state ? `, ${data.queue_state}` : ''}, priority ${data.priority}${due}).`));
       }
       await load();
     } catch (e) {

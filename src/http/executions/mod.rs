@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -19,8 +19,8 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
 use crate::access::KeyRole;
-use crate::admission::{AdmitRequest, DedupKey, ExecutionId, FlowId, Status};
-use crate::store::{Admission, ListQuery, Retry};
+use crate::admission::{AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status};
+use crate::store::{Admission, ListQuery, Reschedule, Retry};
 use wire::{Execution, ExecutionPage, NewExecution};
 
 /// Seconds a client should wait after `tenant_queue_full`.
@@ -36,6 +36,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_execution, delete_execution))
         .routes(routes!(cancel_execution))
         .routes(routes!(retry_execution))
+        .routes(routes!(reschedule_execution))
         .routes(routes!(waiting::stream_execution_events))
 }
 
@@ -264,11 +265,24 @@ pub struct ListParams {
     /// `next_cursor` of the previous page.
     #[param(pattern = "^[0-9a-f]{32}$")]
     pub cursor: Option<String>,
+    /// Only queued executions in this queue state. `scheduled` (not due yet: a `run_at` or
+    /// `delay`, or a retry's backoff) is the one that can be filtered on; with a `status`
+    /// other than `queued` nothing matches.
+    #[param(value_type = Option<ScheduledFilter>, inline)]
+    pub queue_state: Option<String>,
+}
+
+/// The values the `queue_state` filter accepts.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum ScheduledFilter {
+    Scheduled,
 }
 
 /// List the caller's tenant's executions, newest first.
 ///
-/// Filters combine (all must match): `status`, `flow_id`, `dedup_key`, and the time range
+/// Filters combine (all must match): `status`, `queue_state`, `flow_id`, `dedup_key`, and the time range
 /// `created_from` ≤ admission < `created_before`; `total` counts every execution that matches.
 /// The cost of a call is proportional to the page size, not to the tenant's history. A page
 /// holds at most `limit` executions and ends early once their stored size reaches the server's
@@ -305,6 +319,18 @@ pub async fn list_executions(
             })
         })
         .transpose()?;
+    let scheduled = match p.queue_state.as_deref() {
+        None => false,
+        Some("scheduled") => true,
+        Some(_) => {
+            return Err(ApiError::BadRequest {
+                code: "invalid_queue_state",
+                detail: "queue_state can only be scheduled".into(),
+            });
+        }
+    };
+    // Scheduled executions are queued: with another status nothing matches both filters.
+    let contradictory = scheduled && status.is_some_and(|s| s != Status::Queued);
     let limit = p.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::BadRequest {
@@ -328,9 +354,17 @@ pub async fn list_executions(
                 })
             })
             .transpose()?,
+        scheduled,
         limit,
         byte_budget: state.max_page_bytes,
     };
+    if contradictory {
+        return Ok(axum::Json(ExecutionPage {
+            executions: Vec::new(),
+            next_cursor: None,
+            total: 0,
+        }));
+    }
     let page = state.store.list(tenant, &query).await?;
     Ok(axum::Json(ExecutionPage {
         executions: page.executions.into_iter().map(Into::into).collect(),
@@ -447,6 +481,79 @@ async fn cancel(
         .cancel(tenant, &id)
         .await?
         .ok_or_else(ApiError::execution_not_found)
+}
+
+/// The body of `POST /api/executions/{id}/reschedule`: `run_at` or `delay`, exactly one.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"delay": "10m"}))]
+pub struct RescheduleBody {
+    /// The new earliest start (RFC 3339, at most a year ahead; a past time means now).
+    #[serde(default)]
+    #[schema(format = DateTime)]
+    pub run_at: Option<String>,
+    /// The new earliest start as a duration from now: `250ms`, `30s`, `5m`, `2h`, `1d`.
+    #[serde(default)]
+    #[schema(pattern = "^[0-9]{1,12}(ms|s|m|h|d)?$")]
+    pub delay: Option<String>,
+}
+
+/// Move a scheduled execution to another time.
+///
+/// Only while it is still `scheduled` (admitted with `run_at`/`delay` and not due yet, or
+/// waiting out a retry's backoff): it keeps its id, dedup key and place in `max_queued`. A
+/// time that has come makes it runnable now, in its tenant's order. 409 `not_scheduled` once
+/// it is runnable, running or over.
+#[utoipa::path(
+    post,
+    path = "/api/executions/{id}/reschedule",
+    tag = "executions",
+    params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id")),
+    request_body = RescheduleBody,
+    responses(
+        (status = 200, description = "The execution after the move", body = Execution),
+        (status = 400, description = "Malformed id, or neither or both of run_at and delay, or out of range", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not scheduled any more (`not_scheduled`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn reschedule_execution(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: JsonBody<RescheduleBody>,
+) -> Result<axum::Json<Execution>, ApiError> {
+    let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let id = ExecutionId::parse(&id)?;
+    let body = body.parse().await?;
+    let Some(when) = crate::admission::schedule_of(body.run_at.as_deref(), body.delay.as_deref())?
+    else {
+        return Err(ApiError::BadRequest {
+            code: "invalid_schedule",
+            detail: "give run_at or delay".into(),
+        });
+    };
+    match state.store.reschedule(tenant, &id, when).await? {
+        Reschedule::Done(e) => Ok(axum::Json((*e).into())),
+        Reschedule::NotFound => Err(ApiError::execution_not_found()),
+        Reschedule::NotScheduled(status, qs) => Err(ApiError::Status {
+            status: StatusCode::CONFLICT,
+            code: "not_scheduled",
+            detail: format!(
+                "only a scheduled execution can be rescheduled; this one is {}{}",
+                status.as_str(),
+                match qs {
+                    Some(QueueState::Ready) => " (ready)",
+                    Some(QueueState::Waiting) => " (waiting)",
+                    _ => "",
+                }
+            ),
+        }),
+    }
 }
 
 /// `?force=true` on DELETE.

@@ -33,20 +33,24 @@ impl From<admission::Status> for Status {
     }
 }
 
-/// Where a queued execution waits: over its tenant's concurrency limit (`waiting`), or on the
-/// ready stream with a slot of its tenant, for a worker to start (`dispatched`).
+/// Where a queued execution stands, at the moment of the answer: `scheduled` (not due yet: a
+/// `run_at`/`delay`, or a retry's backoff; it holds no slot), `ready` (runnable within its
+/// tenant's free slots: it starts as soon as a worker has room and the fair share reaches its
+/// tenant) or `waiting` (runnable, behind its tenant's `max_concurrent`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum QueueState {
+    Scheduled,
     Waiting,
-    Dispatched,
+    Ready,
 }
 
 impl From<admission::QueueState> for QueueState {
     fn from(q: admission::QueueState) -> Self {
         match q {
+            admission::QueueState::Scheduled => QueueState::Scheduled,
             admission::QueueState::Waiting => QueueState::Waiting,
-            admission::QueueState::Dispatched => QueueState::Dispatched,
+            admission::QueueState::Ready => QueueState::Ready,
         }
     }
 }
@@ -68,7 +72,9 @@ pub struct ErrorInfo {
     "version": null,
     "params": {"order": 42},
     "status": "queued",
-    "queue_state": "dispatched",
+    "queue_state": "ready",
+    "priority": 3,
+    "run_at": null,
     "dedup_key": "order-42",
     "deduplicated": false,
     "attempt": 0,
@@ -96,6 +102,14 @@ pub struct Execution {
     pub status: Status,
     /// Set only while `queued`.
     pub queue_state: Option<QueueState>,
+    /// 1 (first) to 5 (last): the order within its tenant (between tenants only weights
+    /// decide).
+    #[schema(minimum = 1, maximum = 5)]
+    pub priority: u8,
+    /// When it was scheduled to start at the earliest (RFC 3339): its `run_at`, its `delay`
+    /// counted from admission, or the end of a retry's backoff; null when never scheduled.
+    #[schema(format = DateTime)]
+    pub run_at: Option<String>,
     #[schema(min_length = 1, max_length = 256)]
     pub dedup_key: Option<String>,
     /// True when this response replays an earlier admission with the same dedup key.
@@ -133,6 +147,8 @@ impl From<admission::Execution> for Execution {
             params: e.params,
             status: e.status.into(),
             queue_state: e.queue_state.map(Into::into),
+            priority: e.priority,
+            run_at: e.run_at,
             dedup_key: e.dedup_key,
             deduplicated: e.deduplicated,
             attempt: e.attempt,
@@ -190,6 +206,21 @@ pub struct NewExecution {
     #[serde(default)]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 100)]
     pub max_attempts: Option<WholeU32>,
+    /// 1 (first) to 5 (last), default 3: orders the tenant's own executions (FIFO within a
+    /// priority; a priority step counts as a minute of waiting, so nothing starves).
+    #[serde(default)]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 5)]
+    pub priority: Option<WholeU32>,
+    /// Start no earlier than this (RFC 3339, at most a year ahead; a past time means now).
+    /// Until then the execution is `queued` / `scheduled`.
+    #[serde(default)]
+    #[schema(format = DateTime)]
+    pub run_at: Option<String>,
+    /// Start no earlier than this long after admission: `250ms`, `30s`, `5m`, `2h`, `1d` (a
+    /// plain number is seconds), at most a year. Not with `run_at`.
+    #[serde(default)]
+    #[schema(pattern = "^[0-9]{1,12}(ms|s|m|h|d)?$")]
+    pub delay: Option<String>,
 }
 
 impl From<NewExecution> for AdmitInput {
@@ -200,6 +231,9 @@ impl From<NewExecution> for AdmitInput {
             params: b.params,
             dedup_key: b.dedup_key,
             max_attempts: b.max_attempts.map(|m| m.0),
+            priority: b.priority.map(|p| p.0),
+            run_at: b.run_at,
+            delay: b.delay,
         }
     }
 }

@@ -1,0 +1,372 @@
+//! Reading the per-minute counters ("trends") the scripts keep: what happened each minute of
+//! the last hours, per tenant or summed over every tenant, and which tenants have work now.
+//! The writing side is the trends block at the end of `migrations-lua/common.lua`; the record
+//! layout below mirrors it (change both together).
+//!
+//! A day key (`Shard::trends`, `Shard::shard_trends`) is a string of 1440 minute records of
+//! `RECORD_BYTES` bytes, big-endian as `BITFIELD` writes them: five u32 counters, then
+//! `WAIT_BUCKETS` u16 counts of starts by waiting time. A minute nobody wrote reads as zeros
+//! (a missing key, or a string that ends before it). Reads are plain `GETRANGE`s of exactly the
+//! minutes asked for, so the cost is bounded by the window (at most 24 hours = two day keys,
+//! 51,840 bytes), never by traffic or by the number of tenants.
+
+use super::{Shard, Store, StoreError, keys};
+use crate::admission::{Status, TenantId};
+
+/// Bytes of one minute record: five u32 counters and `WAIT_BUCKETS` u16 histogram counts.
+pub const RECORD_BYTES: usize = 5 * 4 + WAIT_BUCKETS * 2;
+
+/// Minutes in a UTC day: records in a day key.
+pub const MINUTES_PER_DAY: u64 = 1440;
+
+/// Milliseconds in a minute.
+pub const MINUTE_MS: u64 = 60_000;
+
+/// Upper bounds (inclusive, ms) of the waiting-time buckets but the last, which holds every
+/// longer wait. Log-spaced, so a p99 reads to within a factor of about 4.
+pub const WAIT_BOUNDS_MS: [u32; 7] = [10, 40, 150, 600, 2_500, 10_000, 30_000];
+
+/// Buckets of the waiting-time histogram.
+pub const WAIT_BUCKETS: usize = WAIT_BOUNDS_MS.len() + 1;
+
+/// What a percentile in the open last bucket (waits over 30 s) reads as: one more than the
+/// last bound, i.e. "more than 30 s".
+pub const OVER_LAST_BOUND_MS: u32 = 30_001;
+
+/// One minute's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Minute {
+    /// Executions admitted (new ones; deduplicated requests and retries are not admissions).
+    pub admitted: u64,
+    /// Runs started (each attempt).
+    pub started: u64,
+    /// Executions that ended `completed`.
+    pub completed: u64,
+    /// Executions that ended `failed` (dead-lettered or not retryable; a failed attempt that
+    /// is retried is not one).
+    pub failed: u64,
+    /// Executions that ended `cancelled`.
+    pub cancelled: u64,
+    /// Starts by waiting time, bucket `i` bounded by `WAIT_BOUNDS_MS[i]`.
+    pub wait: [u64; WAIT_BUCKETS],
+}
+
+impl Minute {
+    /// Reads a record; bytes missing at its end read as zeros.
+    fn decode(bytes: &[u8]) -> Self {
+        let mut full = [0u8; RECORD_BYTES];
+        let n = bytes.len().min(RECORD_BYTES);
+        full[..n].copy_from_slice(&bytes[..n]);
+        let u32_at = |i: usize| {
+            u64::from(u32::from_be_bytes([
+                full[i],
+                full[i + 1],
+                full[i + 2],
+                full[i + 3],
+            ]))
+        };
+        let mut wait = [0u64; WAIT_BUCKETS];
+        for (b, w) in wait.iter_mut().enumerate() {
+            let at = 20 + 2 * b;
+            *w = u64::from(u16::from_be_bytes([full[at], full[at + 1]]));
+        }
+        Self {
+            admitted: u32_at(0),
+            started: u32_at(4),
+            completed: u32_at(8),
+            failed: u32_at(12),
+            cancelled: u32_at(16),
+            wait,
+        }
+    }
+
+    /// Adds another minute's counters (summing tenants or shards).
+    fn add(&mut self, o: &Minute) {
+        self.admitted += o.admitted;
+        self.started += o.started;
+        self.completed += o.completed;
+        self.failed += o.failed;
+        self.cancelled += o.cancelled;
+        for (w, v) in self.wait.iter_mut().zip(o.wait) {
+            *w += v;
+        }
+    }
+
+    /// The waiting time at quantile `q` (0..1) of this minute's starts, as the upper bound of
+    /// the bucket it falls in (`OVER_LAST_BOUND_MS` for the open last one); `None` without
+    /// starts.
+    pub fn wait_quantile_ms(&self, q: f64) -> Option<u32> {
+        let total: u64 = self.wait.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        // The rank of the quantile among the starts, 1-based: the smallest count that covers it.
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (b, n) in self.wait.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(WAIT_BOUNDS_MS.get(b).copied().unwrap_or(OVER_LAST_BOUND_MS));
+            }
+        }
+        Some(OVER_LAST_BOUND_MS)
+    }
+}
+
+/// Consecutive minutes of counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trends {
+    /// The first minute, in minutes since the Unix epoch (UTC).
+    pub first_minute: u64,
+    /// One entry per minute from `first_minute` on, the current (incomplete) minute last.
+    pub minutes: Vec<Minute>,
+}
+
+impl Trends {
+    fn zeros(first_minute: u64, len: usize) -> Self {
+        Self {
+            first_minute,
+            minutes: vec![Minute::default(); len],
+        }
+    }
+
+    fn add(&mut self, o: &Trends) {
+        for (m, v) in self.minutes.iter_mut().zip(&o.minutes) {
+            m.add(v);
+        }
+    }
+}
+
+/// A tenant with queued or running executions now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantWork {
+    pub tenant: TenantId,
+    pub queued: u64,
+    pub running: u64,
+}
+
+/// The summed series and the tenants with work, with the shards that could not be read.
+#[derive(Debug)]
+pub struct PlatformTrends {
+    pub trends: Trends,
+    /// Every tenant with queued or running executions in a shard that answered, by id.
+    pub busy: Vec<TenantWork>,
+    /// Shards that did not answer (their counters are missing from the sums).
+    pub unavailable: Vec<(Shard, StoreError)>,
+}
+
+/// The `GETRANGE`s of `minutes` minutes ending with the minute of `now_ms`: per day number,
+/// the first record and how many, in time order. At most two days when `minutes` <= 1440.
+fn day_ranges(now_ms: u64, minutes: u64) -> (u64, Vec<(u64, u64, u64)>) {
+    let last = now_ms / MINUTE_MS;
+    let first = (last + 1).saturating_sub(minutes);
+    let mut out = Vec::new();
+    let mut m = first;
+    while m <= last {
+        let day = m / MINUTES_PER_DAY;
+        let at = m % MINUTES_PER_DAY;
+        let n = (MINUTES_PER_DAY - at).min(last - m + 1);
+        out.push((day, at, n));
+        m += n;
+    }
+    (first, out)
+}
+
+impl Store {
+    /// Tenant `tenant`'s counters for the `minutes` minutes ending with the minute of `now_ms`
+    /// (the caller's clock; minutes are UTC). One round trip to its shard: at most two
+    /// `GETRANGE`s, at most `minutes * RECORD_BYTES` bytes.
+    pub async fn tenant_trends(
+        &self,
+        tenant: &TenantId,
+        minutes: u64,
+        now_ms: u64,
+    ) -> Result<Trends, StoreError> {
+        let shard = self.shard_of(tenant);
+        self.read_trends(minutes, now_ms, |day| shard.trends(tenant, day))
+            .await
+    }
+
+    /// The counters summed over every tenant (each shard keeps its own sum, so this reads one
+    /// key range per shard and day, all shards at once), and the tenants with queued or running
+    /// executions now, registered or not (two round trips per shard: the shard's busy set,
+    /// then the queued and running counts of its members). A shard that does not answer is
+    /// reported and the others are summed.
+    pub async fn platform_trends(&self, minutes: u64, now_ms: u64) -> PlatformTrends {
+        let reads = self.shards.all().map(|shard| async move {
+            let trends = self
+                .read_trends(minutes, now_ms, |day| shard.shard_trends(day))
+                .await;
+            let busy = match trends {
+                Ok(_) => self.busy_tenants(shard).await,
+                Err(_) => Ok(Vec::new()),
+            };
+            (shard, trends.and_then(|t| busy.map(|b| (t, b))))
+        });
+        let (first, _) = day_ranges(now_ms, minutes);
+        let mut out = PlatformTrends {
+            trends: Trends::zeros(first, minutes as usize),
+            busy: Vec::new(),
+            unavailable: Vec::new(),
+        };
+        for (shard, read) in futures_util::future::join_all(reads).await {
+            match read {
+                Ok((t, busy)) => {
+                    out.trends.add(&t);
+                    out.busy.extend(busy);
+                }
+                Err(e) => out.unavailable.push((shard, e)),
+            }
+        }
+        out.busy
+            .sort_by(|a, b| a.tenant.as_str().cmp(b.tenant.as_str()));
+        out
+    }
+
+    /// The records of `minutes` minutes ending with the minute of `now_ms` from the day keys
+    /// `key(day)` names (all in one shard): one pipeline.
+    async fn read_trends(
+        &self,
+        minutes: u64,
+        now_ms: u64,
+        key: impl Fn(u64) -> String,
+    ) -> Result<Trends, StoreError> {
+        let (first, ranges) = day_ranges(now_ms, minutes);
+        let mut p = redis::pipe();
+        for &(day, at, n) in &ranges {
+            let from = at as usize * RECORD_BYTES;
+            let to = from + n as usize * RECORD_BYTES - 1;
+            p.cmd("GETRANGE").arg(key(day)).arg(from).arg(to);
+        }
+        let mut c = self.conn();
+        let replies: Vec<Vec<u8>> = self.bounded(p.query_async(&mut c)).await?;
+        if replies.len() != ranges.len() {
+            return Err(StoreError::Corrupt("short trends reply".into()));
+        }
+        let mut out = Vec::with_capacity(minutes as usize);
+        for (bytes, &(_, _, n)) in replies.iter().zip(&ranges) {
+            for i in 0..n as usize {
+                let from = (i * RECORD_BYTES).min(bytes.len());
+                let to = ((i + 1) * RECORD_BYTES).min(bytes.len());
+                out.push(Minute::decode(&bytes[from..to]));
+            }
+        }
+        Ok(Trends {
+            first_minute: first,
+            minutes: out,
+        })
+    }
+
+    /// The tenants of `shard` with queued or running executions: the members of its busy set
+    /// (a superset) whose indexes say so.
+    async fn busy_tenants(&self, shard: Shard) -> Result<Vec<TenantWork>, StoreError> {
+        let mut c = self.conn();
+        let members: Vec<String> = self
+            .bounded(redis::cmd("SMEMBERS").arg(shard.busy()).query_async(&mut c))
+            .await?;
+        // Members were written by the scripts from validated ids; anything else is skipped.
+        let tenants: Vec<TenantId> = members
+            .iter()
+            .filter_map(|m| TenantId::parse(m).ok())
+            .collect();
+        if tenants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for t in &tenants {
+            p.zcard(shard.status_index(t, Status::Queued))
+                .zcard(shard.status_index(t, Status::Running));
+        }
+        let counts: Vec<u64> = self.bounded(p.query_async(&mut c)).await?;
+        if counts.len() != tenants.len() * 2 {
+            return Err(StoreError::Corrupt("short busy reply".into()));
+        }
+        Ok(tenants
+            .into_iter()
+            .zip(counts.chunks(2))
+            .filter(|(_, n)| n[0] + n[1] > 0)
+            .map(|(tenant, n)| TenantWork {
+                tenant,
+                queued: n[0],
+                running: n[1],
+            })
+            .collect())
+    }
+
+    /// Each shard's counters of the last complete minute before `now_ms` (for `/metrics`):
+    /// one `GETRANGE` of 36 bytes per shard, all shards at once.
+    pub async fn last_minute(&self, now_ms: u64) -> Vec<(Shard, Result<Minute, StoreError>)> {
+        let before = now_ms.saturating_sub(MINUTE_MS);
+        let reads = self.shards.all().map(|shard| async move {
+            let read = self
+                .read_trends(1, before, |day| shard.shard_trends(day))
+                .await
+                .map(|t| t.minutes.first().copied().unwrap_or_default());
+            (shard, read)
+        });
+        futures_util::future::join_all(reads).await
+    }
+
+    /// Which of `tenants` are in the registry (`PUT /api/tenants/{tenant}`): one round trip.
+    pub async fn registered(&self, tenants: &[TenantId]) -> Result<Vec<bool>, StoreError> {
+        if tenants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for t in tenants {
+            p.zscore(keys::tenants(), t.as_str());
+        }
+        let mut c = self.conn();
+        let scores: Vec<Option<f64>> = self.bounded(p.query_async(&mut c)).await?;
+        Ok(scores.into_iter().map(|s| s.is_some()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_as_bitfield_wrote_it() {
+        let mut r = vec![0u8; RECORD_BYTES];
+        r[3] = 7; // admitted = 7
+        r[4..8].copy_from_slice(&70_000u32.to_be_bytes());
+        r[16..20].copy_from_slice(&u32::MAX.to_be_bytes());
+        r[20 + 2 * 7..22 + 2 * 7].copy_from_slice(&3u16.to_be_bytes());
+        let m = Minute::decode(&r);
+        assert_eq!(
+            (m.admitted, m.started, m.cancelled),
+            (7, 70_000, 4_294_967_295)
+        );
+        assert_eq!(m.wait[7], 3);
+        // A short string: the rest reads as zeros.
+        assert_eq!(Minute::decode(&r[..4]).admitted, 7);
+        assert_eq!(Minute::decode(&[]), Minute::default());
+    }
+
+    #[test]
+    fn quantiles_read_the_upper_bound_of_their_bucket() {
+        let mut m = Minute::default();
+        assert_eq!(m.wait_quantile_ms(0.5), None);
+        m.wait[0] = 98; // <= 10 ms
+        m.wait[3] = 1; // <= 600 ms
+        m.wait[7] = 1; // over 30 s
+        assert_eq!(m.wait_quantile_ms(0.5), Some(10));
+        assert_eq!(m.wait_quantile_ms(0.99), Some(600));
+        assert_eq!(m.wait_quantile_ms(1.0), Some(OVER_LAST_BOUND_MS));
+    }
+
+    #[test]
+    fn a_window_spans_at_most_two_days() {
+        // 00:30 UTC of day 20423: the last 24 hours are 23.5 h of day 20422 and 31 minutes.
+        let now = 20_423 * 86_400_000 + 30 * 60_000 + 5_000;
+        let (first, ranges) = day_ranges(now, 1440);
+        assert_eq!(ranges, vec![(20_422, 31, 1409), (20_423, 0, 31)]);
+        assert_eq!(first, 20_422 * 1440 + 31);
+        assert_eq!(
+            day_ranges(now, 1),
+            (20_423 * 1440 + 30, vec![(20_423, 30, 1)])
+        );
+        assert_eq!(RECORD_BYTES * MINUTES_PER_DAY as usize, 51_840);
+    }
+}
