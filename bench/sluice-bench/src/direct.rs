@@ -121,7 +121,7 @@ impl Direct {
     }
 
     /// Empties Redis (every node) and sets it up as a first `sluice serve` start would (meta
-    /// record, scripts, published defaults, consumer groups), so each phase starts from the
+    /// record and schema marker, scripts, published defaults), so each phase starts from the
     /// same state.
     pub async fn reset(&mut self) -> anyhow::Result<()> {
         for node in &mut self.nodes {
@@ -129,7 +129,6 @@ impl Direct {
         }
         let store = Store::connect(self.config.clone()).await?;
         store.publish_defaults().await?;
-        store.ensure_groups().await?;
         self.store = Arc::new(store);
         for node in &mut self.nodes {
             let () = redis::cmd("CONFIG")
@@ -262,6 +261,9 @@ impl Direct {
                         params: Some(json!({ "n": i })),
                         dedup_key: None,
                         max_attempts: None,
+                        priority: None,
+                        run_at: None,
+                        delay: None,
                     };
                     let tenant = &tenants[i as usize % tenants.len()];
                     let ok = match AdmitRequest::parse(body, dedup.then_some(key.as_str()), 5) {
@@ -510,7 +512,7 @@ impl Direct {
         shard: Shard,
         count: usize,
     ) -> anyhow::Result<Option<Vec<String>>> {
-        let key = start_log_key(shard);
+        let key = shard.starts();
         let exists: bool = self.conn.exists(&key).await?;
         if !exists {
             return Ok(None);
@@ -658,14 +660,10 @@ fn key_kind(k: &str) -> &'static str {
         Some(KeyKind::Slots) => "slot sets",
         Some(KeyKind::Waiting) => "waiting sets",
         Some(KeyKind::Ready) => "ready streams",
+        Some(KeyKind::Runnable) => "runnable sets",
+        Some(KeyKind::Starts) => "start logs",
         _ => "other",
     }
-}
-
-/// The shard's start log, `<prefix>starts` (issue 20's contract: a capped stream, one entry
-/// per start with the tenant `t`, its virtual start tag `vt` and weight `w`).
-fn start_log_key(shard: Shard) -> String {
-    format!("{}starts", shard.prefix())
 }
 
 /// Rows read per pipeline when a phase's rows are read back.
