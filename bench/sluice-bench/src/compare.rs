@@ -465,6 +465,18 @@ impl BuildComparison {
         for (name, x, y) in rows {
             let _ = writeln!(o, "  {name:<44} {x:>10.1} {y:>10.1} {:>9}", change(x, y));
         }
+        // Issue 20's target: script time per call within 5 % of before, in both phases.
+        let within = |x: f64, y: f64| x > 0.0 && y <= x * 1.05;
+        let met = within(
+            b.admission_script_us_per_call,
+            a.admission_script_us_per_call,
+        ) && within(b.e2e_script_us_per_call, a.e2e_script_us_per_call);
+        let _ = writeln!(
+            o,
+            "\n  {}  Redis script time per call within 5 % of before (admission and end-to-end \
+             medians)",
+            if met { "PASS" } else { "FAIL" }
+        );
         let _ = writeln!(
             o,
             "\n  (µs/call: INFO commandstats, cpu/call: redis-server CPU time per script call, \
