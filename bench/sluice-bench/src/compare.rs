@@ -408,7 +408,8 @@ impl BuildComparison {
             self.worker_concurrency
         );
         let change = |x: f64, y: f64| {
-            if x > 0.0 {
+            // Not for a number that rounds to nothing (an undisturbed machine's "rest").
+            if x >= 0.05 {
                 format!("{:+.1} %", (y - x) / x * 100.0)
             } else {
                 "-".to_owned()
