@@ -180,7 +180,9 @@ end
 local function make_runnable(t, id, ready_at, priority, fields)
   redis.call('ZADD', K.waiting(t), order_key(ready_at, priority), id)
   redis.call('HSET', K.row(id), 'qstate', 'queued', 'ready_at', ready_at, unpack(fields or {}))
-  refresh(t)
+  -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
+  -- its eligibility checked.
+  if not redis.call('ZSCORE', K.runnable(), t) then refresh(t) end
 end
 
 -- Schedules a queued execution to become runnable at `due` (ms): on the timer set, listed in
@@ -622,8 +624,14 @@ local function trend_add(t, now, ops)
     for i = 1, #ops, 2 do
       for _, v in ipairs({ 'INCRBY', ops[i], base + ops[i + 1], 1 }) do table.insert(args, v) end
     end
-    redis.call(unpack(args))
-    redis.call('EXPIREAT', key, expire_at)
+    -- The expiry is set by the first write of each counter in each minute (a new value of
+    -- 1), so by the write that creates the key, and not by every write after it.
+    for _, v in ipairs(redis.call(unpack(args))) do
+      if v == 1 then
+        redis.call('EXPIREAT', key, expire_at)
+        break
+      end
+    end
   end
 end
 
