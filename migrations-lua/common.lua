@@ -70,12 +70,21 @@ local notify, announce
 -- Per-minute counters of what happened (the block at the end: trends).
 local tally, tally_start, mark_busy
 
+-- The limits read so far in this call, by tenant (see limits()). A script that writes a
+-- tenant's configuration forgets its entry (set_limits.lua).
+local LIMITS_READ = {}
+
 -- The tenant's effective limits: its own values where set, else the server defaults.
 -- Also whether the tenant is pinned to another shard (pin.lua): then its number; and its
--- weight in the shard's fair share (1..1000, default 1).
+-- weight in the shard's fair share (1..1000, default 1). Read once per call and tenant: a
+-- start and the release before it ask for the same tenant's several times.
 local function limits(t)
-  local v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
-    'weight')
+  local v = LIMITS_READ[t]
+  if not v then
+    v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
+      'weight')
+    LIMITS_READ[t] = v
+  end
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
     v[3] ~= '0', v[4], tonumber(v[5]) or 1
 end
@@ -593,11 +602,12 @@ end
 -- starts by waiting time (upper bounds TREND_WAIT_BOUNDS ms; the eighth holds every longer
 -- wait).
 -- 1440 x 36 bytes = 51,840 bytes at most per key: a tenant costs at most one such key per
--- day it was active. A day key expires 25 hours after its day ends (EXPIREAT, the same value
--- on every write), so the last 24 hours can always be read.
+-- day it was active. A day key expires 25 hours after its day ends (EXPIREAT, sent by the
+-- first write of a counter in a minute, so by the one that creates the key), so the last 24
+-- hours can always be read.
 --
 -- K.busy is the shard's set of tenants that may have queued or running executions (added at
--- admission and start, removed by a terminal change that leaves none): readers list "tenants
+-- admission and retry, removed by a terminal change that leaves none): readers list "tenants
 -- with work now" from it, registered or not, and check each member's indexes (a member may
 -- be stale: a force delete of the last execution does not remove it).
 --
@@ -661,7 +671,6 @@ tally_start = function(t, ready_at, now)
     end
   end
   trend_add(t, now, { 'u32', TREND_FIELD.started, 'u16', TREND_WAIT_AT + 16 * bucket })
-  redis.call('SADD', K.busy(), t)
 end
 
 -- Tenant t has queued work again without an admission (a retry).

@@ -35,7 +35,9 @@ for field, value in pairs(values) do
     redis.call('HSET', CFG, field, value)
   end
 end
--- The shard's eligible weight counts the tenant's weight while it is runnable.
+-- The shard's eligible weight counts the tenant's weight while it is runnable. (Its limits
+-- are read again: the ones this call read before the writes are gone.)
+LIMITS_READ[tenant] = nil
 local _, _, _, _, weight = limits(tenant)
 if weight ~= old_weight and redis.call('ZSCORE', K.runnable(), tenant) then
   redis.call('HINCRBY', K.sched(), 'weight', weight - old_weight)
