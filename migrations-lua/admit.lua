@@ -88,8 +88,9 @@ redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
 redis.call('SADD', TENANTS, tenant)
 redis.call('SADD', FLOWS, flow)
 -- The row is written here, with its queue state, in one HSET.
-enqueue(tenant, flow, id, now, priority, due, row)
+if not enqueue(tenant, flow, id, now, priority, due, row) then mark_busy(tenant) end
 tally(tenant, 'admitted', now)
+flush_trends()
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
 if due then return { 'new', 'scheduled', now, due } end

@@ -50,4 +50,5 @@ elseif status == 'running' then
   end
 end
 notify(id, now)
+flush_trends()
 return { 'ok', id, view(id) }

@@ -68,7 +68,7 @@ end
 -- Tells the servers waiting on an execution that it changed (the block at the end: waiters).
 local notify, announce
 -- Per-minute counters of what happened (the block at the end: trends).
-local tally, tally_start, mark_busy
+local tally, tally_start, mark_busy, flush_trends
 
 -- The limits read so far in this call, by tenant (see limits()). A script that writes a
 -- tenant's configuration forgets its entry (set_limits.lua).
@@ -185,13 +185,16 @@ end
 
 -- Makes a queued execution runnable now, in its tenant's order. `ready_at` is when it became
 -- runnable (admission, due time, or the first time for a run that went back). `fields` are
--- more fields of its row, written in the same HSET.
+-- more fields of its row, written in the same HSET. Returns true when the tenant was in the
+-- runnable set already (so it had queued work before this one).
 local function make_runnable(t, id, ready_at, priority, fields)
   redis.call('ZADD', K.waiting(t), order_key(ready_at, priority), id)
   redis.call('HSET', K.row(id), 'qstate', 'queued', 'ready_at', ready_at, unpack(fields or {}))
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
-  if not redis.call('ZSCORE', K.runnable(), t) then refresh(t) end
+  if redis.call('ZSCORE', K.runnable(), t) then return true end
+  refresh(t)
+  return false
 end
 
 -- Schedules a queued execution to become runnable at `due` (ms): on the timer set, listed in
@@ -214,7 +217,12 @@ end
 
 -- Makes runnable the scheduled executions whose time has come (at most `most`), each in its
 -- tenant's order by its due time. Members whose row is no longer scheduled are dropped.
+-- Returns what next_due() would answer afterwards: in the usual case, nothing due yet, that
+-- costs one read in all.
 local function promote_due(now, most)
+  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  if #first == 0 then return -1 end
+  if tonumber(first[2]) > now then return tonumber(first[2]) - now end
   local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'WITHSCORES', 'LIMIT', 0,
     most)
   for i = 1, #due, 2 do
@@ -227,6 +235,7 @@ local function promote_due(now, most)
       make_runnable(row[3], id, at, row[5])
     end
   end
+  return next_due(now)
 end
 
 -- Where a queued execution stands, as the API shows it: 'scheduled' (on the timer set),
@@ -256,19 +265,24 @@ local function place(t)
 end
 
 -- Queues an execution place() accepted: scheduled when `due` is later than now, runnable
--- otherwise. `fields` are the rest of its row, written in the same HSET.
+-- otherwise. `fields` are the rest of its row, written in the same HSET. Returns true when
+-- its tenant was runnable already (see make_runnable()).
 local function enqueue(t, flow, id, now, priority, due, fields)
   if due and due > now then
     schedule(t, flow, id, due, fields)
-  else
-    make_runnable(t, id, now, priority, fields)
+    return false
   end
+  return make_runnable(t, id, now, priority, fields)
 end
 
 -- Releases the slot id holds (if any): its tenant may be runnable again. Set membership makes
--- a second release a no-op.
+-- a second release a no-op. A free slot never makes a tenant less eligible, so one that is
+-- runnable already needs no other check.
 local function release_slot(t, id)
-  if redis.call('SREM', K.slots(t), id) == 1 then refresh(t) end
+  if redis.call('SREM', K.slots(t), id) == 1
+    and not redis.call('ZSCORE', K.runnable(), t) then
+    refresh(t)
+  end
 end
 
 -- Takes a queued execution off its queue (the timer set or its tenant's queue).
@@ -288,11 +302,13 @@ local function index_move(t, flow, from, to, id)
 end
 
 -- Ends the lease of a running execution: out of the lease index and its holder's set, lease
--- fields gone, slot released.
-local function end_lease(t, id, owner)
+-- fields gone (with the `qstate` a start leaves, see start_entries(), and the fields `drop`
+-- names, if given, in the same HDEL), slot released.
+local function end_lease(t, id, owner, drop)
   redis.call('ZREM', K.leases(), id)
   if owner and owner ~= '' then redis.call('SREM', K.held(owner), id) end
-  redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until')
+  redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until', 'qstate',
+    unpack(drop or {}))
   release_slot(t, id)
 end
 
@@ -386,19 +402,17 @@ local function settle_terminal(t, id, digest)
 end
 
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
--- (its tenant may start the next), retention and dedup TTLs. `extra` holds fields to set
--- besides the status and times; `drop` names fields to remove besides the lease's. The hot
--- path of every completion: one read, one write and one delete of the row, whatever the
--- outcome.
-local function finish(t, flow, id, status, now, extra, drop)
-  local row = K.row(id)
-  local known = redis.call('HMGET', row, 'watch', 'ddh', 'lease_owner')
+-- (its tenant may start the next), retention and dedup TTLs. `run` is the row's RUN_FIELDS as
+-- the caller read them; `extra` holds fields to set besides the status and times; `drop` names
+-- fields to remove besides the lease's. The hot path of every completion: the caller's one
+-- read, one write and one delete of the row, whatever the outcome.
+local function finish(t, flow, id, run, status, now, extra, drop)
   index_move(t, flow, 'running', status, id)
-  redis.call('HSET', row, 'status', status, 'finished', now, 'updated', now, unpack(extra))
-  if #drop > 0 then redis.call('HDEL', row, unpack(drop)) end
-  end_lease(t, id, known[3])
-  announce(id, known[1], status, now)
-  settle_terminal(t, id, known[2])
+  redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now,
+    unpack(extra))
+  end_lease(t, id, run[9], drop)
+  announce(id, run[11], status, now)
+  settle_terminal(t, id, run[12])
   redis.call('HINCRBY', K.stats(), status, 1)
   tally(t, status, now)
 end
@@ -412,9 +426,9 @@ local function bury(t, id, owner)
   redis.call('DEL', K.row(id))
 end
 
--- Fields recover() and complete.lua read from a running row, in this order.
+-- Fields recover(), finish() and complete.lua read from a running row, in this order.
 local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'flow', 'entry',
-  'cancel', 'lease_owner', 'deleted' }
+  'cancel', 'lease_owner', 'deleted', 'watch', 'ddh' }
 
 -- What happens to a running execution whose run ended without a result (its lease expired, or
 -- its worker could no longer renew it): a cancelled one ends cancelled, a force-deleted one is
@@ -428,13 +442,14 @@ local function recover(id, row, now, cap)
     return 'buried'
   end
   if row[8] == '1' then
-    finish(tenant, flow, id, 'cancelled', now, {}, {})
+    finish(tenant, flow, id, row, 'cancelled', now, {}, {})
     return 'cancelled'
   end
   local attempt, max_attempts = tonumber(row[3]), tonumber(row[4])
   if attempt >= max_attempts then
     local msg = 'lease expired on attempt ' .. attempt .. ' of ' .. max_attempts
-    finish(tenant, flow, id, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg }, {})
+    finish(tenant, flow, id, row, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg },
+      {})
     dead_letter_run(id, tenant, flow, 'lease_lost', attempt, row[7], now, msg, cap)
     return 'dead_lettered'
   end
@@ -479,11 +494,14 @@ end
 -- each {id, fence, attempt, tenant, flow, version or '', params, max_attempts} (as run_of()).
 local function start_entries(consumer, count, ttl, cap, now)
   local started = {}
+  -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
+  local left = nil
   -- Each round starts one execution or removes one stale member: bounded.
   for _ = 1, count * 4 + 16 do
     if #started >= count then break end
     local top = redis.call('ZRANGE', K.runnable(), 0, 0, 'WITHSCORES')
-    if #top == 0 then break end
+    left = #top > 0
+    if not left then break end
     local tenant, vt = top[1], tonumber(top[2])
     local popped = redis.call('ZPOPMIN', K.waiting(tenant))
     local id = popped[1]
@@ -497,6 +515,7 @@ local function start_entries(consumer, count, ttl, cap, now)
       -- An empty queue, or a member whose row is gone or moved on (repair): look again.
       if id then redis.call('HINCRBY', K.stats(), 'repaired_stale_queue', 1) end
       refresh(tenant)
+      left = nil
     else
       local flow = row[6]
       local max_concurrent, _, _, _, weight = limits(tenant)
@@ -510,13 +529,16 @@ local function start_entries(consumer, count, ttl, cap, now)
         redis.call('ZADD', K.runnable(), next_vt, tenant)
       else
         leave(tenant, next_vt, weight)
+        left = nil
       end
       local attempt = tonumber(row[3]) + 1
       local fence = (tonumber(row[8]) or 0) + 1
       index_move(tenant, flow, 'queued', 'running', id)
+      -- The row keeps its `qstate` field while it runs (one HDEL less per start): it is read
+      -- only while the status is 'queued', whatever queues the execution again writes it,
+      -- and end_lease() drops it with the lease fields.
       redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'fence', fence,
         'started', now, 'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
-      redis.call('HDEL', K.row(id), 'qstate')
       redis.call('ZADD', K.leases(), now + ttl, id)
       redis.call('SADD', K.held(consumer), id)
       -- As run_of() reports a run, from what was read above (no second read).
@@ -526,7 +548,8 @@ local function start_entries(consumer, count, ttl, cap, now)
     end
   end
   local more = 0
-  if redis.call('EXISTS', K.runnable()) == 1 then
+  if left == nil then left = redis.call('EXISTS', K.runnable()) == 1 end
+  if left then
     more = 1
     ring()
   else
@@ -606,10 +629,18 @@ end
 -- first write of a counter in a minute, so by the one that creates the key), so the last 24
 -- hours can always be read.
 --
--- K.busy is the shard's set of tenants that may have queued or running executions (added at
--- admission and retry, removed by a terminal change that leaves none): readers list "tenants
--- with work now" from it, registered or not, and check each member's indexes (a member may
--- be stale: a force delete of the last execution does not remove it).
+-- K.busy is the shard's set of tenants that may have queued or running executions, added at
+-- admission (unless the tenant was runnable already, see mark_busy) and retry. A terminal
+-- change does not take its tenant out (that would cost every completion two index reads): a
+-- member left with nothing is removed by the sweeper's next pass over its tenant
+-- (sweep.lua). Readers list "tenants with work now" from it, registered or not, and check
+-- each member's indexes.
+--
+-- A call collects its increments (trend_add) and writes them at its end, one BITFIELD per
+-- key (flush_trends): a completion that chains the next start, or a start call of eight,
+-- costs two BITFIELD calls, not two per event. Every script that can reach tally() or
+-- tally_start() calls flush_trends() before it returns (a unit test of the composed scripts
+-- checks it).
 --
 -- The layout mirrors src/store/trends.rs and the key names src/store/keys.rs; change both
 -- together. Call sites: admit.lua (admitted), start_entries (a start), finish() (completed,
@@ -623,39 +654,56 @@ local TREND_FIELD = { admitted = 0, started = 32, completed = 64, failed = 96, c
 local TREND_WAIT_AT = 160
 local TREND_WAIT_BOUNDS = { 10, 40, 150, 600, 2500, 10000, 30000 }
 
--- Applies the BITFIELD increments `ops` (offsets within a record) to the record of the minute
--- of `now` in tenant t's day key and in the shard's.
-local function trend_add(t, now, ops)
+-- The increments this call has collected: TREND_KEYS lists the keys in first-use order,
+-- TREND_INCR[key] maps a bit offset in the key to its increment, TREND_EXPIRY[key] is the
+-- key's expiry (Unix seconds).
+local TREND_KEYS, TREND_INCR, TREND_EXPIRY = {}, {}, {}
+
+-- Collects one increment of the counter at `field` (an offset within a record) of the minute
+-- of `now`, in tenant t's day key and in the shard's.
+local function trend_add(t, now, field)
   local day = math.floor(now / 86400000)
-  local base = math.floor((now % 86400000) / 60000) * TREND_RECORD_BITS
-  local expire_at = (day + 1) * 86400 + 25 * 3600
-  for _, key in ipairs({ K.trends(t, day), K.shard_trends(day) }) do
-    local args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
-    for i = 1, #ops, 2 do
-      for _, v in ipairs({ 'INCRBY', ops[i], base + ops[i + 1], 1 }) do table.insert(args, v) end
+  local at = math.floor((now % 86400000) / 60000) * TREND_RECORD_BITS + field
+  local tenant_key, shard_key = K.trends(t, day), K.shard_trends(day)
+  for i = 1, 2 do
+    local key = i == 1 and tenant_key or shard_key
+    local incr = TREND_INCR[key]
+    if not incr then
+      incr = {}
+      TREND_INCR[key] = incr
+      TREND_KEYS[#TREND_KEYS + 1] = key
+      TREND_EXPIRY[key] = (day + 1) * 86400 + 25 * 3600
     end
-    -- The expiry is set by the first write of each counter in each minute (a new value of
-    -- 1), so by the write that creates the key, and not by every write after it.
-    for _, v in ipairs(redis.call(unpack(args))) do
-      if v == 1 then
-        redis.call('EXPIREAT', key, expire_at)
+    incr[at] = (incr[at] or 0) + 1
+  end
+end
+
+-- Writes what trend_add() collected: one BITFIELD ... OVERFLOW SAT per key. The expiry is set
+-- by the write that finds a counter at 0 in its minute (its new value is the increment), so by
+-- the write that creates the key, and not by every write after it.
+flush_trends = function()
+  for _, key in ipairs(TREND_KEYS) do
+    local args, amounts = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }, {}
+    for at, n in pairs(TREND_INCR[key]) do
+      local width = (at % TREND_RECORD_BITS) < TREND_WAIT_AT and 'u32' or 'u16'
+      local k = #args
+      args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at, n
+      amounts[#amounts + 1] = n
+    end
+    for i, v in ipairs(redis.call(unpack(args))) do
+      if v == amounts[i] then
+        redis.call('EXPIREAT', key, TREND_EXPIRY[key])
         break
       end
     end
   end
+  TREND_KEYS, TREND_INCR, TREND_EXPIRY = {}, {}, {}
 end
 
 -- Counts one event of tenant t at `now`: 'admitted', 'completed', 'failed' or 'cancelled'
--- (a start goes through tally_start). A terminal one that leaves the tenant nothing queued or
--- running takes it off the shard's busy set.
+-- (a start goes through tally_start).
 tally = function(t, what, now)
-  trend_add(t, now, { 'u32', TREND_FIELD[what] })
-  if what == 'admitted' then
-    redis.call('SADD', K.busy(), t)
-  elseif redis.call('ZCARD', K.status_idx(t, 'queued')) == 0
-    and redis.call('ZCARD', K.status_idx(t, 'running')) == 0 then
-    redis.call('SREM', K.busy(), t)
-  end
+  trend_add(t, now, TREND_FIELD[what])
 end
 
 -- Counts a start of tenant t at `now`, and its waiting time: from `ready_at`, when the
@@ -670,10 +718,13 @@ tally_start = function(t, ready_at, now)
       break
     end
   end
-  trend_add(t, now, { 'u32', TREND_FIELD.started, 'u16', TREND_WAIT_AT + 16 * bucket })
+  trend_add(t, now, TREND_FIELD.started)
+  trend_add(t, now, TREND_WAIT_AT + 16 * bucket)
 end
 
--- Tenant t has queued work again without an admission (a retry).
+-- Tenant t has queued work (an admission, a retry): in the shard's busy set. An admission to a
+-- tenant that was runnable already skips this (a runnable tenant had queued work, so it is a
+-- member: the sweeper takes out only tenants with none, and puts back any it finds with some).
 mark_busy = function(t)
   redis.call('SADD', K.busy(), t)
 end

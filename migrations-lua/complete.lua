@@ -85,11 +85,11 @@ local function record()
   -- repeat (`reported`, written with the outcome).
 
   if row[8] == '1' or outcome == 'cancelled' then
-    finish(tenant, flow, id, 'cancelled', now, { 'reported', fence }, {})
+    finish(tenant, flow, id, row, 'cancelled', now, { 'reported', fence }, {})
     return 'done', 'cancelled'
   elseif outcome == 'completed' then
     -- An error of an earlier attempt does not describe a success.
-    finish(tenant, flow, id, 'completed', now, { 'output', output, 'reported', fence },
+    finish(tenant, flow, id, row, 'completed', now, { 'output', output, 'reported', fence },
       { 'err_kind', 'err_msg' })
     return 'done', 'completed'
   elseif outcome == 'released' then
@@ -109,7 +109,7 @@ local function record()
     notify(id, now)
     return 'retrying', due
   end
-  finish(tenant, flow, id, 'failed', now,
+  finish(tenant, flow, id, row, 'failed', now,
     { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {})
   if backoff ~= '' then
     dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, cap)
@@ -119,9 +119,10 @@ local function record()
 end
 
 local what, detail = record()
-local more, started = 0, {}
+local more, started, wait = 0, {}, nil
 if chain > 0 and what ~= 'stale' and what ~= 'repeat' and not barred(consumer, tonumber(ARGV[17])) then
-  promote_due(now, 100)
+  wait = promote_due(now, 100)
   more, started = start_entries(consumer, chain, ttl, cap, now)
 end
-return { what, detail, more, started, next_due(now), eligible_weight() }
+flush_trends()
+return { what, detail, more, started, wait or next_due(now), eligible_weight() }

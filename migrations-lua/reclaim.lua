@@ -42,10 +42,11 @@ for _, id in ipairs(expired) do
     if how == 'dead_lettered' then dead = dead + 1 end
   end
 end
-promote_due(now, batch)
+flush_trends()
+local wait = promote_due(now, batch)
 local unread = 0
 if redis.call('EXISTS', K.runnable()) == 1 then
   unread = 1
   ring()
 end
-return { requeued, dead, unread, next_due(now) }
+return { requeued, dead, unread, wait }

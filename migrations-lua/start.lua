@@ -35,6 +35,7 @@ local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]),
 declared(8, K.adopted(consumer))
 if barred(consumer, tonumber(ARGV[10])) then return { 0, {}, -1, 0 } end
 local now = now_ms()
-promote_due(now, 100)
+local wait = promote_due(now, 100)
 local more, started = start_entries(consumer, count, ttl, cap, now)
-return { more, started, next_due(now), eligible_weight() }
+flush_trends()
+return { more, started, wait, eligible_weight() }

@@ -11,7 +11,9 @@
 --                  queue otherwise; one that is not (e.g. left on a ready stream by a process
 --                  of the stream-model build) is put back where its row says
 --   mode 'index'   status/flow index members whose row expired or moved on: removed
--- Every mode ends by putting the tenant in or out of the runnable set as its state says.
+-- Every mode ends by putting the tenant in or out of the runnable set as its state says, and
+-- in or out of the shard's busy set (out when it has nothing queued or running).
+-- (Also written, its name built inside from the prefix: the shard's busy set.)
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the shard's counters        KEYS[3]  the tenant's limits (cfg)
@@ -39,6 +41,15 @@ local repaired = 0
 local function counted(reply)
   if reply[2] > 0 then redis.call('HINCRBY', STATS, 'repaired_' .. mode, reply[2]) end
   refresh(tenant)
+  -- A tenant left with nothing queued or running leaves the shard's busy set (terminal
+  -- changes do not take it out: see the trends block of common.lua); one with work is in it
+  -- (work an older build queued, or a member lost to a repair, is listed again).
+  if redis.call('ZCARD', K.status_idx(tenant, 'queued')) == 0
+    and redis.call('ZCARD', K.status_idx(tenant, 'running')) == 0 then
+    redis.call('SREM', K.busy(), tenant)
+  else
+    mark_busy(tenant)
+  end
   return reply
 end
 

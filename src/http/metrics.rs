@@ -23,6 +23,11 @@
 //!   `cancelled` — and `sluice_last_minute_wait_ms{shard,quantile}` (`0.5`, `0.99`; the
 //!   histogram bucket's upper bound, absent in a minute without starts): the same numbers the
 //!   console charts, read at scrape time (one 36-byte read per shard).
+//! - `sluice_tenant_executions{tenant,state}` (`queued`, `running`),
+//!   `sluice_tenant_last_minute_events{tenant,event}` and
+//!   `sluice_tenant_last_minute_wait_ms{tenant,quantile}`: the same per tenant, for the
+//!   tenants in the shards' busy sets — those with work now, and those whose work ended since
+//!   the sweeper last passed over them (with zero executions) — read at scrape time.
 //! - `sluice_shards_unreadable`: shards whose numbers could not be read at this scrape (their
 //!   series above are absent; the other shards are reported as usual).
 //! - `sluice_waiters`: clients waiting now (long polls and event streams, `--max-waiters`);
@@ -53,6 +58,8 @@ use super::AppState;
 use super::auth::bearer_is;
 use super::error::{ApiError, Problem};
 use crate::admission::TenantId;
+use crate::store::Shard;
+use crate::store::trends::ShardTenantMinutes;
 
 /// Content type of the exposition.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -97,6 +104,24 @@ struct ShardEventLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantStateLabels {
+    tenant: String,
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantEventLabels {
+    tenant: String,
+    event: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantQuantileLabels {
+    tenant: String,
+    quantile: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShardQuantileLabels {
     shard: String,
     quantile: &'static str,
@@ -118,6 +143,9 @@ pub struct Metrics {
     shard_events: Family<ShardEventLabels, Gauge>,
     last_minute: Family<ShardEventLabels, Gauge>,
     last_minute_wait: Family<ShardQuantileLabels, Gauge>,
+    tenant_executions: Family<TenantStateLabels, Gauge>,
+    tenant_last_minute: Family<TenantEventLabels, Gauge>,
+    tenant_last_minute_wait: Family<TenantQuantileLabels, Gauge>,
     shards_unreadable: Gauge,
     waiters: Gauge,
     waiters_listening: Gauge,
@@ -167,6 +195,24 @@ impl Metrics {
             "Waiting time (admission to start) of the last complete minute's starts per shard: the histogram bucket's upper bound at this quantile",
             last_minute_wait.clone(),
         );
+        let tenant_executions = Family::<TenantStateLabels, Gauge>::default();
+        let tenant_last_minute = Family::<TenantEventLabels, Gauge>::default();
+        let tenant_last_minute_wait = Family::<TenantQuantileLabels, Gauge>::default();
+        registry.register(
+            "sluice_tenant_executions",
+            "Queued and running executions of each tenant with work now (or lately), read at scrape time",
+            tenant_executions.clone(),
+        );
+        registry.register(
+            "sluice_tenant_last_minute_events",
+            "Events per tenant in the last complete UTC minute, from the per-minute counters",
+            tenant_last_minute.clone(),
+        );
+        registry.register(
+            "sluice_tenant_last_minute_wait_ms",
+            "Waiting time of the last complete minute's starts per tenant: the histogram bucket's upper bound at this quantile",
+            tenant_last_minute_wait.clone(),
+        );
         registry.register(
             "sluice_dead_letters",
             "Records on each shard's dead-letter stream, read at scrape time",
@@ -194,7 +240,7 @@ impl Metrics {
         );
         registry.register(
             "sluice_queue_depth",
-            "Entries on each shard's ready stream, read at scrape time",
+            "Queued executions that are due in each shard (its tenants' queues), read at scrape time",
             queue_depth.clone(),
         );
         let shards_unreadable = Gauge::default();
@@ -237,6 +283,9 @@ impl Metrics {
             shard_events,
             last_minute,
             last_minute_wait,
+            tenant_executions,
+            tenant_last_minute,
+            tenant_last_minute_wait,
             shards_unreadable,
             waiters,
             waiters_listening,
@@ -339,6 +388,59 @@ impl Default for Metrics {
     }
 }
 
+impl Metrics {
+    /// Sets the per-tenant series from what each shard's busy set and counters hold (a shard
+    /// that did not answer is counted as unreadable by the shard read before). Tenants beyond
+    /// the label limit are summed under `_other`, which has no waiting-time quantiles.
+    fn tenant_last_minutes(&self, reads: Vec<(Shard, ShardTenantMinutes)>) {
+        self.tenant_executions.clear();
+        self.tenant_last_minute.clear();
+        self.tenant_last_minute_wait.clear();
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for (_, read) in reads {
+            let Ok(tenants) = read else { continue };
+            for (work, minute) in tenants {
+                let tenant = self.tenant_label(&work.tenant);
+                for (state, n) in [("queued", work.queued), ("running", work.running)] {
+                    self.tenant_executions
+                        .get_or_create(&TenantStateLabels {
+                            tenant: tenant.clone(),
+                            state,
+                        })
+                        .inc_by(gauge(n));
+                }
+                for (event, n) in [
+                    ("admitted", minute.admitted),
+                    ("started", minute.started),
+                    ("completed", minute.completed),
+                    ("failed", minute.failed),
+                    ("cancelled", minute.cancelled),
+                ] {
+                    self.tenant_last_minute
+                        .get_or_create(&TenantEventLabels {
+                            tenant: tenant.clone(),
+                            event,
+                        })
+                        .inc_by(gauge(n));
+                }
+                if tenant == OTHER_TENANTS {
+                    continue;
+                }
+                for (quantile, q) in [("0.5", 0.5), ("0.99", 0.99)] {
+                    if let Some(ms) = minute.wait_quantile_ms(q) {
+                        self.tenant_last_minute_wait
+                            .get_or_create(&TenantQuantileLabels {
+                                tenant: tenant.clone(),
+                                quantile,
+                            })
+                            .set(i64::from(ms));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Tenants labelled by default (`--metrics-tenant-limit`).
 pub const DEFAULT_TENANT_LIMIT: usize = 1000;
 
@@ -378,9 +480,10 @@ impl Metrics {
 /// Prometheus metrics (OpenMetrics text).
 ///
 /// Per-tenant admission counters, a request latency histogram, connection counts, and per
-/// shard the ready-stream depth, the dead-letter count, the event counters kept on Redis
+/// shard the queue depth, the dead-letter count, the event counters kept on Redis
 /// (completed, fenced, dlq_evicted, ...) and the last complete minute of the per-minute
-/// counters (events and waiting time), read at scrape time. With `--metrics-token` it needs
+/// counters (events and waiting time), read at scrape time; the same per tenant with work
+/// (its queued and running executions, and its last complete minute). With `--metrics-token` it needs
 /// `Authorization: Bearer <metrics token>`; with `--metrics-listen` it is served only on that
 /// address (and answers 404 here).
 #[utoipa::path(get, path = "/metrics", tag = "operations",
@@ -470,6 +573,7 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
             }
         }
     }
+    m.tenant_last_minutes(state.store.tenants_last_minute(now).await);
     m.shards_unreadable.set(unreadable);
     m.waiters
         .set(i64::try_from(state.waiters.waiters()).unwrap_or(i64::MAX));

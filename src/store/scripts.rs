@@ -306,6 +306,14 @@ mod tests {
                 let missing = lib.missing_from(&composed);
                 assert!(missing.is_empty(), "{op} lacks {missing:?}");
             }
+            // The trend counters a call collects are written by its flush_trends() (see the
+            // trends block of common.lua): a script that can collect one must flush.
+            if composed.contains("\nlocal function trend_add(") {
+                assert!(
+                    text.contains("\nflush_trends()\n"),
+                    "{op} can count trends but never writes them (flush_trends)"
+                );
+            }
         }
         // Every operation file in the folder is one of the above (or an include).
         let mut files: Vec<String> = std::fs::read_dir(dir)

@@ -113,6 +113,10 @@ impl Minute {
     }
 }
 
+/// What `Store::tenants_last_minute` reads of one shard: each busy-set member with its
+/// executions now and its counters of the last complete minute.
+pub type ShardTenantMinutes = Result<Vec<(TenantWork, Minute)>, StoreError>;
+
 /// Consecutive minutes of counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trends {
@@ -260,6 +264,15 @@ impl Store {
     /// The tenants of `shard` with queued or running executions: the members of its busy set
     /// (a superset) whose indexes say so.
     async fn busy_tenants(&self, shard: Shard) -> Result<Vec<TenantWork>, StoreError> {
+        let mut members = self.busy_members(shard).await?;
+        members.retain(|w| w.queued + w.running > 0);
+        Ok(members)
+    }
+
+    /// Every member of `shard`'s busy set with its queued and running counts: the tenants with
+    /// work now and, until the sweeper's next pass over them, those whose work ended lately
+    /// (with zeros). Two round trips.
+    async fn busy_members(&self, shard: Shard) -> Result<Vec<TenantWork>, StoreError> {
         let mut c = self.conn();
         let members: Vec<String> = self
             .bounded(redis::cmd("SMEMBERS").arg(shard.busy()).query_async(&mut c))
@@ -284,13 +297,50 @@ impl Store {
         Ok(tenants
             .into_iter()
             .zip(counts.chunks(2))
-            .filter(|(_, n)| n[0] + n[1] > 0)
             .map(|(tenant, n)| TenantWork {
                 tenant,
                 queued: n[0],
                 running: n[1],
             })
             .collect())
+    }
+
+    /// For `/metrics`: each shard's busy-set members (see `busy_members`) with their counters
+    /// of the last complete minute before `now_ms`. Three round trips per shard, all shards at
+    /// once; the last reads 36 bytes per member.
+    pub async fn tenants_last_minute(&self, now_ms: u64) -> Vec<(Shard, ShardTenantMinutes)> {
+        let before = now_ms.saturating_sub(MINUTE_MS);
+        let (day, at) = (
+            before / (MINUTES_PER_DAY * MINUTE_MS),
+            (before / MINUTE_MS) % MINUTES_PER_DAY,
+        );
+        let from = at as usize * RECORD_BYTES;
+        let reads = self.shards.all().map(|shard| async move {
+            let read = async {
+                let members = self.busy_members(shard).await?;
+                if members.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut p = redis::pipe();
+                for w in &members {
+                    p.cmd("GETRANGE")
+                        .arg(shard.trends(&w.tenant, day))
+                        .arg(from)
+                        .arg(from + RECORD_BYTES - 1);
+                }
+                let mut c = self.conn();
+                let records: Vec<Vec<u8>> = self.bounded(p.query_async(&mut c)).await?;
+                if records.len() != members.len() {
+                    return Err(StoreError::Corrupt("short trends reply".into()));
+                }
+                Ok(members
+                    .into_iter()
+                    .zip(records.iter().map(|r| Minute::decode(r)))
+                    .collect())
+            };
+            (shard, read.await)
+        });
+        futures_util::future::join_all(reads).await
     }
 
     /// Each shard's counters of the last complete minute before `now_ms` (for `/metrics`):

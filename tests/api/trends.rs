@@ -240,12 +240,54 @@ async fn tenants_with_work_are_listed_registered_or_not_until_their_work_is_done
     let got = with_work(&app.trends().await);
     let names: Vec<&str> = got.iter().map(|w| w.0.as_str()).collect();
     assert_eq!(names, ["dev-2", "registered"]);
+    // A tenant with work that its busy set lost (work an older build queued, a repair) is
+    // listed again after the sweeper's pass.
+    let _: i64 = app
+        .redis
+        .query(
+            redis::cmd("SREM")
+                .arg(app.shard("dev-2").busy())
+                .arg("dev-2"),
+        )
+        .await;
+    let got = with_work(&app.trends().await);
+    let names: Vec<&str> = got.iter().map(|w| w.0.as_str()).collect();
+    assert_eq!(names, ["registered"]);
+    let store = std::sync::Arc::new(app.store().await);
+    sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    let got = with_work(&app.trends().await);
+    let names: Vec<&str> = got.iter().map(|w| w.0.as_str()).collect();
+    assert_eq!(names, ["dev-2", "registered"]);
     // A worker runs the rest: nobody has work.
     let _worker = TestWorker::spawn(&app.redis, FAST_WORKER);
     for (t, id) in &ids {
         app.wait_terminal(t, id, Duration::from_secs(30)).await;
     }
     assert_eq!(with_work(&app.trends().await), vec![]);
+    // Their shards' busy sets still name them (a completion does not take a tenant out); the
+    // sweeper's next pass does, and admits nothing else.
+    assert!(
+        in_busy_set(&app, "dev-2").await,
+        "dev-2 left the busy set before a sweep"
+    );
+    sluice::sweeper::sweep_once(store, "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    for t in ["dev-1", "dev-2", "registered"] {
+        assert!(
+            !in_busy_set(&app, t).await,
+            "{t} is still in its shard's busy set"
+        );
+    }
+}
+
+/// Whether tenant `t` is a member of its shard's busy set.
+async fn in_busy_set(app: &TestApp, t: &str) -> bool {
+    app.redis
+        .query(redis::cmd("SISMEMBER").arg(app.shard(t).busy()).arg(t))
+        .await
 }
 
 #[tokio::test]
@@ -266,9 +308,12 @@ local t, now = ARGV[6], tonumber(ARGV[7])
 for _, what in ipairs({ 'admitted', 'completed', 'failed', 'cancelled' }) do
   tally(t, what, now)
 end
-for b = 0, 7 do
-  trend_add(t, now, { 'u32', TREND_FIELD.started, 'u16', TREND_WAIT_AT + 16 * b })
+-- One start in each waiting-time bucket (upper bounds 10, 40, 150, 600, 2500, 10000,
+-- 30000 ms, then every longer wait).
+for _, waited in ipairs({ 0, 20, 100, 500, 2000, 9000, 20000, 40000 }) do
+  tally_start(t, now - waited, now)
 end
+flush_trends()
 return 1"#;
     let args: Vec<String> = vec![
         shard.prefix(),
@@ -413,10 +458,12 @@ local t, now = ARGV[6], tonumber(ARGV[7])
 for _, at in ipairs({ now, now - 60000 }) do
   for _ = 1, 3 do tally(t, 'completed', at) end
   tally(t, 'failed', at)
-  for _ = 1, 2 do
-    trend_add(t, at, { 'u32', TREND_FIELD.started, 'u16', TREND_WAIT_AT + 16 * 2 })
-  end
+  -- Two starts that waited 100 ms: the third waiting-time bucket (at most 150 ms).
+  for _ = 1, 2 do tally_start(t, at - 100, at) end
 end
+-- The tenant has work (as an admission would say): /metrics lists it.
+redis.call('SADD', K.busy(), t)
+flush_trends()
 return 1"#;
     let args: Vec<String> = vec![
         shard.prefix(),
@@ -444,9 +491,22 @@ return 1"#;
         format!("sluice_last_minute_events{{shard=\"{label}\",event=\"admitted\"}} 0"),
         // Both starts waited at most 150 ms (the third bucket).
         format!("sluice_last_minute_wait_ms{{shard=\"{label}\",quantile=\"0.99\"}} 150"),
+        // The same per tenant, for a tenant of the shard's busy set.
+        "sluice_tenant_last_minute_events{tenant=\"acme\",event=\"completed\"} 3".into(),
+        "sluice_tenant_last_minute_events{tenant=\"acme\",event=\"started\"} 2".into(),
+        "sluice_tenant_last_minute_wait_ms{tenant=\"acme\",quantile=\"0.99\"} 150".into(),
+        "sluice_tenant_executions{tenant=\"acme\",state=\"queued\"} 0".into(),
     ] {
         assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
     }
+    // Admitted through the API (no worker runs): the tenant's queued executions, read at the
+    // scrape.
+    for _ in 0..2 {
+        app.admit_params(tenant, "demo.echo", json!({})).await;
+    }
+    let text = app.get_text("/metrics").await;
+    let line = "sluice_tenant_executions{tenant=\"acme\",state=\"queued\"} 2";
+    assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
 }
 
 #[tokio::test]
