@@ -654,50 +654,52 @@ local TREND_FIELD = { admitted = 0, started = 32, completed = 64, failed = 96, c
 local TREND_WAIT_AT = 160
 local TREND_WAIT_BOUNDS = { 10, 40, 150, 600, 2500, 10000, 30000 }
 
--- The increments this call has collected: TREND_KEYS lists the keys in first-use order,
--- TREND_INCR[key] maps a bit offset in the key to its increment, TREND_EXPIRY[key] is the
--- key's expiry (Unix seconds).
-local TREND_KEYS, TREND_INCR, TREND_EXPIRY = {}, {}, {}
+-- The increments this call has collected, as the BITFIELD calls that will write them:
+-- TREND_KEYS lists the keys in first-use order; TREND_ARGS[key] is the key's whole command
+-- (BITFIELD key OVERFLOW SAT, then INCRBY width offset n per counter), TREND_SLOT[key][offset]
+-- the position of that counter's n in it, TREND_EXPIRY[key] the key's expiry (Unix seconds).
+local TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
 
 -- Collects one increment of the counter at `field` (an offset within a record) of the minute
 -- of `now`, in tenant t's day key and in the shard's.
 local function trend_add(t, now, field)
   local day = math.floor(now / 86400000)
   local at = math.floor((now % 86400000) / 60000) * TREND_RECORD_BITS + field
-  local tenant_key, shard_key = K.trends(t, day), K.shard_trends(day)
+  local width = field < TREND_WAIT_AT and 'u32' or 'u16'
   for i = 1, 2 do
-    local key = i == 1 and tenant_key or shard_key
-    local incr = TREND_INCR[key]
-    if not incr then
-      incr = {}
-      TREND_INCR[key] = incr
+    local key = i == 1 and K.trends(t, day) or K.shard_trends(day)
+    local args = TREND_ARGS[key]
+    if not args then
+      args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
+      TREND_ARGS[key], TREND_SLOT[key] = args, {}
       TREND_KEYS[#TREND_KEYS + 1] = key
       TREND_EXPIRY[key] = (day + 1) * 86400 + 25 * 3600
     end
-    incr[at] = (incr[at] or 0) + 1
+    local slot = TREND_SLOT[key][at]
+    if slot then
+      args[slot] = args[slot] + 1
+    else
+      local k = #args
+      args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at, 1
+      TREND_SLOT[key][at] = k + 4
+    end
   end
 end
 
--- Writes what trend_add() collected: one BITFIELD ... OVERFLOW SAT per key. The expiry is set
--- by the write that finds a counter at 0 in its minute (its new value is the increment), so by
--- the write that creates the key, and not by every write after it.
+-- Writes what trend_add() collected: one BITFIELD per key. BITFIELD answers each counter's new
+-- value; one equal to its increment was at 0 in its minute, so the expiry is set by the write
+-- that creates the key, and not by every write after it.
 flush_trends = function()
   for _, key in ipairs(TREND_KEYS) do
-    local args, amounts = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }, {}
-    for at, n in pairs(TREND_INCR[key]) do
-      local width = (at % TREND_RECORD_BITS) < TREND_WAIT_AT and 'u32' or 'u16'
-      local k = #args
-      args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at, n
-      amounts[#amounts + 1] = n
-    end
+    local args = TREND_ARGS[key]
     for i, v in ipairs(redis.call(unpack(args))) do
-      if v == amounts[i] then
+      if v == args[4 + 4 * i] then
         redis.call('EXPIREAT', key, TREND_EXPIRY[key])
         break
       end
     end
   end
-  TREND_KEYS, TREND_INCR, TREND_EXPIRY = {}, {}, {}
+  TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
 end
 
 -- Counts one event of tenant t at `now`: 'admitted', 'completed', 'failed' or 'cancelled'

@@ -165,7 +165,16 @@ async fn a_calm_tenant_behind_a_flood_starts_at_the_next_free_slot() {
         );
     }
     let _w = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
-    app.wait_running(flood, &flood_ids[0], 1).await;
+    // The flood is under way: its first execution started (at 20 ms it may be over by the
+    // time anyone looks, so waiting to see it running could miss it).
+    app.wait_for(
+        flood,
+        &flood_ids[0],
+        Duration::from_secs(15),
+        "a start",
+        |e| !e["started_at"].is_null(),
+    )
+    .await;
     let mut calm_ids = Vec::new();
     for i in 0..5 {
         let id = app
