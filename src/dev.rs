@@ -189,14 +189,26 @@ pub fn cluster_node_args(node_timeout_ms: u64) -> Vec<String> {
 /// rest replicate them in turn. Waits until every node sees the whole cluster and all slots
 /// served. A cluster formed before (its nodes restarted with their `nodes.conf`) is only
 /// waited for.
+///
+/// Nodes that were just started on a loaded machine (a test suite forming many clusters at
+/// once beside other work) can take longer than the client's default 500 ms to answer: each
+/// call may take up to `CLUSTER_CALL_TIMEOUT`, and a state read that fails is read again
+/// until `limit`.
 pub async fn form_cluster(ports: &[u16], replicas: usize, limit: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     let masters = ports.len() / (1 + replicas);
     anyhow::ensure!(masters >= 1, "a cluster needs a master");
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CLUSTER_CALL_TIMEOUT))
+        .set_response_timeout(Some(CLUSTER_CALL_TIMEOUT));
     let mut conns = Vec::with_capacity(ports.len());
     for port in ports {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
-        conns.push(client.get_multiplexed_async_connection().await?);
+        conns.push(
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?,
+        );
     }
     let info = |c: &redis::aio::MultiplexedConnection| {
         let mut c = c.clone();
@@ -239,7 +251,13 @@ pub async fn form_cluster(ports: &[u16], replicas: usize, limit: Duration) -> an
     loop {
         let mut ok = true;
         for conn in &conns {
-            let text = info(conn).await?;
+            // A node too busy to answer in time is not ready yet; past the deadline its error
+            // is the answer.
+            let text = match info(conn).await {
+                Ok(text) => text,
+                Err(e) if Instant::now() > deadline => return Err(e.into()),
+                Err(_) => String::new(),
+            };
             ok &= text.contains("cluster_state:ok")
                 && field(&text, "cluster_known_nodes") == ports.len() as u64
                 && field(&text, "cluster_slots_ok") == 16_384;
@@ -269,6 +287,9 @@ pub async fn form_cluster(ports: &[u16], replicas: usize, limit: Duration) -> an
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// How long `form_cluster` waits for one reply of a node.
+const CLUSTER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One redis-server child process on loopback.
 struct ManagedNode {
