@@ -164,7 +164,23 @@ class Console:
         return bool(self.d.find_elements(By.CSS_SELECTOR, css))
 
     def text(self, css):
+        """The text of the first element `css` matches. The listing re-renders itself, so an
+        element found may be replaced before it is read: then it is found again (bounded)."""
+        for _ in range(20):
+            try:
+                return self.el(css).text
+            except StaleElementReferenceException:
+                continue
         return self.el(css).text
+
+    def attr(self, css, name):
+        """An attribute of the first element `css` matches, found again like text()'s."""
+        for _ in range(20):
+            try:
+                return self.el(css).get_attribute(name)
+            except StaleElementReferenceException:
+                continue
+        return self.el(css).get_attribute(name)
 
     def type(self, css, value):
         e = self.el(css)
@@ -504,7 +520,7 @@ def run(ui, api, base, dev_base, screenshots):
           f"the API holds priority 1, scheduled, due in 10 min ({e['run_at']})")
     row = f'#executions-body tr[data-id="{later}"]'
     ui.sees(lambda: ui.present(row), "the scheduled row listed")
-    check(ui.el(row).get_attribute("data-queue-state") == "scheduled" and "scheduled" in ui.text(f"{row} .status"),
+    check(ui.attr(row, "data-queue-state") == "scheduled" and "scheduled" in ui.text(f"{row} .status"),
           "the row is queued · scheduled")
     check(ui.text(f"{row} .priority") == "1", "the row shows priority 1")
     check(ui.text(f"{row} .due .due-time") == shown_time(e["run_at"]) and "in 10 min" in ui.text(f"{row} .due"),
@@ -580,7 +596,7 @@ def run(ui, api, base, dev_base, screenshots):
     # --- A tenant's weight, set on the tenants page and read back.
     ui.go("#/tenants")
     acme = 'tr[data-tenant="acme"]'
-    check(ui.el(f"{acme} .edit-weight").get_attribute("value") == "1", "acme's weight is the default, 1")
+    check(ui.attr(f"{acme} .edit-weight", "value") == "1", "acme's weight is the default, 1")
     check("scheduled" in ui.text(f"{acme} .usage"), f"the usage shows running, waiting and scheduled ({ui.text(f'{acme} .usage')})")
     ui.type(f"{acme} .edit-weight", "0")
     ui.click(f"{acme} .save-tenant")
