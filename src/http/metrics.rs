@@ -409,13 +409,7 @@ impl Metrics {
                         })
                         .inc_by(gauge(n));
                 }
-                for (event, n) in [
-                    ("admitted", minute.admitted),
-                    ("started", minute.started),
-                    ("completed", minute.completed),
-                    ("failed", minute.failed),
-                    ("cancelled", minute.cancelled),
-                ] {
+                for (event, n) in minute.events() {
                     self.tenant_last_minute
                         .get_or_create(&TenantEventLabels {
                             tenant: tenant.clone(),
@@ -548,13 +542,7 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         // A shard that did not answer was counted above (or answers the next scrape).
         let Ok(minute) = read else { continue };
         let shard = shard.label();
-        for (event, n) in [
-            ("admitted", minute.admitted),
-            ("started", minute.started),
-            ("completed", minute.completed),
-            ("failed", minute.failed),
-            ("cancelled", minute.cancelled),
-        ] {
+        for (event, n) in minute.events() {
             m.last_minute
                 .get_or_create(&ShardEventLabels {
                     shard: shard.clone(),

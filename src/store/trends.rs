@@ -92,6 +92,17 @@ impl Minute {
         }
     }
 
+    /// The five event counts by their names in `/metrics` (the `event` label).
+    pub fn events(&self) -> [(&'static str, u64); 5] {
+        [
+            ("admitted", self.admitted),
+            ("started", self.started),
+            ("completed", self.completed),
+            ("failed", self.failed),
+            ("cancelled", self.cancelled),
+        ]
+    }
+
     /// The waiting time at quantile `q` (0..1) of this minute's starts, as the upper bound of
     /// the bucket it falls in (`OVER_LAST_BOUND_MS` for the open last one); `None` without
     /// starts.
@@ -273,6 +284,21 @@ impl Store {
     /// work now and, until the sweeper's next pass over them, those whose work ended lately
     /// (with zeros). Two round trips.
     async fn busy_members(&self, shard: Shard) -> Result<Vec<TenantWork>, StoreError> {
+        Ok(self
+            .busy_read(shard, None)
+            .await?
+            .into_iter()
+            .map(|(w, _)| w)
+            .collect())
+    }
+
+    /// `busy_members`, and with `record` = (day, byte offset) each member's minute record at
+    /// that offset of its day key, read in the same second round trip.
+    async fn busy_read(
+        &self,
+        shard: Shard,
+        record: Option<(u64, usize)>,
+    ) -> Result<Vec<(TenantWork, Minute)>, StoreError> {
         let mut c = self.conn();
         let members: Vec<String> = self
             .bounded(redis::cmd("SMEMBERS").arg(shard.busy()).query_async(&mut c))
@@ -289,57 +315,52 @@ impl Store {
         for t in &tenants {
             p.zcard(shard.status_index(t, Status::Queued))
                 .zcard(shard.status_index(t, Status::Running));
+            if let Some((day, from)) = record {
+                p.cmd("GETRANGE")
+                    .arg(shard.trends(t, day))
+                    .arg(from)
+                    .arg(from + RECORD_BYTES - 1);
+            }
         }
-        let counts: Vec<u64> = self.bounded(p.query_async(&mut c)).await?;
-        if counts.len() != tenants.len() * 2 {
+        let per = if record.is_some() { 3 } else { 2 };
+        let replies: Vec<redis::Value> = self.bounded(p.query_async(&mut c)).await?;
+        if replies.len() != tenants.len() * per {
             return Err(StoreError::Corrupt("short busy reply".into()));
         }
-        Ok(tenants
+        let corrupt = |e: redis::ParsingError| StoreError::Corrupt(format!("busy reply: {e}"));
+        tenants
             .into_iter()
-            .zip(counts.chunks(2))
-            .map(|(tenant, n)| TenantWork {
-                tenant,
-                queued: n[0],
-                running: n[1],
+            .zip(replies.chunks(per))
+            .map(|(tenant, r)| {
+                let minute = match r.get(2) {
+                    Some(v) => Minute::decode(
+                        &redis::from_redis_value::<Vec<u8>>(v.clone()).map_err(corrupt)?,
+                    ),
+                    None => Minute::default(),
+                };
+                Ok((
+                    TenantWork {
+                        tenant,
+                        queued: redis::from_redis_value(r[0].clone()).map_err(corrupt)?,
+                        running: redis::from_redis_value(r[1].clone()).map_err(corrupt)?,
+                    },
+                    minute,
+                ))
             })
-            .collect())
+            .collect()
     }
 
     /// For `/metrics`: each shard's busy-set members (see `busy_members`) with their counters
-    /// of the last complete minute before `now_ms`. Three round trips per shard, all shards at
-    /// once; the last reads 36 bytes per member.
+    /// of the last complete minute before `now_ms`. Two round trips per shard, all shards at
+    /// once; 36 bytes read per member.
     pub async fn tenants_last_minute(&self, now_ms: u64) -> Vec<(Shard, ShardTenantMinutes)> {
         let before = now_ms.saturating_sub(MINUTE_MS);
-        let (day, at) = (
-            before / (MINUTES_PER_DAY * MINUTE_MS),
-            (before / MINUTE_MS) % MINUTES_PER_DAY,
-        );
-        let from = at as usize * RECORD_BYTES;
-        let reads = self.shards.all().map(|shard| async move {
-            let read = async {
-                let members = self.busy_members(shard).await?;
-                if members.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let mut p = redis::pipe();
-                for w in &members {
-                    p.cmd("GETRANGE")
-                        .arg(shard.trends(&w.tenant, day))
-                        .arg(from)
-                        .arg(from + RECORD_BYTES - 1);
-                }
-                let mut c = self.conn();
-                let records: Vec<Vec<u8>> = self.bounded(p.query_async(&mut c)).await?;
-                if records.len() != members.len() {
-                    return Err(StoreError::Corrupt("short trends reply".into()));
-                }
-                Ok(members
-                    .into_iter()
-                    .zip(records.iter().map(|r| Minute::decode(r)))
-                    .collect())
-            };
-            (shard, read.await)
-        });
+        let day = before / (MINUTES_PER_DAY * MINUTE_MS);
+        let from = ((before / MINUTE_MS) % MINUTES_PER_DAY) as usize * RECORD_BYTES;
+        let reads = self
+            .shards
+            .all()
+            .map(|shard| async move { (shard, self.busy_read(shard, Some((day, from))).await) });
         futures_util::future::join_all(reads).await
     }
 

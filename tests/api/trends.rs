@@ -283,6 +283,29 @@ async fn tenants_with_work_are_listed_registered_or_not_until_their_work_is_done
     }
 }
 
+/// Runs `op`, a script of common.lua's helpers, in `tenant`'s shard with ARGV[6] = the
+/// tenant and ARGV[7] = `at` (ms): the counters written the way the scripts write them.
+async fn run_helpers(app: &TestApp, tenant: &str, at: u64, op: &str) {
+    let shard = app.shard(tenant);
+    let args: Vec<String> = vec![
+        shard.prefix(),
+        "10".into(),
+        "100".into(),
+        "60".into(),
+        "60".into(),
+        tenant.into(),
+        at.to_string(),
+    ];
+    eval(
+        &app.redis,
+        &composed_source("shard", op),
+        &[shard.frozen()],
+        &args,
+    )
+    .await
+    .unwrap();
+}
+
 /// Whether tenant `t` is a member of its shard's busy set.
 async fn in_busy_set(app: &TestApp, t: &str) -> bool {
     app.redis
@@ -315,23 +338,7 @@ for _, waited in ipairs({ 0, 20, 100, 500, 2000, 9000, 20000, 40000 }) do
 end
 flush_trends()
 return 1"#;
-    let args: Vec<String> = vec![
-        shard.prefix(),
-        "10".into(),
-        "100".into(),
-        "60".into(),
-        "60".into(),
-        tenant.into(),
-        last_minute.to_string(),
-    ];
-    eval(
-        &app.redis,
-        &composed_source("shard", op),
-        &[shard.frozen()],
-        &args,
-    )
-    .await
-    .unwrap();
+    run_helpers(&app, tenant, last_minute, op).await;
     let key = shard.trends(&t, day);
     let len: u64 = app.redis.query(redis::cmd("STRLEN").arg(&key)).await;
     assert_eq!(len, 1440 * 36);
@@ -465,23 +472,7 @@ end
 redis.call('SADD', K.busy(), t)
 flush_trends()
 return 1"#;
-    let args: Vec<String> = vec![
-        shard.prefix(),
-        "10".into(),
-        "100".into(),
-        "60".into(),
-        "60".into(),
-        tenant.into(),
-        now_ms.to_string(),
-    ];
-    eval(
-        &app.redis,
-        &composed_source("shard", op),
-        &[shard.frozen()],
-        &args,
-    )
-    .await
-    .unwrap();
+    run_helpers(&app, tenant, now_ms, op).await;
     let text = app.get_text("/metrics").await;
     let label = shard.label();
     for line in [
