@@ -9,7 +9,8 @@
 -- KEYS[10] the shard's tenant set           KEYS[11] the shard's runnable tenants
 -- KEYS[12] the shard's timer set            KEYS[13] the dedup mapping (only with a dedup key)
 -- (Also written, names built inside from the prefix since Redis's clock picks the day: the
--- trends counters and the shard's busy set; see the trends block of common.lua.)
+-- trends counters and the shard's busy set, see the trends block of common.lua; and with a
+-- concurrency key, the key's queue and the tenant's blocked keys, see "Concurrency keys".)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id (validated: no braces, colons or spaces)
 -- ARGV[7]  new execution id (32 lowercase hex, minted by the caller)
@@ -23,6 +24,8 @@
 -- ARGV[15] priority, 1..5 (1 first)
 -- ARGV[16] run_at: when to start at the earliest, Unix ms ('' for now)
 -- ARGV[17] delay: how long after the admission to start at the earliest, ms ('' for none)
+-- ARGV[18] concurrency key as given, '' for none
+-- ARGV[19] digest of the concurrency key (as the dedup key's), '' for none
 --
 -- Reply, one of:
 --   {'new', qstate, now, due} admitted at `now` (ms), queue state 'scheduled', 'ready' or
@@ -48,6 +51,7 @@ local FLOWS, TENANTS = KEYS[9], KEYS[10]
 local version, params = ARGV[9], ARGV[10]
 local max_attempts, dedup, dedup_hash, fingerprint = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
 local priority, run_at, delay = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
+local ckey, ckh = ARGV[18], ARGV[19]
 
 -- The caller gave up on this admission and was told nothing happened: keep it that way.
 if redis.call('EXISTS', VOID) == 1 then return { 'void' } end
@@ -82,13 +86,18 @@ if version ~= '' then table.insert(row, 'version'); table.insert(row, version) e
 if dedup ~= '' then
   for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
 end
+if ckh ~= '' then
+  for _, v in ipairs({ 'ckey', ckey, 'ckh', ckh }) do table.insert(row, v) end
+else
+  ckh = nil
+end
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
 -- Registries the sweeper walks (set members: repeated admissions cost nothing more).
 redis.call('SADD', TENANTS, tenant)
 redis.call('SADD', FLOWS, flow)
 -- The row is written here, with its queue state, in one HSET.
-if not enqueue(tenant, flow, id, now, priority, due, row) then mark_busy(tenant) end
+if not enqueue(tenant, flow, id, now, priority, due, row, ckh) then mark_busy(tenant) end
 tally(tenant, 'admitted', now)
 flush_trends()
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.

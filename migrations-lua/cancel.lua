@@ -25,13 +25,13 @@ local CANCELLED_IDX = declared(7, K.status_idx(tenant, 'cancelled'))
 declared(8, K.runnable()); declared(9, K.delayed())
 local STATS = declared(10, K.stats())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow',
-  'deleted')
+  'deleted', 'ckh')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
 
 local now = now_ms()
 if status == 'queued' then
-  unqueue(tenant, flow, id, qstate)
+  unqueue(tenant, flow, id, qstate, row[7])
   redis.call('ZREM', QUEUED_IDX, id)
   redis.call('ZREM', K.flow_idx(tenant, flow, 'queued'), id)
   redis.call('ZADD', CANCELLED_IDX, 0, id)

@@ -48,6 +48,10 @@ function K.void(id) return P .. 'void:' .. id end
 function K.frozen() return P .. 'frozen' end
 function K.bell() return P .. 'bell' end
 function K.adopted(consumer) return P .. 'adopted:' .. consumer end
+function K.key_queue(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':q' end
+function K.key_running(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':run' end
+function K.key_limits(t) return P .. 't:' .. t .. ':klim' end
+function K.key_blocked(t) return P .. 't:' .. t .. ':kblk' end
 
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
@@ -75,18 +79,19 @@ local tally, tally_start, mark_busy, flush_trends
 local LIMITS_READ = {}
 
 -- The tenant's effective limits: its own values where set, else the server defaults.
--- Also whether the tenant is pinned to another shard (pin.lua): then its number; and its
--- weight in the shard's fair share (1..1000, default 1). Read once per call and tenant: a
--- start and the release before it ask for the same tenant's several times.
+-- Also whether the tenant is pinned to another shard (pin.lua): then its number; its
+-- weight in the shard's fair share (1..1000, default 1); and the limit of each of its
+-- concurrency keys that has no override (nil: none). Read once per call and tenant: a start
+-- and the release before it ask for the same tenant's several times.
 local function limits(t)
   local v = LIMITS_READ[t]
   if not v then
     v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
-      'weight')
+      'weight', 'max_concurrent_per_key')
     LIMITS_READ[t] = v
   end
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
-    v[3] ~= '0', v[4], tonumber(v[5]) or 1
+    v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6])
 end
 
 local function index_add(t, flow, status, id)
@@ -129,6 +134,17 @@ end
 -- capped) keeps its virtual time only if it is ahead of the shard's clock (K.sched() fields
 -- `clock` and `vt:<tenant>`), and comes back at max(its own, the clock): no credit is banked
 -- while it had nothing to run. Every step is O(log n).
+--
+-- Concurrency keys. An execution admitted with a `concurrency_key` (row fields `ckey`, as
+-- given, and `ckh`, its digest, which names the key's structures) waits in its key's queue
+-- (K.key_queue(t, h), same order keys), and of that queue only the first, and only while the
+-- key has room (fewer running than its limit, see key_limit()), is in K.waiting(t) too: the
+-- key's one entry in its tenant's order. A start of a keyed execution adds it to the key's
+-- running set (K.key_running) and offers the key's next one (key_offer()); a key at its limit
+-- offers nothing and is listed in K.key_blocked(t) until a run of it ends (or a raised limit
+-- walks that set, promote.lua). So a full key is simply absent from its tenant's order: it
+-- never delays another key, and nothing skips over it. A key with nothing queued or running
+-- has no structure left (empty sets vanish).
 
 -- Virtual time one start costs a tenant of weight 1 (a tenant of weight w pays QUANTUM / w).
 local QUANTUM = 1000
@@ -145,6 +161,39 @@ local START_LOG_CAP = 10000
 -- fixed then, never changed while it waits.
 local function order_key(ready_at, priority)
   return ready_at + ((tonumber(priority) or 3) - 3) * PRIORITY_STEP_MS
+end
+
+-- The most executions of tenant t's concurrency key h may run at once: the key's override
+-- (K.key_limits(t), field h: '<limit>:<key as given>'), else the tenant's
+-- max_concurrent_per_key, else nil (no limit of its own: only the tenant's max_concurrent).
+local function key_limit(t, h)
+  local o = redis.call('HGET', K.key_limits(t), h)
+  if o then return tonumber(string.sub(o, 1, string.find(o, ':', 1, true) - 1)) end
+  return select(6, limits(t))
+end
+
+-- Whether key h of tenant t may start one more execution now.
+local function key_open(t, h)
+  local limit = key_limit(t, h)
+  return not limit or redis.call('SCARD', K.key_running(t, h)) < limit
+end
+
+-- Offers key h's first execution to its tenant's order (K.waiting(t)) when the key has room
+-- (a no-op when it is there already); marks the key blocked when it has work but no room.
+-- Returns true when the key has an execution in its tenant's order now.
+local function key_offer(t, h)
+  local head = redis.call('ZRANGE', K.key_queue(t, h), 0, 0, 'WITHSCORES')
+  if #head > 0 and key_open(t, h) then
+    redis.call('ZADD', K.waiting(t), head[2], head[1])
+    redis.call('SREM', K.key_blocked(t), h)
+    return true
+  end
+  if #head > 0 then
+    redis.call('SADD', K.key_blocked(t), h)
+  else
+    redis.call('SREM', K.key_blocked(t), h)
+  end
+  return false
 end
 
 -- Takes tenant t out of the runnable set (its virtual time vt), keeping vt if it is ahead of
@@ -185,10 +234,24 @@ end
 
 -- Makes a queued execution runnable now, in its tenant's order. `ready_at` is when it became
 -- runnable (admission, due time, or the first time for a run that went back). `fields` are
--- more fields of its row, written in the same HSET. Returns true when the tenant was in the
--- runnable set already (so it had queued work before this one).
-local function make_runnable(t, id, ready_at, priority, fields)
-  redis.call('ZADD', K.waiting(t), order_key(ready_at, priority), id)
+-- more fields of its row, written in the same HSET. `h` is its concurrency key's digest (nil
+-- or '' for none): then it joins its key's queue, and its tenant's order only as the key's
+-- first (see "Concurrency keys" above). Returns true when the tenant was in the runnable set
+-- already (so it had queued work before this one).
+local function make_runnable(t, id, ready_at, priority, fields, h)
+  local at = order_key(ready_at, priority)
+  if h and h ~= '' then
+    local queue = K.key_queue(t, h)
+    local first = redis.call('ZRANGE', queue, 0, 0)[1]
+    redis.call('ZADD', queue, at, id)
+    if redis.call('ZRANGE', queue, 0, 0)[1] == id then
+      -- It comes first in its key now: it takes the key's place in its tenant's order.
+      if first then redis.call('ZREM', K.waiting(t), first) end
+      key_offer(t, h)
+    end
+  else
+    redis.call('ZADD', K.waiting(t), at, id)
+  end
   redis.call('HSET', K.row(id), 'qstate', 'queued', 'ready_at', ready_at, unpack(fields or {}))
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
@@ -228,11 +291,12 @@ local function promote_due(now, most)
   for i = 1, #due, 2 do
     local id, at = due[i], tonumber(due[i + 1])
     redis.call('ZREM', K.delayed(), id)
-    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant', 'flow', 'priority')
+    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant', 'flow', 'priority',
+      'ckh')
     if row[1] == 'queued' and row[2] == 'scheduled' then
       redis.call('ZREM', K.status_idx(row[3], 'scheduled'), id)
       redis.call('ZREM', K.flow_idx(row[3], row[4], 'scheduled'), id)
-      make_runnable(row[3], id, at, row[5])
+      make_runnable(row[3], id, at, row[5], nil, row[6])
     end
   end
   return next_due(now)
@@ -241,7 +305,8 @@ end
 -- Where a queued execution stands, as the API shows it: 'scheduled' (on the timer set),
 -- 'ready' (runnable, and within its tenant's free slots: it starts as soon as a worker has
 -- room and the fair share gets to its tenant) or 'waiting' (behind its tenant's
--- max_concurrent). Its rank costs O(log n).
+-- max_concurrent, or behind its concurrency key's: then it is not in its tenant's order).
+-- Its rank costs O(log n).
 local function queue_state(t, id, qstate)
   if qstate == 'scheduled' then return 'scheduled' end
   local rank = redis.call('ZRANK', K.waiting(t), id)
@@ -265,34 +330,46 @@ local function place(t)
 end
 
 -- Queues an execution place() accepted: scheduled when `due` is later than now, runnable
--- otherwise. `fields` are the rest of its row, written in the same HSET. Returns true when
--- its tenant was runnable already (see make_runnable()).
-local function enqueue(t, flow, id, now, priority, due, fields)
+-- otherwise. `fields` are the rest of its row, written in the same HSET; `h` its concurrency
+-- key's digest (nil for none). Returns true when its tenant was runnable already (see
+-- make_runnable()).
+local function enqueue(t, flow, id, now, priority, due, fields, h)
   if due and due > now then
     schedule(t, flow, id, due, fields)
     return false
   end
-  return make_runnable(t, id, now, priority, fields)
+  return make_runnable(t, id, now, priority, fields, h)
 end
 
--- Releases the slot id holds (if any): its tenant may be runnable again. Set membership makes
--- a second release a no-op. A free slot never makes a tenant less eligible, so one that is
--- runnable already needs no other check.
-local function release_slot(t, id)
-  if redis.call('SREM', K.slots(t), id) == 1
-    and not redis.call('ZSCORE', K.runnable(), t) then
+-- Releases the slot id holds (if any), and its concurrency key's (h: its digest, nil or ''
+-- for none): its tenant may be runnable again, and its key's next execution joins its
+-- tenant's order. Set membership makes a second release a no-op. A free slot never makes a
+-- tenant less eligible, so one that is runnable already needs no other check.
+local function release_slot(t, id, h)
+  local freed = redis.call('SREM', K.slots(t), id) == 1
+  if h and h ~= '' and redis.call('SREM', K.key_running(t, h), id) == 1 and key_offer(t, h) then
+    freed = true
+  end
+  if freed and not redis.call('ZSCORE', K.runnable(), t) then
     refresh(t)
   end
 end
 
--- Takes a queued execution off its queue (the timer set or its tenant's queue).
-local function unqueue(t, flow, id, qstate)
+-- Takes a queued execution off its queue (the timer set, or its tenant's order and its
+-- concurrency key's queue; h: the key's digest, nil or '' for none).
+local function unqueue(t, flow, id, qstate, h)
   if qstate == 'scheduled' then
     redis.call('ZREM', K.delayed(), id)
     index_remove(t, flow, 'scheduled', id)
-  elseif redis.call('ZREM', K.waiting(t), id) == 1 then
-    refresh(t)
+    return
   end
+  local was_in_order = redis.call('ZREM', K.waiting(t), id) == 1
+  if h and h ~= '' then
+    redis.call('ZREM', K.key_queue(t, h), id)
+    -- The key's next one takes its place (or the key leaves the blocked set when empty).
+    key_offer(t, h)
+  end
+  if was_in_order then refresh(t) end
 end
 
 -- Moves an execution between the status indexes (and the per-flow ones).
@@ -303,25 +380,26 @@ end
 
 -- Ends the lease of a running execution: out of the lease index and its holder's set, lease
 -- fields gone (with the `qstate` a start leaves, see start_entries(), and the fields `drop`
--- names, if given, in the same HDEL), slot released.
-local function end_lease(t, id, owner, drop)
+-- names, if given, in the same HDEL), slot released (and its concurrency key's, h: the key's
+-- digest, nil or '' for none).
+local function end_lease(t, id, owner, drop, h)
   redis.call('ZREM', K.leases(), id)
   if owner and owner ~= '' then redis.call('SREM', K.held(owner), id) end
   redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until', 'qstate',
     unpack(drop or {}))
-  release_slot(t, id)
+  release_slot(t, id, h)
 end
 
 -- Puts a running execution back in its tenant's order where it stood (its `ready_at` and
 -- priority: it waited its turn already). `attempt` is what the row's attempt becomes: the
 -- same when the run counted (its lease was lost), one less when it did not (a graceful
 -- release). The fence is never lowered.
-local function requeue(t, flow, id, now, attempt, owner)
-  end_lease(t, id, owner)
+local function requeue(t, flow, id, now, attempt, owner, h)
+  end_lease(t, id, owner, nil, h)
   index_move(t, flow, 'running', 'queued', id)
   local r = redis.call('HMGET', K.row(id), 'ready_at', 'created', 'priority')
   make_runnable(t, id, tonumber(r[1] or r[2]), r[3],
-    { 'status', 'queued', 'attempt', attempt, 'updated', now })
+    { 'status', 'queued', 'attempt', attempt, 'updated', now }, h)
   notify(id, now)
 end
 
@@ -410,7 +488,7 @@ local function finish(t, flow, id, run, status, now, extra, drop)
   index_move(t, flow, 'running', status, id)
   redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now,
     unpack(extra))
-  end_lease(t, id, run[9], drop)
+  end_lease(t, id, run[9], drop, run[13])
   announce(id, run[11], status, now)
   settle_terminal(t, id, run[12])
   redis.call('HINCRBY', K.stats(), status, 1)
@@ -420,15 +498,15 @@ end
 -- The end of a run whose row was force-deleted while it ran (`deleted` is set): the row was
 -- kept only so that its slot stays taken until the handler stopped or its lease expired. Now
 -- both go.
-local function bury(t, id, owner)
+local function bury(t, id, owner, h)
   redis.call('SREM', K.deleting(t), id)
-  end_lease(t, id, owner)
+  end_lease(t, id, owner, nil, h)
   redis.call('DEL', K.row(id))
 end
 
 -- Fields recover(), finish() and complete.lua read from a running row, in this order.
 local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'flow', 'entry',
-  'cancel', 'lease_owner', 'deleted', 'watch', 'ddh' }
+  'cancel', 'lease_owner', 'deleted', 'watch', 'ddh', 'ckh' }
 
 -- What happens to a running execution whose run ended without a result (its lease expired, or
 -- its worker could no longer renew it): a cancelled one ends cancelled, a force-deleted one is
@@ -438,7 +516,7 @@ local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'fl
 local function recover(id, row, now, cap)
   local tenant, flow, owner = row[5], row[6], row[9]
   if row[10] == '1' then
-    bury(tenant, id, owner)
+    bury(tenant, id, owner, row[13])
     return 'buried'
   end
   if row[8] == '1' then
@@ -453,7 +531,7 @@ local function recover(id, row, now, cap)
     dead_letter_run(id, tenant, flow, 'lease_lost', attempt, row[7], now, msg, cap)
     return 'dead_lettered'
   end
-  requeue(tenant, flow, id, now, attempt, owner)
+  requeue(tenant, flow, id, now, attempt, owner, row[13])
   redis.call('HINCRBY', K.stats(), 'reclaimed', 1)
   return 'requeued'
 end
@@ -509,17 +587,29 @@ local function start_entries(consumer, count, ttl, cap, now)
     if id then
       row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'attempt', 'max_attempts',
         'tenant', 'flow', 'cancel', 'fence', 'version', 'params', 'watch', 'ready_at',
-        'created')
+        'created', 'ckh')
     end
+    local key = row and row[14]
     if not id or row[1] ~= 'queued' or row[2] == 'scheduled' or row[5] ~= tenant then
       -- An empty queue, or a member whose row is gone or moved on (repair): look again.
       if id then redis.call('HINCRBY', K.stats(), 'repaired_stale_queue', 1) end
+      refresh(tenant)
+      left = nil
+    elseif key and not key_open(tenant, key) then
+      -- Its key's limit was lowered while it stood first in the tenant's order: it stays in
+      -- its key's queue only, until a run of the key ends (key_offer()).
+      redis.call('SADD', K.key_blocked(tenant), key)
       refresh(tenant)
       left = nil
     else
       local flow = row[6]
       local max_concurrent, _, _, _, weight = limits(tenant)
       redis.call('SADD', K.slots(tenant), id)
+      if key then
+        redis.call('ZREM', K.key_queue(tenant, key), id)
+        redis.call('SADD', K.key_running(tenant, key), id)
+        key_offer(tenant, key)
+      end
       redis.call('HSET', K.sched(), 'clock', vt)
       redis.call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant, 'vt', vt,
         'w', weight)

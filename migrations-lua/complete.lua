@@ -72,7 +72,7 @@ local function record()
   local tenant, flow, entry = row[5], row[6], row[7]
 
   if row[10] == '1' then
-    bury(tenant, id, consumer)
+    bury(tenant, id, consumer, row[13])
     return 'deleted', ''
   end
   if outcome == 'abandoned' then
@@ -94,7 +94,7 @@ local function record()
     return 'done', 'completed'
   elseif outcome == 'released' then
     redis.call('HSET', ROW, 'reported', fence)
-    requeue(tenant, flow, id, now, tonumber(row[3]) - 1, consumer)
+    requeue(tenant, flow, id, now, tonumber(row[3]) - 1, consumer, row[13])
     return 'released', ''
   end
 
@@ -102,7 +102,7 @@ local function record()
   local exhausted = tonumber(row[3]) >= tonumber(row[4])
   if backoff ~= '' and not exhausted then
     local due = now + tonumber(backoff)
-    end_lease(tenant, id, consumer)
+    end_lease(tenant, id, consumer, nil, row[13])
     index_move(tenant, flow, 'running', 'queued', id)
     schedule(tenant, flow, id, due, { 'status', 'queued', 'updated', now,
       'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence })

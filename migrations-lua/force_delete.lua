@@ -27,7 +27,7 @@ local DELETING = declared(6, K.deleting(tenant))
 declared(7, K.runnable()); declared(8, K.delayed())
 local LEASES = declared(9, K.leases())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow', 'ddh',
-  'deleted')
+  'deleted', 'ckh')
 if row[1] ~= tenant or row[7] then return { 'not_found' } end
 local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[6]
 
@@ -46,10 +46,10 @@ if status == 'running' then
   return { 'deleted' }
 end
 if status == 'queued' then
-  unqueue(tenant, flow, id, qstate)
+  unqueue(tenant, flow, id, qstate, row[8])
 else
   -- Terminal: its release already happened (SREM makes this a no-op).
-  release_slot(tenant, id)
+  release_slot(tenant, id, row[8])
 end
 redis.call('ZREM', LEASES, id)
 redis.call('DEL', ROW)

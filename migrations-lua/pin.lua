@@ -15,8 +15,10 @@
 -- ARGV[7]  the dedicated shard's number
 --
 -- Reply, one of:
---   {'pinned', n, max_concurrent, max_queued, enabled, weight}  pinned to shard n (now, or before);
---                        the tenant's own limits ('' where it has none), to copy there
+--   {'pinned', n, max_concurrent, max_queued, enabled, weight, max_concurrent_per_key,
+--    overrides...}       pinned to shard n (now, or before); the tenant's own limits ('' where
+--                        it has none) and its concurrency keys' overrides (field, value pairs
+--                        of K.key_limits), to copy there. The overrides leave this shard.
 --   {'busy', executions} the tenant has executions here; nothing written
 local tenant, target = ARGV[6], ARGV[7]
 local CFG = declared(2, K.cfg(tenant))
@@ -28,8 +30,15 @@ for i, s in ipairs(STATUSES) do
   held = held + redis.call('ZCARD', declared(5 + i, K.status_idx(tenant, s)))
 end
 local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
-  'weight')
-if v[1] then return { 'pinned', v[1], v[2] or '', v[3] or '', v[4] or '', v[5] or '' } end
+  'weight', 'max_concurrent_per_key')
+local function reply(n)
+  local out = { 'pinned', n, v[2] or '', v[3] or '', v[4] or '', v[5] or '', v[6] or '' }
+  for _, x in ipairs(redis.call('HGETALL', K.key_limits(tenant))) do table.insert(out, x) end
+  return out
+end
+if v[1] then return reply(v[1]) end
 if held > 0 then return { 'busy', held } end
 redis.call('HSET', CFG, 'pinned', target)
-return { 'pinned', target, v[2] or '', v[3] or '', v[4] or '', v[5] or '' }
+local out = reply(target)
+redis.call('DEL', K.key_limits(tenant))
+return out

@@ -1,19 +1,24 @@
 #!lua flags=allow-oom
--- promote.lua: put a tenant in or out of its shard's runnable set after its limits changed
--- (refresh() in common.lua): executions start when they are picked, so raising a limit only
--- has to make the tenant eligible again — one O(log n) step however long its queue is. Kept as
--- its own call for the callers that continue a limit change (set_limits.lua does the same).
+-- promote.lua: after a tenant's limits changed, put it in or out of its shard's runnable set
+-- (refresh() in common.lua) and let its concurrency keys that were at their limit take what
+-- room the change made. Executions start when they are picked, so a raised tenant limit only
+-- has to make the tenant eligible again — one O(log n) step however long its queue is. A raised
+-- (or removed) key limit lets each blocked key (K.key_blocked(t)) offer its first execution
+-- to the tenant's order (key_offer()): walked in batches with a SCAN cursor, so a tenant with
+-- many blocked keys costs several short calls, never one long one.
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
 -- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set      KEYS[4]  its queue
 -- KEYS[5]  the shard's runnable tenants
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  tenant id
--- ARGV[7]  unused (kept for callers of the stream model, which dispatched in batches)
+-- ARGV[7]  cursor of the walk over the tenant's blocked keys ('0' to begin)
 --
--- Reply: 0 (nothing is left to continue)
+-- Reply: the next cursor ('0' when the walk is done)
 local tenant = ARGV[6]
 declared(2, K.cfg(tenant)); declared(3, K.slots(tenant)); declared(4, K.waiting(tenant))
 declared(5, K.runnable())
+local r = redis.call('SSCAN', K.key_blocked(tenant), ARGV[7], 'COUNT', 200)
+for _, h in ipairs(r[2]) do key_offer(tenant, h) end
 refresh(tenant)
-return 0
+return r[1]

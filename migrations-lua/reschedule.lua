@@ -18,7 +18,7 @@ local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))
 local DELAYED = declared(3, K.delayed())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'flow', 'priority',
-  'deleted')
+  'deleted', 'ckh')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 if row[2] ~= 'queued' or row[3] ~= 'scheduled' then
   local qs = ''
@@ -31,7 +31,7 @@ redis.call('ZREM', DELAYED, id)
 if due <= now then
   index_remove(tenant, row[4], 'scheduled', id)
   redis.call('HDEL', ROW, 'run_at')
-  make_runnable(tenant, id, now, row[5], { 'updated', now })
+  make_runnable(tenant, id, now, row[5], { 'updated', now }, row[7])
 else
   redis.call('ZREM', K.status_idx(tenant, 'scheduled'), id)
   schedule(tenant, row[4], id, due, { 'updated', now })

@@ -21,7 +21,8 @@ local ROW = declared(2, K.row(id))
 declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
 local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
 declared(7, K.runnable())
-local row = redis.call('HMGET', ROW, 'tenant', 'status', 'flow', 'ddh', 'deleted', 'priority')
+local row = redis.call('HMGET', ROW, 'tenant', 'status', 'flow', 'ddh', 'deleted', 'priority',
+  'ckh')
 if row[1] ~= tenant or row[5] then return { 'not_found' } end
 local status, flow, digest = row[2], row[3], row[4]
 if status ~= 'failed' and status ~= 'cancelled' then return { 'not_retryable', status } end
@@ -41,7 +42,8 @@ redis.call('HDEL', ROW, 'started', 'finished', 'output', 'err_kind', 'err_msg', 
 index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)
-make_runnable(tenant, id, now, row[6], { 'status', 'queued', 'attempt', 0, 'updated', now })
+make_runnable(tenant, id, now, row[6], { 'status', 'queued', 'attempt', 0, 'updated', now },
+  row[7])
 mark_busy(tenant)
 notify(id, now)
 return { 'ok', id, view(id) }

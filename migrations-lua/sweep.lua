@@ -79,15 +79,27 @@ elseif mode == 'reach' then
   for i = 1, #r[2], 2 do
     local id = r[2][i]
     local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'flow', 'run_at',
-      'ready_at', 'created', 'priority', 'tenant')
+      'ready_at', 'created', 'priority', 'tenant', 'ckh')
+    local key = row[9]
     if row[1] == 'queued' and row[8] == tenant then
       local scheduled = row[2] == 'scheduled' or redis.call('ZSCORE', K.delayed(), id)
       if scheduled then
         if not redis.call('ZSCORE', K.delayed(), id) or row[2] ~= 'scheduled' then
           local due = tonumber(redis.call('ZSCORE', K.delayed(), id)) or tonumber(row[4]) or now
           redis.call('ZREM', K.waiting(tenant), id)
+          if key then redis.call('ZREM', K.key_queue(tenant, key), id) end
           schedule(tenant, row[3], id, due, { 'updated', now })
           repaired = repaired + 1
+        end
+      elseif key then
+        -- A keyed one is reachable from its key's queue (its tenant's order holds only the
+        -- key's first, see "Concurrency keys" in common.lua).
+        if not redis.call('ZSCORE', K.key_queue(tenant, key), id) then
+          redis.call('ZREM', WAITING, id)
+          make_runnable(tenant, id, tonumber(row[5] or row[6]) or now, row[7], nil, key)
+          repaired = repaired + 1
+        else
+          key_offer(tenant, key)
         end
       elseif not redis.call('ZSCORE', WAITING, id) then
         -- 'queued', 'waiting' (its old name), or a stream-model 'dispatched'.

@@ -99,6 +99,8 @@ pub struct Execution {
     /// from admission, or the end of a retry's backoff); `None` when it never was.
     pub run_at: Option<String>,
     pub dedup_key: Option<String>,
+    /// What it competes for inside its tenant; `None` for none.
+    pub concurrency_key: Option<String>,
     /// True when this response replays an earlier admission with the same dedup key.
     pub deduplicated: bool,
     /// Starts of its current run: 1 on the first, counted up by each re-run after a lost
@@ -140,6 +142,7 @@ impl Execution {
             priority: req.priority,
             run_at,
             dedup_key: req.dedup.as_ref().map(|d| d.to_string()),
+            concurrency_key: req.concurrency_key.as_ref().map(|k| k.to_string()),
             deduplicated: false,
             attempt: 0,
             max_attempts: req.max_attempts,
@@ -207,6 +210,7 @@ impl Execution {
             priority,
             run_at: time_of("run_at")?,
             dedup_key: get("dedup").map(str::to_owned),
+            concurrency_key: get("ckey").map(str::to_owned),
             deduplicated,
             attempt: number("attempt")?,
             max_attempts: number("max_attempts")?,

@@ -169,6 +169,35 @@ impl DedupKey {
     }
 }
 
+/// A concurrency key: the name of what an execution competes for inside its tenant (an end
+/// customer, a downstream account...), 1–128 bytes of UTF-8 with the dedup key's character
+/// rules. Executions of one key run at most the key's limit at once. Key names in Redis carry
+/// only its digest; the key itself is kept in the row and in its override, to be shown back.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConcurrencyKey(String);
+string_newtype!(ConcurrencyKey);
+
+impl ConcurrencyKey {
+    /// Parses a concurrency key.
+    pub fn parse(s: &str) -> Result<Self, InvalidInput> {
+        if !s.is_empty() && s.len() <= 128 && !s.chars().any(is_hidden_char) {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidInput::new(
+                "invalid_concurrency_key",
+                "concurrency key must be 1-128 bytes of UTF-8 without control, zero-width or \
+                 bidirectional formatting characters",
+            ))
+        }
+    }
+
+    /// What the key's Redis names carry: 128 bits of its SHA-256 in hex, as a dedup key's.
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        hex::encode(&Sha256::digest(self.0.as_bytes())[..16])
+    }
+}
+
 /// An execution id: a UUIDv7 rendered as 32 lowercase hex characters, so ids sort by creation
 /// time both as numbers and as text (listing relies on the latter).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -7,7 +7,9 @@ mod ids;
 mod request;
 
 pub use execution::{ErrorInfo, Execution, QueueState, Status, rfc3339_from_ms};
-pub use ids::{DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version, is_hidden_char};
+pub use ids::{
+    ConcurrencyKey, DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version, is_hidden_char,
+};
 pub use request::{
     AdmitInput, AdmitRequest, DEFAULT_PRIORITY, Fingerprint, MAX_ATTEMPTS_LIMIT,
     MAX_SCHEDULE_AHEAD_MS, Schedule, parse_delay, schedule_of,

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::ids::{DedupKey, FlowId, InvalidInput, Version};
+use super::ids::{ConcurrencyKey, DedupKey, FlowId, InvalidInput, Version};
 
 /// Upper bound on `max_attempts`; more is almost always a mistake in the client.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
@@ -38,9 +38,11 @@ pub struct AdmitInput {
     pub run_at: Option<String>,
     /// A duration such as `250ms`, `30s`, `5m`, `2h` or `1d` (a plain number is seconds).
     pub delay: Option<String>,
+    pub concurrency_key: Option<String>,
 }
 
-/// What identifies "the same request" under one dedup key: flow, version and params.
+/// What identifies "the same request" under one dedup key: flow, version, params and
+/// concurrency key.
 /// A replay with a different fingerprint is a conflict, not a duplicate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint(String);
@@ -69,6 +71,8 @@ pub struct AdmitRequest {
     pub priority: u8,
     /// When it may start at the earliest; `None` for now.
     pub schedule: Option<Schedule>,
+    /// What it competes for inside its tenant (its key's limit caps how many run at once).
+    pub concurrency_key: Option<ConcurrencyKey>,
 }
 
 impl AdmitRequest {
@@ -119,10 +123,15 @@ impl AdmitRequest {
             }
         };
         let schedule = schedule_of(body.run_at.as_deref(), body.delay.as_deref())?;
+        let concurrency_key = body
+            .concurrency_key
+            .as_deref()
+            .map(ConcurrencyKey::parse)
+            .transpose()?;
         // serde_json's map is ordered by key, so this text is canonical for equal params.
         let params_value = params;
         let params = params_value.to_string();
-        let fingerprint = fingerprint(&flow, version.as_ref(), &params);
+        let fingerprint = fingerprint(&flow, version.as_ref(), &params, concurrency_key.as_ref());
         Ok(Self {
             flow,
             version,
@@ -133,6 +142,7 @@ impl AdmitRequest {
             fingerprint,
             priority,
             schedule,
+            concurrency_key,
         })
     }
 }
@@ -197,7 +207,12 @@ pub fn parse_delay(text: &str) -> Result<u64, InvalidInput> {
     }
 }
 
-fn fingerprint(flow: &FlowId, version: Option<&Version>, params: &str) -> Fingerprint {
+fn fingerprint(
+    flow: &FlowId,
+    version: Option<&Version>,
+    params: &str,
+    key: Option<&ConcurrencyKey>,
+) -> Fingerprint {
     let mut h = Sha256::new();
     h.update(flow.as_str());
     h.update([0]);
@@ -207,6 +222,12 @@ fn fingerprint(flow: &FlowId, version: Option<&Version>, params: &str) -> Finger
     }
     h.update([0]);
     h.update(params);
+    // Without a key the fingerprint is what it was before keys existed, so mappings written
+    // by an older build still recognise their replays.
+    if let Some(k) = key {
+        h.update([0, 2]);
+        h.update(k.as_str());
+    }
     Fingerprint(hex::encode(&h.finalize()[..8]))
 }
 
@@ -229,7 +250,36 @@ mod tests {
             priority: v.get("priority").and_then(Value::as_u64).map(|n| n as u32),
             run_at: text("run_at"),
             delay: text("delay"),
+            concurrency_key: text("concurrency_key"),
         }
+    }
+
+    #[test]
+    fn the_concurrency_key_is_part_of_the_fingerprint_and_checked() {
+        let fp = |v: Value| AdmitRequest::parse(body(v), None, 5).unwrap().fingerprint;
+        let plain = fp(json!({"flow_id": "f"}));
+        let a = fp(json!({"flow_id": "f", "concurrency_key": "a"}));
+        let b = fp(json!({"flow_id": "f", "concurrency_key": "b"}));
+        assert_ne!(plain, a);
+        assert_ne!(a, b);
+        for bad in ["", "a\u{202E}b"] {
+            let e = AdmitRequest::parse(
+                body(json!({"flow_id": "f", "concurrency_key": bad})),
+                None,
+                5,
+            )
+            .unwrap_err();
+            assert_eq!(e.code, "invalid_concurrency_key");
+        }
+        let long = "k".repeat(129);
+        assert!(
+            AdmitRequest::parse(
+                body(json!({"flow_id": "f", "concurrency_key": long})),
+                None,
+                5
+            )
+            .is_err()
+        );
     }
 
     #[test]

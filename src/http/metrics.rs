@@ -24,6 +24,8 @@
 //!   histogram bucket's upper bound, absent in a minute without starts): the same numbers the
 //!   console charts, read at scrape time (one 36-byte read per shard).
 //! - `sluice_tenant_executions{tenant,state}` (`queued`, `running`),
+//!   `sluice_tenant_blocked_keys{tenant}` (concurrency keys at their limit with work waiting
+//!   behind it: per-key saturation, without ever naming a key in a label),
 //!   `sluice_tenant_last_minute_events{tenant,event}` and
 //!   `sluice_tenant_last_minute_wait_ms{tenant,quantile}`: the same per tenant, for the
 //!   tenants in the shards' busy sets — those with work now, and those whose work ended since
@@ -104,6 +106,11 @@ struct ShardEventLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TenantStateLabels {
     tenant: String,
     state: &'static str,
@@ -144,6 +151,7 @@ pub struct Metrics {
     last_minute: Family<ShardEventLabels, Gauge>,
     last_minute_wait: Family<ShardQuantileLabels, Gauge>,
     tenant_executions: Family<TenantStateLabels, Gauge>,
+    tenant_blocked_keys: Family<TenantLabels, Gauge>,
     tenant_last_minute: Family<TenantEventLabels, Gauge>,
     tenant_last_minute_wait: Family<TenantQuantileLabels, Gauge>,
     shards_unreadable: Gauge,
@@ -197,6 +205,12 @@ impl Metrics {
         );
         let tenant_executions = Family::<TenantStateLabels, Gauge>::default();
         let tenant_last_minute = Family::<TenantEventLabels, Gauge>::default();
+        let tenant_blocked_keys = Family::<TenantLabels, Gauge>::default();
+        registry.register(
+            "sluice_tenant_blocked_keys",
+            "Concurrency keys of each tenant with work now at their limit with executions waiting behind it, read at scrape time",
+            tenant_blocked_keys.clone(),
+        );
         let tenant_last_minute_wait = Family::<TenantQuantileLabels, Gauge>::default();
         registry.register(
             "sluice_tenant_executions",
@@ -284,6 +298,7 @@ impl Metrics {
             last_minute,
             last_minute_wait,
             tenant_executions,
+            tenant_blocked_keys,
             tenant_last_minute,
             tenant_last_minute_wait,
             shards_unreadable,
@@ -394,6 +409,7 @@ impl Metrics {
     /// the label limit are summed under `_other`, which has no waiting-time quantiles.
     fn tenant_last_minutes(&self, reads: Vec<(Shard, ShardTenantMinutes)>) {
         self.tenant_executions.clear();
+        self.tenant_blocked_keys.clear();
         self.tenant_last_minute.clear();
         self.tenant_last_minute_wait.clear();
         let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -409,6 +425,11 @@ impl Metrics {
                         })
                         .inc_by(gauge(n));
                 }
+                self.tenant_blocked_keys
+                    .get_or_create(&TenantLabels {
+                        tenant: tenant.clone(),
+                    })
+                    .inc_by(gauge(work.blocked_keys));
                 for (event, n) in minute.events() {
                     self.tenant_last_minute
                         .get_or_create(&TenantEventLabels {

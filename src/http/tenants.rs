@@ -14,8 +14,11 @@ use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
 use crate::access::KeyRole;
-use crate::admission::TenantId;
-use crate::store::{Change, MAX_WEIGHT, Pin, TenantLimits, TenantState, Unpin};
+use crate::admission::{ConcurrencyKey, TenantId};
+use crate::store::{
+    Change, KeyLimitChange, KeyState, MAX_KEY_OVERRIDES, MAX_WEIGHT, Pin, TenantLimits,
+    TenantState, Unpin,
+};
 
 /// The tenant routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -23,6 +26,12 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(put_tenant, get_tenant, delete_tenant))
         .routes(routes!(list_tenants))
         .routes(routes!(pin_tenant, unpin_tenant))
+        .routes(routes!(list_concurrency_keys))
+        .routes(routes!(
+            put_concurrency_key,
+            get_concurrency_key,
+            delete_concurrency_key
+        ))
 }
 
 /// Answer of `POST /api/tenants/{tenant}/dedicated-shard`.
@@ -148,7 +157,7 @@ pub async fn unpin_tenant(
 /// own value so the server default applies again.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"max_concurrent": 10, "max_queued": 1000, "enabled": true, "weight": 3}))]
+#[schema(example = json!({"max_concurrent": 10, "max_queued": 1000, "enabled": true, "weight": 3, "max_concurrent_per_key": 2}))]
 pub struct TenantSettings {
     /// Executions running at once (a slot is taken when an execution starts). Raising it
     /// lets waiting executions start as workers pick them, in the tenant's order.
@@ -168,6 +177,14 @@ pub struct TenantSettings {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, nullable, minimum = 1, maximum = 1000)]
     pub weight: Option<Option<WholeU32>>,
+    /// How many executions of one concurrency key (`concurrency_key` at admission) run at
+    /// once, for every key without an override of its own; `null`: no such limit (the
+    /// default). A key at its limit never delays another key. Raising it lets blocked keys
+    /// start at once, in order; lowering it stops new starts of a key until enough of its
+    /// running executions end.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>, nullable, minimum = 1, format = Int64, maximum = 4294967295_u64)]
+    pub max_concurrent_per_key: Option<Option<WholeU32>>,
 }
 
 /// Tells a field given as `null` (`Some(None)`) from one left out (`None`, by `default`).
@@ -198,6 +215,17 @@ pub struct TenantUsage {
     pub scheduled: u64,
 }
 
+/// A tenant's concurrency keys at a glance (`/api/tenants/{tenant}/concurrency-keys` lists
+/// the overrides).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantKeys {
+    /// Keys with a limit override of their own.
+    pub overrides: u64,
+    /// Keys at their limit with executions waiting behind it (they wait for a run of their
+    /// own key to end, not for the tenant's slots).
+    pub blocked: u64,
+}
+
 /// A tenant's effective limits and usage.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
@@ -206,7 +234,9 @@ pub struct TenantUsage {
     "max_queued": 1000,
     "enabled": true,
     "weight": 1,
-    "usage": {"running": 3, "waiting": 42, "scheduled": 7}
+    "max_concurrent_per_key": 2,
+    "usage": {"running": 3, "waiting": 42, "scheduled": 7},
+    "concurrency_keys": {"overrides": 1, "blocked": 4}
 }))]
 pub struct Tenant {
     #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -219,7 +249,11 @@ pub struct Tenant {
     /// Its share of starts against the other tenants with runnable work in its shard.
     #[schema(minimum = 1, maximum = 1000)]
     pub weight: u32,
+    /// The limit of each concurrency key without an override; null: none.
+    #[schema(minimum = 1, format = Int64, maximum = 4294967295_u64)]
+    pub max_concurrent_per_key: Option<u32>,
     pub usage: TenantUsage,
+    pub concurrency_keys: TenantKeys,
 }
 
 impl Tenant {
@@ -230,10 +264,15 @@ impl Tenant {
             max_queued: s.max_queued,
             enabled: s.enabled,
             weight: s.weight,
+            max_concurrent_per_key: s.max_concurrent_per_key,
             usage: TenantUsage {
                 running: s.running,
                 waiting: s.waiting,
                 scheduled: s.scheduled,
+            },
+            concurrency_keys: TenantKeys {
+                overrides: s.key_overrides,
+                blocked: s.blocked_keys,
             },
         }
     }
@@ -275,7 +314,14 @@ pub async fn put_tenant(
         max_queued: change(body.max_queued).map(|w| w.0),
         enabled: change(body.enabled),
         weight: change(body.weight).map(|w| w.0),
+        max_concurrent_per_key: change(body.max_concurrent_per_key).map(|w| w.0),
     };
+    if limits.max_concurrent_per_key == Change::Set(0) {
+        return Err(ApiError::BadRequest {
+            code: "invalid_max_concurrent_per_key",
+            detail: "max_concurrent_per_key must be at least 1 (null for no per-key limit)".into(),
+        });
+    }
     if let Change::Set(w) = limits.weight
         && !(1..=MAX_WEIGHT).contains(&w)
     {
@@ -454,4 +500,209 @@ pub async fn delete_tenant(
     } else {
         Err(tenant_not_found())
     }
+}
+
+/// One concurrency key of a tenant: its limit and what it holds now.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"key": "customer-7", "max_concurrent": 2, "override": true, "running": 2, "queued": 15}))]
+pub struct ConcurrencyKeyView {
+    #[schema(min_length = 1, max_length = 128)]
+    pub key: String,
+    /// How many of its executions run at once; null: no limit of its own (only the tenant's
+    /// `max_concurrent`).
+    #[schema(format = Int64, maximum = 4294967295_u64)]
+    pub max_concurrent: Option<u32>,
+    /// True when `max_concurrent` is this key's own override; false when it is the tenant's
+    /// `max_concurrent_per_key` (or none).
+    #[serde(rename = "override")]
+    pub overridden: bool,
+    pub running: u64,
+    /// Runnable executions of the key not started yet (scheduled ones are not counted).
+    pub queued: u64,
+}
+
+impl From<KeyState> for ConcurrencyKeyView {
+    fn from(s: KeyState) -> Self {
+        Self {
+            key: s.key.to_string(),
+            max_concurrent: s.max_concurrent,
+            overridden: s.overridden,
+            running: s.running,
+            queued: s.queued,
+        }
+    }
+}
+
+/// Body of `PUT /api/tenants/{tenant}/concurrency-keys/{key}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"max_concurrent": 2}))]
+pub struct ConcurrencyKeySettings {
+    /// How many executions with this key run at once (0 holds the key: nothing of it starts).
+    #[schema(value_type = u32, format = Int64, maximum = 4294967295_u64)]
+    pub max_concurrent: WholeU32,
+}
+
+/// The overrides of a tenant's concurrency keys.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConcurrencyKeyList {
+    /// Every override, ordered by key (at most 10,000).
+    pub keys: Vec<ConcurrencyKeyView>,
+    /// The limit of every other key; null: none.
+    #[schema(format = Int64, maximum = 4294967295_u64)]
+    pub max_concurrent_per_key: Option<u32>,
+}
+
+/// The tenant and key of a concurrency-key route, checked; the caller must be the platform
+/// admin or the tenant's admin key.
+fn key_route(
+    caller: &Caller,
+    tenant: &str,
+    key: &str,
+) -> Result<(TenantId, ConcurrencyKey), ApiError> {
+    let tenant = TenantId::parse(tenant)?;
+    caller.admin_of(&tenant, KeyRole::Admin)?;
+    Ok((tenant, ConcurrencyKey::parse(key)?))
+}
+
+/// List a tenant's per-key limit overrides (platform admin, or the tenant's admin key).
+#[utoipa::path(
+    get,
+    path = "/api/tenants/{tenant}/concurrency-keys",
+    tag = "tenants",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
+    responses(
+        (status = 200, description = "The overrides", body = ConcurrencyKeyList),
+        (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_concurrency_keys(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+) -> Result<axum::Json<ConcurrencyKeyList>, ApiError> {
+    let tenant = TenantId::parse(&tenant)?;
+    caller.admin_of(&tenant, KeyRole::Admin)?;
+    let keys = state.store.key_overrides(&tenant).await?;
+    let per_key = state
+        .store
+        .get_tenant(&tenant)
+        .await?
+        .and_then(|t| t.max_concurrent_per_key);
+    Ok(axum::Json(ConcurrencyKeyList {
+        keys: keys.into_iter().map(Into::into).collect(),
+        max_concurrent_per_key: per_key,
+    }))
+}
+
+/// Set one concurrency key's limit (platform admin, or the tenant's admin key).
+///
+/// Executions admitted with `concurrency_key` equal to `{key}` run at most `max_concurrent`
+/// at once, inside the tenant's `max_concurrent`; the override wins over the tenant's
+/// `max_concurrent_per_key`. A raised limit lets the key's waiting executions start at once,
+/// in order; a lowered one stops new starts until enough running ones end (none is
+/// stopped). A key may be set before it is used. At most 10,000 overrides per tenant.
+#[utoipa::path(
+    put,
+    path = "/api/tenants/{tenant}/concurrency-keys/{key}",
+    tag = "tenants",
+    params(
+        ("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id"),
+        ("key" = String, Path, min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$", description = "The concurrency key (percent-encoded): 1–128 bytes of UTF-8, the dedup key's characters"),
+    ),
+    request_body = ConcurrencyKeySettings,
+    responses(
+        (status = 200, description = "The key after the change", body = ConcurrencyKeyView),
+        (status = 400, description = "Invalid tenant id, key or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The tenant has 10,000 overrides already (`too_many_key_overrides`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn put_concurrency_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((tenant, key)): Path<(String, String)>,
+    body: JsonBody<ConcurrencyKeySettings>,
+) -> Result<axum::Json<ConcurrencyKeyView>, ApiError> {
+    let (tenant, key) = key_route(&caller, &tenant, &key)?;
+    let body = body.parse().await?;
+    match state
+        .store
+        .set_key_limit(&tenant, &key, Some(body.max_concurrent.0))
+        .await?
+    {
+        KeyLimitChange::Set(s) => Ok(axum::Json(s.into())),
+        KeyLimitChange::TooMany(n) => Err(conflict(
+            "too_many_key_overrides",
+            format!(
+                "tenant {tenant} has {n} concurrency key overrides, the most allowed is {MAX_KEY_OVERRIDES}; delete one first"
+            ),
+        )),
+    }
+}
+
+/// Read one concurrency key's limit and what it holds now (platform admin, or the tenant's
+/// admin key). A key never used answers its limit with zero counts.
+#[utoipa::path(
+    get,
+    path = "/api/tenants/{tenant}/concurrency-keys/{key}",
+    tag = "tenants",
+    params(
+        ("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id"),
+        ("key" = String, Path, min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$", description = "The concurrency key (percent-encoded): 1–128 bytes of UTF-8, the dedup key's characters"),
+    ),
+    responses(
+        (status = 200, description = "The key", body = ConcurrencyKeyView),
+        (status = 400, description = "Invalid tenant id or key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_concurrency_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((tenant, key)): Path<(String, String)>,
+) -> Result<axum::Json<ConcurrencyKeyView>, ApiError> {
+    let (tenant, key) = key_route(&caller, &tenant, &key)?;
+    Ok(axum::Json(
+        state.store.key_state(&tenant, &key).await?.into(),
+    ))
+}
+
+/// Drop one concurrency key's override (platform admin, or the tenant's admin key): the
+/// tenant's `max_concurrent_per_key` applies to it again (or no limit). Idempotent.
+#[utoipa::path(
+    delete,
+    path = "/api/tenants/{tenant}/concurrency-keys/{key}",
+    tag = "tenants",
+    params(
+        ("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id"),
+        ("key" = String, Path, min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$", description = "The concurrency key (percent-encoded): 1–128 bytes of UTF-8, the dedup key's characters"),
+    ),
+    responses(
+        (status = 204, description = "The key has no override (now, or it had none)"),
+        (status = 400, description = "Invalid tenant id or key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete_concurrency_key(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((tenant, key)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let (tenant, key) = key_route(&caller, &tenant, &key)?;
+    state.store.set_key_limit(&tenant, &key, None).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

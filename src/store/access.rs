@@ -117,11 +117,17 @@ impl Store {
             max_queued: super::Change::Reset,
             enabled: super::Change::Reset,
             weight: super::Change::Reset,
+            max_concurrent_per_key: super::Change::Reset,
         };
         self.set_limits_in(shard, tenant, &defaults).await?;
         let cfg = shard.tenant_config(tenant);
         let _: i64 = self
-            .bounded(redis::cmd("DEL").arg(cfg).query_async(&mut c))
+            .bounded(
+                redis::cmd("DEL")
+                    .arg(cfg)
+                    .arg(shard.key_limits(tenant))
+                    .query_async(&mut c),
+            )
             .await?;
         self.promote_all(tenant).await?;
         Ok(revoked >= 0)

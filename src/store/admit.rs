@@ -82,6 +82,10 @@ impl Store {
                 Some(Schedule::After(ms)) => inv.arg("").arg(ms),
                 None => inv.arg("").arg(""),
             };
+            match &req.concurrency_key {
+                Some(k) => inv.arg(k.as_str()).arg(k.digest()),
+                None => inv.arg("").arg(""),
+            };
             let mut c = self.conn();
             let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
                 Ok(Ok(reply)) => reply,

@@ -283,6 +283,29 @@ impl Shard {
         format!("{}t:{t}:waiting", self.prefix())
     }
 
+    /// A concurrency key's runnable executions by order key (`digest`: the key's
+    /// `ConcurrencyKey::digest`); only its first is in the tenant's queue, and only while the
+    /// key has room (see "Concurrency keys" in `migrations-lua/common.lua`).
+    pub fn key_queue(self, t: &TenantId, digest: &str) -> String {
+        format!("{}t:{t}:k:{digest}:q", self.prefix())
+    }
+
+    /// A concurrency key's running executions (set): counted against the key's limit.
+    pub fn key_running(self, t: &TenantId, digest: &str) -> String {
+        format!("{}t:{t}:k:{digest}:run", self.prefix())
+    }
+
+    /// A tenant's per-key limit overrides (hash: key digest -> `<limit>:<key as given>`).
+    pub fn key_limits(self, t: &TenantId) -> String {
+        format!("{}t:{t}:klim", self.prefix())
+    }
+
+    /// A tenant's concurrency keys at their limit with work waiting (set of digests): what a
+    /// raised limit walks.
+    pub fn key_blocked(self, t: &TenantId) -> String {
+        format!("{}t:{t}:kblk", self.prefix())
+    }
+
     /// A tenant's force-deleted executions whose handlers still run (set): hidden from every
     /// read, still holding their slots, counted as running in the tenant's usage.
     pub fn deleting(self, t: &TenantId) -> String {
@@ -488,6 +511,14 @@ pub enum KeyKind {
     ShardTrends,
     /// The shard's tenants that may have work (`Shard::busy`).
     Busy,
+    /// A concurrency key's queue (`Shard::key_queue`).
+    KeyQueue,
+    /// A concurrency key's running set (`Shard::key_running`).
+    KeyRunning,
+    /// A tenant's per-key limit overrides (`Shard::key_limits`).
+    KeyLimits,
+    /// A tenant's blocked concurrency keys (`Shard::key_blocked`).
+    KeyBlocked,
     /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
     Access,
     /// Anything under the `{meta}` tag.
@@ -587,6 +618,10 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         "deleting" => KeyKind::Deleting,
         "flows" => KeyKind::Flows,
         "dlq" => KeyKind::TenantDeadLetters,
+        "klim" => KeyKind::KeyLimits,
+        "kblk" => KeyKind::KeyBlocked,
+        _ if tail.starts_with("k:") && tail.ends_with(":q") => KeyKind::KeyQueue,
+        _ if tail.starts_with("k:") && tail.ends_with(":run") => KeyKind::KeyRunning,
         _ if tail.starts_with("st:") => KeyKind::StatusIndex,
         _ if tail.starts_with("fl:") => KeyKind::FlowIndex,
         _ if tail.starts_with("dd:") => KeyKind::Dedup,
@@ -702,6 +737,10 @@ mod tests {
             s.trends(&t, 20_423),
             s.shard_trends(20_423),
             s.busy(),
+            s.key_queue(&t, "00ff"),
+            s.key_running(&t, "00ff"),
+            s.key_limits(&t),
+            s.key_blocked(&t),
         ];
         for k in &keys {
             assert!(k.starts_with(&s.prefix()), "{k}");
@@ -750,6 +789,10 @@ mod tests {
             (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
             (s.dedup(&t, "00ff"), KeyKind::Dedup),
             (s.trends(&t, 20_423), KeyKind::TenantTrends),
+            (s.key_queue(&t, "00ff"), KeyKind::KeyQueue),
+            (s.key_running(&t, "00ff"), KeyKind::KeyRunning),
+            (s.key_limits(&t), KeyKind::KeyLimits),
+            (s.key_blocked(&t), KeyKind::KeyBlocked),
         ];
         for (k, kind) in tenant_keys {
             let n = parse(&k).unwrap_or_else(|| panic!("{k}"));

@@ -55,8 +55,9 @@ enum Moved {
     /// It has this many executions on the shard it was to leave: it stays.
     Busy(u64),
     /// It moved to this shard number, with its limits (`max_concurrent`, `max_queued`,
-    /// `enabled`, '' for none of its own) to be set there.
-    To(u16, [String; 4]),
+    /// `enabled`, `weight`, `max_concurrent_per_key`, '' for none of its own, then its
+    /// concurrency keys' overrides as field, value pairs) to be set there.
+    To(u16, Vec<String>),
 }
 
 impl Store {
@@ -254,28 +255,35 @@ impl Store {
                 let number: u16 = text(0)?
                     .parse()
                     .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
-                Ok(Moved::To(number, [text(1)?, text(2)?, text(3)?, text(4)?]))
+                let limits = (1..rest.len()).map(text).collect::<Result<Vec<_>, _>>()?;
+                if limits.len() < 5 || limits.len() % 2 == 0 {
+                    return Err(StoreError::Corrupt("pin reply: bad limits".into()));
+                }
+                Ok(Moved::To(number, limits))
             }
             other => Err(StoreError::Corrupt(format!("pin replied {other}"))),
         }
     }
 
-    /// Runs `pin_home.lua`: `shard` becomes `tenant`'s home with exactly these limits
-    /// (`max_concurrent`, `max_queued`, `enabled`, `weight` as `pin.lua` replies them: '' for
-    /// none).
+    /// Runs `pin_home.lua`: `shard` becomes `tenant`'s home with exactly these limits (as
+    /// `pin.lua` replies them, see `Moved::To`).
     async fn make_home(
         &self,
         shard: Shard,
         tenant: &TenantId,
-        [max_concurrent, max_queued, enabled, weight]: [String; 4],
+        limits: Vec<String>,
     ) -> Result<(), StoreError> {
         let keys = [shard.tenant_config(tenant)];
         let mut inv = self.shard_script(&self.scripts.pin_home, shard, &keys);
-        inv.arg(tenant.as_str())
-            .arg(max_concurrent)
-            .arg(max_queued)
-            .arg(if enabled == "0" { "0" } else { "" })
-            .arg(weight);
+        inv.arg(tenant.as_str());
+        for (i, v) in limits.iter().enumerate() {
+            // `enabled` is '0' (disabled) or the default.
+            if i == 2 && v != "0" {
+                inv.arg("");
+            } else {
+                inv.arg(v);
+            }
+        }
         let mut c = self.conn();
         let _: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(())

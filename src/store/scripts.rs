@@ -147,6 +147,7 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "reschedule.lua" => op!("reschedule.lua").1,
         "migrate_dispatch.lua" => op!("migrate_dispatch.lua").1,
         "ring.lua" => op!("ring.lua").1,
+        "key_limit.lua" => op!("key_limit.lua").1,
         _ => return None,
     })
 }
@@ -179,6 +180,7 @@ pub struct Scripts {
     pub reschedule: Script,
     pub migrate_dispatch: Script,
     pub ring: Script,
+    pub key_limit: Script,
 }
 
 impl Scripts {
@@ -212,11 +214,12 @@ impl Scripts {
             reschedule: shard(op!("reschedule.lua")),
             migrate_dispatch: shard(op!("migrate_dispatch.lua")),
             ring: shard(op!("ring.lua")),
+            key_limit: shard(op!("key_limit.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 26] {
+    pub fn all(&self) -> [&Script; 27] {
         [
             &self.admit,
             &self.abandon,
@@ -244,6 +247,7 @@ impl Scripts {
             &self.reschedule,
             &self.migrate_dispatch,
             &self.ring,
+            &self.key_limit,
         ]
     }
 }
@@ -281,6 +285,7 @@ mod tests {
             "reschedule.lua",
             "migrate_dispatch.lua",
             "ring.lua",
+            "key_limit.lua",
         ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for op in ops {

@@ -14,6 +14,9 @@ use crate::admission::{Status, TenantId};
 /// ARGV of the stream model's batched dispatch, unused since (see `set_limits.lua`).
 const PROMOTE_STEP: u32 = 1_000;
 
+/// The most per-key limit overrides a tenant may have (`PUT .../concurrency-keys/{key}`).
+pub const MAX_KEY_OVERRIDES: u32 = 10_000;
+
 /// The most a tenant's weight can be (the least is 1, the default).
 pub const MAX_WEIGHT: u32 = 1_000;
 
@@ -59,6 +62,8 @@ pub struct TenantLimits {
     pub enabled: Change<bool>,
     /// Its share of starts against the other tenants with runnable work (1..=1000).
     pub weight: Change<u32>,
+    /// The limit of each of its concurrency keys without an override (`Reset`: none).
+    pub max_concurrent_per_key: Change<u32>,
 }
 
 /// A tenant's effective limits and live usage.
@@ -68,6 +73,12 @@ pub struct TenantState {
     pub max_queued: u32,
     pub enabled: bool,
     pub weight: u32,
+    /// The limit of a concurrency key without an override; `None`: no such limit.
+    pub max_concurrent_per_key: Option<u32>,
+    /// Concurrency keys with an override of their own.
+    pub key_overrides: u64,
+    /// Concurrency keys at their limit with executions waiting behind it.
+    pub blocked_keys: u64,
     /// Executions running now.
     pub running: u64,
     /// Queued executions that are runnable (due), in the tenant's order.
@@ -77,7 +88,7 @@ pub struct TenantState {
 }
 
 /// Commands `tenant_reads` adds per tenant.
-const TENANT_READS: usize = 10;
+const TENANT_READS: usize = 13;
 
 /// What the reads of `tenant_reads` found for one tenant, in their order.
 struct TenantReads {
@@ -87,54 +98,58 @@ struct TenantReads {
     /// Its own `enabled` flag (0 = disabled), where set.
     enabled: Option<u8>,
     weight: Option<u32>,
+    max_concurrent_per_key: Option<u32>,
     /// Whether it has a configuration hash at all.
     configured: bool,
-    waiting: u64,
+    /// Queued, scheduled or not (`queued - scheduled` are runnable).
+    queued: u64,
     scheduled: u64,
     running: u64,
     /// Force-deleted executions whose handler still runs (they keep their slot).
     deleting: u64,
+    key_overrides: u64,
+    blocked_keys: u64,
     /// How many of its status indexes exist (0: it never had an execution).
     indexes: u64,
 }
 
 impl redis::FromRedisValue for TenantReads {
     fn from_redis_value(v: Value) -> Result<Self, redis::ParsingError> {
-        type Tuple = (
-            Option<u32>,
-            Option<u32>,
-            Option<u8>,
-            Option<u32>,
-            bool,
-            u64,
-            u64,
-            u64,
-            u64,
-            u64,
-        );
-        let (
+        let items: Vec<Value> = redis::from_redis_value(v)?;
+        let [
             max_concurrent,
             max_queued,
             enabled,
             weight,
+            max_concurrent_per_key,
             configured,
-            waiting,
+            queued,
             scheduled,
             running,
             deleting,
+            key_overrides,
+            blocked_keys,
             indexes,
-        ): Tuple = redis::from_redis_value(v)?;
+        ]: [Value; TENANT_READS] = items.try_into().map_err(|_| {
+            redis::ParsingError::from("tenant reads: wrong number of replies".to_owned())
+        })?;
+        fn read<T: redis::FromRedisValue>(v: Value) -> Result<T, redis::ParsingError> {
+            redis::from_redis_value(v)
+        }
         Ok(Self {
-            max_concurrent,
-            max_queued,
-            enabled,
-            weight,
-            configured,
-            waiting,
-            scheduled,
-            running,
-            deleting,
-            indexes,
+            max_concurrent: read(max_concurrent)?,
+            max_queued: read(max_queued)?,
+            enabled: read(enabled)?,
+            weight: read(weight)?,
+            max_concurrent_per_key: read(max_concurrent_per_key)?,
+            configured: read(configured)?,
+            queued: read(queued)?,
+            scheduled: read(scheduled)?,
+            running: read(running)?,
+            deleting: read(deleting)?,
+            key_overrides: read(key_overrides)?,
+            blocked_keys: read(blocked_keys)?,
+            indexes: read(indexes)?,
         })
     }
 }
@@ -159,6 +174,10 @@ impl Store {
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
             match self.set_limits_in(shard, tenant, limits).await? {
+                // A changed per-key limit may unblock keys: walk them.
+                Limits::Set if limits.max_concurrent_per_key != Change::Keep => {
+                    self.promote_all(tenant).await?;
+                }
                 Limits::Set => {}
                 Limits::Moved => {
                     self.refresh_pins().await?;
@@ -189,7 +208,8 @@ impl Store {
             .arg(limits.max_queued.arg())
             .arg(limits.enabled.map(u8::from).arg())
             .arg(PROMOTE_STEP)
-            .arg(limits.weight.arg());
+            .arg(limits.weight.arg())
+            .arg(limits.max_concurrent_per_key.arg());
         let mut c = self.conn();
         let reply: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(match reply {
@@ -198,20 +218,21 @@ impl Store {
         })
     }
 
-    /// Dispatches every waiting execution of `tenant` that fits its limits now, in short
-    /// steps (see `migrations-lua/promote.lua`). An interrupted run leaves a consistent state:
-    /// the rest are dispatched by the next admission, release or sweep of the tenant.
+    /// Lets `tenant` and its blocked concurrency keys take what room changed limits made, in
+    /// short steps (see `migrations-lua/promote.lua`). An interrupted run leaves a consistent
+    /// state: a key it did not reach offers its next execution when a run of it ends.
     pub async fn promote_all(&self, tenant: &TenantId) -> Result<(), StoreError> {
         let shard = self.shard_of(tenant);
         let keys = promote_keys(shard, tenant);
         let mut c = self.conn();
-        // Bounded: each step handles PROMOTE_STEP members, and a tenant has at most
-        // max_queued waiting (100k by default) — far fewer steps than this.
+        let mut cursor = "0".to_owned();
+        // Bounded: each step walks about 200 blocked keys, and a tenant has at most max_queued
+        // of them (100k by default) — far fewer steps than this.
         for _ in 0..100_000 {
             let mut inv = self.shard_script(&self.scripts.promote, shard, &keys);
-            inv.arg(tenant.as_str()).arg(PROMOTE_STEP);
-            let more: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
-            if more == 0 {
+            inv.arg(tenant.as_str()).arg(&cursor);
+            cursor = self.bounded(inv.invoke_async(&mut c)).await?;
+            if cursor == "0" {
                 return Ok(());
             }
         }
@@ -303,8 +324,11 @@ impl Store {
                 .unwrap_or(self.policy.max_queued.load(Ordering::Relaxed)),
             enabled: r.enabled != Some(0),
             weight: r.weight.unwrap_or(1),
+            max_concurrent_per_key: r.max_concurrent_per_key,
+            key_overrides: r.key_overrides,
+            blocked_keys: r.blocked_keys,
             running,
-            waiting: r.waiting,
+            waiting: r.queued.saturating_sub(r.scheduled),
             scheduled: r.scheduled,
         })
     }
@@ -327,11 +351,14 @@ fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
         .hget(shard.tenant_config(tenant), "max_queued")
         .hget(shard.tenant_config(tenant), "enabled")
         .hget(shard.tenant_config(tenant), "weight")
+        .hget(shard.tenant_config(tenant), "max_concurrent_per_key")
         .exists(shard.tenant_config(tenant))
-        .zcard(shard.waiting(tenant))
+        .zcard(shard.status_index(tenant, Status::Queued))
         .zcard(shard.scheduled_index(tenant))
         .zcard(shard.status_index(tenant, Status::Running))
-        .scard(shard.deleting(tenant));
+        .scard(shard.deleting(tenant))
+        .hlen(shard.key_limits(tenant))
+        .scard(shard.key_blocked(tenant));
     let indexes: Vec<String> = Status::ALL
         .into_iter()
         .map(|s| shard.status_index(tenant, s))

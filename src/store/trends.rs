@@ -158,6 +158,8 @@ pub struct TenantWork {
     pub tenant: TenantId,
     pub queued: u64,
     pub running: u64,
+    /// Its concurrency keys at their limit with executions waiting behind it.
+    pub blocked_keys: u64,
 }
 
 /// The summed series and the tenants with work, with the shards that could not be read.
@@ -314,7 +316,8 @@ impl Store {
         let mut p = redis::pipe();
         for t in &tenants {
             p.zcard(shard.status_index(t, Status::Queued))
-                .zcard(shard.status_index(t, Status::Running));
+                .zcard(shard.status_index(t, Status::Running))
+                .scard(shard.key_blocked(t));
             if let Some((day, from)) = record {
                 p.cmd("GETRANGE")
                     .arg(shard.trends(t, day))
@@ -322,7 +325,7 @@ impl Store {
                     .arg(from + RECORD_BYTES - 1);
             }
         }
-        let per = if record.is_some() { 3 } else { 2 };
+        let per = if record.is_some() { 4 } else { 3 };
         let replies: Vec<redis::Value> = self.bounded(p.query_async(&mut c)).await?;
         if replies.len() != tenants.len() * per {
             return Err(StoreError::Corrupt("short busy reply".into()));
@@ -332,7 +335,7 @@ impl Store {
             .into_iter()
             .zip(replies.chunks(per))
             .map(|(tenant, r)| {
-                let minute = match r.get(2) {
+                let minute = match r.get(3) {
                     Some(v) => Minute::decode(
                         &redis::from_redis_value::<Vec<u8>>(v.clone()).map_err(corrupt)?,
                     ),
@@ -343,6 +346,7 @@ impl Store {
                         tenant,
                         queued: redis::from_redis_value(r[0].clone()).map_err(corrupt)?,
                         running: redis::from_redis_value(r[1].clone()).map_err(corrupt)?,
+                        blocked_keys: redis::from_redis_value(r[2].clone()).map_err(corrupt)?,
                     },
                     minute,
                 ))

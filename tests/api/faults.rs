@@ -96,6 +96,10 @@
 //!    log the virtual start tags never go down, and each tenant's own tags advance by at least
 //!    1000 / weight per start: start-time fair queueing, whose bound (two backlogged tenants'
 //!    starts divided by their weights differ by at most one start of each) follows from both.
+//! 10. **Concurrency key limits hold for handlers.** 60 % of the admissions carry one of three
+//!     concurrency keys, and every tenant has `max_concurrent_per_key` 1 (never changed): per
+//!     tenant and key, at every run start, at most one execution of the key has a run in its
+//!     effective interval.
 //!
 //! The report also counts admissions by answer, faults by kind, runs (by how they ended, and
 //! how many lost their lease before ending), executions by final status, dead letters by reason,
@@ -128,6 +132,8 @@ const LEASE_TTL_MS: u64 = 1_500;
 const MAX_QUEUED: u64 = 12;
 /// `--default-max-concurrent` of `serve` (overridden per tenant before any admission).
 const DEFAULT_MAX_CONCURRENT: u64 = 2;
+/// `max_concurrent_per_key` of every tenant (property 10).
+const KEY_LIMIT: u64 = 1;
 /// The longest SIGSTOP the fault lanes inflict.
 const MAX_PAUSE_MS: u64 = 4_000;
 /// How long after its (lost) answer a request may still take effect (see property 5).
@@ -1082,6 +1088,10 @@ async fn admit(cs: &Clients, rng: &mut Rng, tenant: String, nonce: String) {
     if let Some(d) = delay {
         body["delay"] = json!(format!("{d}ms"));
     }
+    // Most carry a concurrency key of a few (limit KEY_LIMIT each, property 10).
+    if rng.percent(60) {
+        body["concurrency_key"] = json!(format!("ck-{}", rng.below(3)));
+    }
     let key = rng.percent(50).then(|| format!("key-{nonce}"));
     for try_no in 1..=4 {
         let sent = now_ms();
@@ -1513,6 +1523,7 @@ const P6: &str = "6. usage back to zero";
 const P7: &str = "7. attempt <= max_attempts";
 const P8: &str = "8. never started before due";
 const P9: &str = "9. fair share by weight (start log)";
+const P10: &str = "10. concurrency key limits hold for running handlers";
 
 /// The weight each tenant is given at setup.
 fn weight_of(tenant: &str) -> u64 {
@@ -1546,6 +1557,7 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
     check_limits(ev, &mut v, report);
     check_schedules(ev, &mut v);
     check_fair_share(ev, &mut v);
+    check_key_limits(ev, &mut v, report);
     if let Err(busy) = ev.quiesced {
         v.fail(
             P6,
@@ -1566,6 +1578,52 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
         }
     }
     v
+}
+
+/// Property 10: per tenant and concurrency key, at every run start, the executions of that key
+/// with a run in its effective interval are at most `KEY_LIMIT` (the tenants'
+/// `max_concurrent_per_key`, set before any admission and never changed).
+fn check_key_limits(ev: &Evidence<'_>, v: &mut Verdict, report: &mut String) {
+    let key_of = |id: &str| -> Option<&str> { ev.fin.execs.get(id)?["concurrency_key"].as_str() };
+    // Per (tenant, key): each run's effective interval and execution id.
+    type Spans<'a> = Vec<(u64, u64, &'a str)>;
+    let mut by_key: BTreeMap<(&str, &str), Spans<'_>> = BTreeMap::new();
+    for r in &ev.journal.runs {
+        let Some(key) = key_of(&r.id) else { continue };
+        let (s, e) = r.effective(ev.gone);
+        if e > s {
+            by_key
+                .entry((r.tenant.as_str(), key))
+                .or_default()
+                .push((s, e, r.id.as_str()));
+        }
+    }
+    let mut peak = 0;
+    for ((t, key), runs) in &by_key {
+        for &(s, _, _) in runs {
+            let active: BTreeSet<&str> = runs
+                .iter()
+                .filter(|(s2, e2, _)| *s2 <= s && s < *e2)
+                .map(|(_, _, id)| *id)
+                .collect();
+            peak = peak.max(active.len());
+            if active.len() as u64 > KEY_LIMIT {
+                v.fail(
+                    P10,
+                    format!(
+                        "{t}/{key}: {} executions running at {} (limit {KEY_LIMIT}): {active:?}",
+                        active.len(),
+                        rel(s, ev.t0)
+                    ),
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        report,
+        "  concurrency keys: {} keys ran, peak {peak} handlers of one key at once (limit {KEY_LIMIT})",
+        by_key.len()
+    );
 }
 
 fn is_terminal(e: &Value) -> bool {
@@ -2095,7 +2153,8 @@ async fn guarantees_hold_under_faults() {
     });
     for t in TENANTS {
         let n = rng.between(1, 3);
-        let body = json!({"max_concurrent": n, "max_queued": MAX_QUEUED, "weight": weight_of(t)});
+        let body = json!({"max_concurrent": n, "max_queued": MAX_QUEUED, "weight": weight_of(t),
+            "max_concurrent_per_key": KEY_LIMIT});
         let ans = set_limit(&cs, t, body, n).await;
         assert!(ans.is_2xx(), "setting up {t}: {ans:?}");
     }

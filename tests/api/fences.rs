@@ -51,7 +51,8 @@ local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delay
   K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
   K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id, K.runnable(), K.sched(),
   K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled'),
-  K.trends(t, 20423), K.shard_trends(20423), K.busy() }
+  K.trends(t, 20423), K.shard_trends(20423), K.busy(), K.key_queue(t, h), K.key_running(t, h),
+  K.key_limits(t), K.key_blocked(t) }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -99,6 +100,10 @@ return out";
             s.trends(&t, 20_423),
             s.shard_trends(20_423),
             s.busy(),
+            s.key_queue(&t, digest),
+            s.key_running(&t, digest),
+            s.key_limits(&t),
+            s.key_blocked(&t),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));
@@ -177,6 +182,8 @@ pub(crate) fn admit_call(
             "",
             "fingerprint",
             "3",
+            "",
+            "",
             "",
             "",
         ]

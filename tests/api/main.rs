@@ -17,6 +17,7 @@ mod fences;
 mod guarantees;
 mod handlers;
 mod helpers;
+mod keys;
 mod layout;
 mod listing;
 mod openapi;

@@ -264,6 +264,7 @@ impl Direct {
                         priority: None,
                         run_at: None,
                         delay: None,
+                        concurrency_key: None,
                     };
                     let tenant = &tenants[i as usize % tenants.len()];
                     let ok = match AdmitRequest::parse(body, dedup.then_some(key.as_str()), 5) {

@@ -76,6 +76,7 @@ pub struct ErrorInfo {
     "priority": 3,
     "run_at": null,
     "dedup_key": "order-42",
+    "concurrency_key": "customer-7",
     "deduplicated": false,
     "attempt": 0,
     "max_attempts": 5,
@@ -112,6 +113,9 @@ pub struct Execution {
     pub run_at: Option<String>,
     #[schema(min_length = 1, max_length = 256)]
     pub dedup_key: Option<String>,
+    /// What it competes for inside its tenant (see `NewExecution.concurrency_key`).
+    #[schema(min_length = 1, max_length = 128)]
+    pub concurrency_key: Option<String>,
     /// True when this response replays an earlier admission with the same dedup key.
     pub deduplicated: bool,
     /// Starts of its current run: 1 on the first, counted up by each re-run after a lost
@@ -150,6 +154,7 @@ impl From<admission::Execution> for Execution {
             priority: e.priority,
             run_at: e.run_at,
             dedup_key: e.dedup_key,
+            concurrency_key: e.concurrency_key,
             deduplicated: e.deduplicated,
             attempt: e.attempt,
             max_attempts: e.max_attempts,
@@ -221,6 +226,19 @@ pub struct NewExecution {
     #[serde(default)]
     #[schema(pattern = "^[0-9]{1,12}(ms|s|m|h|d)?$")]
     pub delay: Option<String>,
+    /// What it competes for inside its tenant, e.g. its end customer: executions with one key
+    /// run at most the key's limit at once (its override, `PUT
+    /// /api/tenants/{tenant}/concurrency-keys/{key}`, else the tenant's
+    /// `max_concurrent_per_key`; none when neither is set), inside the tenant's
+    /// `max_concurrent`. A key at its limit never delays another key. 1–128 bytes of UTF-8,
+    /// the dedup key's characters; part of what a dedup key's replay must match.
+    #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F\\xAD\\u061C\\u180E\\u200B-\\u200F\\u2028-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF\\uFFF9-\\uFFFB]*$"
+    )]
+    pub concurrency_key: Option<String>,
 }
 
 impl From<NewExecution> for AdmitInput {
@@ -234,6 +252,7 @@ impl From<NewExecution> for AdmitInput {
             priority: b.priority.map(|p| p.0),
             run_at: b.run_at,
             delay: b.delay,
+            concurrency_key: b.concurrency_key,
         }
     }
 }
