@@ -28,9 +28,11 @@
 -- ARGV[19] digest of the concurrency key (as the dedup key's), '' for none
 --
 -- Reply, one of:
---   {'new', qstate, now, due} admitted at `now` (ms), queue state 'scheduled', 'ready' or
+--   {'new', qstate, now, due, tpos, kpos, klimit}
+--                       admitted at `now` (ms), queue state 'scheduled', 'ready' or
 --                       'waiting' (see queue_state() in common.lua), due time in ms or ''
---                       when not scheduled; the caller knows the rest of the row it asked for
+--                       when not scheduled; when runnable, its position (position() in
+--                       common.lua; '' where none); the caller knows the rest of the row
 --   {'dup', id, row}    the dedup key maps to live execution id, admitted with the same request
 --   {'conflict', id}    the dedup key maps to id, admitted with a different request
 --   {'void'}            this id was declared abandoned (abandon.lua ran first); nothing written
@@ -103,4 +105,5 @@ flush_trends()
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
 if due then return { 'new', 'scheduled', now, due } end
-return { 'new', queue_state(tenant, id, 'queued'), now, '' }
+local tpos, kpos, klimit = position(tenant, id, ckh)
+return { 'new', queue_state(tenant, id, 'queued'), now, '', tpos or '', kpos or '', klimit or '' }

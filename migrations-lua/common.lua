@@ -316,6 +316,23 @@ local function queue_state(t, id, qstate)
   return 'waiting'
 end
 
+-- Where a runnable execution stands (the API's `queue_position`, a snapshot): how many of its
+-- tenant's order come before it (0: it is next), and with a concurrency key (digest h), how
+-- many of its key's queue come before it, and the key's limit (-1: none). For one whose key
+-- is full (so not in its tenant's order) the first count is that of the order entries ahead
+-- of its order key. O(log n). nil when it is in neither place (scheduled, or repaired soon).
+local function position(t, id, h)
+  local rank = redis.call('ZRANK', K.waiting(t), id)
+  if not h or h == '' then return rank end
+  local limit = key_limit(t, h) or -1
+  if rank then return rank, 0, limit end
+  local queue = K.key_queue(t, h)
+  local key_rank = redis.call('ZRANK', queue, id)
+  if not key_rank then return nil end
+  local at = redis.call('ZSCORE', queue, id)
+  return redis.call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit
+end
+
 -- The admission decision (and a retry's): whether tenant t may queue one more execution.
 -- max_queued counts every queued execution (scheduled, waiting and ready). Returns true, or
 -- nil and a refusal ('disabled'; 'full' with the queued count; 'moved' with the shard a
@@ -655,19 +672,27 @@ local function eligible_weight()
 end
 
 -- An execution's row as the API reads it: the hash, plus `qs`, its queue state (see
--- queue_state()) while it is queued.
+-- queue_state()) while it is queued, and while it is runnable its position (position()):
+-- `qpt` (tenant), `qpk` (key) and `qkl` (the key's limit, -1 for none).
 local function view(id)
   local row = redis.call('HGETALL', K.row(id))
-  local status, tenant, qstate = nil, nil, nil
+  local status, tenant, qstate, h = nil, nil, nil, nil
   for i = 1, #row, 2 do
     local f = row[i]
     if f == 'status' then status = row[i + 1]
     elseif f == 'tenant' then tenant = row[i + 1]
-    elseif f == 'qstate' then qstate = row[i + 1] end
+    elseif f == 'qstate' then qstate = row[i + 1]
+    elseif f == 'ckh' then h = row[i + 1] end
   end
   if status == 'queued' and tenant then
     table.insert(row, 'qs')
     table.insert(row, queue_state(tenant, id, qstate))
+    if qstate ~= 'scheduled' then
+      for i, v in ipairs({ position(tenant, id, h) }) do
+        table.insert(row, ({ 'qpt', 'qpk', 'qkl' })[i])
+        table.insert(row, tostring(v))
+      end
+    end
   end
   return row
 end

@@ -81,6 +81,49 @@ pub struct ErrorInfo {
     pub message: String,
 }
 
+/// Where a runnable execution stands at the moment of an answer: a snapshot, not a promise
+/// (fair share, other keys and retries move it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePosition {
+    /// How many of its tenant's runnable executions start before it in the tenant's order (0:
+    /// it is next).
+    pub tenant: u64,
+    /// With a concurrency key: how many executions of its key come before it.
+    pub key: Option<u64>,
+    /// Its key's limit, when it has one (what the forecast needs).
+    pub key_limit: Option<u32>,
+}
+
+impl QueuePosition {
+    /// Reads the position fields a script adds to a view (`qpt`, `qpk`, `qkl`: see `view()`
+    /// and `position()` in `migrations-lua/common.lua`); `None` when there are none.
+    pub fn from_fields(
+        tenant: Option<&str>,
+        key: Option<&str>,
+        limit: Option<&str>,
+    ) -> Option<Self> {
+        let tenant = tenant?.parse().ok()?;
+        let key = key.and_then(|k| k.parse().ok());
+        let key_limit = limit
+            .and_then(|l| l.parse::<i64>().ok())
+            .and_then(|l| u32::try_from(l).ok());
+        Some(Self {
+            tenant,
+            key,
+            key_limit,
+        })
+    }
+}
+
+/// When a waiting execution is expected to start (RFC 3339 times), from the start rate its
+/// tenant's per-minute counters measured: it starts before `p50` about half the time, before
+/// `p90` about nine times in ten, if the rate holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EstimatedStart {
+    pub p50: String,
+    pub p90: String,
+}
+
 /// One execution: its request, where it is in its lifecycle, and how its last run ended.
 #[derive(Debug, Clone)]
 pub struct Execution {
@@ -93,6 +136,10 @@ pub struct Execution {
     pub status: Status,
     /// Set only while `queued`.
     pub queue_state: Option<QueueState>,
+    /// Set only while runnable (queued and due).
+    pub queue_position: Option<QueuePosition>,
+    /// Set only while runnable and a start rate was measured (`Store::forecast`).
+    pub estimated_start: Option<EstimatedStart>,
     /// 1..=5, 1 first: the order within its tenant.
     pub priority: u8,
     /// RFC 3339: when it was scheduled to start at the earliest (its `run_at`, its `delay`
@@ -126,6 +173,7 @@ impl Execution {
         tenant: &str,
         req: &super::AdmitRequest,
         queue_state: QueueState,
+        queue_position: Option<QueuePosition>,
         now_ms: &str,
         due_ms: Option<String>,
     ) -> Result<Self, String> {
@@ -139,6 +187,8 @@ impl Execution {
             params: req.params_value.clone(),
             status: Status::Queued,
             queue_state: Some(queue_state),
+            queue_position,
+            estimated_start: None,
             priority: req.priority,
             run_at,
             dedup_key: req.dedup.as_ref().map(|d| d.to_string()),
@@ -206,6 +256,11 @@ impl Execution {
             version: get("version").map(str::to_owned),
             params,
             status,
+            queue_position: match queue_state {
+                Some(QueueState::Scheduled) | None => None,
+                Some(_) => QueuePosition::from_fields(get("qpt"), get("qpk"), get("qkl")),
+            },
+            estimated_start: None,
             queue_state,
             priority,
             run_at: time_of("run_at")?,

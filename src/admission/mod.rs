@@ -6,7 +6,9 @@ mod execution;
 mod ids;
 mod request;
 
-pub use execution::{ErrorInfo, Execution, QueueState, Status, rfc3339_from_ms};
+pub use execution::{
+    ErrorInfo, EstimatedStart, Execution, QueuePosition, QueueState, Status, rfc3339_from_ms,
+};
 pub use ids::{
     ConcurrencyKey, DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version, is_hidden_char,
 };

@@ -9,7 +9,8 @@ use redis::Value;
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
 use super::{Store, StoreError, is_lost};
 use crate::admission::{
-    AdmitRequest, DedupKey, Execution, ExecutionId, QueueState, Schedule, Status, TenantId,
+    AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, Status,
+    TenantId,
 };
 
 /// How long the marker of an abandoned admission lives: far longer than a call can stay in
@@ -31,6 +32,54 @@ pub enum Admission {
     QueueFull { waiting: u64 },
 }
 
+/// What an admission would do (`Store::dry_admit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted and `ready`: it would start as soon as a worker has room.
+    Admit,
+    /// Admitted, and waiting behind its tenant's `max_concurrent` or its key's limit.
+    Wait,
+    /// Admitted and scheduled for later.
+    Schedule,
+    /// The dedup key names a live execution admitted with the same request.
+    Duplicate,
+    /// The dedup key names a live execution admitted with another request.
+    Conflict,
+    /// Refused (the tenant is disabled, or its queue is full).
+    Refuse,
+}
+
+impl Decision {
+    /// The API's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Admit => "admit",
+            Decision::Wait => "wait",
+            Decision::Schedule => "schedule",
+            Decision::Duplicate => "duplicate",
+            Decision::Conflict => "conflict",
+            Decision::Refuse => "refuse",
+        }
+    }
+}
+
+/// The answer of a dry run.
+#[derive(Debug, Clone)]
+pub struct DryRun {
+    pub decision: Decision,
+    /// Why, in a word: `ready`, `tenant_at_max_concurrent`, `key_at_limit`, `scheduled`,
+    /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_queue_full`.
+    pub reason: String,
+    pub queue_position: Option<QueuePosition>,
+    pub estimated_start: Option<crate::admission::EstimatedStart>,
+    /// The execution the dedup key names (duplicate, conflict).
+    pub execution_id: Option<String>,
+    /// When it would be due (schedule), Unix ms on Redis's clock.
+    pub run_at_ms: Option<u64>,
+    /// The tenant's queued executions (refused as full).
+    pub queued: Option<u64>,
+}
+
 impl Store {
     /// Admits one execution in one atomic script (see `migrations-lua/admit.lua`).
     ///
@@ -49,43 +98,7 @@ impl Store {
         // Twice at most: a tenant pinned since this process last read the pins is sent on.
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
-            let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
-            let mut keys = vec![
-                shard.row(&id),
-                shard.void(&id),
-                shard.tenant_config(tenant),
-                shard.slots(tenant),
-                shard.waiting(tenant),
-                shard.status_index(tenant, Status::Queued),
-                shard.flow_index(tenant, &req.flow, Status::Queued),
-                shard.flows(tenant),
-                shard.tenants(),
-                shard.runnable(),
-                shard.delayed(),
-            ];
-            if req.dedup.is_some() {
-                keys.push(shard.dedup(tenant, &digest));
-            }
-            let mut inv = self.shard_script(&self.scripts.admit, shard, &keys);
-            inv.arg(tenant.as_str())
-                .arg(id.as_str())
-                .arg(req.flow.as_str())
-                .arg(req.version.as_ref().map(|v| v.as_str()).unwrap_or(""))
-                .arg(&req.params)
-                .arg(req.max_attempts)
-                .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
-                .arg(&digest)
-                .arg(req.fingerprint.as_str())
-                .arg(req.priority);
-            match req.schedule {
-                Some(Schedule::At(ms)) => inv.arg(ms).arg(""),
-                Some(Schedule::After(ms)) => inv.arg("").arg(ms),
-                None => inv.arg("").arg(""),
-            };
-            match &req.concurrency_key {
-                Some(k) => inv.arg(k.as_str()).arg(k.digest()),
-                None => inv.arg("").arg(""),
-            };
+            let inv = self.admit_call(&self.scripts.admit, shard, tenant, &id, req);
             let mut c = self.conn();
             let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
                 Ok(Ok(reply)) => reply,
@@ -109,11 +122,31 @@ impl Store {
                         StoreError::Corrupt(format!("admit: queue state {qstate}"))
                     })?;
                     let due = (!due.is_empty()).then_some(due);
-                    Execution::admitted(id.as_str(), tenant.as_str(), req, qstate, &now, due)
-                        .map(Admission::Created)
-                        .map_err(StoreError::Corrupt)
+                    let field = |i: usize| string_at(&rest, i).ok().filter(|v| !v.is_empty());
+                    let (tpos, kpos, klimit) = (field(3), field(4), field(5));
+                    let position = QueuePosition::from_fields(
+                        tpos.as_deref(),
+                        kpos.as_deref(),
+                        klimit.as_deref(),
+                    );
+                    let mut e = Execution::admitted(
+                        id.as_str(),
+                        tenant.as_str(),
+                        req,
+                        qstate,
+                        position,
+                        &now,
+                        due,
+                    )
+                    .map_err(StoreError::Corrupt)?;
+                    self.forecast(&mut e).await;
+                    Ok(Admission::Created(e))
                 }
-                "dup" => Ok(Admission::Replayed(execution_from(rest, true)?)),
+                "dup" => {
+                    let mut e = execution_from(rest, true)?;
+                    self.forecast(&mut e).await;
+                    Ok(Admission::Replayed(e))
+                }
                 "conflict" => Ok(Admission::Conflict {
                     existing: ExecutionId::parse(&string_at(&rest, 0)?).map_err(|e| {
                         StoreError::Corrupt(format!("admit: conflict reply: {}", e.detail))
@@ -129,6 +162,147 @@ impl Store {
                 }
                 other => Err(StoreError::Corrupt(format!("admit replied {other}"))),
             };
+        }
+        Err(StoreError::Corrupt(format!(
+            "tenant {tenant} was sent on twice"
+        )))
+    }
+
+    /// The call of `admit.lua` (or `dry_admit.lua`, which takes the same) for `req`.
+    fn admit_call<'a>(
+        &self,
+        script: &'a redis::Script,
+        shard: super::Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        req: &AdmitRequest,
+    ) -> redis::ScriptInvocation<'a> {
+        let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
+        let mut keys = vec![
+            shard.row(id),
+            shard.void(id),
+            shard.tenant_config(tenant),
+            shard.slots(tenant),
+            shard.waiting(tenant),
+            shard.status_index(tenant, Status::Queued),
+            shard.flow_index(tenant, &req.flow, Status::Queued),
+            shard.flows(tenant),
+            shard.tenants(),
+            shard.runnable(),
+            shard.delayed(),
+        ];
+        if req.dedup.is_some() {
+            keys.push(shard.dedup(tenant, &digest));
+        }
+        let mut inv = self.shard_script(script, shard, &keys);
+        inv.arg(tenant.as_str())
+            .arg(id.as_str())
+            .arg(req.flow.as_str())
+            .arg(req.version.as_ref().map(|v| v.as_str()).unwrap_or(""))
+            .arg(&req.params)
+            .arg(req.max_attempts)
+            .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
+            .arg(&digest)
+            .arg(req.fingerprint.as_str())
+            .arg(req.priority);
+        match req.schedule {
+            Some(Schedule::At(ms)) => inv.arg(ms).arg(""),
+            Some(Schedule::After(ms)) => inv.arg("").arg(ms),
+            None => inv.arg("").arg(""),
+        };
+        match &req.concurrency_key {
+            Some(k) => inv.arg(k.as_str()).arg(k.digest()),
+            None => inv.arg("").arg(""),
+        };
+        inv
+    }
+
+    /// What admitting `req` would do now, from `dry_admit.lua` (which cannot write): the
+    /// decision, and where the execution would stand with its forecast. A snapshot; the real
+    /// admission decides again.
+    pub async fn dry_admit(
+        &self,
+        tenant: &TenantId,
+        req: &AdmitRequest,
+    ) -> Result<DryRun, StoreError> {
+        let id = ExecutionId::new();
+        for _ in 0..2 {
+            let shard = self.shard_of(tenant);
+            let inv = self.admit_call(&self.scripts.dry_admit, shard, tenant, &id, req);
+            let mut c = self.conn();
+            let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+            let (tag, rest) = split_tag(reply)?;
+            let field = |i: usize| string_at(&rest, i).ok().filter(|v| !v.is_empty());
+            let mut run = DryRun {
+                decision: Decision::Admit,
+                reason: String::new(),
+                queue_position: None,
+                estimated_start: None,
+                execution_id: None,
+                run_at_ms: None,
+                queued: None,
+            };
+            match tag.as_str() {
+                "duplicate" | "conflict" => {
+                    run.execution_id = field(0);
+                    if tag == "duplicate" {
+                        run.decision = Decision::Duplicate;
+                        run.reason = "same_request".into();
+                        let mut e = execution_from(rest, true)?;
+                        self.forecast(&mut e).await;
+                        run.queue_position = e.queue_position;
+                        run.estimated_start = e.estimated_start;
+                    } else {
+                        run.decision = Decision::Conflict;
+                        run.reason = "idempotency_key_conflict".into();
+                    }
+                }
+                "disabled" => {
+                    run.decision = Decision::Refuse;
+                    run.reason = "tenant_disabled".into();
+                }
+                "full" => {
+                    run.decision = Decision::Refuse;
+                    run.reason = "tenant_queue_full".into();
+                    run.queued = field(0).and_then(|v| v.parse().ok());
+                }
+                "moved" => {
+                    self.refresh_pins().await?;
+                    continue;
+                }
+                "schedule" => {
+                    run.decision = Decision::Schedule;
+                    run.reason = "scheduled".into();
+                    run.run_at_ms = field(0).and_then(|v| v.parse().ok());
+                }
+                "admit" | "wait" => {
+                    run.decision = if tag == "admit" {
+                        Decision::Admit
+                    } else {
+                        Decision::Wait
+                    };
+                    run.reason = field(0).unwrap_or_default();
+                    run.queue_position = QueuePosition::from_fields(
+                        field(1).as_deref(),
+                        field(2).as_deref(),
+                        field(3).as_deref(),
+                    );
+                    let mut e = Execution::admitted(
+                        id.as_str(),
+                        tenant.as_str(),
+                        req,
+                        QueueState::Waiting,
+                        run.queue_position,
+                        "0",
+                        None,
+                    )
+                    .map_err(StoreError::Corrupt)?;
+                    self.forecast(&mut e).await;
+                    run.estimated_start = e.estimated_start;
+                }
+                other => return Err(StoreError::Corrupt(format!("dry_admit replied {other}"))),
+            }
+            return Ok(run);
         }
         Err(StoreError::Corrupt(format!(
             "tenant {tenant} was sent on twice"

@@ -141,7 +141,11 @@ impl Store {
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
         match tag.as_str() {
-            "ok" => Ok(Reschedule::Done(Box::new(execution_from(rest, false)?))),
+            "ok" => {
+                let mut e = execution_from(rest, false)?;
+                self.forecast(&mut e).await;
+                Ok(Reschedule::Done(Box::new(e)))
+            }
             "not_found" => Ok(Reschedule::NotFound),
             "not_scheduled" => {
                 let status = string_at(&rest, 0)?;

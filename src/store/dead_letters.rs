@@ -98,7 +98,11 @@ impl Store {
                     .transpose()?
                     .unwrap_or_default(),
             },
-            "ok" => Retry::Queued(Box::new(execution_from(rest, false)?)),
+            "ok" => {
+                let mut e = execution_from(rest, false)?;
+                self.forecast(&mut e).await;
+                Retry::Queued(Box::new(e))
+            }
             other => return Err(StoreError::Corrupt(format!("retry replied {other}"))),
         })
     }

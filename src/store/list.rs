@@ -92,8 +92,63 @@ impl Store {
             let ready = rank.is_some_and(|r| r < max.saturating_sub(running));
             let qs = if ready { "ready" } else { "waiting" };
             fields.insert("qs".into(), qs.into());
+            self.position_fields(shard, tenant, id, rank, &mut fields)
+                .await?;
         }
-        from_fields(id.as_str(), fields, false).map(Some)
+        let mut e = from_fields(id.as_str(), fields, false)?;
+        self.forecast(&mut e).await;
+        Ok(Some(e))
+    }
+
+    /// Adds a runnable row's position to its fields as `view()` in
+    /// `migrations-lua/common.lua` does (`qpt`, `qpk`, `qkl`), from its `rank` in its tenant's
+    /// queue; a keyed row costs one more round trip (its key's limit and queue).
+    async fn position_fields(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        rank: Option<u64>,
+        fields: &mut HashMap<String, String>,
+    ) -> Result<(), StoreError> {
+        let Some(h) = fields.get("ckh").cloned() else {
+            if let Some(r) = rank {
+                fields.insert("qpt".into(), r.to_string());
+            }
+            return Ok(());
+        };
+        // Its order key, as order_key() in common.lua computes it.
+        let number = |k: &str| fields.get(k).and_then(|v| v.parse::<i64>().ok());
+        let ready_at = number("ready_at")
+            .or_else(|| number("created"))
+            .unwrap_or(0);
+        let at = ready_at + (number("priority").unwrap_or(3) - 3) * 60_000;
+        let mut c = self.conn();
+        let (own, per_key, key_rank, ahead): (Option<String>, Option<i64>, Option<u64>, u64) = self
+            .bounded(
+                redis::pipe()
+                    .hget(shard.key_limits(tenant), &h)
+                    .hget(shard.tenant_config(tenant), "max_concurrent_per_key")
+                    .zrank(shard.key_queue(tenant, &h), id.as_str())
+                    .zcount(shard.waiting(tenant), "-inf", format!("({at}"))
+                    .query_async(&mut c),
+            )
+            .await?;
+        let own = own
+            .as_deref()
+            .and_then(|v| v.split_once(':'))
+            .and_then(|(l, _)| l.parse::<i64>().ok());
+        let Some(key_rank) = key_rank else {
+            return Ok(());
+        };
+        let (tenant_pos, key_pos) = match rank {
+            Some(r) => (r, 0),
+            None => (ahead, key_rank),
+        };
+        fields.insert("qpt".into(), tenant_pos.to_string());
+        fields.insert("qpk".into(), key_pos.to_string());
+        fields.insert("qkl".into(), own.or(per_key).unwrap_or(-1).to_string());
+        Ok(())
     }
 
     /// One page of a tenant's executions (see `migrations-lua/list.lua`).
@@ -148,7 +203,10 @@ impl Store {
         let total: u64 = redis::from_redis_value(total)?;
         let mut executions = Vec::with_capacity(it.len() / 2);
         while let (Some(id), Some(row)) = (it.next(), it.next()) {
-            executions.push(row_to_execution(id, row, false)?);
+            let mut e = row_to_execution(id, row, false)?;
+            // One tenant: its pace is read (or found cached) once for the whole page.
+            self.forecast(&mut e).await;
+            executions.push(e);
         }
         Ok(Page {
             executions,

@@ -28,6 +28,7 @@ mod cancel;
 mod compose;
 mod conn;
 mod dead_letters;
+mod forecast;
 mod freeze;
 mod key_limits;
 pub mod keys;
@@ -52,10 +53,11 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::admission::ExecutionId;
 
 pub use access::{ApiKeyRecord, KeyCreation};
-pub use admit::Admission;
+pub use admit::{Admission, Decision, DryRun};
 pub use cancel::Reschedule;
 pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, Retry};
+pub use forecast::{Pace, estimate};
 pub use key_limits::{KeyLimitChange, KeyState};
 pub use keys::{Shard, ShardMap, WORKER_GROUP};
 pub use layout::{Layout, slot_of_tag};
@@ -171,6 +173,8 @@ pub struct Store {
     pins: std::sync::RwLock<std::collections::HashMap<String, u16>>,
     config: StoreConfig,
     policy: Policy,
+    /// Tenants' start rates, read lately (the forecast's input, see `forecast`).
+    paces: forecast::PaceCache,
 }
 
 /// The data policy scripts apply (tenant limit defaults, retention, dead-letter cap). `serve`
@@ -211,6 +215,7 @@ impl Store {
             pins: Default::default(),
             config,
             policy,
+            paces: Default::default(),
         };
         let (shards, fresh) = store.init_meta().await?;
         store.shards = shards;

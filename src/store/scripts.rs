@@ -148,6 +148,7 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "migrate_dispatch.lua" => op!("migrate_dispatch.lua").1,
         "ring.lua" => op!("ring.lua").1,
         "key_limit.lua" => op!("key_limit.lua").1,
+        "dry_admit.lua" => op!("dry_admit.lua").1,
         _ => return None,
     })
 }
@@ -181,6 +182,7 @@ pub struct Scripts {
     pub migrate_dispatch: Script,
     pub ring: Script,
     pub key_limit: Script,
+    pub dry_admit: Script,
 }
 
 impl Scripts {
@@ -215,11 +217,12 @@ impl Scripts {
             migrate_dispatch: shard(op!("migrate_dispatch.lua")),
             ring: shard(op!("ring.lua")),
             key_limit: shard(op!("key_limit.lua")),
+            dry_admit: shard(op!("dry_admit.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 27] {
+    pub fn all(&self) -> [&Script; 28] {
         [
             &self.admit,
             &self.abandon,
@@ -248,6 +251,7 @@ impl Scripts {
             &self.migrate_dispatch,
             &self.ring,
             &self.key_limit,
+            &self.dry_admit,
         ]
     }
 }
@@ -286,6 +290,7 @@ mod tests {
             "migrate_dispatch.lua",
             "ring.lua",
             "key_limit.lua",
+            "dry_admit.lua",
         ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for op in ops {

@@ -100,6 +100,9 @@
 //!     concurrency keys, and every tenant has `max_concurrent_per_key` 1 (never changed): per
 //!     tenant and key, at every run start, at most one execution of the key has a run in its
 //!     effective interval.
+//! 11. **No position for what is not waiting.** No execution a client was shown (any answer,
+//!     and the final listing) carries a `queue_position` or `estimated_start` unless it is
+//!     queued and due.
 //!
 //! The report also counts admissions by answer, faults by kind, runs (by how they ended, and
 //! how many lost their lease before ending), executions by final status, dead letters by reason,
@@ -1524,6 +1527,7 @@ const P7: &str = "7. attempt <= max_attempts";
 const P8: &str = "8. never started before due";
 const P9: &str = "9. fair share by weight (start log)";
 const P10: &str = "10. concurrency key limits hold for running handlers";
+const P11: &str = "11. no queue position for an execution that is not queued";
 
 /// The weight each tenant is given at setup.
 fn weight_of(tenant: &str) -> u64 {
@@ -1567,6 +1571,29 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
     for (t, u) in &ev.fin.usage {
         if u != &json!({"running": 0, "waiting": 0, "scheduled": 0}) {
             v.fail(P6, format!("{t}: usage {u}"));
+        }
+    }
+    // Every execution body a client was answered, and every final one: a position (and a
+    // forecast) only while queued and due.
+    let bodies = ev.log.iter().filter_map(|r| match &r.answer {
+        Answer::Http { body, .. } if body["execution_id"].is_string() => Some(body),
+        _ => None,
+    });
+    for e in bodies.chain(ev.fin.execs.values()) {
+        let runnable = e["status"] == "queued" && e["queue_state"] != "scheduled";
+        let shown = !e["queue_position"].is_null() || !e["estimated_start"].is_null();
+        if shown && !runnable {
+            v.fail(
+                P11,
+                format!(
+                    "{}: {} / {} with position {} and estimate {}",
+                    e["execution_id"],
+                    e["status"],
+                    e["queue_state"],
+                    e["queue_position"],
+                    e["estimated_start"]
+                ),
+            );
         }
     }
     for (id, e) in &ev.fin.execs {

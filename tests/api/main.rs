@@ -14,6 +14,7 @@ mod dev;
 mod dispatch;
 mod faults;
 mod fences;
+mod forecast;
 mod guarantees;
 mod handlers;
 mod helpers;

@@ -1014,3 +1014,40 @@ async fn a_fake_token_repeated_costs_redis_almost_nothing() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
 }
+
+/// Events carry the position as of each event; a change of position alone sends nothing:
+/// starts ahead of a watched execution move it up without an event, so the next event its
+/// stream shows is its own cancel (with no position).
+#[tokio::test]
+async fn events_carry_the_position_and_a_move_alone_sends_nothing() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 10})).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"i": i}}))
+                .await,
+        );
+    }
+    let mut stream = EventStream::open(&app, "acme", &ids[2]).await;
+    let (name, first) = stream.next_event(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(name, "execution");
+    assert_eq!(first["queue_position"], json!({"tenant": 2, "key": null}));
+    until_watched(&app, "acme", &ids[2]).await;
+    // Two start ahead of it: it is next now, and nothing is sent for that.
+    let store = app.store().await;
+    let started = store
+        .start(app.shard("acme"), "w", 2, Duration::from_secs(60), 0)
+        .await
+        .unwrap()
+        .started;
+    assert_eq!(started.len(), 2);
+    assert_eq!(
+        app.execution("acme", &ids[2]).await["queue_position"]["tenant"],
+        0
+    );
+    assert_eq!(app.cancel("acme", &ids[2]).await.status(), StatusCode::OK);
+    let (_, next) = stream.next_event(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(next["status"], "cancelled", "{next}");
+    assert_eq!(next["queue_position"], Value::Null);
+}

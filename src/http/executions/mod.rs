@@ -19,12 +19,16 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
 use crate::access::KeyRole;
-use crate::admission::{AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status};
-use crate::store::{Admission, ListQuery, Reschedule, Retry};
-use wire::{Execution, ExecutionPage, NewExecution};
+use crate::admission::{AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId};
+use crate::store::{Admission, Decision, ListQuery, Reschedule, Retry};
+use wire::{AdmitAnswer, DryRunAnswer, Execution, ExecutionPage, NewExecution};
 
-/// Seconds a client should wait after `tenant_queue_full`.
+/// Seconds a client should wait after `tenant_queue_full` when the tenant's drain was not
+/// measured (no start in the last minutes).
 const QUEUE_FULL_RETRY_AFTER: u64 = 5;
+
+/// The most `Retry-After` a full queue answers: a client should look again within the hour.
+const MAX_QUEUE_FULL_RETRY_AFTER: u64 = 3_600;
 /// Page size when `limit` is not given, and the most a page may hold.
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 200;
@@ -59,12 +63,13 @@ pub fn routes() -> OpenApiRouter<AppState> {
         ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256,
             pattern = "^[!-~]([ -~]*[!-~])?$",
             description = "Dedup key: 1–256 visible ASCII characters (other UTF-8 goes in the body's `dedup_key`); must equal the body's `dedup_key` when both are given"),
+        CreateParams,
     ),
     responses(
         (status = 201, description = "Admitted", body = Execution,
             headers(("Location" = String, description = "URL of the new execution"))),
-        (status = 200, description = "Replay of an earlier admission with the same dedup key", body = Execution,
-            headers(("Idempotent-Replayed" = String, description = "`true`"))),
+        (status = 200, description = "Replay of an earlier admission with the same dedup key (an `Execution`, with `Idempotent-Replayed: true`); or, with `dry_run=true`, what admission would do (a `DryRun`; nothing is written)", body = AdmitAnswer,
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
         (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
@@ -82,9 +87,11 @@ pub async fn create_execution(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
+    query: QueryLater<CreateParams>,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let dry_run = query.parse()?.dry_run.unwrap_or(false);
     let body = body.parse().await.inspect_err(|_| {
         state.metrics.admission(tenant, AdmissionOutcome::Invalid);
     })?;
@@ -102,6 +109,16 @@ pub async fn create_execution(
         .inspect_err(|_| {
             state.metrics.admission(tenant, AdmissionOutcome::Invalid);
         })?;
+    if dry_run {
+        let run = state.store.dry_admit(tenant, &req).await?;
+        let retry_after = match run.decision {
+            Decision::Refuse if run.reason == "tenant_queue_full" => {
+                Some(queue_full_retry_after(&state, tenant).await)
+            }
+            _ => None,
+        };
+        return Ok(axum::Json(DryRunAnswer::new(run, retry_after)).into_response());
+    }
     let admission = state.store.admit(tenant, &req).await?;
     state.metrics.admission(
         tenant,
@@ -128,7 +145,7 @@ pub async fn create_execution(
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(res)
         }
-        refused => Err(refusal(refused)),
+        refused => Err(refusal(&state, tenant, refused).await),
     }
 }
 
@@ -148,8 +165,14 @@ fn params_within(req: AdmitRequest, max: usize) -> Result<AdmitRequest, ApiError
     Ok(req)
 }
 
-/// The error for an admission (or retry) that did not queue anything.
-fn refusal(a: Admission) -> ApiError {
+/// The error for an admission (or retry) that did not queue anything. A full queue's
+/// `Retry-After` is the time its tenant has lately taken to start one execution (so one place
+/// frees), from its per-minute counters; a constant when nothing was measured.
+async fn refusal(state: &AppState, tenant: &TenantId, a: Admission) -> ApiError {
+    let retry_after = match &a {
+        Admission::QueueFull { .. } => queue_full_retry_after(state, tenant).await,
+        _ => QUEUE_FULL_RETRY_AFTER,
+    };
     match a {
         Admission::Conflict { existing } => ApiError::IdempotencyConflict { existing },
         Admission::Disabled => ApiError::Forbidden {
@@ -158,13 +181,32 @@ fn refusal(a: Admission) -> ApiError {
         },
         Admission::QueueFull { waiting } => ApiError::QueueFull {
             waiting,
-            retry_after: QUEUE_FULL_RETRY_AFTER,
+            retry_after,
         },
         Admission::Created(e) | Admission::Replayed(e) => ApiError::Internal(format!(
             "execution {} was admitted but reported as refused",
             e.execution_id
         )),
     }
+}
+
+/// Seconds until a full queue of `tenant` has a free place, as its recent start rate says
+/// (one start frees one place); `QUEUE_FULL_RETRY_AFTER` when nothing was measured.
+async fn queue_full_retry_after(state: &AppState, tenant: &TenantId) -> u64 {
+    match state.store.pace(tenant).await {
+        Ok(p) if p.per_ms > 0.0 => {
+            ((1.0 / p.per_ms / 1_000.0).ceil() as u64).clamp(1, MAX_QUEUE_FULL_RETRY_AFTER)
+        }
+        _ => QUEUE_FULL_RETRY_AFTER,
+    }
+}
+
+/// Query of `POST /api/executions`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CreateParams {
+    /// `true`: admit nothing, answer what admission would do now (a `DryRun`, 200).
+    pub dry_run: Option<bool>,
 }
 
 /// `?wait=` on GET of one execution.
@@ -645,8 +687,10 @@ pub async fn retry_execution(
                 status.as_str()
             ),
         }),
-        Retry::Disabled => Err(refusal(Admission::Disabled)),
-        Retry::QueueFull { waiting } => Err(refusal(Admission::QueueFull { waiting })),
+        Retry::Disabled => Err(refusal(&state, tenant, Admission::Disabled).await),
+        Retry::QueueFull { waiting } => {
+            Err(refusal(&state, tenant, Admission::QueueFull { waiting }).await)
+        }
     }
 }
 

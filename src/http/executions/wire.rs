@@ -63,6 +63,116 @@ pub struct ErrorInfo {
     pub message: String,
 }
 
+/// The 200 answer of `POST /api/executions`: a replay, or a dry run's forecast.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum AdmitAnswer {
+    Execution(Box<Execution>),
+    DryRun(DryRunAnswer),
+}
+
+/// What admission would do now with this request (`POST /api/executions?dry_run=true`),
+/// decided by a script that cannot write: a snapshot, the real admission decides again.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "decision": "wait",
+    "reason": "key_at_limit",
+    "queue_position": {"tenant": 3, "key": 12},
+    "estimated_start": {"p50": "2026-11-29T09:01:10.000Z", "p90": "2026-11-29T09:01:31.000Z"},
+    "retry_after": null,
+    "execution_id": null,
+    "run_at": null
+}))]
+pub struct DryRunAnswer {
+    /// `admit` (it would be `ready`), `wait` (behind its tenant's `max_concurrent` or its
+    /// key's limit), `schedule` (not due yet), `duplicate` (the dedup key names a live
+    /// execution with the same request: a replay), `conflict` (the same key with another
+    /// request: 422), `refuse` (403 `tenant_disabled` or 429 `tenant_queue_full`).
+    pub decision: DryRunDecision,
+    /// Why, in a word: `ready`, `tenant_at_max_concurrent`, `key_at_limit`, `scheduled`,
+    /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_queue_full`.
+    pub reason: String,
+    /// Where it would stand (admit, wait), or where the duplicate stands.
+    pub queue_position: Option<QueuePosition>,
+    /// When it would start (admit, wait), or the duplicate (see `Execution.estimated_start`).
+    pub estimated_start: Option<EstimatedStart>,
+    /// Seconds until the full queue frees a place (refuse, `tenant_queue_full`).
+    #[schema(format = Int64, maximum = 3600)]
+    pub retry_after: Option<u64>,
+    /// The execution the dedup key names (duplicate, conflict).
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    pub execution_id: Option<String>,
+    /// When it would be due (schedule), RFC 3339.
+    #[schema(format = DateTime)]
+    pub run_at: Option<String>,
+}
+
+/// `DryRunAnswer.decision`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DryRunDecision {
+    Admit,
+    Wait,
+    Schedule,
+    Duplicate,
+    Conflict,
+    Refuse,
+}
+
+impl DryRunAnswer {
+    pub fn new(run: crate::store::DryRun, retry_after: Option<u64>) -> Self {
+        use crate::store::Decision as D;
+        Self {
+            decision: match run.decision {
+                D::Admit => DryRunDecision::Admit,
+                D::Wait => DryRunDecision::Wait,
+                D::Schedule => DryRunDecision::Schedule,
+                D::Duplicate => DryRunDecision::Duplicate,
+                D::Conflict => DryRunDecision::Conflict,
+                D::Refuse => DryRunDecision::Refuse,
+            },
+            reason: run.reason,
+            queue_position: run.queue_position.map(|p| QueuePosition {
+                tenant: p.tenant,
+                key: p.key,
+            }),
+            estimated_start: run.estimated_start.map(|s| EstimatedStart {
+                p50: s.p50,
+                p90: s.p90,
+            }),
+            retry_after,
+            execution_id: run.execution_id,
+            run_at: run
+                .run_at_ms
+                .and_then(|ms| admission::rfc3339_from_ms(&ms.to_string())),
+        }
+    }
+}
+
+/// Where a runnable execution stands at the moment of an answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueuePosition {
+    /// How many of its tenant's runnable executions start before it in the tenant's order (0:
+    /// it is next). For one whose concurrency key is at its limit: the executions of the
+    /// tenant's order ahead of its place.
+    #[schema(format = Int64, maximum = 1_000_000_000_u64)]
+    pub tenant: u64,
+    /// With a concurrency key: how many executions of its key come before it (0: it is its
+    /// key's next); null without a key.
+    #[schema(format = Int64, maximum = 1_000_000_000_u64)]
+    pub key: Option<u64>,
+}
+
+/// When a waiting execution is expected to start: before `p50` about half the time, before
+/// `p90` about nine times in ten, if its tenant's recent start rate holds.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EstimatedStart {
+    #[schema(format = DateTime)]
+    pub p50: String,
+    #[schema(format = DateTime)]
+    pub p90: String,
+}
+
 /// One execution, as returned by every execution call.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[schema(example = json!({
@@ -73,6 +183,8 @@ pub struct ErrorInfo {
     "params": {"order": 42},
     "status": "queued",
     "queue_state": "ready",
+    "queue_position": {"tenant": 4, "key": 0},
+    "estimated_start": {"p50": "2026-11-29T09:00:01.400Z", "p90": "2026-11-29T09:00:02.100Z"},
     "priority": 3,
     "run_at": null,
     "dedup_key": "order-42",
@@ -103,6 +215,14 @@ pub struct Execution {
     pub status: Status,
     /// Set only while `queued`.
     pub queue_state: Option<QueueState>,
+    /// Where it stands while runnable (queued and due; null otherwise): a snapshot at the
+    /// moment of the answer, not a promise — fair share between tenants, other keys and
+    /// higher priorities move it.
+    pub queue_position: Option<QueuePosition>,
+    /// When it is expected to start while runnable, from the start rate its tenant's
+    /// per-minute counters measured over the last minutes; null while nothing was measured (or
+    /// its key is held at 0). An estimate, not a promise.
+    pub estimated_start: Option<EstimatedStart>,
     /// 1 (first) to 5 (last): the order within its tenant (between tenants only weights
     /// decide).
     #[schema(minimum = 1, maximum = 5)]
@@ -151,6 +271,14 @@ impl From<admission::Execution> for Execution {
             params: e.params,
             status: e.status.into(),
             queue_state: e.queue_state.map(Into::into),
+            queue_position: e.queue_position.map(|p| QueuePosition {
+                tenant: p.tenant,
+                key: p.key,
+            }),
+            estimated_start: e.estimated_start.map(|s| EstimatedStart {
+                p50: s.p50,
+                p90: s.p90,
+            }),
             priority: e.priority,
             run_at: e.run_at,
             dedup_key: e.dedup_key,

@@ -1,0 +1,58 @@
+#!lua flags=no-writes
+-- dry_admit.lua: what admit.lua would do with this request now, writing nothing (the
+-- `no-writes` flag makes Redis refuse any write): the dedup check, the quota decision, and
+-- where the execution would stand. Same KEYS and ARGV as admit.lua (ARGV[7], the id, is
+-- unused). A snapshot: the real admission decides again, atomically, when it is made.
+--
+-- Reply, one of:
+--   {'duplicate', id, row}  the dedup key maps to live execution id, same request (its view)
+--   {'conflict', id}        the dedup key maps to id, another request
+--   {'disabled'} | {'full', queued} | {'moved', n}   as admit.lua
+--   {'schedule', due}       it would be scheduled for `due` (ms)
+--   {'admit' | 'wait', reason, tpos, kpos, klimit}
+--                           it would be runnable: 'admit' when it would be `ready` (reason
+--                           'ready'), 'wait' behind its tenant's max_concurrent (reason
+--                           'tenant_at_max_concurrent') or its key's limit ('key_at_limit');
+--                           its position as position() in common.lua gives it ('' where none)
+local tenant, flow = ARGV[6], ARGV[8]
+local dedup, fingerprint = ARGV[12], ARGV[14]
+local priority, run_at, delay = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
+local ckh = ARGV[19] or ''
+
+if dedup ~= '' then
+  local mapped = redis.call('GET', KEYS[13])
+  if mapped then
+    local sep = string.find(mapped, ':', 1, true)
+    local mapped_id, mapped_fp = string.sub(mapped, 1, sep - 1), string.sub(mapped, sep + 1)
+    if redis.call('EXISTS', K.row(mapped_id)) == 1 then
+      if mapped_fp ~= fingerprint then return { 'conflict', mapped_id } end
+      return { 'duplicate', mapped_id, view(mapped_id) }
+    end
+  end
+end
+
+local now = now_ms()
+local ok, refusal, queued = place(tenant)
+if not ok then return { refusal, queued } end
+local due = run_at or (delay and now + delay)
+if due and due > now then return { 'schedule', due } end
+
+-- It would join its tenant's order (or its key's queue) at this order key, after every
+-- entry with the same one (admitted before it).
+local at = order_key(now, priority)
+local ahead = redis.call('ZCOUNT', K.waiting(tenant), '-inf', at)
+local max_concurrent = limits(tenant)
+local free = max_concurrent - redis.call('SCARD', K.slots(tenant))
+if ckh == '' then
+  if ahead < free then return { 'admit', 'ready', ahead, '', '' } end
+  return { 'wait', 'tenant_at_max_concurrent', ahead, '', '' }
+end
+local key_ahead = redis.call('ZCOUNT', K.key_queue(tenant, ckh), '-inf', at)
+local limit = key_limit(tenant, ckh)
+local key_room = not limit
+  or redis.call('SCARD', K.key_running(tenant, ckh)) + key_ahead < limit
+if not key_room then
+  return { 'wait', 'key_at_limit', ahead, key_ahead, limit }
+end
+if ahead < free then return { 'admit', 'ready', ahead, key_ahead, limit or -1 } end
+return { 'wait', 'tenant_at_max_concurrent', ahead, key_ahead, limit or -1 }
