@@ -52,6 +52,8 @@ function K.key_queue(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':q' end
 function K.key_running(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':run' end
 function K.key_limits(t) return P .. 't:' .. t .. ':klim' end
 function K.key_blocked(t) return P .. 't:' .. t .. ':kblk' end
+function K.tat(t) return P .. 't:' .. t .. ':tat' end
+function K.key_tat(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':tat' end
 
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
@@ -69,6 +71,14 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Now on Redis's clock as the rate limits see it: read once per call, so every decision of
+-- one call agrees.
+local NOW = nil
+local function clock()
+  if not NOW then NOW = now_ms() end
+  return NOW
+end
+
 -- Tells the servers waiting on an execution that it changed (the block at the end: waiters).
 local notify, announce
 -- Per-minute counters of what happened (the block at the end: trends).
@@ -80,18 +90,105 @@ local LIMITS_READ = {}
 
 -- The tenant's effective limits: its own values where set, else the server defaults.
 -- Also whether the tenant is pinned to another shard (pin.lua): then its number; its
--- weight in the shard's fair share (1..1000, default 1); and the limit of each of its
--- concurrency keys that has no override (nil: none). Read once per call and tenant: a start
+-- weight in the shard's fair share (1..1000, default 1); the limit of each of its
+-- concurrency keys that has no override (nil: none); and its rate limits, the tenant's and
+-- each key's (as stored, see rate_of(); nil: none). Read once per call and tenant: a start
 -- and the release before it ask for the same tenant's several times.
 local function limits(t)
   local v = LIMITS_READ[t]
   if not v then
     v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
-      'weight', 'max_concurrent_per_key')
+      'weight', 'max_concurrent_per_key', 'rate', 'key_rate')
     LIMITS_READ[t] = v
   end
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
-    v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6])
+    v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6]), v[7] or nil, v[8] or nil
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Rate limits (throttles), counted when an execution starts — every start, a retry's or a
+-- re-run's after a lost lease too — by the generic cell rate algorithm: a limit of `starts`
+-- per `per` ms with `burst` has the emission interval T = per / starts and the tolerance
+-- tau = (burst - 1) * T; its state is one number, the theoretical arrival time TAT (ms), kept
+-- in K.tat(t) (the tenant's) or K.key_tat(t, h) (a key's) and expiring at TAT, when the
+-- bucket is full again: an idle tenant or key leaves nothing. A start conforms when
+-- TAT - tau <= now, and sets TAT to max(TAT, now) + T. So any window of W ms holds at most
+-- floor(W / T) + burst starts, and a backlog starts exactly one per T.
+--
+-- A tenant (or key) that does not conform leaves the eligible set — the shard's runnable set
+-- (or its tenant's order) — and a wake-up for it goes on the shard's timer set at the time it
+-- conforms again (member 'rt:<tenant>' or 'rk:<tenant>:<key digest>', see promote_due()); the
+-- workers sleep until then, as for a scheduled execution. Each hold is counted in the shard's
+-- counters (`throttled`).
+
+-- A rate limit as stored ('<starts>:<per ms>:<burst>'): its T and tau (ms); nil for none.
+local function rate_of(text)
+  if not text then return nil end
+  local n, per, burst = string.match(text, '^(%d+):(%d+):(%d+)$')
+  if not n then return nil end
+  local interval = tonumber(per) / tonumber(n)
+  return interval, (tonumber(burst) - 1) * interval
+end
+
+-- The time (ms) from which a start conforms under the cell `tat_key` with tolerance `tau`.
+local function conforms_at(tat_key, tau)
+  local tat = tonumber(redis.call('GET', tat_key))
+  if not tat then return 0 end
+  return tat - tau
+end
+
+-- Takes one start's token from the cell `tat_key` (emission interval `interval`).
+local function take_token(tat_key, interval)
+  local now = clock()
+  local tat = math.max(tonumber(redis.call('GET', tat_key)) or now, now) + interval
+  redis.call('SET', tat_key, string.format('%.3f', tat), 'PXAT', math.ceil(tat))
+end
+
+-- Whether this call put a wake-up on the timer set (a next due time read before is stale).
+local WOKE = false
+
+-- Puts a wake-up `member` on the shard's timer set at `at` (ms), ringing the doorbell when it
+-- is the earliest due time (a sleeping worker learns of it, see next_due()).
+local function wake_at(member, at)
+  WOKE = true
+  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  redis.call('ZADD', K.delayed(), at, member)
+  redis.call('HINCRBY', K.stats(), 'throttled', 1)
+  if #first == 0 or tonumber(first[2]) > at then
+    redis.call('ZADD', K.bell(), 0, 1)
+  end
+end
+
+-- Whether tenant t's rate lets it start now; when not, its wake-up is on the timer set.
+local function tenant_rate_ok(t)
+  local interval, tau = rate_of(select(7, limits(t)))
+  if not interval then return true end
+  local at = conforms_at(K.tat(t), tau)
+  if at <= clock() then return true end
+  wake_at('rt:' .. t, at)
+  return false
+end
+
+-- Whether key h of tenant t conforms to the tenant's per-key rate now; when not, its
+-- wake-up is on the timer set.
+local function key_rate_ok(t, h)
+  local interval, tau = rate_of(select(8, limits(t)))
+  if not interval then return true end
+  local at = conforms_at(K.key_tat(t, h), tau)
+  if at <= clock() then return true end
+  wake_at('rk:' .. t .. ':' .. h, at)
+  return false
+end
+
+-- A start of tenant t (with key h, nil or '' for none) takes a token of each rate that applies.
+local function take_tokens(t, h)
+  local _, _, _, _, _, _, rate, key_rate = limits(t)
+  local interval = rate_of(rate)
+  if interval then take_token(K.tat(t), interval) end
+  if h and h ~= '' then
+    interval = rate_of(key_rate)
+    if interval then take_token(K.key_tat(t, h), interval) end
+  end
 end
 
 local function index_add(t, flow, status, id)
@@ -172,10 +269,12 @@ local function key_limit(t, h)
   return select(6, limits(t))
 end
 
--- Whether key h of tenant t may start one more execution now.
+-- Whether key h of tenant t may start one more execution now: room under its limit, and a
+-- token of the per-key rate (if any; when not, its wake-up is on the timer set).
 local function key_open(t, h)
   local limit = key_limit(t, h)
-  return not limit or redis.call('SCARD', K.key_running(t, h)) < limit
+  if limit and redis.call('SCARD', K.key_running(t, h)) >= limit then return false end
+  return key_rate_ok(t, h)
 end
 
 -- Offers key h's first execution to its tenant's order (K.waiting(t)) when the key has room
@@ -219,6 +318,7 @@ local function refresh(t)
     local max_concurrent, _, _, pinned, w = limits(t)
     weight = w
     eligible = not pinned and redis.call('SCARD', K.slots(t)) < max_concurrent
+      and tenant_rate_ok(t)
   end
   if eligible and not vt then
     local sched = redis.call('HMGET', K.sched(), 'clock', 'vt:' .. t)
@@ -291,8 +391,18 @@ local function promote_due(now, most)
   for i = 1, #due, 2 do
     local id, at = due[i], tonumber(due[i + 1])
     redis.call('ZREM', K.delayed(), id)
-    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant', 'flow', 'priority',
-      'ckh')
+    local kind = string.sub(id, 1, 3)
+    local row = {}
+    if kind == 'rt:' then
+      -- A throttled tenant's wake-up (see "Rate limits"): its rate lets it start again.
+      refresh(string.sub(id, 4))
+    elseif kind == 'rk:' then
+      local t, h = string.match(id, '^rk:([^:]+):(.+)$')
+      if t and key_offer(t, h) then refresh(t) end
+    else
+      row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant', 'flow', 'priority',
+        'ckh')
+    end
     if row[1] == 'queued' and row[2] == 'scheduled' then
       redis.call('ZREM', K.status_idx(row[3], 'scheduled'), id)
       redis.call('ZREM', K.flow_idx(row[3], row[4], 'scheduled'), id)
@@ -622,6 +732,7 @@ local function start_entries(consumer, count, ttl, cap, now)
       local flow = row[6]
       local max_concurrent, _, _, _, weight = limits(tenant)
       redis.call('SADD', K.slots(tenant), id)
+      take_tokens(tenant, key)
       if key then
         redis.call('ZREM', K.key_queue(tenant, key), id)
         redis.call('SADD', K.key_running(tenant, key), id)
@@ -632,7 +743,7 @@ local function start_entries(consumer, count, ttl, cap, now)
         'w', weight)
       local next_vt = vt + QUANTUM / weight
       if redis.call('EXISTS', K.waiting(tenant)) == 1
-        and redis.call('SCARD', K.slots(tenant)) < max_concurrent then
+        and redis.call('SCARD', K.slots(tenant)) < max_concurrent and tenant_rate_ok(tenant) then
         redis.call('ZADD', K.runnable(), next_vt, tenant)
       else
         leave(tenant, next_vt, weight)

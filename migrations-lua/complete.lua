@@ -123,6 +123,8 @@ local more, started, wait = 0, {}, nil
 if chain > 0 and what ~= 'stale' and what ~= 'repeat' and not barred(consumer, tonumber(ARGV[17])) then
   wait = promote_due(now, 100)
   more, started = start_entries(consumer, chain, ttl, cap, now)
+  -- A start that throttled its tenant or key put a wake-up on the timer set.
+  if WOKE then wait = nil end
 end
 flush_trends()
 return { what, detail, more, started, wait or next_due(now), eligible_weight() }

@@ -12,7 +12,9 @@
 --   {'admit' | 'wait', reason, tpos, kpos, klimit}
 --                           it would be runnable: 'admit' when it would be `ready` (reason
 --                           'ready'), 'wait' behind its tenant's max_concurrent (reason
---                           'tenant_at_max_concurrent') or its key's limit ('key_at_limit');
+--                           'tenant_at_max_concurrent'), its key's limit ('key_at_limit'),
+--                           its tenant's rate ('tenant_throttled') or its key's rate
+--                           ('key_throttled');
 --                           its position as position() in common.lua gives it ('' where none)
 local tenant, flow = ARGV[6], ARGV[8]
 local dedup, fingerprint = ARGV[12], ARGV[14]
@@ -41,9 +43,16 @@ if due and due > now then return { 'schedule', due } end
 -- entry with the same one (admitted before it).
 local at = order_key(now, priority)
 local ahead = redis.call('ZCOUNT', K.waiting(tenant), '-inf', at)
-local max_concurrent = limits(tenant)
+local max_concurrent, _, _, _, _, _, rate, key_rate = limits(tenant)
 local free = max_concurrent - redis.call('SCARD', K.slots(tenant))
+-- Held back by a rate (read only: the real start takes the token).
+local function throttled(text, cell)
+  local _, tau = rate_of(text)
+  return tau ~= nil and conforms_at(cell, tau) > now
+end
+local tenant_held = throttled(rate, K.tat(tenant))
 if ckh == '' then
+  if ahead < free and tenant_held then return { 'wait', 'tenant_throttled', ahead, '', '' } end
   if ahead < free then return { 'admit', 'ready', ahead, '', '' } end
   return { 'wait', 'tenant_at_max_concurrent', ahead, '', '' }
 end
@@ -53,6 +62,12 @@ local key_room = not limit
   or redis.call('SCARD', K.key_running(tenant, ckh)) + key_ahead < limit
 if not key_room then
   return { 'wait', 'key_at_limit', ahead, key_ahead, limit }
+end
+if throttled(key_rate, K.key_tat(tenant, ckh)) then
+  return { 'wait', 'key_throttled', ahead, key_ahead, limit or -1 }
+end
+if ahead < free and tenant_held then
+  return { 'wait', 'tenant_throttled', ahead, key_ahead, limit or -1 }
 end
 if ahead < free then return { 'admit', 'ready', ahead, key_ahead, limit or -1 } end
 return { 'wait', 'tenant_at_max_concurrent', ahead, key_ahead, limit or -1 }

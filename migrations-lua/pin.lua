@@ -15,8 +15,8 @@
 -- ARGV[7]  the dedicated shard's number
 --
 -- Reply, one of:
---   {'pinned', n, max_concurrent, max_queued, enabled, weight, max_concurrent_per_key,
---    overrides...}       pinned to shard n (now, or before); the tenant's own limits ('' where
+--   {'pinned', n, max_concurrent, max_queued, enabled, weight, max_concurrent_per_key, rate,
+--    key_rate, overrides...}       pinned to shard n (now, or before); the tenant's own limits ('' where
 --                        it has none) and its concurrency keys' overrides (field, value pairs
 --                        of K.key_limits), to copy there. The overrides leave this shard.
 --   {'busy', executions} the tenant has executions here; nothing written
@@ -30,9 +30,10 @@ for i, s in ipairs(STATUSES) do
   held = held + redis.call('ZCARD', declared(5 + i, K.status_idx(tenant, s)))
 end
 local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
-  'weight', 'max_concurrent_per_key')
+  'weight', 'max_concurrent_per_key', 'rate', 'key_rate')
 local function reply(n)
-  local out = { 'pinned', n, v[2] or '', v[3] or '', v[4] or '', v[5] or '', v[6] or '' }
+  local out = { 'pinned', n, v[2] or '', v[3] or '', v[4] or '', v[5] or '', v[6] or '',
+    v[7] or '', v[8] or '' }
   for _, x in ipairs(redis.call('HGETALL', K.key_limits(tenant))) do table.insert(out, x) end
   return out
 end

@@ -14,7 +14,8 @@
 -- ARGV[9]  enabled ('0' disabled; '' the default, enabled)
 -- ARGV[10] weight ('' = the default, 1)
 -- ARGV[11] max_concurrent_per_key ('' = none)
--- ARGV[12..] the concurrency keys' overrides, field and value pairs of K.key_limits (they
+-- ARGV[12] rate ('' = none)            ARGV[13] key_rate ('' = none)
+-- ARGV[14..] the concurrency keys' overrides, field and value pairs of K.key_limits (they
 --          replace any here)
 --
 -- Reply: 1
@@ -24,10 +25,11 @@ redis.call('HDEL', CFG, 'pinned')
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
 redis.call('HSET', CFG, 'configured', 1)
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
-  weight = ARGV[10], max_concurrent_per_key = ARGV[11] or '' }
+  weight = ARGV[10], max_concurrent_per_key = ARGV[11] or '', rate = ARGV[12] or '',
+  key_rate = ARGV[13] or '' }
 for field, value in pairs(values) do
   if value == '' then redis.call('HDEL', CFG, field) else redis.call('HSET', CFG, field, value) end
 end
 redis.call('DEL', K.key_limits(tenant))
-for i = 12, #ARGV, 2 do redis.call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
+for i = 14, #ARGV, 2 do redis.call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
 return 1

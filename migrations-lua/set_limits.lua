@@ -16,6 +16,9 @@
 -- ARGV[9]  enabled: '1' / '0', '' to keep, 'default' (enabled)
 -- ARGV[10] unused (kept for callers of the stream model, which dispatched in batches)
 -- ARGV[11] weight: 1..1000, '' to keep, 'default' (1)
+-- ARGV[13] rate: '<starts>:<per ms>:<burst>', '' to keep, 'default' for none (see "Rate
+--          limits" in common.lua)
+-- ARGV[14] key_rate: the same for each concurrency key
 -- ARGV[12] max_concurrent_per_key: likewise ('default': none). A raised one lets blocked keys
 --          start as the caller continues with promote.lua; a lowered one takes effect at each
 --          key's next start (start_entries() checks the key before it starts anything).
@@ -27,7 +30,8 @@ declared(3, K.slots(tenant)); declared(4, K.waiting(tenant)); declared(5, K.runn
 local pinned = redis.call('HGET', CFG, 'pinned')
 if pinned then return -1 - tonumber(pinned) end
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
-  weight = ARGV[11], max_concurrent_per_key = ARGV[12] or '' }
+  weight = ARGV[11], max_concurrent_per_key = ARGV[12] or '', rate = ARGV[13] or '',
+  key_rate = ARGV[14] or '' }
 local _, _, _, _, old_weight = limits(tenant)
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
 redis.call('HSET', CFG, 'configured', 1)

@@ -37,5 +37,7 @@ if barred(consumer, tonumber(ARGV[10])) then return { 0, {}, -1, 0 } end
 local now = now_ms()
 local wait = promote_due(now, 100)
 local more, started = start_entries(consumer, count, ttl, cap, now)
+-- A start that throttled its tenant or key put a wake-up on the timer set.
+if WOKE then wait = next_due(now) end
 flush_trends()
 return { more, started, wait, eligible_weight() }

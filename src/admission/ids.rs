@@ -180,13 +180,20 @@ string_newtype!(ConcurrencyKey);
 impl ConcurrencyKey {
     /// Parses a concurrency key.
     pub fn parse(s: &str) -> Result<Self, InvalidInput> {
-        if !s.is_empty() && s.len() <= 128 && !s.chars().any(is_hidden_char) {
+        // `.` and `..` could not be named in a URL path (clients resolve them away), so their
+        // limits could never be set or read: refused from the start.
+        if !s.is_empty()
+            && s.len() <= 128
+            && !s.chars().any(is_hidden_char)
+            && s != "."
+            && s != ".."
+        {
             Ok(Self(s.to_owned()))
         } else {
             Err(InvalidInput::new(
                 "invalid_concurrency_key",
                 "concurrency key must be 1-128 bytes of UTF-8 without control, zero-width or \
-                 bidirectional formatting characters",
+                 bidirectional formatting characters, and not . or ..",
             ))
         }
     }

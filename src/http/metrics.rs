@@ -16,7 +16,8 @@
 //! - `sluice_dead_letters{shard}`: records on each shard's dead-letter stream;
 //! - `sluice_shard_events{shard,event}`: cumulative counts the scripts keep on Redis —
 //!   `completed`, `failed`, `cancelled`, `reclaimed`, `fenced` (late completions refused),
-//!   `dead_lettered`, `dlq_evicted` (dead letters pushed out by the cap), `repaired_*` (sweeper).
+//!   `dead_lettered`, `dlq_evicted` (dead letters pushed out by the cap), `repaired_*` (sweeper),
+//!   `throttled` (a tenant or concurrency key held back by its rate limit until its next token).
 //!   They are gauges because Redis, not this process, holds them; they only grow.
 //! - `sluice_last_minute_events{shard,event}`: what the per-minute counters (`/api/trends`)
 //!   hold for the last complete UTC minute — `admitted`, `started`, `completed`, `failed`,

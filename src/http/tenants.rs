@@ -16,7 +16,7 @@ use super::extract::{JsonBody, Path, QueryLater, WholeU32};
 use crate::access::KeyRole;
 use crate::admission::{ConcurrencyKey, TenantId};
 use crate::store::{
-    Change, KeyLimitChange, KeyState, MAX_KEY_OVERRIDES, MAX_WEIGHT, Pin, TenantLimits,
+    Change, KeyLimitChange, KeyState, MAX_KEY_OVERRIDES, MAX_WEIGHT, Pin, RateLimit, TenantLimits,
     TenantState, Unpin,
 };
 
@@ -185,6 +185,102 @@ pub struct TenantSettings {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, nullable, minimum = 1, format = Int64, maximum = 4294967295_u64)]
     pub max_concurrent_per_key: Option<Option<WholeU32>>,
+    /// At most `starts` of the tenant's executions start per `per`, `burst` at once; counted
+    /// when they start (retries and re-runs too), so over the rate executions wait in order
+    /// instead of being refused. `null`: no rate limit (the default).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<RateLimitSetting>, nullable)]
+    pub rate_limit: Option<Option<RateLimitSetting>>,
+    /// The same for each concurrency key of the tenant: a key over its rate never delays
+    /// another key. `null`: none (the default).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<RateLimitSetting>, nullable)]
+    pub rate_limit_per_key: Option<Option<RateLimitSetting>>,
+}
+
+/// A rate limit: at most `starts` starts per `per`, `burst` of them at once. Any window of
+/// length `per` holds at most `starts + burst` starts, and with a backlog they go at `starts`
+/// per `per`, evenly.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"starts": 100, "per": "1m", "burst": 10}))]
+pub struct RateLimitSetting {
+    #[schema(value_type = u32, minimum = 1, maximum = 1_000_000)]
+    pub starts: WholeU32,
+    /// The period: `250ms`, `30s`, `1m`, `1h`, `1d` (a plain number is seconds), from 1 ms to
+    /// a day.
+    #[schema(pattern = "^[0-9]{1,12}(ms|s|m|h|d)?$")]
+    pub per: String,
+    /// How many may start at once after an idle spell (default 1: evenly spaced).
+    #[serde(default)]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 100_000)]
+    pub burst: Option<WholeU32>,
+}
+
+impl RateLimitSetting {
+    /// The store's form, checked.
+    fn parse(&self, field: &'static str) -> Result<RateLimit, ApiError> {
+        let bad = |why: String| ApiError::BadRequest {
+            code: "invalid_rate_limit",
+            detail: format!("{field}: {why}"),
+        };
+        let per_ms = crate::admission::parse_delay(&self.per)
+            .map_err(|_| bad("per must be a duration such as 250ms, 30s, 1m, 1h or 1d".into()))?;
+        if !(1..=RateLimit::MAX_PER_MS).contains(&per_ms) {
+            return Err(bad("per must be from 1ms to 1d".into()));
+        }
+        let starts = self.starts.0;
+        if !(1..=RateLimit::MAX_STARTS).contains(&starts) {
+            return Err(bad(format!(
+                "starts must be from 1 to {}",
+                RateLimit::MAX_STARTS
+            )));
+        }
+        let burst = self.burst.map_or(1, |b| b.0);
+        if !(1..=RateLimit::MAX_BURST).contains(&burst) {
+            return Err(bad(format!(
+                "burst must be from 1 to {}",
+                RateLimit::MAX_BURST
+            )));
+        }
+        Ok(RateLimit {
+            starts,
+            per_ms,
+            burst,
+        })
+    }
+}
+
+/// A rate limit as the API shows it (see `RateLimitSetting`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RateLimitView {
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    pub starts: u32,
+    /// The period, in the largest whole unit (`1m`, `90s`, `250ms`).
+    pub per: String,
+    #[schema(minimum = 1, maximum = 100_000)]
+    pub burst: u32,
+}
+
+impl From<RateLimit> for RateLimitView {
+    fn from(r: RateLimit) -> Self {
+        let units = [
+            ("d", 86_400_000),
+            ("h", 3_600_000),
+            ("m", 60_000),
+            ("s", 1_000),
+        ];
+        let per = units
+            .iter()
+            .find(|(_, ms)| r.per_ms.is_multiple_of(*ms))
+            .map(|(u, ms)| format!("{}{u}", r.per_ms / ms))
+            .unwrap_or_else(|| format!("{}ms", r.per_ms));
+        Self {
+            starts: r.starts,
+            per,
+            burst: r.burst,
+        }
+    }
 }
 
 /// Tells a field given as `null` (`Some(None)`) from one left out (`None`, by `default`).
@@ -194,6 +290,18 @@ where
     D: serde::Deserializer<'de>,
 {
     Option::<T>::deserialize(d).map(Some)
+}
+
+/// The store's change for a rate limit field of `TenantSettings`, checked.
+fn rate_change(
+    field: Option<Option<RateLimitSetting>>,
+    name: &'static str,
+) -> Result<Change<RateLimit>, ApiError> {
+    Ok(match field {
+        None => Change::Keep,
+        Some(None) => Change::Reset,
+        Some(Some(r)) => Change::Set(r.parse(name)?),
+    })
 }
 
 /// The store's change for one field of `TenantSettings`.
@@ -252,6 +360,10 @@ pub struct Tenant {
     /// The limit of each concurrency key without an override; null: none.
     #[schema(minimum = 1, format = Int64, maximum = 4294967295_u64)]
     pub max_concurrent_per_key: Option<u32>,
+    /// Its starts' rate limit; null: none.
+    pub rate_limit: Option<RateLimitView>,
+    /// Each of its concurrency keys' rate limit; null: none.
+    pub rate_limit_per_key: Option<RateLimitView>,
     pub usage: TenantUsage,
     pub concurrency_keys: TenantKeys,
 }
@@ -265,6 +377,8 @@ impl Tenant {
             enabled: s.enabled,
             weight: s.weight,
             max_concurrent_per_key: s.max_concurrent_per_key,
+            rate_limit: s.rate_limit.map(Into::into),
+            rate_limit_per_key: s.rate_limit_per_key.map(Into::into),
             usage: TenantUsage {
                 running: s.running,
                 waiting: s.waiting,
@@ -315,6 +429,8 @@ pub async fn put_tenant(
         enabled: change(body.enabled),
         weight: change(body.weight).map(|w| w.0),
         max_concurrent_per_key: change(body.max_concurrent_per_key).map(|w| w.0),
+        rate_limit: rate_change(body.rate_limit, "rate_limit")?,
+        rate_limit_per_key: rate_change(body.rate_limit_per_key, "rate_limit_per_key")?,
     };
     if limits.max_concurrent_per_key == Change::Set(0) {
         return Err(ApiError::BadRequest {

@@ -118,6 +118,8 @@ impl Store {
             enabled: super::Change::Reset,
             weight: super::Change::Reset,
             max_concurrent_per_key: super::Change::Reset,
+            rate_limit: super::Change::Reset,
+            rate_limit_per_key: super::Change::Reset,
         };
         self.set_limits_in(shard, tenant, &defaults).await?;
         let cfg = shard.tenant_config(tenant);

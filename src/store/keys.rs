@@ -306,6 +306,18 @@ impl Shard {
         format!("{}t:{t}:kblk", self.prefix())
     }
 
+    /// A tenant's rate limit state: the theoretical arrival time of its next start (ms, a
+    /// string), expiring when the bucket is full again (see "Rate limits" in
+    /// `migrations-lua/common.lua`).
+    pub fn tat(self, t: &TenantId) -> String {
+        format!("{}t:{t}:tat", self.prefix())
+    }
+
+    /// A concurrency key's rate limit state (as `tat`, for the tenant's per-key rate).
+    pub fn key_tat(self, t: &TenantId, digest: &str) -> String {
+        format!("{}t:{t}:k:{digest}:tat", self.prefix())
+    }
+
     /// A tenant's force-deleted executions whose handlers still run (set): hidden from every
     /// read, still holding their slots, counted as running in the tenant's usage.
     pub fn deleting(self, t: &TenantId) -> String {
@@ -519,6 +531,10 @@ pub enum KeyKind {
     KeyLimits,
     /// A tenant's blocked concurrency keys (`Shard::key_blocked`).
     KeyBlocked,
+    /// A tenant's rate limit state (`Shard::tat`).
+    Tat,
+    /// A concurrency key's rate limit state (`Shard::key_tat`).
+    KeyTat,
     /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
     Access,
     /// Anything under the `{meta}` tag.
@@ -620,6 +636,8 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         "dlq" => KeyKind::TenantDeadLetters,
         "klim" => KeyKind::KeyLimits,
         "kblk" => KeyKind::KeyBlocked,
+        "tat" => KeyKind::Tat,
+        _ if tail.starts_with("k:") && tail.ends_with(":tat") => KeyKind::KeyTat,
         _ if tail.starts_with("k:") && tail.ends_with(":q") => KeyKind::KeyQueue,
         _ if tail.starts_with("k:") && tail.ends_with(":run") => KeyKind::KeyRunning,
         _ if tail.starts_with("st:") => KeyKind::StatusIndex,
@@ -741,6 +759,8 @@ mod tests {
             s.key_running(&t, "00ff"),
             s.key_limits(&t),
             s.key_blocked(&t),
+            s.tat(&t),
+            s.key_tat(&t, "00ff"),
         ];
         for k in &keys {
             assert!(k.starts_with(&s.prefix()), "{k}");
@@ -793,6 +813,8 @@ mod tests {
             (s.key_running(&t, "00ff"), KeyKind::KeyRunning),
             (s.key_limits(&t), KeyKind::KeyLimits),
             (s.key_blocked(&t), KeyKind::KeyBlocked),
+            (s.tat(&t), KeyKind::Tat),
+            (s.key_tat(&t, "00ff"), KeyKind::KeyTat),
         ];
         for (k, kind) in tenant_keys {
             let n = parse(&k).unwrap_or_else(|| panic!("{k}"));

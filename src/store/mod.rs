@@ -69,7 +69,7 @@ use scripts::Scripts;
 pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget, SweepTargets};
-pub use tenants::{Change, MAX_KEY_OVERRIDES, MAX_WEIGHT, TenantLimits, TenantState};
+pub use tenants::{Change, MAX_KEY_OVERRIDES, MAX_WEIGHT, RateLimit, TenantLimits, TenantState};
 pub use trends::{Minute, PlatformTrends, TenantWork, Trends};
 pub use wake::{BellConn, StopListener};
 pub use watch::{Announcement, Events};

@@ -55,7 +55,8 @@ enum Moved {
     /// It has this many executions on the shard it was to leave: it stays.
     Busy(u64),
     /// It moved to this shard number, with its limits (`max_concurrent`, `max_queued`,
-    /// `enabled`, `weight`, `max_concurrent_per_key`, '' for none of its own, then its
+    /// `enabled`, `weight`, `max_concurrent_per_key`, `rate`, `key_rate`, '' for none of its
+    /// own, then its
     /// concurrency keys' overrides as field, value pairs) to be set there.
     To(u16, Vec<String>),
 }
@@ -256,7 +257,7 @@ impl Store {
                     .parse()
                     .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
                 let limits = (1..rest.len()).map(text).collect::<Result<Vec<_>, _>>()?;
-                if limits.len() < 5 || limits.len() % 2 == 0 {
+                if limits.len() < 7 || limits.len() % 2 == 0 {
                     return Err(StoreError::Corrupt("pin reply: bad limits".into()));
                 }
                 Ok(Moved::To(number, limits))

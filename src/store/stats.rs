@@ -20,7 +20,8 @@ pub struct ShardStats {
     pub pending: u64,
     /// Leases held.
     pub leases: u64,
-    /// Executions on the timer set: scheduled for later, or waiting out a retry backoff.
+    /// Entries of the timer set: executions scheduled for later or waiting out a retry
+    /// backoff, and wake-ups of throttled tenants and keys.
     pub delayed: u64,
     pub dead_letters: u64,
     /// Counters since the shard's creation: completed, failed, cancelled, reclaimed, fenced,

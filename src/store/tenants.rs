@@ -20,6 +20,40 @@ pub const MAX_KEY_OVERRIDES: u32 = 10_000;
 /// The most a tenant's weight can be (the least is 1, the default).
 pub const MAX_WEIGHT: u32 = 1_000;
 
+/// A rate limit: at most `starts` starts per `per_ms`, `burst` of them at once (counted when
+/// executions start; see "Rate limits" in `migrations-lua/common.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub starts: u32,
+    pub per_ms: u64,
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// The most starts a rate may allow per period, and the longest period (a day).
+    pub const MAX_STARTS: u32 = 1_000_000;
+    pub const MAX_PER_MS: u64 = 86_400_000;
+    pub const MAX_BURST: u32 = 100_000;
+
+    /// Reads the stored form `<starts>:<per ms>:<burst>`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut it = text.split(':');
+        let r = Self {
+            starts: it.next()?.parse().ok()?,
+            per_ms: it.next()?.parse().ok()?,
+            burst: it.next()?.parse().ok()?,
+        };
+        it.next().is_none().then_some(r)
+    }
+}
+
+impl std::fmt::Display for RateLimit {
+    /// The stored form (see `parse`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.starts, self.per_ms, self.burst)
+    }
+}
+
 /// What a tenant update does to one of its limits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Change<T> {
@@ -64,6 +98,10 @@ pub struct TenantLimits {
     pub weight: Change<u32>,
     /// The limit of each of its concurrency keys without an override (`Reset`: none).
     pub max_concurrent_per_key: Change<u32>,
+    /// Its starts' rate limit (`Reset`: none).
+    pub rate_limit: Change<RateLimit>,
+    /// Each of its concurrency keys' starts' rate limit (`Reset`: none).
+    pub rate_limit_per_key: Change<RateLimit>,
 }
 
 /// A tenant's effective limits and live usage.
@@ -75,6 +113,8 @@ pub struct TenantState {
     pub weight: u32,
     /// The limit of a concurrency key without an override; `None`: no such limit.
     pub max_concurrent_per_key: Option<u32>,
+    pub rate_limit: Option<RateLimit>,
+    pub rate_limit_per_key: Option<RateLimit>,
     /// Concurrency keys with an override of their own.
     pub key_overrides: u64,
     /// Concurrency keys at their limit with executions waiting behind it.
@@ -88,7 +128,7 @@ pub struct TenantState {
 }
 
 /// Commands `tenant_reads` adds per tenant.
-const TENANT_READS: usize = 13;
+const TENANT_READS: usize = 15;
 
 /// What the reads of `tenant_reads` found for one tenant, in their order.
 struct TenantReads {
@@ -99,6 +139,8 @@ struct TenantReads {
     enabled: Option<u8>,
     weight: Option<u32>,
     max_concurrent_per_key: Option<u32>,
+    rate_limit: Option<String>,
+    rate_limit_per_key: Option<String>,
     /// Whether it has a configuration hash at all.
     configured: bool,
     /// Queued, scheduled or not (`queued - scheduled` are runnable).
@@ -122,6 +164,8 @@ impl redis::FromRedisValue for TenantReads {
             enabled,
             weight,
             max_concurrent_per_key,
+            rate_limit,
+            rate_limit_per_key,
             configured,
             queued,
             scheduled,
@@ -142,6 +186,8 @@ impl redis::FromRedisValue for TenantReads {
             enabled: read(enabled)?,
             weight: read(weight)?,
             max_concurrent_per_key: read(max_concurrent_per_key)?,
+            rate_limit: read(rate_limit)?,
+            rate_limit_per_key: read(rate_limit_per_key)?,
             configured: read(configured)?,
             queued: read(queued)?,
             scheduled: read(scheduled)?,
@@ -175,7 +221,10 @@ impl Store {
             let shard = self.shard_of(tenant);
             match self.set_limits_in(shard, tenant, limits).await? {
                 // A changed per-key limit may unblock keys: walk them.
-                Limits::Set if limits.max_concurrent_per_key != Change::Keep => {
+                Limits::Set
+                    if limits.max_concurrent_per_key != Change::Keep
+                        || limits.rate_limit_per_key != Change::Keep =>
+                {
                     self.promote_all(tenant).await?;
                 }
                 Limits::Set => {}
@@ -209,7 +258,9 @@ impl Store {
             .arg(limits.enabled.map(u8::from).arg())
             .arg(PROMOTE_STEP)
             .arg(limits.weight.arg())
-            .arg(limits.max_concurrent_per_key.arg());
+            .arg(limits.max_concurrent_per_key.arg())
+            .arg(limits.rate_limit.arg())
+            .arg(limits.rate_limit_per_key.arg());
         let mut c = self.conn();
         let reply: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(match reply {
@@ -325,6 +376,8 @@ impl Store {
             enabled: r.enabled != Some(0),
             weight: r.weight.unwrap_or(1),
             max_concurrent_per_key: r.max_concurrent_per_key,
+            rate_limit: r.rate_limit.as_deref().and_then(RateLimit::parse),
+            rate_limit_per_key: r.rate_limit_per_key.as_deref().and_then(RateLimit::parse),
             key_overrides: r.key_overrides,
             blocked_keys: r.blocked_keys,
             running,
@@ -352,6 +405,8 @@ fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
         .hget(shard.tenant_config(tenant), "enabled")
         .hget(shard.tenant_config(tenant), "weight")
         .hget(shard.tenant_config(tenant), "max_concurrent_per_key")
+        .hget(shard.tenant_config(tenant), "rate")
+        .hget(shard.tenant_config(tenant), "key_rate")
         .exists(shard.tenant_config(tenant))
         .zcard(shard.status_index(tenant, Status::Queued))
         .zcard(shard.scheduled_index(tenant))

@@ -103,6 +103,10 @@
 //! 11. **No position for what is not waiting.** No execution a client was shown (any answer,
 //!     and the final listing) carries a `queue_position` or `estimated_start` unless it is
 //!     queued and due.
+//! 12. **Rates hold.** Tenant `chaos-c` has a rate limit of 4 starts per second with a burst
+//!     of 2: on Redis's clock (its shard's start log), no second holds more than 6 of its
+//!     starts — re-runs after lost leases and retries included, since every start takes a
+//!     token.
 //!
 //! The report also counts admissions by answer, faults by kind, runs (by how they ended, and
 //! how many lost their lease before ending), executions by final status, dead letters by reason,
@@ -137,6 +141,8 @@ const MAX_QUEUED: u64 = 12;
 const DEFAULT_MAX_CONCURRENT: u64 = 2;
 /// `max_concurrent_per_key` of every tenant (property 10).
 const KEY_LIMIT: u64 = 1;
+/// The tenant with a rate limit (property 12): starts, per (ms), burst.
+const RATE_LIMITED: (&str, u64, u64, u64) = ("chaos-c", 4, 1_000, 2);
 /// The longest SIGSTOP the fault lanes inflict.
 const MAX_PAUSE_MS: u64 = 4_000;
 /// How long after its (lost) answer a request may still take effect (see property 5).
@@ -1197,7 +1203,7 @@ struct Final {
     dead_letters: Vec<Value>,
     counters: BTreeMap<String, u64>,
     /// Each shard's start log: (tenant, virtual start tag, weight) per start, oldest first.
-    start_logs: BTreeMap<String, Vec<(String, f64, f64)>>,
+    start_logs: BTreeMap<String, Vec<(String, f64, f64, u64)>>,
 }
 
 async fn final_state(api: &Api, redis_url: &str) -> Final {
@@ -1258,7 +1264,7 @@ async fn final_state(api: &Api, redis_url: &str) -> Final {
                 .expect("XRANGE");
             let log = entries
                 .into_iter()
-                .map(|(_, f)| {
+                .map(|(id, f)| {
                     let get = |n: &str| {
                         f.chunks(2)
                             .find(|c| c[0] == n)
@@ -1269,6 +1275,11 @@ async fn final_state(api: &Api, redis_url: &str) -> Final {
                         get("t"),
                         get("vt").parse().unwrap_or(f64::NAN),
                         get("w").parse().unwrap_or(f64::NAN),
+                        // The entry id is the start's time on Redis's clock (ms).
+                        id.split('-')
+                            .next()
+                            .and_then(|ms| ms.parse().ok())
+                            .unwrap_or(0),
                     )
                 })
                 .collect();
@@ -1528,6 +1539,7 @@ const P8: &str = "8. never started before due";
 const P9: &str = "9. fair share by weight (start log)";
 const P10: &str = "10. concurrency key limits hold for running handlers";
 const P11: &str = "11. no queue position for an execution that is not queued";
+const P12: &str = "12. never more starts in a window than the rate allows";
 
 /// The weight each tenant is given at setup.
 fn weight_of(tenant: &str) -> u64 {
@@ -1562,6 +1574,7 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
     check_schedules(ev, &mut v);
     check_fair_share(ev, &mut v);
     check_key_limits(ev, &mut v, report);
+    check_rate(ev, &mut v, report);
     if let Err(busy) = ev.quiesced {
         v.fail(
             P6,
@@ -1605,6 +1618,41 @@ fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
         }
     }
     v
+}
+
+/// Property 12: the rate-limited tenant's starts (every start, re-runs after a lost lease and
+/// retries included), on Redis's clock from its shard's start log: no window of `per` holds
+/// more than `starts + burst`.
+fn check_rate(ev: &Evidence<'_>, v: &mut Verdict, report: &mut String) {
+    let (tenant, starts, per_ms, burst) = RATE_LIMITED;
+    let times: Vec<u64> = ev
+        .fin
+        .start_logs
+        .values()
+        .flatten()
+        .filter(|(t, ..)| t == tenant)
+        .map(|(.., ms)| *ms)
+        .collect();
+    let bound = (starts + burst) as usize;
+    let mut busiest = 0;
+    for &t in &times {
+        let n = times.iter().filter(|&&u| u >= t && u < t + per_ms).count();
+        busiest = busiest.max(n);
+        if n > bound {
+            v.fail(
+                P12,
+                format!(
+                    "{tenant}: {n} starts in the {per_ms} ms from {} (at most {bound})",
+                    rel(t, ev.t0)
+                ),
+            );
+        }
+    }
+    let _ = writeln!(
+        report,
+        "  rate limit: {tenant} started {} times, at most {busiest} in any {per_ms} ms (limit {starts} + burst {burst})",
+        times.len()
+    );
 }
 
 /// Property 10: per tenant and concurrency key, at every run start, the executions of that key
@@ -1711,7 +1759,7 @@ fn check_fair_share(ev: &Evidence<'_>, v: &mut Verdict) {
     for (key, log) in &ev.fin.start_logs {
         let mut last = f64::MIN;
         let mut own: HashMap<&str, f64> = HashMap::new();
-        for (i, (t, tag, w)) in log.iter().enumerate() {
+        for (i, (t, tag, w, _)) in log.iter().enumerate() {
             if !tag.is_finite() || !w.is_finite() {
                 v.fail(P9, format!("{key}[{i}]: unreadable entry"));
                 continue;
@@ -2180,8 +2228,13 @@ async fn guarantees_hold_under_faults() {
     });
     for t in TENANTS {
         let n = rng.between(1, 3);
-        let body = json!({"max_concurrent": n, "max_queued": MAX_QUEUED, "weight": weight_of(t),
+        let mut body = json!({"max_concurrent": n, "max_queued": MAX_QUEUED, "weight": weight_of(t),
             "max_concurrent_per_key": KEY_LIMIT});
+        let (limited, starts, per_ms, burst) = RATE_LIMITED;
+        if t == limited {
+            body["rate_limit"] =
+                json!({"starts": starts, "per": format!("{per_ms}ms"), "burst": burst});
+        }
         let ans = set_limit(&cs, t, body, n).await;
         assert!(ans.is_2xx(), "setting up {t}: {ans:?}");
     }

@@ -52,7 +52,7 @@ local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delay
   K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id, K.runnable(), K.sched(),
   K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled'),
   K.trends(t, 20423), K.shard_trends(20423), K.busy(), K.key_queue(t, h), K.key_running(t, h),
-  K.key_limits(t), K.key_blocked(t) }
+  K.key_limits(t), K.key_blocked(t), K.tat(t), K.key_tat(t, h) }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -104,6 +104,8 @@ return out";
             s.key_running(&t, digest),
             s.key_limits(&t),
             s.key_blocked(&t),
+            s.tat(&t),
+            s.key_tat(&t, digest),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));

@@ -28,6 +28,7 @@ mod quota;
 mod redis_trouble;
 mod shards;
 mod stalls;
+mod throttle;
 mod trends;
 mod waiting;
 mod wakeups;
