@@ -528,3 +528,65 @@ fn ms_of(t: &Value) -> u64 {
     .unwrap();
     (t.unix_timestamp_nanos() / 1_000_000) as u64
 }
+
+/// A tenant's key limits, overrides and rates move with it when it is pinned to a dedicated
+/// shard and back, and keep working there.
+#[tokio::test]
+async fn key_limits_and_rates_move_with_a_pinned_tenant() {
+    let app = TestApp::spawn().await;
+    app.put_tenant(
+        "acme",
+        &json!({"max_concurrent_per_key": 2, "rate_limit": {"starts": 50, "per": "1s", "burst": 5},
+                "rate_limit_per_key": {"starts": 600, "per": "1m"}}),
+    )
+    .await;
+    set_key(&app, "acme", "K", 1).await;
+    let before = app.get_json(None, "/api/tenants/acme").await;
+    let keys_before = app
+        .get_json(Some("acme"), "/api/tenants/acme/concurrency-keys")
+        .await;
+    for (method, status) in [
+        (Method::POST, StatusCode::OK),
+        (Method::DELETE, StatusCode::NO_CONTENT),
+        (Method::POST, StatusCode::OK),
+    ] {
+        let res = app
+            .client
+            .request(method, app.url("/api/tenants/acme/dedicated-shard"))
+            .bearer_auth(crate::helpers::ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), status);
+        assert_eq!(app.get_json(None, "/api/tenants/acme").await, before);
+        assert_eq!(
+            app.get_json(Some("acme"), "/api/tenants/acme/concurrency-keys")
+                .await,
+            keys_before
+        );
+    }
+    // On the dedicated shard the override holds: one of K at a time, by a real worker.
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(
+            app.admit_with(
+                "acme",
+                json!({"flow_id": "demo.sleep", "params": {"ms": 100, "i": i}, "concurrency_key": "K"}),
+            )
+            .await,
+        );
+    }
+    let mut args = vec!["--concurrency", "4"];
+    args.extend_from_slice(FAST_WORKER);
+    let _w = TestWorker::spawn(&app.redis, &args);
+    let mut spans = Vec::new();
+    for id in &ids {
+        let e = app.wait_terminal("acme", id, Duration::from_secs(30)).await;
+        assert_eq!(e["status"], "completed");
+        spans.push((ms_of(&e["started_at"]), ms_of(&e["finished_at"])));
+    }
+    for &(s, _) in &spans {
+        let at_once = spans.iter().filter(|&&(s2, f2)| s2 <= s && s < f2).count();
+        assert_eq!(at_once, 1, "{spans:?}");
+    }
+}
