@@ -27,6 +27,8 @@
 //! - `sluice_tenant_executions{tenant,state}` (`queued`, `running`),
 //!   `sluice_tenant_blocked_keys{tenant}` (concurrency keys at their limit with work waiting
 //!   behind it: per-key saturation, without ever naming a key in a label),
+//!   `sluice_tenant_throttled_seconds{tenant}` (how long until its rate limit lets it start
+//!   again; 0 when not held back),
 //!   `sluice_tenant_last_minute_events{tenant,event}` and
 //!   `sluice_tenant_last_minute_wait_ms{tenant,quantile}`: the same per tenant, for the
 //!   tenants in the shards' busy sets — those with work now, and those whose work ended since
@@ -43,6 +45,7 @@
 
 use std::collections::HashSet;
 use std::sync::RwLock;
+use std::sync::atomic::AtomicU64;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -153,6 +156,7 @@ pub struct Metrics {
     last_minute_wait: Family<ShardQuantileLabels, Gauge>,
     tenant_executions: Family<TenantStateLabels, Gauge>,
     tenant_blocked_keys: Family<TenantLabels, Gauge>,
+    tenant_throttled: Family<TenantLabels, Gauge<f64, AtomicU64>>,
     tenant_last_minute: Family<TenantEventLabels, Gauge>,
     tenant_last_minute_wait: Family<TenantQuantileLabels, Gauge>,
     shards_unreadable: Gauge,
@@ -207,6 +211,12 @@ impl Metrics {
         let tenant_executions = Family::<TenantStateLabels, Gauge>::default();
         let tenant_last_minute = Family::<TenantEventLabels, Gauge>::default();
         let tenant_blocked_keys = Family::<TenantLabels, Gauge>::default();
+        let tenant_throttled = Family::<TenantLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "sluice_tenant_throttled_seconds",
+            "How long until each tenant with work may start again under its rate limit (0: not held back), read at scrape time",
+            tenant_throttled.clone(),
+        );
         registry.register(
             "sluice_tenant_blocked_keys",
             "Concurrency keys of each tenant with work now at their limit with executions waiting behind it, read at scrape time",
@@ -300,6 +310,7 @@ impl Metrics {
             last_minute_wait,
             tenant_executions,
             tenant_blocked_keys,
+            tenant_throttled,
             tenant_last_minute,
             tenant_last_minute_wait,
             shards_unreadable,
@@ -411,6 +422,7 @@ impl Metrics {
     fn tenant_last_minutes(&self, reads: Vec<(Shard, ShardTenantMinutes)>) {
         self.tenant_executions.clear();
         self.tenant_blocked_keys.clear();
+        self.tenant_throttled.clear();
         self.tenant_last_minute.clear();
         self.tenant_last_minute_wait.clear();
         let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -431,6 +443,13 @@ impl Metrics {
                         tenant: tenant.clone(),
                     })
                     .inc_by(gauge(work.blocked_keys));
+                if tenant != OTHER_TENANTS {
+                    self.tenant_throttled
+                        .get_or_create(&TenantLabels {
+                            tenant: tenant.clone(),
+                        })
+                        .set(work.throttled_ms as f64 / 1_000.0);
+                }
                 for (event, n) in minute.events() {
                     self.tenant_last_minute
                         .get_or_create(&TenantEventLabels {

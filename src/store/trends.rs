@@ -160,6 +160,23 @@ pub struct TenantWork {
     pub running: u64,
     /// Its concurrency keys at their limit with executions waiting behind it.
     pub blocked_keys: u64,
+    /// How long until its rate limit lets it start again (0: not held back now).
+    pub throttled_ms: u64,
+}
+
+/// Milliseconds until a tenant whose rate limit state is `tat` (its theoretical arrival time,
+/// ms) under the stored limit `rate` may start again, at `now_ms` (see "Rate limits" in
+/// `migrations-lua/common.lua`): 0 when it may now.
+fn throttled_for(tat: Option<&str>, rate: Option<&str>, now_ms: u64) -> u64 {
+    let (Some(tat), Some(rate)) = (
+        tat.and_then(|t| t.parse::<f64>().ok()),
+        rate.and_then(super::RateLimit::parse),
+    ) else {
+        return 0;
+    };
+    let interval = rate.per_ms as f64 / f64::from(rate.starts.max(1));
+    let tolerance = f64::from(rate.burst.saturating_sub(1)) * interval;
+    (tat - tolerance - now_ms as f64).max(0.0).ceil() as u64
 }
 
 /// The summed series and the tenants with work, with the shards that could not be read.
@@ -317,7 +334,9 @@ impl Store {
         for t in &tenants {
             p.zcard(shard.status_index(t, Status::Queued))
                 .zcard(shard.status_index(t, Status::Running))
-                .scard(shard.key_blocked(t));
+                .scard(shard.key_blocked(t))
+                .get(shard.tat(t))
+                .hget(shard.tenant_config(t), "rate");
             if let Some((day, from)) = record {
                 p.cmd("GETRANGE")
                     .arg(shard.trends(t, day))
@@ -325,7 +344,11 @@ impl Store {
                     .arg(from + RECORD_BYTES - 1);
             }
         }
-        let per = if record.is_some() { 4 } else { 3 };
+        let per = if record.is_some() { 6 } else { 5 };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
         let replies: Vec<redis::Value> = self.bounded(p.query_async(&mut c)).await?;
         if replies.len() != tenants.len() * per {
             return Err(StoreError::Corrupt("short busy reply".into()));
@@ -335,7 +358,12 @@ impl Store {
             .into_iter()
             .zip(replies.chunks(per))
             .map(|(tenant, r)| {
-                let minute = match r.get(3) {
+                let text = |i: usize| -> Option<String> {
+                    redis::from_redis_value::<Option<String>>(r[i].clone())
+                        .ok()
+                        .flatten()
+                };
+                let minute = match r.get(5) {
                     Some(v) => Minute::decode(
                         &redis::from_redis_value::<Vec<u8>>(v.clone()).map_err(corrupt)?,
                     ),
@@ -347,6 +375,7 @@ impl Store {
                         queued: redis::from_redis_value(r[0].clone()).map_err(corrupt)?,
                         running: redis::from_redis_value(r[1].clone()).map_err(corrupt)?,
                         blocked_keys: redis::from_redis_value(r[2].clone()).map_err(corrupt)?,
+                        throttled_ms: throttled_for(text(3).as_deref(), text(4).as_deref(), now_ms),
                     },
                     minute,
                 ))
@@ -400,6 +429,24 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenant_is_throttled_until_its_next_token() {
+        // 10 per second (100 ms apart), burst 3: tolerance 200 ms.
+        let rate = Some("10:1000:3");
+        assert_eq!(throttled_for(None, rate, 1_000), 0, "a full bucket");
+        assert_eq!(
+            throttled_for(Some("1100.5"), rate, 1_000),
+            0,
+            "within the burst"
+        );
+        assert_eq!(throttled_for(Some("1450"), rate, 1_000), 250);
+        assert_eq!(
+            throttled_for(Some("1450"), None, 1_000),
+            0,
+            "no rate any more"
+        );
+    }
 
     #[test]
     fn a_record_reads_as_bitfield_wrote_it() {

@@ -176,6 +176,15 @@ async fn a_throttled_tenant_leaves_the_runnable_set_until_its_next_token() {
         (Some("wait"), Some("tenant_throttled")),
         "{dry}"
     );
+    // The metrics say how long it is held back (about 30 s: one token every 30 s, burst 2).
+    let metrics = app.get_text("/metrics").await;
+    let held: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_tenant_throttled_seconds{tenant=\"acme\"} "))
+        .unwrap_or_else(|| panic!("no throttle gauge: {metrics}"))
+        .parse()
+        .unwrap();
+    assert!(held > 20.0 && held <= 30.0, "{held}");
     let t = app.put_tenant("acme", &json!({"rate_limit": null})).await;
     assert_eq!(t["rate_limit"], Value::Null);
     assert_eq!(start(&app, "acme", 8).await.started.len(), 3);

@@ -120,6 +120,7 @@ pub enum DryRunDecision {
 }
 
 impl DryRunAnswer {
+    /// The answer for the store's dry run, with the `Retry-After` a refusal would carry.
     pub fn new(run: crate::store::DryRun, retry_after: Option<u64>) -> Self {
         use crate::store::Decision as D;
         Self {
