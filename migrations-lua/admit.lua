@@ -105,5 +105,6 @@ flush_trends()
 -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
 if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
 if due then return { 'new', 'scheduled', now, due } end
-local tpos, kpos, klimit = position(tenant, id, ckh)
-return { 'new', queue_state(tenant, id, 'queued'), now, '', tpos or '', kpos or '', klimit or '' }
+local tpos, kpos, klimit, rank = position(tenant, id, ckh)
+return { 'new', queue_state(tenant, id, 'queued', rank), now, '', tpos or '', kpos or '',
+  klimit or '' }

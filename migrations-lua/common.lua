@@ -416,10 +416,11 @@ end
 -- 'ready' (runnable, and within its tenant's free slots: it starts as soon as a worker has
 -- room and the fair share gets to its tenant) or 'waiting' (behind its tenant's
 -- max_concurrent, or behind its concurrency key's: then it is not in its tenant's order).
--- Its rank costs O(log n).
-local function queue_state(t, id, qstate)
+-- Its rank costs O(log n); a caller that read it already passes it as `rank` (false: not in
+-- its tenant's order).
+local function queue_state(t, id, qstate, rank)
   if qstate == 'scheduled' then return 'scheduled' end
-  local rank = redis.call('ZRANK', K.waiting(t), id)
+  if rank == nil then rank = redis.call('ZRANK', K.waiting(t), id) end
   if not rank then return 'waiting' end
   local max_concurrent = limits(t)
   if rank < max_concurrent - redis.call('SCARD', K.slots(t)) then return 'ready' end
@@ -431,16 +432,18 @@ end
 -- many of its key's queue come before it, and the key's limit (-1: none). For one whose key
 -- is full (so not in its tenant's order) the first count is that of the order entries ahead
 -- of its order key. O(log n). nil when it is in neither place (scheduled, or repaired soon).
+-- The fourth value is its rank in its tenant's order (false when it is not in it), for
+-- queue_state().
 local function position(t, id, h)
   local rank = redis.call('ZRANK', K.waiting(t), id)
-  if not h or h == '' then return rank end
+  if not h or h == '' then return rank, nil, nil, rank or false end
   local limit = key_limit(t, h) or -1
-  if rank then return rank, 0, limit end
+  if rank then return rank, 0, limit, rank end
   local queue = K.key_queue(t, h)
   local key_rank = redis.call('ZRANK', queue, id)
-  if not key_rank then return nil end
+  if not key_rank then return nil, nil, nil, false end
   local at = redis.call('ZSCORE', queue, id)
-  return redis.call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit
+  return redis.call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit, false
 end
 
 -- The admission decision (and a retry's): whether tenant t may queue one more execution.
@@ -796,14 +799,19 @@ local function view(id)
     elseif f == 'ckh' then h = row[i + 1] end
   end
   if status == 'queued' and tenant then
-    table.insert(row, 'qs')
-    table.insert(row, queue_state(tenant, id, qstate))
+    local rank = nil
     if qstate ~= 'scheduled' then
-      for i, v in ipairs({ position(tenant, id, h) }) do
-        table.insert(row, ({ 'qpt', 'qpk', 'qkl' })[i])
-        table.insert(row, tostring(v))
+      local pos = { position(tenant, id, h) }
+      rank = pos[4]
+      for i, name in ipairs({ 'qpt', 'qpk', 'qkl' }) do
+        if pos[i] then
+          table.insert(row, name)
+          table.insert(row, tostring(pos[i]))
+        end
       end
     end
+    table.insert(row, 'qs')
+    table.insert(row, queue_state(tenant, id, qstate, rank))
   end
   return row
 end
