@@ -120,7 +120,7 @@ async fn key_structures(app: &TestApp) -> Vec<String> {
         .collect()
 }
 
-/// The case: key A full (limit 1) with 999 more waiting; key B, and an execution with
+/// The case: key A full (limit 1) with 1,000 more waiting; key B, and an execution with
 /// no key, admitted after all of them, start at the next pick — and A's next starts only when
 /// its run ends, in admission order.
 #[tokio::test]
@@ -132,7 +132,7 @@ async fn a_full_key_never_delays_another_key() {
     )
     .await;
     let mut a = Vec::new();
-    for i in 0..1000 {
+    for i in 0..1001 {
         a.push(admit_keyed(&app, "acme", Some("A"), i).await);
     }
     let first = start(&app, "acme", 8).await;
@@ -157,10 +157,10 @@ async fn a_full_key_never_delays_another_key() {
     let key_a = get_key(&app, "acme", "A").await;
     assert_eq!(
         key_a,
-        json!({"key": "A", "max_concurrent": 1, "override": false, "running": 1, "queued": 999})
+        json!({"key": "A", "max_concurrent": 1, "override": false, "running": 1, "queued": 1000})
     );
     let usage = app.usage("acme").await;
-    assert_eq!(usage, json!({"running": 3, "waiting": 999, "scheduled": 0}));
+    assert_eq!(usage, json!({"running": 3, "waiting": 1000, "scheduled": 0}));
     let tenant = app.get_json(None, "/api/tenants/acme").await;
     assert_eq!(
         tenant["concurrency_keys"],
