@@ -17,7 +17,13 @@ folded shard table; a tenant's trends chart whose totals match the executions it
 cancel, retry, force delete (typed confirmation); bulk cancel and retry; admissions with
 a priority and a delay or a date-time, listed as scheduled with their due time, the scheduled
 filter (in the URL) listing only those, a reschedule from the detail page to a nearer time and
-then to now (it runs), the API's refusals shown; a tenant's weight set and read back; a dead letter
+then to now (it runs), the API's refusals shown; a tenant's weight set and read back; a
+concurrency key admitted from the form, shown in the list and on the detail page; a tenant's
+max_concurrent_per_key set and read back; a key's override set, listed with its limit, held (an
+execution of it waits, the key counted blocked) and deleted (it runs); dry runs from the form
+(admit, duplicate, conflict, a full queue refused) admitting nothing; a tenant's rate limits set,
+read back after a reload, refused when invalid and removed; a waiting execution's place in the
+queue and expected start, in the list and on its detail page; a dead letter
 replayed and dismissed; filters in the URL surviving a reload; jump to an id; role gating for
 viewer, editor, admin and platform admin; dev auth without login; and no console errors
 (every browser log entry of level SEVERE fails the run, except the network lines of the API
@@ -27,6 +33,7 @@ HTML are kept in the work folder.
 Usage: python console_test.py <sluice binary> <work folder> [--screenshots <folder>]
 """
 
+import re
 import datetime
 import json
 import os
@@ -37,6 +44,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from selenium import webdriver
@@ -189,6 +197,14 @@ class Console:
         return e
 
     def click(self, css):
+        """Clicks the first element `css` matches, found again like text()'s if the page
+        replaced it in between (a refreshing list)."""
+        for _ in range(20):
+            try:
+                self.el(css).click()
+                return
+            except StaleElementReferenceException:
+                continue
         self.el(css).click()
 
     def row_status(self, exec_id):
@@ -214,17 +230,19 @@ class Console:
         self.type("#login-token", token)
         self.click("#login-submit")
 
-    def admit(self, flow, params="{}", dedup="", priority=3, delay=None, run_at=None):
-        """The New execution form; `run_at` is what a user puts in the date-time box."""
+    def admit(self, flow, params="{}", dedup="", priority=3, delay=None, run_at=None, ckey="", dry_run=False):
+        """The New execution form; `run_at` is what a user puts in the date-time box, `ckey`
+        the concurrency key; `dry_run` presses Dry run instead of Admit."""
         if not self.d.find_element(By.CSS_SELECTOR, "#admit-panel").is_displayed():
             self.click("#new-execution")
         self.type("#admit-flow", flow)
         self.type("#admit-params", params)
         self.type("#admit-dedup", dedup)
+        self.type("#admit-ckey", ckey)
         Select(self.el("#admit-priority")).select_by_value(str(priority))
         self.start("admit", delay, run_at, now=True)
         self.d.execute_script("document.getElementById('admit-result').replaceChildren()")
-        self.click("#admit-submit")
+        self.click("#admit-dry-run-submit" if dry_run else "#admit-submit")
         res = self.until(lambda: self.d.find_elements(By.CSS_SELECTOR, "#admit-result > *"), "an admission answer")
         return res[0]
 
@@ -243,8 +261,8 @@ class Console:
             self.d.execute_script("arguments[0].value = arguments[1];"
                                   "arguments[0].dispatchEvent(new Event('input', {bubbles: true}))", box, run_at)
 
-    def admitted_id(self, flow, params="{}", dedup="", **schedule):
-        res = self.admit(flow, params, dedup, **schedule)
+    def admitted_id(self, flow, params="{}", dedup="", **options):
+        res = self.admit(flow, params, dedup, **options)
         check(res.get_attribute("id") == "admit-created", f"{flow} admitted from the form ({res.text})")
         return res.find_element(By.CSS_SELECTOR, "a.exec-link").get_attribute("data-id")
 
@@ -437,7 +455,51 @@ def run(ui, api, base, dev_base, screenshots):
     check(ui.d.execute_script("return document.querySelectorAll('#main img').length") == 0
           and ui.d.execute_script("return window.__xss") is None, "no element made of the params, nothing ran")
     check("<img" in ui.text("#detail-output"), "the output is shown as text too")
+    check(ui.text("#detail-concurrency-key") == "—", "no concurrency key: the detail says none")
     no_errors(ui, "admission")
+
+    # --- Dry runs from the form: what admission would do now, and nothing admitted. acme is
+    # idle (its echo completed) and has no limit of its own, so a new request would be ready.
+    ui.go("#/t/acme/executions")
+    total = api.call("GET", "/api/executions", tenant="acme")[1]["total"]
+    res = ui.admit("demo.echo", '{"n": 3}', dry_run=True)
+    check(res.get_attribute("id") == "admit-dry-run" and res.get_attribute("data-decision") == "admit"
+          and res.get_attribute("data-reason") == "ready" and "Dry run: admit (ready)" in res.text
+          and "Nothing was admitted" in res.text,
+          f"a dry run of a new request: admit, ready ({res.text})")
+    check("next in the tenant" in ui.text("#admit-dry-run .dry-position"),
+          f"the dry run says where it would stand ({res.text})")
+    res = ui.admit("demo.echo", xss, "order-1", dry_run=True)
+    link = res.find_elements(By.CSS_SELECTOR, "a.exec-link")
+    check(res.get_attribute("data-decision") == "duplicate" and res.get_attribute("data-reason") == "same_request"
+          and link and link[0].get_attribute("data-id") == first,
+          f"a dry run of the same request again: duplicate of the first execution ({res.text})")
+    res = ui.admit("demo.echo", '{"n": 2}', "order-1", dry_run=True)
+    link = res.find_elements(By.CSS_SELECTOR, "a.exec-link")
+    check(res.get_attribute("data-decision") == "conflict" and res.get_attribute("data-reason") == "idempotency_key_conflict"
+          and link and link[0].get_attribute("data-id") == first,
+          f"a dry run with other params under the key: conflict, its holder linked ({res.text})")
+    check(api.call("GET", "/api/executions", tenant="acme")[1]["total"] == total,
+          f"the dry runs admitted nothing: acme's total is still {total}")
+    no_errors(ui, "dry run")
+
+    # --- A concurrency key from the form: sent, listed and on the detail page.
+    ui.go("#/t/acme/executions")
+    keyed = ui.admitted_id("demo.sleep", '{"ms": 50}', ckey="customer 7/é")
+    check("concurrency key customer 7/é" in ui.text("#admit-created"),
+          f"the admission names its concurrency key ({ui.text('#admit-created')})")
+    check(api.call("GET", f"/api/executions/{keyed}", tenant="acme")[1]["concurrency_key"] == "customer 7/é",
+          "the API holds the concurrency key given in the form")
+    ui.sees(lambda: ui.text(f'#executions-body tr[data-id="{keyed}"] .ckey') == "customer 7/é",
+            "the list shows the row's concurrency key")
+    check(ui.text(f'#executions-body tr[data-id="{first}"] .ckey') == "", "a row without a key shows none")
+    ui.go(f"#/t/acme/executions/{keyed}")
+    ui.sees(lambda: ui.text("#detail-concurrency-key") == "customer 7/é", "the detail shows the concurrency key")
+    ui.go("#/t/acme/executions")
+    res = ui.admit("demo.sleep", ckey="x" * 129)
+    check(res.get_attribute("id") == "admit-error" and "invalid_concurrency_key" in res.text,
+          f"a key of 129 bytes: the API's 400 shown ({res.text})")
+    no_errors(ui, "concurrency key in the form")
 
     # --- A demo.sleep row turns from running to completed without a reload.
     ui.go("#/t/acme/executions")
@@ -496,11 +558,11 @@ def run(ui, api, base, dev_base, screenshots):
     bulk = [ui.admitted_id("demo.sleep", '{"ms": 60000}') for _ in range(2)]
     for b in bulk:
         ui.until(lambda: ui.row_status(b) is not None, "bulk row listed")
-        ui.el(f'#executions-body tr[data-id="{b}"] .row-select').click()
+        ui.click(f'#executions-body tr[data-id="{b}"] .row-select')
     ui.click("#bulk-cancel")
     ui.until(lambda: all(ui.row_status(b) == "cancelled" for b in bulk), "both selected rows cancelled")
     for b in bulk:
-        ui.el(f'#executions-body tr[data-id="{b}"] .row-select').click()
+        ui.click(f'#executions-body tr[data-id="{b}"] .row-select')
     ui.click("#bulk-retry")
     ui.until(lambda: all(ui.row_status(b) in ("queued", "running") for b in bulk), "both selected rows queued again")
     for b in bulk:
@@ -617,7 +679,124 @@ def run(ui, api, base, dev_base, screenshots):
     ui.el(f"{acme} .edit-weight").clear()
     ui.click(f"{acme} .save-tenant")
     ui.sees(lambda: api.call("GET", "/api/tenants/acme")[1]["weight"] == 1, "an empty weight restores the default, 1")
+    ui.until(lambda: ui.attr(f"{acme} .edit-weight", "value") == "1", "the tenants read again after the save")
     no_errors(ui, "weight")
+
+    # --- max_concurrent_per_key, set on the tenants page and read back.
+    check(ui.attr(f"{acme} .edit-max-per-key", "value") == "", "acme has no per-key limit at first")
+    check(ui.text(f"{acme} .ckey-counts") == "0 overrides, 0 blocked",
+          f"acme's concurrency keys: none overridden, none blocked ({ui.text(f'{acme} .ckey-counts')})")
+    ui.type(f"{acme} .edit-max-per-key", "0")
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: any("Not saved" in t.text and "max_concurrent_per_key must be at least 1" in t.text
+                         for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast.error")),
+             "max_concurrent_per_key 0: the API's refusal shown")
+    ui.clear_toasts()
+    ui.type(f"{acme} .edit-max-per-key", "2")
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: api.call("GET", "/api/tenants/acme")[1]["max_concurrent_per_key"] == 2,
+            "max_concurrent_per_key 2 saved from the tenants page")
+    ui.d.refresh()
+    ui.sees(lambda: ui.attr(f"{acme} .edit-max-per-key", "value") == "2", "acme's max_concurrent_per_key reads 2 after a reload")
+
+    # --- A concurrency key's override: set from the form, listed with its limit, edited to
+    # hold the key (an execution of it waits: the key is blocked), deleted (it runs).
+    ui.click(f"{acme} .show-ckeys")
+    ui.sees(lambda: "keys=acme" in ui.d.current_url and ui.present("#no-ckeys"), "acme's concurrency keys open: no override")
+    check("at most 2 at once" in ui.text("#ckeys-default"), f"the per-key default is named ({ui.text('#ckeys-default')})")
+    ui.type("#ckey-name", "k" * 129)
+    ui.type("#ckey-max-concurrent", "3")
+    ui.click("#set-ckey-submit")
+    ui.sees(lambda: any("Not saved" in t.text and "concurrency key must be 1-128 bytes" in t.text
+                         for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast.error")),
+             "a key of 129 bytes: the API's reason shown")
+    ui.clear_toasts()
+    key = "customer 7/é"
+    key_path = f"/api/tenants/acme/concurrency-keys/{urllib.parse.quote(key, safe='')}"
+    ui.type("#ckey-name", key)
+    ui.type("#ckey-max-concurrent", "3")
+    ui.click("#set-ckey-submit")
+    krow = f'#ckeys-body tr[data-key="{key}"]'
+    ui.sees(lambda: ui.present(krow) and ui.attr(f"{krow} .ckey-limit", "data-limit") == "3",
+            "the override listed with its limit, 3")
+    check(ui.text(f"{krow} .ckey") == key and ui.text(f"{krow} .ckey-limit") == "3"
+          and ui.text(f"{krow} .ckey-running") == "0" and ui.text(f"{krow} .ckey-queued") == "0",
+          "its row: key, limit 3, running 0, queued 0")
+    status, k = api.call("GET", key_path)
+    check(status == 200 and k["max_concurrent"] == 3 and k["override"] is True, f"the API holds the override ({k})")
+    ui.sees(lambda: ui.text(f"{acme} .ckey-counts") == "1 override, 0 blocked", "acme counts one override")
+    ui.clear_toasts()
+    ui.click(f"{krow} .edit-ckey")
+    check(ui.attr("#ckey-name", "value") == key and ui.attr("#ckey-max-concurrent", "value") == "3",
+          "Edit puts the key and its limit in the form")
+    ui.type("#ckey-max-concurrent", "0")
+    ui.click("#set-ckey-submit")
+    ui.sees(lambda: ui.attr(f"{krow} .ckey-limit", "data-limit") == "0" and ui.text(f"{krow} .ckey-limit") == "0 (held)",
+            "the key held: limit 0")
+    status, held = api.call("POST", "/api/executions", {"flow_id": "demo.sleep", "params": {"ms": 50}, "concurrency_key": key},
+                            tenant="acme")
+    check(status == 201 and held["concurrency_key"] == key, "an execution of the held key admitted")
+    ui.d.refresh()
+    ui.sees(lambda: ui.text(f"{krow} .ckey-queued") == "1" and ui.text(f"{acme} .ckey-counts") == "1 override, 1 blocked",
+            "the held key's execution waits: queued 1, the key counted blocked")
+    check(api.call("GET", f"/api/executions/{held['execution_id']}", tenant="acme")[1]["status"] == "queued",
+          "the held key's execution has not started")
+    ui.clear_toasts()
+    ui.click(f"{krow} .delete-ckey")
+    ui.confirm()
+    ui.sees(lambda: not ui.present(krow) and ui.present("#no-ckeys"), "the deleted override is no longer listed")
+    status, k = api.call("GET", key_path)
+    check(status == 200 and k["override"] is False and k["max_concurrent"] == 2,
+          f"the API: no override, the per-key default applies ({k})")
+    ui.until(lambda: api.call("GET", f"/api/executions/{held['execution_id']}", tenant="acme")[1]["status"] == "completed",
+             "the key's execution ran once the hold was gone")
+    ui.el(f"{acme} .edit-max-per-key").clear()
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: api.call("GET", "/api/tenants/acme")[1]["max_concurrent_per_key"] is None,
+            "an empty max_concurrent_per_key removes the per-key limit")
+    ui.sees(lambda: "no limit of its own" in ui.text("#ckeys-default"), "the keys section says keys have no limit now")
+    ui.click("#ckeys-close")
+    ui.gone("#concurrency-keys", "the keys section closed")
+    no_errors(ui, "concurrency keys")
+
+    # --- Rate limits, set on the tenants page (the period read back normalized), shown after
+    # a reload, an invalid one refused with the API's reason, then both removed.
+    check(ui.text(f"{acme} .rate-limit") == "—" and ui.text(f"{acme} .rate-limit-per-key") == "—",
+          "acme has no rate limit at first")
+    ui.clear_toasts()
+    ui.click(f"{acme} .edit-rates")
+    ui.type(f"{acme} .edit-rate-starts", "100")
+    ui.type(f"{acme} .edit-rate-per", "60s")
+    ui.type(f"{acme} .edit-rate-burst", "10")
+    ui.type(f"{acme} .edit-key-rate-starts", "5")
+    ui.type(f"{acme} .edit-key-rate-per", "500ms")
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: api.call("GET", "/api/tenants/acme")[1]["rate_limit"] == {"starts": 100, "per": "1m", "burst": 10},
+            "rate_limit 100 per 60s, burst 10 saved from the tenants page (read back as per 1m)")
+    check(api.call("GET", "/api/tenants/acme")[1]["rate_limit_per_key"] == {"starts": 5, "per": "500ms", "burst": 1},
+          "rate_limit_per_key 5 per 500ms saved, burst left empty: 1")
+    ui.d.refresh()
+    ui.sees(lambda: ui.text(f"{acme} .rate-limit") == "100 / 1m, burst 10"
+            and ui.text(f"{acme} .rate-limit-per-key") == "5 / 500ms, burst 1",
+            "acme's rate limits read on the page after a reload")
+    ui.click(f"{acme} .edit-rates")
+    check(ui.attr(f"{acme} .edit-rate-per", "value") == "1m" and ui.attr(f"{acme} .edit-key-rate-burst", "value") == "1",
+          "the edit boxes hold the rate limits read back")
+    ui.type(f"{acme} .edit-rate-starts", "0")
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: any("Not saved" in t.text and "rate_limit: starts must be from 1" in t.text
+                         for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast.error")),
+            "a rate limit of 0 starts: the API's refusal shown")
+    check(api.call("GET", "/api/tenants/acme")[1]["rate_limit"]["starts"] == 100, "the refused rate limit changed nothing")
+    ui.clear_toasts()
+    for box in ("rate-starts", "rate-per", "rate-burst", "key-rate-starts", "key-rate-per", "key-rate-burst"):
+        ui.el(f"{acme} .edit-{box}").clear()
+    ui.click(f"{acme} .save-tenant")
+    ui.sees(lambda: (lambda t: t["rate_limit"] is None and t["rate_limit_per_key"] is None)(api.call("GET", "/api/tenants/acme")[1]),
+            "empty rate limit boxes remove both rate limits")
+    ui.sees(lambda: ui.text(f"{acme} .rate-limit") == "—" and ui.text(f"{acme} .rate-limit-per-key") == "—",
+            "the page shows no rate limit again")
+    no_errors(ui, "rate limits")
     ui.go("#/t/acme/executions")
     within_deadline()
 
@@ -693,11 +872,30 @@ def run(ui, api, base, dev_base, screenshots):
              "the first one started")
     b = ui.admitted_id("demo.sleep", '{"ms": 60000}')
     res = ui.admit("demo.sleep", '{"ms": 60000}')
-    check(res.get_attribute("id") == "admit-queue-full" and "retry after 5 s" in res.text,
+    # Retry-After comes from the tenant's measured start rate: 1 s to an hour.
+    after = re.search(r"retry after (\d+) s", res.text)
+    check(res.get_attribute("id") == "admit-queue-full" and after is not None
+          and 1 <= int(after.group(1)) <= 3600,
           f"the third admission: 429 with its Retry-After ({res.text})")
     ui.until(lambda: ui.row_status(a) == "running" and ui.row_status(b) == "queued", "one running, one waiting")
     check("waiting" in ui.text(f'#executions-body tr[data-id="{b}"] .status'), "the second one waits for a slot")
+    ui.sees(lambda: ui.text(f'#executions-body tr[data-id="{b}"] .queue-pos') == "next",
+            "the list shows the waiting one is next in its tenant")
     shot("executions.png")
+    res = ui.admit("demo.sleep", '{"ms": 60000}', dry_run=True)
+    check(res.get_attribute("data-decision") == "refuse" and res.get_attribute("data-reason") == "tenant_queue_full"
+          and 0 <= int(ui.text("#admit-dry-run .dry-retry-after")) <= 3600,
+          f"a dry run with the queue full: refuse, with its retry after ({res.text})")
+    # The waiting one's detail page: its place (nothing before it) and when it should start
+    # (acme's start rate has been measured by now).
+    ui.go(f"#/t/acme/executions/{b}")
+    ui.sees(lambda: ui.attr("#detail-position", "data-tenant") == "0" and ui.attr("#detail-position", "data-key") == ""
+            and ui.text("#detail-position .position") == "next in the tenant",
+            "the detail page: the waiting one is next in the tenant")
+    p50, p90 = ui.attr("#detail-eta", "data-p50"), ui.attr("#detail-eta", "data-p90")
+    eta = ui.text("#detail-eta")
+    check(parse_time(p50) <= parse_time(p90) and f"expected to start ~{shown_time(p50)} (90 %: {shown_time(p90)})" in eta,
+          f"the detail page: its expected start, as the page shows times ({eta})")
     # A tenant nobody registered (as every tenant of `sluice dev` is) with work of its own.
     status, walk_in = api.call("POST", "/api/executions", {"flow_id": "demo.sleep", "params": {"ms": 60000}},
                                tenant="walk-in")
@@ -725,6 +923,10 @@ def run(ui, api, base, dev_base, screenshots):
     ui.click(f"{acme} .save-tenant")
     ui.go("#/t/acme/executions")
     ui.until(lambda: ui.row_status(b) == "running", "raising max_concurrent started the waiting one")
+    check(not ui.present(f'#executions-body tr[data-id="{b}"] .queue-pos'), "a running row shows no place in the queue")
+    ui.go(f"#/t/acme/executions/{b}")
+    ui.sees(lambda: ui.text("#detail-status") == "running" and not ui.present("#detail-position"),
+            "its detail page: running, no place in the queue any more")
     for x in (a, b):
         api.call("POST", f"/api/executions/{x}/cancel", tenant="acme")
     ui.go("#/tenants")

@@ -1,12 +1,17 @@
-// One execution: status, queue state, priority, due time, attempts, a timeline,
-// params/output/error as text, its dead letters, and Cancel / Retry / Force delete as the role
-// allows, with Reschedule (after a delay or at a time) while it is still scheduled. Live until
+// One execution: status, queue state, priority, due time, attempts, concurrency key, a
+// timeline, params/output/error as text, its dead letters, and Cancel / Retry / Force delete as
+// the role allows, with Reschedule (after a delay or at a time) while it is still scheduled.
+// While it waits to start: its place in the queue and when it is expected to start. Live until
 // terminal: it follows GET /api/executions/{id}/events (SSE read with fetch) and redraws on
-// each change.
+// each change; while it has a place in the queue it is also read again every few seconds, as
+// that place moves when others start (no event of its own says so).
 
 import { call, followExecution, isTerminal, ApiError } from '../api.js';
 import { h, replace, fmtTime, toInputTime, statusBadge, jsonBlock, toast, confirmDialog } from '../dom.js';
-import { fmtUntil, scheduleControl } from './executions.js';
+import { fmtUntil, fmtPosition, fmtEstimate, scheduleControl } from './executions.js';
+
+/** How often a waiting execution's place and expected start are read again. */
+const POSITION_EVERY_MS = 5000;
 
 export async function render(ctx) {
   const { tenant, can, main } = ctx;
@@ -16,6 +21,7 @@ export async function render(ctx) {
   const seen = [];
   let current = null;
   let deadLetters = [];
+  let positionTimer = null;
 
   if (!/^[0-9a-f]{32}$/.test(id)) {
     replace(main, h('section', { class: 'panel' }, h('h1', {}, 'Not an execution id'), h('p', {}, 'An execution id is 32 lowercase hex characters.')));
@@ -64,12 +70,17 @@ export async function render(ctx) {
       prefilled = e.run_at;
       moveTo.runAt.value = toInputTime(e.run_at);
     }
+    const pos = e.queue_position;
     const times = [['created', e.created_at], ['due', e.run_at], ['started', e.started_at], ['finished', e.finished_at], ['updated', e.updated_at]];
     replace(body,
       h('section', { class: 'panel' },
         h('dl', { class: 'facts' },
           h('dt', {}, 'Status'), h('dd', { id: 'detail-status' }, statusBadge(e.status)),
           h('dt', {}, 'Queue state'), h('dd', { id: 'detail-queue-state' }, e.queue_state || '—'),
+          pos ? [h('dt', {}, 'Position'), h('dd', { id: 'detail-position', dataset: { tenant: String(pos.tenant), key: String(pos.key ?? '') } },
+            h('span', { class: 'position' }, fmtPosition(pos)),
+            e.estimated_start ? h('span', { id: 'detail-eta', dataset: { p50: e.estimated_start.p50, p90: e.estimated_start.p90 } },
+              ` · ${fmtEstimate(e.estimated_start)}`) : null)] : null,
           h('dt', {}, 'Priority'), h('dd', { id: 'detail-priority' }, String(e.priority),
             h('span', { class: 'muted' }, ' (1 starts first within the tenant)')),
           h('dt', {}, 'Due'), h('dd', { id: 'detail-run-at', dataset: { runAt: e.run_at || '' } },
@@ -79,6 +90,7 @@ export async function render(ctx) {
           h('dt', {}, 'Attempt'), h('dd', { id: 'detail-attempt' }, `${e.attempt} of ${e.max_attempts}`),
           h('dt', {}, 'Flow'), h('dd', { id: 'detail-flow' }, e.flow_id, e.version ? ` @${e.version}` : ''),
           h('dt', {}, 'Dedup key'), h('dd', { id: 'detail-dedup' }, e.dedup_key ?? '—'),
+          h('dt', {}, 'Concurrency key'), h('dd', { id: 'detail-concurrency-key' }, e.concurrency_key ?? '—'),
           h('dt', {}, 'Tenant'), h('dd', {}, e.tenant_id)),
         actions,
         can.reschedule && scheduled ? rescheduleForm : null),
@@ -132,7 +144,25 @@ export async function render(ctx) {
     current = e;
     record(e);
     draw();
+    followPosition();
     if (isTerminal(e.status) && !wasTerminal) loadDeadLetters().then(() => { if (!abort.signal.aborted) draw(); });
+  }
+
+  /** While it has a place in the queue, reads it again in a while (not while the tab is hidden). */
+  function followPosition() {
+    clearTimeout(positionTimer);
+    if (abort.signal.aborted || !current || !current.queue_position) return;
+    positionTimer = setTimeout(async () => {
+      if (document.visibilityState !== 'hidden') {
+        try {
+          const { data } = await call('GET', `/api/executions/${id}`, { tenant, signal: abort.signal });
+          if (!abort.signal.aborted) update(data);
+        } catch (e) {
+          // The stream follows it still (and tells a delete): try again later.
+        }
+      }
+      followPosition();
+    }, POSITION_EVERY_MS);
   }
 
   function follow() {
@@ -193,10 +223,11 @@ export async function render(ctx) {
     current = data;
     record(data);
     draw();
+    followPosition();
     if (!isTerminal(data.status)) follow();
   } catch (e) {
     if (e instanceof ApiError && e.status === 404) gone();
     else if (!(e instanceof ApiError) || e.status !== 401) replace(body, h('p', { class: 'error' }, e.message));
   }
-  return () => abort.abort();
+  return () => { abort.abort(); clearTimeout(positionTimer); };
 }

@@ -1,8 +1,10 @@
 // Executions of one tenant: filters kept in the URL (status, scheduled only, flow, dedup key,
-// time range, cursor), `total`, cursor paging, each row's priority and due time, auto-refresh
-// at a chosen interval (paused while the tab is hidden), bulk cancel/retry of the selected
-// rows, and the New execution form (priority; start now, after a delay or at a time) with
-// every answer an admission can get (201, 200 replay, 422 conflict, 429 with Retry-After).
+// time range, cursor), `total`, cursor paging, each row's priority, concurrency key, due time
+// and, while it waits to start, its place in the queue, auto-refresh at a chosen interval
+// (paused while the tab is hidden), bulk cancel/retry of the selected rows, and the New
+// execution form (concurrency key; priority; start now, after a delay or at a time) with every
+// answer an admission can get (201, 200 replay, 422 conflict, 429 with Retry-After), and its
+// Dry run (`?dry_run=true`: what admission would do now, nothing admitted).
 
 import { call, query, ApiError, isTerminal } from '../api.js';
 import { h, replace, fmtTime, toInputTime, fromInputTime, statusBadge, toast, field, num } from '../dom.js';
@@ -41,6 +43,39 @@ export function fmtUntil(iso) {
   if (hours < 48) return `in ${hours} h${m % 60 ? ` ${m % 60} min` : ''}`;
   return `in ${Math.floor(hours / 24)} d${hours % 24 ? ` ${hours % 24} h` : ''}`;
 }
+
+/**
+ * Where a waiting execution stands (`queue_position`: how many start before it), in words:
+ * `next in the tenant`, `3 ahead in the tenant, next in its key`; '' without a position.
+ */
+export function fmtPosition(pos) {
+  if (!pos) return '';
+  const ahead = (n, where) => (n === 0 ? `next in ${where}` : `${num(n)} ahead in ${where}`);
+  return ahead(pos.tenant, 'the tenant') + (pos.key === null || pos.key === undefined ? '' : `, ${ahead(pos.key, 'its key')}`);
+}
+
+/**
+ * When a waiting execution is expected to start (`estimated_start`): before p50 about half the
+ * time, before p90 nine times in ten; '' without an estimate (its tenant's pace not measured).
+ */
+export function fmtEstimate(est) {
+  if (!est) return '';
+  return `expected to start ~${fmtTime(est.p50)} (90 %: ${fmtTime(est.p90)})`;
+}
+
+/** What a dry run's `reason` means, for the user who asked. */
+const DRY_RUN_REASONS = {
+  ready: 'it would start as soon as a worker picks it',
+  tenant_at_max_concurrent: 'it would wait: the tenant runs its max_concurrent already',
+  key_at_limit: 'it would wait: its concurrency key runs its limit already',
+  tenant_throttled: 'it would wait: the tenant\'s rate limit allows no start now',
+  key_throttled: 'it would wait: its concurrency key\'s rate limit allows no start now',
+  scheduled: 'it would be scheduled: not due yet',
+  same_request: 'a replay: the dedup key names a live execution with the same request',
+  idempotency_key_conflict: 'admission would answer 422: the dedup key is held by a different request',
+  tenant_disabled: 'admission would answer 403: the tenant is disabled',
+  tenant_queue_full: 'admission would answer 429: the tenant\'s queue is full',
+};
 
 /**
  * A "start" choice for a form: now, after a delay (the API's duration grammar, checked by the
@@ -155,7 +190,9 @@ export async function render(ctx) {
       (can.cancel || can.retry) ? h('th', { class: 'check' }, selectAll) : null,
       h('th', {}, 'Execution'), h('th', {}, 'Flow'), h('th', {}, 'Status'),
       h('th', { title: '1 starts first within the tenant' }, 'Priority'), h('th', {}, 'Attempt'),
-      h('th', {}, 'Dedup key'), h('th', {}, 'Created'), h('th', { title: 'Its earliest start (run_at)' }, 'Due'))),
+      h('th', {}, 'Dedup key'),
+      h('th', { title: 'What it competes for inside the tenant: a key runs at most its limit at once' }, 'Concurrency key'),
+      h('th', {}, 'Created'), h('th', { title: 'Its earliest start (run_at)' }, 'Due'))),
     tbody);
 
   // New execution.
@@ -164,6 +201,7 @@ export async function render(ctx) {
   const paramsField = h('textarea', { id: 'admit-params', name: 'params', rows: 5, spellcheck: 'false' });
   paramsField.value = '{}';
   const dedupField = h('input', { id: 'admit-dedup', name: 'dedup_key', placeholder: 'optional', spellcheck: 'false' });
+  const keyField = h('input', { id: 'admit-ckey', name: 'concurrency_key', placeholder: 'optional', spellcheck: 'false' });
   const priorityField = h('select', { id: 'admit-priority', name: 'priority' },
     PRIORITIES.map(([v, l]) => h('option', { value: v, selected: v === '3' }, l)));
   const startField = scheduleControl('admit');
@@ -180,9 +218,14 @@ export async function render(ctx) {
     },
     field('Flow', flowField), field('Version', versionField),
     field('Params (JSON object)', paramsField), field('Dedup key', dedupField, 'the same key with the same request returns the same execution'),
+    field('Concurrency key', keyField, 'e.g. its end customer: executions of one key run at most the key\'s limit at once'),
     field('Priority', priorityField, 'orders this tenant\'s own executions: 1 first, FIFO within a priority'),
     h('div', { class: 'field' }, h('span', { class: 'field-label' }, 'Start'), startField.el, startHint),
-    h('div', { class: 'row-actions' }, h('button', { type: 'submit', class: 'primary', id: 'admit-submit' }, 'Admit'))),
+    h('div', { class: 'row-actions' }, h('button', { type: 'submit', class: 'primary', id: 'admit-submit' }, 'Admit'),
+      h('button', {
+        type: 'button', id: 'admit-dry-run-submit', onclick: () => dryRun(),
+        title: 'What admission would do with this request now, without admitting it',
+      }, 'Dry run'))),
     admitResult);
 
   replace(main,
@@ -197,7 +240,7 @@ export async function render(ctx) {
   function drawRows() {
     const checkable = can.cancel || can.retry;
     replace(tbody, rows.length === 0
-      ? h('tr', {}, h('td', { colspan: checkable ? 9 : 8, class: 'empty', id: 'no-executions' }, 'No executions match.'))
+      ? h('tr', {}, h('td', { colspan: checkable ? 10 : 9, class: 'empty', id: 'no-executions' }, 'No executions match.'))
       : rows.map((e) => h('tr', { dataset: { id: e.execution_id, status: e.status, queueState: e.queue_state || '' } },
         checkable ? h('td', { class: 'check' }, h('input', {
           type: 'checkbox', class: 'row-select', 'aria-label': `Select ${e.execution_id}`, checked: selected.has(e.execution_id),
@@ -205,13 +248,25 @@ export async function render(ctx) {
         })) : null,
         h('td', {}, execLink(tenant, e.execution_id)),
         h('td', { class: 'flow' }, e.flow_id, e.version ? h('span', { class: 'muted' }, ` @${e.version}`) : null),
-        h('td', { class: 'status' }, statusBadge(e.status, e.queue_state || (e.cancel_requested && !isTerminal(e.status) ? 'cancel requested' : null))),
+        h('td', { class: 'status' }, statusBadge(e.status, e.queue_state || (e.cancel_requested && !isTerminal(e.status) ? 'cancel requested' : null)),
+          queuePosition(e)),
         h('td', { class: 'priority' }, String(e.priority)),
         h('td', {}, `${e.attempt}/${e.max_attempts}`),
         h('td', { class: 'dedup' }, e.dedup_key ?? ''),
+        h('td', { class: 'ckey' }, e.concurrency_key ?? ''),
         h('td', { class: 'time' }, fmtTime(e.created_at)),
         h('td', { class: 'time due', dataset: { runAt: e.run_at || '' } }, dueCell(e)))));
     updateBulk();
+  }
+
+  /** A waiting row's place in its tenant's queue, compact (the full words as its title). */
+  function queuePosition(e) {
+    const pos = e.queue_position;
+    if (!pos) return null;
+    return h('span', {
+      class: 'queue-pos muted', dataset: { ahead: String(pos.tenant) },
+      title: [fmtPosition(pos), fmtEstimate(e.estimated_start)].filter(Boolean).join('; '),
+    }, pos.tenant === 0 ? 'next' : `${num(pos.tenant)} ahead`);
   }
 
   /** The due time; with how far ahead while it is still scheduled. */
@@ -285,22 +340,30 @@ export async function render(ctx) {
     await load();
   }
 
-  async function admit() {
+  /** The admission the form describes, or null after saying in the result what is wrong. */
+  function requestBody() {
     let params;
     try {
       params = JSON.parse(paramsField.value || '{}');
     } catch (e) {
       replace(admitResult, h('p', { class: 'error', id: 'admit-error' }, `Params are not JSON: ${e.message}`));
-      return;
+      return null;
     }
     const start = startField.value();
     if (start.missing) {
       replace(admitResult, h('p', { class: 'error', id: 'admit-error' }, `To start later, give ${start.missing}.`));
-      return;
+      return null;
     }
     const body = { flow_id: flowField.value.trim(), params, priority: Number(priorityField.value), ...start };
     if (versionField.value.trim()) body.version = versionField.value.trim();
     if (dedupField.value) body.dedup_key = dedupField.value;
+    if (keyField.value) body.concurrency_key = keyField.value;
+    return body;
+  }
+
+  async function admit() {
+    const body = requestBody();
+    if (!body) return;
     try {
       const { status, data } = await call('POST', '/api/executions', { tenant, body });
       if (status === 200 && data.deduplicated) {
@@ -309,8 +372,9 @@ export async function render(ctx) {
           ` (${data.status}); nothing new was admitted.`));
       } else {
         const due = data.queue_state === 'scheduled' && data.run_at ? `, due ${fmtTime(data.run_at)}` : '';
+        const key = data.concurrency_key ? `, concurrency key ${data.concurrency_key}` : '';
         replace(admitResult, h('p', { class: 'notice ok', id: 'admit-created' }, 'Admitted ', execLink(tenant, data.execution_id),
-          ` (${data.status}${data.queue_state ? `, ${data.queue_state}` : ''}, priority ${data.priority}${due}).`));
+          ` (${data.status}${data.queue_state ? `, ${data.queue_state}` : ''}, priority ${data.priority}${key}${due}).`));
       }
       await load();
     } catch (e) {
@@ -319,13 +383,40 @@ export async function render(ctx) {
         replace(admitResult, h('p', { class: 'error', id: 'admit-conflict' },
           'Conflict: dedup key ', h('code', {}, body.dedup_key || ''), ' is held by ',
           e.problem.execution_id ? execLink(tenant, e.problem.execution_id) : 'another execution',
-          ', admitted with a different flow, version or params.'));
+          ', admitted with a different flow, version, params or concurrency key.'));
       } else if (e.status === 429) {
         const after = e.headers && e.headers.get('Retry-After');
         replace(admitResult, h('p', { class: 'error', id: 'admit-queue-full' },
           `The tenant's queue is full (${e.code}): retry after ${after || '?'} s.`));
       } else if (e.status !== 401) {
         replace(admitResult, h('p', { class: 'error', id: 'admit-error' }, `${e.status} ${e.code}: ${e.message}`));
+      }
+    }
+  }
+
+  /** The same request with `?dry_run=true`: what admission would do now; nothing is written. */
+  async function dryRun() {
+    const body = requestBody();
+    if (!body) return;
+    try {
+      const { data: d } = await call('POST', '/api/executions?dry_run=true', { tenant, body });
+      const pos = fmtPosition(d.queue_position);
+      const eta = fmtEstimate(d.estimated_start);
+      replace(admitResult, h('p', { class: 'notice dry-run', id: 'admit-dry-run', dataset: { decision: d.decision, reason: d.reason } },
+        h('strong', {}, 'Dry run: '), h('span', { class: 'dry-decision' }, d.decision),
+        ' (', h('code', { class: 'dry-reason' }, d.reason), ')',
+        DRY_RUN_REASONS[d.reason] ? ` — ${DRY_RUN_REASONS[d.reason]}` : null,
+        d.execution_id ? [': ', execLink(tenant, d.execution_id)] : null,
+        d.run_at ? [', due ', h('span', { class: 'dry-run-at' }, fmtTime(d.run_at))] : null, '.',
+        pos ? [' Position: ', h('span', { class: 'dry-position' }, pos)] : null,
+        eta ? [pos ? ' · ' : ' ', h('span', { class: 'dry-eta' }, eta)] : null, pos || eta ? '.' : null,
+        d.retry_after !== null && d.retry_after !== undefined
+          ? [' Retry after ', h('span', { class: 'dry-retry-after' }, String(d.retry_after)), ' s.'] : null,
+        ' Nothing was admitted.'));
+    } catch (e) {
+      if (!(e instanceof ApiError)) throw e;
+      if (e.status !== 401) {
+        replace(admitResult, h('p', { class: 'error', id: 'admit-error' }, `Dry run: ${e.status} ${e.code}: ${e.message}`));
       }
     }
   }

@@ -30,9 +30,13 @@ export async function render(ctx) {
     if (stopped) return;
     replace(charts, trendCharts(trends.data.series, 'tenant'));
     const u = state && state.data.usage;
+    const perKey = state && state.data.max_concurrent_per_key !== null
+      ? `, max_concurrent_per_key ${num(state.data.max_concurrent_per_key)}` : '';
+    const blocked = state ? state.data.concurrency_keys.blocked : 0;
     usage.textContent = u
       ? `Now: ${num(u.running)} running, ${num(u.waiting)} waiting, ${num(u.scheduled)} scheduled ` +
-        `(max_concurrent ${num(state.data.max_concurrent)}, max_queued ${num(state.data.max_queued)}).`
+        `(max_concurrent ${num(state.data.max_concurrent)}, max_queued ${num(state.data.max_queued)}${perKey})` +
+        (blocked ? `; ${num(blocked)} concurrency ${blocked === 1 ? 'key' : 'keys'} at the limit with work waiting.` : '.')
       : 'Now: no executions and no limits of its own.';
     stamp.textContent = `updated ${fmtTime(new Date().toISOString())}`;
   }
