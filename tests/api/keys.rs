@@ -160,7 +160,10 @@ async fn a_full_key_never_delays_another_key() {
         json!({"key": "A", "max_concurrent": 1, "override": false, "running": 1, "queued": 1000})
     );
     let usage = app.usage("acme").await;
-    assert_eq!(usage, json!({"running": 3, "waiting": 1000, "scheduled": 0}));
+    assert_eq!(
+        usage,
+        json!({"running": 3, "waiting": 1000, "scheduled": 0})
+    );
     let tenant = app.get_json(None, "/api/tenants/acme").await;
     assert_eq!(
         tenant["concurrency_keys"],
@@ -364,6 +367,8 @@ async fn a_concurrency_key_is_validated_and_part_of_the_dedup_fingerprint() {
         json!(""),
         json!("x".repeat(129)),
         json!("a\u{200B}b"),
+        json!("."),
+        json!(".."),
         json!(7),
     ] {
         let res = app
