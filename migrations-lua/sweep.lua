@@ -4,7 +4,10 @@
 -- but retention expiry, manual edits and processes of an older build can).
 --
 --   mode 'slots'   slot-set members whose execution is not running: removed (the slot set
---                  holds running executions only)
+--                  holds running executions only); and, once per walk (its first batch), the
+--                  same for the running sets of the tenant's blocked concurrency keys (a
+--                  stale member there would hold its key forever), each key then offered
+--                  again
 --   mode 'waiting' queue members whose execution is gone or no longer runnable: removed
 --   mode 'reach'   every queued execution (its 'queued' status index) must be reachable from
 --                  the shard's structures — on the timer set when scheduled, in its tenant's
@@ -59,6 +62,18 @@ if mode == 'slots' then
     if redis.call('HGET', K.row(id), 'status') ~= 'running' then
       redis.call('SREM', SLOTS, id)
       repaired = repaired + 1
+    end
+  end
+  if cursor == '0' then
+    -- Blocked keys, a bounded number per walk (the rest at the next).
+    for _, h in ipairs(redis.call('SRANDMEMBER', K.key_blocked(tenant), 100)) do
+      for _, id in ipairs(redis.call('SMEMBERS', K.key_running(tenant, h))) do
+        if redis.call('HGET', K.row(id), 'status') ~= 'running' then
+          redis.call('SREM', K.key_running(tenant, h), id)
+          repaired = repaired + 1
+        end
+      end
+      key_offer(tenant, h)
     end
   end
   return counted({ r[1], repaired })

@@ -595,3 +595,51 @@ async fn key_limits_and_rates_move_with_a_pinned_tenant() {
         assert_eq!(at_once, 1, "{spans:?}");
     }
 }
+
+/// A key whose running set names an execution that is not running (a row edited or lost by
+/// hand) would be held forever: the sweeper's slot walk removes the stale member and the key's
+/// next execution becomes startable.
+#[tokio::test]
+async fn the_sweeper_frees_a_key_held_by_a_stale_member() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent_per_key": 1}))
+        .await;
+    let k = admit_keyed(&app, "acme", Some("K"), 0).await;
+    let t = sluice::admission::TenantId::parse("acme").unwrap();
+    let digest = sluice::admission::ConcurrencyKey::parse("K")
+        .unwrap()
+        .digest();
+    let running = app.shard("acme").key_running(&t, &digest);
+    // A ghost takes the key's one place, and the key's first leaves the tenant's order.
+    let ghost = ExecutionId::new();
+    let _: u64 = app
+        .redis
+        .query(redis::cmd("SADD").arg(&running).arg(ghost.as_str()))
+        .await;
+    let _: u64 = app
+        .redis
+        .query(
+            redis::cmd("ZREM")
+                .arg(app.shard("acme").waiting(&t))
+                .arg(&k),
+        )
+        .await;
+    let _: u64 = app
+        .redis
+        .query(
+            redis::cmd("SADD")
+                .arg(app.shard("acme").key_blocked(&t))
+                .arg(&digest),
+        )
+        .await;
+    assert!(start(&app, "acme", 8).await.is_empty(), "held by the ghost");
+    let store = std::sync::Arc::new(app.store().await);
+    let repaired = sluice::sweeper::sweep_once(store, "test", Duration::from_millis(200))
+        .await
+        .expect("took the sweeper turn");
+    assert!(
+        repaired.get("slots").copied().unwrap_or(0) >= 1,
+        "{repaired:?}"
+    );
+    assert_eq!(ids(&start(&app, "acme", 8).await), [k]);
+}
