@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds sluice and its benchmark in release mode and runs the benchmark (arguments are passed
 # on: --json, --smoke, --cluster, --compare-standalone, --push-only, --fairness-only,
-# --skip-fairness, --compare-builds BEFORE AFTER, --admission-secs 20, ...; see
-# `sluice-bench --help`). The benchmark starts its own redis-server (with --cluster, the
-# masters of a local Redis Cluster) and sluice processes on loopback; nothing else is needed.
+# --skip-fairness, --limits-only, --skip-limits, --compare-builds BEFORE AFTER,
+# --compare-keyed, --admission-secs 20, ...; see `sluice-bench --help`). The benchmark starts
+# its own redis-server (with --cluster, the masters of a local Redis Cluster) and sluice
+# processes on loopback; nothing else is needed.
 # The BullMQ peer of the pickup and noisy-neighbour phases (bench/bullmq) is installed with
 # `npm ci` into the cargo target folder when missing (Node.js and npm with apt-get when
 # missing); when that fails the benchmark runs without it and its report says so.
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 ensure_redis
 target="${CARGO_TARGET_DIR:-target}"
 case " $* " in
-  *" --skip-bullmq "* | *" --compare-builds "*) ;;
+  *" --skip-bullmq "* | *" --compare-builds "* | *" --compare-keyed "* | *" --limits-only "*) ;;
   *)
     if ensure_node && ensure_npm_project bench/bullmq "$target/bench-bullmq"; then
       SLUICE_BENCH_BULLMQ_DIR="$(cd "$target/bench-bullmq" && pwd)"

@@ -102,7 +102,7 @@ fn program(path: &Path) -> PathBuf {
 }
 
 /// The median (the mean of the middle two for an even count); 0 without values.
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -116,7 +116,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The order of the builds in each round: A B, B A, A B, ... (0 = before, 1 = after).
-fn order(round: usize) -> [usize; 2] {
+pub(crate) fn order(round: usize) -> [usize; 2] {
     if round.is_multiple_of(2) {
         [0, 1]
     } else {
@@ -125,7 +125,7 @@ fn order(round: usize) -> [usize; 2] {
 }
 
 /// Script calls and microseconds in `INFO commandstats` (every `eval*` and `fcall*`).
-async fn script_stats(url: &str) -> anyhow::Result<(u64, u64)> {
+pub(crate) async fn script_stats(url: &str) -> anyhow::Result<(u64, u64)> {
     let mut c = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;
@@ -182,7 +182,7 @@ async fn completed(conn: &mut Conn, tenants: &[String]) -> anyhow::Result<u64> {
     Ok(sum)
 }
 
-fn round2(v: f64) -> f64 {
+pub(crate) fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
@@ -192,7 +192,7 @@ fn cpu_of(p: &Proc) -> f64 {
 }
 
 /// The "rest of the machine" share of a phase's CPU shares.
-fn rest(cpu: &[CpuShare]) -> f64 {
+pub(crate) fn rest(cpu: &[CpuShare]) -> f64 {
     cpu.iter()
         .find(|c| c.process == "rest")
         .map_or(0.0, |c| c.cores)
@@ -230,6 +230,7 @@ async fn one_run(
         tenants: tenants.clone(),
         tag: tag.into(),
         flow: "demo.echo".into(),
+        keys: 0,
     };
     let pids = Pids::of(&[&redis.nodes[0], &serve]);
     let (before_calls, before_us) = script_stats(&url).await?;

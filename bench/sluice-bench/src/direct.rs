@@ -73,6 +73,13 @@ pub struct Census {
     pub pending: u64,
     /// Members of the tenants' waiting sets.
     pub waiting: u64,
+    /// Members of the concurrency keys' queues (found by SCAN): keyed executions waiting
+    /// for their key. Of each queue only the first, and only while its key has room, is also
+    /// in its tenant's waiting set ...
+    pub key_queued: u64,
+    /// ... and these are those firsts: queued executions are `waiting + key_queued −
+    /// key_heads_waiting`.
+    pub key_heads_waiting: u64,
     pub leases: u64,
     pub delayed: u64,
     pub dead_letters: u64,
@@ -432,6 +439,11 @@ impl Direct {
             let n: u64 = self.conn.zcard(shards.shard_of(t).waiting(t)).await?;
             c.waiting += n;
         }
+        for node in &mut self.nodes {
+            let (queued, heads) = key_queues(node).await?;
+            c.key_queued += queued;
+            c.key_heads_waiting += heads;
+        }
 
         let mut e2e = Vec::new();
         let (mut first, mut last) = (u64::MAX, 0u64);
@@ -513,6 +525,20 @@ impl Direct {
         shard: Shard,
         count: usize,
     ) -> anyhow::Result<Option<Vec<String>>> {
+        Ok(self
+            .start_log_times(shard, count)
+            .await?
+            .map(|log| log.into_iter().map(|(_, t)| t).collect()))
+    }
+
+    /// The first `count` entries of `shard`'s start log (oldest first) as (the start's Redis
+    /// time in ms — the entry id's first part —, tenant), or `None` when the shard has no
+    /// start log.
+    pub async fn start_log_times(
+        &mut self,
+        shard: Shard,
+        count: usize,
+    ) -> anyhow::Result<Option<Vec<(u64, String)>>> {
         let key = shard.starts();
         let exists: bool = self.conn.exists(&key).await?;
         if !exists {
@@ -528,8 +554,12 @@ impl Direct {
             .await?;
         let mut out = Vec::with_capacity(entries.ids.len());
         for e in entries.ids {
+            let ms =
+                e.id.split_once('-')
+                    .and_then(|(ms, _)| ms.parse::<u64>().ok())
+                    .with_context(|| format!("a start-log entry id {:?} without its time", e.id))?;
             let t: Option<String> = e.get("t");
-            out.push(t.context("a start-log entry without its tenant (`t`)")?);
+            out.push((ms, t.context("a start-log entry without its tenant (`t`)")?));
         }
         Ok(Some(out))
     }
@@ -669,6 +699,67 @@ fn key_kind(k: &str) -> &'static str {
 
 /// Rows read per pipeline when a phase's rows are read back.
 const ROW_PAGE: usize = 5000;
+
+/// On one node: the members of every concurrency key's queue, and how many of the queues'
+/// firsts are also in their tenant's waiting set. The queues are found by SCAN (every key,
+/// read back by `keys::parse`: no other code matches key names). Bounded like `row_keys`.
+async fn key_queues(node: &mut MultiplexedConnection) -> anyhow::Result<(u64, u64)> {
+    let mut queues = Vec::new();
+    let mut cursor = 0u64;
+    for _ in 0..10_000_000 {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(ROW_PAGE)
+            .query_async(node)
+            .await?;
+        queues.extend(
+            keys.into_iter()
+                .filter(|k| keys::parse(k).is_some_and(|n| n.kind == KeyKind::KeyQueue)),
+        );
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    let (mut queued, mut heads) = (0u64, 0u64);
+    for page in queues.chunks(ROW_PAGE) {
+        let mut p = redis::pipe();
+        for q in page {
+            p.zcard(q).cmd("ZRANGE").arg(q).arg(0).arg(0);
+        }
+        let v: Vec<(u64, Vec<String>)> = {
+            let flat: Vec<Value> = p.query_async(node).await?;
+            flat.chunks(2)
+                .map(|pair| -> anyhow::Result<(u64, Vec<String>)> {
+                    Ok((
+                        redis::from_redis_value_ref(&pair[0])?,
+                        redis::from_redis_value_ref(&pair[1])?,
+                    ))
+                })
+                .collect::<anyhow::Result<_>>()?
+        };
+        let mut p = redis::pipe();
+        let mut asked = 0;
+        for (q, (n, first)) in page.iter().zip(&v) {
+            queued += n;
+            let (Some(name), Some(first)) = (keys::parse(q), first.first()) else {
+                continue;
+            };
+            let (Some(shard), Some(t)) = (name.shard, name.tenant) else {
+                continue;
+            };
+            let t = TenantId::parse(t).map_err(|e| anyhow::anyhow!("tenant {t}: {}", e.detail))?;
+            p.zscore(shard.waiting(&t), first);
+            asked += 1;
+        }
+        if asked > 0 {
+            let scores: Vec<Option<f64>> = p.query_async(node).await?;
+            heads += scores.iter().filter(|s| s.is_some()).count() as u64;
+        }
+    }
+    Ok((queued, heads))
+}
 
 /// The names of every execution row on one node, found by SCAN (not through an index).
 /// Bounded: SCAN ends when its cursor returns to 0; the cap guards against a server bug.

@@ -43,10 +43,10 @@ use crate::push::{self, Ctx};
 use crate::report::{Check, Lateness, NoisyNeighbour, NoisySide, WeightedShare};
 
 /// Connections the flood and backlog admissions are sent over.
-const ADMIT_CONNECTIONS: usize = 16;
+pub(crate) const ADMIT_CONNECTIONS: usize = 16;
 
 /// A tenant id the benchmark names itself (always valid).
-fn tenant(name: &str) -> anyhow::Result<TenantId> {
+pub(crate) fn tenant(name: &str) -> anyhow::Result<TenantId> {
     TenantId::parse(name).map_err(|e| anyhow::anyhow!("tenant {name}: {}", e.detail))
 }
 
@@ -70,13 +70,13 @@ fn same_shard(direct: &Direct, anchor: &TenantId, stem: &str) -> anyhow::Result<
 }
 
 /// One admission's answer: its status and JSON body (`Null` when it was not JSON).
-struct Answer {
-    status: u16,
-    body: Value,
+pub(crate) struct Answer {
+    pub status: u16,
+    pub body: Value,
 }
 
 impl Answer {
-    fn id(&self) -> Option<&str> {
+    pub fn id(&self) -> Option<&str> {
         self.body["execution_id"].as_str()
     }
 }
@@ -84,7 +84,7 @@ impl Answer {
 /// `POST /api/executions` of every `(tenant, body)` in `jobs`, in that order handed out to
 /// `conns` keep-alive connections (as fast as the server answers); the answers in `jobs`
 /// order. A request that got no answer counts as status 0.
-async fn admit_all(
+pub(crate) async fn admit_all(
     addr: SocketAddr,
     token: &str,
     jobs: Vec<(String, String)>,
@@ -136,7 +136,7 @@ async fn admit_all(
 }
 
 /// `PUT /api/tenants/{tenant}` with `body` as the platform admin; status and JSON answer.
-async fn put_tenant(
+pub(crate) async fn put_tenant(
     addr: SocketAddr,
     token: &str,
     tenant: &TenantId,
@@ -160,7 +160,7 @@ async fn put_tenant(
 
 /// Waits until the shards' `completed` counters reach `total`, at most `bound`; prints
 /// progress once a second. Returns how many completed.
-async fn drain(
+pub(crate) async fn drain(
     direct: &mut Direct,
     label: &str,
     total: u64,
@@ -186,7 +186,7 @@ fn ms_to_us(ms: u64) -> u32 {
 }
 
 /// Pickup (`started` − `created`) of `rows`, one not started by `now_ms` counted at its age.
-fn pickup_of<'a>(rows: impl Iterator<Item = &'a RowTimes>, now_ms: u64) -> Percentiles {
+pub(crate) fn pickup_of<'a>(rows: impl Iterator<Item = &'a RowTimes>, now_ms: u64) -> Percentiles {
     let v = rows
         .filter_map(|r| {
             let created = r.created?;

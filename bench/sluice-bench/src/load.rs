@@ -109,6 +109,9 @@ pub struct Workload {
     pub tag: String,
     /// Flow of every admitted execution (`demo.echo`, so workers can run it).
     pub flow: String,
+    /// Concurrency keys per tenant: with N > 0 every request carries a `concurrency_key`, one
+    /// of `key-0` ... `key-<N-1>` (spread evenly over clients and requests); 0 = none.
+    pub keys: u64,
 }
 
 impl Workload {
@@ -116,7 +119,18 @@ impl Workload {
     pub fn request(&self, c: usize, i: u64) -> (&str, String, String) {
         let tenant = &self.tenants[(c + i as usize) % self.tenants.len()];
         let key = format!("{}-{c}-{i}", self.tag);
-        let body = format!(r#"{{"flow_id":"{}","params":{{"n":{i}}}}}"#, self.flow);
+        let body = if self.keys > 0 {
+            // Each client walks every tenant's keys in turn (its requests go round the tenants,
+            // so its `i / tenants`-th request to a tenant takes that tenant's next key), each
+            // client starting elsewhere: every key of every tenant gets the same share.
+            let k = (i / self.tenants.len() as u64 + c as u64 * 7919) % self.keys;
+            format!(
+                r#"{{"flow_id":"{}","params":{{"n":{i}}},"concurrency_key":"key-{k}"}}"#,
+                self.flow
+            )
+        } else {
+            format!(r#"{{"flow_id":"{}","params":{{"n":{i}}}}}"#, self.flow)
+        };
         (tenant, key, body)
     }
 
@@ -442,6 +456,7 @@ mod tests {
             tenants: vec!["a".into(), "b".into()],
             tag: "x".into(),
             flow: "demo.echo".into(),
+            keys: 0,
         };
         assert_eq!(w.request(1, 7), w.request(1, 7));
         assert_ne!(w.request(1, 7).1, w.request(2, 7).1);
@@ -449,5 +464,15 @@ mod tests {
             w.request(1, 7).2,
             r#"{"flow_id":"demo.echo","params":{"n":7}}"#
         );
+        let keyed = Workload { keys: 1000, ..w };
+        // Request 7 of client 0 goes to tenant b, its 4th there: key 3, which comes back for b
+        // after all 1000 keys (2 tenants × 1000 requests later).
+        assert_eq!(keyed.request(0, 7).0, "b");
+        assert_eq!(
+            keyed.request(0, 7).2,
+            r#"{"flow_id":"demo.echo","params":{"n":7},"concurrency_key":"key-3"}"#
+        );
+        assert_eq!(keyed.request(0, 9).2.matches("\"key-4\"").count(), 1);
+        assert_eq!(keyed.request(0, 2007).2.matches("\"key-3\"").count(), 1);
     }
 }

@@ -31,9 +31,22 @@
 //!     2,000 starts (the shard's start log);
 //! 12. **scheduled-start lateness**: executions admitted with `delay`, started − due.
 //!
-//! `--fairness-only` runs only 10–12, `--skip-fairness` leaves them out. `--compare-builds
-//! BEFORE AFTER` runs none of the above: it measures two builds of `sluice` against each other
-//! (`compare.rs`: HTTP admission and end-to-end, alternating runs, medians).
+//! `--fairness-only` runs only 10–12, `--skip-fairness` leaves them out. Then the limits group
+//! (`limits.rs`: concurrency keys and rate limits):
+//!
+//! 13. **throttle accuracy**: a tenant with `rate_limit` 200/s, burst 20, drains a backlog of
+//!     2 000 with one worker; from the start log, the most starts in any second (at most rate +
+//!     burst, a correctness check) and the steady rate after the burst (target ≥ 95 %);
+//! 14. **key isolation**: key A of a tenant with `max_concurrent_per_key` 1 has 10 000 queued
+//!     `demo.sleep` executions, key B admits 10/s beside it: B's pickup, and A never more than
+//!     one at a time.
+//!
+//! `--limits-only` runs only 13–14, `--skip-limits` leaves them out; `--admission-keys N` gives
+//! the admission phase (2) a `concurrency_key` on every request. `--compare-builds BEFORE
+//! AFTER` runs none of the above: it measures two builds of `sluice` against each other
+//! (`compare.rs`: HTTP admission and end-to-end, alternating runs, medians); `--compare-keyed`
+//! neither: it measures HTTP admission on this build without and with concurrency keys
+//! (`limits.rs`: alternating runs, medians, keyed / plain).
 //!
 //! After every phase it checks what Redis holds against what the clients were told; the
 //! report says so and the exit status is non-zero when a check fails. On a cluster the report
@@ -46,6 +59,7 @@ mod bullmq;
 mod compare;
 mod direct;
 mod fairness;
+mod limits;
 mod load;
 mod procs;
 mod push;
@@ -60,6 +74,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use sluice::config::{ApiSettings, RedisSettings};
+use sluice::store::{RedisTarget, StoreConfig};
 
 use direct::{Census, Direct, Until};
 use load::{LoadResult, Progress, Workload};
@@ -273,6 +288,52 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     lateness_lead_ms: u64,
 
+    // The limits group (concurrency keys and rate limits, `limits.rs`): throttle accuracy and
+    // key isolation; and `--compare-keyed`.
+    /// Run only the limits group (throttle accuracy, key isolation), none of the other phases.
+    #[arg(long, conflicts_with_all = ["push_only", "fairness_only", "skip_limits"])]
+    limits_only: bool,
+    /// Skip the limits group.
+    #[arg(long)]
+    skip_limits: bool,
+    /// The throttled tenant's `rate_limit`: starts per second.
+    #[arg(long, default_value_t = 200)]
+    throttle_rate: u32,
+    /// Its `burst`: starts at once after an idle spell (any second may hold rate + burst).
+    #[arg(long, default_value_t = 20)]
+    throttle_burst: u32,
+    /// Seconds of backlog: rate × this executions are queued before the worker starts (200 ×
+    /// 10 = 2 000).
+    #[arg(long, default_value_t = 10.0)]
+    throttle_secs: f64,
+    /// `--concurrency` of the throttle phase's one worker.
+    #[arg(long, default_value_t = 64)]
+    throttle_concurrency: usize,
+    /// Key A's executions in the key-isolation phase (`demo.sleep`, queued before key B's
+    /// samples; the phase does not wait for them).
+    #[arg(long, default_value_t = 10_000)]
+    key_isolation_backlog: u64,
+    /// Length of each of key A's executions, ms.
+    #[arg(long, default_value_t = 50)]
+    key_isolation_exec_ms: u64,
+    /// Key B's executions (`demo.echo`), whose pickup is measured ...
+    #[arg(long, default_value_t = 100)]
+    key_isolation_samples: u64,
+    /// ... admitted at this rate, per second.
+    #[arg(long, default_value_t = 10.0)]
+    key_isolation_rate: f64,
+    /// `--concurrency` of the key-isolation phase's one worker.
+    #[arg(long, default_value_t = 8)]
+    key_isolation_concurrency: usize,
+    /// Every request of the admission phase carries a `concurrency_key`, one of N per tenant
+    /// (every tenant with `max_concurrent_per_key` `--admission-key-limit`); also the keyed
+    /// side of `--compare-keyed` (default there: 1000). 0 = none.
+    #[arg(long, value_name = "N")]
+    admission_keys: Option<u64>,
+    /// Every tenant's `max_concurrent_per_key` when admissions carry keys.
+    #[arg(long, default_value_t = 10)]
+    admission_key_limit: u32,
+
     /// Instead of the phases: compare two builds of `sluice` (each a program, or a folder
     /// holding `sluice`), BEFORE then AFTER: HTTP admission and end-to-end, `--compare-runs`
     /// alternating runs per build, medians of throughput and of Redis's script time per call.
@@ -283,15 +344,27 @@ pub struct Args {
         conflicts_with_all = ["compare_standalone", "cluster"]
     )]
     compare_builds: Option<Vec<PathBuf>>,
-    /// Runs per build of `--compare-builds`.
+    /// Instead of the phases: HTTP admission on this build without concurrency keys (plain)
+    /// and with them (keyed: `--admission-keys`, 1000 by default, per tenant, each tenant with
+    /// `max_concurrent_per_key` `--admission-key-limit`), `--compare-runs` alternating runs per
+    /// side of `--compare-secs`, each on a fresh Redis; medians and keyed / plain (target ≥
+    /// 0.85).
+    #[arg(long, conflicts_with_all = ["compare_standalone", "cluster", "compare_builds"])]
+    compare_keyed: bool,
+    /// Runs per build of `--compare-builds` (per side of `--compare-keyed`).
     #[arg(long, default_value_t = 5)]
     compare_runs: usize,
-    /// Seconds of each phase of each `--compare-builds` run.
+    /// Seconds of each phase of each `--compare-builds` (`--compare-keyed`) run.
     #[arg(long, default_value_t = 5)]
     compare_secs: u64,
 }
 
 impl Args {
+    /// Concurrency keys per tenant of the admission phase (`--admission-keys`; 0 is none).
+    fn admission_keys(&self) -> Option<u64> {
+        self.admission_keys.filter(|n| *n > 0)
+    }
+
     fn smoke_sized(mut self) -> Self {
         if self.smoke {
             self.clients = self.clients.min(16);
@@ -322,6 +395,11 @@ impl Args {
             self.lateness_samples = self.lateness_samples.min(10);
             self.lateness_spread_ms = self.lateness_spread_ms.min(300);
             self.lateness_lead_ms = self.lateness_lead_ms.min(300);
+            // 200/s × 0.5 s = 100 throttled starts; 100 of key A, 4 of key B in 0.2 s.
+            self.throttle_secs = self.throttle_secs.min(0.5);
+            self.key_isolation_backlog = self.key_isolation_backlog.min(100);
+            self.key_isolation_samples = self.key_isolation_samples.min(4);
+            self.key_isolation_rate = self.key_isolation_rate.max(20.0);
             self.compare_secs = 1;
         }
         self
@@ -391,6 +469,14 @@ async fn bench_main(args: Args) -> ExitCode {
                     },
                     c.correct,
                 ),
+                Outcome::Keyed(c) => (
+                    if args.json {
+                        serde_json::to_string_pretty(c).map(|t| t + "\n")
+                    } else {
+                        Ok(c.human())
+                    },
+                    c.correct && (!args.strict || c.target.pass),
+                ),
             };
             match text {
                 Ok(text) => print!("{text}"),
@@ -413,18 +499,25 @@ async fn bench_main(args: Args) -> ExitCode {
 }
 
 /// One report, or a standalone and a cluster one (`--compare-standalone`), or two builds
-/// (`--compare-builds`).
+/// (`--compare-builds`), or admission without and with keys (`--compare-keyed`).
 enum Outcome {
     One(Box<Report>),
     Compared(Box<Comparison>),
     Builds(Box<compare::BuildComparison>),
+    Keyed(Box<limits::KeyedComparison>),
 }
 
-/// The run the flags ask for: one, or standalone then cluster, or two builds.
+/// The run the flags ask for: one, or standalone then cluster, or two builds, or plain and
+/// keyed admission.
 async fn run_all(args: Args) -> anyhow::Result<Outcome> {
     if let Some(builds) = &args.compare_builds {
         return Ok(Outcome::Builds(Box::new(
             compare::compare(&args, builds).await?,
+        )));
+    }
+    if args.compare_keyed {
+        return Ok(Outcome::Keyed(Box::new(
+            limits::compare_keyed(&args).await?,
         )));
     }
     if !args.compare_standalone {
@@ -535,6 +628,19 @@ async fn phase<F: Future<Output = anyhow::Result<LoadResult>>>(
     Ok((result?, cpu))
 }
 
+/// The store the ceiling phase calls directly (and the census reads through): `sluice serve`'s
+/// defaults (the flags' own), with the benchmark's quotas, connections and a generous time
+/// bound.
+fn store_config(args: &Args, target: RedisTarget) -> StoreConfig {
+    let mut redis_settings = RedisSettings::for_target(target);
+    redis_settings.redis_connections = args.redis_connections;
+    redis_settings.redis_timeout_ms = 10_000;
+    let mut api = ApiSettings::defaults();
+    api.default_max_concurrent = UNLIMITED;
+    api.default_max_queued = UNLIMITED;
+    redis_settings.store_config(&api)
+}
+
 async fn run(args: Args) -> anyhow::Result<Report> {
     if cfg!(debug_assertions) && !args.smoke {
         eprintln!("sluice-bench: WARNING: a debug build; measure with --release");
@@ -570,18 +676,8 @@ async fn run(args: Args) -> anyhow::Result<Report> {
     let tenants: Vec<String> = (0..args.tenants.max(1))
         .map(|i| format!("bench-t{i}"))
         .collect();
-    // The store the ceiling phase calls directly: `sluice serve`'s defaults (the flags' own),
-    // with the benchmark's quotas, connections and a generous time bound.
-    let store_config = {
-        let mut redis_settings = RedisSettings::for_target(target.clone());
-        redis_settings.redis_connections = args.redis_connections;
-        redis_settings.redis_timeout_ms = 10_000;
-        let mut api = ApiSettings::defaults();
-        api.default_max_concurrent = UNLIMITED;
-        api.default_max_queued = UNLIMITED;
-        redis_settings.store_config(&api)
-    };
-    let mut direct = Direct::connect(store_config, &tenants, &redis.urls).await?;
+    let mut direct =
+        Direct::connect(store_config(&args, target.clone()), &tenants, &redis.urls).await?;
     // Each master's address, for the per-master shares (none when standalone).
     let masters: Option<Vec<String>> = args.cluster.then(|| {
         redis
@@ -597,12 +693,13 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         tenants: tenants.clone(),
         tag: tag.into(),
         flow: "demo.echo".into(),
+        keys: 0,
     };
     let mut report = Report::new(&args);
     let pids = Pids::of(&redis_and(&redis, &serve));
     let clients = args.clients.max(1);
 
-    if !args.push_only && !args.fairness_only {
+    if !args.push_only && !args.fairness_only && !args.limits_only {
         // 1. Ceiling.
         direct.reset().await?;
         let (r, cpu) = phase("ceiling", &pids, |p| {
@@ -634,9 +731,13 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         report.checks.push(check);
         report.ceiling = Some(phase_report(&r, cpu, &script_us, &census, masters));
 
-        // 2. Admission, unique keys.
+        // 2. Admission, unique keys (with `--admission-keys`, each with a concurrency key).
         direct.reset().await?;
-        let w = workload("adm");
+        let mut w = workload("adm");
+        if let Some(keys) = args.admission_keys() {
+            limits::set_key_limits(addr, ADMIN_TOKEN, &tenants, args.admission_key_limit).await?;
+            w.keys = keys;
+        }
         let (r, cpu) = phase("admission", &pids, |p| {
             load::closed_loop(&w, clients, Duration::from_secs(args.admission_secs), 0, p)
         })
@@ -756,7 +857,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         tenants: &tenants,
         others: redis_and(&redis, &serve),
     };
-    let push_phases = !args.fairness_only;
+    let push_phases = !args.fairness_only && !args.limits_only;
     if push_phases && !args.skip_pickup {
         pickup_phase(&ctx, &mut direct, &mut report).await?;
     }
@@ -766,7 +867,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         report.cancel = Some(c);
     }
     // Issue 20's fairness group, against the same server and Redis.
-    if !args.push_only && !args.skip_fairness {
+    if !args.push_only && !args.limits_only && !args.skip_fairness {
         let mut f = report::Fairness::default();
         let (noisy, checks) = fairness::noisy(&ctx, &mut direct).await?;
         report.checks.extend(checks);
@@ -778,6 +879,17 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         report.checks.push(check);
         f.lateness = Some(lateness);
         report.fairness = Some(f);
+    }
+    // The limits group (concurrency keys, rate limits), against the same server and Redis.
+    if !args.push_only && !args.fairness_only && !args.skip_limits {
+        let mut l = report::Limits::default();
+        let (throttle, check) = limits::throttle(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        l.throttle = Some(throttle);
+        let (isolation, check) = limits::key_isolation(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        l.key_isolation = Some(isolation);
+        report.limits = Some(l);
     }
     serve.ensure_running()?;
     serve.kill().await;
@@ -955,6 +1067,7 @@ async fn pickup_phase(
                     tenants: ctx.tenants.to_vec(),
                     tag: "probe".into(),
                     flow: "demo.echo".into(),
+                    keys: 0,
                 };
                 let pids = Pids::of(&ctx.others);
                 let (r, _) = phase("admission probe", &pids, |p| {
@@ -1057,9 +1170,10 @@ fn phase_report(
     p
 }
 
-/// After an admission phase without workers: every 2xx is one row, one ready-stream entry (all
-/// are dispatched: quotas are unlimited), nothing waiting, pending, leased or dead-lettered.
-/// Returns the census too.
+/// After an admission phase without workers: every 2xx is one row, queued once (all are
+/// dispatched: quotas are unlimited): on a ready stream (schema 1), in its tenant's waiting
+/// set, or in its concurrency key's queue (of which only the first is also in the waiting
+/// set); nothing pending, leased or dead-lettered. Returns the census too.
 async fn check_queued(
     phase: &str,
     r: &LoadResult,
@@ -1075,7 +1189,7 @@ async fn check_queued(
         && o.replay_anomalies == 0
         && c.rows == o.created
         && queued == o.created
-        && c.ready + c.waiting == o.created
+        && c.ready + c.waiting + c.key_queued - c.key_heads_waiting.min(c.key_queued) == o.created
         && c.pending == 0
         && c.leases == 0
         && c.dead_letters == 0;
@@ -1084,7 +1198,7 @@ async fn check_queued(
         ok,
         detail: format!(
             "2xx new={} replayed={} non-2xx={} replay anomalies={}; rows={} queued={}; \
-             ready={} waiting={} pending={} dead letters={}",
+             ready={} waiting={}{} pending={} dead letters={}",
             o.created,
             o.replayed,
             o.errors,
@@ -1093,6 +1207,14 @@ async fn check_queued(
             queued,
             c.ready,
             c.waiting,
+            if c.key_queued > 0 {
+                format!(
+                    " key queues={} (their firsts also waiting: {})",
+                    c.key_queued, c.key_heads_waiting
+                )
+            } else {
+                String::new()
+            },
             c.pending,
             c.dead_letters
         ),

@@ -161,6 +161,7 @@ pub async fn pickup_rate(
         tenants: ctx.tenants.to_vec(),
         tag: format!("pickup-{label}"),
         flow: "demo.echo".into(),
+        keys: 0,
     };
     let mut all = ctx.others.clone();
     all.extend(workers.iter());
