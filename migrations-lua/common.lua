@@ -66,17 +66,20 @@ end
 
 local STATUSES = { 'queued', 'running', 'completed', 'failed', 'cancelled' }
 
+-- Now on Redis's clock (ms), read once per call: every time one call writes or compares (a
+-- start, its lease, a rate limit's wake-up, the next due time it answers) is the same instant.
+local NOW = nil
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return NOW
 end
 
--- Now on Redis's clock as the rate limits see it: read once per call, so every decision of
--- one call agrees.
-local NOW = nil
+-- The same, for the rate limits (a call that never asked for the time reads it here).
 local function clock()
-  if not NOW then NOW = now_ms() end
-  return NOW
+  return now_ms()
 end
 
 -- Tells the servers waiting on an execution that it changed (the block at the end: waiters).
