@@ -208,8 +208,10 @@ pub struct RateLimitSetting {
     #[schema(value_type = u32, minimum = 1, maximum = 1_000_000)]
     pub starts: WholeU32,
     /// The period: `250ms`, `30s`, `1m`, `1h`, `1d` (a plain number is seconds), from 1 ms to
-    /// a day.
-    #[schema(pattern = "^[0-9]{1,12}(ms|s|m|h|d)?$")]
+    /// a day, without leading zeros (the pattern states exactly that range).
+    #[schema(
+        pattern = "^(([1-9][0-9]{0,6}|[1-7][0-9]{7}|8[0-5][0-9]{6}|86[0-3][0-9]{5}|86400000)ms|([1-9][0-9]{0,3}|[1-7][0-9]{4}|8[0-5][0-9]{3}|86[0-3][0-9]{2}|86400)s?|([1-9][0-9]{0,2}|1[0-3][0-9]{2}|14[0-3][0-9]|1440)m|([1-9]|1[0-9]|2[0-4])h|1d)$"
+    )]
     pub per: String,
     /// How many may start at once after an idle spell (default 1: evenly spaced).
     #[serde(default)]
@@ -226,7 +228,8 @@ impl RateLimitSetting {
         };
         let per_ms = crate::admission::parse_delay(&self.per)
             .map_err(|_| bad("per must be a duration such as 250ms, 30s, 1m, 1h or 1d".into()))?;
-        if !(1..=RateLimit::MAX_PER_MS).contains(&per_ms) {
+        // What the schema's pattern allows, exactly: no leading zero, 1 ms to a day.
+        if self.per.starts_with('0') || !(1..=RateLimit::MAX_PER_MS).contains(&per_ms) {
             return Err(bad("per must be from 1ms to 1d".into()));
         }
         let starts = self.starts.0;
