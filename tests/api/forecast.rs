@@ -13,19 +13,9 @@ use sluice::store::Outcome;
 
 use crate::helpers::{FAST_WORKER, TestApp, TestWorker, problem_code};
 
-/// Starts up to `count` executions of `tenant`'s shard for worker "w": (id, fence).
+/// Starts up to `count` executions of `tenant`'s shard by hand: (id, fence).
 async fn start(app: &TestApp, tenant: &str, count: usize) -> Vec<(String, u64)> {
-    let store = app.store().await;
-    let ttl = Duration::from_secs(120);
-    let batch = store
-        .start(app.shard(tenant), "w", count, ttl, 0)
-        .await
-        .unwrap();
-    batch
-        .started
-        .into_iter()
-        .map(|s| (s.id.to_string(), s.fence))
-        .collect()
+    app.started_by_hand(tenant, count).await
 }
 
 async fn admit(app: &TestApp, tenant: &str, body: Value) -> Value {

@@ -861,6 +861,26 @@ impl Drop for TestWorker {
 }
 
 impl TestApp {
+    /// Starts up to `count` executions of `tenant`'s shard by hand, as worker "w" with a
+    /// lease far longer than any test (no worker process: the test decides when runs end).
+    pub async fn start_by_hand(&self, tenant: &str, count: usize) -> sluice::store::StartBatch {
+        self.store()
+            .await
+            .start(self.shard(tenant), "w", count, Duration::from_secs(120), 0)
+            .await
+            .expect("start.lua answers")
+    }
+
+    /// `start_by_hand`, as (id, fence) in start order.
+    pub async fn started_by_hand(&self, tenant: &str, count: usize) -> Vec<(String, u64)> {
+        self.start_by_hand(tenant, count)
+            .await
+            .started
+            .into_iter()
+            .map(|s| (s.id.to_string(), s.fence))
+            .collect()
+    }
+
     /// Polls an execution until `done` holds (at most `limit`); returns it.
     pub async fn wait_for(
         &self,

@@ -15,8 +15,6 @@ use sluice::store::keys::{self, KeyKind};
 
 use crate::helpers::{FAST_WORKER, TestApp, TestWorker, problem_code};
 
-/// Lease of the runs the tests start by hand: far longer than any test.
-const TTL: Duration = Duration::from_secs(120);
 
 /// A request on a tenant's concurrency key as the platform admin (`key` percent-encoded).
 fn key_call(app: &TestApp, method: Method, tenant: &str, key: &str) -> reqwest::RequestBuilder {
@@ -69,19 +67,9 @@ async fn admit_keyed(app: &TestApp, tenant: &str, key: Option<&str>, i: usize) -
     app.admit_with(tenant, body).await
 }
 
-/// Starts up to `count` executions of `tenant`'s shard for worker "w"; returns their ids in
-/// start order with their fences.
+/// Starts up to `count` executions of `tenant`'s shard by hand: (id, fence), in start order.
 async fn start(app: &TestApp, tenant: &str, count: usize) -> Vec<(String, u64)> {
-    let store = app.store().await;
-    let batch = store
-        .start(app.shard(tenant), "w", count, TTL, 0)
-        .await
-        .unwrap();
-    batch
-        .started
-        .into_iter()
-        .map(|s| (s.id.to_string(), s.fence))
-        .collect()
+    app.started_by_hand(tenant, count).await
 }
 
 async fn complete(app: &TestApp, tenant: &str, id: &str, fence: u64) {

@@ -12,13 +12,9 @@ use sluice::store::keys::{self, KeyKind};
 
 use crate::helpers::{FAST_WORKER, TestApp, TestWorker, problem_code};
 
-/// Starts up to `count` executions of `tenant`'s shard for worker "w" by hand.
+/// Starts up to `count` executions of `tenant`'s shard by hand.
 async fn start(app: &TestApp, tenant: &str, count: usize) -> sluice::store::StartBatch {
-    app.store()
-        .await
-        .start(app.shard(tenant), "w", count, Duration::from_secs(120), 0)
-        .await
-        .unwrap()
+    app.start_by_hand(tenant, count).await
 }
 
 async fn admit_n(app: &TestApp, tenant: &str, n: usize, key: Option<&str>) -> Vec<String> {
