@@ -61,16 +61,10 @@ if redis.call('EXISTS', VOID) == 1 then return { 'void' } end
 local dedup_key = nil
 if dedup ~= '' then
   dedup_key = KEYS[13]
-  local mapped = redis.call('GET', dedup_key)
-  if mapped then
-    local sep = string.find(mapped, ':', 1, true)
-    local mapped_id, mapped_fp = string.sub(mapped, 1, sep - 1), string.sub(mapped, sep + 1)
-    -- A mapping always has its row (both are written here and removed together); a missing
-    -- row can only mean its retention ran out first, so the key is free again.
-    if redis.call('EXISTS', K.row(mapped_id)) == 1 then
-      if mapped_fp ~= fingerprint then return { 'conflict', mapped_id } end
-      return { 'dup', mapped_id, view(mapped_id) }
-    end
+  local holder, holder_fp = dedup_holder(dedup_key)
+  if holder then
+    if holder_fp ~= fingerprint then return { 'conflict', holder } end
+    return { 'dup', holder, view(holder) }
   end
 end
 

@@ -449,6 +449,19 @@ local function position(t, id, h)
   return redis.call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit, false
 end
 
+-- The live execution a dedup mapping (key `mapping`) names, and the request fingerprint it was
+-- admitted with; nil when the key is free. A mapping always has its row (both are written by
+-- admit.lua and removed together); a missing row can only mean its retention ran out first,
+-- so the key is free again. Reads only (dry_admit.lua shares it with admit.lua).
+local function dedup_holder(mapping)
+  local mapped = redis.call('GET', mapping)
+  if not mapped then return nil end
+  local sep = string.find(mapped, ':', 1, true)
+  local id = string.sub(mapped, 1, sep - 1)
+  if redis.call('EXISTS', K.row(id)) == 0 then return nil end
+  return id, string.sub(mapped, sep + 1)
+end
+
 -- The admission decision (and a retry's): whether tenant t may queue one more execution.
 -- max_queued counts every queued execution (scheduled, waiting and ready). Returns true, or
 -- nil and a refusal ('disabled'; 'full' with the queued count; 'moved' with the shard a

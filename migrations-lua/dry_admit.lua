@@ -22,14 +22,10 @@ local priority, run_at, delay = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
 local ckh = ARGV[19] or ''
 
 if dedup ~= '' then
-  local mapped = redis.call('GET', KEYS[13])
-  if mapped then
-    local sep = string.find(mapped, ':', 1, true)
-    local mapped_id, mapped_fp = string.sub(mapped, 1, sep - 1), string.sub(mapped, sep + 1)
-    if redis.call('EXISTS', K.row(mapped_id)) == 1 then
-      if mapped_fp ~= fingerprint then return { 'conflict', mapped_id } end
-      return { 'duplicate', mapped_id, view(mapped_id) }
-    end
+  local holder, holder_fp = dedup_holder(KEYS[13])
+  if holder then
+    if holder_fp ~= fingerprint then return { 'conflict', holder } end
+    return { 'duplicate', holder, view(holder) }
   end
 end
 

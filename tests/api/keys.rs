@@ -15,7 +15,6 @@ use sluice::store::keys::{self, KeyKind};
 
 use crate::helpers::{FAST_WORKER, TestApp, TestWorker, problem_code};
 
-
 /// A request on a tenant's concurrency key as the platform admin (`key` percent-encoded).
 fn key_call(app: &TestApp, method: Method, tenant: &str, key: &str) -> reqwest::RequestBuilder {
     let key = urlencoding(key);
