@@ -235,6 +235,8 @@ async fn a_dry_run_answers_what_admission_would_do_and_writes_nothing() {
     assert_eq!(a["decision"], "admit", "{a}");
     assert_eq!(a["reason"], "ready");
     assert_eq!(a["queue_position"], json!({"tenant": 0, "key": null}));
+    // No execution to name: the field is absent, never a null a client could follow.
+    assert!(a.get("execution_id").is_none(), "{a}");
     // One admitted: the next would wait behind max_concurrent 1, second.
     let held = admit(
         &app,

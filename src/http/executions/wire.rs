@@ -80,7 +80,6 @@ pub enum AdmitAnswer {
     "queue_position": {"tenant": 3, "key": 12},
     "estimated_start": {"p50": "2026-11-29T09:01:10.000Z", "p90": "2026-11-29T09:01:31.000Z"},
     "retry_after": null,
-    "execution_id": null,
     "run_at": null
 }))]
 pub struct DryRunAnswer {
@@ -99,8 +98,10 @@ pub struct DryRunAnswer {
     /// Seconds until the full queue frees a place (refuse, `tenant_queue_full`).
     #[schema(format = Int64, maximum = 3600)]
     pub retry_after: Option<u64>,
-    /// The execution the dedup key names (duplicate, conflict).
-    #[schema(pattern = "^[0-9a-f]{32}$")]
+    /// The execution the dedup key names (duplicate, conflict); absent otherwise, so a client
+    /// that follows it to `/api/executions/{id}` never follows a null.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9a-f]{32}$", nullable = false)]
     pub execution_id: Option<String>,
     /// When it would be due (schedule), RFC 3339.
     #[schema(format = DateTime)]
