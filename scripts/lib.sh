@@ -76,9 +76,9 @@ ensure_node() {
     command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 }
 
-# The npm project in folder $1 (package.json + package-lock.json + its .mjs files) installed
-# with `npm ci` into folder $2, redone only when the lock changed; its program files are
-# copied on every call (cheap) so an edit is run at once.
+# The npm project in folder $1 (package.json + package-lock.json + its program and config
+# files) installed with `npm ci` into folder $2, redone only when the lock changed; its other
+# files are copied on every call (cheap) so an edit is run at once.
 ensure_npm_project() {
   local src="$1" dest="$2"
   mkdir -p "$dest"
@@ -87,7 +87,7 @@ ensure_npm_project() {
     cp "$src/package.json" "$src/package-lock.json" "$dest/"
     (cd "$dest" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
   fi
-  cp "$src"/*.mjs "$dest/"
+  find "$src" -maxdepth 1 -type f ! -name 'package*.json' -exec cp {} "$dest/" \;
 }
 
 # Debian's chromium and chromium-driver (for the console's browser test); installed with

@@ -7,10 +7,13 @@
 #      shard moved under load;
 #   3. the generated-client round trip (a Python client generated from openapi/openapi.json
 #      drives a live server);
-#   4. Schemathesis against a live server as each kind of caller (about two minutes);
-#   5. the web console in a real browser (Debian's chromium + chromedriver, Selenium) against a
+#   4. the TypeScript client: `redocly lint` of openapi/openapi.json, a client generated with
+#      openapi-typescript type-checked under `tsc --strict` and run against a live server;
+#   5. Schemathesis against a live server as each kind of caller (about two minutes);
+#   6. the web console in a real browser (Debian's chromium + chromedriver, Selenium) against a
 #      live server and worker (about a minute).
-# Installs redis-server, python3 with venv, and chromium with chromium-driver, when missing.
+# Installs redis-server, python3 with venv, node with npm, and chromium with chromium-driver,
+# when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -18,5 +21,6 @@ ensure_redis
 cargo test --locked "$@"
 SLUICE_TEST_CLUSTER=1 cargo test --locked --test api "$@"
 bash scripts/client_roundtrip.sh
+bash scripts/ts_client.sh
 bash scripts/api_fuzz.sh
 bash scripts/console_test.sh

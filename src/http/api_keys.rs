@@ -96,7 +96,7 @@ impl ApiKey {
     "role": "editor",
     "name": "ci",
     "created_at": "2026-11-29T09:00:00Z",
-    "token": "sk_3f9a1c0b7d2e4f68_<64 hex characters>"
+    "token": "sk_3f9a1c0b7d2e4f68_9c4e0d5b7a2f81c36e0b9d4a5f7c2e81b3d6a09f4c7e25b8a1d3f60e9b2c7a45"
 }))]
 pub struct CreatedApiKey {
     #[serde(flatten)]

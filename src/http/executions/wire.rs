@@ -6,9 +6,33 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
+use utoipa::openapi::schema::{AdditionalProperties, Object, ObjectBuilder, SchemaType, Type};
 
 use crate::admission::{self, AdmitInput};
 use crate::http::extract::WholeU32;
+
+/// A JSON object with any members (`params`). Said outright (`additionalProperties: true`):
+/// generators read an object without it as one that has no members, e.g. openapi-typescript's
+/// `Record<string, never>`, which no call with parameters would compile against.
+fn free_form_object() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(AdditionalProperties::FreeForm(true)))
+        .build()
+}
+
+/// [`free_form_object`], or null (an admission's `params` may be null: `{}`).
+fn free_form_object_or_null() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .additional_properties(Some(AdditionalProperties::FreeForm(true)))
+        .description(Some(
+            "JSON object handed to the flow; `{}` when absent or null. At most \
+             `--max-params-bytes` (64 KiB by default) as canonical JSON, else 413 \
+             `params_too_large`.",
+        ))
+        .build()
+}
 
 /// Lifecycle of an execution: `queued` → `running` → one terminal status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -212,7 +236,7 @@ pub struct Execution {
     pub flow_id: String,
     #[schema(min_length = 1, max_length = 64)]
     pub version: Option<String>,
-    #[schema(value_type = Object)]
+    #[schema(schema_with = free_form_object)]
     pub params: Value,
     pub status: Status,
     /// Set only while `queued`.
@@ -325,7 +349,7 @@ pub struct NewExecution {
     /// JSON object handed to the flow; `{}` when absent or null. At most `--max-params-bytes`
     /// (64 KiB by default) as canonical JSON, else 413 `params_too_large`.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = free_form_object_or_null)]
     pub params: Option<Value>,
     /// Idempotency key: 1–256 bytes of UTF-8 without control characters or invisible
     /// formatting ones (zero-width, bidirectional overrides and isolates: they would make two
