@@ -26,6 +26,8 @@
 -- ARGV[17] delay: how long after the admission to start at the earliest, ms ('' for none)
 -- ARGV[18] concurrency key as given, '' for none
 -- ARGV[19] digest of the concurrency key (as the dedup key's), '' for none
+-- ARGV[20] W3C traceparent, '' for none (validated by the caller)
+-- ARGV[21] W3C tracestate, '' for none
 --
 -- Reply, one of:
 --   {'new', qstate, now, due, tpos, kpos, klimit}
@@ -54,6 +56,7 @@ local version, params = ARGV[9], ARGV[10]
 local max_attempts, dedup, dedup_hash, fingerprint = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
 local priority, run_at, delay = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
 local ckey, ckh = ARGV[18], ARGV[19]
+local traceparent, tracestate = ARGV[20], ARGV[21]
 
 -- The caller gave up on this admission and was told nothing happened: keep it that way.
 if redis.call('EXISTS', VOID) == 1 then return { 'void' } end
@@ -86,6 +89,10 @@ if ckh ~= '' then
   for _, v in ipairs({ 'ckey', ckey, 'ckh', ckh }) do table.insert(row, v) end
 else
   ckh = nil
+end
+if traceparent ~= '' then
+  for _, v in ipairs({ 'tp', traceparent }) do table.insert(row, v) end
+  if tracestate ~= '' then for _, v in ipairs({ 'tst', tracestate }) do table.insert(row, v) end end
 end
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)

@@ -24,7 +24,8 @@
 --          would then be known to nobody until its lease expired.
 --
 -- Reply: a list of the executions the consumer holds, each as in start.lua:
---   {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
+--   {id, fence, attempt, tenant, flow, version or '', params, max_attempts,
+--    traceparent or '', tracestate or ''}
 local consumer, count, ttl = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local HELD, LEASES = declared(2, K.held(consumer)), declared(3, K.leases())
 local BARRIER, barrier = declared(4, K.adopted(consumer)), tonumber(ARGV[9])

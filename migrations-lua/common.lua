@@ -682,12 +682,12 @@ local function recover(id, row, now, cap)
   return 'requeued'
 end
 
--- A started run as start.lua and adopt.lua report it:
--- {id, fence, attempt, tenant, flow, version or '', params, max_attempts}.
+-- A started run as start.lua and adopt.lua report it: {id, fence, attempt, tenant, flow,
+-- version or '', params, max_attempts, traceparent or '', tracestate or ''}.
 local function run_of(id)
   local r = redis.call('HMGET', K.row(id), 'fence', 'attempt', 'tenant', 'flow', 'version',
-    'params', 'max_attempts')
-  return { id, r[1], r[2], r[3], r[4], r[5] or '', r[6], r[7] }
+    'params', 'max_attempts', 'tp', 'tst')
+  return { id, r[1], r[2], r[3], r[4], r[5] or '', r[6], r[7], r[8] or '', r[9] or '' }
 end
 
 -- Whether a worker's start-capable call numbered `call` (0: unnumbered) is covered by the
@@ -715,7 +715,7 @@ end
 -- The run is listed in its worker's held set (K.held), which adopt.lua reads.
 --
 -- Returns more (1 when a tenant can still start something, else 0) and the started runs,
--- each {id, fence, attempt, tenant, flow, version or '', params, max_attempts} (as run_of()).
+-- each as run_of() reports it.
 local function start_entries(consumer, count, ttl, cap, now)
   local started = {}
   -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
@@ -733,7 +733,7 @@ local function start_entries(consumer, count, ttl, cap, now)
     if id then
       row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'attempt', 'max_attempts',
         'tenant', 'flow', 'cancel', 'fence', 'version', 'params', 'watch', 'ready_at',
-        'created', 'ckh')
+        'created', 'ckh', 'tp', 'tst')
     end
     local key = row and row[14]
     if not id or row[1] ~= 'queued' or row[2] == 'scheduled' or row[5] ~= tenant then
@@ -779,7 +779,8 @@ local function start_entries(consumer, count, ttl, cap, now)
       redis.call('ZADD', K.leases(), now + ttl, id)
       redis.call('SADD', K.held(consumer), id)
       -- As run_of() reports a run, from what was read above (no second read).
-      table.insert(started, { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4] })
+      table.insert(started, { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4],
+        row[15] or '', row[16] or '' })
       announce(id, row[11], 'running', now)
       tally_start(tenant, tonumber(row[12] or row[13]) or now, now)
     end

@@ -25,7 +25,8 @@
 -- Reply: {more, started, next_due, weight}
 --   more      1 when a tenant can still start something in the shard, else 0
 --   started   a list of started executions, each
---             {id, fence, attempt, tenant, flow, version or '', params, max_attempts}
+--             {id, fence, attempt, tenant, flow, version or '', params, max_attempts,
+--              traceparent or '', tracestate or ''}
 --   next_due  milliseconds until the shard's earliest due time (0: due now), -1 for none: the
 --             worker sleeps on its own timer until then (woken earlier by the doorbell)
 --   weight    the eligible weight of the shard (eligible_weight()) after the call

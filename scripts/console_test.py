@@ -95,8 +95,8 @@ class Api:
     def __init__(self, base, token):
         self.base, self.token = base, token
 
-    def call(self, method, path, body=None, tenant=None, token=None):
-        headers = {"Authorization": f"Bearer {token or self.token}"}
+    def call(self, method, path, body=None, tenant=None, token=None, headers=None):
+        headers = {"Authorization": f"Bearer {token or self.token}", **(headers or {})}
         if tenant:
             headers["X-Tenant-Id"] = tenant
         data = None
@@ -495,6 +495,17 @@ def run(ui, api, base, dev_base, screenshots):
     check(ui.text(f'#executions-body tr[data-id="{first}"] .ckey') == "", "a row without a key shows none")
     ui.go(f"#/t/acme/executions/{keyed}")
     ui.sees(lambda: ui.text("#detail-concurrency-key") == "customer 7/é", "the detail shows the concurrency key")
+    check(ui.text("#detail-trace") == "—", "no trace context: the detail says none")
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    # Scheduled an hour ahead and cancelled once seen, so no later count of the test includes it.
+    status, traced = api.call("POST", "/api/executions", {"flow_id": "demo.echo", "delay": "1h"},
+                              tenant="acme", headers={"traceparent": tp, "tracestate": "congo=t61rcWkgMzE"})
+    check(status == 201 and traced["traceparent"] == tp, "admitted through the API with a traceparent")
+    ui.go(f"#/t/acme/executions/{traced['execution_id']}")
+    ui.sees(lambda: tp in ui.text("#detail-trace") and "congo=t61rcWkgMzE" in ui.text("#detail-trace"),
+            "the detail shows its trace context")
+    check(api.call("POST", f"/api/executions/{traced['execution_id']}/cancel", tenant="acme")[0] == 200,
+          "the traced execution is cancelled")
     ui.go("#/t/acme/executions")
     res = ui.admit("demo.sleep", ckey="x" * 129)
     check(res.get_attribute("id") == "admit-error" and "invalid_concurrency_key" in res.text,

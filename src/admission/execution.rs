@@ -148,6 +148,9 @@ pub struct Execution {
     pub dedup_key: Option<String>,
     /// What it competes for inside its tenant; `None` for none.
     pub concurrency_key: Option<String>,
+    /// The W3C trace context its admission carried (`traceparent`, `tracestate`).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
     /// True when this response replays an earlier admission with the same dedup key.
     pub deduplicated: bool,
     /// Starts of its current run: 1 on the first, counted up by each re-run after a lost
@@ -193,6 +196,8 @@ impl Execution {
             run_at,
             dedup_key: req.dedup.as_ref().map(|d| d.to_string()),
             concurrency_key: req.concurrency_key.as_ref().map(|k| k.to_string()),
+            traceparent: req.trace.as_ref().map(|t| t.traceparent.clone()),
+            tracestate: req.trace.as_ref().and_then(|t| t.tracestate.clone()),
             deduplicated: false,
             attempt: 0,
             max_attempts: req.max_attempts,
@@ -266,6 +271,8 @@ impl Execution {
             run_at: time_of("run_at")?,
             dedup_key: get("dedup").map(str::to_owned),
             concurrency_key: get("ckey").map(str::to_owned),
+            traceparent: get("tp").map(str::to_owned),
+            tracestate: get("tst").map(str::to_owned),
             deduplicated,
             attempt: number("attempt")?,
             max_attempts: number("max_attempts")?,

@@ -5,6 +5,7 @@
 mod execution;
 mod ids;
 mod request;
+mod trace;
 
 pub use execution::{
     ErrorInfo, EstimatedStart, Execution, QueuePosition, QueueState, Status, rfc3339_from_ms,
@@ -16,3 +17,4 @@ pub use request::{
     AdmitInput, AdmitRequest, DEFAULT_PRIORITY, Fingerprint, MAX_ATTEMPTS_LIMIT,
     MAX_SCHEDULE_AHEAD_MS, Schedule, parse_delay, schedule_of,
 };
+pub use trace::{MAX_TRACESTATE_BYTES, TraceContext};

@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::ids::{ConcurrencyKey, DedupKey, FlowId, InvalidInput, Version};
+use super::trace::TraceContext;
 
 /// Upper bound on `max_attempts`; more is almost always a mistake in the client.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
@@ -73,6 +74,10 @@ pub struct AdmitRequest {
     pub schedule: Option<Schedule>,
     /// What it competes for inside its tenant (its key's limit caps how many run at once).
     pub concurrency_key: Option<ConcurrencyKey>,
+    /// The caller's trace context, handed to the handlers that run it. Not part of the
+    /// fingerprint: a retry of the request from another trace is still a replay (and the
+    /// execution keeps the first admission's context).
+    pub trace: Option<TraceContext>,
 }
 
 impl AdmitRequest {
@@ -143,6 +148,7 @@ impl AdmitRequest {
             priority,
             schedule,
             concurrency_key,
+            trace: None,
         })
     }
 }

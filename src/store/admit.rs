@@ -214,6 +214,12 @@ impl Store {
             Some(k) => inv.arg(k.as_str()).arg(k.digest()),
             None => inv.arg("").arg(""),
         };
+        match &req.trace {
+            Some(t) => inv
+                .arg(&t.traceparent)
+                .arg(t.tracestate.as_deref().unwrap_or("")),
+            None => inv.arg("").arg(""),
+        };
         inv
     }
 

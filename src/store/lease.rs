@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 
 use super::{Shard, Store, StoreError};
-use crate::admission::{ExecutionId, FlowId, Status, TenantId};
+use crate::admission::{ExecutionId, FlowId, Status, TenantId, TraceContext};
 
 /// An execution a worker has just started (it holds the lease for `attempt`).
 #[derive(Debug, Clone)]
@@ -29,6 +29,8 @@ pub struct Started {
     pub flow: FlowId,
     pub version: Option<String>,
     pub params: Json,
+    /// The W3C trace context its admission carried, handed to the handler.
+    pub trace: Option<TraceContext>,
 }
 
 /// What a heartbeat learned about one held execution.
@@ -358,15 +360,26 @@ pub struct Reclaimed {
     pub next_due: Option<Duration>,
 }
 
-/// A run as `start.lua` and `adopt.lua` report it:
-/// (id, fence, attempt, tenant, flow, version or '', params, max_attempts).
-type RunReply = (String, u64, u32, String, String, String, String, u32);
+/// A run as `start.lua` and `adopt.lua` report it: (id, fence, attempt, tenant, flow,
+/// version or '', params, max_attempts, (traceparent or '', tracestate or '')).
+type RunReply = (
+    String,
+    u64,
+    u32,
+    String,
+    String,
+    String,
+    String,
+    u32,
+    String,
+    String,
+);
 
 fn runs_of(shard: Shard, reply: Vec<RunReply>) -> Result<Vec<Started>, StoreError> {
     reply
         .into_iter()
         .map(
-            |(id, fence, attempt, tenant, flow, version, params, max_attempts)| {
+            |(id, fence, attempt, tenant, flow, version, params, max_attempts, tp, tst)| {
                 Ok(Started {
                     shard,
                     id: ExecutionId::parse(&id)
@@ -381,6 +394,11 @@ fn runs_of(shard: Shard, reply: Vec<RunReply>) -> Result<Vec<Started>, StoreErro
                     version: (!version.is_empty()).then_some(version),
                     params: serde_json::from_str(&params)
                         .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,
+                    // Written only when valid (admission checks it); read back the same way.
+                    trace: TraceContext::from_headers(
+                        (!tp.is_empty()).then_some(tp.as_str()),
+                        (!tst.is_empty()).then_some(tst.as_str()),
+                    ),
                 })
             },
         )

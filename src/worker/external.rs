@@ -141,7 +141,7 @@ struct HttpHandler {
 
 impl super::handler::Handler for HttpHandler {
     fn run(&self, ctx: Context) -> HandlerFuture {
-        let request = self
+        let mut request = self
             .client
             .post(self.url.clone())
             .timeout(self.timeout)
@@ -150,6 +150,13 @@ impl super::handler::Handler for HttpHandler {
             .header("X-Sluice-Attempt", ctx.attempt.to_string())
             .header("X-Sluice-Fence", ctx.fence.to_string())
             .json(&ctx.params);
+        // The caller's trace goes on into the handler (W3C Trace Context headers).
+        if let Some(t) = &ctx.trace {
+            request = request.header("traceparent", &t.traceparent);
+            if let Some(state) = &t.tracestate {
+                request = request.header("tracestate", state);
+            }
+        }
         Box::pin(async move {
             lease_check(&ctx)?;
             let res = request
@@ -190,11 +197,22 @@ impl super::handler::Handler for CommandHandler {
             .env("SLUICE_FLOW_ID", ctx.flow_id.as_str())
             .env("SLUICE_ATTEMPT", ctx.attempt.to_string())
             .env("SLUICE_FENCE", ctx.fence.to_string())
+            // Never the worker's own: a run without trace context must not join another trace.
+            .env_remove("TRACEPARENT")
+            .env_remove("TRACESTATE")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Dropping the future (cancel, lease lost, shutdown) kills the program.
             .kill_on_drop(true);
+        // The caller's trace goes on into the program (the environment variables
+        // OpenTelemetry's SDKs read a parent context from).
+        if let Some(t) = &ctx.trace {
+            cmd.env("TRACEPARENT", &t.traceparent);
+            if let Some(state) = &t.tracestate {
+                cmd.env("TRACESTATE", state);
+            }
+        }
         let program = self.program.clone();
         let timeout = self.timeout;
         Box::pin(async move {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::{ExecutionId, FlowId, TenantId};
+use crate::admission::{ExecutionId, FlowId, TenantId, TraceContext};
 
 /// Everything a handler learns about the execution it runs.
 #[derive(Debug, Clone)]
@@ -22,6 +22,10 @@ pub struct Context {
     pub flow_id: FlowId,
     pub version: Option<String>,
     pub params: Value,
+    /// The W3C trace context the execution's admission carried: hand it on (as the
+    /// `traceparent` and `tracestate` headers of an outgoing call) so the caller's trace goes
+    /// on through the handler.
+    pub trace: Option<TraceContext>,
     /// Starts of this run of the execution: 1 on the first (a retry starts over at 1).
     pub attempt: u32,
     pub max_attempts: u32,

@@ -639,6 +639,7 @@ async fn run_one(
         flow_id: s.flow,
         version: s.version,
         params: s.params,
+        trace: s.trace,
         attempt: s.attempt,
         max_attempts: s.max_attempts,
         fence: s.fence,

@@ -250,3 +250,130 @@ fn a_flows_file_with_a_bad_flow_name_or_url_is_refused() {
     assert!(load_flows(Registry::new(), &path).is_err());
     assert!(load_flows(Registry::new(), &dir.path().join("missing.toml")).is_err());
 }
+
+/// A caller's W3C trace context goes on through sluice: kept with the execution (the first
+/// admission's, on a replay), shown by the API, and handed to `http` handlers as headers and to
+/// `command` handlers in their environment. One that does not parse is ignored, not refused.
+#[tokio::test]
+async fn the_callers_trace_context_reaches_http_and_command_handlers() {
+    use axum::routing::post;
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const OTHER_TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let app = TestApp::spawn().await;
+    let service = axum::Router::new().route(
+        "/trace",
+        post(|headers: axum::http::HeaderMap| async move {
+            let get = |n: &str| headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+            Json(json!({"traceparent": get("traceparent"), "tracestate": get("tracestate")}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, service).await });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flows.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[flows."svc.trace"]
+kind = "http"
+url = "http://{addr}/trace"
+[flows."cmd.trace"]
+kind = "command"
+program = "sh"
+args = ["-c", "printf '{{\"traceparent\":\"%s\",\"tracestate\":\"%s\"}}' \"$TRACEPARENT\" \"$TRACESTATE\""]
+"#
+        ),
+    )
+    .unwrap();
+    let admit =
+        |flow: &'static str, key: &'static str, tp: &'static str, ts: Option<&'static str>| {
+            let app = &app;
+            async move {
+                let mut req = app
+                    .as_tenant(reqwest::Method::POST, "/api/executions", "acme")
+                    .header("traceparent", tp)
+                    .header("idempotency-key", key)
+                    .json(&json!({"flow_id": flow}));
+                if let Some(ts) = ts {
+                    req = req.header("tracestate", ts);
+                }
+                let res = req.send().await.unwrap();
+                let status = res.status();
+                (status, res.json::<Value>().await.unwrap())
+            }
+        };
+    // Admitted with a context: the answer shows it.
+    let (status, http) = admit("svc.trace", "t-http", TP, Some("congo=t61rcWkgMzE")).await;
+    assert_eq!(status, StatusCode::CREATED, "{http}");
+    assert_eq!(
+        (&http["traceparent"], &http["tracestate"]),
+        (&json!(TP), &json!("congo=t61rcWkgMzE"))
+    );
+    // A replay from another trace is still a replay, and keeps the first context.
+    let (status, again) = admit("svc.trace", "t-http", OTHER_TP, None).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["execution_id"], http["execution_id"]);
+    assert_eq!(again["traceparent"], json!(TP));
+    let (_, cmd) = admit(
+        "cmd.trace",
+        "t-cmd",
+        OTHER_TP,
+        Some("rojo=00f067aa0ba902b7"),
+    )
+    .await;
+    // Not a traceparent: admitted all the same, without a context (tracestate dropped too).
+    let (status, none) = admit(
+        "cmd.trace",
+        "t-none",
+        "00-zz-00f067aa0ba902b7-01",
+        Some("a=b"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{none}");
+    assert_eq!(
+        (&none["traceparent"], &none["tracestate"]),
+        (&Value::Null, &Value::Null)
+    );
+
+    let registry = load_flows(Registry::new(), &path).unwrap();
+    let _stop = run_worker(&app, registry).await;
+    let output = |e: &Value| {
+        let id = e["execution_id"].as_str().unwrap().to_owned();
+        let app = &app;
+        async move {
+            let done = app
+                .wait_terminal("acme", &id, Duration::from_secs(15))
+                .await;
+            assert_eq!(done["status"], "completed", "{done}");
+            done["output"].clone()
+        }
+    };
+    assert_eq!(
+        output(&http).await,
+        json!({"traceparent": TP, "tracestate": "congo=t61rcWkgMzE"}),
+        "the http handler got the headers"
+    );
+    assert_eq!(
+        output(&cmd).await,
+        json!({"traceparent": OTHER_TP, "tracestate": "rojo=00f067aa0ba902b7"}),
+        "the command got the environment"
+    );
+    assert_eq!(
+        output(&none).await,
+        json!({"traceparent": "", "tracestate": ""}),
+        "no context: none handed on"
+    );
+    // Read back from the row, as every later reader sees it.
+    let got = app
+        .get_json(
+            Some("acme"),
+            &format!("/api/executions/{}", http["execution_id"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(
+        (&got["traceparent"], &got["tracestate"]),
+        (&json!(TP), &json!("congo=t61rcWkgMzE"))
+    );
+}

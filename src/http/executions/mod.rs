@@ -19,7 +19,9 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
 use crate::access::KeyRole;
-use crate::admission::{AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId};
+use crate::admission::{
+    AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId, TraceContext,
+};
 use crate::store::{Admission, Decision, ListQuery, Reschedule, Retry};
 use wire::{AdmitAnswer, DryRunAnswer, Execution, ExecutionPage, NewExecution};
 
@@ -63,6 +65,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
         ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256,
             pattern = "^[!-~]([ -~]*[!-~])?$",
             description = "Dedup key: 1–256 visible ASCII characters (other UTF-8 goes in the body's `dedup_key`); must equal the body's `dedup_key` when both are given"),
+        ("traceparent" = Option<String>, Header,
+            description = "W3C Trace Context: kept with the execution (the first admission's, on a replay) and handed to its handlers. One that does not parse is ignored, as the W3C recommendation says (the execution then has none); never a 400"),
+        ("tracestate" = Option<String>, Header,
+            description = "W3C Trace Context: kept beside a valid `traceparent` when it is printable ASCII of at most 512 bytes (else dropped whole), and handed on with it"),
         CreateParams,
     ),
     responses(
@@ -103,7 +109,12 @@ pub async fn create_execution(
                 "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)".into(),
         })?),
     };
+    let trace = TraceContext::from_headers(
+        headers.get("traceparent").and_then(|v| v.to_str().ok()),
+        headers.get("tracestate").and_then(|v| v.to_str().ok()),
+    );
     let req = AdmitRequest::parse(body.into(), header_key, state.default_max_attempts)
+        .map(|req| AdmitRequest { trace, ..req })
         .map_err(ApiError::from)
         .and_then(|req| params_within(req, state.max_params_bytes))
         .inspect_err(|_| {

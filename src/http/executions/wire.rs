@@ -262,6 +262,16 @@ pub struct Execution {
     /// What it competes for inside its tenant (see `NewExecution.concurrency_key`).
     #[schema(min_length = 1, max_length = 128)]
     pub concurrency_key: Option<String>,
+    /// The W3C `traceparent` its admission carried (the first admission's, on a replay): what
+    /// its handlers receive (the `traceparent` header of an `http` handler, `TRACEPARENT` in
+    /// a `command` handler's environment). Null when the admission sent none, or one that
+    /// does not parse (ignored, as the W3C recommendation says).
+    #[schema(pattern = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` sent beside that `traceparent` (at most 512 bytes), handed on
+    /// with it.
+    #[schema(max_length = 512)]
+    pub tracestate: Option<String>,
     /// True when this response replays an earlier admission with the same dedup key.
     pub deduplicated: bool,
     /// Starts of its current run: 1 on the first, counted up by each re-run after a lost
@@ -309,6 +319,8 @@ impl From<admission::Execution> for Execution {
             run_at: e.run_at,
             dedup_key: e.dedup_key,
             concurrency_key: e.concurrency_key,
+            traceparent: e.traceparent,
+            tracestate: e.tracestate,
             deduplicated: e.deduplicated,
             attempt: e.attempt,
             max_attempts: e.max_attempts,
