@@ -30,6 +30,20 @@ pub struct Cli {
     /// `[serve]` table applies to `serve` only). Flags and SLUICE_* variables win over it.
     #[arg(long, global = true, env = "SLUICE_CONFIG")]
     pub config: Option<PathBuf>,
+    /// OpenTelemetry collector to export spans to over OTLP/HTTP (protobuf): its base URL,
+    /// e.g. `http://127.0.0.1:4318` (spans go to `<url>/v1/traces`). `serve` exports `admit`,
+    /// `worker` exports `wait`, `start`, `run` and `complete`. Unset: no spans are made.
+    #[arg(long, global = true, env = "SLUICE_OTLP_ENDPOINT", value_parser = otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// An `--otlp-endpoint`: an `http://` or `https://` URL.
+fn otlp_endpoint(s: &str) -> Result<String, String> {
+    if (s.starts_with("http://") || s.starts_with("https://")) && s.len() > "https://".len() {
+        Ok(s.to_owned())
+    } else {
+        Err("must be an http:// or https:// URL, e.g. http://127.0.0.1:4318".into())
+    }
 }
 
 /// Log output format.

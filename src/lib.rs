@@ -23,6 +23,7 @@ pub mod config;
 pub mod dev;
 pub mod http;
 pub mod migrate;
+pub mod otel;
 pub mod reshard;
 pub mod revocation;
 pub mod server;

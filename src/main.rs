@@ -12,12 +12,23 @@ use sluice::config::{Cli, Command};
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::load().unwrap_or_else(|e| e.exit());
     sluice::telemetry::init(cli.log_format);
-    match cli.command {
+    let service = match &cli.command {
+        Command::Serve(_) => Some("sluice-serve"),
+        Command::Worker(_) => Some("sluice-worker"),
+        Command::Dev(_) => Some("sluice-dev"),
+        _ => None,
+    };
+    if let (Some(endpoint), Some(service)) = (&cli.otlp_endpoint, service) {
+        sluice::otel::init(endpoint, service)?;
+    }
+    let result = match cli.command {
         Command::Openapi => commands::openapi(),
         Command::MigrateLayout { redis } => commands::migrate_layout(redis).await,
         Command::Cluster(command) => commands::cluster(command).await,
         Command::Serve(args) => commands::serve(args).await,
         Command::Worker(args) => commands::worker(args).await,
         Command::Dev(args) => sluice::dev::run(args).await,
-    }
+    };
+    sluice::otel::shutdown().await;
+    result
 }

@@ -43,7 +43,7 @@ mod pickup;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -292,9 +292,18 @@ impl Shared {
         let mut runs = self.runs.lock().expect("run set");
         // Reap finished tasks so the set does not grow.
         while runs.try_join_next().is_some() {}
+        // Spans (crate::otel): the start call ran from `sent` until now.
+        let answered = SystemTime::now();
+        let sent_at = answered.checked_sub(sent.elapsed()).unwrap_or(answered);
         runs.spawn(async move {
             let (shard, id, fence) = (s.shard, s.id.clone(), s.fence);
+            let spans = crate::otel::RunSpans::begin(&s, sent_at, answered);
+            let mut s = s;
+            if let Some(spans) = &spans {
+                s.trace = Some(spans.handler_trace());
+            }
             let outcome = run_one(&registry, s, lease, stop, &why, &config).await;
+            let reported_from = SystemTime::now();
             // Whether this slot starts the shard's next run in the same call, and with how many
             // slots: this one, and while no other shard waits for a slot, every free one (a
             // backlog is then started in batches, as a pickup's start call does).
@@ -345,6 +354,16 @@ impl Shared {
                 },
             };
             let report = report(&store, shard, &id, fence, &outcome, &config, &mut asked).await;
+            if let Some(spans) = spans {
+                let (name, error) = match &outcome {
+                    Outcome::Completed(_) => ("completed", None),
+                    Outcome::Failed { message, .. } => ("failed", Some(message.as_str())),
+                    Outcome::Cancelled => ("cancelled", None),
+                    Outcome::Released => ("released", None),
+                    Outcome::Abandoned => ("abandoned", Some("lease not renewed in time")),
+                };
+                spans.end(name, error, reported_from);
+            }
             // A retry after a backoff: this worker looks again when it is due (any worker's
             // orphan scan would put it back too, later).
             if let (

@@ -27,6 +27,7 @@ mod pinning;
 mod quota;
 mod redis_trouble;
 mod shards;
+mod spans;
 mod stalls;
 mod throttle;
 mod trends;

@@ -130,7 +130,28 @@ pub async fn create_execution(
         };
         return Ok(axum::Json(DryRunAnswer::new(run, retry_after)).into_response());
     }
-    let admission = state.store.admit(tenant, &req).await?;
+    // With span export on, the execution keeps the `admit` span as its parent (crate::otel).
+    let span =
+        crate::otel::AdmitSpan::start(tenant.as_str(), req.flow.as_str(), req.trace.as_ref());
+    let req = match &span {
+        Some(span) => AdmitRequest {
+            trace: Some(span.trace()),
+            ..req
+        },
+        None => req,
+    };
+    let admission = state.store.admit(tenant, &req).await;
+    if let Some(span) = span {
+        match &admission {
+            Ok(Admission::Created(e)) => span.end("admitted", Some(&e.execution_id)),
+            Ok(Admission::Replayed(e)) => span.end("replayed", Some(&e.execution_id)),
+            Ok(Admission::Conflict { .. }) => span.end("conflict", None),
+            Ok(Admission::Disabled) => span.end("tenant_disabled", None),
+            Ok(Admission::QueueFull { .. }) => span.end("tenant_queue_full", None),
+            Err(_) => span.end("error", None),
+        }
+    }
+    let admission = admission?;
     state.metrics.admission(
         tenant,
         match &admission {

@@ -1,0 +1,297 @@
+//! Span export (`--otlp-endpoint`): `sluice serve` and `sluice worker` processes send their
+//! spans over OTLP/HTTP to a small receiver in the test, which decodes them as a collector
+//! would. The trace the caller started goes on through sluice into the handler, as one tree.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message;
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_TOKEN, TestRedis, TestWorker, free_port, sluice_bin};
+
+/// A span as the receiver got it.
+#[derive(Debug, Clone)]
+struct Got {
+    service: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    attributes: HashMap<String, String>,
+    start_ns: u64,
+    end_ns: u64,
+}
+
+type Spans = Arc<Mutex<Vec<Got>>>;
+
+/// An OTLP/HTTP receiver on loopback (`POST /v1/traces`, protobuf), and a handler service
+/// (`POST /handler`) that answers with the trace headers it got.
+async fn receiver() -> (String, Spans) {
+    let spans: Spans = Arc::default();
+    let kept = spans.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/traces",
+            post(move |body: Bytes| {
+                let kept = kept.clone();
+                async move {
+                    let req = ExportTraceServiceRequest::decode(body).expect("an OTLP request");
+                    let mut kept = kept.lock().unwrap();
+                    for rs in req.resource_spans {
+                        let service = rs
+                            .resource
+                            .iter()
+                            .flat_map(|r| &r.attributes)
+                            .find(|a| a.key == "service.name")
+                            .map(|a| text(a.value.as_ref().and_then(|v| v.value.as_ref())))
+                            .unwrap_or_default();
+                        for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                            kept.push(Got {
+                                service: service.clone(),
+                                name: span.name,
+                                trace_id: hex::encode(span.trace_id),
+                                span_id: hex::encode(span.span_id),
+                                parent: hex::encode(span.parent_span_id),
+                                attributes: span
+                                    .attributes
+                                    .iter()
+                                    .map(|a| {
+                                        (
+                                            a.key.clone(),
+                                            text(a.value.as_ref().and_then(|v| v.value.as_ref())),
+                                        )
+                                    })
+                                    .collect(),
+                                start_ns: span.start_time_unix_nano,
+                                end_ns: span.end_time_unix_nano,
+                            });
+                        }
+                    }
+                    // An empty ExportTraceServiceResponse.
+                    (
+                        [("content-type", "application/x-protobuf")],
+                        Vec::<u8>::new(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/handler",
+            post(|headers: axum::http::HeaderMap| async move {
+                let get = |n: &str| headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+                Json(json!({"traceparent": get("traceparent"), "tracestate": get("tracestate")}))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), spans)
+}
+
+fn text(v: Option<&AnyValue>) -> String {
+    match v {
+        Some(AnyValue::StringValue(s)) => s.clone(),
+        Some(AnyValue::IntValue(i)) => i.to_string(),
+        Some(AnyValue::BoolValue(b)) => b.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `sluice serve` with span export; killed when dropped.
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The trace id and the parent id of a `traceparent`.
+fn ids(traceparent: &str) -> (String, String) {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent}");
+    (parts[1].to_owned(), parts[2].to_owned())
+}
+
+#[tokio::test]
+async fn spans_of_serve_and_worker_form_one_trace_with_the_caller_and_the_handler() {
+    const CALLER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let (trace_id, caller_span) = ids(CALLER);
+    let redis = TestRedis::start().await;
+    let (base, spans) = receiver().await;
+    let port = free_port();
+    let _serve = Serve(
+        Command::new(sluice_bin())
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(redis.args())
+            .args(["--otlp-endpoint", &base])
+            .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let flows = dir.path().join("flows.toml");
+    std::fs::write(
+        &flows,
+        format!("[flows.\"svc.traced\"]\nkind = \"http\"\nurl = \"{base}/handler\"\n"),
+    )
+    .unwrap();
+    let _worker = TestWorker::spawn(
+        &redis,
+        &["--flows", flows.to_str().unwrap(), "--otlp-endpoint", &base],
+    );
+    let client = reqwest::Client::new();
+    let api = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !client
+        .get(format!("{api}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "sluice serve did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let admit = |traceparent: Option<&'static str>| {
+        let mut req = client
+            .post(format!("{api}/api/executions"))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("x-tenant-id", "acme")
+            .json(&json!({"flow_id": "svc.traced"}));
+        if let Some(tp) = traceparent {
+            req = req
+                .header("traceparent", tp)
+                .header("tracestate", "congo=t61rcWkgMzE");
+        }
+        async move {
+            let res = req.send().await.unwrap();
+            assert_eq!(res.status(), 201);
+            res.json::<Value>().await.unwrap()
+        }
+    };
+    let traced = admit(Some(CALLER)).await;
+    let untraced = admit(None).await;
+    // The execution keeps sluice's admit span as the parent, in the caller's trace.
+    let (kept_trace, admit_span) = ids(traced["traceparent"].as_str().unwrap());
+    assert_eq!(kept_trace, trace_id);
+    assert_ne!(admit_span, caller_span);
+    assert_eq!(traced["tracestate"], "congo=t61rcWkgMzE");
+    // Without a traceparent, the admit span starts a trace of its own.
+    let (own_trace, _) = ids(untraced["traceparent"].as_str().unwrap());
+    assert_ne!(own_trace, trace_id);
+
+    let done = |e: &Value| {
+        let url = format!(
+            "{api}/api/executions/{}?wait=20s",
+            e["execution_id"].as_str().unwrap()
+        );
+        let client = &client;
+        async move {
+            let e: Value = client
+                .get(url)
+                .bearer_auth(ADMIN_TOKEN)
+                .header("x-tenant-id", "acme")
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(e["status"], "completed", "{e}");
+            e
+        }
+    };
+    let handler_got = done(&traced).await["output"].clone();
+    done(&untraced).await;
+    let (handler_trace, handler_parent) = ids(handler_got["traceparent"].as_str().unwrap());
+    assert_eq!(
+        handler_trace, trace_id,
+        "the handler is in the caller's trace"
+    );
+    assert_eq!(handler_got["tracestate"], "congo=t61rcWkgMzE");
+
+    // Every span of the traced execution arrives (export batches for up to half a second).
+    let names = ["admit", "wait", "start", "run", "complete"];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let of_trace = loop {
+        let of_trace: Vec<Got> = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.trace_id == trace_id)
+            .cloned()
+            .collect();
+        if names.iter().all(|n| of_trace.iter().any(|s| s.name == *n)) {
+            break of_trace;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spans missing; got {:?}",
+            of_trace.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let one = |name: &str| {
+        let found: Vec<&Got> = of_trace.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "one {name} span: {of_trace:#?}");
+        found[0].clone()
+    };
+    let (admit, wait, start, run, complete) = (
+        one("admit"),
+        one("wait"),
+        one("start"),
+        one("run"),
+        one("complete"),
+    );
+    // The tree: caller → admit → (wait, start, run) → complete; the handler under run.
+    assert_eq!(
+        (admit.service.as_str(), admit.parent.as_str()),
+        ("sluice-serve", caller_span.as_str())
+    );
+    assert_eq!(admit.span_id, admit_span);
+    for s in [&wait, &start, &run] {
+        assert_eq!(
+            (s.service.as_str(), s.parent.as_str()),
+            ("sluice-worker", admit_span.as_str()),
+            "{s:?}"
+        );
+        assert_eq!(
+            s.attributes["sluice.execution_id"],
+            traced["execution_id"].as_str().unwrap()
+        );
+    }
+    assert_eq!(complete.parent, run.span_id);
+    assert_eq!(
+        handler_parent, run.span_id,
+        "the handler's parent is the run span"
+    );
+    assert_eq!(admit.attributes["sluice.outcome"], "admitted");
+    assert_eq!(admit.attributes["sluice.tenant"], "acme");
+    assert_eq!(run.attributes["sluice.outcome"], "completed");
+    assert_eq!(run.attributes["sluice.attempt"], "1");
+    // In time order: waiting ends where the start call begins, the run follows it.
+    assert!(
+        wait.end_ns <= start.end_ns && start.start_ns <= run.start_ns,
+        "{of_trace:#?}"
+    );
+    assert!(
+        wait.start_ns <= wait.end_ns
+            && run.start_ns <= complete.start_ns
+            && complete.end_ns <= run.end_ns
+    );
+}
