@@ -1,46 +1,44 @@
-# Shared by the scripts: make sure redis-server (and, for the client round trip, python3 with
-# venv) is installed.
-# On Debian/Ubuntu it is installed with apt-get (as root, or through sudo); elsewhere the
-# message says what to do.
+# Shared by the scripts: make sure what they run is installed (redis-server; python3 with venv,
+# node with npm, chromium for the test and benchmark scripts). On Debian/Ubuntu it is
+# installed with apt-get (as root, or through sudo), by `apt_install`; elsewhere the message
+# says what to do.
 
-ensure_redis() {
-  if command -v redis-server >/dev/null 2>&1; then
-    return 0
-  fi
-  echo "redis-server not found; installing it with apt-get..." >&2
+# Installs the Debian packages $2... with apt-get (as root, or through sudo); $1 names what
+# they provide, for the messages. `apt-get update` runs once per script.
+apt_install() {
+  local what="$1"
+  shift
+  echo "$what not found; installing it with apt-get..." >&2
   local sudo=""
   if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-      sudo="sudo"
-    else
-      echo "error: not root and no sudo: install redis-server yourself (apt-get install redis-server)" >&2
+    command -v sudo >/dev/null 2>&1 && sudo="sudo" || {
+      echo "error: not root and no sudo: install $what yourself (apt-get install $*)" >&2
       return 1
-    fi
+    }
   fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "error: no apt-get here: install redis-server (Redis 7.0 or newer) with your package manager" >&2
+  command -v apt-get >/dev/null 2>&1 || {
+    echo "error: no apt-get here: install $what with your package manager" >&2
     return 1
+  }
+  if [ -z "${SLUICE_APT_UPDATED:-}" ]; then
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq || return 1
+    SLUICE_APT_UPDATED=1
   fi
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_redis() {
+  command -v redis-server >/dev/null 2>&1 && return 0
+  apt_install "redis-server (Redis 7.0 or newer)" redis-server || return 1
   command -v redis-server >/dev/null 2>&1 || { echo "error: redis-server still missing" >&2; return 1; }
 }
 
 # Python 3 with venv (for the generated-client round trip); installed with apt-get when missing.
 ensure_python_venv() {
-  if command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-    return 0
-  fi
-  echo "python3 with venv not found; installing it with apt-get..." >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 && sudo="sudo" || {
-      echo "error: not root and no sudo: install python3 and python3-venv yourself" >&2
-      return 1
-    }
-  fi
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
+  local ok='command -v python3 >/dev/null 2>&1 && python3 -c "import venv, ensurepip" >/dev/null 2>&1'
+  eval "$ok" && return 0
+  apt_install "python3 with venv" python3 python3-venv || return 1
+  eval "$ok" || { echo "error: python3 with venv still missing" >&2; return 1; }
 }
 
 # A virtualenv at $1 with the PyPI package $2 pinned at version $3, whose command $4 reports
@@ -56,24 +54,10 @@ ensure_pinned_venv() {
 
 # Node.js with npm (for the benchmark's BullMQ peer); installed with apt-get when missing.
 ensure_node() {
-  if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
-    return 0
-  fi
-  echo "node/npm not found; installing them with apt-get..." >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 && sudo="sudo" || {
-      echo "error: not root and no sudo: install nodejs and npm yourself" >&2
-      return 1
-    }
-  fi
-  command -v apt-get >/dev/null 2>&1 || {
-    echo "error: no apt-get here: install Node.js (18 or newer) and npm yourself" >&2
-    return 1
-  }
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null &&
-    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
+  local ok='command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1'
+  eval "$ok" && return 0
+  apt_install "Node.js (18 or newer) with npm" nodejs npm || return 1
+  eval "$ok" || { echo "error: node/npm still missing" >&2; return 1; }
 }
 
 # The npm project in folder $1 (package.json + package-lock.json + its program and config
@@ -94,22 +78,8 @@ ensure_npm_project() {
 # apt-get when missing. Nothing else ever fetches a browser: the test drives /usr/bin/chromium
 # through /usr/bin/chromedriver.
 ensure_chromium() {
-  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
-    return 0
-  fi
-  echo "chromium/chromedriver not found; installing them with apt-get..." >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 && sudo="sudo" || {
-      echo "error: not root and no sudo: install chromium and chromium-driver yourself" >&2
-      return 1
-    }
-  fi
-  command -v apt-get >/dev/null 2>&1 || {
-    echo "error: no apt-get here: install Chromium and its chromedriver yourself" >&2
-    return 1
-  }
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null &&
-    command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1
+  local ok='command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1'
+  eval "$ok" && return 0
+  apt_install "Chromium with its chromedriver" chromium chromium-driver || return 1
+  eval "$ok" || { echo "error: chromium/chromedriver still missing" >&2; return 1; }
 }

@@ -448,11 +448,6 @@ impl ShardMap {
         self.dedicated
     }
 
-    /// Whether `shard` is a dedicated one.
-    pub fn is_dedicated(self, shard: Shard) -> bool {
-        shard.number >= self.count
-    }
-
     /// How shard tags are named.
     pub fn layout(self) -> Layout {
         self.layout

@@ -68,7 +68,7 @@ use scripts::Scripts;
 #[doc(hidden)]
 pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
-pub use sweep::{SweepMode, SweepStep, SweepTarget, SweepTargets};
+pub use sweep::{SweepMode, SweepStep, SweepTarget};
 pub use tenants::{Change, MAX_KEY_OVERRIDES, MAX_WEIGHT, RateLimit, TenantLimits, TenantState};
 pub use trends::{Minute, PlatformTrends, TenantWork, Trends};
 pub use wake::{BellConn, StopListener};

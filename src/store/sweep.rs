@@ -36,28 +36,6 @@ impl Store {
         Ok(())
     }
 
-    /// What the sweeper walks: every tenant of every shard, with the flows it admitted. Each
-    /// shard is read on its own (its tenant set, then one pipeline for its tenants' flow
-    /// sets), all shards at the same time; a shard that cannot be read is reported in
-    /// `unreachable` and the others are walked anyway.
-    pub async fn sweep_targets(&self) -> Result<SweepTargets, StoreError> {
-        let reads = self
-            .shards
-            .all()
-            .map(|shard| async move { (shard, self.shard_sweep_targets(shard).await) });
-        let mut out = SweepTargets::default();
-        for (shard, result) in futures_util::future::join_all(reads).await {
-            match result {
-                Ok(targets) => out.targets.extend(targets),
-                Err(e) => {
-                    tracing::warn!(shard = %shard.label(), error = %e, "shard not swept this round");
-                    out.unreachable.push((shard, e));
-                }
-            }
-        }
-        Ok(out)
-    }
-
     /// The sweep targets of one shard: two round trips on its slot.
     pub async fn shard_sweep_targets(&self, shard: Shard) -> Result<Vec<SweepTarget>, StoreError> {
         let mut c = self.conn();
@@ -129,23 +107,6 @@ impl Store {
             .arg(batch);
         let mut c = self.conn();
         self.bounded(inv.invoke_async(&mut c)).await
-    }
-}
-
-/// What the sweeper walks this round (iterate it for the targets).
-#[derive(Debug, Default)]
-pub struct SweepTargets {
-    pub targets: Vec<SweepTarget>,
-    /// Shards whose targets could not be read: skipped this round.
-    pub unreachable: Vec<(Shard, StoreError)>,
-}
-
-impl IntoIterator for SweepTargets {
-    type Item = SweepTarget;
-    type IntoIter = std::vec::IntoIter<SweepTarget>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.targets.into_iter()
     }
 }
 
