@@ -714,9 +714,15 @@ end
 -- current can never pass for the current one. `attempt` counts the starts of the current run.
 -- The run is listed in its worker's held set (K.held), which adopt.lua reads.
 --
+-- `only` (nil for every tenant) is a list of tenants: a pull worker that serves only these
+-- (`POST /api/worker/lease`). Then each round takes the one of them with the least virtual
+-- time, so the fair share holds among them; the shard's clock still follows the least
+-- virtual time of all runnable tenants (the floor a returning tenant comes back at), never
+-- the larger one a filtered pick may have.
+--
 -- Returns more (1 when a tenant can still start something, else 0) and the started runs,
 -- each as run_of() reports it.
-local function start_entries(consumer, count, ttl, cap, now)
+local function start_entries(consumer, count, ttl, cap, now, only)
   local started = {}
   -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
   local left = nil
@@ -726,6 +732,18 @@ local function start_entries(consumer, count, ttl, cap, now)
     local top = redis.call('ZRANGE', K.runnable(), 0, 0, 'WITHSCORES')
     left = #top > 0
     if not left then break end
+    local clock_at = tonumber(top[2])
+    if only then
+      -- The least virtual time among the served tenants that are runnable.
+      local scores = redis.call('ZMSCORE', K.runnable(), unpack(only))
+      top = {}
+      for i, score in ipairs(scores) do
+        if score and (not top[2] or tonumber(score) < top[2]) then
+          top = { only[i], tonumber(score) }
+        end
+      end
+      if not top[1] then break end
+    end
     local tenant, vt = top[1], tonumber(top[2])
     local popped = redis.call('ZPOPMIN', K.waiting(tenant))
     local id = popped[1]
@@ -757,7 +775,7 @@ local function start_entries(consumer, count, ttl, cap, now)
         redis.call('SADD', K.key_running(tenant, key), id)
         key_offer(tenant, key)
       end
-      redis.call('HSET', K.sched(), 'clock', vt)
+      redis.call('HSET', K.sched(), 'clock', clock_at)
       redis.call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant, 'vt', vt,
         'w', weight)
       local next_vt = vt + QUANTUM / weight
@@ -786,7 +804,8 @@ local function start_entries(consumer, count, ttl, cap, now)
     end
   end
   local more = 0
-  if left == nil then left = redis.call('EXISTS', K.runnable()) == 1 end
+  -- With `only`, the doorbell still speaks for every tenant of the shard.
+  if left == nil or only then left = redis.call('EXISTS', K.runnable()) == 1 end
   if left then
     more = 1
     ring()

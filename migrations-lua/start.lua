@@ -21,6 +21,8 @@
 -- ARGV[10] the call's number among the worker's start-capable calls in the shard (0: none). A
 --          call its worker's last adopt.lua covered (its answer was lost, and it reaches Redis
 --          only after that adopt) changes nothing and replies {0, {}}.
+-- ARGV[11..] optional: the only tenants to start for (a pull worker serving some tenants, see
+--          start_entries() in common.lua); none given: every tenant of the shard.
 --
 -- Reply: {more, started, next_due, weight}
 --   more      1 when a tenant can still start something in the shard, else 0
@@ -37,7 +39,9 @@ declared(8, K.adopted(consumer))
 if barred(consumer, tonumber(ARGV[10])) then return { 0, {}, -1, 0 } end
 local now = now_ms()
 local wait = promote_due(now, 100)
-local more, started = start_entries(consumer, count, ttl, cap, now)
+local only = nil
+if #ARGV > 10 then only = { unpack(ARGV, 11) } end
+local more, started = start_entries(consumer, count, ttl, cap, now, only)
 -- A start that throttled its tenant or key put a wake-up on the timer set.
 if WOKE then wait = next_due(now) end
 flush_trends()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Schema-driven fuzzing: Schemathesis (from PyPI, in a virtualenv under the cargo target folder,
-# reused by later runs) against a live `sluice serve`, as a viewer, an editor and an admin key
+# reused by later runs) against a live `sluice serve`, as a worker, a viewer, an editor and an admin key
 # of a tenant and as the platform admin, with all checks and bounded examples and time
 # (scripts/api_fuzz.py starts its own redis-server and sluice on free loopback ports). Any
 # failure, or any 5xx answer, fails the script.

@@ -414,7 +414,7 @@ def run(ui, api, base, dev_base, screenshots):
     # --- API keys of acme: one per role, each token shown once.
     ui.go("#/t/acme/api-keys")
     tokens = {}
-    for role in ["viewer", "editor", "admin"]:
+    for role in ["viewer", "editor", "admin", "worker"]:
         Select(ui.el("#new-key-role")).select_by_value(role)
         ui.type("#new-key-name", f"console {role}")
         ui.click("#create-key-submit")
@@ -426,7 +426,9 @@ def run(ui, api, base, dev_base, screenshots):
         ui.until(lambda: ui.d.find_elements(By.CSS_SELECTOR, "#copy-token"), "copy button")
         ui.d.execute_script("document.getElementById('created-key').replaceChildren()")
     listed = api.call("GET", "/api/tenants/acme/api-keys")[1]["api_keys"]
-    check(len(listed) == 3 and all("token" not in k for k in listed), "three keys, no token in the list")
+    check(len(listed) == 4 and all("token" not in k for k in listed), "four keys, no token in the list")
+    check(sorted(k["role"] for k in listed) == ["admin", "editor", "viewer", "worker"],
+          "one key of each role listed, the pull API's worker key too")
     shot("api-keys.png")
     no_errors(ui, "tenants and keys")
 
@@ -993,6 +995,9 @@ def run(ui, api, base, dev_base, screenshots):
     check(api.call("PUT", "/api/tenants/acme", {"max_queued": None})[0] == 200, "acme's queue limit back to the default")
     status, pending = api.call("POST", "/api/executions", {"flow_id": "demo.echo", "delay": "1h"}, tenant="acme")
     check(status == 201 and pending["queue_state"] == "scheduled", "a scheduled execution for the role checks")
+    ui.login(tokens["worker"])
+    ui.until(lambda: "pull API" in ui.text("#login-error"), "a worker key is told the console is not for it")
+    check(not ui.present("#who-role"), "a worker key does not sign in")
     ui.login(tokens["viewer"])
     check(ui.text("#who-role") == "viewer", "the viewer key signs in as viewer")
     ui.el("#executions-table")

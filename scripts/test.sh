@@ -9,7 +9,8 @@
 #      drives a live server);
 #   4. the TypeScript client: `redocly lint` of openapi/openapi.json, a client generated with
 #      openapi-typescript type-checked under `tsc --strict` and run against a live server;
-#   5. Schemathesis against a live server as each kind of caller (about two minutes);
+#   5. Schemathesis against a live server as each kind of caller, the worker key included
+#      (about two and a half minutes);
 #   6. the web console in a real browser (Debian's chromium + chromedriver, Selenium) against a
 #      live server and worker (about a minute).
 # Installs redis-server, python3 with venv, node with npm, and chromium with chromium-driver,
@@ -18,6 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_redis
+# The pull API's example worker (examples/pull_worker.py) runs inside the Rust suite.
+ensure_python_venv
 cargo test --locked "$@"
 SLUICE_TEST_CLUSTER=1 cargo test --locked --test api "$@"
 bash scripts/client_roundtrip.sh

@@ -22,9 +22,10 @@ pub const TOKEN_PREFIX: &str = "sk_";
 const KEY_ID_BYTES: usize = 8;
 const SECRET_BYTES: usize = 32;
 
-// The one role type: the API spells it `viewer`, `editor`, `admin` (its serde and OpenAPI
-// schema derive from here), the store keeps the same spelling, and the HTTP layer checks
-// callers against it (the order is used for `>=` checks). The platform admin is not a role of
+// The one role type: the API spells it `worker`, `viewer`, `editor`, `admin` (its serde and
+// OpenAPI schema derive from here), the store keeps the same spelling, and the HTTP layer
+// checks callers against it (the order is used for `>=` checks: `worker` is below every
+// other, and reaches only the pull API, `http::worker`). The platform admin is not a role of
 // a key but the admin token (`http::auth::Grant`). The doc line below is the API's.
 /// The role an API key grants, weakest first.
 #[derive(
@@ -41,6 +42,9 @@ const SECRET_BYTES: usize = 32;
 )]
 #[serde(rename_all = "lowercase")]
 pub enum KeyRole {
+    /// Lease and run the tenant's executions through the pull API (`/api/worker/*`), and
+    /// nothing else.
+    Worker,
     /// Read executions.
     Viewer,
     /// Also submit, cancel and retry executions.
@@ -53,6 +57,7 @@ impl KeyRole {
     /// The API's and the store's spelling.
     pub fn as_str(self) -> &'static str {
         match self {
+            KeyRole::Worker => "worker",
             KeyRole::Viewer => "viewer",
             KeyRole::Editor => "editor",
             KeyRole::Admin => "admin",
@@ -62,6 +67,7 @@ impl KeyRole {
     /// Reads the stored spelling.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "worker" => Some(KeyRole::Worker),
             "viewer" => Some(KeyRole::Viewer),
             "editor" => Some(KeyRole::Editor),
             "admin" => Some(KeyRole::Admin),

@@ -37,6 +37,8 @@ pub struct Application {
     limits: ConnectionLimits,
     /// The waiters of executions; its listener starts with the server.
     waiters: Arc<Hub>,
+    /// The pull API's wake-ups and orphan scans; they start with the server.
+    pull: Arc<crate::pull::Pull>,
     /// Cancelled to stop serving (also ends every wait at once).
     stop: tokio_util::sync::CancellationToken,
 }
@@ -89,6 +91,14 @@ impl Application {
             heartbeat: Duration::from_millis(config.api.events_heartbeat_ms.max(1))
                 .min(stalled_after / 2),
         };
+        let pull = Arc::new(crate::pull::Pull {
+            doorbells: crate::pull::Doorbells::new(store.clone()),
+            stops: crate::pull::Stops::new(store.clone()),
+            retry_backoff: Duration::from_millis(config.api.retry_backoff_ms),
+            retry_backoff_max: Duration::from_millis(config.api.retry_backoff_max_ms),
+            orphan_scan: (config.api.orphan_scan_ms > 0)
+                .then(|| Duration::from_millis(config.api.orphan_scan_ms)),
+        });
         let state = AppState {
             store: store.clone(),
             auth: Arc::new(AuthConfig {
@@ -104,6 +114,7 @@ impl Application {
             waiters: waiters.clone(),
             revocations,
             events,
+            pull: pull.clone(),
         };
         let cors_origins = config
             .api
@@ -174,6 +185,7 @@ impl Application {
                 .then(|| Duration::from_secs(config.api.sweep_interval_secs)),
             limits: connection_limits,
             waiters,
+            pull,
             stop,
         })
     }
@@ -197,6 +209,11 @@ impl Application {
         self.store.clone()
     }
 
+    /// The pull API's state (for tests: its doorbell connections, its stop mailboxes).
+    pub fn pull(&self) -> Arc<crate::pull::Pull> {
+        self.pull.clone()
+    }
+
     /// The waiters of executions this server serves (for tests and tools).
     pub fn waiters(&self) -> Arc<Hub> {
         self.waiters.clone()
@@ -207,6 +224,7 @@ impl Application {
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let stop = self.stop.clone();
         tokio::spawn(self.waiters.clone().listen());
+        tokio::spawn(self.pull.clone().run(self.store.clone(), stop.clone()));
         if let Some(interval) = self.sweep_interval {
             tokio::spawn(crate::sweeper::run(
                 self.store.clone(),

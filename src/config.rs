@@ -334,6 +334,17 @@ pub struct ApiSettings {
     /// Most records each shard's dead-letter stream keeps; older ones are evicted and counted.
     #[arg(long, env = "SLUICE_DLQ_CAP", default_value_t = 10_000)]
     pub dlq_cap: u64,
+    /// How often this server looks for expired leases (of pull workers, and of any worker
+    /// that died) in each shard, in milliseconds (0 = never: leave it to `sluice worker`s).
+    #[arg(long, env = "SLUICE_ORPHAN_SCAN_MS", default_value_t = 5_000)]
+    pub orphan_scan_ms: u64,
+    /// Pull workers' failed runs that may be retried wait this long before their 2nd attempt,
+    /// in milliseconds, doubling per attempt (as `sluice worker --retry-backoff-ms`).
+    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MS", default_value_t = 1_000)]
+    pub retry_backoff_ms: u64,
+    /// The cap of that backoff, in milliseconds.
+    #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = 300_000)]
+    pub retry_backoff_max_ms: u64,
     /// Clients waiting at once on this server, long polls (`GET /api/executions/{id}?wait=`)
     /// and event streams (`/events`) together; more are answered 503 `too_many_waiters`.
     #[arg(long, env = "SLUICE_MAX_WAITERS", default_value_t = 10_000)]

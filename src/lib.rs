@@ -10,6 +10,7 @@
 //! - [`worker`]: the worker runtime — handlers, leases, heartbeats, orphan recovery.
 //! - [`sweeper`]: the background repair of what should never drift.
 //! - [`waiters`]: clients waiting on executions, served by one Pub/Sub listener per process.
+//! - [`pull`]: the wake-ups `serve` reads once for all pull workers' long polls.
 //! - [`revocation`]: withdrawn credentials end open waits; unknown tokens cost no Redis call.
 //! - [`dev`]: the embedded default's managed `redis-server`.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
@@ -24,6 +25,7 @@ pub mod dev;
 pub mod http;
 pub mod migrate;
 pub mod otel;
+pub mod pull;
 pub mod reshard;
 pub mod revocation;
 pub mod server;

@@ -198,6 +198,11 @@ impl Hub {
         self.reads.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Cancelled when the server shuts down: every wait ends then.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
     /// Waiters registered now (for tests and metrics).
     pub fn waiters(&self) -> usize {
         self.lock()
@@ -271,14 +276,44 @@ impl Hub {
         })
     }
 
-    fn leave(&self, tenant: &TenantId, id: &ExecutionId) {
+    /// Counts a waiter that waits on no execution (a pull worker's long poll) in the same
+    /// bounds: one of the process's `max_waiters`, and one of `max_per_tenant` of each tenant
+    /// in `tenants` (none: the process's bound only). Released when the answer is dropped.
+    pub fn reserve(self: &Arc<Self>, tenants: &[TenantId]) -> Result<Reserved, Refusal> {
+        let slot = self
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Refusal::ServerFull)?;
         let mut reg = self.lock();
+        if tenants
+            .iter()
+            .any(|t| reg.per_tenant.get(t).copied().unwrap_or(0) >= self.max_per_tenant)
+        {
+            return Err(Refusal::TenantFull);
+        }
+        for t in tenants {
+            *reg.per_tenant.entry(t.clone()).or_default() += 1;
+        }
+        Ok(Reserved {
+            hub: self.clone(),
+            tenants: tenants.to_vec(),
+            _slot: slot,
+        })
+    }
+
+    fn uncount(reg: &mut Registry, tenant: &TenantId) {
         if let Some(n) = reg.per_tenant.get_mut(tenant) {
             *n -= 1;
             if *n == 0 {
                 reg.per_tenant.remove(tenant);
             }
         }
+    }
+
+    fn leave(&self, tenant: &TenantId, id: &ExecutionId) {
+        let mut reg = self.lock();
+        Self::uncount(&mut reg, tenant);
         let Some(channel) = reg.channels.get_mut(id) else {
             return;
         };
@@ -563,6 +598,22 @@ impl Hub {
             }
             c.reading = false;
             return;
+        }
+    }
+}
+
+/// A place among the hub's waiters held by a wait on no execution (see [`Hub::reserve`]).
+pub struct Reserved {
+    hub: Arc<Hub>,
+    tenants: Vec<TenantId>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        let mut reg = self.hub.lock();
+        for t in &self.tenants {
+            Hub::uncount(&mut reg, t);
         }
     }
 }

@@ -213,6 +213,10 @@ async function boot() {
       const hadToken = !!token();
       clearToken();
       showLogin(hadToken ? 'That token was not accepted (unknown, revoked or mistyped).' : null);
+    } else if (e instanceof ApiError && e.status === 403) {
+      // A worker key: valid, but it reaches only the pull API (/api/worker/*).
+      clearToken();
+      showLogin('That is a worker key: it reaches only the pull API (/api/worker/*), not the console. Sign in with a viewer, editor or admin key.');
     } else {
       replace(root, h('main', { id: 'main' }, h('section', { class: 'panel' }, h('h1', {}, 'sluice is not answering'), h('p', {}, e.message))));
     }

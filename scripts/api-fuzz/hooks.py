@@ -11,8 +11,10 @@ descriptions; nothing here loosens a check.
   ahead; an admission names at most one of the two, a reschedule exactly one.
 
 And one rule of the run itself: a valid `wait` on `GET /api/executions/{id}` holds the request
-as long as it says when the execution stays queued (no worker runs here), so waits that may
-be valid are sent as `1s`, in every generation mode (invalid ones still answer at once, 400).
+as long as it says when the execution stays queued (no worker runs here), and so does one on
+the pull API's long polls (`POST /api/worker/lease`, `/api/worker/stops`) when nothing comes,
+so waits that may be valid are sent as `1s`, in every generation mode (invalid ones still
+answer at once, 400).
 """
 
 import datetime
@@ -105,9 +107,13 @@ _WAIT = re.compile(r"^[0-9]+(ms|s|m)?$")
 def _short_wait(case):
     # Any wait that may be valid, in every generation mode: a negative case can carry a valid
     # wait beside its invalid part, and the server may then hold it for as long as it says.
+    long_polls = {
+        ("GET", "/api/executions/{id}"),
+        ("POST", "/api/worker/lease"),
+        ("POST", "/api/worker/stops"),
+    }
     if (
-        case.operation.method.upper() == "GET"
-        and case.operation.path == "/api/executions/{id}"
+        (case.operation.method.upper(), case.operation.path) in long_polls
         and isinstance(case.query, dict)
         and isinstance(case.query.get("wait"), str)
         and _WAIT.match(case.query["wait"])

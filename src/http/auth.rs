@@ -22,6 +22,9 @@ use crate::admission::TenantId;
 use crate::config::Secret;
 use crate::revocation::{KeyWatch, Revocations};
 
+/// What every route a `worker` key may call starts with (the pull API, `http::worker`).
+pub const WORKER_ROUTES: &str = "/api/worker/";
+
 /// Header naming the tenant the platform admin (or a dev-mode caller) acts for.
 pub const TENANT_HEADER: &str = "x-tenant-id";
 
@@ -194,6 +197,11 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<Caller, ApiErro
                 .ok_or(ApiError::Unauthorized)?;
             if tenant()?.is_some_and(|t| t != own) {
                 return Err(tenant_mismatch());
+            }
+            if role == KeyRole::Worker && !parts.uri.path().starts_with(WORKER_ROUTES) {
+                return Err(insufficient(format!(
+                    "a {role} key reaches only {WORKER_ROUTES}*"
+                )));
             }
             Ok(Caller {
                 tenant: Some(own),

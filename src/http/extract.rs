@@ -117,6 +117,47 @@ impl<'de> Deserialize<'de> for WholeU32 {
     }
 }
 
+/// The largest integer every JSON reader holds exactly (2^53 - 1): the bound of [`WholeU64`].
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// A `u64` field written as any JSON number with a whole value up to [`MAX_SAFE_INTEGER`]
+/// (`7`, `7.0`, `7e0`), as [`WholeU32`] is for `u32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeU64(pub u64);
+
+impl<'de> Deserialize<'de> for WholeU64 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Whole;
+        impl Visitor<'_> for Whole {
+            type Value = WholeU64;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a whole number from 0 to {MAX_SAFE_INTEGER}")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<WholeU64, E> {
+                if v <= MAX_SAFE_INTEGER {
+                    Ok(WholeU64(v))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Unsigned(v), &self))
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<WholeU64, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<WholeU64, E> {
+                if v.fract() == 0.0 && (0.0..=MAX_SAFE_INTEGER as f64).contains(&v) {
+                    // Whole and within 2^53: the conversion is exact.
+                    Ok(WholeU64(v as u64))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Float(v), &self))
+                }
+            }
+        }
+        d.deserialize_any(Whole)
+    }
+}
+
 /// Query parameters parsed only when the handler calls [`QueryLater::parse`], after its
 /// permission checks (see [`JsonBody`]).
 pub struct QueryLater<T> {

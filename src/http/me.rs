@@ -21,6 +21,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CallerRole {
+    /// A tenant key that leases and runs executions through `/api/worker/*` only (it cannot
+    /// call `/api/me` itself; the console names it when listing keys).
+    Worker,
     /// A tenant key that reads executions and dead letters.
     Viewer,
     /// A tenant key that also admits, cancels and retries executions.
@@ -35,6 +38,7 @@ pub enum CallerRole {
 impl From<Grant> for CallerRole {
     fn from(g: Grant) -> Self {
         match g {
+            Grant::Key(KeyRole::Worker) => CallerRole::Worker,
             Grant::Key(KeyRole::Viewer) => CallerRole::Viewer,
             Grant::Key(KeyRole::Editor) => CallerRole::Editor,
             Grant::Key(KeyRole::Admin) => CallerRole::Admin,

@@ -18,6 +18,7 @@ pub mod queues;
 mod spec;
 pub mod tenants;
 pub mod trends;
+pub mod worker;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +64,8 @@ pub struct AppState {
     pub revocations: Arc<Revocations>,
     /// How long event streams last and how often they beat.
     pub events: EventLimits,
+    /// What the pull API (`/api/worker/*`) waits on, and its retry policy.
+    pub pull: Arc<crate::pull::Pull>,
 }
 
 /// What a handler may ask of the connection it is served on. `crate::server` puts one in
@@ -126,6 +129,7 @@ fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi
         .merge(queues::routes())
         .merge(me::routes())
         .merge(health::routes())
+        .merge(worker::routes())
         .split_for_parts();
     let (metrics_router, metrics_spec) = metrics::routes().split_for_parts();
     spec.merge(metrics_spec);
@@ -314,12 +318,12 @@ async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
         return res;
     }
     let mut bound = edge.request_timeout;
-    if let Some(wait) = waiting::allowance(&method, route.as_deref(), req.uri()) {
+    if let Some((wait, label)) = waiting::allowance(&method, route.as_deref(), req.uri()) {
         bound += wait;
         if let Some(conn) = req.extensions().get::<ConnectionHandle>() {
             conn.allow_silence_until(started + bound);
         }
-        route = Some(waiting::WAIT_ROUTE_LABEL.to_owned());
+        route = Some(label.to_owned());
     }
     let res = match tokio::time::timeout(bound, next.run(req)).await {
         Ok(res) => problem_for_bare_errors(res),

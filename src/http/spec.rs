@@ -36,6 +36,7 @@ use super::error::PROBLEM_JSON;
         (name = "api-keys", description = "Tenant API keys: created and shown once, listed by id, revoked"),
         (name = "auth", description = "Who the caller is: tenant, role and key"),
         (name = "operations", description = "Health and readiness probes, metrics, dead letters and queue statistics"),
+        (name = "worker", description = "The pull API: workers in any language lease executions, keep their leases alive, hear cancels and report outcomes (a `worker` key or the platform admin)"),
     )
 )]
 pub struct ApiDoc;
@@ -47,8 +48,8 @@ impl Modify for BearerAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         let mut scheme = Http::new(HttpAuthScheme::Bearer);
         scheme.description = Some(
-            "A tenant API key (`sk_<key id>_<secret>`, role viewer, editor or admin; the tenant \
-             comes from the key) or the platform admin token (acts for the tenant named in \
+            "A tenant API key (`sk_<key id>_<secret>`, role worker, viewer, editor or admin; the \
+             tenant comes from the key; a worker key reaches only `/api/worker/*`) or the platform admin token (acts for the tenant named in \
              `X-Tenant-Id`)."
                 .into(),
         );

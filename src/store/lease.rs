@@ -101,6 +101,21 @@ impl Store {
         lease_ttl: Duration,
         call: u64,
     ) -> Result<StartBatch, StoreError> {
+        self.start_for(shard, consumer, count, lease_ttl, call, &[])
+            .await
+    }
+
+    /// `start`, for the tenants `only` of the shard (none: every tenant): a pull worker that
+    /// serves some tenants. The fair share holds among them.
+    pub async fn start_for(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        count: usize,
+        lease_ttl: Duration,
+        call: u64,
+        only: &[TenantId],
+    ) -> Result<StartBatch, StoreError> {
         let keys = [
             shard.runnable(),
             shard.delayed(),
@@ -116,6 +131,9 @@ impl Store {
             .arg(lease_ttl.as_millis() as u64)
             .arg(self.dlq_cap())
             .arg(call);
+        for t in only {
+            inv.arg(t.as_str());
+        }
         let mut c = self.conn();
         let (more, runs, next_due, weight): (u8, Vec<RunReply>, i64, u64) =
             self.bounded(inv.invoke_async(&mut c)).await?;
@@ -361,7 +379,7 @@ pub struct Reclaimed {
 }
 
 /// A run as `start.lua` and `adopt.lua` report it: (id, fence, attempt, tenant, flow,
-/// version or '', params, max_attempts, (traceparent or '', tracestate or '')).
+/// version or '', params, max_attempts, traceparent or '', tracestate or '').
 type RunReply = (
     String,
     u64,

@@ -24,6 +24,7 @@
 
 mod access;
 mod admit;
+mod bells;
 mod cancel;
 mod compose;
 mod conn;
@@ -54,6 +55,7 @@ use crate::admission::ExecutionId;
 
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::{Admission, Decision, DryRun};
+pub use bells::{BellNode, BellPools};
 pub use cancel::Reschedule;
 pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, Retry};
@@ -313,6 +315,11 @@ impl Store {
             .await
             .map(|_: i64| ())?;
         Ok(Migration { done: true, moved })
+    }
+
+    /// How this store was configured (where Redis is, its time bounds).
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
     }
 
     /// The shard map in force (possibly recorded by an earlier start).

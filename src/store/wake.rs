@@ -159,7 +159,7 @@ impl Store {
     }
 
     /// The address of the master serving `slot`, from `CLUSTER SLOTS` (asked of any node).
-    async fn master_of_slot(&self, slot: u16) -> Result<(String, u16), StoreError> {
+    pub(super) async fn master_of_slot(&self, slot: u16) -> Result<(String, u16), StoreError> {
         let mut c = self.conn();
         let ranges: Vec<Value> = self
             .bounded(redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut c))

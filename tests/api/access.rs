@@ -25,12 +25,12 @@ impl TestApp {
     }
 
     /// Registers a tenant with the server defaults.
-    async fn create_tenant(&self, tenant: &str) {
+    pub async fn create_tenant(&self, tenant: &str) {
         self.put_tenant(tenant, &json!({})).await;
     }
 
     /// Creates an API key as the platform admin; returns the answer (with `token`).
-    async fn create_key(&self, tenant: &str, role: &str) -> Value {
+    pub async fn create_key(&self, tenant: &str, role: &str) -> Value {
         let res = self
             .client
             .post(self.url(&format!("/api/tenants/{tenant}/api-keys")))
@@ -43,7 +43,7 @@ impl TestApp {
         res.json().await.unwrap()
     }
 
-    async fn key_token(&self, tenant: &str, role: &str) -> String {
+    pub async fn key_token(&self, tenant: &str, role: &str) -> String {
         self.create_key(tenant, role).await["token"]
             .as_str()
             .unwrap()

@@ -437,6 +437,8 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// The app's registry of waiting clients (`?wait`, `/events`), to await their number.
     pub waiters: std::sync::Arc<sluice::waiters::Hub>,
+    /// The app's pull API state (its doorbell connections, its stop mailboxes).
+    pub pull: std::sync::Arc<sluice::pull::Pull>,
     shards: ShardMap,
     config: AppConfig,
 }
@@ -475,11 +477,13 @@ impl TestApp {
         let metrics_addr = app.metrics_address();
         let shards = app.store().shards();
         let waiters = app.waiters();
+        let pull = app.pull();
         tokio::spawn(app.run_until_stopped(std::future::pending()));
         Self {
             addr,
             metrics_addr,
             waiters,
+            pull,
             redis,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))

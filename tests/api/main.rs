@@ -24,6 +24,7 @@ mod listing;
 mod openapi;
 mod operability;
 mod pinning;
+mod pull;
 mod quota;
 mod redis_trouble;
 mod shards;

@@ -10,7 +10,7 @@ export async function render(ctx) {
   const tbody = h('tbody', { id: 'api-keys-body' });
   const created = h('div', { id: 'created-key' });
 
-  const roleSel = h('select', { id: 'new-key-role' }, ['viewer', 'editor', 'admin'].map((r) => h('option', { value: r }, r)));
+  const roleSel = h('select', { id: 'new-key-role' }, ['viewer', 'editor', 'admin', 'worker'].map((r) => h('option', { value: r }, r)));
   const nameIn = h('input', { id: 'new-key-name', placeholder: 'optional', maxlength: 64 });
   const form = h('form', {
     id: 'create-key', class: 'inline-form',

@@ -95,18 +95,29 @@ fn wait_of(uri: &Uri) -> Option<Duration> {
 /// connection: its `wait` for a long poll, nothing for any other request. The per-request
 /// bound (`edge` in `http/mod.rs`) and the connection's stalled-peer rule (`crate::server`)
 /// both add it, so a wait is bounded by itself plus the usual bound, never cut short.
-pub fn allowance(method: &Method, route: Option<&str>, uri: &Uri) -> Option<Duration> {
-    if method != Method::GET || route != Some(EXECUTION_ROUTE) {
-        return None;
-    }
-    wait_of(uri)
+pub fn allowance(
+    method: &Method,
+    route: Option<&str>,
+    uri: &Uri,
+) -> Option<(Duration, &'static str)> {
+    let label = match (method, route) {
+        (&Method::GET, Some(EXECUTION_ROUTE)) => WAIT_ROUTE_LABEL,
+        (&Method::POST, Some(crate::http::worker::LEASE_ROUTE)) => LEASE_WAIT_LABEL,
+        (&Method::POST, Some(crate::http::worker::STOPS_ROUTE)) => STOPS_WAIT_LABEL,
+        _ => return None,
+    };
+    Some((wait_of(uri)?, label))
 }
 
 /// The label a long poll's latency is recorded under: apart from plain reads, whose latency
 /// its seconds of waiting would drown.
 pub const WAIT_ROUTE_LABEL: &str = "/api/executions/{id}?wait";
+/// The label of a pull worker's lease long poll.
+pub const LEASE_WAIT_LABEL: &str = "/api/worker/lease?wait";
+/// The label of a pull worker's stop long poll.
+pub const STOPS_WAIT_LABEL: &str = "/api/worker/stops?wait";
 
-fn refused(r: Refusal) -> ApiError {
+pub(crate) fn refused(r: Refusal) -> ApiError {
     match r {
         Refusal::ServerFull => ApiError::Busy {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -171,7 +182,7 @@ pub(super) async fn wait_for_execution(
 
 /// Resolves when the watched key is withdrawn; never without a watch (the admin token, dev
 /// auth).
-async fn until_revoked(watch: &mut Option<KeyWatch>) {
+pub(crate) async fn until_revoked(watch: &mut Option<KeyWatch>) {
     match watch {
         Some(w) => w.revoked().await,
         None => std::future::pending().await,
@@ -353,11 +364,11 @@ mod tests {
         let id = "/api/executions/0123456789abcdef0123456789abcdef";
         assert_eq!(
             allowance(&get, route, &uri(&format!("{id}?wait=5s"))),
-            Some(Duration::from_secs(5))
+            Some((Duration::from_secs(5), WAIT_ROUTE_LABEL))
         );
         assert_eq!(
             allowance(&get, route, &uri(&format!("{id}?x=1&wait=250ms"))),
-            Some(Duration::from_millis(250))
+            Some((Duration::from_millis(250), WAIT_ROUTE_LABEL))
         );
         assert_eq!(allowance(&get, route, &uri(id)), None);
         assert_eq!(
@@ -375,6 +386,29 @@ mod tests {
                 &uri("/api/executions?wait=5s")
             ),
             None
+        );
+        // The pull API's long polls (POST, `wait` in the query string).
+        let lease = crate::http::worker::LEASE_ROUTE;
+        assert_eq!(
+            allowance(
+                &Method::POST,
+                Some(lease),
+                &uri(&format!("{lease}?wait=30s"))
+            ),
+            Some((Duration::from_secs(30), LEASE_WAIT_LABEL))
+        );
+        assert_eq!(
+            allowance(&get, Some(lease), &uri(&format!("{lease}?wait=30s"))),
+            None
+        );
+        let stops = crate::http::worker::STOPS_ROUTE;
+        assert_eq!(
+            allowance(
+                &Method::POST,
+                Some(stops),
+                &uri(&format!("{stops}?wait=1m"))
+            ),
+            Some((Duration::from_secs(60), STOPS_WAIT_LABEL))
         );
     }
 }

@@ -14,7 +14,7 @@ use crate::http::extract::WholeU32;
 /// A JSON object with any members (`params`). Said outright (`additionalProperties: true`):
 /// generators read an object without it as one that has no members, e.g. openapi-typescript's
 /// `Record<string, never>`, which no call with parameters would compile against.
-fn free_form_object() -> Object {
+pub(crate) fn free_form_object() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::Object)
         .additional_properties(Some(AdditionalProperties::FreeForm(true)))

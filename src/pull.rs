@@ -1,0 +1,528 @@
+//! What `serve` keeps for pull workers (`/api/worker/*`, in `http::worker`): the wake-ups
+//! their long polls wait on, read from Redis once per server and fanned out in memory.
+//!
+//! - **Doorbells.** A lease long poll waits for a shard's doorbell, the marker every script
+//!   sets when the shard has work a worker can start (see `ring()` in
+//!   `migrations-lua/common.lua`). [`Doorbells`] has one reader task per shard, which reads
+//!   the marker only while some long poll waits on that shard (on a pooled connection,
+//!   `store::BellPools`), and tells all of them at once; each then asks `start.lua` for
+//!   itself. A marker that comes when nobody waits any more is set again, for the next worker
+//!   (a `sluice worker` or another server). A wake-up that started nothing for anybody while
+//!   the marker stays set (the work belongs to tenants no waiting pull worker serves) makes
+//!   the reader pause before it reads again, [`FRUITLESS_FIRST`] doubling up to
+//!   [`FRUITLESS_MAX`]: so work no pull worker may take costs a call per pause, not a loop.
+//! - **Stop messages.** A cancel or force delete of a running execution publishes its id on
+//!   its holder's channel (`keys::stop_channel`). [`Stops`] hears every pull worker's channel
+//!   on one Pub/Sub connection (a pattern subscription) and keeps each id for its worker's
+//!   next stop poll ([`STOPS_KEPT`] at most, for [`MAILBOX_IDLE`] after its last poll).
+//!
+//! Both are shortcuts: a lease poll also wakes when a scheduled execution of its shards falls
+//! due, and a pull worker's heartbeat answers `cancel_requested` whatever was missed while a
+//! connection was down.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{BellNode, BellPools, RedisTarget, Shard, Store, StoreError, keys};
+
+/// How long one doorbell read blocks on Redis: a reader whose waiters left gives its
+/// connection back to the pool within this.
+pub const BELL_BLOCK: Duration = Duration::from_secs(2);
+
+/// The first pause after a wake-up that started nothing, doubled up to [`FRUITLESS_MAX`].
+pub const FRUITLESS_FIRST: Duration = Duration::from_millis(25);
+/// The longest pause after wake-ups that started nothing.
+pub const FRUITLESS_MAX: Duration = Duration::from_millis(500);
+
+/// Pauses after a failed doorbell read, doubling.
+const FAILING_FIRST: Duration = Duration::from_millis(100);
+const FAILING_MAX: Duration = Duration::from_secs(2);
+
+/// Stop ids kept for one pull worker between its polls.
+pub const STOPS_KEPT: usize = 1024;
+/// A pull worker's stop ids are kept this long after its last stop poll.
+pub const MAILBOX_IDLE: Duration = Duration::from_secs(60);
+
+/// What `serve` keeps for the pull API: the wake-ups, and the retry policy it applies to
+/// pull workers' failed runs (`--retry-backoff-ms`, `--retry-backoff-max-ms`).
+pub struct Pull {
+    pub doorbells: Arc<Doorbells>,
+    pub stops: Arc<Stops>,
+    pub retry_backoff: Duration,
+    pub retry_backoff_max: Duration,
+    /// How often this server looks for expired leases in each shard (`--orphan-scan-ms`);
+    /// `None`: never.
+    pub orphan_scan: Option<Duration>,
+}
+
+impl Pull {
+    /// The backoff before the attempt after `attempt` failed: `retry_backoff` doubling per
+    /// attempt, capped (as `sluice worker` computes it).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 1u32 << attempt.saturating_sub(1).min(20);
+        self.retry_backoff
+            .saturating_mul(factor)
+            .min(self.retry_backoff_max)
+    }
+
+    /// Runs the doorbell readers, the stop listener and the orphan scans until `stop`.
+    pub async fn run(self: Arc<Self>, store: Arc<Store>, stop: CancellationToken) {
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(self.doorbells.clone().run(stop.clone()));
+        tasks.spawn(self.stops.clone().run(stop.clone()));
+        if let Some(every) = self.orphan_scan {
+            for shard in store.shards().all() {
+                tasks.spawn(scan_orphans(store.clone(), shard, every, stop.clone()));
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Recovers a shard's runs whose lease expired, every `every`: a pull worker that died (or
+/// any worker) is noticed here even when no `sluice worker` runs. Idempotent, so several
+/// servers (and workers) may scan the same shard.
+async fn scan_orphans(store: Arc<Store>, shard: Shard, every: Duration, stop: CancellationToken) {
+    const BATCH: usize = 100;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        // Bounded: at most 100 batches per tick.
+        for _ in 0..100 {
+            match store.reclaim(shard, BATCH).await {
+                Ok(r) => {
+                    if r.requeued + r.dead_lettered > 0 {
+                        tracing::info!(
+                            shard = shard.number(),
+                            requeued = r.requeued,
+                            dead = r.dead_lettered,
+                            "orphans recovered"
+                        );
+                    }
+                    if ((r.requeued + r.dead_lettered) as usize) < BATCH {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, shard = shard.number(), "orphan scan failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One shard's doorbell as the server's long polls see it.
+struct Bell {
+    /// Counts the wake-ups handed to the waiters.
+    rung: watch::Sender<u64>,
+    /// Long polls waiting on this shard now.
+    waiting: AtomicUsize,
+    /// Told when the first waiter arrives (the reader reads only while somebody waits).
+    arrived: Notify,
+    /// Counts the long polls' start calls that started something (see the module docs).
+    fruitful: AtomicU64,
+}
+
+/// The doorbell readers of every shard (see the module docs).
+pub struct Doorbells {
+    store: Arc<Store>,
+    pools: BellPools,
+    bells: HashMap<Shard, Arc<Bell>>,
+    /// Long polls listening now.
+    polls: Arc<AtomicUsize>,
+}
+
+impl Doorbells {
+    /// Readers for every shard of `store`, on pools of at most one connection per shard and
+    /// node. Nothing is read until [`Doorbells::run`] runs and a long poll waits.
+    pub fn new(store: Arc<Store>) -> Arc<Self> {
+        let shards: Vec<Shard> = store.shards().all().collect();
+        let bells = shards
+            .iter()
+            .map(|s| {
+                let bell = Bell {
+                    rung: watch::channel(0).0,
+                    waiting: AtomicUsize::new(0),
+                    arrived: Notify::new(),
+                    fruitful: AtomicU64::new(0),
+                };
+                (*s, Arc::new(bell))
+            })
+            .collect();
+        Arc::new(Self {
+            store,
+            pools: BellPools::new(shards.len(), BELL_BLOCK),
+            bells,
+            polls: Arc::default(),
+        })
+    }
+
+    /// Runs a reader per shard until `stop` is cancelled.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut readers = tokio::task::JoinSet::new();
+        for (shard, bell) in &self.bells {
+            readers.spawn(self.clone().read(*shard, bell.clone(), stop.clone()));
+        }
+        while readers.join_next().await.is_some() {}
+    }
+
+    /// Long polls listening now (for tests).
+    pub fn waiting(&self) -> usize {
+        self.polls.load(Ordering::SeqCst)
+    }
+
+    /// Blocking connections the readers hold now, idle or in use.
+    pub fn connections(&self) -> usize {
+        self.pools.connections()
+    }
+
+    /// Starts listening to the doorbells of `shards`: wake-ups from now on are seen by
+    /// [`Listening::rung`]. Call it before looking for work, so none falls in between.
+    pub fn listen(&self, shards: &[Shard]) -> Listening {
+        let bells = shards
+            .iter()
+            .filter_map(|s| self.bells.get(s).map(|b| (*s, b.clone())))
+            .map(|(s, b)| {
+                b.waiting.fetch_add(1, Ordering::SeqCst);
+                b.arrived.notify_one();
+                let rx = b.rung.subscribe();
+                let seen = *rx.borrow();
+                (s, b, rx, seen)
+            })
+            .collect();
+        self.polls.fetch_add(1, Ordering::SeqCst);
+        Listening {
+            bells,
+            polls: self.polls.clone(),
+        }
+    }
+
+    /// One shard's reader.
+    async fn read(self: Arc<Self>, shard: Shard, bell: Arc<Bell>, stop: CancellationToken) {
+        let mut node: Option<BellNode> = None;
+        let mut failing = Duration::ZERO;
+        let mut fruitless = Duration::ZERO;
+        // `fruitful` when the last wake-up was handed out (`None` after a fruitless one).
+        let mut handed: Option<u64> = None;
+        loop {
+            // Read only while somebody waits.
+            loop {
+                let arrived = bell.arrived.notified();
+                tokio::pin!(arrived);
+                arrived.as_mut().enable();
+                if bell.waiting.load(Ordering::SeqCst) > 0 {
+                    break;
+                }
+                tokio::select! {
+                    () = arrived => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+            let pause = failing.max(fruitless);
+            if !pause.is_zero() {
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+            let at = match &node {
+                Some(n) => n.clone(),
+                None => match self.store.bell_node(shard).await {
+                    Ok(n) => node.insert(n).clone(),
+                    Err(e) => {
+                        failing = next_pause(failing, FAILING_FIRST, FAILING_MAX);
+                        tracing::debug!(error = %e, shard = shard.number(), "pull: cannot find the doorbell's node");
+                        continue;
+                    }
+                },
+            };
+            let rang = tokio::select! {
+                rang = self.store.wait_bell_pooled(&self.pools, &at, shard) => rang,
+                () = stop.cancelled() => return,
+            };
+            match rang {
+                Ok(false) => failing = Duration::ZERO,
+                Ok(true) => {
+                    failing = Duration::ZERO;
+                    let fruitful = bell.fruitful.load(Ordering::SeqCst);
+                    if handed == Some(fruitful) {
+                        // The last wake-up started nothing, and the marker is set again:
+                        // what is there is not for these waiters. Back for the others, and
+                        // a pause before the next read.
+                        fruitless = next_pause(fruitless, FRUITLESS_FIRST, FRUITLESS_MAX);
+                        handed = None;
+                        self.give_back(shard).await;
+                        continue;
+                    }
+                    if handed.is_some() {
+                        // Something started since the last wake-up was handed out.
+                        fruitless = Duration::ZERO;
+                    }
+                    if bell.waiting.load(Ordering::SeqCst) == 0 {
+                        self.give_back(shard).await;
+                        continue;
+                    }
+                    handed = Some(fruitful);
+                    bell.rung.send_modify(|n| *n += 1);
+                }
+                Err(e) => {
+                    // Another node may hold the shard now (a failover, a slot move).
+                    node = None;
+                    failing = next_pause(failing, FAILING_FIRST, FAILING_MAX);
+                    tracing::debug!(error = %e, shard = shard.number(), "pull: doorbell read failed");
+                }
+            }
+        }
+    }
+
+    /// Sets a shard's doorbell again for a wake-up no waiter here takes.
+    async fn give_back(&self, shard: Shard) {
+        if let Err(e) = self.store.ring(shard).await {
+            tracing::debug!(error = %e, shard = shard.number(), "pull: cannot set the doorbell again");
+        }
+    }
+}
+
+fn next_pause(now: Duration, first: Duration, most: Duration) -> Duration {
+    (now * 2).clamp(first, most)
+}
+
+/// A long poll's hold on some shards' doorbells; dropping it stops listening.
+pub struct Listening {
+    /// Each shard's bell, its wake-ups, and the count of them this poll has seen.
+    bells: Vec<(Shard, Arc<Bell>, watch::Receiver<u64>, u64)>,
+    polls: Arc<AtomicUsize>,
+}
+
+impl Listening {
+    /// Waits for a wake-up of any of its shards; the shards that rang since the last call.
+    /// Never returns when there are no shards.
+    pub async fn rung(&mut self) -> Vec<Shard> {
+        loop {
+            let mut ready = Vec::new();
+            for (s, _, rx, seen) in &mut self.bells {
+                let now = *rx.borrow();
+                if now != *seen {
+                    *seen = now;
+                    ready.push(*s);
+                }
+            }
+            if !ready.is_empty() {
+                return ready;
+            }
+            if self.bells.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            // Compared by value above: `changed()` resolving is only the cue to look.
+            let changes = self
+                .bells
+                .iter_mut()
+                .map(|(_, _, rx, _)| Box::pin(rx.changed()));
+            let _ = futures_util::future::select_all(changes).await;
+        }
+    }
+
+    /// A start call in `shard` started something: the wake-up was of use (see the module
+    /// docs).
+    pub fn started(&self, shard: Shard) {
+        if let Some((_, b, _, _)) = self.bells.iter().find(|(s, _, _, _)| *s == shard) {
+            b.fruitful.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        for (_, b, _, _) in &self.bells {
+            b.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.polls.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The stop ids waiting for one pull worker.
+struct Mailbox {
+    ids: VecDeque<String>,
+    /// Polls waiting on it now.
+    polls: usize,
+    /// When the last poll left (kept [`MAILBOX_IDLE`] after).
+    left: Instant,
+    news: Arc<Notify>,
+}
+
+/// The stop messages of every pull worker (see the module docs).
+pub struct Stops {
+    store: Arc<Store>,
+    mail: Mutex<HashMap<String, Mailbox>>,
+    /// Whether the pattern subscription is confirmed on a live connection.
+    up: std::sync::atomic::AtomicBool,
+}
+
+impl Stops {
+    pub fn new(store: Arc<Store>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            mail: Mutex::default(),
+            up: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Mailbox>> {
+        self.mail.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts keeping the stop ids of `consumer` (if not kept already) and takes what is
+    /// kept; with nothing kept, waits until `deadline` for some.
+    pub async fn next(&self, consumer: &str, deadline: Instant) -> Vec<String> {
+        let news = {
+            let mut mail = self.lock();
+            let m = mail.entry(consumer.to_owned()).or_insert_with(|| Mailbox {
+                ids: VecDeque::new(),
+                polls: 0,
+                left: Instant::now(),
+                news: Arc::new(Notify::new()),
+            });
+            m.polls += 1;
+            m.news.clone()
+        };
+        let _leave = Leave(self, consumer);
+        loop {
+            let notified = news.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let taken: Vec<String> = self
+                .lock()
+                .get_mut(consumer)
+                .map(|m| m.ids.drain(..).collect())
+                .unwrap_or_default();
+            if !taken.is_empty() {
+                return taken;
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(deadline) => return Vec::new(),
+            }
+        }
+    }
+
+    /// A stop message for `consumer`: kept for its polls, if it has polled lately.
+    fn deliver(&self, consumer: &str, id: String) {
+        let mut mail = self.lock();
+        if let Some(m) = mail.get_mut(consumer) {
+            if !m.ids.contains(&id) {
+                if m.ids.len() >= STOPS_KEPT {
+                    m.ids.pop_front();
+                }
+                m.ids.push_back(id);
+            }
+            m.news.notify_waiters();
+        }
+    }
+
+    /// Forgets the mailboxes of workers that stopped polling.
+    fn prune(&self) {
+        self.lock()
+            .retain(|_, m| m.polls > 0 || m.left.elapsed() < MAILBOX_IDLE);
+    }
+
+    /// Whether stop messages are heard now (for tests and health).
+    pub fn listening(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
+    }
+
+    /// Workers whose stops are kept now (for tests).
+    pub fn kept(&self) -> HashSet<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Listens on one Pub/Sub connection (reconnecting after a pause when it breaks) until
+    /// `stop` is cancelled.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut pause = FAILING_FIRST;
+        loop {
+            let began = Instant::now();
+            let ended = tokio::select! {
+                () = stop.cancelled() => return,
+                ended = self.listen_once() => ended,
+            };
+            self.up.store(false, Ordering::SeqCst);
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "pull: stop listener failed");
+            }
+            if began.elapsed() > Duration::from_secs(5) {
+                pause = FAILING_FIRST;
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = next_pause(pause, FAILING_FIRST, FAILING_MAX);
+        }
+    }
+
+    async fn listen_once(&self) -> Result<(), StoreError> {
+        let url = match &self.store.config().redis {
+            RedisTarget::Standalone(url) => url.clone(),
+            RedisTarget::Cluster(seeds) => seeds
+                .first()
+                .cloned()
+                .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?,
+        };
+        let pattern = format!("{}*", keys::stop_channel(PULL_PREFIX));
+        let prefix = keys::stop_channel("");
+        let client = redis::Client::open(url.as_str())?;
+        let mut pubsub = tokio::time::timeout(self.store.config().op_timeout, async {
+            let mut p = client.get_async_pubsub().await?;
+            p.psubscribe(&pattern).await?;
+            Ok::<_, redis::RedisError>(p)
+        })
+        .await
+        .map_err(|_| StoreError::Unavailable("stop listener: no answer".into()))??;
+        self.up.store(true, Ordering::SeqCst);
+        let mut messages = pubsub.on_message();
+        let mut prune = tokio::time::interval(MAILBOX_IDLE / 4);
+        loop {
+            tokio::select! {
+                msg = messages.next() => {
+                    let Some(msg) = msg else {
+                        return Err(StoreError::Unavailable("stop listener closed".into()));
+                    };
+                    let channel = msg.get_channel_name();
+                    if let (Some(consumer), Ok(id)) =
+                        (channel.strip_prefix(&prefix), msg.get_payload::<String>())
+                    {
+                        self.deliver(consumer, id);
+                    }
+                }
+                _ = prune.tick() => self.prune(),
+            }
+        }
+    }
+}
+
+/// What every pull worker's consumer name starts with (`http::worker::consumer_name`).
+pub const PULL_PREFIX: &str = "pull/";
+
+/// Leaves a mailbox when a stop poll ends.
+struct Leave<'a>(&'a Stops, &'a str);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.lock().get_mut(self.1) {
+            m.polls -= 1;
+            m.left = Instant::now();
+        }
+    }
+}

@@ -1,0 +1,772 @@
+//! The pull API (`/api/worker/*`): leases, fenced heartbeats and completions, lost answers,
+//! long polls that share the server's doorbell readers, cancels heard at once, the waiter
+//! budget, expired leases recovered by `serve` alone, and the Python example worker killed
+//! with SIGKILL in the middle of a run.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::helpers::{ADMIN_TOKEN, TestApp, cluster_mode, problem_code, sluice_bin};
+
+/// A pull worker as a test drives it: its key and its id.
+#[derive(Clone)]
+struct Puller {
+    url: String,
+    token: String,
+    worker: String,
+    client: reqwest::Client,
+}
+
+impl Puller {
+    async fn new(app: &TestApp, tenant: &str, worker: &str) -> Self {
+        app.create_tenant(tenant).await;
+        Self {
+            url: app.url(""),
+            token: app.key_token(tenant, "worker").await,
+            worker: worker.into(),
+            client: app.client.clone(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A lease call; the runs it answered with (asserting 200).
+    async fn lease(&self, query: &str, mut body: Value) -> Vec<Value> {
+        body["worker_id"] = json!(self.worker);
+        let res = self.post(&format!("/api/worker/lease{query}"), body).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let answer: Value = res.json().await.unwrap();
+        answer["runs"].as_array().unwrap().clone()
+    }
+
+    async fn heartbeat(&self, id: &str, fence: u64) -> reqwest::Response {
+        self.post(
+            &format!("/api/worker/runs/{id}/heartbeat"),
+            json!({"worker_id": self.worker, "fence": fence, "lease": "30s"}),
+        )
+        .await
+    }
+
+    async fn complete(&self, id: &str, fence: u64, mut body: Value) -> reqwest::Response {
+        body["worker_id"] = json!(self.worker);
+        body["fence"] = json!(fence);
+        self.post(&format!("/api/worker/runs/{id}/complete"), body)
+            .await
+    }
+}
+
+fn id_of(run: &Value) -> String {
+    run["execution_id"].as_str().unwrap().to_owned()
+}
+
+fn fence_of(run: &Value) -> u64 {
+    run["fence"].as_u64().unwrap()
+}
+
+/// Waits until `n` long polls listen on the server's doorbells.
+async fn polls_waiting(app: &TestApp, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.pull.doorbells.waiting() < n {
+        assert!(Instant::now() < deadline, "{n} long polls never waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_worker_key_leases_heartbeats_and_completes_and_reaches_nothing_else() {
+    let app = TestApp::spawn_with(|c| c.api.retry_backoff_ms = 50).await;
+    let w = Puller::new(&app, "acme", "py-1").await;
+    let traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let res = app
+        .as_tenant(reqwest::Method::POST, "/api/executions", "acme")
+        .header("traceparent", traced)
+        .json(&json!({"flow_id": "py.echo", "params": {"n": 1}, "max_attempts": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let first: Value = res.json().await.unwrap();
+    let second = app
+        .admit_with("acme", json!({"flow_id": "py.fail", "max_attempts": 2}))
+        .await;
+
+    let runs = w.lease("", json!({"max": 2, "lease": "20s"})).await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(id_of(&runs[0]), first["execution_id"].as_str().unwrap());
+    assert_eq!(runs[0]["params"], json!({"n": 1}));
+    assert_eq!(runs[0]["tenant_id"], "acme");
+    assert_eq!(runs[0]["flow_id"], "py.echo");
+    assert_eq!(runs[0]["attempt"], 1);
+    assert_eq!(runs[0]["lease_ms"], 20_000);
+    assert_eq!(runs[0]["traceparent"], traced);
+    assert_eq!(runs[0]["recovered"], false);
+    assert_eq!(id_of(&runs[1]), second);
+
+    let res = w.heartbeat(&id_of(&runs[0]), fence_of(&runs[0])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let beat: Value = res.json().await.unwrap();
+    assert_eq!(beat, json!({"state": "held", "lease_ms": 30_000}));
+
+    // Completed, with its output.
+    let res = w
+        .complete(
+            &id_of(&runs[0]),
+            fence_of(&runs[0]),
+            json!({"outcome": "completed", "output": {"sum": 3}}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.json::<Value>().await.unwrap(),
+        json!({"result": "completed"})
+    );
+    let e = app.execution("acme", &id_of(&runs[0])).await;
+    assert_eq!(e["status"], "completed");
+    assert_eq!(e["output"], json!({"sum": 3}));
+    // The same report again is applied once.
+    let res = w
+        .complete(
+            &id_of(&runs[0]),
+            fence_of(&runs[0]),
+            json!({"outcome": "completed", "output": {"sum": 3}}),
+        )
+        .await;
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["result"],
+        "already_reported"
+    );
+
+    // A retryable failure comes back after the server's backoff, as attempt 2 with a new
+    // fence; the first run's fence is refused from then on.
+    let failing = runs[1].clone();
+    let res = w
+        .complete(
+            &second,
+            fence_of(&failing),
+            json!({"outcome": "failed", "retryable": true,
+                   "error": {"kind": "flaky", "message": "try again"}}),
+        )
+        .await;
+    let answer: Value = res.json().await.unwrap();
+    assert_eq!(answer, json!({"result": "retrying", "retry_in_ms": 50}));
+    let again = w.lease("?wait=10s", json!({"max": 1})).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(id_of(&again[0]), second);
+    assert_eq!(again[0]["attempt"], 2);
+    assert!(fence_of(&again[0]) > fence_of(&failing));
+    let res = w.heartbeat(&second, fence_of(&failing)).await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "lease_lost");
+    // Its last attempt fails: dead-lettered with the worker's reason.
+    let res = w
+        .complete(
+            &second,
+            fence_of(&again[0]),
+            json!({"outcome": "failed", "retryable": true, "error": {"message": "still"}}),
+        )
+        .await;
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["result"],
+        "dead_lettered"
+    );
+    let e = app.execution("acme", &second).await;
+    assert_eq!(e["status"], "failed");
+
+    // This key reaches nothing but the pull API.
+    let third = app.admit_with("acme", json!({"flow_id": "py.fail"})).await;
+    for (method, path) in [
+        (reqwest::Method::GET, "/api/executions".to_owned()),
+        (reqwest::Method::GET, format!("/api/executions/{third}")),
+        (reqwest::Method::GET, "/api/me".to_owned()),
+        (
+            reqwest::Method::POST,
+            format!("/api/executions/{third}/cancel"),
+        ),
+    ] {
+        let res = app
+            .client
+            .request(method, app.url(&path))
+            .bearer_auth(&w.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{path}");
+        assert_eq!(problem_code(res).await, "insufficient_role", "{path}");
+    }
+    // And a key of another role cannot pull.
+    let editor = app.key_token("acme", "editor").await;
+    let res = app
+        .client
+        .post(app.url("/api/worker/lease"))
+        .bearer_auth(&editor)
+        .json(&json!({"worker_id": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(problem_code(res).await, "insufficient_role");
+    // Nor serve another tenant.
+    let res = w
+        .post(
+            "/api/worker/lease",
+            json!({"worker_id": "py-1", "tenants": ["globex"]}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(problem_code(res).await, "tenant_mismatch");
+}
+
+#[tokio::test]
+async fn only_the_holder_of_the_current_run_is_heard() {
+    let app = TestApp::spawn().await;
+    let w = Puller::new(&app, "acme", "a").await;
+    let other = Puller {
+        worker: "b".into(),
+        ..w.clone()
+    };
+    let id = app.admit_with("acme", json!({"flow_id": "py.echo"})).await;
+    let runs = w.lease("", json!({})).await;
+    let fence = fence_of(&runs[0]);
+    for (who, f) in [(&other, fence), (&w, fence + 1), (&w, fence - 1)] {
+        let res = who.heartbeat(&id, f).await;
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        assert_eq!(problem_code(res).await, "lease_lost");
+        let res = who
+            .complete(&id, f, json!({"outcome": "completed", "output": 1}))
+            .await;
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        assert_eq!(problem_code(res).await, "lease_lost");
+    }
+    assert_eq!(app.execution("acme", &id).await["status"], "running");
+    // Bad input is a 400 that names the field.
+    for (body, code) in [
+        (json!({"worker_id": "a b"}), "invalid_worker_id"),
+        (json!({"worker_id": "a", "max": 0}), "invalid_max"),
+        (json!({"worker_id": "a", "max": 101}), "invalid_max"),
+        (json!({"worker_id": "a", "lease": "1h"}), "invalid_lease"),
+        (json!({"worker_id": "a", "lease": "10ms"}), "invalid_lease"),
+        (
+            json!({"worker_id": "a", "holding": ["nope"]}),
+            "invalid_execution_id",
+        ),
+    ] {
+        let res = w.post("/api/worker/lease", body.clone()).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(problem_code(res).await, code, "{body}");
+    }
+    let res = w
+        .post("/api/worker/lease?wait=2h", json!({"worker_id": "a"}))
+        .await;
+    assert_eq!(problem_code(res).await, "invalid_wait");
+}
+
+#[tokio::test]
+async fn a_lease_answer_lost_on_the_way_is_handed_out_again_not_dead_lettered() {
+    let app = TestApp::spawn().await;
+    let w = Puller::new(&app, "acme", "w").await;
+    let a = app.admit_with("acme", json!({"flow_id": "py.echo"})).await;
+    let b = app.admit_with("acme", json!({"flow_id": "py.echo"})).await;
+    // The first answer never reaches the worker.
+    let lost = w.lease("", json!({"max": 1})).await;
+    assert_eq!(id_of(&lost[0]), a);
+    // Its next call gets that run back, same fence and attempt, marked recovered, before any
+    // new one.
+    let next = w.lease("", json!({"max": 1})).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(id_of(&next[0]), a);
+    assert_eq!(fence_of(&next[0]), fence_of(&lost[0]));
+    assert_eq!(next[0]["attempt"], 1);
+    assert_eq!(next[0]["recovered"], true);
+    // A worker that says it runs it gets the next execution instead.
+    let next = w.lease("", json!({"max": 5, "holding": [a.clone()]})).await;
+    let ids: Vec<String> = next.iter().map(id_of).collect();
+    assert_eq!(ids, vec![b.clone()]);
+    assert_eq!(next[0]["recovered"], false);
+    // Both complete on their first attempt.
+    for run in [&lost[0], &next[0]] {
+        let res = w
+            .complete(&id_of(run), fence_of(run), json!({"outcome": "completed"}))
+            .await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    for id in [&a, &b] {
+        let e = app.execution("acme", id).await;
+        assert_eq!(
+            (e["status"].as_str(), e["attempt"].as_u64()),
+            (Some("completed"), Some(1))
+        );
+    }
+    assert_eq!(app.counter("reclaimed").await, 0);
+}
+
+#[tokio::test]
+async fn many_long_polls_share_the_doorbell_readers_and_each_execution_goes_to_one() {
+    let app = TestApp::spawn().await;
+    const POLLS: usize = 40;
+    let w = Puller::new(&app, "acme", "w0").await;
+    let mut polls = tokio::task::JoinSet::new();
+    for i in 0..POLLS {
+        let p = Puller {
+            worker: format!("w{i}"),
+            ..w.clone()
+        };
+        polls.spawn(async move { p.lease("?wait=30s", json!({"max": 1})).await });
+    }
+    polls_waiting(&app, POLLS).await;
+    let shards = app.store().await.shards().all().count();
+    let mut admitted = HashSet::new();
+    let began = Instant::now();
+    for _ in 0..POLLS {
+        admitted.insert(app.admit_with("acme", json!({"flow_id": "py.echo"})).await);
+    }
+    let mut leased = Vec::new();
+    while let Some(runs) = polls.join_next().await {
+        let runs = runs.unwrap();
+        assert_eq!(runs.len(), 1, "a long poll answered {runs:?}");
+        leased.push(id_of(&runs[0]));
+    }
+    println!(
+        "{POLLS} long polls served {POLLS} admissions in {:?}; doorbell connections {}",
+        began.elapsed(),
+        app.pull.doorbells.connections()
+    );
+    let unique: HashSet<String> = leased.iter().cloned().collect();
+    assert_eq!(unique.len(), POLLS, "an execution went to two workers");
+    assert_eq!(unique, admitted);
+    // One reader per shard at most, however many polls waited.
+    assert!(app.pull.doorbells.connections() <= shards);
+}
+
+#[tokio::test]
+async fn a_cancel_reaches_a_waiting_stop_poll_at_once_and_the_heartbeat_says_so() {
+    let app = TestApp::spawn().await;
+    let w = Puller::new(&app, "acme", "w").await;
+    let id = app.admit_with("acme", json!({"flow_id": "py.sleep"})).await;
+    let run = w.lease("", json!({})).await.remove(0);
+    let stops = {
+        let w = w.clone();
+        tokio::spawn(async move {
+            let res = w
+                .post("/api/worker/stops?wait=30s", json!({"worker_id": w.worker}))
+                .await;
+            assert_eq!(res.status(), StatusCode::OK);
+            (res.json::<Value>().await.unwrap(), Instant::now())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !(app.pull.stops.kept().contains("pull/acme/w") && app.pull.stops.listening()) {
+        assert!(Instant::now() < deadline, "the stop poll never waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let asked = Instant::now();
+    let res = app.cancel("acme", &id).await;
+    assert!(res.status().is_success(), "{}", res.status());
+    let (answer, heard) = stops.await.unwrap();
+    assert_eq!(answer, json!({"stop": [id.clone()]}));
+    println!(
+        "cancel reached the pull worker's stop poll in {:?}",
+        heard.saturating_duration_since(asked)
+    );
+    let res = w.heartbeat(&id, fence_of(&run)).await;
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["state"],
+        "cancel_requested"
+    );
+    let res = w
+        .complete(&id, fence_of(&run), json!({"outcome": "cancelled"}))
+        .await;
+    assert_eq!(res.json::<Value>().await.unwrap()["result"], "cancelled");
+    assert_eq!(app.execution("acme", &id).await["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn lease_polls_count_in_the_tenants_waiter_budget() {
+    let app = TestApp::spawn_with(|c| c.api.max_waiters_per_tenant = Some(2)).await;
+    let w = Puller::new(&app, "acme", "w").await;
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let p = Puller {
+            worker: format!("w{i}"),
+            ..w.clone()
+        };
+        held.push(tokio::spawn(async move {
+            p.lease("?wait=30s", json!({})).await
+        }));
+    }
+    polls_waiting(&app, 2).await;
+    let res = w
+        .post("/api/worker/lease?wait=30s", json!({"worker_id": "w9"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(problem_code(res).await, "tenant_too_many_waiters");
+    // A lease that does not wait is not a waiter.
+    assert!(w.lease("", json!({})).await.is_empty());
+    // Two admissions end both waits.
+    for _ in 0..2 {
+        app.admit_with("acme", json!({"flow_id": "py.echo"})).await;
+    }
+    for h in held {
+        assert_eq!(h.await.unwrap().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn the_platform_admin_serves_the_tenants_it_names_fairly() {
+    let app = TestApp::spawn().await;
+    for t in ["a", "b", "c"] {
+        app.create_tenant(t).await;
+    }
+    for _ in 0..4 {
+        for t in ["a", "b", "c"] {
+            app.admit_with(t, json!({"flow_id": "py.echo"})).await;
+        }
+    }
+    let res = app
+        .client
+        .post(app.url("/api/worker/lease"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"worker_id": "ops", "max": 6, "tenants": ["a", "b"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let runs: Value = res.json().await.unwrap();
+    let mut per: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in runs["runs"].as_array().unwrap() {
+        *per.entry(r["tenant_id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    // Only the named tenants, and (with equal weights) as many of each.
+    assert_eq!(
+        per,
+        [("a".into(), 3), ("b".into(), 3)].into_iter().collect()
+    );
+    // The platform admin names the run's tenant on a heartbeat.
+    let run = &runs["runs"][0];
+    let path = format!("/api/worker/runs/{}/heartbeat", id_of(run));
+    let body = json!({"worker_id": "ops", "fence": fence_of(run)});
+    let res = app
+        .client
+        .post(app.url(&path))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem_code(res).await, "tenant_required");
+    let res = app
+        .as_tenant(
+            reqwest::Method::POST,
+            &path,
+            run["tenant_id"].as_str().unwrap(),
+        )
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn serve_alone_recovers_an_expired_pull_lease_and_refuses_its_late_report() {
+    let app = TestApp::spawn_with(|c| c.api.orphan_scan_ms = 100).await;
+    let w = Puller::new(&app, "acme", "gone").await;
+    let id = app
+        .admit_with("acme", json!({"flow_id": "py.echo", "max_attempts": 3}))
+        .await;
+    let first = w.lease("", json!({"lease": "500ms"})).await.remove(0);
+    // No heartbeat: the lease expires, and the server's own orphan scan puts it back.
+    let e = app
+        .wait_for("acme", &id, Duration::from_secs(20), "requeued", |e| {
+            e["status"] == "queued"
+        })
+        .await;
+    assert_eq!(e["attempt"], 1);
+    let next = Puller {
+        worker: "next".into(),
+        ..w.clone()
+    };
+    let second = next.lease("?wait=10s", json!({})).await.remove(0);
+    assert_eq!(id_of(&second), id);
+    assert_eq!(second["attempt"], 2);
+    let res = w
+        .complete(
+            &id,
+            fence_of(&first),
+            json!({"outcome": "completed", "output": "late"}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "lease_lost");
+    let res = next
+        .complete(
+            &id,
+            fence_of(&second),
+            json!({"outcome": "completed", "output": "ok"}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let e = app.execution("acme", &id).await;
+    assert_eq!(
+        (e["status"].as_str(), &e["output"]),
+        (Some("completed"), &json!("ok"))
+    );
+}
+
+/// The example worker under `examples/`, as a child process that prints one JSON line per
+/// event.
+struct PyWorker {
+    child: std::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<Value>,
+}
+
+impl PyWorker {
+    fn start(app: &TestApp, token: &str, worker: &str) -> Self {
+        use std::io::BufRead;
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/pull_worker.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .args([
+                "--url",
+                &app.url(""),
+                "--worker-id",
+                worker,
+                "--lease",
+                "1s",
+            ])
+            .env("SLUICE_TOKEN", token)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("python3 runs (scripts/test.sh installs it)");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// The next event named `event` it prints (within 30 s).
+    async fn event(&mut self, event: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let line = tokio::time::timeout_at(deadline, self.lines.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no {event} event within 30 s"))
+                .unwrap_or_else(|| panic!("the worker exited before a {event} event"));
+            if line["event"] == event {
+                return line;
+            }
+        }
+    }
+}
+
+impl Drop for PyWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_python_example_runs_work_and_a_sigkilled_one_loses_nothing() {
+    let app = TestApp::spawn_with(|c| c.api.orphan_scan_ms = 200).await;
+    app.create_tenant("acme").await;
+    let token = app.key_token("acme", "worker").await;
+    let mut first = PyWorker::start(&app, &token, "py-a");
+    // Echo and a failure that may be retried, end to end.
+    let echo = app
+        .admit_with("acme", json!({"flow_id": "py.echo", "params": {"x": 1}}))
+        .await;
+    let done = app
+        .wait_terminal("acme", &echo, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        (done["status"].as_str(), &done["output"]),
+        (Some("completed"), &json!({"x": 1}))
+    );
+    let failing = app
+        .admit_with("acme", json!({"flow_id": "py.fail", "max_attempts": 2}))
+        .await;
+    let done = app
+        .wait_terminal("acme", &failing, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        (done["status"].as_str(), done["attempt"].as_u64()),
+        (Some("failed"), Some(2))
+    );
+    // A long run, killed in the middle with SIGKILL.
+    let slow = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "py.sleep", "params": {"ms": 2000}, "max_attempts": 3}),
+        )
+        .await;
+    let leased = loop {
+        let e = first.event("leased").await;
+        if e["id"] == slow.as_str() {
+            break e;
+        }
+    };
+    app.wait_running("acme", &slow, 1).await;
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    // Its lease expires; the server puts it back, and another worker runs it.
+    let mut second = PyWorker::start(&app, &token, "py-b");
+    let done = app
+        .wait_terminal("acme", &slow, Duration::from_secs(60))
+        .await;
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["attempt"], 2);
+    let ran = second.event("completed").await;
+    assert_eq!(ran["id"], slow.as_str());
+    // What the killed worker would have said now is refused.
+    let late = Puller {
+        url: app.url(""),
+        token: token.clone(),
+        worker: "py-a".into(),
+        client: app.client.clone(),
+    };
+    let res = late
+        .complete(
+            &slow,
+            leased["fence"].as_u64().unwrap(),
+            json!({"outcome": "completed"}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "lease_lost");
+    assert_eq!(app.execution("acme", &slow).await["status"], "completed");
+}
+
+/// On a cluster, a shard moved to another master while a lease long poll waits on it: the
+/// server's doorbell reader finds the new master (its read there answers `MOVED`, or ends its
+/// block and the next one does), and the poll is answered when work comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_long_poll_follows_its_shard_to_another_master() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let w = Puller::new(&app, "mover", "w").await;
+    // One wait served first, so the reader has read the shard on its first master.
+    let waiting = {
+        let w = w.clone();
+        tokio::spawn(async move { w.lease("?wait=30s", json!({})).await })
+    };
+    polls_waiting(&app, 1).await;
+    let first = app.admit_with("mover", json!({"flow_id": "py.echo"})).await;
+    assert_eq!(id_of(&waiting.await.unwrap()[0]), first);
+    let shard = app.shard("mover");
+    let to = (app.master_of("mover").await + 1) % app.redis.masters();
+    let waiting = {
+        let w = w.clone();
+        tokio::spawn(async move { w.lease("?wait=30s", json!({"holding": [first]})).await })
+    };
+    polls_waiting(&app, 1).await;
+    let args: Vec<String> = app.redis.args();
+    let target = app.redis.node_address(to);
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(sluice_bin())
+            .args([
+                "cluster",
+                "move-shard",
+                "--shard",
+                &shard.number().to_string(),
+            ])
+            .args(["--to", &target])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    })
+    .await
+    .unwrap();
+    assert_eq!(app.master_of("mover").await, to);
+    let second = app.admit_with("mover", json!({"flow_id": "py.echo"})).await;
+    let runs = waiting.await.unwrap();
+    assert_eq!(
+        runs.len(),
+        1,
+        "the long poll was not woken on the new master"
+    );
+    assert_eq!(id_of(&runs[0]), second);
+}
+
+/// The example worker paused with SIGSTOP past its lease: the server recovers the run,
+/// another worker runs it, and when the paused one wakes its heartbeat hears `lease_lost`
+/// and its report is refused. The execution completes once, with the second worker's output.
+#[tokio::test]
+async fn a_paused_python_worker_wakes_to_a_refused_report() {
+    let app = TestApp::spawn_with(|c| c.api.orphan_scan_ms = 200).await;
+    app.create_tenant("acme").await;
+    let token = app.key_token("acme", "worker").await;
+    let mut paused = PyWorker::start(&app, &token, "py-paused");
+    let id = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "py.sleep", "params": {"ms": 1500}, "max_attempts": 3}),
+        )
+        .await;
+    let leased = paused.event("leased").await;
+    assert_eq!(leased["id"], id.as_str());
+    let pid = paused.child.id().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    // Its lease lapses; the server queues it again.
+    app.wait_for("acme", &id, Duration::from_secs(20), "requeued", |e| {
+        e["status"] == "queued"
+    })
+    .await;
+    let mut second = PyWorker::start(&app, &token, "py-second");
+    let taken = second.event("leased").await;
+    assert_eq!(taken["id"], id.as_str());
+    // Attempt 2, or 3: the paused worker's long poll was still open on the server, and may
+    // have been handed attempt 2, which it could not take (its lease lapsed in turn).
+    let attempt = taken["attempt"].as_u64().unwrap();
+    assert!((2..=3).contains(&attempt), "{taken}");
+    signal("-CONT");
+    let refused = paused.event("refused").await;
+    assert_eq!(refused["id"], id.as_str());
+    let done = second.event("completed").await;
+    assert_eq!(
+        (done["id"].as_str(), done["result"].as_str()),
+        (Some(id.as_str()), Some("completed"))
+    );
+    let e = app.execution("acme", &id).await;
+    assert_eq!(e["status"], "completed");
+    assert_eq!(e["attempt"], attempt);
+    assert_eq!(e["output"], json!({"slept_ms": 1500}));
+}
