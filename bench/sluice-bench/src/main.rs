@@ -9,7 +9,8 @@
 //! 2. **admission**: `POST /api/executions` over 64 keep-alive connections, unique keys;
 //! 3. **replay mix**: the same with 10 % replays of earlier keys;
 //! 4. **fixed rate**: open loop at 50 % of the admission maximum, latency from the schedule;
-//! 5. **end-to-end**: `demo.echo` admitted over HTTP and completed by workers;
+//! 5. **end-to-end**: `demo.echo` admitted over HTTP and completed by workers; then again
+//!    completed by pull workers over HTTP (`--pull-workers` in this process, `/api/worker/*`);
 //! 6. **memory**: Redis `used_memory` per queued execution at 100k executions;
 //!
 //! and the wake-up phases (`push.rs`), each with sluice's DEFAULT worker
@@ -196,6 +197,13 @@ pub struct Args {
     /// Skip the idle-cost phase.
     #[arg(long)]
     skip_idle: bool,
+    /// Pull workers (HTTP clients of `/api/worker/*`, in this process) of the end-to-end
+    /// phase's pull run; 0 skips that run.
+    #[arg(long, default_value_t = 16)]
+    pull_workers: usize,
+    /// Executions each pull worker leases per call (its concurrency).
+    #[arg(long, default_value_t = 32)]
+    pull_batch: usize,
     /// The pickup phase's idle rate, admissions per second.
     #[arg(long, default_value_t = 2.0)]
     pickup_idle_rate: f64,
@@ -375,6 +383,7 @@ impl Args {
             self.e2e_secs = 1;
             self.e2e_drain_secs = self.e2e_drain_secs.min(20);
             self.workers = 1;
+            self.pull_workers = self.pull_workers.min(2);
             self.memory_count = self.memory_count.min(2_000);
             self.pickup_idle_secs = self.pickup_idle_secs.min(0.5);
             self.pickup_secs = self.pickup_secs.min(0.5);
@@ -799,10 +808,28 @@ async fn run(args: Args) -> anyhow::Result<Report> {
             &workload("e2e"),
             &redis_and(&redis, &serve),
             masters,
+            None,
         )
         .await?;
         report.checks.push(check);
         report.e2e = Some(e2e);
+        // 5b. The same through the pull API: HTTP workers beside the same server.
+        if args.pull_workers > 0 {
+            direct.reset().await?;
+            let (e2e, check) = end_to_end(
+                &args,
+                &cmd,
+                &scratch,
+                &mut direct,
+                &workload("e2e-pull"),
+                &redis_and(&redis, &serve),
+                masters,
+                Some(addr),
+            )
+            .await?;
+            report.checks.push(check);
+            report.e2e_pull = Some(e2e);
+        }
 
         // 6. Memory per queued execution, with a dedup key each (as above) and without.
         let mut points = Vec::new();
@@ -915,6 +942,9 @@ async fn run(args: Args) -> anyhow::Result<Report> {
 
 /// The end-to-end phase: workers start, `demo.echo` is admitted over HTTP for the phase's
 /// duration, and the phase ends when everything admitted has completed (or the drain limit).
+/// With `pull` (the server's address), the workers are pull workers in this process
+/// (`--pull-workers` of `--pull-batch` each, see `pull_worker`) instead of `sluice worker`s.
+#[allow(clippy::too_many_arguments)]
 async fn end_to_end(
     args: &Args,
     cmd: &SluiceCmd,
@@ -923,21 +953,39 @@ async fn end_to_end(
     w: &Workload,
     others: &[&Proc],
     masters: Option<&[String]>,
+    pull: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<(E2e, Check)> {
     let mut workers = Vec::new();
     let extra = [
         "--concurrency".to_owned(),
         args.worker_concurrency.to_string(),
     ];
-    for n in 1..=args.workers.max(1) {
-        workers.push(procs::start_worker(
-            cmd,
-            scratch,
-            &format!("worker-{n}"),
-            &extra,
-        )?);
+    let stop_pulling = Arc::new(AtomicBool::new(false));
+    let mut pulling = tokio::task::JoinSet::new();
+    match pull {
+        None => {
+            for n in 1..=args.workers.max(1) {
+                workers.push(procs::start_worker(
+                    cmd,
+                    scratch,
+                    &format!("worker-{n}"),
+                    &extra,
+                )?);
+            }
+            procs::wait_started(&mut workers).await?;
+        }
+        Some(addr) => {
+            for n in 0..args.pull_workers {
+                pulling.spawn(pull_worker(
+                    addr,
+                    format!("bench-{n}"),
+                    w.tenants.clone(),
+                    args.pull_batch.clamp(1, 100),
+                    stop_pulling.clone(),
+                ));
+            }
+        }
     }
-    procs::wait_started(&mut workers).await?;
     let mut all: Vec<&Proc> = others.to_vec();
     all.extend(workers.iter());
     let pids = Pids::of(&all);
@@ -972,6 +1020,10 @@ async fn end_to_end(
     let cpu = pids.since(&before, started.elapsed());
     let scripts = direct.script_usec().await?;
     let script_us: u64 = scripts.iter().sum();
+    stop_pulling.store(true, Ordering::SeqCst);
+    while let Some(done) = pulling.join_next().await {
+        done??;
+    }
     for wk in &mut workers {
         wk.ensure_running()?;
     }
@@ -999,6 +1051,59 @@ async fn end_to_end(
             .map(|m| MasterShare::of(m, &census.completed_by_node, &scripts, span.as_secs_f64())),
     };
     Ok((e2e, check))
+}
+
+/// A pull worker of the end-to-end phase's pull run: leases up to `batch` executions of
+/// `tenants` (as the platform admin, long polls of 1 s), completes each with its params as
+/// output, one call each, and leases again, until `stop`. One keep-alive connection.
+async fn pull_worker(
+    addr: std::net::SocketAddr,
+    worker_id: String,
+    tenants: Vec<String>,
+    batch: usize,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let mut conn = load::Conn::connect(addr).await?;
+    let lease = serde_json::json!({
+        "worker_id": worker_id, "max": batch, "tenants": tenants, "lease": "30s",
+    })
+    .to_string();
+    while !stop.load(Ordering::SeqCst) {
+        let (status, body) = conn
+            .call(
+                hyper::Method::POST,
+                "/api/worker/lease?wait=1s",
+                ADMIN_TOKEN,
+                &tenants[0],
+                &lease,
+            )
+            .await?;
+        anyhow::ensure!(status == 200, "lease answered {status}");
+        let answer: serde_json::Value = serde_json::from_slice(&body)?;
+        for run in answer["runs"].as_array().into_iter().flatten() {
+            let report = serde_json::json!({
+                "worker_id": worker_id,
+                "fence": run["fence"],
+                "outcome": "completed",
+                "output": run["params"],
+            })
+            .to_string();
+            let path = format!(
+                "/api/worker/runs/{}/complete",
+                run["execution_id"].as_str().unwrap_or_default()
+            );
+            let tenant = run["tenant_id"].as_str().unwrap_or_default();
+            let (status, body) = conn
+                .call(hyper::Method::POST, &path, ADMIN_TOKEN, tenant, &report)
+                .await?;
+            anyhow::ensure!(
+                status == 200,
+                "complete answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// After a phase with workers: every 2xx admission is a row and completed (also by the shards'

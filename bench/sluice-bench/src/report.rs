@@ -484,6 +484,8 @@ pub struct Report {
     pub replay_mix: Option<Phase>,
     pub fixed_rate: Option<FixedRate>,
     pub e2e: Option<E2e>,
+    /// The end-to-end phase again, run by pull workers over HTTP (`/api/worker/*`).
+    pub e2e_pull: Option<E2e>,
     pub memory: Option<Memory>,
     /// Issue 12's phases.
     pub pickup: Option<Pickup>,
@@ -534,6 +536,7 @@ impl Report {
             replay_mix: None,
             fixed_rate: None,
             e2e: None,
+            e2e_pull: None,
             memory: None,
             pickup: None,
             cancel: None,
@@ -704,6 +707,25 @@ impl Report {
                 e.http.per_sec,
                 &e.http.latency,
                 "while workers run what is admitted".into(),
+            );
+        }
+        if let Some(p) = &self.e2e_pull
+            && let Some(l) = &p.admit_to_completed
+        {
+            let ratio = self
+                .e2e
+                .as_ref()
+                .map(|e| p.per_sec / e.per_sec.max(1e-9))
+                .unwrap_or(0.0);
+            line(
+                &mut o,
+                "end-to-end, pull API",
+                p.per_sec,
+                l,
+                format!(
+                    "pull workers over HTTP; {} completed in {:.1} s; {:.2} × `sluice worker`",
+                    p.completed, p.span_secs, ratio
+                ),
             );
         }
         if let Some(m) = &self.memory {
