@@ -162,6 +162,10 @@ pub struct Metrics {
     shards_unreadable: Gauge,
     waiters: Gauge,
     waiters_listening: Gauge,
+    pull_long_polls: Gauge,
+    pull_bell_connections: Gauge,
+    pull_stops_listening: Gauge,
+    pull_runs_handed_out: Counter,
     connections_open: Gauge,
     connections_refused: Counter,
     /// Tenants with their own label value, at most `tenant_limit`.
@@ -286,6 +290,30 @@ impl Metrics {
             "1 while the Pub/Sub listener that serves the waiters is connected",
             waiters_listening.clone(),
         );
+        let pull_long_polls = Gauge::default();
+        registry.register(
+            "sluice_pull_long_polls",
+            "Pull workers' lease long polls waiting now (/api/worker/lease?wait=)",
+            pull_long_polls.clone(),
+        );
+        let pull_bell_connections = Gauge::default();
+        registry.register(
+            "sluice_pull_bell_connections",
+            "Pooled blocking connections the doorbell readers of the pull API hold (idle or in use)",
+            pull_bell_connections.clone(),
+        );
+        let pull_stops_listening = Gauge::default();
+        registry.register(
+            "sluice_pull_stops_listening",
+            "1 while the pull workers' stop messages are heard (their Pub/Sub connection is up)",
+            pull_stops_listening.clone(),
+        );
+        let pull_runs_handed_out = Counter::default();
+        registry.register(
+            "sluice_pull_runs_handed_out",
+            "Runs handed to pull workers by lease calls (recovered ones included)",
+            pull_runs_handed_out.clone(),
+        );
         let connections_open = Gauge::default();
         let connections_refused = Counter::default();
         registry.register(
@@ -316,6 +344,10 @@ impl Metrics {
             shards_unreadable,
             waiters,
             waiters_listening,
+            pull_long_polls,
+            pull_bell_connections,
+            pull_stops_listening,
+            pull_runs_handed_out,
             connections_open,
             connections_refused,
             labelled_tenants: RwLock::new(HashSet::new()),
@@ -345,6 +377,11 @@ impl Metrics {
         } else {
             OTHER_TENANTS.to_owned()
         }
+    }
+
+    /// Runs a lease call handed out.
+    pub fn pull_handed_out(&self, runs: usize) {
+        self.pull_runs_handed_out.inc_by(runs as u64);
     }
 
     /// Drops a deleted tenant's series and frees its label for another tenant.
@@ -608,6 +645,13 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         .set(i64::try_from(state.waiters.waiters()).unwrap_or(i64::MAX));
     m.waiters_listening
         .set(i64::from(state.waiters.listening()));
+    let pull = &state.pull;
+    m.pull_long_polls
+        .set(i64::try_from(pull.doorbells.waiting()).unwrap_or(i64::MAX));
+    m.pull_bell_connections
+        .set(i64::try_from(pull.doorbells.connections()).unwrap_or(i64::MAX));
+    m.pull_stops_listening
+        .set(i64::from(pull.stops.listening()));
     let mut body = String::new();
     if let Err(e) = encode(&mut body, &m.registry) {
         return ApiError::Internal(format!("metrics encoding failed: {e}")).into_response();

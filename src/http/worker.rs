@@ -479,6 +479,7 @@ pub async fn lease(
             () = stopping.cancelled() => break,
         }
     }
+    state.metrics.pull_handed_out(runs.len());
     Ok(axum::Json(LeaseAnswer { runs }))
 }
 

@@ -347,6 +347,15 @@ async fn many_long_polls_share_the_doorbell_readers_and_each_execution_goes_to_o
     assert_eq!(unique, admitted);
     // One reader per shard at most, however many polls waited.
     assert!(app.pull.doorbells.connections() <= shards);
+    // What an operator sees.
+    let metrics = app.get_text("/metrics").await;
+    assert!(
+        metrics.contains(&format!("sluice_pull_runs_handed_out_total {POLLS}\n")),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sluice_pull_long_polls 0\n"));
+    let connections = app.pull.doorbells.connections();
+    assert!(metrics.contains(&format!("sluice_pull_bell_connections {connections}\n")));
 }
 
 #[tokio::test]
