@@ -480,8 +480,7 @@ impl Stops {
                 .cloned()
                 .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?,
         };
-        let pattern = format!("{}*", keys::stop_channel(PULL_PREFIX));
-        let prefix = keys::stop_channel("");
+        let (pattern, prefix) = keys::pull_stop_pattern();
         let client = redis::Client::open(url.as_str())?;
         let mut pubsub = tokio::time::timeout(self.store.config().op_timeout, async {
             let mut p = client.get_async_pubsub().await?;
@@ -511,9 +510,6 @@ impl Stops {
         }
     }
 }
-
-/// What every pull worker's consumer name starts with (`http::worker::consumer_name`).
-pub const PULL_PREFIX: &str = "pull/";
 
 /// Leaves a mailbox when a stop poll ends.
 struct Leave<'a>(&'a Stops, &'a str);

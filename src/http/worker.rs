@@ -5,7 +5,7 @@
 //! - **Who.** A `worker` key of a tenant (it reaches nothing else) serves that tenant; the
 //!   platform admin may serve any tenants (`tenants`) or all. Each worker process names
 //!   itself with a `worker_id`; the lease holder Redis records is that id in the caller's
-//!   scope (`consumer_name`), so two tenants' workers never share a name.
+//!   scope (`store::keys::pull_consumer`), so two tenants' workers never share a name.
 //! - **Nothing lost between the server and the worker.** A lease call first asks Redis what
 //!   its worker holds already (`adopt.lua`): runs a lost answer started come back (marked
 //!   `recovered`), except those the worker says it is running (`holding`). So an answer lost
@@ -37,8 +37,7 @@ use super::executions::waiting::{parse_wait, refused, until_revoked};
 use super::extract::{JsonBody, Path, Query, WholeU32, WholeU64};
 use crate::access::KeyRole;
 use crate::admission::{ExecutionId, TenantId};
-use crate::pull::PULL_PREFIX;
-use crate::store::{Completion, LeaseState, Outcome, Shard, Started};
+use crate::store::{Completion, LeaseState, Outcome, Shard, Started, keys};
 
 /// The pull API's routes with their OpenAPI documentation.
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -92,12 +91,11 @@ impl Scope {
         }
     }
 
-    /// The lease holder's name Redis records for `worker`: `pull/<tenant>/<worker>` for a
-    /// worker key, `pull/*/<worker>` for the platform admin (no tenant id has a `*`).
+    /// The lease holder's name Redis records for `worker` (`keys::pull_consumer`).
     fn consumer(&self, worker: &str) -> String {
         match self {
-            Scope::Tenant(t) => format!("{PULL_PREFIX}{}/{worker}", t.as_str()),
-            Scope::Platform => format!("{PULL_PREFIX}*/{worker}"),
+            Scope::Tenant(t) => keys::pull_consumer(Some(t), worker),
+            Scope::Platform => keys::pull_consumer(None, worker),
         }
     }
 

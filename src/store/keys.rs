@@ -50,6 +50,29 @@ pub fn stop_channel(consumer: &str) -> String {
     format!("{ROOT}stop:{consumer}")
 }
 
+/// What every pull worker's consumer name starts with (no `sluice worker`'s has a `/`).
+const PULL_CONSUMER: &str = "pull/";
+
+/// The consumer name (the lease holder Redis records, in `held:<consumer>` and the stop
+/// channel) of pull worker `worker` of the API: `pull/<tenant>/<worker>` for a tenant's
+/// `worker` key, `pull/*/<worker>` for the platform admin (no tenant id has a `*` or a `/`,
+/// and a worker id neither), so two tenants' workers never share a name.
+pub fn pull_consumer(tenant: Option<&crate::admission::TenantId>, worker: &str) -> String {
+    match tenant {
+        Some(t) => format!("{PULL_CONSUMER}{}/{worker}", t.as_str()),
+        None => format!("{PULL_CONSUMER}*/{worker}"),
+    }
+}
+
+/// The pattern of every pull worker's stop channel (one `PSUBSCRIBE` hears them all), and the
+/// prefix to strip from a channel to get its consumer name back.
+pub fn pull_stop_pattern() -> (String, String) {
+    (
+        format!("{}*", stop_channel(PULL_CONSUMER)),
+        stop_channel(""),
+    )
+}
+
 /// What every execution's Pub/Sub channel name starts with (see `events_channel`).
 const EVENTS_CHANNEL: &str = "sluice:ev:";
 
