@@ -489,20 +489,7 @@ async fn wait_redis(url: &str, limit: Duration) -> bool {
 
 /// Waits until `serve` answers `/readyz` with 200.
 async fn wait_serve(api: &Api, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        let res = api
-            .http
-            .get(format!("{}/readyz", api.base))
-            .timeout(Duration::from_secs(1))
-            .send()
-            .await;
-        if res.is_ok_and(|r| r.status() == 200) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    crate::helpers::wait_ready(&api.http, &api.base, limit).await
 }
 
 /// Starts Redis, `serve` and the workers, Redis and `serve` on free ports.

@@ -263,19 +263,14 @@ async fn the_callers_trace_context_reaches_http_and_command_handlers() {
     let service = axum::Router::new().route(
         "/trace",
         post(|headers: axum::http::HeaderMap| async move {
-            let get = |n: &str| headers.get(n).map(|v| v.to_str().unwrap().to_owned());
-            Json(json!({"traceparent": get("traceparent"), "tracestate": get("tracestate")}))
+            Json(crate::helpers::trace_headers(&headers))
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, service).await });
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("flows.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
+    let (_dir, path) = crate::helpers::flows_file(&format!(
+        r#"
 [flows."svc.trace"]
 kind = "http"
 url = "http://{addr}/trace"
@@ -284,9 +279,7 @@ kind = "command"
 program = "sh"
 args = ["-c", "printf '{{\"traceparent\":\"%s\",\"tracestate\":\"%s\"}}' \"$TRACEPARENT\" \"$TRACESTATE\""]
 "#
-        ),
-    )
-    .unwrap();
+    ));
     let admit =
         |flow: &'static str, key: &'static str, tp: &'static str, ts: Option<&'static str>| {
             let app = &app;

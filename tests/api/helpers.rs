@@ -980,3 +980,37 @@ fn all_threads_stopped(pid: u32) -> bool {
         })
     })
 }
+
+/// Whether the server at `base` (`http://host:port`) answered `/readyz` with 200 within
+/// `limit` (each probe bounded to a second).
+pub async fn wait_ready(client: &reqwest::Client, base: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let res = client
+            .get(format!("{base}/readyz"))
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await;
+        if res.is_ok_and(|r| r.status() == StatusCode::OK) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// The W3C trace headers a handler received, as a test's echo service answers them:
+/// `{"traceparent": ..., "tracestate": ...}` (null for an absent one).
+pub fn trace_headers(headers: &axum::http::HeaderMap) -> Value {
+    let get = |n: &str| headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+    json!({"traceparent": get("traceparent"), "tracestate": get("tracestate")})
+}
+
+/// A flows file with `toml` in a temporary folder: the folder (kept while it lives) and the
+/// file's path, for `sluice worker --flows`.
+pub fn flows_file(toml: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flows.toml");
+    std::fs::write(&path, toml).unwrap();
+    (dir, path)
+}

@@ -86,8 +86,7 @@ async fn receiver() -> (String, Spans) {
         .route(
             "/handler",
             post(|headers: axum::http::HeaderMap| async move {
-                let get = |n: &str| headers.get(n).map(|v| v.to_str().unwrap().to_owned());
-                Json(json!({"traceparent": get("traceparent"), "tracestate": get("tracestate")}))
+                Json(crate::helpers::trace_headers(&headers))
             }),
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -141,32 +140,19 @@ async fn spans_of_serve_and_worker_form_one_trace_with_the_caller_and_the_handle
             .spawn()
             .unwrap(),
     );
-    let dir = tempfile::tempdir().unwrap();
-    let flows = dir.path().join("flows.toml");
-    std::fs::write(
-        &flows,
-        format!("[flows.\"svc.traced\"]\nkind = \"http\"\nurl = \"{base}/handler\"\n"),
-    )
-    .unwrap();
+    let (_dir, flows) = crate::helpers::flows_file(&format!(
+        "[flows.\"svc.traced\"]\nkind = \"http\"\nurl = \"{base}/handler\"\n"
+    ));
     let _worker = TestWorker::spawn(
         &redis,
         &["--flows", flows.to_str().unwrap(), "--otlp-endpoint", &base],
     );
     let client = reqwest::Client::new();
     let api = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !client
-        .get(format!("{api}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "sluice serve did not become ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        crate::helpers::wait_ready(&client, &api, Duration::from_secs(30)).await,
+        "sluice serve did not become ready"
+    );
     let admit = |traceparent: Option<&'static str>| {
         let mut req = client
             .post(format!("{api}/api/executions"))
