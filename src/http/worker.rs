@@ -387,10 +387,24 @@ pub async fn lease(
             .map(|(shard, _)| store.adopt(*shard, &consumer, max + holding.len(), lease, 0)),
     )
     .await;
-    for found in held {
-        for s in found? {
-            if runs.len() < max && !holding.contains(s.id.as_str()) {
-                runs.push(LeasedRun::of(s, lease, true));
+    // A shard that fails (its master down, a time-out) is left out for the rest of this call:
+    // the others are served meanwhile, as a `sluice worker`'s are. What a failed call may have
+    // started there comes back on a later call (`recovered`).
+    let mut down: HashSet<usize> = HashSet::new();
+    let mut failure = None;
+    for (i, found) in held.into_iter().enumerate() {
+        match found {
+            Ok(found) => {
+                for s in found {
+                    if runs.len() < max && !holding.contains(s.id.as_str()) {
+                        runs.push(LeasedRun::of(s, lease, true));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, shard = plan[i].0.number(), "pull: adopt failed");
+                down.insert(i);
+                failure = Some(e);
             }
         }
     }
@@ -402,10 +416,9 @@ pub async fn lease(
         // Each shard first gets an equal share of what is left to hand out (so one call does
         // not fill up from the first shard it asks), then those with more fill the rest.
         let mut more = Vec::new();
-        let mut failed = None;
         for round in 0..2 {
             let asked: Vec<usize> = if round == 0 {
-                look.clone()
+                look.iter().copied().filter(|i| !down.contains(i)).collect()
             } else {
                 std::mem::take(&mut more)
             };
@@ -425,9 +438,10 @@ pub async fn lease(
                     .await
                 {
                     Ok(b) => b,
-                    // What it may have started comes back on the next call (`recovered`).
                     Err(e) => {
-                        failed = Some(e);
+                        tracing::debug!(error = %e, shard = shard.number(), "pull: start failed");
+                        down.insert(i);
+                        failure = Some(e);
                         continue;
                     }
                 };
@@ -451,9 +465,11 @@ pub async fn lease(
                 }
             }
         }
-        if let Some(e) = failed
-            && runs.is_empty()
+        if runs.is_empty()
+            && down.len() == plan.len()
+            && let Some(e) = failure.take()
         {
+            // Every shard it serves failed: nothing to wait for here.
             return Err(e.into());
         }
         let Some(bells) = listening.as_mut() else {

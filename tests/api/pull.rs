@@ -779,3 +779,53 @@ async fn a_paused_python_worker_wakes_to_a_refused_report() {
     assert_eq!(e["attempt"], attempt);
     assert_eq!(e["output"], json!({"slept_ms": 1500}));
 }
+
+/// On a cluster, one master down: a lease that serves tenants on it and on a live master
+/// hands out the live one's work (the dead shard is left out for the call), and only a lease
+/// whose every shard is down answers 503.
+#[tokio::test]
+async fn a_lease_goes_on_when_one_master_is_down() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let mut app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 1_000;
+        c.api.request_timeout_ms = 5_000;
+    })
+    .await;
+    // A tenant on master 0 (the victim) and one on master 1.
+    let mut on: Vec<Option<String>> = vec![None; 2];
+    for i in 0..1_000 {
+        let t = format!("t{i}");
+        let m = app.master_of(&t).await;
+        if m < 2 && on[m].is_none() {
+            on[m] = Some(t);
+        }
+        if on.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let (victim, live) = (on[0].clone().unwrap(), on[1].clone().unwrap());
+    let id = app.admit_with(&live, json!({"flow_id": "py.echo"})).await;
+    app.redis.kill_node(0);
+    let lease = |body: Value| {
+        app.client
+            .post(app.url("/api/worker/lease"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+    };
+    let res = lease(json!({"worker_id": "ops", "max": 5, "tenants": [victim, live]}))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let runs: Value = res.json().await.unwrap();
+    let ids: Vec<String> = runs["runs"].as_array().unwrap().iter().map(id_of).collect();
+    assert_eq!(ids, vec![id]);
+    // A lease that serves only the victim: its only shard is down.
+    let res = lease(json!({"worker_id": "ops", "tenants": [victim]}))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
