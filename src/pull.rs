@@ -66,10 +66,7 @@ impl Pull {
     /// The backoff before the attempt after `attempt` failed: `retry_backoff` doubling per
     /// attempt, capped (as `sluice worker` computes it).
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 1u32 << attempt.saturating_sub(1).min(20);
-        self.retry_backoff
-            .saturating_mul(factor)
-            .min(self.retry_backoff_max)
+        crate::worker::retry_backoff(self.retry_backoff, self.retry_backoff_max, attempt)
     }
 
     /// Runs the doorbell readers, the stop listener and the orphan scans until `stop`.

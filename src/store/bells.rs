@@ -15,16 +15,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, Runtime};
-use redis::io::tcp::{TcpSettings, socket2};
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+use redis::{AsyncConnectionConfig, ConnectionInfo, Value};
 
 use super::keys::Shard;
-use super::layout::slot_of_tag;
-use super::{RedisTarget, Store, StoreError};
-
-/// Keepalive of the pooled blocking connections, as for a worker's (`wake.rs`).
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+use super::{Store, StoreError};
 
 /// The pools of blocking connections, by Redis node (`host:port`), created when a shard on
 /// that node is first waited on.
@@ -99,26 +93,7 @@ impl BellPools {
 impl Store {
     /// Where `shard`'s doorbell is read now: on a cluster, the master that holds its slot.
     pub async fn bell_node(&self, shard: Shard) -> Result<BellNode, StoreError> {
-        let info = match &self.config.redis {
-            RedisTarget::Standalone(url) => url.as_str().into_connection_info()?,
-            RedisTarget::Cluster(seeds) => {
-                let (host, port) = self.master_of_slot(slot_of_tag(shard.tag())).await?;
-                let seed = seeds
-                    .first()
-                    .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?;
-                seed.as_str()
-                    .into_connection_info()?
-                    .set_addr(ConnectionAddr::Tcp(host, port))
-            }
-        };
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL);
-        let info = info.set_tcp_settings(
-            TcpSettings::default()
-                .set_nodelay(true)
-                .set_keepalive(keepalive),
-        );
+        let info = self.bell_address(shard).await?;
         Ok(BellNode {
             address: info.addr().to_string(),
             info,

@@ -83,6 +83,16 @@ impl Store {
     /// Opens a blocking connection for `shard`'s doorbell: on a cluster to the master that
     /// holds its slot now.
     pub async fn open_bell(&self, shard: Shard) -> Result<BellConn, StoreError> {
+        let conn = self
+            .blocking_connection(self.bell_address(shard).await?)
+            .await?;
+        Ok(BellConn { conn, shard })
+    }
+
+    /// Where `shard`'s doorbell lives now (on a cluster, the master that holds its slot), with
+    /// the keepalive every blocking connection uses: for a worker's own connection
+    /// (`open_bell`) and for `serve`'s pooled ones (`bell_node`).
+    pub(super) async fn bell_address(&self, shard: Shard) -> Result<ConnectionInfo, StoreError> {
         let info = match &self.config.redis {
             RedisTarget::Standalone(url) => url.as_str().into_connection_info()?,
             RedisTarget::Cluster(seeds) => {
@@ -95,8 +105,14 @@ impl Store {
                     .set_addr(ConnectionAddr::Tcp(host, port))
             }
         };
-        let conn = self.blocking_connection(info).await?;
-        Ok(BellConn { conn, shard })
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL);
+        Ok(info.set_tcp_settings(
+            TcpSettings::default()
+                .set_nodelay(true)
+                .set_keepalive(keepalive),
+        ))
     }
 
     /// Sets a shard's doorbell again: a worker woke for work it cannot take now (no free
@@ -142,14 +158,6 @@ impl Store {
         &self,
         info: ConnectionInfo,
     ) -> Result<MultiplexedConnection, StoreError> {
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL);
-        let info = info.set_tcp_settings(
-            TcpSettings::default()
-                .set_nodelay(true)
-                .set_keepalive(keepalive),
-        );
         let client = redis::Client::open(info)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.config.op_timeout))

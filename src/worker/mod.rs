@@ -721,11 +721,14 @@ fn panic_message(e: tokio::task::JoinError) -> String {
 
 /// Backoff before the attempt after `attempt`: base × 2^(attempt-1), capped.
 fn backoff(config: &WorkerConfig, attempt: u32) -> Duration {
+    retry_backoff(config.retry_backoff, config.retry_backoff_max, attempt)
+}
+
+/// The pause before the attempt after failed attempt `attempt`: `first` doubling per attempt,
+/// at most `most`. `sluice worker` and the pull API (`crate::pull::Pull::backoff`) both use it.
+pub fn retry_backoff(first: Duration, most: Duration, attempt: u32) -> Duration {
     let factor = 1u32 << attempt.saturating_sub(1).min(20);
-    config
-        .retry_backoff
-        .saturating_mul(factor)
-        .min(config.retry_backoff_max)
+    first.saturating_mul(factor).min(most)
 }
 
 /// A completion that also asks for the shard's next runs: how many, the call's number (see
