@@ -11,7 +11,8 @@
 -- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
 -- KEYS[6]  its 'queued' status index   KEYS[7]  its 'cancelled' status index
 -- KEYS[8]  the shard's runnable tenants KEYS[9]  its timer set    KEYS[10] its counters
--- (A cancel also counts in the trends counters, names built inside: common.lua, trends.)
+-- (A cancel also counts in the trends counters, and goes to the tenant's webhook outbox:
+-- names built inside, see common.lua.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
@@ -40,6 +41,8 @@ if status == 'queued' then
     'updated', now)
   redis.call('HDEL', ROW, 'qstate', 'entry')
   settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'))
+  outbox(tenant, id, 'cancelled', now,
+    { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'attempt') or '0' })
   redis.call('HINCRBY', STATS, 'cancelled', 1)
   tally(tenant, 'cancelled', now)
 elseif status == 'running' then

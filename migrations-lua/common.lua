@@ -54,6 +54,8 @@ function K.key_limits(t) return P .. 't:' .. t .. ':klim' end
 function K.key_blocked(t) return P .. 't:' .. t .. ':kblk' end
 function K.tat(t) return P .. 't:' .. t .. ':tat' end
 function K.key_tat(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':tat' end
+function K.outbox(t) return P .. 't:' .. t .. ':wh' end
+function K.webhooks() return P .. 'webhooks' end
 
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
@@ -101,11 +103,12 @@ local function limits(t)
   local v = LIMITS_READ[t]
   if not v then
     v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
-      'weight', 'max_concurrent_per_key', 'rate', 'key_rate')
+      'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url')
     LIMITS_READ[t] = v
   end
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
-    v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6]), v[7] or nil, v[8] or nil
+    v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6]), v[7] or nil, v[8] or nil,
+    v[9] or nil
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -611,6 +614,42 @@ local function dead_letter_run(id, t, flow, reason, attempts, entry, now, messag
     'attempts', attempts, 'source_entry', entry or '', 'at', now, 'message', message }, cap)
 end
 
+-- ------------------------------------------------------------------------------------------
+-- Webhooks: the outbox. Every change a tenant's webhook reports (an execution completed,
+-- failed — dead-lettered included —, cancelled or force-deleted) is appended by the script
+-- that makes the change, in the same atomic step, to the tenant's outbox stream (K.outbox),
+-- when the tenant has a webhook (its cfg's `wh_url`, read with its limits: no extra call for a
+-- tenant without one). `serve` delivers the entries and deletes each only after its receiver
+-- answered 2xx (src/delivery.rs), so a change is delivered at least once whatever stops.
+--
+-- An entry: type (completed | failed | cancelled | deleted), the execution id, its sequence
+-- number (`seq`: the row's `whseq`, counted per execution, so a receiver can order one
+-- execution's events), the time, flow, attempt, status before a deletion, error kind and
+-- message of a failure, and whether it was dead-lettered. The outbox holds at most
+-- WEBHOOK_OUTBOX_CAP entries (exact trim): what a full outbox evicts is counted in the
+-- tenant's cfg (`wh_dropped`), as is what `serve` drops for age. An append to an empty outbox
+-- publishes the tenant on WEBHOOK_CHANNEL, which wakes the deliverers at once; one to a
+-- non-empty outbox needs not (a deliverer is on it, or will find it by its scan).
+-- The channel name mirrors src/store/keys.rs (webhook_channel).
+local WEBHOOK_OUTBOX_CAP = 10000
+local WEBHOOK_CHANNEL = 'sluice:wh'
+
+-- Appends execution id's change `kind` to tenant t's outbox, if t has a webhook. `fields`:
+-- more {name, value, ...} of the entry.
+local function outbox(t, id, kind, now, fields)
+  if not select(9, limits(t)) then return end
+  local box = K.outbox(t)
+  local before = redis.call('XLEN', box)
+  local seq = redis.call('HINCRBY', K.row(id), 'whseq', 1)
+  redis.call('XADD', box, 'MAXLEN', WEBHOOK_OUTBOX_CAP, '*', 'type', kind, 'id', id, 'seq', seq,
+    'at', now, unpack(fields))
+  if before >= WEBHOOK_OUTBOX_CAP then
+    redis.call('HINCRBY', K.cfg(t), 'wh_dropped', before + 1 - WEBHOOK_OUTBOX_CAP)
+  elseif before == 0 then
+    redis.call('PUBLISH', WEBHOOK_CHANNEL, t)
+  end
+end
+
 -- A row became terminal: its dedup key (if it still maps to it) now lives DEDUP_TTL_SECS more
 -- and the row itself RETENTION_SECS. Until this moment neither expires. `digest` is the row's
 -- `ddh` field (nil for none), which the caller has read already.
@@ -628,15 +667,23 @@ end
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
 -- (its tenant may start the next), retention and dedup TTLs. `run` is the row's RUN_FIELDS as
 -- the caller read them; `extra` holds fields to set besides the status and times; `drop` names
--- fields to remove besides the lease's. The hot path of every completion: the caller's one
--- read, one write and one delete of the row, whatever the outcome.
-local function finish(t, flow, id, run, status, now, extra, drop)
+-- fields to remove besides the lease's; `dead` says a failure is dead-lettered (for the
+-- webhook's event). The hot path of every completion: the caller's one read, one write and
+-- one delete of the row, whatever the outcome.
+local function finish(t, flow, id, run, status, now, extra, drop, dead)
   index_move(t, flow, 'running', status, id)
   redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now,
     unpack(extra))
   end_lease(t, id, run[9], drop, run[13])
   announce(id, run[11], status, now)
   settle_terminal(t, id, run[12])
+  if status == 'failed' then
+    outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
+      'err_kind', record_field(extra, 'err_kind') or '',
+      'err_msg', record_field(extra, 'err_msg') or '', 'dead', dead and '1' or '0' })
+  else
+    outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] })
+  end
   redis.call('HINCRBY', K.stats(), status, 1)
   tally(t, status, now)
 end
@@ -673,7 +720,7 @@ local function recover(id, row, now, cap)
   if attempt >= max_attempts then
     local msg = 'lease expired on attempt ' .. attempt .. ' of ' .. max_attempts
     finish(tenant, flow, id, row, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg },
-      {})
+      {}, true)
     dead_letter_run(id, tenant, flow, 'lease_lost', attempt, row[7], now, msg, cap)
     return 'dead_lettered'
   end

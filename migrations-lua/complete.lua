@@ -110,7 +110,7 @@ local function record()
     return 'retrying', due
   end
   finish(tenant, flow, id, row, 'failed', now,
-    { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {})
+    { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {}, backoff ~= '')
   if backoff ~= '' then
     dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, cap)
     return 'dead_lettered', ''

@@ -15,6 +15,7 @@
 -- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
 -- KEYS[6]  its force-deleted set
 -- KEYS[7]  the shard's runnable tenants KEYS[8]  its timer set    KEYS[9]  its lease index
+-- (The tenant's webhook outbox, if it has a webhook, is named inside: see common.lua.)
 -- ARGV[1..5] common (see common.lua)
 -- ARGV[6]  the caller's tenant id
 -- ARGV[7]  execution id
@@ -33,6 +34,8 @@ local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[
 
 local now = now_ms()
 notify_deleted(id, now)
+outbox(tenant, id, 'deleted', now,
+  { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'attempt') or '0', 'was', status })
 index_remove(tenant, flow, status, id)
 if digest then
   local key = K.dedup(tenant, digest)

@@ -16,10 +16,12 @@
 --
 -- Reply, one of:
 --   {'pinned', n, max_concurrent, max_queued, enabled, weight, max_concurrent_per_key, rate,
---    key_rate, overrides...}       pinned to shard n (now, or before); the tenant's own limits ('' where
---                        it has none) and its concurrency keys' overrides (field, value pairs
---                        of K.key_limits), to copy there. The overrides leave this shard.
---   {'busy', executions} the tenant has executions here; nothing written
+--    key_rate, wh_url, wh_secret, wh_at, overrides...}       pinned to shard n (now, or
+--                        before); the tenant's own limits and webhook ('' where it has none)
+--                        and its concurrency keys' overrides (field, value pairs of
+--                        K.key_limits), to copy there. Overrides and webhook leave this shard.
+--   {'busy', held}       the tenant has executions (or webhook events not delivered yet)
+--                        here; nothing written
 local tenant, target = ARGV[6], ARGV[7]
 local CFG = declared(2, K.cfg(tenant))
 local SLOTS, WAITING = declared(3, K.slots(tenant)), declared(4, K.waiting(tenant))
@@ -29,11 +31,13 @@ local held = redis.call('SCARD', SLOTS) + redis.call('ZCARD', WAITING)
 for i, s in ipairs(STATUSES) do
   held = held + redis.call('ZCARD', declared(5 + i, K.status_idx(tenant, s)))
 end
+-- Webhook events not delivered yet cannot follow either.
+held = held + redis.call('XLEN', K.outbox(tenant))
 local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
-  'weight', 'max_concurrent_per_key', 'rate', 'key_rate')
+  'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'wh_secret', 'wh_at')
 local function reply(n)
   local out = { 'pinned', n, v[2] or '', v[3] or '', v[4] or '', v[5] or '', v[6] or '',
-    v[7] or '', v[8] or '' }
+    v[7] or '', v[8] or '', v[9] or '', v[10] or '', v[11] or '' }
   for _, x in ipairs(redis.call('HGETALL', K.key_limits(tenant))) do table.insert(out, x) end
   return out
 end
@@ -42,4 +46,7 @@ if held > 0 then return { 'busy', held } end
 redis.call('HSET', CFG, 'pinned', target)
 local out = reply(target)
 redis.call('DEL', K.key_limits(tenant))
+-- Its webhook moves with it (pin_home.lua sets it there): no event is written here now.
+redis.call('HDEL', CFG, 'wh_url', 'wh_secret', 'wh_at')
+redis.call('SREM', K.webhooks(), tenant)
 return out

@@ -15,7 +15,9 @@
 -- ARGV[10] weight ('' = the default, 1)
 -- ARGV[11] max_concurrent_per_key ('' = none)
 -- ARGV[12] rate ('' = none)            ARGV[13] key_rate ('' = none)
--- ARGV[14..] the concurrency keys' overrides, field and value pairs of K.key_limits (they
+-- ARGV[14] its webhook's address      ARGV[15] its secret     ARGV[16] when it was set
+--          ('' = no webhook)
+-- ARGV[17..] the concurrency keys' overrides, field and value pairs of K.key_limits (they
 --          replace any here)
 --
 -- Reply: 1
@@ -26,10 +28,16 @@ redis.call('HDEL', CFG, 'pinned')
 redis.call('HSET', CFG, 'configured', 1)
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
   weight = ARGV[10], max_concurrent_per_key = ARGV[11] or '', rate = ARGV[12] or '',
-  key_rate = ARGV[13] or '' }
+  key_rate = ARGV[13] or '', wh_url = ARGV[14] or '', wh_secret = ARGV[15] or '',
+  wh_at = ARGV[16] or '' }
 for field, value in pairs(values) do
   if value == '' then redis.call('HDEL', CFG, field) else redis.call('HSET', CFG, field, value) end
 end
+if values.wh_url ~= '' then
+  redis.call('SADD', K.webhooks(), tenant)
+else
+  redis.call('SREM', K.webhooks(), tenant)
+end
 redis.call('DEL', K.key_limits(tenant))
-for i = 14, #ARGV, 2 do redis.call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
+for i = 17, #ARGV, 2 do redis.call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
 return 1

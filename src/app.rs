@@ -39,6 +39,8 @@ pub struct Application {
     waiters: Arc<Hub>,
     /// The pull API's wake-ups and orphan scans; they start with the server.
     pull: Arc<crate::pull::Pull>,
+    /// Webhook delivery; it starts with the server.
+    deliverer: Arc<crate::delivery::Deliverer>,
     /// Cancelled to stop serving (also ends every wait at once).
     stop: tokio_util::sync::CancellationToken,
 }
@@ -99,6 +101,17 @@ impl Application {
             orphan_scan: (config.api.orphan_scan_ms > 0)
                 .then(|| Duration::from_millis(config.api.orphan_scan_ms)),
         });
+        let deliverer = crate::delivery::Deliverer::new(
+            store.clone(),
+            crate::delivery::DeliveryConfig {
+                enabled: config.api.webhook_delivery,
+                allow_private: config.api.webhook_allow_private,
+                timeout: Duration::from_millis(config.api.webhook_timeout_ms.max(1)),
+                scan: (config.api.webhook_scan_ms > 0)
+                    .then(|| Duration::from_millis(config.api.webhook_scan_ms)),
+                max_age: Duration::from_secs(config.api.webhook_max_age_secs.max(1)),
+            },
+        )?;
         let state = AppState {
             store: store.clone(),
             auth: Arc::new(AuthConfig {
@@ -186,6 +199,7 @@ impl Application {
             limits: connection_limits,
             waiters,
             pull,
+            deliverer,
             stop,
         })
     }
@@ -225,6 +239,7 @@ impl Application {
         let stop = self.stop.clone();
         tokio::spawn(self.waiters.clone().listen());
         tokio::spawn(self.pull.clone().run(self.store.clone(), stop.clone()));
+        tokio::spawn(self.deliverer.clone().run(stop.clone()));
         if let Some(interval) = self.sweep_interval {
             tokio::spawn(crate::sweeper::run(
                 self.store.clone(),

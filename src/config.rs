@@ -345,6 +345,26 @@ pub struct ApiSettings {
     /// The cap of that backoff, in milliseconds.
     #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = 300_000)]
     pub retry_backoff_max_ms: u64,
+    /// Whether this server delivers tenants' webhooks (`PUT /api/tenants/{t}/webhook`). Any
+    /// number of servers may: one at a time delivers a given tenant.
+    #[arg(long, env = "SLUICE_WEBHOOK_DELIVERY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub webhook_delivery: bool,
+    /// Let webhooks reach loopback, private, link-local and other non-public addresses
+    /// (refused by default: a tenant's address could otherwise reach the server's own
+    /// network, e.g. a cloud metadata service).
+    #[arg(long, env = "SLUICE_WEBHOOK_ALLOW_PRIVATE")]
+    pub webhook_allow_private: bool,
+    /// How long one webhook delivery may take, connection included, in milliseconds.
+    #[arg(long, env = "SLUICE_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
+    pub webhook_timeout_ms: u64,
+    /// How often every shard's webhook tenants are looked at for events left behind (a
+    /// server stopped mid-delivery, a wake-up lost), in milliseconds (0 = only at start and
+    /// after the wake-up listener reconnects).
+    #[arg(long, env = "SLUICE_WEBHOOK_SCAN_MS", default_value_t = 30_000)]
+    pub webhook_scan_ms: u64,
+    /// Webhook events not delivered within this many seconds are dropped (and counted).
+    #[arg(long, env = "SLUICE_WEBHOOK_MAX_AGE_SECS", default_value_t = 3 * 86_400)]
+    pub webhook_max_age_secs: u64,
     /// Clients waiting at once on this server, long polls (`GET /api/executions/{id}?wait=`)
     /// and event streams (`/events`) together; more are answered 503 `too_many_waiters`.
     #[arg(long, env = "SLUICE_MAX_WAITERS", default_value_t = 10_000)]

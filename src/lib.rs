@@ -21,6 +21,7 @@ pub mod admission;
 pub mod app;
 pub mod commands;
 pub mod config;
+pub mod delivery;
 pub mod dev;
 pub mod http;
 pub mod migrate;

@@ -18,6 +18,7 @@ pub mod queues;
 mod spec;
 pub mod tenants;
 pub mod trends;
+pub mod webhooks;
 pub mod worker;
 
 use std::sync::Arc;
@@ -130,6 +131,7 @@ fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi
         .merge(me::routes())
         .merge(health::routes())
         .merge(worker::routes())
+        .merge(webhooks::routes())
         .split_for_parts();
     let (metrics_router, metrics_spec) = metrics::routes().split_for_parts();
     spec.merge(metrics_spec);

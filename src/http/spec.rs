@@ -36,6 +36,7 @@ use super::error::PROBLEM_JSON;
         (name = "api-keys", description = "Tenant API keys: created and shown once, listed by id, revoked"),
         (name = "auth", description = "Who the caller is: tenant, role and key"),
         (name = "operations", description = "Health and readiness probes, metrics, dead letters and queue statistics"),
+        (name = "webhooks", description = "A tenant's webhook: its terminal changes POSTed, signed (Standard Webhooks), at least once; and the log of its deliveries"),
         (name = "worker", description = "The pull API: workers in any language lease executions, keep their leases alive, hear cancels and report outcomes (a `worker` key or the platform admin)"),
     )
 )]

@@ -122,6 +122,8 @@ impl Store {
             rate_limit_per_key: super::Change::Reset,
         };
         self.set_limits_in(shard, tenant, &defaults).await?;
+        // Its webhook goes, with the events it had not delivered yet.
+        self.clear_webhook(tenant).await?;
         let cfg = shard.tenant_config(tenant);
         let _: i64 = self
             .bounded(

@@ -83,6 +83,11 @@ pub fn events_channel(id: &ExecutionId) -> String {
     format!("{EVENTS_CHANNEL}{id}")
 }
 
+/// The Pub/Sub channel on which a script announces that a tenant's webhook outbox was empty
+/// and is not any more (the message is the tenant id): it wakes `serve`'s deliverers. Mirrors
+/// `WEBHOOK_CHANNEL` of `migrations-lua/common.lua`.
+pub const WEBHOOK_CHANNEL: &str = "sluice:wh";
+
 /// The execution a message on an `events_channel` is about; `None` for any other channel.
 pub fn events_channel_execution(channel: &str) -> Option<ExecutionId> {
     channel
@@ -341,6 +346,29 @@ impl Shard {
         format!("{}t:{t}:k:{digest}:tat", self.prefix())
     }
 
+    /// A tenant's webhook outbox (stream): the changes its webhook is still to be told of,
+    /// appended by the scripts that make them (see "Webhooks" in `migrations-lua/common.lua`).
+    pub fn outbox(self, t: &TenantId) -> String {
+        format!("{}t:{t}:wh", self.prefix())
+    }
+
+    /// A tenant's webhook delivery log (stream, capped): the last attempts, each with its
+    /// answer; written by `serve`'s deliverer only.
+    pub fn delivery_log(self, t: &TenantId) -> String {
+        format!("{}t:{t}:whlog", self.prefix())
+    }
+
+    /// Which `serve` delivers a tenant's outbox now (a string with a time-out): one at a
+    /// time, so one execution's events go out in order.
+    pub fn delivery_lock(self, t: &TenantId) -> String {
+        format!("{}t:{t}:whlock", self.prefix())
+    }
+
+    /// The shard's tenants that have a webhook (set): where a deliverer looks for outboxes.
+    pub fn webhooks(self) -> String {
+        format!("{}webhooks", self.prefix())
+    }
+
     /// A tenant's force-deleted executions whose handlers still run (set): hidden from every
     /// read, still holding their slots, counted as running in the tenant's usage.
     pub fn deleting(self, t: &TenantId) -> String {
@@ -553,6 +581,14 @@ pub enum KeyKind {
     Tat,
     /// A concurrency key's rate limit state (`Shard::key_tat`).
     KeyTat,
+    /// A tenant's webhook outbox (`Shard::outbox`).
+    Outbox,
+    /// A tenant's webhook delivery log (`Shard::delivery_log`).
+    DeliveryLog,
+    /// Which server delivers a tenant's outbox (`Shard::delivery_lock`).
+    DeliveryLock,
+    /// The shard's tenants with a webhook (`Shard::webhooks`).
+    Webhooks,
     /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
     Access,
     /// Anything under the `{meta}` tag.
@@ -639,6 +675,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             "stats" => at(KeyKind::Stats),
             "tenants" => at(KeyKind::Tenants),
             "busy" => at(KeyKind::Busy),
+            "webhooks" => at(KeyKind::Webhooks),
             _ if rest.starts_with("m:") => at(KeyKind::ShardTrends),
             _ => None,
         };
@@ -655,6 +692,9 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         "klim" => KeyKind::KeyLimits,
         "kblk" => KeyKind::KeyBlocked,
         "tat" => KeyKind::Tat,
+        "wh" => KeyKind::Outbox,
+        "whlog" => KeyKind::DeliveryLog,
+        "whlock" => KeyKind::DeliveryLock,
         _ if tail.starts_with("k:") && tail.ends_with(":tat") => KeyKind::KeyTat,
         _ if tail.starts_with("k:") && tail.ends_with(":q") => KeyKind::KeyQueue,
         _ if tail.starts_with("k:") && tail.ends_with(":run") => KeyKind::KeyRunning,
@@ -779,6 +819,10 @@ mod tests {
             s.key_blocked(&t),
             s.tat(&t),
             s.key_tat(&t, "00ff"),
+            s.outbox(&t),
+            s.delivery_log(&t),
+            s.delivery_lock(&t),
+            s.webhooks(),
         ];
         for k in &keys {
             assert!(k.starts_with(&s.prefix()), "{k}");
@@ -833,6 +877,9 @@ mod tests {
             (s.key_blocked(&t), KeyKind::KeyBlocked),
             (s.tat(&t), KeyKind::Tat),
             (s.key_tat(&t, "00ff"), KeyKind::KeyTat),
+            (s.outbox(&t), KeyKind::Outbox),
+            (s.delivery_log(&t), KeyKind::DeliveryLog),
+            (s.delivery_lock(&t), KeyKind::DeliveryLock),
         ];
         for (k, kind) in tenant_keys {
             let n = parse(&k).unwrap_or_else(|| panic!("{k}"));
@@ -859,6 +906,7 @@ mod tests {
             (s.tenants(), KeyKind::Tenants),
             (s.shard_trends(20_423), KeyKind::ShardTrends),
             (s.busy(), KeyKind::Busy),
+            (s.webhooks(), KeyKind::Webhooks),
         ] {
             let n = parse(&k).unwrap();
             assert_eq!((n.kind, n.shard, n.tenant), (kind, Some(s), None), "{k}");

@@ -45,6 +45,7 @@ mod tenants;
 pub mod trends;
 mod wake;
 mod watch;
+mod webhooks;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -75,6 +76,9 @@ pub use tenants::{Change, MAX_KEY_OVERRIDES, MAX_WEIGHT, RateLimit, TenantLimits
 pub use trends::{Minute, PlatformTrends, TenantWork, Trends};
 pub use wake::{BellConn, StopListener};
 pub use watch::{Announcement, Events};
+pub use webhooks::{
+    DELIVERY_LOG_CAP, DeliveryRecord, OutboxEntry, Webhook, WebhookSet, WebhookState,
+};
 
 /// Why a storage call did not produce an answer.
 #[derive(Debug, thiserror::Error)]

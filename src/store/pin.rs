@@ -52,12 +52,13 @@ pub enum Unpin {
 
 /// What `pin.lua` did with a tenant asked to move from one shard to another.
 enum Moved {
-    /// It has this many executions on the shard it was to leave: it stays.
+    /// It has this many executions (and webhook events not delivered yet) on the shard it
+    /// was to leave: it stays.
     Busy(u64),
     /// It moved to this shard number, with its limits (`max_concurrent`, `max_queued`,
     /// `enabled`, `weight`, `max_concurrent_per_key`, `rate`, `key_rate`, '' for none of its
-    /// own, then its
-    /// concurrency keys' overrides as field, value pairs) to be set there.
+    /// own), its webhook (address, secret, when set; '' for none), then its concurrency keys'
+    /// overrides as field, value pairs, to be set there.
     To(u16, Vec<String>),
 }
 
@@ -257,7 +258,8 @@ impl Store {
                     .parse()
                     .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
                 let limits = (1..rest.len()).map(text).collect::<Result<Vec<_>, _>>()?;
-                if limits.len() < 7 || limits.len() % 2 == 0 {
+                // Ten fixed values (limits and webhook), then field and value pairs.
+                if limits.len() < 10 || limits.len() % 2 == 1 {
                     return Err(StoreError::Corrupt("pin reply: bad limits".into()));
                 }
                 Ok(Moved::To(number, limits))

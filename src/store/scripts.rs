@@ -149,6 +149,7 @@ pub fn operation(name: &str) -> Option<&'static str> {
         "ring.lua" => op!("ring.lua").1,
         "key_limit.lua" => op!("key_limit.lua").1,
         "dry_admit.lua" => op!("dry_admit.lua").1,
+        "webhook.lua" => op!("webhook.lua").1,
         _ => return None,
     })
 }
@@ -183,6 +184,7 @@ pub struct Scripts {
     pub ring: Script,
     pub key_limit: Script,
     pub dry_admit: Script,
+    pub webhook: Script,
 }
 
 impl Scripts {
@@ -218,11 +220,12 @@ impl Scripts {
             ring: shard(op!("ring.lua")),
             key_limit: shard(op!("key_limit.lua")),
             dry_admit: shard(op!("dry_admit.lua")),
+            webhook: shard(op!("webhook.lua")),
         }
     }
 
     /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 28] {
+    pub fn all(&self) -> [&Script; 29] {
         [
             &self.admit,
             &self.abandon,
@@ -252,6 +255,7 @@ impl Scripts {
             &self.ring,
             &self.key_limit,
             &self.dry_admit,
+            &self.webhook,
         ]
     }
 }
@@ -291,6 +295,7 @@ mod tests {
             "ring.lua",
             "key_limit.lua",
             "dry_admit.lua",
+            "webhook.lua",
         ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for op in ops {

@@ -52,7 +52,8 @@ local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delay
   K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), EVENTS_CHANNEL .. id, K.runnable(), K.sched(),
   K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled'),
   K.trends(t, 20423), K.shard_trends(20423), K.busy(), K.key_queue(t, h), K.key_running(t, h),
-  K.key_limits(t), K.key_blocked(t), K.tat(t), K.key_tat(t, h) }
+  K.key_limits(t), K.key_blocked(t), K.tat(t), K.key_tat(t, h), K.outbox(t), K.webhooks(),
+  WEBHOOK_CHANNEL }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -106,6 +107,9 @@ return out";
             s.key_blocked(&t),
             s.tat(&t),
             s.key_tat(&t, digest),
+            s.outbox(&t),
+            s.webhooks(),
+            sluice::store::keys::WEBHOOK_CHANNEL.to_owned(),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));

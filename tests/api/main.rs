@@ -34,4 +34,5 @@ mod throttle;
 mod trends;
 mod waiting;
 mod wakeups;
+mod webhooks;
 mod worker;

@@ -539,6 +539,8 @@ async fn serve_alone_recovers_an_expired_pull_lease_and_refuses_its_late_report(
 struct PyWorker {
     child: std::process::Child,
     lines: tokio::sync::mpsc::UnboundedReceiver<Value>,
+    /// Every event read so far, for the message of a test that fails.
+    seen: Vec<Value>,
 }
 
 impl PyWorker {
@@ -571,17 +573,34 @@ impl PyWorker {
                 }
             }
         });
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
     }
 
     /// The next event named `event` it prints (within 30 s).
     async fn event(&mut self, event: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        self.event_within(event, Duration::from_secs(30)).await
+    }
+
+    /// The next event named `event` it prints within `limit`; a failure lists what it printed.
+    async fn event_within(&mut self, event: &str, limit: Duration) -> Value {
+        let deadline = Instant::now() + limit;
         loop {
-            let line = tokio::time::timeout_at(deadline, self.lines.recv())
-                .await
-                .unwrap_or_else(|_| panic!("no {event} event within 30 s"))
-                .unwrap_or_else(|| panic!("the worker exited before a {event} event"));
+            let line = match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some(line)) => line,
+                Ok(None) => panic!(
+                    "the worker exited before a {event} event; it printed {:?}",
+                    self.seen
+                ),
+                Err(_) => panic!(
+                    "no {event} event within {limit:?}; it printed {:?}",
+                    self.seen
+                ),
+            };
+            self.seen.push(line.clone());
             if line["event"] == event {
                 return line;
             }
@@ -767,7 +786,11 @@ async fn a_paused_python_worker_wakes_to_a_refused_report() {
     let attempt = taken["attempt"].as_u64().unwrap();
     assert!((2..=3).contains(&attempt), "{taken}");
     signal("-CONT");
-    let refused = paused.event("refused").await;
+    // Its report is refused; on a loaded machine a report may first fail on its way (the
+    // worker prints `report_failed` and tries again, for up to about 35 s).
+    let refused = paused
+        .event_within("refused", Duration::from_secs(60))
+        .await;
     assert_eq!(refused["id"], id.as_str());
     let done = second.event("completed").await;
     assert_eq!(

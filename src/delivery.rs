@@ -1,0 +1,768 @@
+//! Webhook delivery: `serve` sends each tenant's outbox (the events the scripts appended when
+//! they ended executions, see "Webhooks" in `migrations-lua/common.lua`) to the tenant's
+//! address, signed the way the Standard Webhooks specification does it, and deletes an event
+//! only once its receiver answered 2xx. So every event is delivered at least once whatever
+//! stops — `serve` killed mid-delivery sends it again, with the same `webhook-id` and the same
+//! body, and the receiver drops the duplicate by that id.
+//!
+//! - **Woken, not polled.** A script that appends to an empty outbox publishes the tenant on
+//!   `keys::WEBHOOK_CHANNEL`; every `serve` listens and drains that tenant until its outbox is
+//!   empty. A scan of the shards' webhook tenants (at start, after the listener reconnects,
+//!   and every `--webhook-scan-ms`) finds what a lost message or a stopped server left.
+//! - **One server per tenant at a time** (`Store::hold_delivery`, a lock with a time-out), so
+//!   one execution's events go out in sequence order: the events of one execution one after
+//!   another (a failure stops that execution's line until the next round), different
+//!   executions' at once.
+//! - **Retries** back off per tenant from `RETRY_FIRST` doubling to `RETRY_MAX`; events older
+//!   than `--webhook-max-age-secs` are dropped (and counted), as are those a full outbox
+//!   evicts.
+//! - **Private addresses refused.** The address is resolved at every delivery (no pooled
+//!   connection outlives a delivery) and the connection goes to the very addresses checked:
+//!   loopback, private, link-local, shared, unspecified, multicast, documentation and the
+//!   like are refused unless `--webhook-allow-private` says otherwise. Redirects are not
+//!   followed (a 3xx is a failed attempt).
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::TenantId;
+use crate::store::{DeliveryRecord, OutboxEntry, RedisTarget, Store, StoreError, keys};
+
+/// The first pause after a failed round of a tenant's deliveries; it doubles per failed round.
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest pause between rounds of a failing tenant's deliveries.
+pub const RETRY_MAX: Duration = Duration::from_secs(300);
+/// Events read (and sent) per round.
+const BATCH: usize = 64;
+/// Tenants delivered at once by one server.
+const TENANTS_AT_ONCE: usize = 32;
+/// The prefix of a signing secret (then the base64 of the key), as Standard Webhooks has it.
+pub const SECRET_PREFIX: &str = "whsec_";
+
+/// How `serve` delivers webhooks (from its settings).
+#[derive(Debug, Clone)]
+pub struct DeliveryConfig {
+    /// Whether this server delivers at all (`--webhook-delivery`).
+    pub enabled: bool,
+    /// Deliver to loopback, private and link-local addresses too (tests, closed networks).
+    pub allow_private: bool,
+    /// How long one delivery may take, connection included.
+    pub timeout: Duration,
+    /// How often every shard's webhook tenants are looked at for events left behind; `None`:
+    /// only at start and when the listener reconnects.
+    pub scan: Option<Duration>,
+    /// Events older than this are dropped undelivered (and counted).
+    pub max_age: Duration,
+}
+
+/// A fresh signing secret: `whsec_` and the base64 of 24 random bytes.
+pub fn new_secret() -> String {
+    let mut key = [0u8; 24];
+    getrandom::fill(&mut key).expect("the OS random source works");
+    format!("{SECRET_PREFIX}{}", BASE64.encode(key))
+}
+
+/// HMAC-SHA256 (RFC 2104) of the concatenated `parts`.
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    if key.len() > block.len() {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(block.map(|b| b ^ 0x36));
+    for p in parts {
+        inner.update(p);
+    }
+    let mut outer = Sha256::new();
+    outer.update(block.map(|b| b ^ 0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
+/// The `webhook-signature` header of a message: `v1,` and the base64 of the HMAC-SHA256, keyed
+/// with the secret's decoded bytes, of `<webhook-id>.<webhook-timestamp>.<body>`.
+pub fn signature(secret: &str, webhook_id: &str, timestamp: u64, body: &[u8]) -> Option<String> {
+    let key = BASE64
+        .decode(secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret))
+        .ok()?;
+    let mac = hmac_sha256(
+        &key,
+        &[
+            webhook_id.as_bytes(),
+            b".",
+            timestamp.to_string().as_bytes(),
+            b".",
+            body,
+        ],
+    );
+    Some(format!("v1,{}", BASE64.encode(mac)))
+}
+
+/// The `webhook-id` of an event: the same for every delivery of it (a receiver drops
+/// duplicates by it), different for each change of each execution.
+pub fn webhook_id(execution_id: &str, seq: u64) -> String {
+    format!("msg_{execution_id}_{seq}")
+}
+
+/// The JSON body of an event: `type`, `timestamp` (of the change) and `data`. Built from the
+/// outbox entry alone, so every delivery of one event has the same bytes.
+pub fn payload(tenant: &TenantId, e: &OutboxEntry) -> Vec<u8> {
+    let field = |name: &str| e.fields.get(name).map(String::as_str).unwrap_or_default();
+    let status = if e.kind == "deleted" {
+        "deleted"
+    } else {
+        e.kind.as_str()
+    };
+    let mut data = serde_json::json!({
+        "execution_id": e.execution_id,
+        "tenant_id": tenant.as_str(),
+        "flow_id": field("flow"),
+        "status": status,
+        "attempt": field("attempt").parse::<u64>().unwrap_or(0),
+        "sequence": e.seq,
+    });
+    if e.kind == "failed" {
+        data["error"] = serde_json::json!({"kind": field("err_kind"), "message": field("err_msg")});
+        data["dead_lettered"] = serde_json::json!(field("dead") == "1");
+    }
+    if e.kind == "deleted" {
+        data["previous_status"] = serde_json::json!(field("was"));
+    }
+    let timestamp =
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(e.at_ms) * 1_000_000)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default();
+    serde_json::to_vec(&serde_json::json!({
+        "type": format!("execution.{}", e.kind),
+        "timestamp": timestamp,
+        "data": data,
+    }))
+    .unwrap_or_default()
+}
+
+/// Whether an address is one a webhook may not reach unless private addresses are allowed:
+/// anything but a public unicast address.
+pub fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
+                || (a == 192 && b == 0 && v4.octets()[2] == 0) // IETF protocol assignments
+                || (a == 198 && (18..20).contains(&b)) // benchmarking
+                || a >= 240 // reserved
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_private(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00 // unique local
+                || (first & 0xffc0) == 0xfe80 // link-local
+                || first == 0x2001 && v6.segments()[1] == 0x0db8 // documentation
+                || first == 0x0064 && v6.segments()[1] == 0xff9b // NAT64
+        }
+    }
+}
+
+/// Resolves a webhook's host and refuses it when any of its addresses is private (unless
+/// allowed): the connection then goes to exactly the addresses checked, so a name cannot
+/// answer one address to the check and another to the connection.
+struct CheckedResolver {
+    allow_private: bool,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow_private = self.allow_private;
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if addrs.is_empty() {
+                return Err(format!("{host} has no address").into());
+            }
+            if !allow_private && let Some(a) = addrs.iter().find(|a| is_private(a.ip())) {
+                return Err(format!(
+                    "{host} resolves to {}, a private address (refused without \
+                     --webhook-allow-private)",
+                    a.ip()
+                )
+                .into());
+            }
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Checks a webhook address as given: an absolute `http://` URL with a host, no user
+/// information, no fragment. The answer is the reason it is refused.
+pub fn check_url(text: &str) -> Result<reqwest::Url, String> {
+    if text.len() > 2048 {
+        return Err("the address is longer than 2048 characters".into());
+    }
+    let url = reqwest::Url::parse(text).map_err(|e| format!("not an absolute URL: {e}"))?;
+    match url.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(
+                "https is not supported by this build (it has no TLS library): \
+                        deliver to an http:// address, e.g. a TLS-terminating egress proxy"
+                    .into(),
+            );
+        }
+        other => return Err(format!("scheme {other} is not http")),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("the address has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("the address may not carry a user or password".into());
+    }
+    if url.fragment().is_some() {
+        return Err("the address may not carry a fragment".into());
+    }
+    Ok(url)
+}
+
+/// How a tenant's deliveries stand in this server.
+#[derive(Debug, Default)]
+struct TenantRound {
+    /// A drain of it runs now.
+    active: bool,
+    /// Woken while its drain ran: look again when it ends.
+    again: bool,
+    /// Rounds failed in a row (the backoff).
+    failures: u32,
+    /// Attempts of each event by this server (for the log), by outbox entry id.
+    attempts: HashMap<String, u32>,
+}
+
+/// `serve`'s webhook deliverer.
+pub struct Deliverer {
+    store: Arc<Store>,
+    config: DeliveryConfig,
+    /// This server's name on a delivery lock.
+    holder: String,
+    http: reqwest::Client,
+    rounds: Mutex<HashMap<TenantId, TenantRound>>,
+    wake: mpsc::UnboundedSender<TenantId>,
+    woken: Mutex<Option<mpsc::UnboundedReceiver<TenantId>>>,
+}
+
+impl Deliverer {
+    pub fn new(store: Arc<Store>, config: DeliveryConfig) -> anyhow::Result<Arc<Self>> {
+        let http = reqwest::Client::builder()
+            .dns_resolver(Arc::new(CheckedResolver {
+                allow_private: config.allow_private,
+            }))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout)
+            .user_agent(concat!("sluice-webhooks/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let (wake, woken) = mpsc::unbounded_channel();
+        Ok(Arc::new(Self {
+            store,
+            holder: format!("serve-{}", uuid::Uuid::new_v4().simple()),
+            config,
+            http,
+            rounds: Mutex::new(HashMap::new()),
+            wake,
+            woken: Mutex::new(Some(woken)),
+        }))
+    }
+
+    fn rounds(&self) -> std::sync::MutexGuard<'_, HashMap<TenantId, TenantRound>> {
+        self.rounds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long this server may deliver a tenant before another may take over: three
+    /// delivery time-outs (a round stops sending new events after one).
+    fn lock_ttl(&self) -> Duration {
+        (self.config.timeout * 3).max(Duration::from_secs(1))
+    }
+
+    /// Delivers until `stop` is cancelled.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        if !self.config.enabled {
+            return;
+        }
+        let Some(mut woken) = self.woken.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        tokio::spawn(self.clone().listen(stop.clone()));
+        if let Some(every) = self.config.scan {
+            let me = self.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        _ = tick.tick() => me.scan().await,
+                    }
+                }
+            });
+        }
+        let slots = Arc::new(Semaphore::new(TENANTS_AT_ONCE));
+        loop {
+            let tenant = tokio::select! {
+                () = stop.cancelled() => return,
+                t = woken.recv() => match t { Some(t) => t, None => return },
+            };
+            {
+                let mut rounds = self.rounds();
+                let round = rounds.entry(tenant.clone()).or_default();
+                if round.active {
+                    round.again = true;
+                    continue;
+                }
+                round.active = true;
+            }
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let me = self.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                me.drain(&tenant, &stop).await;
+            });
+        }
+    }
+
+    /// Asks for `tenant`'s outbox to be delivered.
+    fn wake(&self, tenant: TenantId) {
+        let _ = self.wake.send(tenant);
+    }
+
+    /// Wakes every tenant of every shard that has a webhook (those with nothing to send cost
+    /// one read each).
+    async fn scan(&self) {
+        for shard in self.store.shards().all() {
+            match self.store.webhook_tenants(shard).await {
+                Ok(tenants) => tenants.into_iter().for_each(|t| self.wake(t)),
+                Err(e) => tracing::debug!(error = %e, "webhooks: scan of a shard failed"),
+            }
+        }
+    }
+
+    /// Listens for outboxes that were empty and are not any more, reconnecting after a
+    /// pause when the connection breaks; scans after each (re)connection.
+    async fn listen(self: Arc<Self>, stop: CancellationToken) {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let began = Instant::now();
+            tokio::select! {
+                () = stop.cancelled() => return,
+                ended = self.listen_once() => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "webhooks: listener failed");
+                    }
+                }
+            }
+            if began.elapsed() > Duration::from_secs(5) {
+                pause = Duration::from_millis(100);
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn listen_once(&self) -> Result<(), StoreError> {
+        let url = match &self.store.config().redis {
+            RedisTarget::Standalone(url) => url.clone(),
+            RedisTarget::Cluster(seeds) => seeds
+                .first()
+                .cloned()
+                .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?,
+        };
+        let client = redis::Client::open(url.as_str())?;
+        let mut pubsub = tokio::time::timeout(self.store.config().op_timeout, async {
+            let mut p = client.get_async_pubsub().await?;
+            p.subscribe(keys::WEBHOOK_CHANNEL).await?;
+            Ok::<_, redis::RedisError>(p)
+        })
+        .await
+        .map_err(|_| StoreError::Unavailable("webhook listener: no answer".into()))??;
+        // Whatever was published while nobody listened is found by a scan.
+        self.scan().await;
+        let mut messages = pubsub.on_message();
+        while let Some(msg) = messages.next().await {
+            if let Some(t) = msg
+                .get_payload::<String>()
+                .ok()
+                .and_then(|t| TenantId::parse(&t).ok())
+            {
+                self.wake(t);
+            }
+        }
+        Err(StoreError::Unavailable("webhook listener closed".into()))
+    }
+
+    /// Delivers `tenant`'s outbox until it is empty, a round fails (then again after the
+    /// backoff), another server holds it, or `stop`.
+    async fn drain(self: Arc<Self>, tenant: &TenantId, stop: &CancellationToken) {
+        let retry_in = loop {
+            if stop.is_cancelled() {
+                break None;
+            }
+            match self.round(tenant).await {
+                Ok(RoundEnd::More) => continue,
+                Ok(RoundEnd::Idle) => {
+                    self.rounds().entry(tenant.clone()).or_default().failures = 0;
+                    break None;
+                }
+                // Another server delivers it; look again when its right would run out (it
+                // may have stopped mid-delivery).
+                Ok(RoundEnd::Held(left)) => break Some(left + Duration::from_millis(50)),
+                Err(e) => {
+                    tracing::debug!(tenant = %tenant, error = %e, "webhooks: a round failed");
+                    let mut rounds = self.rounds();
+                    let round = rounds.entry(tenant.clone()).or_default();
+                    round.failures = round.failures.saturating_add(1);
+                    let exp = round.failures.saturating_sub(1).min(16);
+                    break Some((RETRY_FIRST * 2u32.pow(exp)).min(RETRY_MAX));
+                }
+            }
+        };
+        let _ = self.store.release_delivery(tenant, &self.holder).await;
+        let again = {
+            let mut rounds = self.rounds();
+            let round = rounds.entry(tenant.clone()).or_default();
+            round.active = false;
+            let again = std::mem::take(&mut round.again);
+            if round.failures == 0 && !again {
+                rounds.remove(tenant);
+            }
+            again
+        };
+        match retry_in {
+            Some(pause) => {
+                let me = self.clone();
+                let tenant = tenant.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(pause) => me.wake(tenant),
+                    }
+                });
+            }
+            None if again => self.wake(tenant.clone()),
+            None => {}
+        }
+    }
+
+    /// One round: hold the tenant, drop what is too old, send up to `BATCH` events. An error
+    /// when an attempt failed (the events stay, for the next round).
+    async fn round(&self, tenant: &TenantId) -> Result<RoundEnd, DeliveryError> {
+        if let Some(left) = self
+            .store
+            .hold_delivery(tenant, &self.holder, self.lock_ttl())
+            .await?
+        {
+            return Ok(RoundEnd::Held(left));
+        }
+        let now = unix_ms();
+        let dropped = self
+            .store
+            .trim_outbox(tenant, now, self.config.max_age)
+            .await?;
+        if dropped > 0 {
+            tracing::warn!(tenant = %tenant, dropped, "webhooks: events older than the age bound dropped");
+        }
+        let Some(hook) = self.store.webhook(tenant).await? else {
+            return Ok(RoundEnd::Idle);
+        };
+        let batch = self.store.outbox_head(tenant, BATCH).await?;
+        if batch.is_empty() {
+            return Ok(RoundEnd::Idle);
+        }
+        let full = batch.len() == BATCH;
+        // One line per execution, in outbox order; lines go at once.
+        let mut lines: Vec<Vec<OutboxEntry>> = Vec::new();
+        let mut line_of: HashMap<String, usize> = HashMap::new();
+        for e in batch {
+            let i = *line_of.entry(e.execution_id.clone()).or_insert_with(|| {
+                lines.push(Vec::new());
+                lines.len() - 1
+            });
+            lines[i].push(e);
+        }
+        let started = Instant::now();
+        let budget = self.config.timeout;
+        let sends = lines.into_iter().map(|line| {
+            let hook = &hook;
+            async move {
+                let mut done = Vec::new();
+                for e in line {
+                    if started.elapsed() > budget {
+                        break;
+                    }
+                    let attempt = {
+                        let mut rounds = self.rounds();
+                        let n = rounds
+                            .entry(tenant.clone())
+                            .or_default()
+                            .attempts
+                            .entry(e.entry_id.clone())
+                            .or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    let record = self
+                        .send(tenant, &hook.url, &hook.secret, &e, attempt)
+                        .await;
+                    let ok = record.delivered();
+                    done.push((e.entry_id, record));
+                    if !ok {
+                        break;
+                    }
+                }
+                done
+            }
+        });
+        let attempts: Vec<(String, DeliveryRecord)> = futures_util::future::join_all(sends)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        self.store.record_deliveries(tenant, &attempts).await?;
+        let failed: HashSet<&str> = attempts
+            .iter()
+            .filter(|(_, r)| !r.delivered())
+            .map(|(id, _)| id.as_str())
+            .collect();
+        {
+            let mut rounds = self.rounds();
+            if let Some(round) = rounds.get_mut(tenant) {
+                round.attempts.retain(|id, _| failed.contains(id.as_str()));
+            }
+        }
+        if let Some((_, r)) = attempts.iter().find(|(_, r)| !r.delivered()) {
+            return Err(DeliveryError::Refused(
+                r.error
+                    .clone()
+                    .unwrap_or_else(|| format!("answered {}", r.status.unwrap_or(0))),
+            ));
+        }
+        Ok(if full || started.elapsed() > budget {
+            RoundEnd::More
+        } else {
+            RoundEnd::Idle
+        })
+    }
+
+    /// Sends one event; what happened, as the log keeps it.
+    async fn send(
+        &self,
+        tenant: &TenantId,
+        url: &str,
+        secret: &str,
+        e: &OutboxEntry,
+        attempt: u32,
+    ) -> DeliveryRecord {
+        let id = webhook_id(&e.execution_id, e.seq);
+        let body = payload(tenant, e);
+        let began = Instant::now();
+        let result = self.post(url, secret, &id, body).await;
+        let (status, error) = match result {
+            Ok(s) if (200..300).contains(&s) => (Some(s), None),
+            Ok(s) => (Some(s), Some(format!("the receiver answered {s}"))),
+            Err(e) => (None, Some(e)),
+        };
+        DeliveryRecord {
+            at_ms: unix_ms(),
+            webhook_id: id,
+            event_type: format!("execution.{}", e.kind),
+            execution_id: e.execution_id.clone(),
+            status,
+            error,
+            duration_ms: began.elapsed().as_millis() as u64,
+            attempt,
+        }
+    }
+
+    /// POSTs one signed body; the status the receiver answered, or why there was none.
+    async fn post(&self, url: &str, secret: &str, id: &str, body: Vec<u8>) -> Result<u16, String> {
+        let url = check_url(url)?;
+        // A literal address is not resolved, so it is checked here.
+        if let Some(host) = url.host_str() {
+            let literal = host.trim_start_matches('[').trim_end_matches(']');
+            if let Ok(ip) = literal.parse::<IpAddr>()
+                && !self.config.allow_private
+                && is_private(ip)
+            {
+                return Err(format!(
+                    "{ip} is a private address (refused without --webhook-allow-private)"
+                ));
+            }
+        }
+        let timestamp = unix_ms() / 1000;
+        let signed = signature(secret, id, timestamp, &body)
+            .ok_or_else(|| "the stored secret is not valid base64".to_owned())?;
+        let res = self
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signed)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| error_chain(&e))?;
+        Ok(res.status().as_u16())
+    }
+}
+
+/// How a round of deliveries ended.
+enum RoundEnd {
+    /// It sent a whole batch (or ran out of time): there may be more.
+    More,
+    /// Nothing (more) to send.
+    Idle,
+    /// Another server holds the tenant for this long.
+    Held(Duration),
+}
+
+/// Why a round of deliveries stopped early.
+#[derive(Debug, thiserror::Error)]
+enum DeliveryError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("a delivery failed: {0}")]
+    Refused(String),
+}
+
+/// An error and its causes, in one line (reqwest's own message hides the cause, e.g. the
+/// resolver's refusal).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of the Standard Webhooks specification (its reference libraries' tests).
+    #[test]
+    fn signatures_match_the_specifications_example() {
+        let sig = signature(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1_614_265_330,
+            br#"{"test": 2432232314}"#,
+        );
+        assert_eq!(
+            sig.as_deref(),
+            Some("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+        );
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231_case_2() {
+        let mac = hmac_sha256(b"Jefe", &[b"what do ya want ", b"for nothing?"]);
+        assert_eq!(
+            hex::encode(mac),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn secrets_are_fresh_and_decode_to_24_bytes() {
+        let (a, b) = (new_secret(), new_secret());
+        assert_ne!(a, b);
+        let key = BASE64
+            .decode(a.strip_prefix(SECRET_PREFIX).unwrap())
+            .unwrap();
+        assert_eq!(key.len(), 24);
+    }
+
+    #[test]
+    fn private_addresses_are_told_from_public_ones() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fc00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(is_private(private.parse().unwrap()), "{private}");
+        }
+        for public in ["93.184.216.34", "8.8.8.8", "2606:4700::1111"] {
+            assert!(!is_private(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    #[test]
+    fn addresses_are_checked_as_given() {
+        assert!(check_url("http://hooks.example.com/sluice?x=1").is_ok());
+        for bad in [
+            "hooks.example.com/x",
+            "ftp://hooks.example.com/",
+            "https://hooks.example.com/",
+            "http://user:pw@hooks.example.com/",
+            "http://hooks.example.com/#frag",
+            "http://",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+    }
+}

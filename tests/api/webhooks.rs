@@ -1,0 +1,601 @@
+//! Webhooks: every terminal change of a tenant's executions reaches its receiver, signed, at
+//! least once and in sequence per execution — through a failing receiver, a refused address
+//! and `serve` killed mid-delivery.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use reqwest::Response;
+use serde_json::{Value, json};
+
+use crate::helpers::{
+    ADMIN_TOKEN, TestApp, TestRedis, TestWorker, free_port, problem_code, sluice_bin,
+};
+
+/// One POST the receiver got.
+#[derive(Debug, Clone)]
+struct Received {
+    id: String,
+    timestamp: String,
+    signature: String,
+    body: Vec<u8>,
+}
+
+impl Received {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+#[derive(Default)]
+struct Inbox {
+    got: Vec<Received>,
+    /// Answer 500 to this many requests first.
+    fail_first: usize,
+    /// Hold each request this long before answering.
+    delay: Duration,
+}
+
+/// Whether the receiver answers (a closed gate holds every request, recorded, unanswered).
+type Gate = tokio::sync::watch::Sender<bool>;
+
+/// A webhook receiver on a free loopback port: it records every POST.
+/// Records each POST as it arrives, then answers (once its gate is open).
+#[derive(Clone)]
+struct Receiver {
+    url: String,
+    inbox: Arc<Mutex<Inbox>>,
+    gate: Arc<Gate>,
+}
+
+impl Receiver {
+    async fn start(fail_first: usize, delay: Duration) -> Self {
+        let inbox = Arc::new(Mutex::new(Inbox {
+            fail_first,
+            delay,
+            ..Inbox::default()
+        }));
+        let gate = Arc::new(tokio::sync::watch::channel(true).0);
+        type Shared = (Arc<Mutex<Inbox>>, Arc<Gate>);
+        async fn take(
+            State((inbox, gate)): State<Shared>,
+            headers: HeaderMap,
+            body: axum::body::Bytes,
+        ) -> StatusCode {
+            let header = |n: &str| {
+                headers
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let (delay, fail) = {
+                let mut inbox = inbox.lock().unwrap();
+                inbox.got.push(Received {
+                    id: header("webhook-id"),
+                    timestamp: header("webhook-timestamp"),
+                    signature: header("webhook-signature"),
+                    body: body.to_vec(),
+                });
+                let fail = inbox.fail_first > 0;
+                inbox.fail_first = inbox.fail_first.saturating_sub(1);
+                (inbox.delay, fail)
+            };
+            let _ = gate.subscribe().wait_for(|open| *open).await;
+            tokio::time::sleep(delay).await;
+            if fail {
+                StatusCode::INTERNAL_SERVER_ERROR
+            } else {
+                StatusCode::NO_CONTENT
+            }
+        }
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(take))
+            .with_state((inbox.clone(), gate.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, inbox, gate }
+    }
+
+    /// Holds (false) or lets through (true) every answer.
+    fn answer(&self, open: bool) {
+        self.gate.send_replace(open);
+    }
+
+    fn got(&self) -> Vec<Received> {
+        self.inbox.lock().unwrap().got.clone()
+    }
+
+    /// Waits (at most `limit`) until `done` holds of what arrived; what arrived then.
+    async fn until(
+        &self,
+        limit: Duration,
+        what: &str,
+        done: impl Fn(&[Received]) -> bool,
+    ) -> Vec<Received> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let got = self.got();
+            if done(&got) {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {limit:?}; got {:?}",
+                got.iter().map(Received::json).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Distinct `webhook-id`s received.
+fn ids(got: &[Received]) -> BTreeSet<String> {
+    got.iter().map(|r| r.id.clone()).collect()
+}
+
+async fn put_webhook(app: &TestApp, tenant: &str, body: Value) -> Response {
+    app.client
+        .put(app.url(&format!("/api/tenants/{tenant}/webhook")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Sets `tenant`'s webhook to `url`; its secret.
+async fn hook(app: &TestApp, tenant: &str, url: &str) -> String {
+    let res = put_webhook(app, tenant, json!({"url": url})).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["url"], url);
+    body["secret"]
+        .as_str()
+        .expect("a first PUT answers the secret")
+        .to_owned()
+}
+
+/// Checks a received POST's signature with `secret` (and that its timestamp is recent).
+fn assert_signed(r: &Received, secret: &str) {
+    let ts: u64 = r.timestamp.parse().expect("webhook-timestamp is a number");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(ts.abs_diff(now) < 300, "timestamp {ts}, now {now}");
+    assert_eq!(
+        sluice::delivery::signature(secret, &r.id, ts, &r.body).as_deref(),
+        Some(r.signature.as_str()),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_terminal_change_reaches_the_webhook_signed() {
+    let app = TestApp::spawn_with(|c| c.api.webhook_allow_private = true).await;
+    app.create_tenant("acme").await;
+    let receiver = Receiver::start(0, Duration::ZERO).await;
+    let secret = hook(&app, "acme", &receiver.url).await;
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    // The secret is never shown again.
+    let got = app.get_json(None, "/api/tenants/acme/webhook").await;
+    assert_eq!(got["url"], receiver.url.as_str());
+    assert!(got.get("secret").is_none(), "{got}");
+    let res = put_webhook(&app, "acme", json!({"url": receiver.url})).await;
+    assert!(res.json::<Value>().await.unwrap().get("secret").is_none());
+
+    // Queued, then cancelled and force-deleted before any worker runs.
+    let cancelled = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(
+        app.cancel("acme", &cancelled).await.status(),
+        StatusCode::OK
+    );
+    let deleted = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(
+        app.delete("acme", &deleted, true).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    // Run by a worker: one completes, one fails for good (dead-lettered after 2 attempts).
+    let completed = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "params": {"x": 1}}))
+        .await;
+    let failed = app
+        .admit_with(
+            "acme",
+            json!({"flow_id": "demo.fail", "params": {"message": "boom"}, "max_attempts": 2}),
+        )
+        .await;
+    let _worker = TestWorker::spawn(&app.redis, &["--retry-backoff-ms", "10"]);
+    let got = receiver
+        .until(Duration::from_secs(30), "four events", |g| {
+            ids(g).len() >= 4
+        })
+        .await;
+    assert_eq!(got.len(), 4, "each event once when the receiver takes it");
+    let by_execution: BTreeMap<String, Value> = got
+        .iter()
+        .map(|r| {
+            assert_signed(r, &secret);
+            let v = r.json();
+            let id = v["data"]["execution_id"].as_str().unwrap().to_owned();
+            assert_eq!(r.id, format!("msg_{id}_1"), "{v}");
+            (id, v)
+        })
+        .collect();
+    let event = |id: &str| by_execution[id].clone();
+    assert_eq!(event(&cancelled)["type"], "execution.cancelled");
+    assert_eq!(event(&cancelled)["data"]["status"], "cancelled");
+    assert_eq!(event(&deleted)["type"], "execution.deleted");
+    assert_eq!(event(&deleted)["data"]["previous_status"], "queued");
+    let done = event(&completed);
+    assert_eq!(done["type"], "execution.completed");
+    assert_eq!(
+        (
+            &done["data"]["tenant_id"],
+            &done["data"]["flow_id"],
+            &done["data"]["attempt"],
+            &done["data"]["sequence"]
+        ),
+        (&json!("acme"), &json!("demo.echo"), &json!(1), &json!(1))
+    );
+    assert!(done["timestamp"].as_str().unwrap().ends_with('Z'), "{done}");
+    let fail = event(&failed);
+    assert_eq!(fail["type"], "execution.failed");
+    assert_eq!(fail["data"]["attempt"], 2);
+    assert_eq!(fail["data"]["dead_lettered"], true);
+    assert_eq!(fail["data"]["error"]["message"], "boom");
+
+    // The API says so too.
+    let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+    assert_eq!(
+        (
+            &w["pending"],
+            &w["delivered"],
+            &w["failed_attempts"],
+            &w["dropped"]
+        ),
+        (&json!(0), &json!(4), &json!(0), &json!(0)),
+        "{w}"
+    );
+    let log = app
+        .get_json(None, "/api/tenants/acme/webhook/deliveries")
+        .await;
+    let log = log["deliveries"].as_array().unwrap();
+    assert_eq!(log.len(), 4);
+    assert!(
+        log.iter()
+            .all(|d| d["delivered"] == true && d["status"] == 204),
+        "{log:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_receiver_gets_each_event_again_with_its_id_and_in_order() {
+    let app = TestApp::spawn_with(|c| c.api.webhook_allow_private = true).await;
+    app.create_tenant("acme").await;
+    let receiver = Receiver::start(2, Duration::ZERO).await;
+    let secret = hook(&app, "acme", &receiver.url).await;
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    let _worker = TestWorker::spawn(&app.redis, &[]);
+    app.wait_terminal("acme", &id, Duration::from_secs(30))
+        .await;
+    // A second change of the same execution while the first is still being retried.
+    assert_eq!(
+        app.delete("acme", &id, true).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    let got = receiver
+        .until(Duration::from_secs(30), "both events taken", |g| {
+            g.len() >= 4 && ids(&g[2..]).len() == 2
+        })
+        .await;
+    // Two refused, then taken: the same id and the same bytes each time; then the next one.
+    let first = format!("msg_{id}_1");
+    let seq: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(seq[..3], [first.as_str(); 3], "{seq:?}");
+    assert_eq!(seq[3], format!("msg_{id}_2"));
+    assert!(got[..3].iter().all(|r| r.body == got[0].body));
+    for r in &got {
+        assert_signed(r, &secret);
+    }
+    assert_eq!(got[3].json()["type"], "execution.deleted");
+    assert_eq!(got[3].json()["data"]["previous_status"], "completed");
+    let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+    assert_eq!(
+        (&w["delivered"], &w["failed_attempts"]),
+        (&json!(2), &json!(2)),
+        "{w}"
+    );
+    let log = app
+        .get_json(None, "/api/tenants/acme/webhook/deliveries?limit=4")
+        .await;
+    let log = log["deliveries"].as_array().unwrap();
+    // Newest first.
+    let attempts: Vec<(Value, Value, Value)> = log
+        .iter()
+        .rev()
+        .map(|d| {
+            (
+                d["webhook_id"].clone(),
+                d["status"].clone(),
+                d["attempt"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            (json!(first), json!(500), json!(1)),
+            (json!(first), json!(500), json!(2)),
+            (json!(first), json!(204), json!(3)),
+            (json!(format!("msg_{id}_2")), json!(204), json!(1)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn private_addresses_are_refused_unless_allowed() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let receiver = Receiver::start(0, Duration::ZERO).await;
+    // By name (the resolver refuses it) and by address (refused before any connection).
+    let port = receiver.url.rsplit(':').next().unwrap().to_owned();
+    for url in [format!("http://localhost:{port}"), receiver.url.clone()] {
+        hook(&app, "acme", &url).await;
+        let id = app
+            .admit_with("acme", json!({"flow_id": "demo.echo"}))
+            .await;
+        assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let refused = loop {
+            let log = app
+                .get_json(None, "/api/tenants/acme/webhook/deliveries")
+                .await;
+            if let Some(d) = log["deliveries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["execution_id"] == id.as_str())
+            {
+                break d.clone();
+            }
+            assert!(Instant::now() < deadline, "no attempt logged for {url}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(refused["delivered"], false, "{refused}");
+        assert_eq!(refused["status"], Value::Null, "{refused}");
+        assert!(
+            refused["error"]
+                .as_str()
+                .unwrap()
+                .contains("private address"),
+            "{refused}"
+        );
+        // The event stays, to be delivered if the address changes.
+        assert!(
+            app.get_json(None, "/api/tenants/acme/webhook").await["pending"].as_u64() >= Some(1)
+        );
+        // Removing the webhook drops what it still held.
+        let res = app
+            .client
+            .delete(app.url("/api/tenants/acme/webhook"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    }
+    assert!(
+        receiver.got().is_empty(),
+        "nothing reached the private address"
+    );
+}
+
+#[tokio::test]
+async fn webhook_settings_refuse_bad_input_and_other_callers() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    app.create_tenant("other").await;
+    for (body, code) in [
+        (json!({"url": "not a url"}), "invalid_webhook_url"),
+        (
+            json!({"url": "https://hooks.example.com/"}),
+            "invalid_webhook_url",
+        ),
+        (
+            json!({"url": "ftp://hooks.example.com/"}),
+            "invalid_webhook_url",
+        ),
+        (
+            json!({"url": "http://u:p@hooks.example.com/"}),
+            "invalid_webhook_url",
+        ),
+        (
+            json!({"url": "http://hooks.example.com/", "extra": 1}),
+            "invalid_body",
+        ),
+        (json!({}), "invalid_body"),
+    ] {
+        let res = put_webhook(&app, "acme", body.clone()).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(problem_code(res).await, code, "{body}");
+    }
+    // Nothing was set.
+    let res = app
+        .client
+        .get(app.url("/api/tenants/acme/webhook"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(problem_code(res).await, "webhook_not_found");
+    let res = put_webhook(&app, "nobody", json!({"url": "http://hooks.example.com/"})).await;
+    assert_eq!(problem_code(res).await, "tenant_not_found");
+    // The tenant's admin key may; an editor, a worker or another tenant's admin may not.
+    let own = app.key_token("acme", "admin").await;
+    let call = |token: String, tenant: &str| {
+        app.client
+            .put(app.url(&format!("/api/tenants/{tenant}/webhook")))
+            .bearer_auth(token)
+            .json(&json!({"url": "http://hooks.example.com/x"}))
+            .send()
+    };
+    let res = call(own.clone(), "acme").await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let first: Value = res.json().await.unwrap();
+    for (token, tenant, code) in [
+        (
+            app.key_token("acme", "editor").await,
+            "acme",
+            "insufficient_role",
+        ),
+        (
+            app.key_token("acme", "worker").await,
+            "acme",
+            "insufficient_role",
+        ),
+        (
+            app.key_token("other", "admin").await,
+            "acme",
+            "tenant_mismatch",
+        ),
+    ] {
+        let res = call(token, tenant).await.unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN);
+        assert_eq!(problem_code(res).await, code);
+    }
+    // Rotating makes a new secret; the address stays the one set.
+    let res = app
+        .client
+        .put(app.url("/api/tenants/acme/webhook"))
+        .bearer_auth(&own)
+        .json(&json!({"url": "http://hooks.example.com/y", "rotate_secret": true}))
+        .send()
+        .await
+        .unwrap();
+    let rotated: Value = res.json().await.unwrap();
+    assert_ne!(rotated["secret"], first["secret"]);
+    assert!(rotated["secret"].as_str().unwrap().starts_with("whsec_"));
+    assert_eq!(rotated["created_at"], first["created_at"]);
+    // Deleting the tenant removes its webhook.
+    let res = app
+        .client
+        .delete(app.url("/api/tenants/acme"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    app.create_tenant("acme").await;
+    let res = app
+        .client
+        .get(app.url("/api/tenants/acme/webhook"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem_code(res).await, "webhook_not_found");
+}
+
+/// `sluice serve` as a process of its own, delivering webhooks.
+struct Serve(Child);
+
+impl Serve {
+    fn start(redis: &TestRedis) -> Self {
+        Self(
+            Command::new(sluice_bin())
+                .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+                .args(redis.args())
+                .args(["--webhook-allow-private", "--webhook-timeout-ms", "1000"])
+                .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `serve` killed (SIGKILL) while it delivers: after a restart every change is delivered, and
+/// an event received twice carries the same `webhook-id` and the same body both times.
+#[tokio::test]
+async fn serve_killed_mid_delivery_loses_no_event() {
+    // The API of this app admits and cancels; it delivers nothing (the process below does).
+    let app = TestApp::spawn_with(|c| c.api.webhook_delivery = false).await;
+    app.create_tenant("acme").await;
+    let receiver = Receiver::start(0, Duration::ZERO).await;
+    hook(&app, "acme", &receiver.url).await;
+    const N: usize = 40;
+    let mut expected = BTreeSet::new();
+    for _ in 0..N {
+        let id = app
+            .admit_with("acme", json!({"flow_id": "demo.echo"}))
+            .await;
+        assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+        expected.insert(format!("msg_{id}_1"));
+    }
+    // Deliveries arrive and wait for an answer that comes only after the kill.
+    receiver.answer(false);
+    let mut serve = Serve::start(&app.redis);
+    let arrived = receiver
+        .until(Duration::from_secs(30), "the first deliveries", |g| {
+            g.len() >= 3
+        })
+        .await
+        .len();
+    serve.0.kill().unwrap();
+    serve.0.wait().unwrap();
+    receiver.answer(true);
+    // Nothing was acknowledged: every event is still in the outbox.
+    let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+    assert_eq!(w["pending"], N, "{w}");
+    let _serve = Serve::start(&app.redis);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+        if w["pending"] == 0 {
+            assert_eq!(w["delivered"], N, "{w}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still pending after the restart: {w}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = receiver.got();
+    assert_eq!(ids(&got), expected);
+    // What arrived before the kill came again: the same message both times.
+    assert!(
+        got.len() >= N + arrived,
+        "{} received, {arrived} before the kill",
+        got.len()
+    );
+    let mut bodies: BTreeMap<&str, &[u8]> = BTreeMap::new();
+    for r in &got {
+        let first = *bodies.entry(&r.id).or_insert(&r.body);
+        assert_eq!(first, &r.body[..], "{}", r.id);
+    }
+}
