@@ -599,3 +599,63 @@ async fn serve_killed_mid_delivery_loses_no_event() {
         assert_eq!(first, &r.body[..], "{}", r.id);
     }
 }
+
+/// Pinning a tenant moves its webhook with it, and waits while events are still to go out.
+#[tokio::test]
+async fn a_pinned_tenant_keeps_its_webhook_and_no_event_is_stranded() {
+    let app = TestApp::spawn_with(|c| c.api.webhook_allow_private = true).await;
+    app.create_tenant("acme").await;
+    let receiver = Receiver::start(0, Duration::ZERO).await;
+    let secret = hook(&app, "acme", &receiver.url).await;
+    let pin = || {
+        app.client
+            .post(app.url("/api/tenants/acme/dedicated-shard"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+    };
+    // An event in flight (its receiver holds the answer) is data that cannot follow.
+    receiver.answer(false);
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(
+        app.delete("acme", &id, true).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    receiver
+        .until(Duration::from_secs(20), "the event in flight", |g| {
+            !g.is_empty()
+        })
+        .await;
+    let res = pin().await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "tenant_has_executions");
+    receiver.answer(true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while app.get_json(None, "/api/tenants/acme/webhook").await["pending"] != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the event was never acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pin().await.unwrap().status(), StatusCode::OK);
+    // Same address, same secret, on the dedicated shard.
+    let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+    assert_eq!(w["url"], receiver.url.as_str(), "{w}");
+    let moved = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(app.cancel("acme", &moved).await.status(), StatusCode::OK);
+    let got = receiver
+        .until(Duration::from_secs(20), "the pinned tenant's event", |g| {
+            g.iter().any(|r| r.id == format!("msg_{moved}_1"))
+        })
+        .await;
+    let r = got
+        .iter()
+        .find(|r| r.id == format!("msg_{moved}_1"))
+        .unwrap();
+    assert_signed(r, &secret);
+    assert_eq!(r.json()["type"], "execution.cancelled");
+}
