@@ -228,6 +228,11 @@ impl Application {
         self.pull.clone()
     }
 
+    /// The webhook deliverer (for tests: whether it hears wake-ups yet).
+    pub fn deliverer(&self) -> Arc<crate::delivery::Deliverer> {
+        self.deliverer.clone()
+    }
+
     /// The waiters of executions this server serves (for tests and tools).
     pub fn waiters(&self) -> Arc<Hub> {
         self.waiters.clone()

@@ -24,6 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -273,6 +274,8 @@ pub struct Deliverer {
     rounds: Mutex<HashMap<TenantId, TenantRound>>,
     wake: mpsc::UnboundedSender<TenantId>,
     woken: Mutex<Option<mpsc::UnboundedReceiver<TenantId>>>,
+    /// Whether wake-ups are heard now (subscribed, and the scan that follows done).
+    up: AtomicBool,
 }
 
 impl Deliverer {
@@ -297,7 +300,14 @@ impl Deliverer {
             rounds: Mutex::new(HashMap::new()),
             wake,
             woken: Mutex::new(Some(woken)),
+            up: AtomicBool::new(false),
         }))
+    }
+
+    /// Whether wake-ups are heard now: subscribed, and the scan that follows a subscription
+    /// done (for tests and health).
+    pub fn listening(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
     }
 
     fn rounds(&self) -> std::sync::MutexGuard<'_, HashMap<TenantId, TenantRound>> {
@@ -385,6 +395,7 @@ impl Deliverer {
             tokio::select! {
                 () = stop.cancelled() => return,
                 ended = self.listen_once() => {
+                    self.up.store(false, Ordering::SeqCst);
                     if let Err(e) = ended {
                         tracing::debug!(error = %e, "webhooks: listener failed");
                     }
@@ -419,6 +430,7 @@ impl Deliverer {
         .map_err(|_| StoreError::Unavailable("webhook listener: no answer".into()))??;
         // Whatever was published while nobody listened is found by a scan.
         self.scan().await;
+        self.up.store(true, Ordering::SeqCst);
         let mut messages = pubsub.on_message();
         while let Some(msg) = messages.next().await {
             if let Some(t) = msg
@@ -511,7 +523,6 @@ impl Deliverer {
         if batch.is_empty() {
             return Ok(RoundEnd::Idle);
         }
-        let full = batch.len() == BATCH;
         // One line per execution, in outbox order; lines go at once.
         let mut lines: Vec<Vec<OutboxEntry>> = Vec::new();
         let mut line_of: HashMap<String, usize> = HashMap::new();
@@ -579,11 +590,9 @@ impl Deliverer {
                     .unwrap_or_else(|| format!("answered {}", r.status.unwrap_or(0))),
             ));
         }
-        Ok(if full || started.elapsed() > budget {
-            RoundEnd::More
-        } else {
-            RoundEnd::Idle
-        })
+        // Read again, until a read finds the outbox empty: an event appended while this round
+        // ran found it not empty, so it published nothing, and only this drain can see it.
+        Ok(RoundEnd::More)
     }
 
     /// Sends one event; what happened, as the log keeps it.
@@ -651,7 +660,7 @@ impl Deliverer {
 
 /// How a round of deliveries ended.
 enum RoundEnd {
-    /// It sent a whole batch (or ran out of time): there may be more.
+    /// It sent what it read: there may be more.
     More,
     /// Nothing (more) to send.
     Idle,

@@ -125,7 +125,7 @@ pub struct WebhookWithSecret {
     "at": "2026-12-02T09:30:00.120Z",
     "webhook_id": "msg_0193a1b2c3d47e8f9a0b1c2d3e4f5a6b_1",
     "type": "execution.completed",
-    "execution_id": "0193a1b2-c3d4-7e8f-9a0b-1c2d3e4f5a6b",
+    "execution_id": "0193a1b2c3d47e8f9a0b1c2d3e4f5a6b",
     "delivered": true,
     "status": 200,
     "error": null,
@@ -146,11 +146,13 @@ pub struct Delivery {
     /// Whether the receiver took it (answered 2xx).
     pub delivered: bool,
     /// The receiver's status code; null when it did not answer.
+    #[schema(minimum = 100, maximum = 599)]
     pub status: Option<u16>,
     /// Why the attempt failed, if it did.
     pub error: Option<String>,
     pub duration_ms: u64,
     /// The how-manieth attempt of this event by the server that made it.
+    #[schema(format = Int64, minimum = 1, maximum = 4294967295_u64)]
     pub attempt: u32,
 }
 

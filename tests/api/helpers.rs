@@ -439,6 +439,8 @@ pub struct TestApp {
     pub waiters: std::sync::Arc<sluice::waiters::Hub>,
     /// The app's pull API state (its doorbell connections, its stop mailboxes).
     pub pull: std::sync::Arc<sluice::pull::Pull>,
+    /// The app's webhook deliverer.
+    pub deliverer: std::sync::Arc<sluice::delivery::Deliverer>,
     shards: ShardMap,
     config: AppConfig,
 }
@@ -478,12 +480,14 @@ impl TestApp {
         let shards = app.store().shards();
         let waiters = app.waiters();
         let pull = app.pull();
+        let deliverer = app.deliverer();
         tokio::spawn(app.run_until_stopped(std::future::pending()));
         Self {
             addr,
             metrics_addr,
             waiters,
             pull,
+            deliverer,
             redis,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))

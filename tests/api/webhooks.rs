@@ -659,3 +659,72 @@ async fn a_pinned_tenant_keeps_its_webhook_and_no_event_is_stranded() {
     assert_signed(r, &secret);
     assert_eq!(r.json()["type"], "execution.cancelled");
 }
+
+/// An event that cannot be delivered within `--webhook-max-age-secs` is dropped, and counted.
+#[tokio::test]
+async fn an_event_older_than_the_age_bound_is_dropped_and_counted() {
+    // Private addresses stay refused: every attempt fails.
+    let app = TestApp::spawn_with(|c| c.api.webhook_max_age_secs = 1).await;
+    app.create_tenant("acme").await;
+    hook(&app, "acme", "http://127.0.0.1:9/hook").await;
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let w = loop {
+        let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+        if w["dropped"] == 1 {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "never dropped: {w}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (&w["pending"], &w["delivered"]),
+        (&json!(0), &json!(0)),
+        "{w}"
+    );
+    assert!(w["failed_attempts"].as_u64() >= Some(1), "{w}");
+}
+
+/// An event written while a delivery is under way (its outbox was not empty, so no wake-up
+/// was published) goes out in the same drain, not at the next scan (there is none here).
+#[tokio::test]
+async fn an_event_written_during_a_delivery_goes_out_in_the_same_drain() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.webhook_allow_private = true;
+        c.api.webhook_scan_ms = 0;
+    })
+    .await;
+    // The deliverer's start-up scan is over: only the first event's wake-up will come.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !app.deliverer.listening() {
+        assert!(Instant::now() < deadline, "the deliverer never listened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    app.create_tenant("acme").await;
+    let receiver = Receiver::start(0, Duration::ZERO).await;
+    hook(&app, "acme", &receiver.url).await;
+    receiver.answer(false);
+    let first = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(app.cancel("acme", &first).await.status(), StatusCode::OK);
+    receiver
+        .until(Duration::from_secs(20), "the first event in flight", |g| {
+            !g.is_empty()
+        })
+        .await;
+    let second = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(app.cancel("acme", &second).await.status(), StatusCode::OK);
+    receiver.answer(true);
+    let got = receiver
+        .until(Duration::from_secs(20), "the second event", |g| {
+            g.iter().any(|r| r.id == format!("msg_{second}_1"))
+        })
+        .await;
+    assert_eq!(got[0].id, format!("msg_{first}_1"));
+}
