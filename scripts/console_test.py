@@ -20,7 +20,11 @@ filter (in the URL) listing only those, a reschedule from the detail page to a n
 then to now (it runs), the API's refusals shown; a tenant's weight set and read back; a
 concurrency key admitted from the form, shown in the list and on the detail page; a tenant's
 max_concurrent_per_key set and read back; a key's override set, listed with its limit, held (an
-execution of it waits, the key counted blocked) and deleted (it runs); dry runs from the form
+execution of it waits, the key counted blocked) and deleted (it runs); a tenant's webhook set
+from its page (a bad address refused with the API's reason, the signing secret shown once), an
+execution's end delivered to a receiver on loopback (a small http.server in this script) with a
+signature that verifies, listed in the page's delivery log, the secret kept or rotated, then the
+webhook removed after a confirmation; dry runs from the form
 (admit, duplicate, conflict, a full queue refused) admitting nothing; a tenant's rate limits set,
 read back after a reload, refused when invalid and removed; a waiting execution's place in the
 queue and expected start, in the list and on its detail page; a dead letter
@@ -34,7 +38,11 @@ Usage: python console_test.py <sluice binary> <work folder> [--screenshots <fold
 """
 
 import re
+import base64
 import datetime
+import hashlib
+import hmac
+import http.server
 import json
 import os
 import shutil
@@ -42,6 +50,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -125,6 +134,53 @@ class Api:
         raise Failed("sluice did not become ready")
 
 
+class Receiver:
+    """A webhook receiver on loopback (a free port): records each POST's headers (lower-case
+    names) and body, and answers 204. Use it in a `with` block, which stops it."""
+
+    def __init__(self):
+        self.posts = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver.lock:
+                    receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def received(self):
+        with self.lock:
+            return list(self.posts)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def verify_signature(secret, headers, body):
+    """Whether a delivery's `webhook-signature` holds the Standard Webhooks signature made with
+    `secret`: `v1,` and the base64 HMAC-SHA256, keyed with the base64-decoded part after
+    `whsec_`, of `<webhook-id>.<webhook-timestamp>.<body>` (the header may list several,
+    separated by spaces)."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    want = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(hmac.compare_digest(want, given) for given in headers["webhook-signature"].split(" "))
+
+
 class Console:
     """The browser, with helpers that wait for conditions."""
 
@@ -170,6 +226,11 @@ class Console:
 
     def present(self, css):
         return bool(self.d.find_elements(By.CSS_SELECTOR, css))
+
+    def shown(self, css):
+        """Whether the first element `css` matches is there and visible (not `hidden`)."""
+        found = self.d.find_elements(By.CSS_SELECTOR, css)
+        return bool(found) and found[0].is_displayed()
 
     def text(self, css):
         """The text of the first element `css` matches. The listing re-renders itself, so an
@@ -289,16 +350,20 @@ def main(sluice, work, screenshots):
         wait_port(redis_port)
         redis = f"redis://127.0.0.1:{redis_port}"
         env = dict(os.environ, SLUICE_ADMIN_TOKEN=ADMIN_TOKEN)
+        # --webhook-allow-private: the webhook test's receiver listens on loopback.
         procs.append(subprocess.Popen(
-            [sluice, "serve", "--listen", f"127.0.0.1:{api_port}", "--redis-url", redis],
+            [sluice, "serve", "--listen", f"127.0.0.1:{api_port}", "--redis-url", redis,
+             "--webhook-allow-private"],
             env=env, stdout=logs, stderr=logs))
         procs.append(subprocess.Popen(
             [sluice, "worker", "--demo-flows", "--redis-url", redis, "--concurrency", "8",
              "--retry-backoff-ms", "100", "--heartbeat-ms", "1000", "--lease-ttl-ms", "5000"],
             stdout=logs, stderr=logs))
+        # This one delivers no webhook: it would refuse the loopback receiver (a failed attempt,
+        # then a backoff) whenever it took a tenant's deliveries before the server above.
         procs.append(subprocess.Popen(
             [sluice, "serve", "--dev-auth", "--listen", f"127.0.0.1:{dev_port}", "--redis-url", redis,
-             "--sweep-interval-secs", "0"], stdout=logs, stderr=logs))
+             "--sweep-interval-secs", "0", "--webhook-delivery", "false"], stdout=logs, stderr=logs))
         base = f"http://127.0.0.1:{api_port}"
         api = Api(base, ADMIN_TOKEN)
         api.ready()
@@ -991,6 +1056,99 @@ def run(ui, api, base, dev_base, screenshots):
           "the overview counts charted's completions")
     no_errors(ui, "trends")
 
+    # --- A tenant's webhook, from its page: none at first; a bad address refused with the
+    # API's reason; a receiver on loopback set, the secret shown once; an execution's end
+    # delivered to it, signed, and in the page's delivery log; saved again (secret kept), then
+    # rotated (a new one); removed after a confirmation.
+    check(api.call("PUT", "/api/tenants/hooked", {})[0] in (200, 201), "tenant hooked registered")
+    with Receiver() as receiver:
+        ui.go("#/t/hooked/executions")
+        ui.click("#nav-webhook")
+        ui.sees(lambda: ui.present("#no-webhook") and ui.shown("#webhook-form"), "the webhook page: no webhook yet")
+        check(not ui.present("#webhook-remove") and not ui.shown("#webhook-rotate") and not ui.shown("#webhook-error"),
+              "no webhook: nothing to remove, no secret to rotate, no error")
+        ui.type("#webhook-url-input", "https://example.com/x")
+        ui.click("#webhook-submit")
+        ui.sees(lambda: ui.shown("#webhook-error") and "https is not supported" in ui.text("#webhook-error"),
+                "https refused: the API's detail shown beside the form")
+        check(api.call("GET", "/api/tenants/hooked/webhook")[1]["code"] == "webhook_not_found" and ui.present("#no-webhook"),
+              "the refused address set nothing")
+        hook = f"http://127.0.0.1:{receiver.port}/hook"
+        ui.type("#webhook-url-input", hook)
+        ui.click("#webhook-submit")
+        secret = ui.el("#webhook-secret", "the new secret").get_attribute("value")
+        check(secret.startswith("whsec_") and "shown only now" in ui.text("#webhook-secret-box"),
+              "the receiver's address set: its secret shown once, whsec_...")
+        ui.sees(lambda: ui.text("#webhook-url") == hook and not ui.shown("#webhook-error"),
+                "the page shows the address, and no error any more")
+        check(all(ui.attr(f"#webhook-{n}", "data-count") == "0" for n in ("pending", "delivered", "failed", "dropped"))
+              and ui.text("#webhook-last-delivered") == "—", "nothing pending, delivered, failed or dropped yet")
+        status, got = api.call("GET", "/api/tenants/hooked/webhook")
+        check(status == 200 and got["url"] == hook and "secret" not in got, "the API holds the address, and never shows the secret")
+        shot("webhook.png")
+
+        status, e = api.call("POST", "/api/executions", {"flow_id": "demo.echo", "params": {"n": 1}}, tenant="hooked")
+        check(status == 201, "hooked: a demo.echo admitted")
+        done = e["execution_id"]
+
+        def event():
+            for headers, body in receiver.received():
+                sent = json.loads(body)
+                if sent["data"]["execution_id"] == done:
+                    return headers, body, sent
+            return None
+        headers, body, sent = ui.until(event, "the receiver got the execution's end", 20)
+        check(sent["type"] == "execution.completed" and sent["data"]["status"] == "completed"
+              and sent["data"]["tenant_id"] == "hooked" and sent["data"]["flow_id"] == "demo.echo",
+              f"the event: execution.completed of hooked's demo.echo ({sent['type']})")
+        check(all(headers.get(n) for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
+              and abs(int(headers["webhook-timestamp"]) - time.time()) < 300,
+              f"it carries webhook-id, webhook-timestamp (now) and webhook-signature ({headers.get('webhook-id')})")
+        check(verify_signature(secret, headers, body), "its signature verifies with the secret the page showed")
+        check(not verify_signature("whsec_" + base64.b64encode(b"not the secret").decode(), headers, body),
+              "and not with another secret")
+
+        row = f'#webhook-deliveries tr.delivery[data-execution="{done}"][data-delivered="true"]'
+        ui.until(lambda: any(d["execution_id"] == done and d["delivered"]
+                             for d in api.call("GET", "/api/tenants/hooked/webhook/deliveries")[1]["deliveries"]),
+                 "the API's delivery log has it")
+        ui.click("#webhook-refresh")
+        ui.sees(lambda: ui.present(row), "Refresh: the delivery listed, delivered")
+        check(ui.text(f"{row} .type") == "execution.completed" and ui.text(f"{row} .result") == "delivered"
+              and ui.text(f"{row} .http-status") == "204" and ui.text(f"{row} .attempt") == "1"
+              and ui.attr(row, "data-webhook-id") == headers["webhook-id"],
+              f"its row: execution.completed, delivered, HTTP 204, attempt 1, the event's webhook-id ({ui.text(row)})")
+        check(ui.attr("#webhook-delivered", "data-count") == "1" and ui.attr("#webhook-pending", "data-count") == "0"
+              and ui.text("#webhook-last-delivered") != "—", "the counts: 1 delivered, none pending, a last delivery")
+        shot("webhook-delivered.png")
+        ui.click(f"{row} a.exec-link")
+        ui.sees(lambda: ui.text("#detail-status") == "completed" and f"#/t/hooked/executions/{done}" in ui.d.current_url,
+                "the row's execution id opens its page")
+
+        ui.go("#/t/hooked/webhook")
+        ui.sees(lambda: ui.attr("#webhook-url-input", "value") == hook and ui.shown("#webhook-rotate"),
+                "back on the webhook page: the address in the form, a secret to rotate")
+        check(not ui.present("#webhook-secret"), "the secret is not shown again")
+        ui.clear_toasts()
+        ui.click("#webhook-submit")
+        ui.sees(lambda: any("secret is unchanged" in t.text for t in ui.d.find_elements(By.CSS_SELECTOR, ".toast")),
+                "saved again without rotating: the secret kept, none shown")
+        check(not ui.present("#webhook-secret"), "no secret box for a kept secret")
+        ui.click("#webhook-rotate")
+        ui.click("#webhook-submit")
+        rotated = ui.el("#webhook-secret", "the rotated secret").get_attribute("value")
+        check(rotated.startswith("whsec_") and rotated != secret, "rotate secret: a new secret shown once")
+        check(not ui.el("#webhook-rotate").is_selected(), "the rotate box is cleared after the save")
+
+        ui.click("#webhook-remove")
+        check("dropped" in ui.text("dialog.confirm"), "removing asks first, and says undelivered events are dropped")
+        ui.confirm()
+        ui.sees(lambda: ui.present("#no-webhook") and not ui.present("#webhook-remove") and not ui.present("#webhook-secret"),
+                "removed: the page shows no webhook again")
+        check(api.call("GET", "/api/tenants/hooked/webhook")[0] == 404, "the API has no webhook for hooked either")
+    no_errors(ui, "webhook")
+    within_deadline()
+
     # --- Role gating, each role in a fresh session.
     check(api.call("PUT", "/api/tenants/acme", {"max_queued": None})[0] == 200, "acme's queue limit back to the default")
     status, pending = api.call("POST", "/api/executions", {"flow_id": "demo.echo", "delay": "1h"}, tenant="acme")
@@ -1004,8 +1162,9 @@ def run(ui, api, base, dev_base, screenshots):
     ui.until(lambda: ui.row_status(first), "the viewer reads executions")
     check(not ui.present("#new-execution") and not ui.present("#bulk-cancel") and not ui.present(".row-select"),
           "viewer: no admission, no bulk actions")
-    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants") and not ui.present("#nav-overview")
-          and not ui.present("#nav-trends"), "viewer: no keys, tenants, overview or trends in the menu")
+    check(not ui.present("#nav-api-keys") and not ui.present("#nav-webhook") and not ui.present("#nav-tenants")
+          and not ui.present("#nav-overview") and not ui.present("#nav-trends"),
+          "viewer: no keys, webhook, tenants, overview or trends in the menu")
     ui.go(f"#/t/acme/executions/{first}")
     ui.el("#detail-status")
     check(not ui.present("#action-cancel") and not ui.present("#action-retry") and not ui.present("#action-force-delete"),
@@ -1016,6 +1175,8 @@ def run(ui, api, base, dev_base, screenshots):
           "viewer: its due time, and no reschedule")
     ui.go("#/tenants")
     ui.el("#not-allowed", "viewer: the tenants page is not offered")
+    ui.go("#/t/acme/webhook")
+    ui.el("#not-allowed", "viewer: the webhook page is not offered")
     ui.go("#/t/acme/dead-letters")
     ui.el("#dead-letters-table")
     check(not ui.present("#dlq-replay") and not ui.present("#dlq-dismiss"), "viewer: no replay or dismiss")
@@ -1024,7 +1185,8 @@ def run(ui, api, base, dev_base, screenshots):
     check(ui.text("#who-role") == "editor", "the editor key signs in as editor")
     ui.el("#new-execution", "editor: New execution offered")
     check(ui.present("#bulk-cancel") and ui.present("#bulk-retry"), "editor: bulk cancel and retry offered")
-    check(not ui.present("#nav-api-keys") and not ui.present("#nav-tenants"), "editor: no keys or tenants")
+    check(not ui.present("#nav-api-keys") and not ui.present("#nav-webhook") and not ui.present("#nav-tenants"),
+          "editor: no keys, webhook or tenants")
     ed = ui.admitted_id("demo.sleep", '{"ms": 60000}')
     ui.go(f"#/t/acme/executions/{ed}")
     ui.el("#action-cancel", "editor: Cancel offered")
@@ -1043,6 +1205,8 @@ def run(ui, api, base, dev_base, screenshots):
     ui.login(tokens["admin"])
     check(ui.text("#who-role") == "admin", "the admin key signs in as admin")
     ui.el("#nav-api-keys", "admin: API keys offered")
+    ui.click("#nav-webhook")
+    ui.el("#no-webhook", "admin: its tenant's webhook page (none set)")
     ui.click("#nav-trends")
     ui.el("#tenant-activity", "admin: the tenant's trends")
     check(not ui.present("#nav-tenants") and not ui.present("#nav-overview"), "admin: no tenants or overview")

@@ -12,6 +12,7 @@ import * as deadLetters from './pages/dead_letters.js';
 import * as overview from './pages/overview.js';
 import * as tenants from './pages/tenants.js';
 import * as apiKeys from './pages/api_keys.js';
+import * as webhook from './pages/webhook.js';
 import * as trends from './pages/trends.js';
 
 const RANK = { viewer: 0, editor: 1, admin: 2, platform_admin: 3 };
@@ -74,6 +75,10 @@ function route(me) {
       return can.manageKeys ? { page: apiKeys, tenant, params }
         : { page: notAllowed, tenant, why: 'Managing API keys needs the admin role.' };
     }
+    if (parts[2] === 'webhook') {
+      return can.manageKeys ? { page: webhook, tenant, params }
+        : { page: notAllowed, tenant, why: 'A tenant\'s webhook needs the admin role.' };
+    }
   }
   if (parts[0] === 'overview') {
     return can.platform ? { page: overview, params } : { page: notAllowed, why: 'The overview is for the platform admin.' };
@@ -106,7 +111,9 @@ function header(me, current) {
     nav.append(link(`#/t/${t}/executions`, 'Executions', 'nav-executions'),
       link(`#/t/${t}/dead-letters`, 'Dead letters', 'nav-dead-letters'));
     if (can.trends) nav.append(link(`#/t/${t}/trends`, 'Trends', 'nav-trends'));
-    if (can.manageKeys) nav.append(link(`#/t/${t}/api-keys`, 'API keys', 'nav-api-keys'));
+    if (can.manageKeys) {
+      nav.append(link(`#/t/${t}/api-keys`, 'API keys', 'nav-api-keys'), link(`#/t/${t}/webhook`, 'Webhook', 'nav-webhook'));
+    }
   } else if (can.platform) {
     nav.append(link('#/dead-letters', 'Dead letters', 'nav-dead-letters'));
   }

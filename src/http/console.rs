@@ -55,6 +55,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     asset!("js/pages/tenants.js", "text/javascript; charset=utf-8"),
     asset!("js/pages/api_keys.js", "text/javascript; charset=utf-8"),
     asset!("js/pages/trends.js", "text/javascript; charset=utf-8"),
+    asset!("js/pages/webhook.js", "text/javascript; charset=utf-8"),
 ];
 
 /// The console's routes (outside `/api`, no authentication: the files are public, the data
