@@ -221,34 +221,90 @@ impl reqwest::dns::Resolve for CheckedResolver {
     }
 }
 
-/// Checks a webhook address as given: an absolute `http://` URL with a host, no user
-/// information, no fragment. The answer is the reason it is refused.
+/// The grammar of a webhook address, as the OpenAPI document states it (`WEBHOOK_URL_PATTERN`)
+/// and `check_url` enforces it: `http://`, a host name (whose last label starts with a
+/// letter) or a dotted IPv4 address, an optional port, then an optional path and query
+/// without spaces or a fragment.
+pub const WEBHOOK_URL_PATTERN: &str = concat!(
+    "^http://(",
+    "([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
+    "|((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
+    ")(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?",
+    "([/?][^\\s#]*)?$"
+);
+
+/// Whether `label` is a host name label: 1–63 letters, digits and inner hyphens.
+fn is_label(label: &str) -> bool {
+    let b = label.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// Whether `host` is a dotted IPv4 address written without leading zeros.
+fn is_dotted_ipv4(host: &str) -> bool {
+    let parts: Vec<&str> = host.split('.').collect();
+    parts.len() == 4
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.len() <= 3
+                && p.bytes().all(|c| c.is_ascii_digit())
+                && (p.len() == 1 || !p.starts_with('0'))
+                && p.parse::<u16>().is_ok_and(|n| n <= 255)
+        })
+}
+
+/// Checks a webhook address against `WEBHOOK_URL_PATTERN`; the answer is the reason it is
+/// refused.
 pub fn check_url(text: &str) -> Result<reqwest::Url, String> {
-    if text.len() > 2048 {
+    if text.chars().count() > 2048 {
         return Err("the address is longer than 2048 characters".into());
     }
-    let url = reqwest::Url::parse(text).map_err(|e| format!("not an absolute URL: {e}"))?;
-    match url.scheme() {
-        "http" => {}
-        "https" => {
+    let Some(rest) = text.strip_prefix("http://") else {
+        if text.to_ascii_lowercase().starts_with("https://") {
             return Err(
                 "https is not supported by this build (it has no TLS library): \
                         deliver to an http:// address, e.g. a TLS-terminating egress proxy"
                     .into(),
             );
         }
-        other => return Err(format!("scheme {other} is not http")),
+        return Err("the address must start with http://".into());
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (host, port) = match authority.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (authority, None),
+    };
+    let labels: Vec<&str> = host.split('.').collect();
+    let named = labels.iter().all(|l| is_label(l))
+        && labels
+            .last()
+            .is_some_and(|l| l.starts_with(|c: char| c.is_ascii_alphabetic()));
+    if !named && !is_dotted_ipv4(host) {
+        return Err(format!(
+            "the host must be a name (letters, digits, inner hyphens; the last label starting \
+             with a letter) or a dotted IPv4 address, not {host:?}"
+        ));
     }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err("the address has no host".into());
+    if let Some(p) = port
+        && !(!p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|c| c.is_ascii_digit())
+            && (p.len() < 5 || !p.starts_with('0'))
+            && p.parse::<u32>().is_ok_and(|n| n <= 65_535))
+    {
+        return Err(format!("the port must be a number up to 65535, not {p:?}"));
     }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err("the address may not carry a user or password".into());
+    if tail
+        .chars()
+        .any(|c| c.is_whitespace() || c == '\u{feff}' || c == '#')
+    {
+        return Err("the path and query may hold no spaces and no fragment (#)".into());
     }
-    if url.fragment().is_some() {
-        return Err("the address may not carry a fragment".into());
-    }
-    Ok(url)
+    reqwest::Url::parse(text).map_err(|e| format!("not a valid address: {e}"))
 }
 
 /// How a tenant's deliveries stand in this server.
@@ -763,13 +819,23 @@ mod tests {
     #[test]
     fn addresses_are_checked_as_given() {
         assert!(check_url("http://hooks.example.com/sluice?x=1").is_ok());
+        assert!(check_url("http://127.0.0.1:8080").is_ok());
+        assert!(check_url("http://a-b.c9?x=y z").is_err());
         for bad in [
             "hooks.example.com/x",
             "ftp://hooks.example.com/",
             "https://hooks.example.com/",
+            "HTTP://hooks.example.com/",
             "http://user:pw@hooks.example.com/",
             "http://hooks.example.com/#frag",
             "http://",
+            "http://0000",
+            "http://256.1.1.1/",
+            "http://01.1.1.1/",
+            "http://a:65536/",
+            "http://a:00080/",
+            "http://-a.example/",
+            "http://[::1]/",
         ] {
             assert!(check_url(bad).is_err(), "{bad}");
         }

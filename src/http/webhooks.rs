@@ -34,11 +34,15 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"url": "http://hooks.internal.example/sluice"}))]
 pub struct WebhookSettings {
-    /// Where events are POSTed: an absolute `http://` address (this build has no TLS
-    /// library). It is resolved at every delivery, and refused when it resolves to a
+    /// Where events are POSTed: `http://` (this build has no TLS library), a host name or a
+    /// dotted IPv4 address, an optional port, an optional path and query (no fragment). It is resolved at every delivery, and refused when it resolves to a
     /// loopback, private or link-local address unless the server runs with
     /// `--webhook-allow-private`.
-    #[schema(min_length = 1, max_length = 2048)]
+    #[schema(
+        min_length = 8,
+        max_length = 2048,
+        pattern = "^http://(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?|((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?][^\\s#]*)?$"
+    )]
     pub url: String,
     /// Make a new signing secret (shown in this answer only); the old one stops signing at
     /// once. A webhook's first `PUT` always makes one.

@@ -728,3 +728,13 @@ async fn an_event_written_during_a_delivery_goes_out_in_the_same_drain() {
         .await;
     assert_eq!(got[0].id, format!("msg_{first}_1"));
 }
+
+/// The address grammar the OpenAPI document states is the one the server enforces.
+#[test]
+fn the_documented_address_pattern_is_the_enforced_one() {
+    let spec = serde_json::to_value(sluice::http::openapi()).unwrap();
+    assert_eq!(
+        spec["components"]["schemas"]["WebhookSettings"]["properties"]["url"]["pattern"],
+        sluice::delivery::WEBHOOK_URL_PATTERN
+    );
+}
