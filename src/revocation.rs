@@ -19,10 +19,21 @@
 //!   key's creation announces its id anyway, and every server forgets the misses of that id.
 //!   On a reconnect of the listener (news may have been missed) all misses are forgotten.
 //!
+//! - **Known keys cost (almost) nothing either.** A key Redis verified is remembered (by key
+//!   id and the digest of its secret, with its tenant and role) for [`HIT_TTL`], at most
+//!   [`HIT_CAP`] of them: within that time its requests make no `{acl}` call, so one Redis
+//!   core no longer caps a cluster's authenticated request rate (one lookup per key per
+//!   `HIT_TTL`, whatever the request rate). The news of a revocation or a tenant deletion
+//!   forgets it at once (the server that made the change, before it answers; the others when
+//!   the message arrives), and without the news it expires: a withdrawn key is refused by
+//!   every server within `HIT_TTL` even when the message is lost. A reconnect of the listener
+//!   forgets every one.
+//!
 //! Later work that needs "this credential was withdrawn" (other kinds of sessions, caches of
 //! keys) subscribes here ([`Revocations::subscribe`]) instead of inventing its own channel.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -46,13 +57,29 @@ pub const MISS_CAP: usize = 10_000;
 /// Most keys whose last check is kept for open waits.
 const CHECK_CAP: usize = 100_000;
 
+/// How long a key Redis verified is taken on trust: the longest a withdrawn key may still be
+/// served by a server that did not hear the news.
+pub const HIT_TTL: Duration = Duration::from_millis(500);
+
+/// Most verified keys remembered at once (about 200 bytes each); more are looked up each
+/// time.
+pub const HIT_CAP: usize = 10_000;
+
+/// A presented token as the caches know it: its key id and the digest of its secret.
+type TokenId = (String, [u8; 32]);
+
 /// The process's view of revocations (see the module docs). Shared as `Arc<Revocations>`.
 pub struct Revocations {
     store: Arc<Store>,
     /// Unknown tokens: (key id, digest of the secret) → until when.
-    misses: Mutex<HashMap<(String, [u8; 32]), Instant>>,
+    misses: Mutex<HashMap<TokenId, Instant>>,
+    /// Verified tokens → their tenant and role, until when.
+    hits: Mutex<HashMap<TokenId, (TenantId, KeyRole, Instant)>>,
     /// The last check of each key with open waits: when, and whether it was still live.
     checks: Mutex<HashMap<KeyId, (Instant, bool)>>,
+    /// Counts the news that forgets verified keys: a lookup that overlapped one does not
+    /// remember its answer.
+    generation: AtomicU64,
     news: broadcast::Sender<AccessChange>,
 }
 
@@ -62,13 +89,19 @@ impl Revocations {
         Arc::new(Self {
             store,
             misses: Mutex::default(),
+            hits: Mutex::default(),
             checks: Mutex::default(),
+            generation: AtomicU64::new(0),
             news: broadcast::channel(1024).0,
         })
     }
 
-    fn misses(&self) -> MutexGuard<'_, HashMap<(String, [u8; 32]), Instant>> {
+    fn misses(&self) -> MutexGuard<'_, HashMap<TokenId, Instant>> {
         self.misses.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn hits(&self) -> MutexGuard<'_, HashMap<TokenId, (TenantId, KeyRole, Instant)>> {
+        self.hits.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn checks(&self) -> MutexGuard<'_, HashMap<KeyId, (Instant, bool)>> {
@@ -76,7 +109,8 @@ impl Revocations {
     }
 
     /// The tenant and role of a presented key, or `None` when Redis does not know it (see
-    /// `Store::authenticate_key`); an unknown token is remembered for `MISS_TTL`.
+    /// `Store::authenticate_key`); a verified token is remembered for `HIT_TTL`, an unknown
+    /// one for `MISS_TTL`.
     pub async fn authenticate(
         &self,
         key: &PresentedKey,
@@ -84,11 +118,29 @@ impl Revocations {
     ) -> Result<Option<(TenantId, KeyRole)>, StoreError> {
         let entry = (key.id.as_str().to_owned(), key.fingerprint());
         let now = Instant::now();
+        if let Some((tenant, role, until)) = self.hits().get(&entry)
+            && *until > now
+        {
+            return Ok(Some((tenant.clone(), *role)));
+        }
         if self.misses().get(&entry).is_some_and(|until| *until > now) {
             return Ok(None);
         }
+        let generation = self.generation.load(Ordering::SeqCst);
         let found = self.store.authenticate_key(key, accept_dev_auth).await?;
-        if found.is_none() {
+        if let Some((tenant, role)) = &found {
+            let mut hits = self.hits();
+            // News heard while Redis was asked may be about this key: what was read is not
+            // remembered then (it is still this request's answer: it was true when read).
+            if self.generation.load(Ordering::SeqCst) == generation {
+                if hits.len() >= HIT_CAP {
+                    hits.retain(|_, (_, _, until)| *until > now);
+                }
+                if hits.len() < HIT_CAP {
+                    hits.insert(entry, (tenant.clone(), *role, now + HIT_TTL));
+                }
+            }
+        } else {
             let mut misses = self.misses();
             if misses.len() >= MISS_CAP {
                 misses.retain(|_, until| *until > now);
@@ -108,9 +160,14 @@ impl Revocations {
                 self.misses().retain(|(k, _), _| k != id.as_str());
             }
             AccessChange::KeyRevoked(id) => {
+                self.generation.fetch_add(1, Ordering::SeqCst);
+                self.hits().retain(|(k, _), _| k != id.as_str());
                 self.checks().insert(id.clone(), (Instant::now(), false));
             }
-            AccessChange::TenantDeleted(_) => {}
+            AccessChange::TenantDeleted(t) => {
+                self.generation.fetch_add(1, Ordering::SeqCst);
+                self.hits().retain(|_, (owner, _, _)| owner != t);
+            }
         }
         // No receiver is fine: nobody waits.
         let _ = self.news.send(change);
@@ -118,6 +175,8 @@ impl Revocations {
 
     /// The listener reconnected: news may have been missed, so nothing remembered is trusted.
     pub fn resync(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.hits().clear();
         self.misses().clear();
         self.checks().clear();
     }

@@ -266,6 +266,11 @@ pub async fn revoke_api_key(
     };
     let id = KeyId::parse(&key_id).ok_or_else(not_found)?;
     if state.store.revoke_api_key(&tenant, &id).await? {
+        // This server refuses the key from its next request on; the others when the news
+        // reaches them (at most `revocation::HIT_TTL` later without it).
+        state
+            .revocations
+            .notice(crate::access::AccessChange::KeyRevoked(id));
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(not_found())

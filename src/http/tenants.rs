@@ -615,6 +615,10 @@ pub async fn delete_tenant(
     let tenant = TenantId::parse(&tenant)?;
     if state.store.delete_tenant(&tenant).await? {
         state.metrics.forget_tenant(&tenant);
+        // Its keys are refused by this server from the next request on (see revoke_api_key).
+        state
+            .revocations
+            .notice(crate::access::AccessChange::TenantDeleted(tenant.clone()));
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(tenant_not_found())

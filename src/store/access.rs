@@ -2,9 +2,9 @@
 //! the `{acl}` hash tag (see `keys::acl_prefix` for why not in the tenants' shards); a tenant's
 //! limits and executions stay in its shard and are handled in `store/tenants.rs`.
 //!
-//! Key lookups are not cached here: a revoked key or a deleted tenant is refused on the very
-//! next request, at the cost of one small script call per authenticated request (only
-//! unknown tokens are remembered, by `crate::revocation`, which also ends open waits).
+//! Key lookups are not cached here: `crate::revocation` remembers verified keys for half a
+//! second and unknown tokens for ten, forgets a key when the news of its revocation or its
+//! tenant's deletion arrives, and ends open waits.
 
 use std::collections::HashMap;
 

@@ -972,3 +972,107 @@ async fn dev_auth_serves_only_loopback_hosts_and_its_own_origin() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 }
+
+/// `{acl}` lookups (api_key_auth.lua's SISMEMBER: no other script sends one) so far.
+async fn key_lookups(app: &TestApp) -> u64 {
+    app.redis
+        .command_calls()
+        .await
+        .iter()
+        .find(|(c, _)| c == "sismember")
+        .map_or(0, |(_, n)| *n)
+}
+
+/// A verified key is taken on trust for `HIT_TTL`: its admissions do not each read the one
+/// `{acl}` slot, which would cap a whole cluster's authenticated request rate.
+#[tokio::test]
+async fn a_verified_key_is_looked_up_once_per_half_second_not_per_request() {
+    use sluice::revocation::HIT_TTL;
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let who = Who::Key(app.key_token("acme", "editor").await);
+    let admit = || {
+        app.request_as(&who, Method::POST, "/api/executions")
+            .json(&json!({"flow_id": "demo.echo"}))
+            .send()
+    };
+    let before = key_lookups(&app).await;
+    let started = std::time::Instant::now();
+    const N: u64 = 200;
+    for _ in 0..N {
+        assert_eq!(admit().await.unwrap().status(), StatusCode::CREATED);
+    }
+    let elapsed = started.elapsed();
+    let lookups = key_lookups(&app).await - before;
+    // One when the key is first seen, then at most one each time its trust runs out.
+    let most = 1 + (elapsed.as_millis() / HIT_TTL.as_millis()) as u64;
+    assert!(
+        (1..=most).contains(&lookups),
+        "{lookups} key lookups for {N} admissions in {elapsed:?}"
+    );
+}
+
+/// A key withdrawn on Redis is refused by a server that had verified it, with or without the
+/// news: the news forgets it at once, its trust runs out without.
+#[tokio::test]
+async fn a_withdrawn_key_is_refused_by_every_server_with_or_without_the_news() {
+    let app = TestApp::spawn().await;
+    let other = app.spawn_beside(|_| {}).await;
+    app.create_tenant("acme").await;
+    let on_other = |token: String| {
+        let client = app.client.clone();
+        async move {
+            client
+                .get(format!("http://{other}/api/executions"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    let refused_soon = |token: String, what: &'static str| async move {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while on_other(token.clone()).await != StatusCode::UNAUTHORIZED {
+            assert!(std::time::Instant::now() < deadline, "{what}: still served");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // And from then on.
+        for _ in 0..5 {
+            assert_eq!(
+                on_other(token.clone()).await,
+                StatusCode::UNAUTHORIZED,
+                "{what}"
+            );
+        }
+    };
+    // Revoked through the API of the first server: the second hears it.
+    let key = app.create_key("acme", "viewer").await;
+    let token = key["token"].as_str().unwrap().to_owned();
+    assert_eq!(on_other(token.clone()).await, StatusCode::OK);
+    let res = app
+        .client
+        .delete(app.url(&format!(
+            "/api/tenants/acme/api-keys/{}",
+            key["key_id"].as_str().unwrap()
+        )))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    refused_soon(token, "revoked with the news").await;
+    // Taken out of its tenant's key set behind sluice's back: no news at all.
+    let key = app.create_key("acme", "viewer").await;
+    let token = key["token"].as_str().unwrap().to_owned();
+    assert_eq!(on_other(token.clone()).await, StatusCode::OK);
+    let _: i64 = app
+        .redis
+        .query(
+            redis::cmd("SREM")
+                .arg("sluice:{acl}:t:acme:keys")
+                .arg(key["key_id"].as_str().unwrap()),
+        )
+        .await;
+    refused_soon(token, "withdrawn without news").await;
+}
