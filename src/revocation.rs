@@ -75,6 +75,8 @@ pub struct Revocations {
     misses: Mutex<HashMap<TokenId, Instant>>,
     /// Verified tokens → their tenant and role, until when.
     hits: Mutex<HashMap<TokenId, (TenantId, KeyRole, Instant)>>,
+    /// Tokens being looked up now, each with the lock its other requests wait on.
+    lookups: Mutex<HashMap<TokenId, Arc<tokio::sync::Mutex<()>>>>,
     /// The last check of each key with open waits: when, and whether it was still live.
     checks: Mutex<HashMap<KeyId, (Instant, bool)>>,
     /// Counts the news that forgets verified keys: a lookup that overlapped one does not
@@ -90,6 +92,7 @@ impl Revocations {
             store,
             misses: Mutex::default(),
             hits: Mutex::default(),
+            lookups: Mutex::default(),
             checks: Mutex::default(),
             generation: AtomicU64::new(0),
             news: broadcast::channel(1024).0,
@@ -102,6 +105,10 @@ impl Revocations {
 
     fn hits(&self) -> MutexGuard<'_, HashMap<TokenId, (TenantId, KeyRole, Instant)>> {
         self.hits.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lookups(&self) -> MutexGuard<'_, HashMap<TokenId, Arc<tokio::sync::Mutex<()>>>> {
+        self.lookups.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn checks(&self) -> MutexGuard<'_, HashMap<KeyId, (Instant, bool)>> {
@@ -126,6 +133,48 @@ impl Revocations {
         if self.misses().get(&entry).is_some_and(|until| *until > now) {
             return Ok(None);
         }
+        // One lookup per token at a time: the requests that find its trust run out together
+        // wait for the first one's answer instead of each asking Redis.
+        let gate = {
+            let mut lookups = self.lookups();
+            if lookups.len() >= HIT_CAP {
+                // Handles left by requests that were dropped while they waited.
+                lookups.retain(|_, g| Arc::strong_count(g) > 1);
+            }
+            lookups
+                .entry(entry.clone())
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+                .clone()
+        };
+        let turn = gate.lock().await;
+        let now = Instant::now();
+        let cached = self
+            .hits()
+            .get(&entry)
+            .filter(|(_, _, until)| *until > now)
+            .map(|(tenant, role, _)| (tenant.clone(), *role));
+        let answer = match cached {
+            Some(hit) => Ok(Some(hit)),
+            None if self.misses().get(&entry).is_some_and(|until| *until > now) => Ok(None),
+            None => self.look_up(key, accept_dev_auth, entry.clone()).await,
+        };
+        drop(turn);
+        let mut lookups = self.lookups();
+        // The map's handle and this one: nobody else waits on it.
+        if Arc::strong_count(&gate) <= 2 {
+            lookups.remove(&entry);
+        }
+        answer
+    }
+
+    /// Asks Redis about a token and remembers the answer (see `authenticate`).
+    async fn look_up(
+        &self,
+        key: &PresentedKey,
+        accept_dev_auth: bool,
+        entry: TokenId,
+    ) -> Result<Option<(TenantId, KeyRole)>, StoreError> {
+        let now = Instant::now();
         let generation = self.generation.load(Ordering::SeqCst);
         let found = self.store.authenticate_key(key, accept_dev_auth).await?;
         if let Some((tenant, role)) = &found {
