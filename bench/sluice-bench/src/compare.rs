@@ -231,6 +231,7 @@ async fn one_run(
         tag: tag.into(),
         flow: "demo.echo".into(),
         keys: 0,
+        tokens: Vec::new(),
     };
     let pids = Pids::of(&[&redis.nodes[0], &serve]);
     let (before_calls, before_us) = script_stats(&url).await?;

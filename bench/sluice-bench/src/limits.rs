@@ -539,6 +539,7 @@ async fn keyed_run(
         tag: format!("{side}-{round}"),
         flow: "demo.echo".into(),
         keys,
+        tokens: Vec::new(),
     };
     let url = redis.urls[0].clone();
     let pids = Pids::of(&[&redis.nodes[0], &serve]);

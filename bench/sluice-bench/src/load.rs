@@ -112,6 +112,9 @@ pub struct Workload {
     /// Concurrency keys per tenant: with N > 0 every request carries a `concurrency_key`, one
     /// of `key-0` ... `key-<N-1>` (spread evenly over clients and requests); 0 = none.
     pub keys: u64,
+    /// A tenant API key per tenant (same order as `tenants`): requests then carry the
+    /// tenant's key instead of the admin token and `X-Tenant-Id`. Empty: the admin token.
+    pub tokens: Vec<String>,
 }
 
 impl Workload {
@@ -135,11 +138,19 @@ impl Workload {
     }
 
     fn post(&self, conn: &Conn, tenant: &str, key: &str, body: String) -> Request<Full<Bytes>> {
-        Request::post("/api/executions")
-            .header("host", &conn.host)
-            .header("authorization", format!("Bearer {}", self.admin_token))
-            .header("x-tenant-id", tenant)
-            .header("idempotency-key", key)
+        let own = self
+            .tenants
+            .iter()
+            .position(|t| t == tenant)
+            .and_then(|i| self.tokens.get(i));
+        let req = Request::post("/api/executions").header("host", &conn.host);
+        let req = match own {
+            Some(token) => req.header("authorization", format!("Bearer {token}")),
+            None => req
+                .header("authorization", format!("Bearer {}", self.admin_token))
+                .header("x-tenant-id", tenant),
+        };
+        req.header("idempotency-key", key)
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body)))
             .expect("valid request")
@@ -457,6 +468,7 @@ mod tests {
             tag: "x".into(),
             flow: "demo.echo".into(),
             keys: 0,
+            tokens: Vec::new(),
         };
         assert_eq!(w.request(1, 7), w.request(1, 7));
         assert_ne!(w.request(1, 7).1, w.request(2, 7).1);

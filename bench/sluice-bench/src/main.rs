@@ -115,6 +115,10 @@ pub struct Args {
     /// Seconds of the HTTP admission phase (unique keys).
     #[arg(long, default_value_t = 8)]
     admission_secs: u64,
+    /// Seconds of the HTTP admission phase with a tenant API key per tenant instead of the
+    /// admin token (how many `{acl}` lookups an admission costs); 0 skips it.
+    #[arg(long, default_value_t = 4)]
+    api_key_secs: u64,
     /// Seconds of the HTTP admission phase with replays.
     #[arg(long, default_value_t = 6)]
     replay_secs: u64,
@@ -378,6 +382,7 @@ impl Args {
             self.clients = self.clients.min(16);
             self.ceiling_secs = 1;
             self.admission_secs = 1;
+            self.api_key_secs = self.api_key_secs.min(1);
             self.replay_secs = 1;
             self.fixed_rate_secs = 1;
             self.e2e_secs = 1;
@@ -568,6 +573,46 @@ fn sluice_program(args: &Args) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// Registers each tenant and makes it an `editor` API key (after a reset: the keys live on
+/// Redis like everything else); the tokens, in the order of `tenants`.
+async fn tenant_keys(
+    addr: std::net::SocketAddr,
+    tenants: &[String],
+) -> anyhow::Result<Vec<String>> {
+    let mut conn = load::Conn::connect(addr).await?;
+    let mut tokens = Vec::new();
+    for t in tenants {
+        let (status, _) = conn
+            .call(
+                hyper::Method::PUT,
+                &format!("/api/tenants/{t}"),
+                ADMIN_TOKEN,
+                t,
+                "{}",
+            )
+            .await?;
+        anyhow::ensure!(status == 200, "registering {t} answered {status}");
+        let (status, body) = conn
+            .call(
+                hyper::Method::POST,
+                &format!("/api/tenants/{t}/api-keys"),
+                ADMIN_TOKEN,
+                t,
+                r#"{"role":"editor","name":"bench"}"#,
+            )
+            .await?;
+        anyhow::ensure!(status == 201, "a key for {t} answered {status}");
+        let key: serde_json::Value = serde_json::from_slice(&body)?;
+        tokens.push(
+            key["token"]
+                .as_str()
+                .ok_or_else(|| anyhow::anyhow!("no token for {t}"))?
+                .to_owned(),
+        );
+    }
+    Ok(tokens)
+}
+
 /// Every process whose CPU time a phase reports.
 struct Pids(Vec<(String, u32)>);
 
@@ -703,6 +748,7 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         tag: tag.into(),
         flow: "demo.echo".into(),
         keys: 0,
+        tokens: Vec::new(),
     };
     let mut report = Report::new(&args);
     let pids = Pids::of(&redis_and(&redis, &serve));
@@ -755,6 +801,32 @@ async fn run(args: Args) -> anyhow::Result<Report> {
         let (check, census) = check_queued("admission", &r, &mut direct).await?;
         report.checks.push(check);
         report.admission = Some(phase_report(&r, cpu, &script_us, &census, masters));
+
+        // 2b. Admission with tenant API keys: what authentication costs the `{acl}` slot.
+        if args.api_key_secs > 0 {
+            direct.reset().await?;
+            let mut w = workload("key");
+            w.tokens = tenant_keys(addr, &tenants).await?;
+            let before = direct.command_calls().await?;
+            let (r, cpu) = phase("api-key admission", &pids, |p| {
+                load::closed_loop(&w, clients, Duration::from_secs(args.api_key_secs), 0, p)
+            })
+            .await?;
+            let after = direct.command_calls().await?;
+            let script_us = direct.script_usec().await?;
+            let (check, census) = check_queued("api-key admission", &r, &mut direct).await?;
+            report.checks.push(check);
+            // api_key_auth.lua's SISMEMBER: no other script sends one.
+            let calls = |m: &std::collections::BTreeMap<String, u64>| {
+                m.get("sismember").copied().unwrap_or(0)
+            };
+            let lookups = calls(&after).saturating_sub(calls(&before));
+            report.api_key_admission = Some(report::ApiKeyAdmission {
+                acl_lookups: lookups,
+                acl_lookups_per_admission: lookups as f64 / r.outcomes.created.max(1) as f64,
+                phase: phase_report(&r, cpu, &script_us, &census, masters),
+            });
+        }
 
         // 3. Admission with replays.
         direct.reset().await?;
@@ -1173,6 +1245,7 @@ async fn pickup_phase(
                     tag: "probe".into(),
                     flow: "demo.echo".into(),
                     keys: 0,
+                    tokens: Vec::new(),
                 };
                 let pids = Pids::of(&ctx.others);
                 let (r, _) = phase("admission probe", &pids, |p| {

@@ -162,6 +162,7 @@ pub async fn pickup_rate(
         tag: format!("pickup-{label}"),
         flow: "demo.echo".into(),
         keys: 0,
+        tokens: Vec::new(),
     };
     let mut all = ctx.others.clone();
     all.extend(workers.iter());

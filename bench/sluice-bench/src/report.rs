@@ -33,6 +33,16 @@ pub struct Phase {
     pub per_master: Option<Vec<MasterShare>>,
 }
 
+/// HTTP admission with tenant API keys: what authentication costs the one `{acl}` slot.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiKeyAdmission {
+    pub phase: Phase,
+    /// Key lookups on `{acl}` during the phase (`api_key_auth.lua`, counted by its
+    /// `SISMEMBER` in `INFO commandstats`).
+    pub acl_lookups: u64,
+    pub acl_lookups_per_admission: f64,
+}
+
 /// One master's share of a phase on a cluster.
 #[derive(Debug, Clone, Serialize)]
 pub struct MasterShare {
@@ -481,6 +491,8 @@ pub struct Report {
     pub masters: Option<Vec<Master>>,
     pub ceiling: Option<Phase>,
     pub admission: Option<Phase>,
+    /// The admission phase with a tenant API key per tenant.
+    pub api_key_admission: Option<ApiKeyAdmission>,
     pub replay_mix: Option<Phase>,
     pub fixed_rate: Option<FixedRate>,
     pub e2e: Option<E2e>,
@@ -533,6 +545,7 @@ impl Report {
             masters: None,
             ceiling: None,
             admission: None,
+            api_key_admission: None,
             replay_mix: None,
             fixed_rate: None,
             e2e: None,
@@ -561,6 +574,15 @@ impl Report {
                 limit: 0.7,
                 unit: "ratio, at least",
                 pass: ratio >= 0.7,
+            });
+        }
+        if let Some(k) = &self.api_key_admission {
+            t.push(Target {
+                name: "{acl} lookups per admission with API keys".into(),
+                measured: (k.acl_lookups_per_admission * 10_000.0).round() / 10_000.0,
+                limit: 0.01,
+                unit: "calls, at most",
+                pass: k.acl_lookups_per_admission <= 0.01,
             });
         }
         if let Some(f) = &self.fixed_rate {
@@ -658,6 +680,21 @@ impl Report {
                         ),
                         _ => String::new(),
                     }
+                ),
+            );
+        }
+        if let Some(k) = &self.api_key_admission {
+            let admin = self.admission.as_ref().map(|a| a.per_sec).unwrap_or(0.0);
+            line(
+                &mut o,
+                "admission (API keys)",
+                k.phase.per_sec,
+                &k.phase.latency,
+                format!(
+                    "{:.2} × admin-token admission; {} {{acl}} lookups ({:.4} per admission)",
+                    k.phase.per_sec / admin.max(1e-9),
+                    k.acl_lookups,
+                    k.acl_lookups_per_admission
                 ),
             );
         }
