@@ -36,7 +36,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::TenantId;
-use crate::store::{DeliveryRecord, OutboxEntry, RedisTarget, Store, StoreError, keys};
+use crate::store::{DeliveryRecord, OutboxEntry, Store, StoreError, keys};
 
 /// The first pause after a failed round of a tenant's deliveries; it doubles per failed round.
 pub const RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -120,16 +120,11 @@ pub fn webhook_id(execution_id: &str, seq: u64) -> String {
 /// outbox entry alone, so every delivery of one event has the same bytes.
 pub fn payload(tenant: &TenantId, e: &OutboxEntry) -> Vec<u8> {
     let field = |name: &str| e.fields.get(name).map(String::as_str).unwrap_or_default();
-    let status = if e.kind == "deleted" {
-        "deleted"
-    } else {
-        e.kind.as_str()
-    };
     let mut data = serde_json::json!({
         "execution_id": e.execution_id,
         "tenant_id": tenant.as_str(),
         "flow_id": field("flow"),
-        "status": status,
+        "status": e.kind,
         "attempt": field("attempt").parse::<u64>().unwrap_or(0),
         "sequence": e.seq,
     });
@@ -446,11 +441,11 @@ impl Deliverer {
     /// pause when the connection breaks; scans after each (re)connection.
     async fn listen(self: Arc<Self>, stop: CancellationToken) {
         let mut pause = Duration::from_millis(100);
-        loop {
+        for attempt in 0.. {
             let began = Instant::now();
             tokio::select! {
                 () = stop.cancelled() => return,
-                ended = self.listen_once() => {
+                ended = self.listen_once(attempt) => {
                     self.up.store(false, Ordering::SeqCst);
                     if let Err(e) = ended {
                         tracing::debug!(error = %e, "webhooks: listener failed");
@@ -468,14 +463,8 @@ impl Deliverer {
         }
     }
 
-    async fn listen_once(&self) -> Result<(), StoreError> {
-        let url = match &self.store.config().redis {
-            RedisTarget::Standalone(url) => url.clone(),
-            RedisTarget::Cluster(seeds) => seeds
-                .first()
-                .cloned()
-                .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?,
-        };
+    async fn listen_once(&self, attempt: usize) -> Result<(), StoreError> {
+        let url = self.store.pubsub_node(attempt)?;
         let client = redis::Client::open(url.as_str())?;
         let mut pubsub = tokio::time::timeout(self.store.config().op_timeout, async {
             let mut p = client.get_async_pubsub().await?;

@@ -30,7 +30,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{BellNode, BellPools, RedisTarget, Shard, Store, StoreError, keys};
+use crate::store::{BellNode, BellPools, Shard, Store, StoreError, keys};
 
 /// How long one doorbell read blocks on Redis: a reader whose waiters left gives its
 /// connection back to the pool within this.
@@ -448,11 +448,11 @@ impl Stops {
     /// `stop` is cancelled.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         let mut pause = FAILING_FIRST;
-        loop {
+        for attempt in 0.. {
             let began = Instant::now();
             let ended = tokio::select! {
                 () = stop.cancelled() => return,
-                ended = self.listen_once() => ended,
+                ended = self.listen_once(attempt) => ended,
             };
             self.up.store(false, Ordering::SeqCst);
             if let Err(e) = ended {
@@ -469,14 +469,8 @@ impl Stops {
         }
     }
 
-    async fn listen_once(&self) -> Result<(), StoreError> {
-        let url = match &self.store.config().redis {
-            RedisTarget::Standalone(url) => url.clone(),
-            RedisTarget::Cluster(seeds) => seeds
-                .first()
-                .cloned()
-                .ok_or_else(|| StoreError::Corrupt("no cluster seed".into()))?,
-        };
+    async fn listen_once(&self, attempt: usize) -> Result<(), StoreError> {
+        let url = self.store.pubsub_node(attempt)?;
         let (pattern, prefix) = keys::pull_stop_pattern();
         let client = redis::Client::open(url.as_str())?;
         let mut pubsub = tokio::time::timeout(self.store.config().op_timeout, async {

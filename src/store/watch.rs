@@ -60,17 +60,24 @@ impl Store {
         }
     }
 
+    /// The address a Pub/Sub connection goes to: the server, or on a cluster one seed node,
+    /// picked round robin by `attempt` so that a reconnect passes over a node that is down.
+    /// Any node will do: a cluster forwards every PUBLISH to all.
+    pub fn pubsub_node(&self, attempt: usize) -> Result<String, StoreError> {
+        match &self.config.redis {
+            RedisTarget::Standalone(url) => Ok(url.clone()),
+            RedisTarget::Cluster(seeds) => seeds
+                .get(attempt % seeds.len().max(1))
+                .cloned()
+                .ok_or_else(|| StoreError::Unavailable("no cluster seed node".into())),
+        }
+    }
+
     /// Opens a Pub/Sub connection for execution announcements: to the server, or on a cluster
     /// to one node — `attempt` picks the seed (round robin), so a node that is down is passed
     /// over by the next attempt. Any node will do: a cluster forwards every PUBLISH to all.
     pub async fn open_events(&self, attempt: usize) -> Result<Events, StoreError> {
-        let url = match &self.config.redis {
-            RedisTarget::Standalone(url) => url.clone(),
-            RedisTarget::Cluster(seeds) => seeds
-                .get(attempt % seeds.len().max(1))
-                .cloned()
-                .ok_or_else(|| StoreError::Unavailable("no cluster seed node".into()))?,
-        };
+        let url = self.pubsub_node(attempt)?;
         let client = redis::Client::open(url.as_str())?;
         let (sink, stream) = self.bounded(client.get_async_pubsub()).await?.split();
         let mut events = Events {

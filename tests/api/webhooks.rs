@@ -134,6 +134,24 @@ impl Receiver {
     }
 }
 
+/// `acme`'s webhook as `GET` shows it, once `done` holds of it (within `limit`).
+async fn webhook_once(
+    app: &TestApp,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+        if done(&w) {
+            return w;
+        }
+        assert!(Instant::now() < deadline, "{what}: {w}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Distinct `webhook-id`s received.
 fn ids(got: &[Received]) -> BTreeSet<String> {
     got.iter().map(|r| r.id.clone()).collect()
@@ -572,19 +590,14 @@ async fn serve_killed_mid_delivery_loses_no_event() {
     let w = app.get_json(None, "/api/tenants/acme/webhook").await;
     assert_eq!(w["pending"], N, "{w}");
     let _serve = Serve::start(&app.redis);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let w = app.get_json(None, "/api/tenants/acme/webhook").await;
-        if w["pending"] == 0 {
-            assert_eq!(w["delivered"], N, "{w}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still pending after the restart: {w}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let w = webhook_once(
+        &app,
+        Duration::from_secs(60),
+        "still pending after the restart",
+        |w| w["pending"] == 0,
+    )
+    .await;
+    assert_eq!(w["delivered"], N, "{w}");
     let got = receiver.got();
     assert_eq!(ids(&got), expected);
     // What arrived before the kill came again: the same message both times.
@@ -631,14 +644,13 @@ async fn a_pinned_tenant_keeps_its_webhook_and_no_event_is_stranded() {
     assert_eq!(res.status(), StatusCode::CONFLICT);
     assert_eq!(problem_code(res).await, "tenant_has_executions");
     receiver.answer(true);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while app.get_json(None, "/api/tenants/acme/webhook").await["pending"] != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the event was never acknowledged"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    webhook_once(
+        &app,
+        Duration::from_secs(20),
+        "the event was never acknowledged",
+        |w| w["pending"] == 0,
+    )
+    .await;
     assert_eq!(pin().await.unwrap().status(), StatusCode::OK);
     // Same address, same secret, on the dedicated shard.
     let w = app.get_json(None, "/api/tenants/acme/webhook").await;
@@ -671,15 +683,10 @@ async fn an_event_older_than_the_age_bound_is_dropped_and_counted() {
         .admit_with("acme", json!({"flow_id": "demo.echo"}))
         .await;
     assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let w = loop {
-        let w = app.get_json(None, "/api/tenants/acme/webhook").await;
-        if w["dropped"] == 1 {
-            break w;
-        }
-        assert!(Instant::now() < deadline, "never dropped: {w}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let w = webhook_once(&app, Duration::from_secs(30), "never dropped", |w| {
+        w["dropped"] == 1
+    })
+    .await;
     assert_eq!(
         (&w["pending"], &w["delivered"]),
         (&json!(0), &json!(0)),
