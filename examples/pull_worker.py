@@ -22,6 +22,7 @@ It prints one JSON line per event (leased, completed, refused, ...) on stdout.
 """
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -30,6 +31,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+
+# What a call can fail with on its way (refused, reset, timed out, cut off mid-answer, an
+# answer that is not JSON): worth a retry, never worth a dead thread.
+TRANSIENT = (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)
 
 
 class LeaseLost(Exception):
@@ -149,7 +155,7 @@ class Worker:
             try:
                 runs = self.api.lease(free, self.lease, holding)
                 pause = 0.1
-            except (urllib.error.URLError, OSError, ValueError) as e:
+            except TRANSIENT as e:
                 say("lease_failed", error=str(e))
                 self.quit.wait(pause)
                 pause = min(pause * 2, 5)
@@ -194,7 +200,7 @@ class Worker:
             except LeaseLost:
                 say("refused", id=run.id, outcome=report["outcome"])
                 break
-            except (urllib.error.URLError, OSError, ValueError) as e:
+            except TRANSIENT as e:
                 say("report_failed", id=run.id, error=str(e))
                 time.sleep(min(0.1 * 2 ** attempt, 2))
         with self.lock:
@@ -212,14 +218,14 @@ class Worker:
                 except LeaseLost:
                     say("lease_lost", id=run.id)
                     run.halt("lost")
-                except (urllib.error.URLError, OSError, ValueError) as e:
+                except TRANSIENT as e:
                     say("heartbeat_failed", id=run.id, error=str(e))
 
     def hear_stops(self):
         while not self.quit.is_set():
             try:
                 ids = self.api.stops()
-            except (urllib.error.URLError, OSError, ValueError):
+            except TRANSIENT:
                 self.quit.wait(1)
                 continue
             with self.lock:

@@ -549,6 +549,8 @@ impl PyWorker {
         let script =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/pull_worker.py");
         let mut child = std::process::Command::new("python3")
+            // A SIGABRT dumps every thread's stack (see `diagnose`).
+            .args(["-X", "faulthandler"])
             .arg(script)
             .args([
                 "--url",
@@ -595,16 +597,55 @@ impl PyWorker {
                     "the worker exited before a {event} event; it printed {:?}",
                     self.seen
                 ),
-                Err(_) => panic!(
-                    "no {event} event within {limit:?}; it printed {:?}",
-                    self.seen
-                ),
+                Err(_) => {
+                    let why = self.diagnose();
+                    panic!(
+                        "no {event} event within {limit:?}; it printed {:?}; {why}",
+                        self.seen
+                    )
+                }
             };
             self.seen.push(line.clone());
             if line["event"] == event {
                 return line;
             }
         }
+    }
+}
+
+impl PyWorker {
+    /// What a silent worker is doing: each thread's scheduler state and kernel wait, then a
+    /// SIGCONT and a SIGABRT, on which `-X faulthandler` prints every Python thread's stack to
+    /// the test's stderr.
+    fn diagnose(&mut self) -> String {
+        let pid = self.child.id();
+        let mut threads = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for task in tasks.flatten() {
+                let read =
+                    |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+                let stat = read("stat");
+                let state = stat
+                    .rsplit_once(')')
+                    .map_or("?", |(_, rest)| &rest.trim_start()[..1]);
+                threads.push(format!(
+                    "{}: {} in {}",
+                    task.file_name().to_string_lossy(),
+                    state,
+                    read("wchan")
+                ));
+            }
+        }
+        for sig in ["-CONT", "-ABRT"] {
+            let _ = std::process::Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        format!("its threads (state, kernel wait): {threads:?}; stacks on stderr")
     }
 }
 
@@ -788,9 +829,7 @@ async fn a_paused_python_worker_wakes_to_a_refused_report() {
     signal("-CONT");
     // Its report is refused; on a loaded machine a report may first fail on its way (the
     // worker prints `report_failed` and tries again, for up to about 35 s).
-    let refused = paused
-        .event_within("refused", Duration::from_secs(60))
-        .await;
+    let refused = paused.event_within("refused", Duration::from_secs(60)).await;
     assert_eq!(refused["id"], id.as_str());
     let done = second.event("completed").await;
     assert_eq!(
