@@ -1,35 +1,41 @@
 #!lua
--- admit.lua: admit one execution, atomically: dedup claim, row, indexes, quota decision, enqueue.
+-- admit.lua: admit executions, each atomically: dedup claim, row, indexes, quota decision,
+-- enqueue. One call carries one admission or a group of them, in arrival order (group
+-- commit, see src/store/commit.rs): each is decided exactly as if it had come alone, after
+-- those before it (a dedup key repeated in the group is a replay of the first).
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the new execution's row          KEYS[3]  its void marker (abandon.lua)
--- KEYS[4]  the tenant's limits (cfg)        KEYS[5]  its slot set
--- KEYS[6]  its waiting set                  KEYS[7]  its 'queued' status index
--- KEYS[8]  its 'queued' index of the flow   KEYS[9]  its set of flows
--- KEYS[10] the shard's tenant set           KEYS[11] the shard's runnable tenants
--- KEYS[12] the shard's timer set            KEYS[13] the dedup mapping (only with a dedup key)
+-- KEYS[2]  the shard's tenant set    KEYS[3]  its runnable tenants    KEYS[4]  its timer set
+-- Then, for each admission in order, 8 keys, and a 9th when it has a dedup key:
+--   +0 the new execution's row       +1 its void marker (abandon.lua)
+--   +2 the tenant's limits (cfg)     +3 its slot set
+--   +4 its waiting set               +5 its 'queued' status index
+--   +6 its 'queued' index of the flow
+--   +7 its set of flows              +8 the dedup mapping (only with a dedup key)
 -- (Also written, names built inside from the prefix since Redis's clock picks the day: the
 -- trends counters and the shard's busy set, see the trends block of common.lua; and with a
 -- concurrency key, the key's queue and the tenant's blocked keys, see "Concurrency keys".)
 -- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id (validated: no braces, colons or spaces)
--- ARGV[7]  new execution id (32 lowercase hex, minted by the caller)
--- ARGV[8]  flow id (validated key-safe)
--- ARGV[9]  version, '' for none
--- ARGV[10]  params, JSON text of an object
--- ARGV[11] max_attempts
--- ARGV[12] dedup key as given, '' for none
--- ARGV[13] digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
--- ARGV[14] request fingerprint (flow, version, params), hex
--- ARGV[15] priority, 1..5 (1 first)
--- ARGV[16] run_at: when to start at the earliest, Unix ms ('' for now)
--- ARGV[17] delay: how long after the admission to start at the earliest, ms ('' for none)
--- ARGV[18] concurrency key as given, '' for none
--- ARGV[19] digest of the concurrency key (as the dedup key's), '' for none
--- ARGV[20] W3C traceparent, '' for none (validated by the caller)
--- ARGV[21] W3C tracestate, '' for none
+-- ARGV[6]  the number of admissions, 1..100
+-- Then, for each admission in order, 16 values:
+--   +0  tenant id (validated: no braces, colons or spaces)
+--   +1  new execution id (32 lowercase hex, minted by the caller)
+--   +2  flow id (validated key-safe)
+--   +3  version, '' for none
+--   +4  params, JSON text of an object
+--   +5  max_attempts
+--   +6  dedup key as given, '' for none
+--   +7  digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
+--   +8  request fingerprint (flow, version, params), hex
+--   +9  priority, 1..5 (1 first)
+--   +10 run_at: when to start at the earliest, Unix ms ('' for now)
+--   +11 delay: how long after the admission to start at the earliest, ms ('' for none)
+--   +12 concurrency key as given, '' for none
+--   +13 digest of the concurrency key (as the dedup key's), '' for none
+--   +14 W3C traceparent, '' for none (validated by the caller)
+--   +15 W3C tracestate, '' for none
 --
--- Reply, one of:
+-- Reply: one entry per admission, in order, each one of:
 --   {'new', qstate, now, due, tpos, kpos, klimit}
 --                       admitted at `now` (ms), queue state 'scheduled', 'ready' or
 --                       'waiting' (see queue_state() in common.lua), due time in ms or ''
@@ -42,70 +48,105 @@
 --   {'full', queued}    the tenant has max_queued executions queued; nothing written
 --   {'moved', n}        the tenant is pinned to dedicated shard n (pin.lua; the quota decision
 --                       of place() finds it): nothing written
-local tenant, id, flow = ARGV[6], ARGV[7], ARGV[8]
+--   {'error', message}  this admission raised an error (a bug, or data sluice did not write);
+--                       what it wrote before the error stays, as with any script, and the
+--                       admissions after it are still decided
 -- The hot path: unlike the other scripts, admit does not rebuild each declared key to check
 -- its position (that cost ~7 % of an admission). guard.lua has checked that every key is in
 -- this shard; the one caller (`Store::admit`) lists them in this order, and the test
 -- `fences::admit_declares_the_keys_it_writes` checks that list against what the script writes.
--- KEYS[2], the row, is written by enqueue() (K.row(id) is that name).
-local VOID = KEYS[3]
-local QUEUED_IDX, FLOW_QUEUED_IDX = KEYS[7], KEYS[8]
-local FLOWS, TENANTS = KEYS[9], KEYS[10]
+-- The row (+0) is written by enqueue() (K.row(id) is that name).
+local TENANTS = KEYS[2]
 
-local version, params = ARGV[9], ARGV[10]
-local max_attempts, dedup, dedup_hash, fingerprint = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
-local priority, run_at, delay = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
-local ckey, ckh = ARGV[18], ARGV[19]
-local traceparent, tracestate = ARGV[20], ARGV[21]
+-- One admission: its keys from KEYS[k], its values from ARGV[a].
+local function admit_one(k, a)
+  local tenant, id, flow, version, params = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4]
+  local max_attempts, dedup, dedup_hash, fingerprint = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7],
+    ARGV[a + 8]
+  local priority, run_at, delay = ARGV[a + 9], tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
+  local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
+  local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
+  local VOID, QUEUED_IDX, FLOW_QUEUED_IDX, FLOWS = KEYS[k + 1], KEYS[k + 5], KEYS[k + 6],
+    KEYS[k + 7]
 
--- The caller gave up on this admission and was told nothing happened: keep it that way.
-if redis.call('EXISTS', VOID) == 1 then return { 'void' } end
+  -- The caller gave up on this admission and was told nothing happened: keep it that way.
+  if redis.call('EXISTS', VOID) == 1 then return { 'void' } end
 
-local dedup_key = nil
-if dedup ~= '' then
-  dedup_key = KEYS[13]
-  local holder, holder_fp = dedup_holder(dedup_key)
-  if holder then
-    if holder_fp ~= fingerprint then return { 'conflict', holder } end
-    return { 'dup', holder, view(holder) }
+  local dedup_key = nil
+  if dedup ~= '' then
+    dedup_key = KEYS[k + 8]
+    local holder, holder_fp = dedup_holder(dedup_key)
+    if holder then
+      if holder_fp ~= fingerprint then return { 'conflict', holder } end
+      return { 'dup', holder, view(holder) }
+    end
   end
+
+  local now = now_ms()
+  local ok, refusal, queued = place(tenant)
+  if not ok then return { refusal, queued } end
+  local due = run_at or (delay and now + delay)
+  if due and due <= now then due = nil end
+
+  -- Decided; from here on only writes.
+  local row = { 'tenant', tenant, 'flow', flow, 'params', params, 'status', 'queued',
+    'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now,
+    'priority', priority }
+  if version ~= '' then table.insert(row, 'version'); table.insert(row, version) end
+  if dedup ~= '' then
+    for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
+  end
+  if ckh ~= '' then
+    for _, v in ipairs({ 'ckey', ckey, 'ckh', ckh }) do table.insert(row, v) end
+  else
+    ckh = nil
+  end
+  if traceparent ~= '' then
+    for _, v in ipairs({ 'tp', traceparent }) do table.insert(row, v) end
+    if tracestate ~= '' then
+      for _, v in ipairs({ 'tst', tracestate }) do table.insert(row, v) end
+    end
+  end
+  redis.call('ZADD', QUEUED_IDX, 0, id)
+  redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
+  -- Registries the sweeper walks (set members: repeated admissions cost nothing more).
+  redis.call('SADD', TENANTS, tenant)
+  redis.call('SADD', FLOWS, flow)
+  -- The row is written here, with its queue state, in one HSET.
+  if not enqueue(tenant, flow, id, now, priority, due, row, ckh) then mark_busy(tenant) end
+  tally(tenant, 'admitted', now)
+  -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
+  if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
+  if due then return { 'new', 'scheduled', now, due } end
+  local tpos, kpos, klimit, rank = position(tenant, id, ckh)
+  return { 'new', queue_state(tenant, id, 'queued', rank), now, '', tpos or '', kpos or '',
+    klimit or '' }
 end
 
-local now = now_ms()
-local ok, refusal, queued = place(tenant)
-if not ok then return { refusal, queued } end
-local due = run_at or (delay and now + delay)
-if due and due <= now then due = nil end
-
--- Decided; from here on only writes.
-local row = { 'tenant', tenant, 'flow', flow, 'params', params, 'status', 'queued',
-  'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now,
-  'priority', priority }
-if version ~= '' then table.insert(row, 'version'); table.insert(row, version) end
-if dedup ~= '' then
-  for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
+local n = tonumber(ARGV[6])
+if not n or n < 1 or n > 100 or #ARGV ~= 6 + 16 * n then
+  return redis.error_reply('ERR sluice admit: ' .. tostring(ARGV[6]) .. ' admissions with ' ..
+    #ARGV .. ' values')
 end
-if ckh ~= '' then
-  for _, v in ipairs({ 'ckey', ckey, 'ckh', ckh }) do table.insert(row, v) end
-else
-  ckh = nil
+-- Every admission's keys are where the header says, or nothing is done.
+local want = 4
+for i = 0, n - 1 do want = want + (ARGV[13 + 16 * i] ~= '' and 9 or 8) end
+if want ~= #KEYS then
+  return redis.error_reply('ERR sluice admit: ' .. #KEYS .. ' keys for ' .. n ..
+    ' admissions, not ' .. want)
 end
-if traceparent ~= '' then
-  for _, v in ipairs({ 'tp', traceparent }) do table.insert(row, v) end
-  if tracestate ~= '' then for _, v in ipairs({ 'tst', tracestate }) do table.insert(row, v) end end
+local replies, k, a = {}, 5, 7
+for i = 1, n do
+  local ok, reply = pcall(admit_one, k, a)
+  if ok then
+    replies[i] = reply
+  else
+    replies[i] = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
+  end
+  k = k + (ARGV[a + 6] ~= '' and 9 or 8)
+  a = a + 16
 end
-redis.call('ZADD', QUEUED_IDX, 0, id)
-redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
--- Registries the sweeper walks (set members: repeated admissions cost nothing more).
-redis.call('SADD', TENANTS, tenant)
-redis.call('SADD', FLOWS, flow)
--- The row is written here, with its queue state, in one HSET.
-if not enqueue(tenant, flow, id, now, priority, due, row, ckh) then mark_busy(tenant) end
-tally(tenant, 'admitted', now)
+-- The per-minute counters of every admission of the call, in one write per key.
 flush_trends()
--- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
-if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
-if due then return { 'new', 'scheduled', now, due } end
-local tpos, kpos, klimit, rank = position(tenant, id, ckh)
-return { 'new', queue_state(tenant, id, 'queued', rank), now, '', tpos or '', kpos or '',
-  klimit or '' }
+return replies

@@ -1,8 +1,9 @@
 #!lua flags=no-writes
 -- dry_admit.lua: what admit.lua would do with this request now, writing nothing (the
 -- `no-writes` flag makes Redis refuse any write): the dedup check, the quota decision, and
--- where the execution would stand. Same KEYS and ARGV as admit.lua (ARGV[7], the id, is
--- unused). A snapshot: the real admission decides again, atomically, when it is made.
+-- where the execution would stand. Same KEYS and ARGV as admit.lua with one admission
+-- (ARGV[6] is 1; ARGV[8], the id, is unused). A snapshot: the real admission decides again,
+-- atomically, when it is made.
 --
 -- Reply, one of:
 --   {'duplicate', id, row}  the dedup key maps to live execution id, same request (its view)
@@ -16,10 +17,10 @@
 --                           its tenant's rate ('tenant_throttled') or its key's rate
 --                           ('key_throttled');
 --                           its position as position() in common.lua gives it ('' where none)
-local tenant, flow = ARGV[6], ARGV[8]
-local dedup, fingerprint = ARGV[12], ARGV[14]
-local priority, run_at, delay = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
-local ckh = ARGV[19] or ''
+local tenant, flow = ARGV[7], ARGV[9]
+local dedup, fingerprint = ARGV[13], ARGV[15]
+local priority, run_at, delay = ARGV[16], tonumber(ARGV[17]), tonumber(ARGV[18])
+local ckh = ARGV[20] or ''
 
 if dedup ~= '' then
   local holder, holder_fp = dedup_holder(KEYS[13])

@@ -35,6 +35,10 @@
 //!   the sweeper last passed over them (with zero executions) — read at scrape time.
 //! - `sluice_shards_unreadable`: shards whose numbers could not be read at this scrape (their
 //!   series above are absent; the other shards are reported as usual).
+//! - `sluice_admission_calls_total` and `sluice_admission_calls_carried_total`: calls of the
+//!   admission script this server made, and the admissions they carried (group commit: their
+//!   ratio is the mean group); `sluice_admissions_grouping`: admissions waiting now for their
+//!   shard's call in flight to end.
 //! - `sluice_waiters`: clients waiting now (long polls and event streams, `--max-waiters`);
 //!   `sluice_waiters_listening`: 1 while the server's Pub/Sub listener is connected (0: the
 //!   waiters re-read on their own, every few seconds).
@@ -160,6 +164,11 @@ pub struct Metrics {
     tenant_last_minute: Family<TenantEventLabels, Gauge>,
     tenant_last_minute_wait: Family<TenantQuantileLabels, Gauge>,
     shards_unreadable: Gauge,
+    admission_calls: Counter,
+    admission_calls_carried: Counter,
+    admissions_grouping: Gauge,
+    /// Held while the counters above catch up with the store's (scrapes may overlap).
+    catch_up: std::sync::Mutex<()>,
     waiters: Gauge,
     waiters_listening: Gauge,
     pull_long_polls: Gauge,
@@ -278,6 +287,24 @@ impl Metrics {
             "Shards whose numbers could not be read from Redis at this scrape",
             shards_unreadable.clone(),
         );
+        let admission_calls = Counter::default();
+        registry.register(
+            "sluice_admission_calls",
+            "Calls of the admission script this server made (each carries one or more admissions)",
+            admission_calls.clone(),
+        );
+        let admission_calls_carried = Counter::default();
+        registry.register(
+            "sluice_admission_calls_carried",
+            "Admissions the admission script calls carried (group commit)",
+            admission_calls_carried.clone(),
+        );
+        let admissions_grouping = Gauge::default();
+        registry.register(
+            "sluice_admissions_grouping",
+            "Admissions waiting now for their shard's admission call in flight to end",
+            admissions_grouping.clone(),
+        );
         let waiters = Gauge::default();
         registry.register(
             "sluice_waiters",
@@ -342,6 +369,10 @@ impl Metrics {
             tenant_last_minute,
             tenant_last_minute_wait,
             shards_unreadable,
+            admission_calls,
+            admission_calls_carried,
+            admissions_grouping,
+            catch_up: std::sync::Mutex::new(()),
             waiters,
             waiters_listening,
             pull_long_polls,
@@ -641,6 +672,18 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     }
     m.tenant_last_minutes(state.store.tenants_last_minute(now).await);
     m.shards_unreadable.set(unreadable);
+    let grouped = state.store.group_commit_counts();
+    // Counters kept by the store: each scrape adds what happened since the last.
+    let caught_up = m.catch_up.lock().expect("metrics catch-up");
+    m.admission_calls
+        .inc_by(grouped.calls.saturating_sub(m.admission_calls.get()));
+    m.admission_calls_carried.inc_by(
+        grouped
+            .admissions
+            .saturating_sub(m.admission_calls_carried.get()),
+    );
+    drop(caught_up);
+    m.admissions_grouping.set(gauge(grouped.waiting));
     m.waiters
         .set(i64::try_from(state.waiters.waiters()).unwrap_or(i64::MAX));
     m.waiters_listening

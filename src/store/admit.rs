@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::commit::{Item, Outcome, invocation};
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
-use super::{Store, StoreError, is_lost};
+use super::{Shard, Store, StoreError};
 use crate::admission::{
     AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, Status,
     TenantId,
@@ -81,7 +82,8 @@ pub struct DryRun {
 }
 
 impl Store {
-    /// Admits one execution in one atomic script (see `migrations-lua/admit.lua`).
+    /// Admits one execution atomically (see `migrations-lua/admit.lua`), in its shard's next
+    /// call, with the admissions that wait for it (see `commit`).
     ///
     /// The id is minted here, before the call. If the call's answer is lost (time-out, broken
     /// connection: the script may have run, or may still run when a stalled Redis resumes),
@@ -89,6 +91,7 @@ impl Store {
     /// longer happen (`Unavailable`, nothing admitted). Only when that answer is lost too is
     /// the result `OutcomeUnknown`, naming the id. An error *reply* (a frozen shard's TRYAGAIN,
     /// a redirect, LOADING, OOM, ...) is not a lost answer: Redis said the script did not run.
+    /// All this holds per admission when a call carries several.
     pub async fn admit(
         &self,
         tenant: &TenantId,
@@ -98,20 +101,14 @@ impl Store {
         // Twice at most: a tenant pinned since this process last read the pins is sent on.
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
-            let inv = self.admit_call(&self.scripts.admit, shard, tenant, &id, req);
-            let mut c = self.conn();
-            let reply: Vec<Value> = match self.bounded_raw(inv.invoke_async(&mut c)).await {
-                Ok(Ok(reply)) => reply,
-                // Refused at connect: the call never left this process.
-                Ok(Err(e)) if e.is_connection_refusal() => return Err(e.into()),
+            let item = admission_item(shard, tenant, &id, req);
+            let reply = match self.commits.admit(shard, item).await {
+                Outcome::Reply(reply) => reply,
                 // Sent, answer lost: it may have run, or may still run.
-                Ok(Err(e)) if is_lost(&e) => {
-                    return self.abandon(tenant, &id, &e.to_string()).await;
-                }
-                Err(timeout) => return self.abandon(tenant, &id, &timeout.to_string()).await,
-                // Anything else is an answer (an error reply: Redis itself says the script did not
-                // run, or failed before writing) or never left this process.
-                Ok(Err(e)) => return Err(e.into()),
+                Outcome::Lost(why) => return self.abandon(tenant, &id, &why).await,
+                // Refused at connect, an error reply (Redis itself says the script did not
+                // run, or failed before writing), or this admission's own script error.
+                Outcome::Failed(e) => return Err(e),
             };
             let (tag, rest) = split_tag(reply)?;
             return match tag.as_str() {
@@ -168,61 +165,6 @@ impl Store {
         )))
     }
 
-    /// The call of `admit.lua` (or `dry_admit.lua`, which takes the same) for `req`.
-    fn admit_call<'a>(
-        &self,
-        script: &'a redis::Script,
-        shard: super::Shard,
-        tenant: &TenantId,
-        id: &ExecutionId,
-        req: &AdmitRequest,
-    ) -> redis::ScriptInvocation<'a> {
-        let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
-        let mut keys = vec![
-            shard.row(id),
-            shard.void(id),
-            shard.tenant_config(tenant),
-            shard.slots(tenant),
-            shard.waiting(tenant),
-            shard.status_index(tenant, Status::Queued),
-            shard.flow_index(tenant, &req.flow, Status::Queued),
-            shard.flows(tenant),
-            shard.tenants(),
-            shard.runnable(),
-            shard.delayed(),
-        ];
-        if req.dedup.is_some() {
-            keys.push(shard.dedup(tenant, &digest));
-        }
-        let mut inv = self.shard_script(script, shard, &keys);
-        inv.arg(tenant.as_str())
-            .arg(id.as_str())
-            .arg(req.flow.as_str())
-            .arg(req.version.as_ref().map(|v| v.as_str()).unwrap_or(""))
-            .arg(&req.params)
-            .arg(req.max_attempts)
-            .arg(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""))
-            .arg(&digest)
-            .arg(req.fingerprint.as_str())
-            .arg(req.priority);
-        match req.schedule {
-            Some(Schedule::At(ms)) => inv.arg(ms).arg(""),
-            Some(Schedule::After(ms)) => inv.arg("").arg(ms),
-            None => inv.arg("").arg(""),
-        };
-        match &req.concurrency_key {
-            Some(k) => inv.arg(k.as_str()).arg(k.digest()),
-            None => inv.arg("").arg(""),
-        };
-        match &req.trace {
-            Some(t) => inv
-                .arg(&t.traceparent)
-                .arg(t.tracestate.as_deref().unwrap_or("")),
-            None => inv.arg("").arg(""),
-        };
-        inv
-    }
-
     /// What admitting `req` would do now, from `dry_admit.lua` (which cannot write): the
     /// decision, and where the execution would stand with its forecast. A snapshot; the real
     /// admission decides again.
@@ -234,7 +176,8 @@ impl Store {
         let id = ExecutionId::new();
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
-            let inv = self.admit_call(&self.scripts.dry_admit, shard, tenant, &id, req);
+            let item = admission_item(shard, tenant, &id, req);
+            let inv = invocation(&self.scripts.dry_admit, shard, &self.policy, &[&item]);
             let mut c = self.conn();
             let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
             let (tag, rest) = split_tag(reply)?;
@@ -351,4 +294,58 @@ impl Store {
             other => Err(StoreError::Corrupt(format!("abandon replied {other}"))),
         }
     }
+}
+
+/// One admission's keys and values in `admit.lua`'s order (`dry_admit.lua` takes the same).
+fn admission_item(shard: Shard, tenant: &TenantId, id: &ExecutionId, req: &AdmitRequest) -> Item {
+    let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
+    let mut keys = vec![
+        shard.row(id),
+        shard.void(id),
+        shard.tenant_config(tenant),
+        shard.slots(tenant),
+        shard.waiting(tenant),
+        shard.status_index(tenant, Status::Queued),
+        shard.flow_index(tenant, &req.flow, Status::Queued),
+        shard.flows(tenant),
+    ];
+    if req.dedup.is_some() {
+        keys.push(shard.dedup(tenant, &digest));
+    }
+    let text = |s: &str| s.as_bytes().to_vec();
+    let (run_at, delay) = match req.schedule {
+        Some(Schedule::At(ms)) => (ms.to_string(), String::new()),
+        Some(Schedule::After(ms)) => (String::new(), ms.to_string()),
+        None => (String::new(), String::new()),
+    };
+    let (ckey, ckh) = match &req.concurrency_key {
+        Some(k) => (k.as_str().to_owned(), k.digest()),
+        None => (String::new(), String::new()),
+    };
+    let (traceparent, tracestate) = match &req.trace {
+        Some(t) => (
+            t.traceparent.clone(),
+            t.tracestate.clone().unwrap_or_default(),
+        ),
+        None => (String::new(), String::new()),
+    };
+    let args = vec![
+        text(tenant.as_str()),
+        text(id.as_str()),
+        text(req.flow.as_str()),
+        text(req.version.as_ref().map(|v| v.as_str()).unwrap_or("")),
+        text(&req.params),
+        text(&req.max_attempts.to_string()),
+        text(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or("")),
+        text(&digest),
+        text(req.fingerprint.as_str()),
+        text(&req.priority.to_string()),
+        text(&run_at),
+        text(&delay),
+        text(&ckey),
+        text(&ckh),
+        text(&traceparent),
+        text(&tracestate),
+    ];
+    Item { keys, args }
 }

@@ -11,7 +11,7 @@
 //! `StoreError::Unavailable` quickly, never a hang.
 //!
 //! One file per operation family, each beside the script it calls: `admit` (admission and
-//! the settling of a lost answer), `cancel` (cancel, force delete), `lease` (the worker's side:
+//! the settling of a lost answer; `commit` groups a shard's admissions into one call), `cancel` (cancel, force delete), `lease` (the worker's side:
 //! start, adopt, heartbeat, complete, reclaim), `dead_letters` (retry, dead-letter listing),
 //! `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `access` (API keys,
 //! tenant registry), `list` (reading executions), `stats` (queue statistics), `freeze` (the
@@ -26,6 +26,7 @@ mod access;
 mod admit;
 mod bells;
 mod cancel;
+mod commit;
 mod compose;
 mod conn;
 mod dead_letters;
@@ -58,6 +59,7 @@ pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::{Admission, Decision, DryRun};
 pub use bells::{BellNode, BellPools};
 pub use cancel::Reschedule;
+pub use commit::GroupCommitCounts;
 pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, Retry};
 pub use forecast::{Pace, estimate};
@@ -81,7 +83,7 @@ pub use webhooks::{
 };
 
 /// Why a storage call did not produce an answer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Redis is unreachable, too slow, loading, or failing over: try again later.
     #[error("redis unavailable: {0}")]
@@ -172,13 +174,17 @@ pub struct Migration {
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
 pub struct Store {
     conns: Vec<Conn>,
-    next: AtomicUsize,
+    /// The next connection to use, round robin (shared with `commits`: a call that settles a
+    /// lost admission goes on another connection than the lost call).
+    next: std::sync::Arc<AtomicUsize>,
     scripts: Scripts,
     shards: ShardMap,
     /// Tenants pinned to a dedicated shard (see `pin`): tenant id → shard number.
     pins: std::sync::RwLock<std::collections::HashMap<String, u16>>,
     config: StoreConfig,
-    policy: Policy,
+    policy: std::sync::Arc<Policy>,
+    /// Admissions waiting for their shard's next call (see `commit`).
+    commits: std::sync::Arc<commit::GroupCommit>,
     /// Tenants' start rates, read lately (the forecast's input, see `forecast`).
     paces: forecast::PaceCache,
 }
@@ -192,6 +198,18 @@ struct Policy {
     retention_secs: AtomicU64,
     dedup_ttl_secs: AtomicU64,
     dlq_cap: AtomicU64,
+}
+
+impl Policy {
+    /// ARGV[1..5] of a shard script (see `migrations-lua/common.lua`): the shard's prefix and
+    /// this policy.
+    fn common_args(&self, inv: &mut redis::ScriptInvocation<'_>, shard: Shard) {
+        inv.arg(shard.prefix())
+            .arg(self.max_concurrent.load(Ordering::Relaxed))
+            .arg(self.max_queued.load(Ordering::Relaxed))
+            .arg(self.retention_secs.load(Ordering::Relaxed))
+            .arg(self.dedup_ttl_secs.load(Ordering::Relaxed));
+    }
 }
 
 impl Store {
@@ -213,14 +231,25 @@ impl Store {
             dedup_ttl_secs: AtomicU64::new(config.dedup_ttl.as_secs().max(1)),
             dlq_cap: AtomicU64::new(config.dlq_cap.max(1)),
         };
+        let policy = std::sync::Arc::new(policy);
+        let scripts = Scripts::new();
+        let next = std::sync::Arc::new(AtomicUsize::new(0));
+        let commits = std::sync::Arc::new(commit::GroupCommit::new(
+            conns.clone(),
+            next.clone(),
+            scripts.admit.clone(),
+            policy.clone(),
+            config.op_timeout,
+        ));
         let mut store = Self {
             conns,
-            next: AtomicUsize::new(0),
-            scripts: Scripts::new(),
+            next,
+            scripts,
             shards: ShardMap::new(config.shards, Layout::CURRENT),
             pins: Default::default(),
             config,
             policy,
+            commits,
             paces: Default::default(),
         };
         let (shards, fresh) = store.init_meta().await?;
@@ -423,12 +452,13 @@ impl Store {
         for k in keys {
             inv.key(k);
         }
-        inv.arg(shard.prefix())
-            .arg(self.policy.max_concurrent.load(Ordering::Relaxed))
-            .arg(self.policy.max_queued.load(Ordering::Relaxed))
-            .arg(self.policy.retention_secs.load(Ordering::Relaxed))
-            .arg(self.policy.dedup_ttl_secs.load(Ordering::Relaxed));
+        self.policy.common_args(&mut inv, shard);
         inv
+    }
+
+    /// What group commit has done so far (see `commit`), for `/metrics`.
+    pub fn group_commit_counts(&self) -> GroupCommitCounts {
+        self.commits.counts()
     }
 
     fn dlq_cap(&self) -> u64 {
@@ -504,18 +534,6 @@ impl Store {
     fn conn(&self) -> Conn {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         self.conns[i].clone()
-    }
-
-    /// Like `bounded`, but hands Redis's own error to the caller (a time-out is still ours).
-    async fn bounded_raw<T>(
-        &self,
-        op: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Result<redis::RedisResult<T>, StoreError> {
-        tokio::time::timeout(self.config.op_timeout, op)
-            .await
-            .map_err(|_| {
-                StoreError::Unavailable(format!("no answer within {:?}", self.config.op_timeout))
-            })
     }
 
     /// Runs one Redis operation under the configured time bound.

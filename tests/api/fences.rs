@@ -163,6 +163,9 @@ pub(crate) fn admit_call(
     let s = keys_of;
     let keys = vec![
         s.frozen(),
+        s.tenants(),
+        s.runnable(),
+        s.delayed(),
         s.row(id),
         s.void(id),
         s.tenant_config(&t),
@@ -171,13 +174,11 @@ pub(crate) fn admit_call(
         s.status_index(&t, Status::Queued),
         s.flow_index(&t, &f, Status::Queued),
         s.flows(&t),
-        s.tenants(),
-        s.runnable(),
-        s.delayed(),
     ];
     let mut args = common(&prefix_of.prefix());
     args.extend(
         [
+            "1",
             "acme",
             id.as_str(),
             "demo.echo",
@@ -188,6 +189,8 @@ pub(crate) fn admit_call(
             "",
             "fingerprint",
             "3",
+            "",
+            "",
             "",
             "",
             "",
@@ -214,6 +217,7 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
     );
     let ok: Vec<RedisValue> =
         redis::from_redis_value(eval(&redis, &admit, &k, &a).await.unwrap()).unwrap();
+    let ok: Vec<RedisValue> = redis::from_redis_value(ok[0].clone()).unwrap();
     assert_eq!(ok[0], RedisValue::BulkString(b"new".to_vec()));
     let before = redis.keys().await;
 

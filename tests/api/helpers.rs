@@ -344,6 +344,18 @@ impl TestRedis {
         }
     }
 
+    /// Ends a `pause` early on every node.
+    pub async fn unpause(&self) {
+        for n in &self.nodes {
+            let mut c = n.direct().await.expect("redis connection");
+            let () = redis::cmd("CLIENT")
+                .arg("UNPAUSE")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    }
+
     /// Calls per command over every master since the last `reset_stats` (from `INFO
     /// commandstats`: also the commands scripts run, and each script call as `evalsha`).
     pub async fn command_calls(&self) -> Vec<(String, u64)> {
@@ -441,6 +453,8 @@ pub struct TestApp {
     pub pull: std::sync::Arc<sluice::pull::Pull>,
     /// The app's webhook deliverer.
     pub deliverer: std::sync::Arc<sluice::delivery::Deliverer>,
+    /// The app's own store (its group commit's counts, without a Redis call).
+    pub app_store: std::sync::Arc<sluice::store::Store>,
     shards: ShardMap,
     config: AppConfig,
 }
@@ -481,6 +495,7 @@ impl TestApp {
         let waiters = app.waiters();
         let pull = app.pull();
         let deliverer = app.deliverer();
+        let app_store = app.store();
         tokio::spawn(app.run_until_stopped(std::future::pending()));
         Self {
             addr,
@@ -488,6 +503,7 @@ impl TestApp {
             waiters,
             pull,
             deliverer,
+            app_store,
             redis,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))

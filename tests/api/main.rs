@@ -15,6 +15,7 @@ mod dispatch;
 mod faults;
 mod fences;
 mod forecast;
+mod group_commit;
 mod guarantees;
 mod handlers;
 mod helpers;

@@ -829,7 +829,9 @@ async fn a_paused_python_worker_wakes_to_a_refused_report() {
     signal("-CONT");
     // Its report is refused; on a loaded machine a report may first fail on its way (the
     // worker prints `report_failed` and tries again, for up to about 35 s).
-    let refused = paused.event_within("refused", Duration::from_secs(60)).await;
+    let refused = paused
+        .event_within("refused", Duration::from_secs(60))
+        .await;
     assert_eq!(refused["id"], id.as_str());
     let done = second.event("completed").await;
     assert_eq!(

@@ -1,0 +1,286 @@
+//! Group commit of admissions: while a call of `admit.lua` to a shard is in flight, the
+//! admissions that arrive for that shard queue, and go together in the next call.
+//!
+//! Why: every admission used to be one script call, and Redis's fixed cost per call (the
+//! round trip, the dispatch, running the script's chunk and its guard) caps admissions per
+//! shard well below what the script's own work would allow. Grouping pays that cost once per
+//! call instead of once per admission.
+//!
+//! How it stays honest:
+//! - No timer. A lone admission finds its shard idle and is sent at once; grouping only
+//!   happens while a call is already on its way, when waiting costs nothing extra.
+//! - Bounded: at most `GROUP_MAX` admissions and about `GROUP_BYTES` of arguments per call,
+//!   so one call never holds Redis for long.
+//! - The script decides each admission in arrival order with one admission's semantics (see
+//!   `migrations-lua/admit.lua`); each gets its own reply, or its own error.
+//! - A call whose answer is lost hands every admission of it `Outcome::Lost`: the caller
+//!   settles its own execution id with `abandon.lua` as it would after a lone call, so each
+//!   request gets its honest 201 or 503.
+//! - The call runs in a task of its own: a client that disconnects cancels its wait, never
+//!   the call that carries other clients' admissions.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::sync::oneshot;
+
+use super::conn::Conn;
+use super::keys::Shard;
+use super::{Policy, StoreError, compose, is_lost};
+
+/// The most admissions one call carries.
+pub(super) const GROUP_MAX: usize = 64;
+
+/// About the most bytes of keys and arguments one call carries (one admission alone may be
+/// more: it is sent on its own).
+const GROUP_BYTES: usize = 1 << 20;
+
+/// One admission's part of a call: its keys and its values, in `admit.lua`'s order.
+pub(super) struct Item {
+    pub keys: Vec<String>,
+    pub args: Vec<Vec<u8>>,
+}
+
+impl Item {
+    fn bytes(&self) -> usize {
+        self.keys.iter().map(String::len).sum::<usize>()
+            + self.args.iter().map(Vec::len).sum::<usize>()
+    }
+}
+
+/// What became of one admission's part of a call.
+pub(super) enum Outcome {
+    /// The script's reply for it.
+    Reply(Vec<Value>),
+    /// The call was sent and its answer lost: it may have run, or may still run.
+    Lost(String),
+    /// Redis said the call did not run (or the script failed on this admission).
+    Failed(StoreError),
+}
+
+struct Waiting {
+    item: Item,
+    answer: oneshot::Sender<Outcome>,
+}
+
+/// A shard's queue: whether a call is in flight, and what waits for the next one.
+#[derive(Default)]
+struct Lane {
+    busy: bool,
+    queue: VecDeque<Waiting>,
+}
+
+/// The group committer of one `Store`: one lane per shard.
+pub(super) struct GroupCommit {
+    lanes: Mutex<HashMap<Shard, Lane>>,
+    conns: Vec<Conn>,
+    next: Arc<AtomicUsize>,
+    script: redis::Script,
+    policy: Arc<Policy>,
+    op_timeout: Duration,
+    /// Calls of `admit.lua` made, and the admissions they carried.
+    calls: AtomicU64,
+    sent: AtomicU64,
+    /// Admissions queued for their shard's next call now.
+    waiting: AtomicUsize,
+}
+
+/// What the group committer has done so far (see `Store::group_commit_counts`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GroupCommitCounts {
+    /// Calls of `admit.lua` made.
+    pub calls: u64,
+    /// Admissions those calls carried (divided by `calls`: the mean group).
+    pub admissions: u64,
+    /// Admissions waiting now for their shard's call in flight to end.
+    pub waiting: u64,
+}
+
+impl GroupCommit {
+    pub(super) fn new(
+        conns: Vec<Conn>,
+        next: Arc<AtomicUsize>,
+        script: redis::Script,
+        policy: Arc<Policy>,
+        op_timeout: Duration,
+    ) -> Self {
+        Self {
+            lanes: Mutex::default(),
+            conns,
+            next,
+            script,
+            policy,
+            op_timeout,
+            calls: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    pub(super) fn counts(&self) -> GroupCommitCounts {
+        GroupCommitCounts {
+            calls: self.calls.load(Ordering::Relaxed),
+            admissions: self.sent.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed) as u64,
+        }
+    }
+
+    /// Admits `item` in shard `shard`, in the next call that shard makes.
+    pub(super) async fn admit(self: &Arc<Self>, shard: Shard, item: Item) -> Outcome {
+        let (answer, outcome) = oneshot::channel();
+        let start = {
+            let mut lanes = self.lanes.lock().expect("group commit lanes");
+            let lane = lanes.entry(shard).or_default();
+            lane.queue.push_back(Waiting { item, answer });
+            let start = !std::mem::replace(&mut lane.busy, true);
+            if !start {
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+            }
+            start
+        };
+        if start {
+            tokio::spawn(Arc::clone(self).drain(shard));
+        }
+        // The sender goes only with a task that ended mid-call (a panic, the runtime shutting
+        // down): whether the call ran is not known.
+        outcome
+            .await
+            .unwrap_or_else(|_| Outcome::Lost("the admission's call was abandoned".into()))
+    }
+
+    /// Sends the shard's queued admissions, a group per call, until none is left.
+    async fn drain(self: Arc<Self>, shard: Shard) {
+        // The admission that started this drain was never counted as waiting.
+        let mut first = true;
+        loop {
+            let group = {
+                let mut lanes = self.lanes.lock().expect("group commit lanes");
+                let lane = lanes.get_mut(&shard).expect("a busy lane exists");
+                let mut group = Vec::new();
+                let mut bytes = 0;
+                while let Some(next) = lane.queue.front() {
+                    let size = next.item.bytes();
+                    if group.len() == GROUP_MAX || (!group.is_empty() && bytes + size > GROUP_BYTES)
+                    {
+                        break;
+                    }
+                    bytes += size;
+                    group.push(lane.queue.pop_front().expect("a front"));
+                }
+                if group.is_empty() {
+                    lane.busy = false;
+                    return;
+                }
+                // Every admission but a lone one that found the lane idle waited.
+                let waited = lane_waited(&mut first, group.len());
+                self.waiting.fetch_sub(waited, Ordering::Relaxed);
+                group
+            };
+            let items: Vec<&Item> = group.iter().map(|w| &w.item).collect();
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.sent.fetch_add(items.len() as u64, Ordering::Relaxed);
+            let outcomes = self.call(shard, &items).await;
+            for (w, outcome) in group.into_iter().zip(outcomes) {
+                // A client that went away no longer listens; its admission stands.
+                let _ = w.answer.send(outcome);
+            }
+        }
+    }
+
+    /// One call of `admit.lua` with `items`: one outcome per item, in order.
+    async fn call(&self, shard: Shard, items: &[&Item]) -> Vec<Outcome> {
+        let inv = invocation(&self.script, shard, &self.policy, items);
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        let mut c = self.conns[i].clone();
+        let all = |f: &dyn Fn() -> Outcome| items.iter().map(|_| f()).collect();
+        let replies: Vec<Value> =
+            match tokio::time::timeout(self.op_timeout, inv.invoke_async(&mut c)).await {
+                Ok(Ok(replies)) => replies,
+                // Refused at connect: the call never left this process.
+                Ok(Err(e)) if e.is_connection_refusal() => {
+                    let e = StoreError::from(e);
+                    return all(&|| Outcome::Failed(e.clone()));
+                }
+                Ok(Err(e)) if is_lost(&e) => {
+                    let why = e.to_string();
+                    return all(&|| Outcome::Lost(why.clone()));
+                }
+                Err(_) => {
+                    let why = format!("no answer within {:?}", self.op_timeout);
+                    return all(&|| Outcome::Lost(why.clone()));
+                }
+                // An error reply: Redis says the script did not run (a frozen shard's
+                // TRYAGAIN, a redirect, OOM, ...), or it failed before writing.
+                Ok(Err(e)) => {
+                    let e = StoreError::from(e);
+                    return all(&|| Outcome::Failed(e.clone()));
+                }
+            };
+        if replies.len() != items.len() {
+            let e = StoreError::Corrupt(format!(
+                "admit answered {} replies for {} admissions",
+                replies.len(),
+                items.len()
+            ));
+            return all(&|| Outcome::Failed(e.clone()));
+        }
+        let sha = self.script.get_hash();
+        replies
+            .into_iter()
+            .map(|reply| match redis::from_redis_value::<Vec<Value>>(reply) {
+                Ok(reply) if is_error(&reply) => {
+                    let message = match reply.get(1) {
+                        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                        other => format!("{other:?}"),
+                    };
+                    Outcome::Failed(StoreError::Corrupt(compose::locate(&format!(
+                        "admit: {message} (script: {sha})"
+                    ))))
+                }
+                Ok(reply) => Outcome::Reply(reply),
+                Err(e) => Outcome::Failed(StoreError::Corrupt(format!("admit reply: {e}"))),
+            })
+            .collect()
+    }
+}
+
+/// How many of a group of `len` were counted as waiting: all but the drain's first
+/// admission, in the drain's first group.
+fn lane_waited(first: &mut bool, len: usize) -> usize {
+    if std::mem::take(first) { len - 1 } else { len }
+}
+
+/// Whether an admission's reply is the script's `{'error', message}`.
+fn is_error(reply: &[Value]) -> bool {
+    matches!(reply.first(), Some(Value::BulkString(b)) if b == b"error")
+}
+
+/// The call of `admit.lua` (or `dry_admit.lua`, with one item) for `items` in `shard`: the
+/// shard's keys and the common arguments, then each item's keys and values.
+pub(super) fn invocation<'a>(
+    script: &'a redis::Script,
+    shard: Shard,
+    policy: &Policy,
+    items: &[&Item],
+) -> redis::ScriptInvocation<'a> {
+    let mut inv = script.key(shard.frozen());
+    inv.key(shard.tenants())
+        .key(shard.runnable())
+        .key(shard.delayed());
+    for item in items {
+        for k in &item.keys {
+            inv.key(k);
+        }
+    }
+    policy.common_args(&mut inv, shard);
+    inv.arg(items.len());
+    for item in items {
+        for a in &item.args {
+            inv.arg(a.as_slice());
+        }
+    }
+    inv
+}

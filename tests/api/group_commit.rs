@@ -1,0 +1,295 @@
+//! Group commit: admissions that arrive for a shard while its admission call is in flight go
+//! together in the next call, each decided as if it came alone (`src/store/commit.rs`). The
+//! tests hold the first call in Redis (`CLIENT PAUSE WRITE`) until the server counts the
+//! others queued behind it (`Store::group_commit_counts`, what `/metrics` shows as
+//! `sluice_admissions_grouping`; read in process, since `/metrics` itself reads Redis), so
+//! the grouping is certain, not a matter of timing.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::helpers::TestApp;
+
+/// A group commit count of the app, by its `/metrics` name.
+async fn metric(app: &TestApp, name: &str) -> u64 {
+    let c = app.app_store.group_commit_counts();
+    match name {
+        "sluice_admission_calls_total" => c.calls,
+        "sluice_admission_calls_carried_total" => c.admissions,
+        "sluice_admissions_grouping" => c.waiting,
+        other => panic!("no metric {other}"),
+    }
+}
+
+/// Waits until `name` reads `want` (30 s at most).
+async fn await_metric(app: &TestApp, name: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = metric(app, name).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} is {got}, not {want}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sends an admission for `tenant` in a task of its own: (status, body).
+fn send(app: &TestApp, tenant: &str, body: Value) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let (client, url, tenant) = (
+        app.client.clone(),
+        app.url("/api/executions"),
+        tenant.to_owned(),
+    );
+    let mut body = body;
+    let key = body
+        .as_object_mut()
+        .and_then(|o| o.remove("key"))
+        .and_then(|k| k.as_str().map(str::to_owned));
+    tokio::spawn(async move {
+        let mut req = client
+            .post(url)
+            .bearer_auth(crate::helpers::ADMIN_TOKEN)
+            .header("X-Tenant-Id", tenant)
+            .json(&body);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status();
+        (status, res.json().await.unwrap_or(Value::Null))
+    })
+}
+
+/// Held behind one stalled call, 62 admissions go in one call, and each gets exactly the
+/// answer it would have got alone: dedup keys repeated inside the group are replays of their
+/// first, the tenant's `max_queued` admits exactly as many as it allows, and the ones beyond
+/// it are refused.
+#[tokio::test]
+async fn admissions_held_behind_a_call_go_together_and_each_gets_its_own_answer() {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 20_000;
+        c.api.request_timeout_ms = 61_000;
+    })
+    .await;
+    app.put_tenant("acme", &json!({"max_queued": 40})).await;
+    let calls = metric(&app, "sluice_admission_calls_total").await;
+    app.redis.pause(60_000, "WRITE").await;
+    let first = send(
+        &app,
+        "acme",
+        json!({"flow_id": "demo.echo", "params": {"n": -1}}),
+    );
+    await_metric(&app, "sluice_admission_calls_total", calls + 1).await;
+    // 20 dedup keys sent twice each, and 22 admissions without one: 62 behind the first.
+    let mut sent = Vec::new();
+    for n in 0..20 {
+        for _ in 0..2 {
+            let body = json!({"flow_id": "demo.echo", "params": {"n": n}, "key": format!("k{n}")});
+            sent.push((Some(format!("k{n}")), send(&app, "acme", body)));
+        }
+    }
+    for n in 20..42 {
+        sent.push((
+            None,
+            send(
+                &app,
+                "acme",
+                json!({"flow_id": "demo.echo", "params": {"n": n}}),
+            ),
+        ));
+    }
+    await_metric(&app, "sluice_admissions_grouping", 62).await;
+    app.redis.unpause().await;
+
+    let (status, body) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let mut created = 1;
+    let mut by_key: HashMap<String, Vec<(StatusCode, Value)>> = HashMap::new();
+    for (key, task) in sent {
+        let (status, body) = task.await.unwrap();
+        match status {
+            StatusCode::CREATED => created += 1,
+            StatusCode::OK | StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}: {body}"),
+        }
+        if let Some(key) = key {
+            by_key.entry(key).or_default().push((status, body));
+        } else {
+            assert_ne!(status, StatusCode::OK, "a replay without a key: {body}");
+        }
+    }
+    // The quota admitted exactly 40, in one call after the first.
+    assert_eq!(created, 40);
+    assert_eq!(app.page("acme", "limit=200").await["total"], 40);
+    assert_eq!(
+        metric(&app, "sluice_admission_calls_total").await,
+        calls + 2
+    );
+    // Each key: refused both times (the queue was full when it came), or created once and
+    // replayed once with the same execution.
+    for (key, answers) in by_key {
+        let statuses: Vec<StatusCode> = answers.iter().map(|a| a.0).collect();
+        match statuses[..] {
+            [StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS] => {}
+            _ => {
+                let mut sorted = statuses.clone();
+                sorted.sort();
+                assert_eq!(
+                    sorted,
+                    [StatusCode::OK, StatusCode::CREATED],
+                    "{key}: {answers:?}"
+                );
+                assert_eq!(
+                    answers[0].1["execution_id"], answers[1].1["execution_id"],
+                    "{key}"
+                );
+            }
+        }
+    }
+}
+
+/// A script error on one admission in the middle of a group (its tenant's data is not what
+/// sluice wrote) fails that admission alone: the admissions before and after it in the same
+/// call are admitted and answered 201.
+#[tokio::test]
+async fn a_script_error_part_way_through_a_group_fails_only_its_admission() {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 20_000;
+        c.api.request_timeout_ms = 61_000;
+    })
+    .await;
+    let shard = app.shard("acme");
+    let broken = (0..10_000)
+        .map(|i| format!("other{i}"))
+        .find(|t| app.shard(t) == shard)
+        .expect("a tenant in acme's shard");
+    app.admit(&broken, "demo.echo").await;
+    // The broken tenant's queued index is a string now: its admission fails in place().
+    let index = shard.status_index(
+        &sluice::admission::TenantId::parse(&broken).unwrap(),
+        sluice::admission::Status::Queued,
+    );
+    let () = app
+        .redis
+        .query(redis::cmd("SET").arg(&index).arg("not a sorted set"))
+        .await;
+    let acme = |n: u32| json!({"flow_id": "demo.echo", "params": {"n": n}});
+    let calls = metric(&app, "sluice_admission_calls_total").await;
+    app.redis.pause(60_000, "WRITE").await;
+    let mut ok = vec![send(&app, "acme", acme(0))];
+    await_metric(&app, "sluice_admission_calls_total", calls + 1).await;
+    for n in 1..5 {
+        ok.push(send(&app, "acme", acme(n)));
+    }
+    await_metric(&app, "sluice_admissions_grouping", 4).await;
+    let bad = send(&app, &broken, json!({"flow_id": "demo.echo"}));
+    await_metric(&app, "sluice_admissions_grouping", 5).await;
+    for n in 5..10 {
+        ok.push(send(&app, "acme", acme(n)));
+    }
+    await_metric(&app, "sluice_admissions_grouping", 10).await;
+    app.redis.unpause().await;
+
+    let (status, body) = bad.await.unwrap();
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let mut ids = Vec::new();
+    for task in ok {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        ids.push(body["execution_id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        assert_eq!(app.execution("acme", id).await["status"], "queued");
+    }
+    assert_eq!(app.page("acme", "limit=200").await["total"], 10);
+    assert_eq!(
+        metric(&app, "sluice_admission_calls_total").await,
+        calls + 2
+    );
+}
+
+/// Redis stalls past the time-out while groups are in flight: every admission of a lost call
+/// is settled on its own, so each answer is true of the data — 201 names an execution that
+/// exists, 503 `redis_unavailable` one that never will, and an unknown outcome at most one.
+#[tokio::test]
+async fn each_admission_of_a_lost_group_is_settled_on_its_own() {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 300;
+        c.api.request_timeout_ms = 5_000;
+    })
+    .await;
+    app.admit("acme", "demo.echo").await;
+    let (calls, carried) = (
+        metric(&app, "sluice_admission_calls_total").await,
+        metric(&app, "sluice_admission_calls_carried_total").await,
+    );
+    let mut lost = 0;
+    for round in 0..4u64 {
+        app.redis.pause(350 + 150 * (round % 3), "WRITE").await;
+        let tasks: Vec<_> = (0..16)
+            .map(|n| {
+                let nonce = format!("{round}-{n}");
+                let body = json!({"flow_id": "demo.echo", "params": {"nonce": nonce}});
+                (nonce, send(&app, "acme", body))
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for (nonce, task) in tasks {
+            answers.push((nonce, task.await.unwrap()));
+        }
+        // Writes go through again: any late call has run.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while app
+            .post_execution("acme", &json!({"flow_id": "demo.echo"}))
+            .await
+            .status()
+            != StatusCode::CREATED
+        {
+            assert!(Instant::now() < deadline, "admissions did not come back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let page = app.page("acme", "limit=200").await;
+        for (nonce, (status, body)) in answers {
+            let found: Vec<&Value> = page["executions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["params"]["nonce"] == nonce.as_str())
+                .collect();
+            match (status, body["code"].as_str()) {
+                (StatusCode::CREATED, _) => {
+                    assert_eq!(found.len(), 1, "201 but not admitted: {body}");
+                    assert_eq!(found[0]["execution_id"], body["execution_id"]);
+                }
+                (StatusCode::SERVICE_UNAVAILABLE, Some("redis_unavailable")) => {
+                    lost += 1;
+                    assert!(
+                        found.is_empty(),
+                        "503 redis_unavailable, yet admitted: {body}"
+                    );
+                }
+                (StatusCode::SERVICE_UNAVAILABLE, Some("admission_outcome_unknown")) => {
+                    lost += 1;
+                    assert!(found.len() <= 1, "{found:?}");
+                    if let Some(e) = found.first() {
+                        assert_eq!(e["execution_id"], body["execution_id"]);
+                    }
+                }
+                other => panic!("unexpected answer {other:?}: {body}"),
+            }
+        }
+    }
+    // The scenario happened: answers lost in a stall, and calls that carried several.
+    assert!(lost > 0, "no admission lost its answer");
+    let calls = metric(&app, "sluice_admission_calls_total").await - calls;
+    let carried = metric(&app, "sluice_admission_calls_carried_total").await - carried;
+    assert!(
+        calls < carried,
+        "{calls} calls carried {carried} admissions: none grouped"
+    );
+}
