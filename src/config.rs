@@ -445,6 +445,12 @@ pub struct RedisSettings {
     /// spread the client-side work of a many-core server.
     #[arg(long, env = "SLUICE_REDIS_CONNECTIONS", default_value_t = 2)]
     pub redis_connections: usize,
+    /// Most admissions one admission call to a shard carries (group commit: while a shard's
+    /// call is in flight, the admissions that arrive for it wait and go together in its next
+    /// call; no timer, a lone request goes at once). 1 sends every admission alone.
+    #[arg(long, env = "SLUICE_REDIS_ADMISSION_GROUP", default_value_t = 64,
+        value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub redis_admission_group: u16,
     /// Upper bound on one Redis operation (connecting included), in milliseconds.
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT_MS", default_value_t = 2_000)]
     pub redis_timeout_ms: u64,
@@ -555,6 +561,7 @@ impl RedisSettings {
         StoreConfig {
             redis: self.target(),
             connections: self.redis_connections,
+            admission_group: usize::from(self.redis_admission_group),
             op_timeout: Duration::from_millis(self.redis_timeout_ms),
             replica_acks: self.redis_replica_acks,
             shards: self.shards,

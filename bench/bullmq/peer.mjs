@@ -31,11 +31,23 @@
 // with pickup = processedOn − timestamp as above; `calm_during_flood` counts the calm jobs
 // added before the last flood job was picked up (the ones the flood could delay).
 //
+// `--role http --port P [--http-workers N]` is the HTTP admission peer of sluice-bench's
+// admission phase: N processes (node:cluster, default: one per CPU, as sluice serve uses every
+// core) share one loopback port and answer `POST /api/executions` as sluice does, with
+// BullMQ doing the work: the job goes to a queue per tenant (`X-Tenant-Id`), its id is the
+// tenant's `Idempotency-Key` (BullMQ's jobId dedup; no quota, no indexes: it does less than
+// sluice), and the answer is 201 with `{"execution_id"}` (500 when Redis fails). The primary
+// prints `{"listening": <port>, "bullmq", "node"}` once every process listens, and lives until
+// it is killed (its processes exit when it goes).
+//
 // `--role worker --port P --queue Q [--concurrency N]` is the child: it runs the Worker until
 // its parent kills it, and says `{"ready": true}` over the IPC channel once the worker is
 // connected.
 
 import { fork } from 'node:child_process';
+import cluster from 'node:cluster';
+import { createServer } from 'node:http';
+import { availableParallelism } from 'node:os';
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -53,6 +65,7 @@ const { values: opts } = parseArgs({
     concurrency: { type: 'string' },
     'drain-secs': { type: 'string', default: '30' },
     'settle-ms': { type: 'string', default: '1000' },
+    'http-workers': { type: 'string' },
   },
 });
 
@@ -324,8 +337,75 @@ async function main() {
   await new Promise((resolve) => process.stdout.write(line, resolve));
 }
 
+/** The HTTP admission peer (see the header). */
+async function runHttp() {
+  if (cluster.isPrimary) {
+    const n = Number(opts['http-workers'] ?? availableParallelism());
+    const server = createServer();
+    // Pick a free port once, then let every process listen on it.
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const listenPort = server.address().port;
+    await new Promise((resolve) => server.close(resolve));
+    let ready = 0;
+    for (let i = 0; i < n; i += 1) {
+      const w = cluster.fork({ PEER_LISTEN_PORT: String(listenPort) });
+      w.on('message', () => {
+        ready += 1;
+        if (ready === n) {
+          const line = { listening: listenPort, bullmq: bullmqVersion(), node: process.version };
+          process.stdout.write(`${JSON.stringify(line)}\n`);
+        }
+      });
+      w.on('exit', (code) => {
+        process.stderr.write(`[bullmq http] a process exited (${code})\n`);
+        process.exit(1);
+      });
+    }
+    return;
+  }
+  const queues = new Map();
+  const queueOf = (tenant) => {
+    let q = queues.get(tenant);
+    if (!q) {
+      q = new Queue(`t-${tenant}`, { connection });
+      queues.set(tenant, q);
+    }
+    return q;
+  };
+  const server = createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', async () => {
+      const answer = (status, body) => {
+        const text = JSON.stringify(body);
+        res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+        res.end(text);
+      };
+      if (req.method !== 'POST' || req.url !== '/api/executions') {
+        answer(404, { code: 'not_found' });
+        return;
+      }
+      try {
+        const body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+        const tenant = String(req.headers['x-tenant-id'] ?? 'default');
+        const key = req.headers['idempotency-key'];
+        const opts = key === undefined ? {} : { jobId: String(key) };
+        const job = await queueOf(tenant).add(String(body.flow_id), body.params ?? {}, opts);
+        answer(201, { execution_id: job.id });
+      } catch (e) {
+        answer(500, { code: 'internal', detail: String(e) });
+      }
+    });
+  });
+  server.keepAliveTimeout = 60_000;
+  server.listen(Number(process.env.PEER_LISTEN_PORT), '127.0.0.1', () => process.send({ ready: true }));
+  process.on('disconnect', () => process.exit(0));
+}
+
 if (opts.role === 'worker') {
   await runWorker();
+} else if (opts.role === 'http') {
+  await runHttp();
 } else {
   await main();
   // Open handles (ioredis reconnect timers) must not keep the process alive; the result line

@@ -9,8 +9,9 @@
 //! How it stays honest:
 //! - No timer. A lone admission finds its shard idle and is sent at once; grouping only
 //!   happens while a call is already on its way, when waiting costs nothing extra.
-//! - Bounded: at most `GROUP_MAX` admissions and about `GROUP_BYTES` of arguments per call,
-//!   so one call never holds Redis for long.
+//! - Bounded: at most `--redis-admission-group` admissions (64 by default, 100 at most, as
+//!   `admit.lua` takes) and about `GROUP_BYTES` of arguments per call, so one call never holds
+//!   Redis for long.
 //! - The script decides each admission in arrival order with one admission's semantics (see
 //!   `migrations-lua/admit.lua`); each gets its own reply, or its own error.
 //! - A call whose answer is lost hands every admission of it `Outcome::Lost`: the caller
@@ -30,9 +31,6 @@ use tokio::sync::oneshot;
 use super::conn::Conn;
 use super::keys::Shard;
 use super::{Policy, StoreError, compose, is_lost};
-
-/// The most admissions one call carries.
-pub(super) const GROUP_MAX: usize = 64;
 
 /// About the most bytes of keys and arguments one call carries (one admission alone may be
 /// more: it is sent on its own).
@@ -81,6 +79,8 @@ pub(super) struct GroupCommit {
     script: redis::Script,
     policy: Arc<Policy>,
     op_timeout: Duration,
+    /// The most admissions one call carries.
+    group_max: usize,
     /// Calls of `admit.lua` made, and the admissions they carried.
     calls: AtomicU64,
     sent: AtomicU64,
@@ -106,6 +106,7 @@ impl GroupCommit {
         script: redis::Script,
         policy: Arc<Policy>,
         op_timeout: Duration,
+        group_max: usize,
     ) -> Self {
         Self {
             lanes: Mutex::default(),
@@ -114,6 +115,7 @@ impl GroupCommit {
             script,
             policy,
             op_timeout,
+            group_max,
             calls: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
@@ -163,7 +165,8 @@ impl GroupCommit {
                 let mut bytes = 0;
                 while let Some(next) = lane.queue.front() {
                     let size = next.item.bytes();
-                    if group.len() == GROUP_MAX || (!group.is_empty() && bytes + size > GROUP_BYTES)
+                    if group.len() == self.group_max
+                        || (!group.is_empty() && bytes + size > GROUP_BYTES)
                     {
                         break;
                     }

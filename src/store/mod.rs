@@ -137,6 +137,8 @@ pub struct StoreConfig {
     pub redis: RedisTarget,
     /// Multiplexed connections to spread requests over (each carries many in flight).
     pub connections: usize,
+    /// Most admissions one call to a shard carries (group commit, see `commit`; 1..=100).
+    pub admission_group: usize,
     /// Upper bound on one storage operation, connection setup included.
     pub op_timeout: Duration,
     /// Replicas that must acknowledge a script's writes before its answer is returned
@@ -240,6 +242,7 @@ impl Store {
             scripts.admit.clone(),
             policy.clone(),
             config.op_timeout,
+            config.admission_group.clamp(1, 100),
         ));
         let mut store = Self {
             conns,

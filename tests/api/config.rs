@@ -193,3 +193,25 @@ async fn a_wildcard_cors_origin_is_a_clear_error() {
         .to_string();
     assert!(err.contains("--cors-origin '*' is not supported"), "{err}");
 }
+
+#[test]
+fn the_admission_group_is_between_one_and_a_hundred() {
+    assert_eq!(
+        serve_with_file("", &[])
+            .unwrap()
+            .redis
+            .redis_admission_group,
+        64
+    );
+    for ok in ["1", "100"] {
+        let args = serve_with_file("", &["--redis-admission-group", ok]).unwrap();
+        assert_eq!(args.redis.redis_admission_group.to_string(), ok);
+    }
+    for bad in ["0", "101", "many"] {
+        let e = serve_with_file("", &["--redis-admission-group", bad]).unwrap_err();
+        assert!(
+            e.to_string().contains("--redis-admission-group"),
+            "{bad}: {e}"
+        );
+    }
+}

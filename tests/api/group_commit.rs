@@ -293,3 +293,36 @@ async fn each_admission_of_a_lost_group_is_settled_on_its_own() {
         "{calls} calls carried {carried} admissions: none grouped"
     );
 }
+
+/// `--redis-admission-group 1`: admissions held behind a call go one per call.
+#[tokio::test]
+async fn a_group_of_one_sends_each_admission_alone() {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 20_000;
+        c.api.request_timeout_ms = 61_000;
+        c.redis.redis_admission_group = 1;
+    })
+    .await;
+    let calls = metric(&app, "sluice_admission_calls_total").await;
+    let carried = metric(&app, "sluice_admission_calls_carried_total").await;
+    app.redis.pause(60_000, "WRITE").await;
+    let mut sent = vec![send(&app, "acme", json!({"flow_id": "demo.echo"}))];
+    await_metric(&app, "sluice_admission_calls_total", calls + 1).await;
+    for _ in 0..4 {
+        sent.push(send(&app, "acme", json!({"flow_id": "demo.echo"})));
+    }
+    await_metric(&app, "sluice_admissions_grouping", 4).await;
+    app.redis.unpause().await;
+    for task in sent {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    assert_eq!(
+        metric(&app, "sluice_admission_calls_total").await,
+        calls + 5
+    );
+    assert_eq!(
+        metric(&app, "sluice_admission_calls_carried_total").await,
+        carried + 5
+    );
+}

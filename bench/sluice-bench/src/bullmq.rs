@@ -19,7 +19,7 @@ use serde::Deserialize;
 use tokio::process::Command;
 
 use crate::Args;
-use crate::load::Latencies;
+use crate::load::{Latencies, LoadResult, Workload};
 use crate::procs::{self, Scratch};
 use crate::report::{Check, NoisySide, PeerVersions, PickupSide};
 
@@ -338,4 +338,110 @@ async fn measure_noisy(
         flood: Latencies::new(us(r.flood_pickup_ms)).percentiles(),
     };
     Ok((side, check, versions))
+}
+
+/// The HTTP admission peer's result: the same closed loop as sluice's admission phase, against
+/// `peer.mjs --role http` (BullMQ `Queue.add` with the key as `jobId`, behind Node's HTTP).
+pub struct PeerAdmission {
+    pub versions: PeerVersions,
+    pub load: LoadResult,
+    pub check: Check,
+}
+
+/// Runs `workload` (its address replaced by the peer's) for `secs` from `clients` connections
+/// against the HTTP admission peer on a `redis-server` of its own; checks that every 201 is
+/// one job in its tenant's queue.
+pub async fn http_admission(
+    args: &Args,
+    scratch: &Scratch,
+    workload: &Workload,
+    clients: usize,
+    secs: u64,
+) -> Result<PeerAdmission, NoPeer> {
+    let script = locate(args).await?;
+    measure_http(args, scratch, &script, workload, clients, secs)
+        .await
+        .map_err(NoPeer::Failed)
+}
+
+/// What the HTTP peer prints once it listens.
+#[derive(Debug, Deserialize)]
+struct Listening {
+    listening: u16,
+    bullmq: String,
+    node: String,
+}
+
+async fn measure_http(
+    args: &Args,
+    scratch: &Scratch,
+    script: &Path,
+    workload: &Workload,
+    clients: usize,
+    secs: u64,
+) -> anyhow::Result<PeerAdmission> {
+    use tokio::io::AsyncBufReadExt;
+
+    let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
+    let port = redis.urls[0]
+        .rsplit(':')
+        .next()
+        .context("redis url without a port")?
+        .to_owned();
+    eprintln!("[bullmq http] peer: {} --role http", script.display());
+    let mut child = Command::new(&args.node)
+        .arg(script)
+        .args(["--role", "http", "--port", &port])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {}", args.node.display()))?;
+    let stdout = child.stdout.take().context("the peer's stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .context("the BullMQ HTTP peer did not listen within 30 s")??
+        .context("the BullMQ HTTP peer exited before it listened")?;
+    let up: Listening = serde_json::from_str(&first).context("the HTTP peer's first line")?;
+    let mut w = workload.clone();
+    w.addr = std::net::SocketAddr::from(([127, 0, 0, 1], up.listening));
+    let progress = std::sync::Arc::new(crate::load::Progress::default());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticker = crate::load::progress("admission, BullMQ peer", progress.clone(), stop.clone());
+    let load = crate::load::closed_loop(&w, clients, Duration::from_secs(secs), 0, progress).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    ticker.abort();
+    let load = load?;
+    // Every 201 is one job waiting in its tenant's queue (no worker runs).
+    let client = redis::Client::open(redis.urls[0].as_str())?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let mut jobs = 0u64;
+    for t in &w.tenants {
+        let n: u64 = redis::cmd("LLEN")
+            .arg(format!("bull:t-{t}:wait"))
+            .query_async(&mut c)
+            .await?;
+        jobs += n;
+    }
+    let _ = child.kill().await;
+    redis.kill().await;
+    let o = &load.outcomes;
+    let ok = o.errors == 0 && o.replay_anomalies == 0 && jobs == o.created && o.created > 0;
+    Ok(PeerAdmission {
+        versions: PeerVersions {
+            bullmq: up.bullmq,
+            node: up.node,
+        },
+        check: Check {
+            phase: "admission, BullMQ peer".into(),
+            ok,
+            detail: format!(
+                "201={} errors={} jobs waiting in Redis={jobs}",
+                o.created, o.errors
+            ),
+        },
+        load,
+    })
 }

@@ -682,6 +682,24 @@ async fn phase<F: Future<Output = anyhow::Result<LoadResult>>>(
     Ok((result?, cpu))
 }
 
+/// `serve`'s admission script calls so far and the admissions they carried (group commit),
+/// from its `/metrics`.
+async fn group_counts(addr: std::net::SocketAddr) -> anyhow::Result<(u64, u64)> {
+    let mut c = load::Conn::connect(addr).await?;
+    let (status, body) = c.get("/metrics").await?;
+    anyhow::ensure!(status == 200, "GET /metrics answered {status}");
+    let text = String::from_utf8_lossy(&body);
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    Ok((
+        value("sluice_admission_calls_total"),
+        value("sluice_admission_calls_carried_total"),
+    ))
+}
+
 /// The store the ceiling phase calls directly (and the census reads through): `sluice serve`'s
 /// defaults (the flags' own), with the benchmark's quotas, connections and a generous time
 /// bound.
@@ -689,6 +707,10 @@ fn store_config(args: &Args, target: RedisTarget) -> StoreConfig {
     let mut redis_settings = RedisSettings::for_target(target);
     redis_settings.redis_connections = args.redis_connections;
     redis_settings.redis_timeout_ms = 10_000;
+    // The ceiling is the single-call one: every admission its own EVALSHA, as before group
+    // commit, so HTTP admission (which groups) is measured against what one call per
+    // admission allows.
+    redis_settings.redis_admission_group = 1;
     let mut api = ApiSettings::defaults();
     api.default_max_concurrent = UNLIMITED;
     api.default_max_queued = UNLIMITED;
@@ -793,14 +815,49 @@ async fn run(args: Args) -> anyhow::Result<Report> {
             limits::set_key_limits(addr, ADMIN_TOKEN, &tenants, args.admission_key_limit).await?;
             w.keys = keys;
         }
+        let grouped_before = group_counts(addr).await?;
         let (r, cpu) = phase("admission", &pids, |p| {
             load::closed_loop(&w, clients, Duration::from_secs(args.admission_secs), 0, p)
         })
         .await?;
+        let grouped_after = group_counts(addr).await?;
+        report.admission_calls = Some(report::AdmissionCalls {
+            calls: grouped_after.0.saturating_sub(grouped_before.0),
+            admissions: grouped_after.1.saturating_sub(grouped_before.1),
+        });
         let script_us = direct.script_usec().await?;
         let (check, census) = check_queued("admission", &r, &mut direct).await?;
         report.checks.push(check);
         report.admission = Some(phase_report(&r, cpu, &script_us, &census, masters));
+
+        // 2a. The same load against the BullMQ HTTP peer (its own Redis), in this run.
+        if args.skip_bullmq {
+            report.admission_peer_note = Some("skipped (--skip-bullmq)".into());
+        } else {
+            let w = workload("peer");
+            match bullmq::http_admission(&args, &scratch, &w, clients, args.admission_secs).await {
+                Ok(p) => {
+                    report.checks.push(p.check);
+                    report.admission_peer = Some(report::PeerAdmission {
+                        versions: p.versions,
+                        phase: report::Phase::from(&p.load, Vec::new(), 0),
+                    });
+                }
+                Err(bullmq::NoPeer::Skipped(note)) => {
+                    eprintln!("sluice-bench: WARNING: BullMQ HTTP peer skipped: {note}");
+                    report.admission_peer_note = Some(note);
+                }
+                Err(bullmq::NoPeer::Failed(e)) => {
+                    eprintln!("sluice-bench: the BullMQ HTTP peer failed: {e:#}");
+                    report.checks.push(Check {
+                        phase: "admission, BullMQ peer".into(),
+                        ok: false,
+                        detail: format!("failed: {e:#}"),
+                    });
+                    report.admission_peer_note = Some(format!("failed: {e:#}"));
+                }
+            }
+        }
 
         // 2b. Admission with tenant API keys: what authentication costs the `{acl}` slot.
         if args.api_key_secs > 0 {
