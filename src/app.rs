@@ -121,6 +121,8 @@ impl Application {
             }),
             default_max_attempts: config.api.default_max_attempts,
             max_params_bytes: config.api.max_params_bytes,
+            batch_body_limit: config.api.batch_body_limit,
+            batch_hold: config.api.request_timeout(),
             max_page_bytes: config.api.max_page_bytes,
             max_api_keys: config.api.max_api_keys_per_tenant,
             metrics: metrics.clone(),

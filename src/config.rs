@@ -248,6 +248,10 @@ pub struct ApiSettings {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SLUICE_BODY_LIMIT", default_value_t = 1024 * 1024)]
     pub body_limit: usize,
+    /// Largest accepted body of a batch admission (`POST /api/executions/batch`, up to 1,000
+    /// executions), in bytes.
+    #[arg(long, env = "SLUICE_BATCH_BODY_LIMIT", default_value_t = 16 * 1024 * 1024)]
+    pub batch_body_limit: usize,
     /// How long a connection may take to deliver a request's headers, in milliseconds,
     /// counted from its accept and from the end of its previous answer (HTTP/1 and HTTP/2): a
     /// client slower than this (slowloris), silent, or idle that long is disconnected.

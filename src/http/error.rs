@@ -177,6 +177,25 @@ pub struct Problem {
 /// Content type of problem documents.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+impl ApiError {
+    /// The problem document this error answers with.
+    pub fn problem(&self) -> Problem {
+        let status = self.status();
+        Problem {
+            type_: format!("urn:sluice:problem:{}", self.code()),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            code: self.code().to_owned(),
+            execution_id: match self {
+                ApiError::IdempotencyConflict { existing } => Some(existing.to_string()),
+                ApiError::OutcomeUnknown { execution_id, .. } => Some(execution_id.to_string()),
+                _ => None,
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -189,18 +208,7 @@ impl IntoResponse for ApiError {
             }
             _ => {}
         }
-        let problem = Problem {
-            type_: format!("urn:sluice:problem:{}", self.code()),
-            title: status.canonical_reason().unwrap_or("Error").to_owned(),
-            status: status.as_u16(),
-            detail: self.to_string(),
-            code: self.code().to_owned(),
-            execution_id: match &self {
-                ApiError::IdempotencyConflict { existing } => Some(existing.to_string()),
-                ApiError::OutcomeUnknown { execution_id, .. } => Some(execution_id.to_string()),
-                _ => None,
-            },
-        };
+        let problem = self.problem();
         let mut res = (status, axum::Json(problem)).into_response();
         let headers = res.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));

@@ -53,6 +53,11 @@ pub struct AppState {
     pub default_max_attempts: u32,
     /// Largest `params` accepted, in bytes of canonical JSON.
     pub max_params_bytes: usize,
+    /// Largest batch admission body, in bytes (`--batch-body-limit`).
+    pub batch_body_limit: usize,
+    /// How long a tenant's batch admission may hold its right to be the only one (the
+    /// request's own bound).
+    pub batch_hold: Duration,
     /// Byte budget of one listing page.
     pub max_page_bytes: usize,
     /// Live API keys a tenant may have.

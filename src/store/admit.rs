@@ -110,59 +110,208 @@ impl Store {
                 // run, or failed before writing), or this admission's own script error.
                 Outcome::Failed(e) => return Err(e),
             };
-            let (tag, rest) = split_tag(reply)?;
-            return match tag.as_str() {
-                "new" => {
-                    let (qstate, now) = (string_at(&rest, 0)?, string_at(&rest, 1)?);
-                    let due = string_at(&rest, 2)?;
-                    let qstate = QueueState::parse(&qstate).ok_or_else(|| {
-                        StoreError::Corrupt(format!("admit: queue state {qstate}"))
-                    })?;
-                    let due = (!due.is_empty()).then_some(due);
-                    let field = |i: usize| string_at(&rest, i).ok().filter(|v| !v.is_empty());
-                    let (tpos, kpos, klimit) = (field(3), field(4), field(5));
-                    let position = QueuePosition::from_fields(
-                        tpos.as_deref(),
-                        kpos.as_deref(),
-                        klimit.as_deref(),
-                    );
-                    let mut e = Execution::admitted(
-                        id.as_str(),
-                        tenant.as_str(),
-                        req,
-                        qstate,
-                        position,
-                        &now,
-                        due,
-                    )
-                    .map_err(StoreError::Corrupt)?;
-                    self.forecast(&mut e).await;
-                    Ok(Admission::Created(e))
-                }
-                "dup" => {
-                    let mut e = execution_from(rest, true)?;
-                    self.forecast(&mut e).await;
-                    Ok(Admission::Replayed(e))
-                }
-                "conflict" => Ok(Admission::Conflict {
-                    existing: ExecutionId::parse(&string_at(&rest, 0)?).map_err(|e| {
-                        StoreError::Corrupt(format!("admit: conflict reply: {}", e.detail))
-                    })?,
-                }),
-                "disabled" => Ok(Admission::Disabled),
-                "full" => Ok(Admission::QueueFull {
-                    waiting: redis::from_redis_value(first(&rest)?.clone())?,
-                }),
-                "moved" => {
-                    self.refresh_pins().await?;
-                    continue;
-                }
-                other => Err(StoreError::Corrupt(format!("admit replied {other}"))),
-            };
+            match self.answer(tenant, &id, req, reply).await? {
+                Some(admission) => return Ok(admission),
+                None => self.refresh_pins().await?,
+            }
         }
         Err(StoreError::Corrupt(format!(
             "tenant {tenant} was sent on twice"
         )))
+    }
+
+    /// What `admit.lua` answered for the admission of `req` as `id`: the admission, or `None`
+    /// when its tenant was pinned to another shard since this process last read the pins.
+    async fn answer(
+        &self,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        req: &AdmitRequest,
+        reply: Vec<Value>,
+    ) -> Result<Option<Admission>, StoreError> {
+        let (tag, rest) = split_tag(reply)?;
+        let admission = match tag.as_str() {
+            "new" => {
+                let (qstate, now) = (string_at(&rest, 0)?, string_at(&rest, 1)?);
+                let due = string_at(&rest, 2)?;
+                let qstate = QueueState::parse(&qstate)
+                    .ok_or_else(|| StoreError::Corrupt(format!("admit: queue state {qstate}")))?;
+                let due = (!due.is_empty()).then_some(due);
+                let field = |i: usize| string_at(&rest, i).ok().filter(|v| !v.is_empty());
+                let (tpos, kpos, klimit) = (field(3), field(4), field(5));
+                let position =
+                    QueuePosition::from_fields(tpos.as_deref(), kpos.as_deref(), klimit.as_deref());
+                let mut e = Execution::admitted(
+                    id.as_str(),
+                    tenant.as_str(),
+                    req,
+                    qstate,
+                    position,
+                    &now,
+                    due,
+                )
+                .map_err(StoreError::Corrupt)?;
+                self.forecast(&mut e).await;
+                Ok(Admission::Created(e))
+            }
+            "dup" => {
+                let mut e = execution_from(rest, true)?;
+                self.forecast(&mut e).await;
+                Ok(Admission::Replayed(e))
+            }
+            "conflict" => Ok(Admission::Conflict {
+                existing: ExecutionId::parse(&string_at(&rest, 0)?).map_err(|e| {
+                    StoreError::Corrupt(format!("admit: conflict reply: {}", e.detail))
+                })?,
+            }),
+            "disabled" => Ok(Admission::Disabled),
+            "full" => Ok(Admission::QueueFull {
+                waiting: redis::from_redis_value(first(&rest)?.clone())?,
+            }),
+            "moved" => return Ok(None),
+            other => Err(StoreError::Corrupt(format!("admit replied {other}"))),
+        };
+        admission.map(Some)
+    }
+
+    /// Admits `reqs` (one tenant's batch) in order, in calls of at most
+    /// `--redis-admission-group` admissions and about 1 MiB, one call after the other: each
+    /// admission decided as `admit` would (a dedup key repeated in the batch is a replay of
+    /// its first), each with its own answer. Not atomic as a whole: a call that fails leaves
+    /// the calls before it admitted. A lost answer is settled admission by admission (all of
+    /// a call's at once); once Redis did not answer, the rest is not sent and answers
+    /// `Unavailable` (nothing of it was admitted).
+    pub async fn admit_batch(
+        &self,
+        tenant: &TenantId,
+        reqs: &[AdmitRequest],
+    ) -> Vec<Result<Admission, StoreError>> {
+        let ids: Vec<ExecutionId> = reqs.iter().map(|_| ExecutionId::new()).collect();
+        let mut out: Vec<Option<Result<Admission, StoreError>>> =
+            reqs.iter().map(|_| None).collect();
+        let mut moved = Vec::new();
+        let mut next = 0;
+        while next < reqs.len() {
+            let shard = self.shard_of(tenant);
+            let mut items = Vec::new();
+            let mut bytes = 0;
+            while next + items.len() < reqs.len() && items.len() < self.commits.group_max {
+                let i = next + items.len();
+                let item = admission_item(shard, tenant, &ids[i], &reqs[i]);
+                if !items.is_empty() && bytes + item.bytes() > super::commit::GROUP_BYTES {
+                    break;
+                }
+                bytes += item.bytes();
+                items.push(item);
+            }
+            let refs: Vec<&Item> = items.iter().collect();
+            let outcomes = self.commits.call(shard, &refs).await;
+            let mut lost = Vec::new();
+            let mut unavailable = false;
+            for (k, outcome) in outcomes.into_iter().enumerate() {
+                let i = next + k;
+                out[i] = match outcome {
+                    Outcome::Reply(reply) => {
+                        match self.answer(tenant, &ids[i], &reqs[i], reply).await {
+                            Ok(Some(a)) => Some(Ok(a)),
+                            Ok(None) => {
+                                moved.push(i);
+                                None
+                            }
+                            Err(e) => Some(Err(e)),
+                        }
+                    }
+                    Outcome::Lost(why) => {
+                        lost.push((i, why));
+                        None
+                    }
+                    Outcome::Failed(e) => {
+                        unavailable |= matches!(e, StoreError::Unavailable(_));
+                        Some(Err(e))
+                    }
+                };
+            }
+            next += items.len();
+            // A call without an answer: its admissions are settled all at once (each may
+            // take a time-out), and nothing more is sent to a Redis that does not answer.
+            if !lost.is_empty() {
+                let settled = futures_util::future::join_all(
+                    lost.iter()
+                        .map(|(i, why)| self.abandon(tenant, &ids[*i], why)),
+                )
+                .await;
+                for ((i, _), answer) in lost.iter().zip(settled) {
+                    out[*i] = Some(answer);
+                }
+                unavailable = true;
+            }
+            if unavailable {
+                for slot in out.iter_mut().skip(next) {
+                    *slot = Some(Err(StoreError::Unavailable(
+                        "not sent: Redis did not answer an earlier call of this batch".into(),
+                    )));
+                }
+                break;
+            }
+        }
+        // A tenant pinned elsewhere meanwhile: what the old shard sent on, alone, in order.
+        if !moved.is_empty() {
+            let refreshed = self.refresh_pins().await;
+            for i in moved {
+                out[i] = Some(match &refreshed {
+                    Ok(()) => self.admit(tenant, &reqs[i]).await,
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(StoreError::Corrupt(
+                        "an admission of the batch went unanswered".into(),
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Takes the right to run `tenant`'s one batch admission for at most `ttl` (the request's
+    /// own bound), as `holder`: false when another batch of the tenant holds it.
+    pub async fn hold_batch(
+        &self,
+        tenant: &TenantId,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.shard_of(tenant).batch_lock(tenant);
+        let mut c = self.conn();
+        let taken: Option<String> = self
+            .bounded(
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(holder)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl.as_millis().max(1) as u64)
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    /// Gives up `tenant`'s batch right, if `holder` has it (after its TTL it may be another's).
+    pub async fn release_batch(&self, tenant: &TenantId, holder: &str) -> Result<(), StoreError> {
+        let key = self.shard_of(tenant).batch_lock(tenant);
+        let mut c = self.conn();
+        let now: Option<String> = self
+            .bounded(redis::cmd("GET").arg(&key).query_async(&mut c))
+            .await?;
+        if now.as_deref() == Some(holder) {
+            let _: i64 = self
+                .bounded(redis::cmd("DEL").arg(&key).query_async(&mut c))
+                .await?;
+        }
+        Ok(())
     }
 
     /// What admitting `req` would do now, from `dry_admit.lua` (which cannot write): the

@@ -34,7 +34,7 @@ use super::{Policy, StoreError, compose, is_lost};
 
 /// About the most bytes of keys and arguments one call carries (one admission alone may be
 /// more: it is sent on its own).
-const GROUP_BYTES: usize = 1 << 20;
+pub(super) const GROUP_BYTES: usize = 1 << 20;
 
 /// One admission's part of a call: its keys and its values, in `admit.lua`'s order.
 pub(super) struct Item {
@@ -43,7 +43,7 @@ pub(super) struct Item {
 }
 
 impl Item {
-    fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.keys.iter().map(String::len).sum::<usize>()
             + self.args.iter().map(Vec::len).sum::<usize>()
     }
@@ -80,7 +80,7 @@ pub(super) struct GroupCommit {
     policy: Arc<Policy>,
     op_timeout: Duration,
     /// The most admissions one call carries.
-    group_max: usize,
+    pub(super) group_max: usize,
     /// Calls of `admit.lua` made, and the admissions they carried.
     calls: AtomicU64,
     sent: AtomicU64,
@@ -183,8 +183,6 @@ impl GroupCommit {
                 group
             };
             let items: Vec<&Item> = group.iter().map(|w| &w.item).collect();
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            self.sent.fetch_add(items.len() as u64, Ordering::Relaxed);
             let outcomes = self.call(shard, &items).await;
             for (w, outcome) in group.into_iter().zip(outcomes) {
                 // A client that went away no longer listens; its admission stands.
@@ -194,7 +192,9 @@ impl GroupCommit {
     }
 
     /// One call of `admit.lua` with `items`: one outcome per item, in order.
-    async fn call(&self, shard: Shard, items: &[&Item]) -> Vec<Outcome> {
+    pub(super) async fn call(&self, shard: Shard, items: &[&Item]) -> Vec<Outcome> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sent.fetch_add(items.len() as u64, Ordering::Relaxed);
         let inv = invocation(&self.script, shard, &self.policy, items);
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let mut c = self.conns[i].clone();

@@ -364,6 +364,12 @@ impl Shard {
         format!("{}t:{t}:whlock", self.prefix())
     }
 
+    /// The tenant's batch admission in flight (string: its holder, with a TTL): one batch per
+    /// tenant at a time.
+    pub fn batch_lock(self, t: &TenantId) -> String {
+        format!("{}t:{t}:batch", self.prefix())
+    }
+
     /// The shard's tenants that have a webhook (set): where a deliverer looks for outboxes.
     pub fn webhooks(self) -> String {
         format!("{}webhooks", self.prefix())

@@ -4,6 +4,7 @@
 mod access;
 mod admission;
 mod bad_input;
+mod batch;
 mod chaining;
 mod cluster;
 mod config;

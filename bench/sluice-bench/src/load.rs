@@ -445,6 +445,74 @@ impl Latencies {
     }
 }
 
+/// Batch admission: one client per tenant of `w` (one batch per tenant at a time), each
+/// sending `POST /api/executions/batch` of `size` items with unique dedup keys back to back
+/// for `duration`. `outcomes.created` counts items answered 201; a latency is one batch's.
+pub async fn batch_loop(
+    w: &Workload,
+    size: usize,
+    duration: Duration,
+    progress: Arc<Progress>,
+) -> anyhow::Result<LoadResult> {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut set = JoinSet::new();
+    for (c, tenant) in w.tenants.iter().enumerate() {
+        let (w, tenant, progress) = (w.clone(), tenant.clone(), progress.clone());
+        let mut conn = Conn::connect(w.addr).await?;
+        set.spawn(async move {
+            let mut out = Outcomes::default();
+            let mut lat = Vec::new();
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let items: Vec<String> = (0..size)
+                    .map(|_| {
+                        i += 1;
+                        format!(
+                            r#"{{"flow_id":"{}","params":{{"n":{i}}},"dedup_key":"{}-{c}-{i}"}}"#,
+                            w.flow, w.tag
+                        )
+                    })
+                    .collect();
+                let body = format!(r#"{{"items":[{}]}}"#, items.join(","));
+                let t = Instant::now();
+                let answer = conn
+                    .call(
+                        hyper::Method::POST,
+                        "/api/executions/batch",
+                        &w.admin_token,
+                        &tenant,
+                        &body,
+                    )
+                    .await;
+                lat.push(micros(t.elapsed()));
+                match answer {
+                    Ok((200, bytes)) => {
+                        let v: serde_json::Value =
+                            serde_json::from_slice(&bytes).unwrap_or_default();
+                        let results = v["results"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+                        let created = results.iter().filter(|r| r["status"] == 201).count();
+                        out.created += created as u64;
+                        out.errors += (size - created) as u64;
+                        progress.done.fetch_add(size as u64, Ordering::Relaxed);
+                        if created < size {
+                            progress
+                                .errors
+                                .fetch_add((size - created) as u64, Ordering::Relaxed);
+                        }
+                    }
+                    _ => {
+                        out.errors += size as u64;
+                        progress.errors.fetch_add(size as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+            (out, lat)
+        });
+    }
+    collect(set, start).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,6 +128,13 @@ pub struct Args {
     /// Seconds of the fixed-rate phase.
     #[arg(long, default_value_t = 8)]
     fixed_rate_secs: u64,
+    /// Seconds of each batch admission phase (batches alone; then one tenant's batches beside
+    /// the other tenants' single admissions at the fixed rate); 0 skips them.
+    #[arg(long, default_value_t = 4)]
+    batch_secs: u64,
+    /// Items per batch in the batch admission phases (1..=1000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    batch_size: u64,
     /// Rate of the fixed-rate phase as a share of the measured admission maximum.
     #[arg(long, default_value_t = 0.5)]
     fixed_rate_share: f64,
@@ -385,6 +392,8 @@ impl Args {
             self.api_key_secs = self.api_key_secs.min(1);
             self.replay_secs = 1;
             self.fixed_rate_secs = 1;
+            self.batch_secs = self.batch_secs.min(1);
+            self.batch_size = self.batch_size.min(100);
             self.e2e_secs = 1;
             self.e2e_drain_secs = self.e2e_drain_secs.min(20);
             self.workers = 1;
@@ -926,6 +935,72 @@ async fn run(args: Args) -> anyhow::Result<Report> {
             target_per_sec: rate,
             phase: phase_report(&r, cpu, &script_us, &census, masters),
         });
+
+        // 4b. Batch admission: its rate, and the fixed-rate tenants' latency beside it.
+        if args.batch_secs > 0 {
+            direct.reset().await?;
+            let mut w = workload("batch");
+            w.tenants.truncate(4);
+            let (r, cpu) = phase("batch admission", &pids, |p| {
+                load::batch_loop(
+                    &w,
+                    args.batch_size as usize,
+                    Duration::from_secs(args.batch_secs),
+                    p,
+                )
+            })
+            .await?;
+            let script_us = direct.script_usec().await?;
+            let (check, census) = check_queued("batch admission", &r, &mut direct).await?;
+            report.checks.push(check);
+            let alone = phase_report(&r, cpu, &script_us, &census, masters);
+
+            // One tenant sends batches; the others admit one by one at the fixed rate.
+            direct.reset().await?;
+            let mut batcher = workload("beside-batch");
+            batcher.tenants.truncate(1);
+            let mut singles = workload("beside");
+            singles.tenants.remove(0);
+            let secs = Duration::from_secs(args.batch_secs);
+            let batch_items_beside = std::sync::atomic::AtomicU64::new(0);
+            let (r, cpu) = phase("singles beside a batch", &pids, |p| async {
+                let (b, o) = tokio::join!(
+                    load::batch_loop(
+                        &batcher,
+                        args.batch_size as usize,
+                        secs,
+                        Arc::new(Progress::default())
+                    ),
+                    load::open_loop(&singles, clients, rate, secs, p)
+                );
+                let (b, o) = (b?, o?);
+                batch_items_beside.store(b.outcomes.created, Ordering::Relaxed);
+                let mut outcomes = o.outcomes.clone();
+                outcomes.created += b.outcomes.created;
+                outcomes.errors += b.outcomes.errors;
+                Ok(LoadResult {
+                    outcomes,
+                    latencies: o.latencies,
+                    elapsed: o.elapsed,
+                })
+            })
+            .await?;
+            let script_us = direct.script_usec().await?;
+            let (check, census) = check_queued("singles beside a batch", &r, &mut direct).await?;
+            report.checks.push(check);
+            let batched = batch_items_beside.load(Ordering::Relaxed);
+            let mut beside = phase_report(&r, cpu, &script_us, &census, masters);
+            beside.per_sec =
+                (r.outcomes.created - batched) as f64 / r.elapsed.as_secs_f64().max(1e-3);
+            report.batch = Some(report::BatchPhase {
+                size: args.batch_size,
+                tenants: w.tenants.len(),
+                phase: alone,
+                singles_rate: rate,
+                singles_beside: beside,
+                batch_items_beside: batched,
+            });
+        }
 
         // 5. End-to-end with workers.
         direct.reset().await?;

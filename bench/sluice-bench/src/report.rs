@@ -131,6 +131,24 @@ pub struct FixedRate {
     pub phase: Phase,
 }
 
+/// The batch admission phases.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchPhase {
+    /// Items per batch.
+    pub size: u64,
+    /// Tenants sending batches at once (one client each) in the first phase.
+    pub tenants: usize,
+    /// Batches alone: `per_sec` counts items admitted; latency is one batch's.
+    pub phase: Phase,
+    /// The fixed rate the other tenants' single admissions were sent at beside one tenant's
+    /// batches.
+    pub singles_rate: f64,
+    /// Those single admissions: latency from the scheduled time.
+    pub singles_beside: Phase,
+    /// Items the batches admitted meanwhile.
+    pub batch_items_beside: u64,
+}
+
 /// The end-to-end phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct E2e {
@@ -515,6 +533,8 @@ pub struct Report {
     pub api_key_admission: Option<ApiKeyAdmission>,
     pub replay_mix: Option<Phase>,
     pub fixed_rate: Option<FixedRate>,
+    /// Batch admission, alone and beside single admissions.
+    pub batch: Option<BatchPhase>,
     pub e2e: Option<E2e>,
     /// The end-to-end phase again, run by pull workers over HTTP (`/api/worker/*`).
     pub e2e_pull: Option<E2e>,
@@ -571,6 +591,7 @@ impl Report {
             api_key_admission: None,
             replay_mix: None,
             fixed_rate: None,
+            batch: None,
             e2e: None,
             e2e_pull: None,
             memory: None,
@@ -625,6 +646,23 @@ impl Report {
                 limit: 5.0,
                 unit: "ms, at most",
                 pass: f.phase.latency.p99_ms <= 5.0,
+            });
+        }
+        if let (Some(b), Some(a)) = (&self.batch, &self.admission) {
+            let ratio = b.phase.per_sec / a.per_sec.max(1e-9);
+            t.push(Target {
+                name: "batch admission / single admission".into(),
+                measured: round2(ratio),
+                limit: 5.0,
+                unit: "ratio, at least",
+                pass: ratio >= 5.0,
+            });
+            t.push(Target {
+                name: "other tenants' p99 beside batches".into(),
+                measured: b.singles_beside.latency.p99_ms,
+                limit: 5.0,
+                unit: "ms, at most",
+                pass: b.singles_beside.latency.p99_ms <= 5.0,
             });
         }
         if let (Some(e), Some(a)) = (&self.e2e, &self.admission) {
@@ -783,6 +821,33 @@ impl Report {
                 ),
             );
         }
+        if let Some(b) = &self.batch {
+            let single = self.admission.as_ref().map(|a| a.per_sec).unwrap_or(0.0);
+            line(
+                &mut o,
+                "batch admission",
+                b.phase.per_sec,
+                &b.phase.latency,
+                format!(
+                    "executions/s in batches of {} ({} tenants at once; latency per batch); \
+                     {:.2} × single admission",
+                    b.size,
+                    b.tenants,
+                    b.phase.per_sec / single.max(1e-9)
+                ),
+            );
+            line(
+                &mut o,
+                "  singles beside a batch",
+                b.singles_beside.per_sec,
+                &b.singles_beside.latency,
+                format!(
+                    "other tenants at {:.0}/s (open loop, latency from schedule) while one \
+                     tenant's batches admitted {} executions",
+                    b.singles_rate, b.batch_items_beside
+                ),
+            );
+        }
         if let Some(e) = &self.e2e
             && let Some(l) = &e.admit_to_completed
         {
@@ -913,6 +978,9 @@ impl Report {
                 &f.phase.cpu,
                 f.phase.redis_script_us_per_request,
             );
+        }
+        if let Some(b) = &self.batch {
+            cpu_line("batch", &b.phase.cpu, b.phase.redis_script_us_per_request);
         }
         if let Some(e) = &self.e2e {
             cpu_line("end-to-end", &e.http.cpu, e.redis_script_us_per_execution);

@@ -23,7 +23,10 @@ use crate::admission::{
     AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId, TraceContext,
 };
 use crate::store::{Admission, Decision, ListQuery, Reschedule, Retry};
-use wire::{AdmitAnswer, DryRunAnswer, Execution, ExecutionPage, NewExecution};
+use wire::{
+    AdmitAnswer, BatchAnswer, BatchResult, DryRunAnswer, Execution, ExecutionPage, NewBatch,
+    NewExecution,
+};
 
 /// Seconds a client should wait after `tenant_queue_full` when the tenant's drain was not
 /// measured (no start in the last minutes).
@@ -31,6 +34,9 @@ const QUEUE_FULL_RETRY_AFTER: u64 = 5;
 
 /// The most `Retry-After` a full queue answers: a client should look again within the hour.
 const MAX_QUEUE_FULL_RETRY_AFTER: u64 = 3_600;
+/// The most items one batch admission takes.
+const MAX_BATCH: usize = 1_000;
+
 /// Page size when `limit` is not given, and the most a page may hold.
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 200;
@@ -39,6 +45,7 @@ const MAX_PAGE: u32 = 200;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_execution, list_executions))
+        .routes(routes!(create_batch))
         .routes(routes!(get_execution, delete_execution))
         .routes(routes!(cancel_execution))
         .routes(routes!(retry_execution))
@@ -178,6 +185,191 @@ pub async fn create_execution(
             Ok(res)
         }
         refused => Err(refusal(&state, tenant, refused).await),
+    }
+}
+
+/// Admit up to 1,000 executions for the caller's tenant in one request.
+///
+/// Each item is what `POST /api/executions` takes, and gets the status and body it would have
+/// had alone (201 with the execution, 200 for a replay of its `dedup_key` — an earlier item of
+/// the same batch included — or the problem single admission answers), in the items' order.
+/// The items are admitted in order, in Redis calls of at most `--redis-admission-group` items;
+/// each item is atomic, **the batch is not**: a failure part-way (503 on some items) leaves
+/// the items before it admitted, and repeating the batch with the same dedup keys admits the
+/// rest without doubling any. One batch per tenant at a time (409 `batch_in_flight`
+/// meanwhile). The body may be up to `--batch-body-limit` bytes; the trace context headers,
+/// when given, apply to every item; an `Idempotency-Key` header is refused (each item has its
+/// own `dedup_key`).
+#[utoipa::path(
+    post,
+    path = "/api/executions/batch",
+    tag = "executions",
+    request_body = NewBatch,
+    params(
+        ("traceparent" = Option<String>, Header,
+            description = "W3C Trace Context, kept with every item admitted, as on single admission: one that does not parse is ignored (never a 400)"),
+        ("tracestate" = Option<String>, Header,
+            description = "W3C Trace Context, kept beside a valid `traceparent` when printable ASCII of at most 512 bytes (else dropped whole)"),
+    ),
+    responses(
+        (status = 200, description = "One result per item, in order", body = BatchAnswer),
+        (status = 400, description = "`invalid_batch`: no items, more than 1,000, or an `Idempotency-Key` header; `malformed_json`, `invalid_body`: the body itself", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Role too weak", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`batch_in_flight`: another batch of this tenant is being admitted", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body exceeds `--batch-body-limit`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis is unavailable before any item was sent: nothing was admitted", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_batch(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: JsonBody<NewBatch>,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let batch = body.parse_within(state.batch_body_limit).await?;
+    if headers.contains_key("idempotency-key") {
+        return Err(ApiError::BadRequest {
+            code: "invalid_batch",
+            detail: "a batch has no Idempotency-Key of its own: give each item its dedup_key"
+                .into(),
+        });
+    }
+    if batch.items.is_empty() || batch.items.len() > MAX_BATCH {
+        return Err(ApiError::BadRequest {
+            code: "invalid_batch",
+            detail: format!(
+                "a batch holds 1 to {MAX_BATCH} items, not {}",
+                batch.items.len()
+            ),
+        });
+    }
+    let trace = TraceContext::from_headers(
+        headers.get("traceparent").and_then(|v| v.to_str().ok()),
+        headers.get("tracestate").and_then(|v| v.to_str().ok()),
+    );
+    let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(batch.items.len());
+    let (mut reqs, mut at) = (Vec::new(), Vec::new());
+    for (i, item) in batch.items.into_iter().enumerate() {
+        match batch_item(&state, item, &trace) {
+            Ok(req) => {
+                at.push(i);
+                reqs.push(req);
+                results.push(None);
+            }
+            Err(e) => {
+                state.metrics.admission(tenant, AdmissionOutcome::Invalid);
+                results.push(Some(problem_result(e)));
+            }
+        }
+    }
+    if !reqs.is_empty() {
+        let holder = ExecutionId::new().to_string();
+        if !state
+            .store
+            .hold_batch(tenant, &holder, state.batch_hold)
+            .await?
+        {
+            return Err(ApiError::Status {
+                status: StatusCode::CONFLICT,
+                code: "batch_in_flight",
+                detail: "another batch of this tenant is being admitted; send this one after it"
+                    .into(),
+            });
+        }
+        let admissions = state.store.admit_batch(tenant, &reqs).await;
+        if let Err(e) = state.store.release_batch(tenant, &holder).await {
+            // It lapses on its own at the end of the request's bound.
+            tracing::warn!(%tenant, error = %e, "batch right not given back");
+        }
+        for (i, admission) in at.into_iter().zip(admissions) {
+            let result = match admission {
+                Ok(Admission::Created(e)) => {
+                    state.metrics.admission(tenant, AdmissionOutcome::Admitted);
+                    BatchResult {
+                        status: StatusCode::CREATED.as_u16(),
+                        execution: Some(Execution::from(e)),
+                        problem: None,
+                    }
+                }
+                Ok(Admission::Replayed(e)) => {
+                    state
+                        .metrics
+                        .admission(tenant, AdmissionOutcome::Deduplicated);
+                    BatchResult {
+                        status: StatusCode::OK.as_u16(),
+                        execution: Some(Execution::from(e)),
+                        problem: None,
+                    }
+                }
+                Ok(refused) => {
+                    state.metrics.admission(
+                        tenant,
+                        match refused {
+                            Admission::Conflict { .. } => AdmissionOutcome::Conflict,
+                            Admission::Disabled => AdmissionOutcome::Disabled,
+                            _ => AdmissionOutcome::QueueFull,
+                        },
+                    );
+                    problem_result(refusal(&state, tenant, refused).await)
+                }
+                Err(e) => problem_result(ApiError::from(e)),
+            };
+            results[i] = Some(result);
+        }
+    }
+    let results = results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                problem_result(ApiError::Internal("an item went unanswered".into()))
+            })
+        })
+        .collect();
+    Ok(axum::Json(BatchAnswer { results }).into_response())
+}
+
+/// One item of a batch, checked as the body of a single admission is.
+fn batch_item(
+    state: &AppState,
+    item: serde_json::Value,
+    trace: &Option<TraceContext>,
+) -> Result<AdmitRequest, ApiError> {
+    if !item.is_object() {
+        return Err(ApiError::BadRequest {
+            code: "invalid_body",
+            detail: "each item must be a JSON object".into(),
+        });
+    }
+    let body: NewExecution = serde_json::from_value(item).map_err(|e| ApiError::BadRequest {
+        code: "invalid_body",
+        detail: e.to_string(),
+    })?;
+    let req = AdmitRequest::parse(body.into(), None, state.default_max_attempts)?;
+    params_within(
+        AdmitRequest {
+            trace: trace.clone(),
+            ..req
+        },
+        state.max_params_bytes,
+    )
+}
+
+/// An item's result for an error: its status and problem.
+fn problem_result(e: ApiError) -> BatchResult {
+    match &e {
+        ApiError::Internal(m) => tracing::error!(error = %m, "internal error in a batch item"),
+        ApiError::Unavailable(m) => tracing::warn!(error = %m, "redis unavailable in a batch item"),
+        _ => {}
+    }
+    BatchResult {
+        status: e.status().as_u16(),
+        execution: None,
+        problem: Some(e.problem()),
     }
 }
 

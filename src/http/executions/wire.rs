@@ -460,3 +460,39 @@ pub enum ExecutionEventName {
     Deleted,
     Revoked,
 }
+
+/// Body of `POST /api/executions/batch`: the executions to admit, in order.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"items": [
+    {"flow_id": "demo.echo", "params": {"order": 42}, "dedup_key": "order-42"},
+    {"flow_id": "demo.echo", "params": {"order": 43}, "priority": 1}
+]}))]
+pub struct NewBatch {
+    /// 1–1,000 executions, each exactly the body `POST /api/executions` takes (its own
+    /// `dedup_key`, priority, schedule and concurrency key). An item that is not valid gets its
+    /// own 400 result; the others are admitted.
+    #[schema(value_type = Vec<NewExecution>, min_items = 1, max_items = 1000)]
+    pub items: Vec<Value>,
+}
+
+/// What became of one item of a batch: the status and body it would have had alone.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResult {
+    /// 201 admitted, 200 a replay of its dedup key (an earlier item of the batch included),
+    /// or the error status single admission answers (400, 403, 413, 422, 429, 503, 500).
+    #[schema(minimum = 200, maximum = 599)]
+    pub status: u16,
+    /// The execution (201, 200).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution: Option<Execution>,
+    /// Why it was not admitted (any other status), with the codes of single admission.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<crate::http::error::Problem>,
+}
+
+/// The answer of `POST /api/executions/batch`: one result per item, in the items' order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchAnswer {
+    pub results: Vec<BatchResult>,
+}
