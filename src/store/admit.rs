@@ -301,17 +301,8 @@ impl Store {
 
     /// Gives up `tenant`'s batch right, if `holder` has it (after its TTL it may be another's).
     pub async fn release_batch(&self, tenant: &TenantId, holder: &str) -> Result<(), StoreError> {
-        let key = self.shard_of(tenant).batch_lock(tenant);
-        let mut c = self.conn();
-        let now: Option<String> = self
-            .bounded(redis::cmd("GET").arg(&key).query_async(&mut c))
-            .await?;
-        if now.as_deref() == Some(holder) {
-            let _: i64 = self
-                .bounded(redis::cmd("DEL").arg(&key).query_async(&mut c))
-                .await?;
-        }
-        Ok(())
+        self.release_mark(&self.shard_of(tenant).batch_lock(tenant), holder)
+            .await
     }
 
     /// What admitting `req` would do now, from `dry_admit.lua` (which cannot write): the

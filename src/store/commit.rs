@@ -137,11 +137,8 @@ impl GroupCommit {
             let mut lanes = self.lanes.lock().expect("group commit lanes");
             let lane = lanes.entry(shard).or_default();
             lane.queue.push_back(Waiting { item, answer });
-            let start = !std::mem::replace(&mut lane.busy, true);
-            if !start {
-                self.waiting.fetch_add(1, Ordering::Relaxed);
-            }
-            start
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            !std::mem::replace(&mut lane.busy, true)
         };
         if start {
             tokio::spawn(Arc::clone(self).drain(shard));
@@ -155,8 +152,6 @@ impl GroupCommit {
 
     /// Sends the shard's queued admissions, a group per call, until none is left.
     async fn drain(self: Arc<Self>, shard: Shard) {
-        // The admission that started this drain was never counted as waiting.
-        let mut first = true;
         loop {
             let group = {
                 let mut lanes = self.lanes.lock().expect("group commit lanes");
@@ -177,9 +172,7 @@ impl GroupCommit {
                     lane.busy = false;
                     return;
                 }
-                // Every admission but a lone one that found the lane idle waited.
-                let waited = lane_waited(&mut first, group.len());
-                self.waiting.fetch_sub(waited, Ordering::Relaxed);
+                self.waiting.fetch_sub(group.len(), Ordering::Relaxed);
                 group
             };
             let items: Vec<&Item> = group.iter().map(|w| &w.item).collect();
@@ -248,12 +241,6 @@ impl GroupCommit {
             })
             .collect()
     }
-}
-
-/// How many of a group of `len` were counted as waiting: all but the drain's first
-/// admission, in the drain's first group.
-fn lane_waited(first: &mut bool, len: usize) -> usize {
-    if std::mem::take(first) { len - 1 } else { len }
 }
 
 /// Whether an admission's reply is the script's `{'error', message}`.

@@ -447,14 +447,21 @@ impl Store {
         tenant: &TenantId,
         holder: &str,
     ) -> Result<(), StoreError> {
-        let key = self.shard_of(tenant).delivery_lock(tenant);
+        self.release_mark(&self.shard_of(tenant).delivery_lock(tenant), holder)
+            .await
+    }
+
+    /// Deletes the mark `key` (a `SET NX PX` holder name) if `holder` still has it. A GET
+    /// then a DEL: only a mark that expired in between and was taken by another can be
+    /// removed, and a holder never keeps a mark past its own expiry.
+    pub(super) async fn release_mark(&self, key: &str, holder: &str) -> Result<(), StoreError> {
         let mut c = self.conn();
         let now: Option<String> = self
-            .bounded(redis::cmd("GET").arg(&key).query_async(&mut c))
+            .bounded(redis::cmd("GET").arg(key).query_async(&mut c))
             .await?;
         if now.as_deref() == Some(holder) {
             let _: i64 = self
-                .bounded(redis::cmd("DEL").arg(&key).query_async(&mut c))
+                .bounded(redis::cmd("DEL").arg(key).query_async(&mut c))
                 .await?;
         }
         Ok(())

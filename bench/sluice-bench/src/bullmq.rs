@@ -110,11 +110,7 @@ async fn measure(
     rates: &[(f64, f64)],
 ) -> anyhow::Result<PeerRun> {
     let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
-    let port = redis.urls[0]
-        .rsplit(':')
-        .next()
-        .context("redis url without a port")?
-        .to_owned();
+    let port = port_of(&redis)?;
     let plan: Vec<serde_json::Value> = rates
         .iter()
         .map(|(rate, secs)| serde_json::json!({"rate": rate, "secs": secs}))
@@ -259,11 +255,7 @@ async fn measure_noisy(
     drain_secs: u64,
 ) -> anyhow::Result<(NoisySide, Check, PeerVersions)> {
     let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
-    let port = redis.urls[0]
-        .rsplit(':')
-        .next()
-        .context("redis url without a port")?
-        .to_owned();
+    let port = port_of(&redis)?;
     // Bounded: the calm schedule, the drain, and a minute for adding the flood, starting Node
     // and reading the jobs back.
     let bound = plan.calm_count as f64 / plan.calm_rate.max(0.1) + drain_secs as f64 + 60.0;
@@ -383,11 +375,7 @@ async fn measure_http(
     use tokio::io::AsyncBufReadExt;
 
     let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
-    let port = redis.urls[0]
-        .rsplit(':')
-        .next()
-        .context("redis url without a port")?
-        .to_owned();
+    let port = port_of(&redis)?;
     eprintln!("[bullmq http] peer: {} --role http", script.display());
     let mut child = Command::new(&args.node)
         .arg(script)
@@ -444,4 +432,13 @@ async fn measure_http(
         },
         load,
     })
+}
+
+/// The port of the peer's own `redis-server` (its one URL ends in it).
+fn port_of(redis: &procs::Redis) -> anyhow::Result<String> {
+    Ok(redis.urls[0]
+        .rsplit(':')
+        .next()
+        .context("redis url without a port")?
+        .to_owned())
 }
