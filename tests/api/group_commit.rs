@@ -216,6 +216,11 @@ async fn a_script_error_part_way_through_a_group_fails_only_its_admission() {
 /// Redis stalls past the time-out while groups are in flight: every admission of a lost call
 /// is settled on its own, so each answer is true of the data — 201 names an execution that
 /// exists, 503 `redis_unavailable` one that never will, and an unknown outcome at most one.
+///
+/// Whether a round loses answers, and whether its admissions queue behind a call, depends on
+/// when the requests reach the server, which a loaded machine decides: so rounds go on (each
+/// in a tenant of its own) until both have happened, 16 rounds at most. Every answer of every
+/// round is checked.
 #[tokio::test]
 async fn each_admission_of_a_lost_group_is_settled_on_its_own() {
     let app = TestApp::spawn_with(|c| {
@@ -228,14 +233,16 @@ async fn each_admission_of_a_lost_group_is_settled_on_its_own() {
         metric(&app, "sluice_admission_calls_total").await,
         metric(&app, "sluice_admission_calls_carried_total").await,
     );
-    let mut lost = 0;
-    for round in 0..4u64 {
-        app.redis.pause(350 + 150 * (round % 3), "WRITE").await;
+    let (mut lost, mut grouped, mut rounds) = (0, false, 0u64);
+    while rounds < 16 && (lost == 0 || !grouped) {
+        let tenant = format!("acme-{rounds}");
+        app.redis.pause(350 + 150 * (rounds % 3), "WRITE").await;
+        rounds += 1;
         let tasks: Vec<_> = (0..16)
             .map(|n| {
-                let nonce = format!("{round}-{n}");
+                let nonce = format!("{n}");
                 let body = json!({"flow_id": "demo.echo", "params": {"nonce": nonce}});
-                (nonce, send(&app, "acme", body))
+                (nonce, send(&app, &tenant, body))
             })
             .collect();
         let mut answers = Vec::new();
@@ -245,7 +252,7 @@ async fn each_admission_of_a_lost_group_is_settled_on_its_own() {
         // Writes go through again: any late call has run.
         let deadline = Instant::now() + Duration::from_secs(15);
         while app
-            .post_execution("acme", &json!({"flow_id": "demo.echo"}))
+            .post_execution(&tenant, &json!({"flow_id": "demo.echo"}))
             .await
             .status()
             != StatusCode::CREATED
@@ -253,7 +260,7 @@ async fn each_admission_of_a_lost_group_is_settled_on_its_own() {
             assert!(Instant::now() < deadline, "admissions did not come back");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let page = app.page("acme", "limit=200").await;
+        let page = app.page(&tenant, "limit=100").await;
         for (nonce, (status, body)) in answers {
             let found: Vec<&Value> = page["executions"]
                 .as_array()
@@ -283,14 +290,14 @@ async fn each_admission_of_a_lost_group_is_settled_on_its_own() {
                 other => panic!("unexpected answer {other:?}: {body}"),
             }
         }
+        grouped = metric(&app, "sluice_admission_calls_total").await - calls
+            < metric(&app, "sluice_admission_calls_carried_total").await - carried;
     }
     // The scenario happened: answers lost in a stall, and calls that carried several.
-    assert!(lost > 0, "no admission lost its answer");
-    let calls = metric(&app, "sluice_admission_calls_total").await - calls;
-    let carried = metric(&app, "sluice_admission_calls_carried_total").await - carried;
+    assert!(lost > 0, "no admission lost its answer in {rounds} rounds");
     assert!(
-        calls < carried,
-        "{calls} calls carried {carried} admissions: none grouped"
+        grouped,
+        "no call carried several admissions in {rounds} rounds"
     );
 }
 
