@@ -343,8 +343,10 @@ end
 -- more fields of its row, written in the same HSET. `h` is its concurrency key's digest (nil
 -- or '' for none): then it joins its key's queue, and its tenant's order only as the key's
 -- first (see "Concurrency keys" above). Returns true when the tenant was in the runnable set
--- already (so it had queued work before this one).
-local function make_runnable(t, id, ready_at, priority, fields, h)
+-- already (so it had queued work before this one). `runnable` true says the caller knows it is
+-- (admit.lua, for a tenant's later admissions in one call: more work never takes a tenant out
+-- of the set), and spares the read.
+local function make_runnable(t, id, ready_at, priority, fields, h, runnable)
   local at = order_key(ready_at, priority)
   if h and h ~= '' then
     local queue = K.key_queue(t, h)
@@ -361,7 +363,7 @@ local function make_runnable(t, id, ready_at, priority, fields, h)
   redis.call('HSET', K.row(id), 'qstate', 'queued', 'ready_at', ready_at, unpack(fields or {}))
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
-  if redis.call('ZSCORE', K.runnable(), t) then return true end
+  if runnable or redis.call('ZSCORE', K.runnable(), t) then return true end
   refresh(t)
   return false
 end
@@ -423,13 +425,13 @@ end
 -- room and the fair share gets to its tenant) or 'waiting' (behind its tenant's
 -- max_concurrent, or behind its concurrency key's: then it is not in its tenant's order).
 -- Its rank costs O(log n); a caller that read it already passes it as `rank` (false: not in
--- its tenant's order).
-local function queue_state(t, id, qstate, rank)
+-- its tenant's order), and one that knows how many slots the tenant holds as `held`.
+local function queue_state(t, id, qstate, rank, held)
   if qstate == 'scheduled' then return 'scheduled' end
   if rank == nil then rank = redis.call('ZRANK', K.waiting(t), id) end
   if not rank then return 'waiting' end
   local max_concurrent = limits(t)
-  if rank < max_concurrent - redis.call('SCARD', K.slots(t)) then return 'ready' end
+  if rank < max_concurrent - (held or redis.call('SCARD', K.slots(t))) then return 'ready' end
   return 'waiting'
 end
 
@@ -468,26 +470,28 @@ end
 -- The admission decision (and a retry's): whether tenant t may queue one more execution.
 -- max_queued counts every queued execution (scheduled, waiting and ready). Returns true, or
 -- nil and a refusal ('disabled'; 'full' with the queued count; 'moved' with the shard a
--- pinned tenant lives in now, see pin.lua). Writes nothing.
-local function place(t)
+-- pinned tenant lives in now, see pin.lua). Writes nothing. `queued` is the tenant's queued
+-- count when the caller knows it (admit.lua counts its own admissions within a call), else
+-- nil: then it is read. On success the third value is that count.
+local function place(t, queued)
   local _, max_queued, enabled, pinned = limits(t)
   if pinned then return nil, 'moved', pinned end
   if not enabled then return nil, 'disabled' end
-  local queued = redis.call('ZCARD', K.status_idx(t, 'queued'))
+  queued = queued or redis.call('ZCARD', K.status_idx(t, 'queued'))
   if queued >= max_queued then return nil, 'full', queued end
-  return true
+  return true, nil, queued
 end
 
 -- Queues an execution place() accepted: scheduled when `due` is later than now, runnable
 -- otherwise. `fields` are the rest of its row, written in the same HSET; `h` its concurrency
 -- key's digest (nil for none). Returns true when its tenant was runnable already (see
--- make_runnable()).
-local function enqueue(t, flow, id, now, priority, due, fields, h)
+-- make_runnable(), which also says what `runnable` is).
+local function enqueue(t, flow, id, now, priority, due, fields, h, runnable)
   if due and due > now then
     schedule(t, flow, id, due, fields)
     return false
   end
-  return make_runnable(t, id, now, priority, fields, h)
+  return make_runnable(t, id, now, priority, fields, h, runnable)
 end
 
 -- Releases the slot id holds (if any), and its concurrency key's (h: its digest, nil or ''
