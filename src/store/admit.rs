@@ -174,8 +174,10 @@ impl Store {
         admission.map(Some)
     }
 
-    /// Admits `reqs` (one tenant's batch) in order, in calls of at most
-    /// `--redis-admission-group` admissions and about 1 MiB, one call after the other: each
+    /// Admits `reqs` (one tenant's batch) in order, in calls of at most `BATCH_CALL_ITEMS`
+    /// (or `--redis-admission-group`, if fewer) admissions and about 1 MiB, one call after the
+    /// other, each after the single admissions that came meanwhile (see
+    /// `GroupCommit::yield_to_singles`): each
     /// admission decided as `admit` would (a dedup key repeated in the batch is a replay of
     /// its first), each with its own answer. Not atomic as a whole: a call that fails leaves
     /// the calls before it admitted. A lost answer is settled admission by admission (all of
@@ -190,12 +192,17 @@ impl Store {
         let mut out: Vec<Option<Result<Admission, StoreError>>> =
             reqs.iter().map(|_| None).collect();
         let mut moved = Vec::new();
+        let most = self.commits.group_max.min(super::commit::BATCH_CALL_ITEMS);
         let mut next = 0;
+        let mut last_call = None;
         while next < reqs.len() {
+            if let Some(took) = last_call {
+                self.commits.yield_to_singles(took).await;
+            }
             let shard = self.shard_of(tenant);
             let mut items = Vec::new();
             let mut bytes = 0;
-            while next + items.len() < reqs.len() && items.len() < self.commits.group_max {
+            while next + items.len() < reqs.len() && items.len() < most {
                 let i = next + items.len();
                 let item = admission_item(shard, tenant, &ids[i], &reqs[i]);
                 if !items.is_empty() && bytes + item.bytes() > super::commit::GROUP_BYTES {
@@ -205,7 +212,9 @@ impl Store {
                 items.push(item);
             }
             let refs: Vec<&Item> = items.iter().collect();
+            let sent = std::time::Instant::now();
             let outcomes = self.commits.call(shard, &refs).await;
+            last_call = Some(sent.elapsed());
             let mut lost = Vec::new();
             let mut unavailable = false;
             for (k, outcome) in outcomes.into_iter().enumerate() {

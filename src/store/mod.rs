@@ -59,7 +59,7 @@ pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::{Admission, Decision, DryRun};
 pub use bells::{BellNode, BellPools};
 pub use cancel::Reschedule;
-pub use commit::GroupCommitCounts;
+pub use commit::{BATCH_CALL_ITEMS, GroupCommitCounts};
 pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, Retry};
 pub use forecast::{Pace, estimate};

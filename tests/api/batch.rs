@@ -114,8 +114,78 @@ async fn a_batch_spans_calls_and_keeps_its_order_and_dedup() {
         .map(|(_, x)| x["execution"]["execution_id"].as_str().unwrap())
         .collect();
     assert_eq!(queue, admitted);
-    // 250 items, at most 64 per call (the default group): 4 calls.
-    assert_eq!(app.app_store.group_commit_counts().calls - calls, 4);
+    // 250 items, at most 16 per call (a batch's calls are shorter than the default group of
+    // 64, see `sluice::store::BATCH_CALL_ITEMS`): 16 calls.
+    assert_eq!(sluice::store::BATCH_CALL_ITEMS, 16);
+    assert_eq!(app.app_store.group_commit_counts().calls - calls, 16);
+}
+
+/// A batch's admissions of one tenant go in one call, and each sees what those before it did,
+/// as it would alone: the tenant's queued count (its `max_queued`), the slots its running
+/// executions hold (`ready` only within the free ones) and its place in the shard's
+/// runnable set (so its executions start).
+#[tokio::test]
+async fn each_item_of_a_call_sees_the_quota_and_slots_as_alone() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 4, "max_queued": 12}))
+        .await;
+    for _ in 0..3 {
+        app.admit("acme", "demo.echo").await;
+    }
+    assert_eq!(app.started_by_hand("acme", 2).await.len(), 2);
+    // One queued, two running: 11 more fit in the queue, and two slots are free.
+    let items: Vec<Value> = (0..14)
+        .map(|n| json!({"flow_id": "demo.echo", "params": {"n": n}}))
+        .collect();
+    let calls = app.app_store.group_commit_counts().calls;
+    let (status, answer) = batch(&app, "acme", &json!({"items": items})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(app.app_store.group_commit_counts().calls - calls, 1);
+    let r = results(&answer);
+    let statuses: Vec<u64> = r.iter().map(|x| x["status"].as_u64().unwrap()).collect();
+    assert_eq!(
+        statuses,
+        [[201; 11].as_slice(), &[429; 3]].concat(),
+        "{answer}"
+    );
+    for (n, x) in r.iter().take(11).enumerate() {
+        let e = &x["execution"];
+        // The queued single is first in the tenant's order and takes one free slot.
+        let want = if n == 0 { "ready" } else { "waiting" };
+        assert_eq!(e["queue_state"], want, "item {n}: {e}");
+        assert_eq!(e["queue_position"]["tenant"], n as u64 + 1, "item {n}: {e}");
+        // What the answer said is what a read says now.
+        let read = app
+            .execution("acme", e["execution_id"].as_str().unwrap())
+            .await;
+        assert_eq!(read["queue_state"], want, "item {n}: {read}");
+    }
+    for x in &r[11..] {
+        assert_eq!(x["problem"]["code"], "tenant_queue_full");
+    }
+    // Runnable: the two free slots start the queued single and the batch's first.
+    assert_eq!(app.runnable_tenants("acme").await, ["acme"]);
+    let started: Vec<String> = app
+        .started_by_hand("acme", 10)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(started.len(), 2);
+    assert_eq!(
+        started[1],
+        r[0]["execution"]["execution_id"].as_str().unwrap()
+    );
+    // A tenant with nothing queued becomes runnable with its first call's admissions.
+    let items: Vec<Value> = (0..3).map(|_| json!({"flow_id": "demo.echo"})).collect();
+    let (status, answer) = batch(&app, "fresh", &json!({"items": items})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(
+        app.runnable_tenants("fresh")
+            .await
+            .contains(&"fresh".to_owned())
+    );
+    assert_eq!(app.queue_ids("fresh").await.len(), 3);
 }
 
 /// What is wrong with the request as a whole is refused whole, and nothing is written.
