@@ -665,6 +665,13 @@ async fn run_one(
         lease: lease.clone(),
         cancel: stop.clone(),
     };
+    // The lease ran out before the handler could begin (this process was paused, or starved,
+    // between the start call and here): a newer run may exist, so this one never begins. It
+    // ends as a lease that expired mid-run would: unreported, re-run after the orphan scan.
+    if !lease.is_held() {
+        why.record(Stop::Expired);
+        return Outcome::Abandoned;
+    }
     let mut task = tokio::spawn(handler.run(ctx));
     let result = loop {
         tokio::select! {
@@ -1029,5 +1036,67 @@ async fn reclaim_loop(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started() -> Started {
+        Started {
+            shard: crate::store::ShardMap::new(16, crate::store::Layout::CURRENT).shard(0),
+            id: ExecutionId::new(),
+            fence: 1,
+            attempt: 1,
+            max_attempts: 3,
+            tenant: crate::admission::TenantId::parse("acme").unwrap(),
+            flow: crate::admission::FlowId::parse("count").unwrap(),
+            version: None,
+            params: serde_json::json!({}),
+            trace: None,
+        }
+    }
+
+    /// A run whose lease ran out before its handler began (its worker paused between the start
+    /// call and the handler) never begins: the fault suite once saw such a handler start 1 ms
+    /// past its lease, beside the newer run that had taken over.
+    #[tokio::test]
+    async fn a_run_whose_lease_ran_out_before_it_began_never_begins() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let registry = Registry::new().register("count", move |_ctx: Context| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok(serde_json::json!({})) }
+        });
+        let config = WorkerConfig::default();
+        let sent = std::time::Instant::now() - Duration::from_secs(2);
+        let expired = Lease::granted(sent, Duration::from_secs(1));
+        let why = StopReason(AtomicU8::new(0));
+        let outcome = run_one(
+            &registry,
+            started(),
+            expired,
+            CancellationToken::new(),
+            &why,
+            &config,
+        )
+        .await;
+        assert!(matches!(outcome, Outcome::Abandoned));
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        // The same run with its lease held runs its handler.
+        let held = Lease::granted(std::time::Instant::now(), Duration::from_secs(60));
+        let why = StopReason(AtomicU8::new(0));
+        let outcome = run_one(
+            &registry,
+            started(),
+            held,
+            CancellationToken::new(),
+            &why,
+            &config,
+        )
+        .await;
+        assert!(matches!(outcome, Outcome::Completed(_)));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 }

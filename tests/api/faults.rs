@@ -1923,7 +1923,10 @@ fn check_runs(ev: &Evidence<'_>, v: &mut Verdict) {
             for b in &runs[i + 1..] {
                 let (sa, ea) = a.effective(ev.gone);
                 let (sb, eb) = b.effective(ev.gone);
-                if sa < eb && sb < ea {
+                // A run that began only after its lease deadline (its worker paused between
+                // the start call and the handler) has an empty effective interval: nothing
+                // it did could be accepted, so it overlaps nothing.
+                if sa < ea && sb < eb && sa < eb && sb < ea {
                     v.fail(
                         P3,
                         format!(
