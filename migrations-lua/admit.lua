@@ -154,24 +154,21 @@ if not n or n < 1 or n > 100 or #ARGV ~= 6 + 16 * n then
   return redis.error_reply('ERR sluice admit: ' .. tostring(ARGV[6]) .. ' admissions with ' ..
     #ARGV .. ' values')
 end
--- Every admission's keys are where the header says, or nothing is done.
-local want = 4
-for i = 0, n - 1 do want = want + (ARGV[13 + 16 * i] ~= '' and 9 or 8) end
+-- Every admission's keys are where the header says, or nothing is done. Its void marker is
+-- its second key.
+local want, voids = 4, {}
+for i = 0, n - 1 do
+  voids[i + 1] = KEYS[want + 2]
+  want = want + (ARGV[13 + 16 * i] ~= '' and 9 or 8)
+end
 if want ~= #KEYS then
   return redis.error_reply('ERR sluice admit: ' .. #KEYS .. ' keys for ' .. n ..
     ' admissions, not ' .. want)
 end
 -- Void markers are rare (abandon.lua writes one for a call whose answer was lost): one EXISTS
 -- of them all, and only when one exists does each admission look for its own.
-local voids, k, a = {}, 5, 7
-for i = 1, n do
-  voids[i] = KEYS[k + 1]
-  k = k + (ARGV[a + 6] ~= '' and 9 or 8)
-  a = a + 16
-end
 ANY_VOID = redis.call('EXISTS', unpack(voids)) > 0
-local replies
-replies, k, a = {}, 5, 7
+local replies, k, a = {}, 5, 7
 for i = 1, n do
   local ok, reply = pcall(admit_one, k, a)
   if ok then

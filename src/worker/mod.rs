@@ -1069,32 +1069,30 @@ mod tests {
             counted.fetch_add(1, Ordering::SeqCst);
             async { Ok(serde_json::json!({})) }
         });
-        let config = WorkerConfig::default();
+        let run = |lease: Lease| {
+            let registry = &registry;
+            async move {
+                let why = StopReason(AtomicU8::new(0));
+                run_one(
+                    registry,
+                    started(),
+                    lease,
+                    CancellationToken::new(),
+                    &why,
+                    &WorkerConfig::default(),
+                )
+                .await
+            }
+        };
         let sent = std::time::Instant::now() - Duration::from_secs(2);
-        let expired = Lease::granted(sent, Duration::from_secs(1));
-        let why = StopReason(AtomicU8::new(0));
-        let outcome = run_one(
-            &registry,
-            started(),
-            expired,
-            CancellationToken::new(),
-            &why,
-            &config,
-        )
-        .await;
+        let outcome = run(Lease::granted(sent, Duration::from_secs(1))).await;
         assert!(matches!(outcome, Outcome::Abandoned));
         assert_eq!(runs.load(Ordering::SeqCst), 0);
         // The same run with its lease held runs its handler.
-        let held = Lease::granted(std::time::Instant::now(), Duration::from_secs(60));
-        let why = StopReason(AtomicU8::new(0));
-        let outcome = run_one(
-            &registry,
-            started(),
-            held,
-            CancellationToken::new(),
-            &why,
-            &config,
-        )
+        let outcome = run(Lease::granted(
+            std::time::Instant::now(),
+            Duration::from_secs(60),
+        ))
         .await;
         assert!(matches!(outcome, Outcome::Completed(_)));
         assert_eq!(runs.load(Ordering::SeqCst), 1);
