@@ -1,44 +1,53 @@
 #!lua flags=allow-oom
--- complete.lua: record the end of one run, fenced: only the current run (its fence) of the
+-- complete.lua: record the end of runs, each fenced: only the current run (its fence) of the
 -- worker holding its lease changes anything. A late report of a run that was reclaimed,
 -- retried or finished meanwhile is refused and counted as 'fenced'; a repeat of a report that
 -- was already applied (its reply was lost) is recognised and changes nothing more.
+--
+-- One call carries one report or a group of them, in arrival order (group commit, see
+-- src/store/commit.rs): each is recorded, and the runs it chains started, exactly as if it had
+-- come alone, after those before it. Only what every report needs once is done once per call:
+-- the guard, making due executions runnable, the trend counters, the next due time and the
+-- eligible weight of the answer.
 --
 -- A cancel requested while the run went on is final: whatever the outcome, the execution ends
 -- cancelled, never re-queued or retried.
 --
 -- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the execution's row
--- KEYS[3]  the shard's runnable tenants KEYS[4]  its lease index  KEYS[5]  its timer set
--- KEYS[6]  its dead-letter stream      KEYS[7]  its counters
--- KEYS[8]  its dead-letter index start (see dead_letter in common.lua)
--- KEYS[9]  the worker's adoption barrier (K.adopted(consumer))
+-- KEYS[2]  the shard's runnable tenants KEYS[3]  its lease index  KEYS[4]  its timer set
+-- KEYS[5]  its dead-letter stream      KEYS[6]  its counters
+-- KEYS[7]  its dead-letter index start (see dead_letter in common.lua)
+-- Then, for each report in order, 2 keys:
+--   +0 the execution's row             +1 the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common (see common.lua)
--- ARGV[6]  execution id
--- ARGV[7]  fence of the run the worker held
--- ARGV[8]  consumer name (the worker)
--- ARGV[9]  outcome: 'completed' | 'failed' | 'cancelled'
---          | 'released'  (the worker is shutting down: back in its tenant's order at once,
---                         where it stood; the run does not count as an attempt)
---          | 'abandoned' (the worker could not renew the lease in time and stopped the run:
---                         handled like an expired lease, see recover() in common.lua)
--- ARGV[10] output JSON (completed), '' otherwise
--- ARGV[11] error kind (failed), e.g. 'handler_error'
--- ARGV[12] error message (failed)
--- ARGV[13] retry backoff in ms when the failure may be retried, '' when it may not
--- ARGV[14] dead-letter stream cap
--- ARGV[15] chain: how many runs to start for the same worker on the slot this run frees, once
---          the report is recorded (0: none). So a busy worker needs one call per execution, as
---          BullMQ's moveToFinished does, instead of a completion and a start. Like start.lua,
---          it first makes due executions runnable, and it keeps the doorbell (start_entries()).
--- ARGV[16] lease TTL of the runs it starts, milliseconds
--- ARGV[17] the call's number among the worker's start-capable calls in the shard (0: none). A
---          call its worker's last adopt.lua covered records the report but starts nothing
---          (see start.lua).
+-- ARGV[6]  dead-letter stream cap
+-- ARGV[7]  the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
+-- Then, for each report in order, 11 values:
+--   +0  execution id
+--   +1  fence of the run the worker held
+--   +2  consumer name (the worker)
+--   +3  outcome: 'completed' | 'failed' | 'cancelled'
+--       | 'released'  (the worker is shutting down: back in its tenant's order at once,
+--                      where it stood; the run does not count as an attempt)
+--       | 'abandoned' (the worker could not renew the lease in time and stopped the run:
+--                      handled like an expired lease, see recover() in common.lua)
+--   +4  output JSON (completed), '' otherwise
+--   +5  error kind (failed), e.g. 'handler_error'
+--   +6  error message (failed)
+--   +7  retry backoff in ms when the failure may be retried, '' when it may not
+--   +8  chain: how many runs to start for the same worker on the slot this run frees, once
+--       the report is recorded (0: none). So a busy worker needs one call per execution, as
+--       BullMQ's moveToFinished does, instead of a completion and a start. Like start.lua,
+--       it first makes due executions runnable, and it keeps the doorbell (start_entries()).
+--   +9  lease TTL of the runs it starts, milliseconds
+--   +10 the call's number among the worker's start-capable calls in the shard (0: none). A
+--       report its worker's last adopt.lua covered is recorded but starts nothing (see
+--       start.lua).
 --
--- Reply: {what, detail, more, started, next_due, weight}; the last four as start.lua's (0 and
--- {} when nothing was asked for, or when the report was stale or a repeat: then nothing
--- starts).
+-- Reply: one entry per report, in order, each {what, detail, more, started, next_due,
+-- weight}; the last four as start.lua's (more 0 and started {} when nothing was asked for, or
+-- when the report was stale or a repeat: then nothing starts); next_due and weight are the
+-- same in every entry: the shard's after the whole call.
 -- what, detail:
 --   'stale', ''             the run is not current; nothing changed (counted in stats)
 --   'repeat', ''            this run's report was applied before; nothing changed
@@ -49,20 +58,18 @@
 --   'released', ''          back in its tenant's order for another worker
 --   'recovered', how        abandoned: how recover() handled it
 --   'deleted', ''           the execution was force-deleted while it ran; its slot is free now
-local id = ARGV[6]
-local ROW = declared(2, K.row(id))
-declared(3, K.runnable()); declared(4, K.leases())
-declared(5, K.delayed())
-local STATS = declared(7, K.stats())
-declared(6, K.dlq()); declared(8, K.dlq_indexed())
-local fence, consumer, outcome = ARGV[7], ARGV[8], ARGV[9]
-local output, err_kind, err_msg, backoff = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
-local cap, chain, ttl = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
-declared(9, K.adopted(consumer))
+declared(2, K.runnable()); declared(3, K.leases())
+declared(4, K.delayed())
+local STATS = declared(6, K.stats())
+declared(5, K.dlq()); declared(7, K.dlq_indexed())
+local cap, n = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()
 
--- Records the report; returns what happened and its detail (see Reply).
-local function record()
+-- Records one report (its values are ARGV[a..], its row is ROW); returns what happened and
+-- its detail (see Reply).
+local function record(ROW, a)
+  local id, fence, consumer, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local output, err_kind, err_msg, backoff = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
   local row = redis.call('HMGET', ROW, unpack(RUN_FIELDS))
   if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
     if redis.call('HGET', ROW, 'reported') == fence then return 'repeat', '' end
@@ -118,13 +125,40 @@ local function record()
   return 'done', 'failed'
 end
 
-local what, detail = record()
-local more, started, wait = 0, {}, nil
-if chain > 0 and what ~= 'stale' and what ~= 'repeat' and not barred(consumer, tonumber(ARGV[17])) then
-  wait = promote_due(now, 100)
-  more, started = start_entries(consumer, chain, ttl, cap, now)
-  -- A start that throttled its tenant or key put a wake-up on the timer set.
-  if WOKE then wait = nil end
+-- Every report's keys are checked before anything is written.
+local rows = {}
+for r = 1, n do
+  local a, k = 8 + (r - 1) * 11, 7 + (r - 1) * 2
+  rows[r] = declared(k + 1, K.row(ARGV[a]))
+  declared(k + 2, K.adopted(ARGV[a + 2]))
+end
+
+local replies = {}
+-- What promote_due() answered once a report chained; nil before, and once the timer set
+-- changed after it (a retry scheduled, a start throttled): then next_due() reads it again.
+local wait, promoted = nil, false
+for r = 1, n do
+  local a = 8 + (r - 1) * 11
+  local consumer = ARGV[a + 2]
+  local chain, ttl = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  local what, detail = record(rows[r], a)
+  if what == 'retrying' then wait = nil end
+  local more, started = 0, {}
+  if chain > 0 and what ~= 'stale' and what ~= 'repeat'
+    and not barred(consumer, tonumber(ARGV[a + 10])) then
+    if not promoted then
+      wait, promoted = promote_due(now, 100), true
+    end
+    more, started = start_entries(consumer, chain, ttl, cap, now)
+    -- A start that throttled its tenant or key put a wake-up on the timer set.
+    if WOKE then wait = nil end
+  end
+  replies[r] = { what, detail, more, started }
 end
 flush_trends()
-return { what, detail, more, started, wait or next_due(now), eligible_weight() }
+local due, weight = wait or next_due(now), eligible_weight()
+for r = 1, n do
+  local reply = replies[r]
+  reply[5], reply[6] = due, weight
+end
+return replies

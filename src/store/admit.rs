@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::commit::{Item, Outcome, invocation};
+use super::commit::{Batched, Item, Outcome, invocation};
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
 use super::{Shard, Store, StoreError};
 use crate::admission::{
@@ -102,7 +102,7 @@ impl Store {
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
             let item = admission_item(shard, tenant, &id, req);
-            let reply = match self.commits.admit(shard, item).await {
+            let reply = match self.commits.submit(shard, item).await {
                 Outcome::Reply(reply) => reply,
                 // Sent, answer lost: it may have run, or may still run.
                 Outcome::Lost(why) => return self.abandon(tenant, &id, &why).await,
@@ -326,7 +326,13 @@ impl Store {
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
             let item = admission_item(shard, tenant, &id, req);
-            let inv = invocation(&self.scripts.dry_admit, shard, &self.policy, &[&item]);
+            let inv = invocation(
+                Batched::Admit,
+                &self.scripts.dry_admit,
+                shard,
+                &self.policy,
+                &[&item],
+            );
             let mut c = self.conn();
             let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
             let (tag, rest) = split_tag(reply)?;

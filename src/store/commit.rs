@@ -1,5 +1,6 @@
-//! Group commit of admissions: while a call of `admit.lua` to a shard is in flight, the
-//! admissions that arrive for that shard queue, and go together in the next call.
+//! Group commit of admissions (and of completions, below): while a call of `admit.lua` to a
+//! shard is in flight, the admissions that arrive for that shard queue, and go together in
+//! the next call.
 //!
 //! Why: every admission used to be one script call, and Redis's fixed cost per call (the
 //! round trip, the dispatch, running the script's chunk and its guard) caps admissions per
@@ -19,6 +20,13 @@
 //!   request gets its honest 201 or 503.
 //! - The call runs in a task of its own: a client that disconnects cancels its wait, never
 //!   the call that carries other clients' admissions.
+//!
+//! Completions go the same way (a second committer, `Batched::Complete`): while a worker's
+//! `complete.lua` call to a shard is in flight, the reports of its other runs that end queue
+//! and go together in the next call, each recorded, and the runs it chains started, as if it
+//! had come alone (see `migrations-lua/complete.lua`). A lost call hands each report
+//! `Outcome::Lost`, which the worker treats as today: the report is repeated (a repeat is
+//! recognised), and the shard is made unsure until `adopt` finds what a chained start began.
 //!
 //! Batch admissions (`Store::admit_batch`) do not queue here: a batch sends its own calls, of
 //! at most `BATCH_CALL_ITEMS`, and before each call after its first it gives way to the
@@ -49,7 +57,30 @@ pub(super) const GROUP_BYTES: usize = 1 << 20;
 /// (68–74 µs), and its rate the same.
 pub const BATCH_CALL_ITEMS: usize = 16;
 
-/// One admission's part of a call: its keys and its values, in `admit.lua`'s order.
+/// The most reports one `complete.lua` call carries. Each may chain starts, so a call's work
+/// is this times (1 + the worker's free slots) at the most; 32 keeps it near what a call of
+/// `start.lua` for a busy worker does.
+pub(super) const COMPLETION_GROUP: usize = 32;
+
+/// The script a group committer calls: what its calls carry besides the items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Batched {
+    /// `admit.lua` (and `dry_admit.lua`, one item).
+    Admit,
+    /// `complete.lua`.
+    Complete,
+}
+
+impl Batched {
+    fn name(self) -> &'static str {
+        match self {
+            Batched::Admit => "admit",
+            Batched::Complete => "complete",
+        }
+    }
+}
+
+/// One request's part of a call: its keys and its values, in the script's order.
 pub(super) struct Item {
     pub keys: Vec<String>,
     pub args: Vec<Vec<u8>>,
@@ -62,13 +93,13 @@ impl Item {
     }
 }
 
-/// What became of one admission's part of a call.
+/// What became of one item's part of a call.
 pub(super) enum Outcome {
     /// The script's reply for it.
     Reply(Vec<Value>),
     /// The call was sent and its answer lost: it may have run, or may still run.
     Lost(String),
-    /// Redis said the call did not run (or the script failed on this admission).
+    /// Redis said the call did not run (or the script failed on this item).
     Failed(StoreError),
 }
 
@@ -84,17 +115,19 @@ struct Lane {
     queue: VecDeque<Waiting>,
 }
 
-/// The group committer of one `Store`: one lane per shard.
+/// A group committer of one `Store` (one for admissions, one for completions): one lane per
+/// shard.
 pub(super) struct GroupCommit {
+    kind: Batched,
     lanes: Mutex<HashMap<Shard, Lane>>,
     conns: Vec<Conn>,
     next: Arc<AtomicUsize>,
     script: redis::Script,
     policy: Arc<Policy>,
     op_timeout: Duration,
-    /// The most admissions one call carries.
+    /// The most items one call carries.
     pub(super) group_max: usize,
-    /// Calls of `admit.lua` made, and the admissions they carried.
+    /// Calls made, and the items they carried.
     calls: AtomicU64,
     sent: AtomicU64,
     /// Admissions queued for their shard's next call now.
@@ -118,6 +151,7 @@ pub struct GroupCommitCounts {
 
 impl GroupCommit {
     pub(super) fn new(
+        kind: Batched,
         conns: Vec<Conn>,
         next: Arc<AtomicUsize>,
         script: redis::Script,
@@ -126,6 +160,7 @@ impl GroupCommit {
         group_max: usize,
     ) -> Self {
         Self {
+            kind,
             lanes: Mutex::default(),
             conns,
             next,
@@ -149,8 +184,9 @@ impl GroupCommit {
         }
     }
 
-    /// Admits `item` in shard `shard`, in the next call that shard makes.
-    pub(super) async fn admit(self: &Arc<Self>, shard: Shard, item: Item) -> Outcome {
+    /// Sends `item` (an admission or a report) to shard `shard` in the next call that shard
+    /// makes.
+    pub(super) async fn submit(self: &Arc<Self>, shard: Shard, item: Item) -> Outcome {
         let (answer, outcome) = oneshot::channel();
         let start = {
             let mut lanes = self.lanes.lock().expect("group commit lanes");
@@ -168,12 +204,12 @@ impl GroupCommit {
         }
         // The sender goes only with a task that ended mid-call (a panic, the runtime shutting
         // down): whether the call ran is not known.
-        outcome
-            .await
-            .unwrap_or_else(|_| Outcome::Lost("the admission's call was abandoned".into()))
+        outcome.await.unwrap_or_else(|_| {
+            Outcome::Lost(format!("the {} call was abandoned", self.kind.name()))
+        })
     }
 
-    /// Sends the shard's queued admissions, a group per call, until none is left.
+    /// Sends the shard's queued items, a group per call, until none is left.
     async fn drain(self: Arc<Self>, shard: Shard) {
         loop {
             let group = {
@@ -204,7 +240,7 @@ impl GroupCommit {
             let items: Vec<&Item> = group.iter().map(|w| &w.item).collect();
             let outcomes = self.call(shard, &items).await;
             for (w, outcome) in group.into_iter().zip(outcomes) {
-                // A client that went away no longer listens; its admission stands.
+                // A client that went away no longer listens; its admission (or report) stands.
                 let _ = w.answer.send(outcome);
             }
         }
@@ -231,11 +267,11 @@ impl GroupCommit {
         }
     }
 
-    /// One call of `admit.lua` with `items`: one outcome per item, in order.
+    /// One call of the script with `items`: one outcome per item, in order.
     pub(super) async fn call(&self, shard: Shard, items: &[&Item]) -> Vec<Outcome> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sent.fetch_add(items.len() as u64, Ordering::Relaxed);
-        let inv = invocation(&self.script, shard, &self.policy, items);
+        let inv = invocation(self.kind, &self.script, shard, &self.policy, items);
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let mut c = self.conns[i].clone();
         let all = |f: &dyn Fn() -> Outcome| items.iter().map(|_| f()).collect();
@@ -264,13 +300,14 @@ impl GroupCommit {
             };
         if replies.len() != items.len() {
             let e = StoreError::Corrupt(format!(
-                "admit answered {} replies for {} admissions",
+                "{} answered {} replies for {} items",
+                self.kind.name(),
                 replies.len(),
                 items.len()
             ));
             return all(&|| Outcome::Failed(e.clone()));
         }
-        let sha = self.script.get_hash();
+        let (sha, name) = (self.script.get_hash(), self.kind.name());
         replies
             .into_iter()
             .map(|reply| match redis::from_redis_value::<Vec<Value>>(reply) {
@@ -280,39 +317,55 @@ impl GroupCommit {
                         other => format!("{other:?}"),
                     };
                     Outcome::Failed(StoreError::Corrupt(compose::locate(&format!(
-                        "admit: {message} (script: {sha})"
+                        "{name}: {message} (script: {sha})"
                     ))))
                 }
                 Ok(reply) => Outcome::Reply(reply),
-                Err(e) => Outcome::Failed(StoreError::Corrupt(format!("admit reply: {e}"))),
+                Err(e) => Outcome::Failed(StoreError::Corrupt(format!("{name} reply: {e}"))),
             })
             .collect()
     }
 }
 
-/// Whether an admission's reply is the script's `{'error', message}`.
+/// Whether an item's reply is the script's `{'error', message}` (admissions only: a report of
+/// `complete.lua` never starts with 'error').
 fn is_error(reply: &[Value]) -> bool {
     matches!(reply.first(), Some(Value::BulkString(b)) if b == b"error")
 }
 
-/// The call of `admit.lua` (or `dry_admit.lua`, with one item) for `items` in `shard`: the
-/// shard's keys and the common arguments, then each item's keys and values.
+/// The call of `admit.lua` (or `dry_admit.lua`, with one item) or of `complete.lua` for
+/// `items` in `shard`: the shard's keys and the common arguments (and for `complete.lua` the
+/// dead-letter cap), then each item's keys and values.
 pub(super) fn invocation<'a>(
+    kind: Batched,
     script: &'a redis::Script,
     shard: Shard,
     policy: &Policy,
     items: &[&Item],
 ) -> redis::ScriptInvocation<'a> {
     let mut inv = script.key(shard.frozen());
-    inv.key(shard.tenants())
-        .key(shard.runnable())
-        .key(shard.delayed());
+    match kind {
+        Batched::Admit => inv
+            .key(shard.tenants())
+            .key(shard.runnable())
+            .key(shard.delayed()),
+        Batched::Complete => inv
+            .key(shard.runnable())
+            .key(shard.leases())
+            .key(shard.delayed())
+            .key(shard.dead_letters())
+            .key(shard.stats())
+            .key(shard.dead_letters_indexed()),
+    };
     for item in items {
         for k in &item.keys {
             inv.key(k);
         }
     }
     policy.common_args(&mut inv, shard);
+    if kind == Batched::Complete {
+        inv.arg(policy.dlq_cap.load(Ordering::Relaxed));
+    }
     inv.arg(items.len());
     for item in items {
         for a in &item.args {

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 
+use redis::Value;
+
+use super::commit::{Item, Outcome as Sent};
 use super::{Shard, Store, StoreError};
 use crate::admission::{ExecutionId, FlowId, Status, TenantId, TraceContext};
 
@@ -225,7 +228,8 @@ impl Store {
     /// executions of the shard for `consumer` (leases of `lease_ttl`) on the slot it frees, as
     /// `start` would (nothing starts after a `Stale` or `Repeat` report). An error leaves open
     /// whether it started any: the caller then adopts before it starts more in the shard.
-    /// `call` numbers the call as `start`'s does.
+    /// `call` numbers the call as `start`'s does. The report goes with the others of the
+    /// shard that this process sends meanwhile, in one call (see `commit`).
     #[allow(clippy::too_many_arguments)]
     pub async fn complete_and_start(
         &self,
@@ -257,30 +261,29 @@ impl Store {
             Outcome::Released => ("released", String::new(), "", "", String::new()),
             Outcome::Abandoned => ("abandoned", String::new(), "", "", String::new()),
         };
-        let keys = [
-            shard.row(id),
-            shard.runnable(),
-            shard.leases(),
-            shard.delayed(),
-            shard.dead_letters(),
-            shard.stats(),
-            shard.dead_letters_indexed(),
-            shard.adopted(consumer),
-        ];
-        let mut inv = self.shard_script(&self.scripts.complete, shard, &keys);
-        inv.arg(id.as_str())
-            .arg(fence)
-            .arg(consumer)
-            .arg(name)
-            .arg(output)
-            .arg(kind)
-            .arg(message)
-            .arg(backoff)
-            .arg(self.dlq_cap())
-            .arg(chain)
-            .arg(lease_ttl.as_millis() as u64)
-            .arg(call);
-        let mut c = self.conn();
+        let item = Item {
+            keys: vec![shard.row(id), shard.adopted(consumer)],
+            args: vec![
+                id.as_str().into(),
+                fence.to_string().into(),
+                consumer.into(),
+                name.into(),
+                output.into(),
+                kind.into(),
+                message.into(),
+                backoff.into(),
+                chain.to_string().into(),
+                lease_ttl.as_millis().to_string().into(),
+                call.to_string().into(),
+            ],
+        };
+        // Grouped with the reports of this process's other runs of the shard that end while a
+        // call is in flight (see `commit`).
+        let reply = match self.completions.submit(shard, item).await {
+            Sent::Reply(reply) => reply,
+            Sent::Lost(why) => return Err(StoreError::Unavailable(why)),
+            Sent::Failed(e) => return Err(e),
+        };
         let (what, detail, more, runs, next_due, weight): (
             String,
             String,
@@ -288,7 +291,7 @@ impl Store {
             Vec<RunReply>,
             i64,
             u64,
-        ) = self.bounded(inv.invoke_async(&mut c)).await?;
+        ) = redis::from_redis_value(Value::Array(reply))?;
         let done = match what.as_str() {
             "stale" => Completion::Stale,
             "repeat" => Completion::Repeat,

@@ -187,6 +187,8 @@ pub struct Store {
     policy: std::sync::Arc<Policy>,
     /// Admissions waiting for their shard's next call (see `commit`).
     commits: std::sync::Arc<commit::GroupCommit>,
+    /// Reports of ended runs waiting for their shard's next call (see `commit`).
+    completions: std::sync::Arc<commit::GroupCommit>,
     /// Tenants' start rates, read lately (the forecast's input, see `forecast`).
     paces: forecast::PaceCache,
 }
@@ -237,12 +239,22 @@ impl Store {
         let scripts = Scripts::new();
         let next = std::sync::Arc::new(AtomicUsize::new(0));
         let commits = std::sync::Arc::new(commit::GroupCommit::new(
+            commit::Batched::Admit,
             conns.clone(),
             next.clone(),
             scripts.admit.clone(),
             policy.clone(),
             config.op_timeout,
             config.admission_group.clamp(1, 100),
+        ));
+        let completions = std::sync::Arc::new(commit::GroupCommit::new(
+            commit::Batched::Complete,
+            conns.clone(),
+            next.clone(),
+            scripts.complete.clone(),
+            policy.clone(),
+            config.op_timeout,
+            commit::COMPLETION_GROUP,
         ));
         let mut store = Self {
             conns,
@@ -253,6 +265,7 @@ impl Store {
             config,
             policy,
             commits,
+            completions,
             paces: Default::default(),
         };
         let (shards, fresh) = store.init_meta().await?;
@@ -462,6 +475,12 @@ impl Store {
     /// What group commit has done so far (see `commit`), for `/metrics`.
     pub fn group_commit_counts(&self) -> GroupCommitCounts {
         self.commits.counts()
+    }
+
+    /// What group commit of completions has done so far (see `commit`): calls of
+    /// `complete.lua`, the reports they carried (in `admissions`), and the reports waiting.
+    pub fn completion_counts(&self) -> GroupCommitCounts {
+        self.completions.counts()
     }
 
     fn dlq_cap(&self) -> u64 {

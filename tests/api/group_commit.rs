@@ -1,9 +1,10 @@
 //! Group commit: admissions that arrive for a shard while its admission call is in flight go
-//! together in the next call, each decided as if it came alone (`src/store/commit.rs`). The
-//! tests hold the first call in Redis (`CLIENT PAUSE WRITE`) until the server counts the
-//! others queued behind it (`Store::group_commit_counts`, what `/metrics` shows as
-//! `sluice_admissions_grouping`; read in process, since `/metrics` itself reads Redis), so
-//! the grouping is certain, not a matter of timing.
+//! together in the next call, each decided as if it came alone (`src/store/commit.rs`); a
+//! worker's reports of ended runs likewise, in calls of `complete.lua`. The tests hold the
+//! first call in Redis (`CLIENT PAUSE WRITE`) until the server counts the others queued behind
+//! it (`Store::group_commit_counts`, what `/metrics` shows as `sluice_admissions_grouping`;
+//! read in process, since `/metrics` itself reads Redis; `Store::completion_counts` for
+//! reports), so the grouping is certain, not a matter of timing.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -332,4 +333,218 @@ async fn a_group_of_one_sends_each_admission_alone() {
         metric(&app, "sluice_admission_calls_carried_total").await,
         carried + 5
     );
+}
+
+/// Waits until the store's completion committer has made `calls` calls and holds `waiting`
+/// reports (30 s at most).
+async fn await_completions(store: &sluice::store::Store, calls: u64, waiting: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = store.completion_counts();
+        if c.calls == calls && c.waiting == waiting {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "completion calls {} waiting {}, not {calls} and {waiting}",
+            c.calls,
+            c.waiting
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Held behind one stalled call, the reports of 12 runs go together in one call of
+/// `complete.lua`, and each gets exactly the answer it would have got alone: completions,
+/// a retry, a failure for good, a cancel, a stale fence refused, a repeat recognised, a
+/// chained start barred by the worker's adopt barrier, and two chained starts that share out
+/// the queue between them, in order.
+#[tokio::test]
+async fn reports_held_behind_a_call_go_together_and_each_gets_its_own_answer() {
+    use sluice::admission::Status;
+    use sluice::store::{Completion, Outcome};
+
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 20_000;
+        c.api.request_timeout_ms = 61_000;
+    })
+    .await;
+    app.put_tenant("acme", &json!({"max_concurrent": 50})).await;
+    let store = std::sync::Arc::new(app.store().await);
+    let shard = app.shard("acme");
+    for _ in 0..16 {
+        app.admit("acme", "demo.echo").await;
+    }
+    let ttl = Duration::from_secs(60);
+    let runs = store.start(shard, "w1", 12, ttl, 1).await.unwrap().started;
+    assert_eq!(runs.len(), 12);
+    // The barrier of an adopt covers the worker's calls up to 5.
+    assert_eq!(
+        store.adopt(shard, "w1", 16, ttl, 5).await.unwrap().len(),
+        12
+    );
+
+    let report = |i: usize, fence_off: u64, outcome: Outcome, chain: usize, call: u64| {
+        let (store, run) = (store.clone(), runs[i].clone());
+        tokio::spawn(async move {
+            store
+                .complete_and_start(
+                    shard,
+                    &run.id,
+                    run.fence + fence_off,
+                    "w1",
+                    &outcome,
+                    chain,
+                    ttl,
+                    call,
+                )
+                .await
+                .unwrap()
+        })
+    };
+    let done = || Outcome::Completed(json!({"ok": true}));
+    let failed = |retry: Option<Duration>| Outcome::Failed {
+        kind: "handler_error".into(),
+        message: "no".into(),
+        retry_after: retry,
+    };
+    let before = store.completion_counts().calls;
+    app.redis.pause(60_000, "WRITE").await;
+    let first = report(0, 0, done(), 0, 0);
+    await_completions(&store, before + 1, 0).await;
+    let held = vec![
+        report(1, 0, done(), 0, 0),
+        report(2, 0, done(), 0, 0),
+        report(1, 0, done(), 0, 0),
+        report(3, 0, failed(Some(Duration::from_secs(60))), 0, 0),
+        report(4, 0, failed(None), 0, 0),
+        report(5, 1, done(), 0, 0),
+        report(6, 0, Outcome::Cancelled, 0, 0),
+        report(7, 0, done(), 1, 4),
+        report(8, 0, done(), 3, 6),
+        report(9, 0, done(), 3, 7),
+        report(10, 0, done(), 0, 0),
+        report(11, 0, done(), 0, 0),
+    ];
+    await_completions(&store, before + 1, 12).await;
+    app.redis.unpause().await;
+
+    let (c, _) = first.await.unwrap();
+    assert_eq!(c, Completion::Done(Status::Completed));
+    let mut answers = Vec::new();
+    for task in held {
+        answers.push(task.await.unwrap());
+    }
+    assert_eq!(
+        store.completion_counts().calls,
+        before + 2,
+        "one call for the 12"
+    );
+    let what: Vec<&Completion> = answers.iter().map(|(c, _)| c).collect();
+    use Completion::*;
+    assert_eq!(
+        what,
+        [
+            &Done(Status::Completed),
+            &Done(Status::Completed),
+            &Repeat,
+            &Retrying,
+            &Done(Status::Failed),
+            &Stale,
+            &Done(Status::Cancelled),
+            &Done(Status::Completed),
+            &Done(Status::Completed),
+            &Done(Status::Completed),
+            &Done(Status::Completed),
+            &Done(Status::Completed),
+        ]
+    );
+    // The barred report started nothing; the next took 3 of the 4 queued (more left), the one
+    // after it the last (nothing left).
+    let started: Vec<usize> = answers.iter().map(|(_, b)| b.started.len()).collect();
+    assert_eq!(started, [0, 0, 0, 0, 0, 0, 0, 0, 3, 1, 0, 0]);
+    assert!(answers[8].1.more);
+    assert!(!answers[9].1.more);
+    let mut new: Vec<String> = answers
+        .iter()
+        .flat_map(|(_, b)| b.started.iter().map(|s| s.id.to_string()))
+        .collect();
+    assert!(
+        new.iter()
+            .all(|id| !runs.iter().any(|r| r.id.to_string() == *id))
+    );
+    new.sort();
+    new.dedup();
+    assert_eq!(new.len(), 4);
+    // Every run of the shard's answer sees the state after the whole call: the retry is due in
+    // about a minute.
+    let due = answers[11].1.next_due.expect("the retry is due later");
+    assert!(due > Duration::from_secs(50), "{due:?}");
+
+    let total = |status: &'static str| {
+        let app = &app;
+        async move { app.page("acme", &format!("status={status}")).await["total"].clone() }
+    };
+    assert_eq!(total("completed").await, 8);
+    assert_eq!(total("failed").await, 1);
+    assert_eq!(total("cancelled").await, 1);
+    assert_eq!(total("queued").await, 1);
+    // The stale report's run, and the 4 chained starts.
+    assert_eq!(total("running").await, 5);
+}
+
+/// A call of reports whose answer is lost (Redis stalled past the time-out) answers each
+/// report with an error, never with an outcome it made up; Redis runs the call once it is
+/// back, and each report repeated then is recognised as applied: every run is recorded once.
+#[tokio::test]
+async fn each_report_of_a_lost_group_is_an_error_and_its_repeat_is_recognised() {
+    use sluice::store::{Completion, Outcome};
+
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 300;
+        c.api.request_timeout_ms = 5_000;
+    })
+    .await;
+    let store = std::sync::Arc::new(app.store().await);
+    let shard = app.shard("acme");
+    for _ in 0..6 {
+        app.admit("acme", "demo.echo").await;
+    }
+    let ttl = Duration::from_secs(60);
+    let runs = store.start(shard, "w1", 6, ttl, 0).await.unwrap().started;
+    assert_eq!(runs.len(), 6);
+    let report = |i: usize| {
+        let (store, run) = (store.clone(), runs[i].clone());
+        tokio::spawn(async move {
+            let outcome = Outcome::Completed(json!({"i": i}));
+            store
+                .complete(shard, &run.id, run.fence, "w1", &outcome)
+                .await
+        })
+    };
+    app.redis.pause(60_000, "WRITE").await;
+    let tasks: Vec<_> = (0..6).map(report).collect();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        assert!(answer.is_err(), "a lost call answered {answer:?}");
+    }
+    assert!(store.completion_counts().admissions >= 6);
+    app.redis.unpause().await;
+
+    // The lost calls run now; repeated, each report is recognised.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app.page("acme", "status=completed").await["total"] != 6 {
+        assert!(Instant::now() < deadline, "the lost calls did not run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, run) in runs.iter().enumerate() {
+        let outcome = Outcome::Completed(json!({"i": i}));
+        let again = store
+            .complete(shard, &run.id, run.fence, "w1", &outcome)
+            .await
+            .unwrap();
+        assert_eq!(again, Completion::Repeat, "run {i}");
+    }
+    assert_eq!(app.page("acme", "status=running").await["total"], 0);
+    assert_eq!(app.page("acme", "status=completed").await["total"], 6);
 }
