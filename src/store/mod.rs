@@ -112,6 +112,9 @@ impl From<RedisError> for StoreError {
             | ErrorKind::Server(ServerErrorKind::NoPerm)
             | ErrorKind::UnexpectedReturnType
             | ErrorKind::Parse => StoreError::Corrupt(compose::locate(&e.to_string())),
+            // A key of another type than sluice writes: the same whether a script's `pcall`
+            // caught it (admit.lua's per-admission errors) or not.
+            _ if is_wrong_type(&e) => StoreError::Corrupt(compose::locate(&e.to_string())),
             _ => StoreError::Unavailable(e.to_string()),
         }
     }
@@ -121,6 +124,15 @@ impl From<RedisError> for StoreError {
 /// I/O error or a time-out (no answer came back). An error *reply* (TRYAGAIN from a frozen
 /// shard, MOVED/ASK that could not be followed, CLUSTERDOWN, READONLY, LOADING, MASTERDOWN,
 /// OOM, a script error) is Redis saying the call did not run, or failed before it wrote.
+/// Whether Redis answered WRONGTYPE, to one command or to one of a pipeline's.
+fn is_wrong_type(e: &RedisError) -> bool {
+    const CODE: &str = "WRONGTYPE";
+    e.code() == Some(CODE)
+        || e.clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, s)| s.code() == CODE))
+}
+
 fn is_lost(e: &RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
 }

@@ -398,3 +398,37 @@ async fn a_tenant_lost_from_the_runnable_set_is_put_back_by_the_sweeper() {
     assert_completed(&app, &tenant, &queued).await;
     assert_eq!(app.counter("reclaimed").await, 0);
 }
+
+/// Data sluice did not write (a row that is not a hash) is a fault of the data, not of Redis:
+/// the answer is 500 `internal_error`, never a 503 that tells the client to retry, whether the
+/// script that met it catches the error (admission, per item) or not (a read, a cancel).
+#[tokio::test]
+async fn a_key_of_the_wrong_type_answers_500_not_503() {
+    let app = TestApp::spawn().await;
+    let e = app.admit("acme", "demo.echo").await;
+    let id = e["execution_id"].as_str().unwrap().to_owned();
+    let row = app
+        .shard("acme")
+        .row(&sluice::admission::ExecutionId::parse(&id).unwrap());
+    break_key(&app, &row).await;
+    let get = app.get_execution("acme", &id).await;
+    let status = get.status();
+    let body = get.json::<Value>().await.unwrap();
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["code"], "internal_error");
+    let cancel = app
+        .as_tenant(
+            reqwest::Method::POST,
+            &format!("/api/executions/{id}/cancel"),
+            "acme",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    repair_key(&app, &row).await;
+    assert_eq!(
+        app.get_execution("acme", &id).await.status(),
+        StatusCode::OK
+    );
+}
