@@ -1903,6 +1903,50 @@ fn check_admissions(ev: &Evidence<'_>, v: &mut Verdict) {
     }
 }
 
+/// Whether two runs' effective intervals (`Run::effective`, `[start, end)`) overlap. A run
+/// that began only after its lease deadline (its worker paused between the start call and the
+/// handler) has an empty interval: nothing it did could be accepted, so it overlaps nothing.
+fn held_together((sa, ea): (u64, u64), (sb, eb): (u64, u64)) -> bool {
+    sa < ea && sb < eb && sa < eb && sb < ea
+}
+
+/// The checker's overlap rule on the cases that matter: overlapping runs are caught, runs
+/// that only touch are not, and a run whose handler began after its lease deadline (an empty
+/// interval, even one that lies inside another run's) overlaps nothing.
+#[test]
+fn an_empty_effective_interval_overlaps_nothing() {
+    let run = |start: u64, end: Option<(u64, u64)>| Run {
+        id: "e".into(),
+        tenant: "t".into(),
+        fence: 1,
+        attempt: 1,
+        pid: 7,
+        start,
+        end: end.map(|(t, lease_deadline)| RunEnd {
+            t,
+            lease_deadline,
+            how: "completed".into(),
+        }),
+    };
+    let gone = HashMap::new();
+    // Began at 500 with its lease running out at 400: empty, inside [0, 1000).
+    let late = run(500, Some((600, 400))).effective(&gone);
+    assert_eq!(late, (500, 500));
+    let long = run(0, Some((1000, 1200))).effective(&gone);
+    assert_eq!(long, (0, 1000));
+    assert!(!held_together(late, long));
+    assert!(!held_together(long, late));
+    // Ended by its lease deadline, not its report; then a second run overlaps it.
+    let cut = run(0, Some((900, 300))).effective(&gone);
+    assert_eq!(cut, (0, 300));
+    assert!(held_together(cut, (200, 400)));
+    assert!(!held_together(cut, (300, 400)));
+    // No end seen, its worker gone at 250: held until then.
+    let gone = HashMap::from([(7, 250)]);
+    assert_eq!(run(100, None).effective(&gone), (100, 250));
+    assert!(held_together(run(100, None).effective(&gone), (240, 260)));
+}
+
 /// Property 3: runs of one execution, from the journal.
 fn check_runs(ev: &Evidence<'_>, v: &mut Verdict) {
     let mut by_id: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
@@ -1921,12 +1965,7 @@ fn check_runs(ev: &Evidence<'_>, v: &mut Verdict) {
         }
         for (i, a) in runs.iter().enumerate() {
             for b in &runs[i + 1..] {
-                let (sa, ea) = a.effective(ev.gone);
-                let (sb, eb) = b.effective(ev.gone);
-                // A run that began only after its lease deadline (its worker paused between
-                // the start call and the handler) has an empty effective interval: nothing
-                // it did could be accepted, so it overlaps nothing.
-                if sa < ea && sb < eb && sa < eb && sb < ea {
+                if held_together(a.effective(ev.gone), b.effective(ev.gone)) {
                     v.fail(
                         P3,
                         format!(
