@@ -668,6 +668,11 @@ local function settle_terminal(t, id, digest)
   redis.call('EXPIRE', K.row(id), RETENTION_SECS)
 end
 
+-- The increments of the shard's counters (K.stats()) of ended runs this call collected, by
+-- field: flush_trends() writes them at the call's end, one HINCRBY per field, so a call that
+-- ends a group of runs (complete.lua) counts them once.
+local ENDED = {}
+
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
 -- (its tenant may start the next), retention and dedup TTLs. `run` is the row's RUN_FIELDS as
 -- the caller read them; `extra` holds fields to set besides the status and times; `drop` names
@@ -688,7 +693,7 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
   else
     outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] })
   end
-  redis.call('HINCRBY', K.stats(), status, 1)
+  ENDED[status] = (ENDED[status] or 0) + 1
   tally(t, status, now)
 end
 
@@ -744,9 +749,16 @@ end
 -- Whether a worker's start-capable call numbered `call` (0: unnumbered) is covered by the
 -- barrier its last adopt.lua wrote: such a call had its answer lost and reaches Redis only now,
 -- after the worker asked what it holds, so it must start nothing (nobody would run it).
+-- The barrier is read once per call and worker (complete.lua asks once per report).
+local BARRIERS = {}
 local function barred(consumer, call)
   if call == 0 then return false end
-  return call <= (tonumber(redis.call('GET', K.adopted(consumer))) or 0)
+  local barrier = BARRIERS[consumer]
+  if not barrier then
+    barrier = tonumber(redis.call('GET', K.adopted(consumer))) or 0
+    BARRIERS[consumer] = barrier
+  end
+  return call <= barrier
 end
 
 -- Starts up to `count` executions for `consumer`, in the same atomic step that picks them
@@ -1009,7 +1021,8 @@ end
 
 -- Writes what trend_add() collected: one BITFIELD per key. BITFIELD answers each counter's new
 -- value; one equal to its increment was at 0 in its minute, so the expiry is set by the write
--- that creates the key, and not by every write after it.
+-- that creates the key, and not by every write after it. Also writes the shard's counters of
+-- the runs the call ended (ENDED, see finish()).
 flush_trends = function()
   for _, key in ipairs(TREND_KEYS) do
     local args = TREND_ARGS[key]
@@ -1021,6 +1034,11 @@ flush_trends = function()
     end
   end
   TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
+  -- The shard's counters of ended runs (see finish()).
+  for field, n in pairs(ENDED) do
+    redis.call('HINCRBY', K.stats(), field, n)
+  end
+  ENDED = {}
 end
 
 -- Counts one event of tenant t at `now`: 'admitted', 'completed', 'failed' or 'cancelled'
