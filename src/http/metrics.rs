@@ -39,6 +39,9 @@
 //!   admission script this server made, and the admissions they carried (group commit: their
 //!   ratio is the mean group); `sluice_admissions_grouping`: admissions waiting now for their
 //!   shard's call in flight to end.
+//! - `sluice_completion_calls_total` and `sluice_completion_calls_carried_total`: calls of the
+//!   completion script this server made for pull workers' reports, and the reports they carried
+//!   (grouped like admissions; `sluice worker` groups its own, and has no endpoint).
 //! - `sluice_waiters`: clients waiting now (long polls and event streams, `--max-waiters`);
 //!   `sluice_waiters_listening`: 1 while the server's Pub/Sub listener is connected (0: the
 //!   waiters re-read on their own, every few seconds).
@@ -166,6 +169,8 @@ pub struct Metrics {
     shards_unreadable: Gauge,
     admission_calls: Counter,
     admission_calls_carried: Counter,
+    completion_calls: Counter,
+    completion_calls_carried: Counter,
     admissions_grouping: Gauge,
     /// Held while the counters above catch up with the store's (scrapes may overlap).
     catch_up: std::sync::Mutex<()>,
@@ -299,6 +304,18 @@ impl Metrics {
             "Admissions the admission script calls carried (group commit)",
             admission_calls_carried.clone(),
         );
+        let completion_calls = Counter::default();
+        registry.register(
+            "sluice_completion_calls",
+            "Calls of the completion script this server made for pull workers (each carries one or more reports)",
+            completion_calls.clone(),
+        );
+        let completion_calls_carried = Counter::default();
+        registry.register(
+            "sluice_completion_calls_carried",
+            "Reports of ended runs the completion script calls carried (group commit)",
+            completion_calls_carried.clone(),
+        );
         let admissions_grouping = Gauge::default();
         registry.register(
             "sluice_admissions_grouping",
@@ -371,6 +388,8 @@ impl Metrics {
             shards_unreadable,
             admission_calls,
             admission_calls_carried,
+            completion_calls,
+            completion_calls_carried,
             admissions_grouping,
             catch_up: std::sync::Mutex::new(()),
             waiters,
@@ -681,6 +700,14 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         grouped
             .admissions
             .saturating_sub(m.admission_calls_carried.get()),
+    );
+    let reported = state.store.completion_counts();
+    m.completion_calls
+        .inc_by(reported.calls.saturating_sub(m.completion_calls.get()));
+    m.completion_calls_carried.inc_by(
+        reported
+            .admissions
+            .saturating_sub(m.completion_calls_carried.get()),
     );
     drop(caught_up);
     m.admissions_grouping.set(gauge(grouped.waiting));

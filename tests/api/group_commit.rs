@@ -548,3 +548,38 @@ async fn each_report_of_a_lost_group_is_an_error_and_its_repeat_is_recognised() 
     assert_eq!(app.page("acme", "status=running").await["total"], 0);
     assert_eq!(app.page("acme", "status=completed").await["total"], 6);
 }
+
+/// The server's own completion calls (the pull API's reports go through them) are counted on
+/// `/metrics`: every report once, in at most as many calls.
+#[tokio::test]
+async fn metrics_count_the_completion_calls_and_the_reports_they_carried() {
+    use sluice::store::Outcome;
+
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    for _ in 0..3 {
+        app.admit("acme", "demo.echo").await;
+    }
+    let ttl = Duration::from_secs(60);
+    let store = &app.app_store;
+    let runs = store.start(shard, "w1", 3, ttl, 0).await.unwrap().started;
+    assert_eq!(runs.len(), 3);
+    for run in &runs {
+        let done = Outcome::Completed(json!({}));
+        store
+            .complete(shard, &run.id, run.fence, "w1", &done)
+            .await
+            .unwrap();
+    }
+    let text = app.get_text("/metrics").await;
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("sluice_completion_calls_carried_total"), 3);
+    assert!((1..=3).contains(&value("sluice_completion_calls_total")));
+}
