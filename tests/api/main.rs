@@ -6,6 +6,7 @@ mod admission;
 mod bad_input;
 mod batch;
 mod chaining;
+mod citations;
 mod cluster;
 mod config;
 mod connections;
