@@ -153,6 +153,11 @@ end
 -- Whether this call put a wake-up on the timer set (a next due time read before is stale).
 local WOKE = false
 
+-- Whether this call has set the shard's doorbell (see ring()) and not cleared it since: a
+-- second ring would write what is there already. Nobody can take the marker in the middle of
+-- an atomic call, so only its state at the end counts.
+local RUNG = false
+
 -- Puts a wake-up `member` on the shard's timer set at `at` (ms), ringing the doorbell when it
 -- is the earliest due time (a sleeping worker learns of it, see next_due()).
 local function wake_at(member, at)
@@ -160,8 +165,9 @@ local function wake_at(member, at)
   local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
   redis.call('ZADD', K.delayed(), at, member)
   redis.call('HINCRBY', K.stats(), 'throttled', 1)
-  if #first == 0 or tonumber(first[2]) > at then
+  if (#first == 0 or tonumber(first[2]) > at) and not RUNG then
     redis.call('ZADD', K.bell(), 0, 1)
+    RUNG = true
   end
 end
 
@@ -216,7 +222,9 @@ end
 -- and clears it once nothing can start. A marker taken by a worker that then died is set again
 -- by the orphan scan (reclaim.lua).
 local function ring()
+  if RUNG then return end
   redis.call('ZADD', K.bell(), 0, 1)
+  RUNG = true
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -874,6 +882,7 @@ local function start_entries(consumer, count, ttl, cap, now, only)
     ring()
   else
     redis.call('DEL', K.bell())
+    RUNG = false
   end
   return more, started
 end
