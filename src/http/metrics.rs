@@ -694,21 +694,15 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     let grouped = state.store.group_commit_counts();
     // Counters kept by the store: each scrape adds what happened since the last.
     let caught_up = m.catch_up.lock().expect("metrics catch-up");
-    m.admission_calls
-        .inc_by(grouped.calls.saturating_sub(m.admission_calls.get()));
-    m.admission_calls_carried.inc_by(
-        grouped
-            .admissions
-            .saturating_sub(m.admission_calls_carried.get()),
-    );
     let reported = state.store.completion_counts();
-    m.completion_calls
-        .inc_by(reported.calls.saturating_sub(m.completion_calls.get()));
-    m.completion_calls_carried.inc_by(
-        reported
-            .admissions
-            .saturating_sub(m.completion_calls_carried.get()),
-    );
+    for (counter, total) in [
+        (&m.admission_calls, grouped.calls),
+        (&m.admission_calls_carried, grouped.carried),
+        (&m.completion_calls, reported.calls),
+        (&m.completion_calls_carried, reported.carried),
+    ] {
+        counter.inc_by(total.saturating_sub(counter.get()));
+    }
     drop(caught_up);
     m.admissions_grouping.set(gauge(grouped.waiting));
     m.waiters

@@ -130,7 +130,7 @@ pub(super) struct GroupCommit {
     /// Calls made, and the items they carried.
     calls: AtomicU64,
     sent: AtomicU64,
-    /// Admissions queued for their shard's next call now.
+    /// Items queued for their shard's next call now.
     waiting: AtomicUsize,
     /// Lanes with a call in flight or admissions queued, and the signal that the last of them
     /// went idle (what a batch waits for, see `yield_to_singles`).
@@ -138,14 +138,15 @@ pub(super) struct GroupCommit {
     quiet: Notify,
 }
 
-/// What the group committer has done so far (see `Store::group_commit_counts`).
+/// What a group committer has done so far (see `Store::group_commit_counts` and
+/// `Store::completion_counts`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GroupCommitCounts {
-    /// Calls of `admit.lua` made.
+    /// Calls of its script made.
     pub calls: u64,
-    /// Admissions those calls carried (divided by `calls`: the mean group).
-    pub admissions: u64,
-    /// Admissions waiting now for their shard's call in flight to end.
+    /// Admissions (or reports) those calls carried (divided by `calls`: the mean group).
+    pub carried: u64,
+    /// Items waiting now for their shard's call in flight to end.
     pub waiting: u64,
 }
 
@@ -179,7 +180,7 @@ impl GroupCommit {
     pub(super) fn counts(&self) -> GroupCommitCounts {
         GroupCommitCounts {
             calls: self.calls.load(Ordering::Relaxed),
-            admissions: self.sent.load(Ordering::Relaxed),
+            carried: self.sent.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed) as u64,
         }
     }

@@ -490,7 +490,7 @@ impl Store {
     }
 
     /// What group commit of completions has done so far (see `commit`): calls of
-    /// `complete.lua`, the reports they carried (in `admissions`), and the reports waiting.
+    /// `complete.lua`, the reports they carried, and the reports waiting.
     pub fn completion_counts(&self) -> GroupCommitCounts {
         self.completions.counts()
     }

@@ -20,7 +20,7 @@ async fn metric(app: &TestApp, name: &str) -> u64 {
     let c = app.app_store.group_commit_counts();
     match name {
         "sluice_admission_calls_total" => c.calls,
-        "sluice_admission_calls_carried_total" => c.admissions,
+        "sluice_admission_calls_carried_total" => c.carried,
         "sluice_admissions_grouping" => c.waiting,
         other => panic!("no metric {other}"),
     }
@@ -528,7 +528,7 @@ async fn each_report_of_a_lost_group_is_an_error_and_its_repeat_is_recognised() 
         let answer = task.await.unwrap();
         assert!(answer.is_err(), "a lost call answered {answer:?}");
     }
-    assert!(store.completion_counts().admissions >= 6);
+    assert!(store.completion_counts().carried >= 6);
     app.redis.unpause().await;
 
     // The lost calls run now; repeated, each report is recognised.
