@@ -15,21 +15,23 @@ import * as apiKeys from './pages/api_keys.js';
 import * as webhook from './pages/webhook.js';
 import * as trends from './pages/trends.js';
 
-const RANK = { viewer: 0, editor: 1, admin: 2, platform_admin: 3 };
-
-/** What the signed-in caller may do; pages offer only these actions. */
+/**
+ * What the signed-in caller may do, as the server itself lists it (`GET /api/me`, `may`): pages
+ * offer only these actions, and the console keeps no copy of the roles' rules.
+ */
 export function abilities(me) {
-  const r = RANK[me.role] ?? -1;
+  const may = new Set(me.may || []);
   return {
-    admit: r >= RANK.editor,
-    cancel: r >= RANK.editor,
-    retry: r >= RANK.editor,
-    reschedule: r >= RANK.editor,
-    dismiss: r >= RANK.editor,
-    forceDelete: r >= RANK.admin,
-    manageKeys: r >= RANK.admin,
-    trends: r >= RANK.admin,
-    platform: r >= RANK.platform_admin,
+    admit: may.has('admit'),
+    cancel: may.has('cancel'),
+    retry: may.has('retry'),
+    reschedule: may.has('reschedule'),
+    dismiss: may.has('dismiss_dead_letters'),
+    forceDelete: may.has('force_delete'),
+    manageKeys: may.has('manage_api_keys'),
+    webhook: may.has('manage_webhook'),
+    trends: may.has('read_trends'),
+    platform: may.has('manage_platform'),
   };
 }
 
@@ -52,7 +54,7 @@ function parseHash() {
 
 /** Where a caller starts. */
 function home(me) {
-  if (me.role === 'platform_admin' && !me.tenant_id) return '#/overview';
+  if (abilities(me).platform && !me.tenant_id) return '#/overview';
   return `#/t/${encodeURIComponent(me.tenant_id)}/executions`;
 }
 
@@ -61,7 +63,7 @@ function route(me) {
   const can = abilities(me);
   if (parts[0] === 't' && parts[1]) {
     const tenant = parts[1];
-    if (me.role !== 'platform_admin' && tenant !== me.tenant_id) {
+    if (!can.platform && tenant !== me.tenant_id) {
       return { page: notAllowed, tenant: me.tenant_id, why: `This key belongs to tenant ${me.tenant_id}.` };
     }
     if (parts[2] === 'executions' && parts[3]) return { page: execution, tenant, id: parts[3], params };
@@ -76,7 +78,7 @@ function route(me) {
         : { page: notAllowed, tenant, why: 'Managing API keys needs the admin role.' };
     }
     if (parts[2] === 'webhook') {
-      return can.manageKeys ? { page: webhook, tenant, params }
+      return can.webhook ? { page: webhook, tenant, params }
         : { page: notAllowed, tenant, why: 'A tenant\'s webhook needs the admin role.' };
     }
   }
@@ -111,9 +113,8 @@ function header(me, current) {
     nav.append(link(`#/t/${t}/executions`, 'Executions', 'nav-executions'),
       link(`#/t/${t}/dead-letters`, 'Dead letters', 'nav-dead-letters'));
     if (can.trends) nav.append(link(`#/t/${t}/trends`, 'Trends', 'nav-trends'));
-    if (can.manageKeys) {
-      nav.append(link(`#/t/${t}/api-keys`, 'API keys', 'nav-api-keys'), link(`#/t/${t}/webhook`, 'Webhook', 'nav-webhook'));
-    }
+    if (can.manageKeys) nav.append(link(`#/t/${t}/api-keys`, 'API keys', 'nav-api-keys'));
+    if (can.webhook) nav.append(link(`#/t/${t}/webhook`, 'Webhook', 'nav-webhook'));
   } else if (can.platform) {
     nav.append(link('#/dead-letters', 'Dead letters', 'nav-dead-letters'));
   }

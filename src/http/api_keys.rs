@@ -19,6 +19,7 @@ use super::extract::{JsonBody, Path};
 use super::tenants::tenant_not_found;
 use crate::access::{KeyId, KeyOrigin, KeyRole};
 use crate::admission::{TenantId, is_hidden_char};
+use crate::http::actions::Action;
 use crate::store::{ApiKeyRecord, KeyCreation};
 
 /// Longest key name accepted.
@@ -146,7 +147,7 @@ pub async fn create_api_key(
     body: JsonBody<NewApiKey>,
 ) -> Result<Response, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ManageApiKeys)?;
     let body = body.parse().await?;
     if let Some(name) = &body.name
         && (name.is_empty()
@@ -225,7 +226,7 @@ pub async fn list_api_keys(
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<ApiKeyList>, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ManageApiKeys)?;
     let keys = state.store.list_api_keys(&tenant).await?;
     Ok(axum::Json(ApiKeyList {
         api_keys: keys.iter().map(ApiKey::new).collect(),
@@ -259,7 +260,7 @@ pub async fn revoke_api_key(
     Path((tenant, key_id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ManageApiKeys)?;
     let not_found = || ApiError::NotFound {
         code: "api_key_not_found",
         detail: "no such API key for this tenant".into(),

@@ -74,15 +74,6 @@ impl Caller {
         }
     }
 
-    /// The tenant this call acts for, with at least `role`.
-    pub fn tenant_with(&self, role: KeyRole) -> Result<&TenantId, ApiError> {
-        self.require(role)?;
-        self.tenant.as_ref().ok_or_else(|| ApiError::BadRequest {
-            code: "tenant_required",
-            detail: "this call acts for a tenant: send X-Tenant-Id".into(),
-        })
-    }
-
     /// The tenant this call acts for, if any (the platform admin may name none).
     pub fn acting_tenant(&self) -> Option<&TenantId> {
         self.tenant.as_ref()
@@ -91,40 +82,6 @@ impl Caller {
     /// What the caller's credential grants.
     pub fn grant(&self) -> Grant {
         self.grant
-    }
-
-    /// Allows the platform admin, and a tenant key of `tenant` with at least `role`; a key of
-    /// another tenant is a 403 `tenant_mismatch` (the caller named the tenant, so this reveals
-    /// nothing about it).
-    pub fn admin_of(&self, tenant: &TenantId, role: KeyRole) -> Result<(), ApiError> {
-        if self.grant == Grant::PlatformAdmin {
-            return Ok(());
-        }
-        self.require(role)?;
-        if self.tenant.as_ref() != Some(tenant) {
-            return Err(tenant_mismatch());
-        }
-        Ok(())
-    }
-
-    /// Fails with 403 unless the caller is the platform admin or holds a key with at least
-    /// `role`.
-    pub fn require(&self, role: KeyRole) -> Result<(), ApiError> {
-        match self.grant {
-            Grant::PlatformAdmin => Ok(()),
-            Grant::Key(held) if held >= role => Ok(()),
-            Grant::Key(_) => Err(insufficient(format!("this call needs the {role} role"))),
-        }
-    }
-
-    /// Fails with 403 unless the caller is the platform admin.
-    pub fn require_platform_admin(&self) -> Result<(), ApiError> {
-        match self.grant {
-            Grant::PlatformAdmin => Ok(()),
-            Grant::Key(_) => Err(insufficient(
-                "this call needs the platform admin token".into(),
-            )),
-        }
     }
 }
 
@@ -236,7 +193,7 @@ pub fn bearer_is(headers: &HeaderMap, expected: &Secret) -> bool {
 
 /// A tenant key used for another tenant (by `X-Tenant-Id` or a tenant path): the credential
 /// is valid, the tenant is not its own.
-fn tenant_mismatch() -> ApiError {
+pub(super) fn tenant_mismatch() -> ApiError {
     ApiError::Forbidden {
         code: "tenant_mismatch",
         detail: "this API key belongs to another tenant".into(),

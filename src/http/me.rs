@@ -1,6 +1,7 @@
-//! `GET /api/me`: who the caller is — its tenant, role and key — so a client (the web
-//! console first) can show what the credential allows without trying each call. Nothing here
-//! reads Redis beyond the authentication every call does.
+//! `GET /api/me`: who the caller is — its tenant, role and key — and what it may do (the
+//! server's own table, `super::actions`), so a client (the web console first) offers exactly
+//! the calls the credential allows without trying each or keeping its own copy of the rules.
+//! Nothing here reads Redis beyond the authentication every call does.
 
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -8,6 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::actions::Action;
 use super::auth::{Caller, Credential, Grant};
 use super::error::{ApiError, Problem};
 use crate::access::KeyRole;
@@ -65,7 +67,8 @@ pub enum AuthKind {
     "tenant_id": "acme",
     "role": "editor",
     "key_id": "3f2a9c0d1e4b5a69",
-    "auth": "api_key"
+    "auth": "api_key",
+    "may": ["read", "admit", "cancel", "retry", "reschedule", "dismiss_dead_letters"]
 }))]
 pub struct Me {
     /// The tenant the call acts for: the key's own, or the `X-Tenant-Id` the platform admin
@@ -78,6 +81,10 @@ pub struct Me {
     #[schema(pattern = "^[0-9a-f]{16}$")]
     pub key_id: Option<String>,
     pub auth: AuthKind,
+    /// Every action this credential may take, as the server checks it: for the tenant it
+    /// acts for, or every tenant for the platform admin. Offer these and no others; a new
+    /// server may name actions a client does not know yet (ignore them).
+    pub may: Vec<Action>,
 }
 
 /// Who the caller is: tenant, role and API key id.
@@ -109,5 +116,6 @@ pub async fn get_me(caller: Caller) -> Result<axum::Json<Me>, ApiError> {
         role: caller.grant().into(),
         key_id,
         auth,
+        may: caller.actions(),
     }))
 }

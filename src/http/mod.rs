@@ -4,6 +4,7 @@
 //! Swagger UI at `/docs` is compiled into the binary (vendored) and reads `/openapi.json`; the
 //! web console at `/console/` is compiled in too (`console`).
 
+pub mod actions;
 pub mod api_keys;
 pub mod auth;
 pub mod console;

@@ -14,7 +14,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, Query};
-use crate::access::KeyRole;
+use crate::http::actions::Action;
 use crate::store;
 
 /// The dead-letter and queue-statistics routes with their OpenAPI documentation.
@@ -115,9 +115,9 @@ pub async fn list_dead_letters(
     Query(p): Query<DeadLetterParams>,
 ) -> Result<axum::Json<DeadLetterPage>, ApiError> {
     let tenant = match caller.acting_tenant() {
-        Some(_) => Some(caller.tenant_with(KeyRole::Viewer)?),
+        Some(_) => Some(caller.tenant_for(Action::Read)?),
         None => {
-            caller.require_platform_admin()?;
+            caller.require(Action::ManagePlatform)?;
             None
         }
     };
@@ -184,9 +184,9 @@ pub async fn dismiss_dead_letter(
     Path((shard, entry_id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let tenant = match caller.acting_tenant() {
-        Some(_) => Some(caller.tenant_with(KeyRole::Editor)?),
+        Some(_) => Some(caller.tenant_for(Action::DismissDeadLetters)?),
         None => {
-            caller.require_platform_admin()?;
+            caller.require(Action::ManagePlatform)?;
             None
         }
     };
@@ -324,7 +324,7 @@ pub async fn queue_stats(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<axum::Json<QueueStats>, ApiError> {
-    caller.require_platform_admin()?;
+    caller.require(Action::ManagePlatform)?;
     let mut shards = Vec::new();
     let mut unavailable = Vec::new();
     let mut last_error = None;

@@ -13,8 +13,8 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
-use crate::access::KeyRole;
 use crate::admission::{ConcurrencyKey, TenantId};
+use crate::http::actions::Action;
 use crate::store::{
     Change, KeyLimitChange, KeyState, MAX_KEY_OVERRIDES, MAX_WEIGHT, Pin, RateLimit, TenantLimits,
     TenantState, Unpin,
@@ -77,7 +77,7 @@ pub async fn pin_tenant(
     caller: Caller,
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<DedicatedShard>, ApiError> {
-    caller.require_platform_admin()?;
+    caller.require(Action::ManagePlatform)?;
     let tenant = TenantId::parse(&tenant)?;
     // A dedicated shard is scarce and a pin is undone only by the platform admin: none is
     // spent on a name nobody registered (a typo, or a request the admin did not mean).
@@ -139,7 +139,7 @@ pub async fn unpin_tenant(
     caller: Caller,
     Path(tenant): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require_platform_admin()?;
+    caller.require(Action::ManagePlatform)?;
     let tenant = TenantId::parse(&tenant)?;
     match state.store.unpin_tenant(&tenant).await? {
         Unpin::Unpinned(_) | Unpin::NotPinned => Ok(StatusCode::NO_CONTENT),
@@ -423,7 +423,7 @@ pub async fn put_tenant(
     Path(tenant): Path<String>,
     body: JsonBody<TenantSettings>,
 ) -> Result<axum::Json<Tenant>, ApiError> {
-    caller.require_platform_admin()?;
+    caller.require(Action::ManagePlatform)?;
     let tenant = TenantId::parse(&tenant)?;
     let body = body.parse().await?;
     let limits = TenantLimits {
@@ -477,7 +477,7 @@ pub async fn get_tenant(
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<Tenant>, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ManageTenant)?;
     match state.store.get_tenant(&tenant).await? {
         Some(s) => Ok(axum::Json(Tenant::new(&tenant, s))),
         None => Err(tenant_not_found()),
@@ -541,7 +541,7 @@ pub async fn list_tenants(
     caller: Caller,
     query: QueryLater<TenantListParams>,
 ) -> Result<axum::Json<TenantList>, ApiError> {
-    caller.require_platform_admin()?;
+    caller.require(Action::ManagePlatform)?;
     let p = query.parse()?;
     let limit = p.limit.unwrap_or(DEFAULT_TENANT_PAGE);
     if !(1..=MAX_TENANT_PAGE).contains(&limit) {
@@ -611,7 +611,7 @@ pub async fn delete_tenant(
     caller: Caller,
     Path(tenant): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require_platform_admin()?;
+    caller.require(Action::ManagePlatform)?;
     let tenant = TenantId::parse(&tenant)?;
     if state.store.delete_tenant(&tenant).await? {
         state.metrics.forget_tenant(&tenant);
@@ -684,7 +684,7 @@ fn key_route(
     key: &str,
 ) -> Result<(TenantId, ConcurrencyKey), ApiError> {
     let tenant = TenantId::parse(tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ManageTenant)?;
     Ok((tenant, ConcurrencyKey::parse(key)?))
 }
 
@@ -709,7 +709,7 @@ pub async fn list_concurrency_keys(
     Path(tenant): Path<String>,
 ) -> Result<axum::Json<ConcurrencyKeyList>, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ManageTenant)?;
     let keys = state.store.key_overrides(&tenant).await?;
     let per_key = state
         .store

@@ -15,8 +15,8 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, QueryLater};
-use crate::access::KeyRole;
 use crate::admission::{TenantId, rfc3339_from_ms};
+use crate::http::actions::Action;
 use crate::store::trends::{MINUTE_MS, WAIT_BOUNDS_MS};
 use crate::store::{Minute, Trends};
 
@@ -225,7 +225,7 @@ pub async fn get_tenant_trends(
     query: QueryLater<TrendParams>,
 ) -> Result<axum::Json<TenantTrends>, ApiError> {
     let tenant = TenantId::parse(&tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ReadTrends)?;
     let hours = query.parse()?.hours()?;
     let trends = state
         .store
@@ -265,7 +265,7 @@ pub async fn get_trends(
     caller: Caller,
     query: QueryLater<TrendParams>,
 ) -> Result<axum::Json<PlatformTrends>, ApiError> {
-    caller.require_platform_admin()?;
+    caller.require(Action::ManagePlatform)?;
     let hours = query.parse()?.hours()?;
     let read = state
         .store

@@ -17,9 +17,9 @@ use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater};
 use super::tenants::tenant_not_found;
-use crate::access::KeyRole;
 use crate::admission::TenantId;
 use crate::delivery::{check_url, new_secret};
+use crate::http::actions::Action;
 use crate::store::{DELIVERY_LOG_CAP, DeliveryRecord, WebhookSet, WebhookState};
 
 /// The webhook routes with their OpenAPI documentation.
@@ -215,7 +215,7 @@ async fn managed_tenant(
     tenant: &str,
 ) -> Result<TenantId, ApiError> {
     let tenant = TenantId::parse(tenant)?;
-    caller.admin_of(&tenant, KeyRole::Admin)?;
+    caller.require_for(&tenant, Action::ManageWebhook)?;
     if !state.store.tenant_registered(&tenant).await? {
         return Err(tenant_not_found());
     }

@@ -35,8 +35,8 @@ use super::auth::{Caller, Grant};
 use super::error::{ApiError, Problem};
 use super::executions::waiting::{parse_wait, refused, until_revoked};
 use super::extract::{JsonBody, Path, Query, WholeU32, WholeU64};
-use crate::access::KeyRole;
 use crate::admission::{ExecutionId, TenantId};
+use crate::http::actions::Action;
 use crate::store::{Completion, LeaseState, Outcome, Shard, Started, keys};
 
 /// The pull API's routes with their OpenAPI documentation.
@@ -77,17 +77,14 @@ enum Scope {
 
 impl Scope {
     fn of(caller: &Caller) -> Result<Self, ApiError> {
+        caller.require(Action::PullWork)?;
         match caller.grant() {
             Grant::PlatformAdmin => Ok(Scope::Platform),
-            Grant::Key(KeyRole::Worker) => caller
+            Grant::Key(_) => caller
                 .acting_tenant()
                 .cloned()
                 .map(Scope::Tenant)
                 .ok_or(ApiError::Unauthorized),
-            Grant::Key(_) => Err(ApiError::Forbidden {
-                code: "insufficient_role",
-                detail: "the pull API needs a worker key (or the platform admin token)".into(),
-            }),
         }
     }
 

@@ -112,6 +112,19 @@ async fn call(app: &TestApp, who: &Who, name: &str) -> StatusCode {
         "tenant_trends" => send(Method::GET, "/api/tenants/acme/trends".into()).send(),
         "trends" => send(Method::GET, "/api/trends".into()).send(),
         "me" => send(Method::GET, "/api/me".into()).send(),
+        "reschedule" => {
+            let id = app.admitted_id("acme").await;
+            send(Method::POST, format!("/api/executions/{id}/reschedule"))
+                .json(&json!({"delay": "1h"}))
+                .send()
+        }
+        // No webhook is set: a caller with the role gets 404, one without it 403 first.
+        "get_webhook" => send(Method::GET, "/api/tenants/acme/webhook".into()).send(),
+        // An invalid `max`: a caller with the role gets 400 (and leases nothing), one without
+        // it 403 first.
+        "lease" => send(Method::POST, "/api/worker/lease?wait=0".into())
+            .json(&json!({"worker_id": "w1", "max": 0}))
+            .send(),
         // No such record: a caller with the role gets 404, one without it 403 first.
         "dismiss_dead_letter" => send(Method::DELETE, "/api/dlq/0/1-1".into()).send(),
         other => panic!("no call {other}"),
@@ -163,6 +176,88 @@ async fn each_role_gets_exactly_its_calls() {
         }
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// `GET /api/me` lists what the caller may do; each action is taken here by the call it
+/// names, and the server must allow exactly the listed ones (anything but 403) and refuse the
+/// others (403). The console offers what this list says, so a list that drifted from the
+/// handlers' checks would offer buttons that fail or hide ones that work.
+#[tokio::test]
+async fn me_lists_exactly_the_actions_the_server_allows() {
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    // Each action `may` can name, and the call that takes it.
+    let taken_by = [
+        ("read", "list"),
+        ("admit", "admit"),
+        ("cancel", "cancel"),
+        ("retry", "retry"),
+        ("reschedule", "reschedule"),
+        ("dismiss_dead_letters", "dismiss_dead_letter"),
+        ("force_delete", "force_delete"),
+        ("manage_tenant", "get_tenant"),
+        ("manage_api_keys", "list_keys"),
+        ("manage_webhook", "get_webhook"),
+        ("read_trends", "tenant_trends"),
+        ("pull_work", "lease"),
+        ("manage_platform", "list_tenants"),
+    ];
+    let callers = [
+        ("viewer", Who::Key(app.key_token("acme", "viewer").await)),
+        ("editor", Who::Key(app.key_token("acme", "editor").await)),
+        ("admin", Who::Key(app.key_token("acme", "admin").await)),
+        ("platform", Who::Platform("acme")),
+    ];
+    let mut wrong = Vec::new();
+    let mut listed_by = Vec::new();
+    for (role, who) in &callers {
+        let res = app
+            .request_as(who, Method::GET, "/api/me")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{role}");
+        let me: Value = res.json().await.unwrap();
+        let may: Vec<String> = me["may"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{role}: no may in {me}"))
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        for listed in &may {
+            assert!(
+                taken_by.iter().any(|(a, _)| a == listed),
+                "{role} may {listed}, which this test does not know how to take"
+            );
+        }
+        for (action, name) in taken_by {
+            let status = call(&app, who, name).await;
+            let listed = may.iter().any(|a| a == action);
+            if listed != (status != StatusCode::FORBIDDEN) || status == StatusCode::UNAUTHORIZED {
+                wrong.push(format!(
+                    "{role}: {action} listed {listed}, {name} answered {status}"
+                ));
+            }
+        }
+        listed_by.push((*role, may));
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // The platform admin may do everything, a viewer only read: the list is not empty or full
+    // by accident.
+    let count = |role: &str| listed_by.iter().find(|(r, _)| *r == role).unwrap().1.len();
+    assert_eq!(count("platform"), taken_by.len());
+    assert_eq!(count("viewer"), 1);
+    assert!(count("viewer") < count("editor") && count("editor") < count("admin"));
+
+    // A worker key reaches only the pull API, `/api/me` included, and may pull.
+    let worker = Who::Key(app.key_token("acme", "worker").await);
+    let res = app
+        .request_as(&worker, Method::GET, "/api/me")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(call(&app, &worker, "lease").await, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]

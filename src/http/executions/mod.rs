@@ -18,10 +18,10 @@ use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
-use crate::access::KeyRole;
 use crate::admission::{
     AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId, TraceContext,
 };
+use crate::http::actions::Action;
 use crate::store::{Admission, Decision, ListQuery, Reschedule, Retry};
 use wire::{
     AdmitAnswer, BatchAnswer, BatchResult, DryRunAnswer, Execution, ExecutionPage, NewBatch,
@@ -103,7 +103,7 @@ pub async fn create_execution(
     query: QueryLater<CreateParams>,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let tenant = caller.tenant_for(Action::Admit)?;
     let dry_run = query.parse()?.dry_run.unwrap_or(false);
     let body = body.parse().await.inspect_err(|_| {
         state.metrics.admission(tenant, AdmissionOutcome::Invalid);
@@ -230,7 +230,7 @@ pub async fn create_batch(
     headers: HeaderMap,
     body: JsonBody<NewBatch>,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let tenant = caller.tenant_for(Action::Admit)?;
     let batch = body.parse_within(state.batch_body_limit).await?;
     if headers.contains_key("idempotency-key") {
         return Err(ApiError::BadRequest {
@@ -481,7 +481,7 @@ pub async fn get_execution(
     Path(id): Path<String>,
     query: QueryLater<GetParams>,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Viewer)?;
+    let tenant = caller.tenant_for(Action::Read)?;
     let id = ExecutionId::parse(&id)?;
     if let Some(wait) = query.parse()?.wait {
         let wait = waiting::parse_wait(&wait)?;
@@ -573,7 +573,7 @@ pub async fn list_executions(
     caller: Caller,
     Query(p): Query<ListParams>,
 ) -> Result<axum::Json<ExecutionPage>, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Viewer)?;
+    let tenant = caller.tenant_for(Action::Read)?;
     let status = p
         .status
         .as_deref()
@@ -740,7 +740,7 @@ async fn cancel(
     caller: &Caller,
     id: &str,
 ) -> Result<crate::admission::Execution, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let tenant = caller.tenant_for(Action::Cancel)?;
     let id = ExecutionId::parse(id)?;
     state
         .store
@@ -793,7 +793,7 @@ pub async fn reschedule_execution(
     Path(id): Path<String>,
     body: JsonBody<RescheduleBody>,
 ) -> Result<axum::Json<Execution>, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let tenant = caller.tenant_for(Action::Reschedule)?;
     let id = ExecutionId::parse(&id)?;
     let body = body.parse().await?;
     let Some(when) = crate::admission::schedule_of(body.run_at.as_deref(), body.delay.as_deref())?
@@ -861,7 +861,7 @@ pub async fn delete_execution(
         let e = cancel(&state, &caller, &id).await?;
         return Ok(axum::Json(Execution::from(e)).into_response());
     }
-    let tenant = caller.tenant_with(KeyRole::Admin)?;
+    let tenant = caller.tenant_for(Action::ForceDelete)?;
     let id = ExecutionId::parse(&id)?;
     if state.store.force_delete(tenant, &id).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
@@ -898,7 +898,7 @@ pub async fn retry_execution(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Execution>, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Editor)?;
+    let tenant = caller.tenant_for(Action::Retry)?;
     let id = ExecutionId::parse(&id)?;
     match state.store.retry(tenant, &id).await? {
         Retry::Queued(e) => Ok(axum::Json((*e).into())),

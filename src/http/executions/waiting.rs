@@ -20,9 +20,9 @@ use futures_util::stream::{self, Stream};
 use tokio::time::Instant;
 
 use super::wire::{Execution, ExecutionEvent};
-use crate::access::KeyRole;
 use crate::admission::ExecutionId;
 use crate::http::AppState;
+use crate::http::actions::Action;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::Path;
@@ -148,7 +148,7 @@ pub(super) async fn wait_for_execution(
     id: &ExecutionId,
     wait: Duration,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Viewer)?;
+    let tenant = caller.tenant_for(Action::Read)?;
     let deadline = Instant::now() + wait;
     let mut revoked = caller.key_watch(&state.revocations);
     let mut waiter = state.waiters.join(tenant, id).map_err(refused)?;
@@ -230,7 +230,7 @@ pub async fn stream_execution_events(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let tenant = caller.tenant_with(KeyRole::Viewer)?;
+    let tenant = caller.tenant_for(Action::Read)?;
     let id = ExecutionId::parse(&id)?;
     let limits = state.events;
     let deadline = Instant::now() + limits.lifetime;
