@@ -6,12 +6,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::Lease;
 use crate::admission::{ExecutionId, FlowId, TenantId, TraceContext};
 
 /// Everything a handler learns about the execution it runs.
@@ -40,62 +39,6 @@ pub struct Context {
     /// down past its drain timeout. The runtime also drops the handler's future then, so a
     /// handler only needs to watch it to clean up or to stop a loop early.
     pub cancel: CancellationToken,
-}
-
-/// This worker's own view of a lease: the time until which it can prove it holds it, counted
-/// from when the call that granted or last renewed it was *sent* (Redis extended it no
-/// earlier, so Redis's deadline is never before this one). The runtime stops a run whose lease
-/// lapses without renewal; a handler may also ask before a side effect.
-#[derive(Debug, Clone)]
-pub struct Lease {
-    inner: Arc<LeaseClock>,
-}
-
-#[derive(Debug)]
-struct LeaseClock {
-    /// Fixed points to convert between the monotonic and the wall clock.
-    base: Instant,
-    base_wall: SystemTime,
-    /// The deadline, in microseconds after `base`.
-    deadline_us: AtomicU64,
-}
-
-impl Lease {
-    /// A lease granted by a call sent at `sent`, lasting `ttl`.
-    pub fn granted(sent: Instant, ttl: Duration) -> Self {
-        let base = Instant::now();
-        let lease = Self {
-            inner: Arc::new(LeaseClock {
-                base,
-                base_wall: SystemTime::now(),
-                deadline_us: AtomicU64::new(0),
-            }),
-        };
-        lease.renewed(sent, ttl);
-        lease
-    }
-
-    /// Records a renewal by a call sent at `sent` (a later deadline only).
-    pub fn renewed(&self, sent: Instant, ttl: Duration) {
-        let until = (sent + ttl).saturating_duration_since(self.inner.base);
-        let us = u64::try_from(until.as_micros()).unwrap_or(u64::MAX);
-        self.inner.deadline_us.fetch_max(us, Ordering::SeqCst);
-    }
-
-    /// Until when this worker can prove it holds the lease.
-    pub fn deadline(&self) -> Instant {
-        self.inner.base + Duration::from_micros(self.inner.deadline_us.load(Ordering::SeqCst))
-    }
-
-    /// The deadline on the wall clock (for logs and journals).
-    pub fn deadline_wall(&self) -> SystemTime {
-        self.inner.base_wall + (self.deadline() - self.inner.base)
-    }
-
-    /// Whether the lease is still provably held.
-    pub fn is_held(&self) -> bool {
-        Instant::now() < self.deadline()
-    }
 }
 
 /// A handler's failure.
