@@ -27,18 +27,26 @@ apt_install() {
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-ensure_redis() {
-  command -v redis-server >/dev/null 2>&1 && return 0
-  apt_install "redis-server (Redis 7.0 or newer)" redis-server || return 1
-  command -v redis-server >/dev/null 2>&1 || { echo "error: redis-server still missing" >&2; return 1; }
+# Makes sure the shell condition $2 holds, installing the Debian packages $3... with
+# apt_install when it does not; $1 names what they provide, for the messages.
+ensure_installed() {
+  local what="$1" ok="$2"
+  shift 2
+  eval "$ok" && return 0
+  apt_install "$what" "$@" || return 1
+  eval "$ok" || { echo "error: $what still missing after apt-get install $*" >&2; return 1; }
 }
 
-# Python 3 with venv (for the generated-client round trip); installed with apt-get when missing.
+ensure_redis() {
+  ensure_installed "redis-server (Redis 7.0 or newer)" \
+    'command -v redis-server >/dev/null 2>&1' redis-server
+}
+
+# Python 3 with venv (for the generated-client round trip and the fuzz).
 ensure_python_venv() {
-  local ok='command -v python3 >/dev/null 2>&1 && python3 -c "import venv, ensurepip" >/dev/null 2>&1'
-  eval "$ok" && return 0
-  apt_install "python3 with venv" python3 python3-venv || return 1
-  eval "$ok" || { echo "error: python3 with venv still missing" >&2; return 1; }
+  ensure_installed "python3 with venv" \
+    'command -v python3 >/dev/null 2>&1 && python3 -c "import venv, ensurepip" >/dev/null 2>&1' \
+    python3 python3-venv
 }
 
 # A virtualenv at $1 with the PyPI package $2 pinned at version $3, whose command $4 reports
@@ -52,12 +60,10 @@ ensure_pinned_venv() {
   fi
 }
 
-# Node.js with npm (for the benchmark's BullMQ peer); installed with apt-get when missing.
+# Node.js with npm (for the benchmark's BullMQ peer and the TypeScript client check).
 ensure_node() {
-  local ok='command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1'
-  eval "$ok" && return 0
-  apt_install "Node.js (18 or newer) with npm" nodejs npm || return 1
-  eval "$ok" || { echo "error: node/npm still missing" >&2; return 1; }
+  ensure_installed "Node.js (18 or newer) with npm" \
+    'command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1' nodejs npm
 }
 
 # The npm project in folder $1 (package.json + package-lock.json + its program and config
@@ -78,8 +84,7 @@ ensure_npm_project() {
 # apt-get when missing. Nothing else ever fetches a browser: the test drives /usr/bin/chromium
 # through /usr/bin/chromedriver.
 ensure_chromium() {
-  local ok='command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1'
-  eval "$ok" && return 0
-  apt_install "Chromium with its chromedriver" chromium chromium-driver || return 1
-  eval "$ok" || { echo "error: chromium/chromedriver still missing" >&2; return 1; }
+  ensure_installed "Chromium with its chromedriver" \
+    'command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1' \
+    chromium chromium-driver
 }

@@ -393,7 +393,10 @@ impl ManagedNode {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A loopback port that was free a moment ago: the one helper `sluice dev`, the tests and the
+/// benchmark share. Another process may take it before it is bound, so a caller that starts
+/// a server on it retries on a new one when the start fails.
+pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("no free port on loopback")?;
     Ok(l.local_addr()?.port())
 }

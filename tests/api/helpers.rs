@@ -431,13 +431,10 @@ pub fn shard_no(n: u16) -> Shard {
     ShardMap::new(16, sluice::store::Layout::CURRENT).shard(n)
 }
 
-/// A port that was free a moment ago.
+/// A loopback port that was free a moment ago (`sluice::dev::free_port`, shared with `sluice
+/// dev` and the benchmark).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    sluice::dev::free_port().expect("a free loopback port")
 }
 
 /// The real application on a free port, with its own Redis.

@@ -38,12 +38,6 @@ impl Drop for Scratch {
     }
 }
 
-/// A port that was free a moment ago (a start retries on another if it was taken meanwhile).
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("no free port on loopback")?;
-    Ok(l.local_addr()?.port())
-}
-
 /// A child process with a name (for reports) and its log file (for errors).
 pub struct Proc {
     /// `redis`, `serve`, `worker-1`, ...
@@ -196,7 +190,7 @@ async fn start_node(
     extra: &[String],
 ) -> anyhow::Result<(Proc, String)> {
     for _ in 0..5 {
-        let port = free_port()?;
+        let port = sluice::dev::free_port()?;
         let dir = scratch.path().join(name);
         std::fs::create_dir_all(&dir)?;
         let mut proc = Proc::spawn(
@@ -278,7 +272,7 @@ pub async fn start_serve(
     max_queued: u32,
 ) -> anyhow::Result<(Proc, SocketAddr)> {
     for attempt in 0..3 {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let addr: SocketAddr = format!("127.0.0.1:{}", sluice::dev::free_port()?).parse()?;
         let mut proc = Proc::spawn(
             "serve",
             runtime_threads(&mut Command::new(&s.program), s.serve_threads)
