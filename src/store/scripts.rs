@@ -53,12 +53,6 @@ fn acl_keys() -> &'static Library {
     })
 }
 
-macro_rules! op {
-    ($file:literal) => {
-        ($file, include_str!(concat!("../../migrations-lua/", $file)))
-    };
-}
-
 /// Which helpers a script is composed with.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -81,7 +75,7 @@ fn composed(kind: Kind, file: &'static str, op: &'static str) -> Composed {
 
 /// A script handle for a composed operation; its line origins are registered under its SHA1
 /// so that an error it raises names the right file and line (`compose::locate`).
-fn script(kind: Kind, (file, op): (&'static str, &'static str)) -> Script {
+fn script(kind: Kind, file: &'static str, op: &'static str) -> Script {
     let c = composed(kind, file, op);
     let s = Script::new(&c.source);
     compose::register(s.get_hash(), &c);
@@ -116,148 +110,80 @@ pub fn composed_source(kind: &str, op: &str) -> String {
     c.source
 }
 
+/// Declares the script table: each script's field of `Scripts`, the helpers it is composed
+/// with, and its file. Everything that lists the scripts is generated from this one list.
+macro_rules! scripts {
+    ($($name:ident: $kind:ident $file:literal,)*) => {
+        /// The loaded-once script handles (each knows its SHA1).
+        pub struct Scripts {
+            $(pub $name: Script,)*
+        }
+
+        /// Every operation file: its name, the helpers it is composed with, and its text as
+        /// compiled into the binary.
+        const TABLE: &[(&str, Kind, &str)] = &[
+            $(($file, Kind::$kind, include_str!(concat!("../../migrations-lua/", $file))),)*
+        ];
+
+        impl Scripts {
+            pub fn new() -> Self {
+                Self {
+                    $($name: script(
+                        Kind::$kind,
+                        $file,
+                        include_str!(concat!("../../migrations-lua/", $file)),
+                    ),)*
+                }
+            }
+
+            /// Every script, for loading and readiness checks.
+            pub fn all(&self) -> Vec<&Script> {
+                vec![$(&self.$name,)*]
+            }
+        }
+    };
+}
+
+scripts! {
+    admit: Shard "admit.lua",
+    abandon: Shard "abandon.lua",
+    adopt: Shard "adopt.lua",
+    promote: Shard "promote.lua",
+    cancel: Shard "cancel.lua",
+    force_delete: Shard "force_delete.lua",
+    list: Shard "list.lua",
+    set_limits: Shard "set_limits.lua",
+    pin: Shard "pin.lua",
+    pin_home: Shard "pin_home.lua",
+    start: Shard "start.lua",
+    heartbeat: Shard "heartbeat.lua",
+    complete: Shard "complete.lua",
+    reclaim: Shard "reclaim.lua",
+    retry: Shard "retry.lua",
+    sweep: Shard "sweep.lua",
+    api_key_create: Acl "api_key_create.lua",
+    api_key_revoke: Acl "api_key_revoke.lua",
+    api_key_auth: Acl "api_key_auth.lua",
+    tenant_delete: Acl "tenant_delete.lua",
+    sweeper_unlock: Meta "sweeper_unlock.lua",
+    watch: Shard "watch.lua",
+    dlq_dismiss: Shard "dlq_dismiss.lua",
+    reschedule: Shard "reschedule.lua",
+    migrate_dispatch: Shard "migrate_dispatch.lua",
+    ring: Shard "ring.lua",
+    key_limit: Shard "key_limit.lua",
+    dry_admit: Shard "dry_admit.lua",
+    webhook: Shard "webhook.lua",
+}
+
 /// The text of an operation file of `migrations-lua/` by name (`admit.lua`, ...), as compiled
 /// into the binary. For tests; not part of the API.
 #[doc(hidden)]
 pub fn operation(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "admit.lua" => op!("admit.lua").1,
-        "abandon.lua" => op!("abandon.lua").1,
-        "adopt.lua" => op!("adopt.lua").1,
-        "promote.lua" => op!("promote.lua").1,
-        "cancel.lua" => op!("cancel.lua").1,
-        "force_delete.lua" => op!("force_delete.lua").1,
-        "list.lua" => op!("list.lua").1,
-        "set_limits.lua" => op!("set_limits.lua").1,
-        "pin.lua" => op!("pin.lua").1,
-        "pin_home.lua" => op!("pin_home.lua").1,
-        "start.lua" => op!("start.lua").1,
-        "heartbeat.lua" => op!("heartbeat.lua").1,
-        "complete.lua" => op!("complete.lua").1,
-        "reclaim.lua" => op!("reclaim.lua").1,
-        "retry.lua" => op!("retry.lua").1,
-        "sweep.lua" => op!("sweep.lua").1,
-        "api_key_create.lua" => op!("api_key_create.lua").1,
-        "api_key_revoke.lua" => op!("api_key_revoke.lua").1,
-        "api_key_auth.lua" => op!("api_key_auth.lua").1,
-        "tenant_delete.lua" => op!("tenant_delete.lua").1,
-        "sweeper_unlock.lua" => op!("sweeper_unlock.lua").1,
-        "watch.lua" => op!("watch.lua").1,
-        "dlq_dismiss.lua" => op!("dlq_dismiss.lua").1,
-        "reschedule.lua" => op!("reschedule.lua").1,
-        "migrate_dispatch.lua" => op!("migrate_dispatch.lua").1,
-        "ring.lua" => op!("ring.lua").1,
-        "key_limit.lua" => op!("key_limit.lua").1,
-        "dry_admit.lua" => op!("dry_admit.lua").1,
-        "webhook.lua" => op!("webhook.lua").1,
-        _ => return None,
-    })
-}
-
-/// The loaded-once script handles (each knows its SHA1).
-pub struct Scripts {
-    pub admit: Script,
-    pub abandon: Script,
-    pub adopt: Script,
-    pub promote: Script,
-    pub cancel: Script,
-    pub force_delete: Script,
-    pub list: Script,
-    pub set_limits: Script,
-    pub pin: Script,
-    pub pin_home: Script,
-    pub start: Script,
-    pub heartbeat: Script,
-    pub complete: Script,
-    pub reclaim: Script,
-    pub retry: Script,
-    pub sweep: Script,
-    pub api_key_create: Script,
-    pub api_key_revoke: Script,
-    pub api_key_auth: Script,
-    pub tenant_delete: Script,
-    pub sweeper_unlock: Script,
-    pub watch: Script,
-    pub dlq_dismiss: Script,
-    pub reschedule: Script,
-    pub migrate_dispatch: Script,
-    pub ring: Script,
-    pub key_limit: Script,
-    pub dry_admit: Script,
-    pub webhook: Script,
-}
-
-impl Scripts {
-    pub fn new() -> Self {
-        let shard = |op| script(Kind::Shard, op);
-        let acl = |op| script(Kind::Acl, op);
-        Self {
-            admit: shard(op!("admit.lua")),
-            abandon: shard(op!("abandon.lua")),
-            adopt: shard(op!("adopt.lua")),
-            promote: shard(op!("promote.lua")),
-            cancel: shard(op!("cancel.lua")),
-            force_delete: shard(op!("force_delete.lua")),
-            list: shard(op!("list.lua")),
-            set_limits: shard(op!("set_limits.lua")),
-            pin: shard(op!("pin.lua")),
-            pin_home: shard(op!("pin_home.lua")),
-            start: shard(op!("start.lua")),
-            heartbeat: shard(op!("heartbeat.lua")),
-            complete: shard(op!("complete.lua")),
-            reclaim: shard(op!("reclaim.lua")),
-            retry: shard(op!("retry.lua")),
-            sweep: shard(op!("sweep.lua")),
-            api_key_create: acl(op!("api_key_create.lua")),
-            api_key_revoke: acl(op!("api_key_revoke.lua")),
-            api_key_auth: acl(op!("api_key_auth.lua")),
-            tenant_delete: acl(op!("tenant_delete.lua")),
-            sweeper_unlock: script(Kind::Meta, op!("sweeper_unlock.lua")),
-            watch: shard(op!("watch.lua")),
-            dlq_dismiss: shard(op!("dlq_dismiss.lua")),
-            reschedule: shard(op!("reschedule.lua")),
-            migrate_dispatch: shard(op!("migrate_dispatch.lua")),
-            ring: shard(op!("ring.lua")),
-            key_limit: shard(op!("key_limit.lua")),
-            dry_admit: shard(op!("dry_admit.lua")),
-            webhook: shard(op!("webhook.lua")),
-        }
-    }
-
-    /// Every script, for loading and readiness checks.
-    pub fn all(&self) -> [&Script; 29] {
-        [
-            &self.admit,
-            &self.abandon,
-            &self.adopt,
-            &self.promote,
-            &self.cancel,
-            &self.force_delete,
-            &self.list,
-            &self.set_limits,
-            &self.pin,
-            &self.pin_home,
-            &self.start,
-            &self.heartbeat,
-            &self.complete,
-            &self.reclaim,
-            &self.retry,
-            &self.sweep,
-            &self.api_key_create,
-            &self.api_key_revoke,
-            &self.api_key_auth,
-            &self.tenant_delete,
-            &self.sweeper_unlock,
-            &self.watch,
-            &self.dlq_dismiss,
-            &self.reschedule,
-            &self.migrate_dispatch,
-            &self.ring,
-            &self.key_limit,
-            &self.dry_admit,
-            &self.webhook,
-        ]
-    }
+    TABLE
+        .iter()
+        .find(|(file, _, _)| *file == name)
+        .map(|(_, _, text)| *text)
 }
 
 #[cfg(test)]
@@ -266,51 +192,18 @@ mod tests {
 
     #[test]
     fn every_composed_script_opens_with_a_shebang_and_the_guard() {
-        let ops = [
-            "admit.lua",
-            "abandon.lua",
-            "adopt.lua",
-            "promote.lua",
-            "cancel.lua",
-            "force_delete.lua",
-            "list.lua",
-            "set_limits.lua",
-            "pin.lua",
-            "pin_home.lua",
-            "start.lua",
-            "heartbeat.lua",
-            "complete.lua",
-            "reclaim.lua",
-            "retry.lua",
-            "sweep.lua",
-            "api_key_create.lua",
-            "api_key_revoke.lua",
-            "api_key_auth.lua",
-            "tenant_delete.lua",
-            "sweeper_unlock.lua",
-            "watch.lua",
-            "dlq_dismiss.lua",
-            "reschedule.lua",
-            "migrate_dispatch.lua",
-            "ring.lua",
-            "key_limit.lua",
-            "dry_admit.lua",
-            "webhook.lua",
-        ];
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
-        for op in ops {
+        for &(op, kind, _) in TABLE {
             let text = std::fs::read_to_string(format!("{dir}{op}")).unwrap();
             assert_eq!(
                 operation(op),
                 Some(text.as_str()),
                 "{op} is compiled in as it is"
             );
-            let kind = if op.starts_with("api_key") || op == "tenant_delete.lua" {
-                "acl"
-            } else if op == "sweeper_unlock.lua" {
-                "meta"
-            } else {
-                "shard"
+            let kind = match kind {
+                Kind::Shard => "shard",
+                Kind::Acl => "acl",
+                Kind::Meta => "meta",
             };
             let composed = composed_source(kind, &text);
             let first = composed.lines().next().unwrap();
@@ -338,10 +231,10 @@ mod tests {
             .filter(|f| !["guard.lua", "common.lua", "acl_keys.lua"].contains(&f.as_str()))
             .collect();
         files.sort();
-        let mut listed: Vec<String> = ops.iter().map(|s| s.to_string()).collect();
+        let mut listed: Vec<String> = TABLE.iter().map(|(f, _, _)| f.to_string()).collect();
         listed.sort();
         assert_eq!(files, listed);
-        assert_eq!(Scripts::new().all().len(), ops.len());
+        assert_eq!(Scripts::new().all().len(), TABLE.len());
     }
 
     #[test]
