@@ -15,7 +15,7 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::admission::TenantId;
+use crate::domain::TenantId;
 
 /// Prefix of every tenant API key; tells it apart from the platform admin token.
 pub const TOKEN_PREFIX: &str = "sk_";

@@ -35,7 +35,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::TenantId;
+use crate::domain::TenantId;
 use crate::store::{DeliveryRecord, OutboxEntry, Store, StoreError, keys};
 
 /// The first pause after a failed round of a tenant's deliveries; it doubles per failed round.

@@ -1,7 +1,7 @@
 //! sluice: an HTTP execution-admission server and worker runtime on Redis.
 //!
 //! - [`access`]: tenant API keys as values — token format, roles, secret hashing.
-//! - [`admission`]: the domain — validated ids, admission requests, the execution view.
+//! - [`domain`]: the domain — validated ids, admission requests, the execution view.
 //! - [`store`]: Redis — key names, and the Lua operations in `migrations-lua/` (every state
 //!   change one atomic script on one hash slot).
 //! - [`http`]: the API — routes with their OpenAPI docs, errors as problem+json, auth.
@@ -17,12 +17,12 @@
 //! - [`commands`]: what each subcommand does (`main.rs` only dispatches).
 
 pub mod access;
-pub mod admission;
 pub mod app;
 pub mod commands;
 pub mod config;
 pub mod delivery;
 pub mod dev;
+pub mod domain;
 pub mod http;
 pub mod migrate;
 pub mod otel;

@@ -22,7 +22,7 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue, global};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 
-use crate::admission::{ExecutionId, TraceContext};
+use crate::domain::{ExecutionId, TraceContext};
 use crate::store::Started;
 
 /// The provider while export is on (kept to flush it at exit).

@@ -41,7 +41,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::access::{AccessChange, KeyId, KeyRole, PresentedKey};
-use crate::admission::TenantId;
+use crate::domain::TenantId;
 use crate::store::{Store, StoreError};
 
 /// How old the check of an open wait's key may be: within about this long of a revocation

@@ -32,7 +32,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::{Execution, ExecutionId, TenantId};
+use crate::domain::{Execution, ExecutionId, TenantId};
 use crate::revocation::Revocations;
 use crate::store::{Announcement, Events, Store, StoreError};
 

@@ -138,7 +138,7 @@ impl Caller {
 
     /// The tenant this call acts for (the key's own, or the admin's `X-Tenant-Id`), once the
     /// caller may take `action`; 400 `tenant_required` when the platform admin named none.
-    pub fn tenant_for(&self, action: Action) -> Result<&crate::admission::TenantId, ApiError> {
+    pub fn tenant_for(&self, action: Action) -> Result<&crate::domain::TenantId, ApiError> {
         self.require(action)?;
         self.acting_tenant().ok_or_else(|| ApiError::BadRequest {
             code: "tenant_required",
@@ -151,7 +151,7 @@ impl Caller {
     /// `tenant_mismatch` (the caller named the tenant, so this reveals nothing about it).
     pub fn require_for(
         &self,
-        tenant: &crate::admission::TenantId,
+        tenant: &crate::domain::TenantId,
         action: Action,
     ) -> Result<(), ApiError> {
         self.require(action)?;

@@ -18,7 +18,7 @@ use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path};
 use super::tenants::tenant_not_found;
 use crate::access::{KeyId, KeyOrigin, KeyRole};
-use crate::admission::{TenantId, is_hidden_char};
+use crate::domain::{TenantId, is_hidden_char};
 use crate::http::actions::Action;
 use crate::store::{ApiKeyRecord, KeyCreation};
 

@@ -18,8 +18,8 @@ use subtle::ConstantTimeEq;
 use super::AppState;
 use super::error::ApiError;
 use crate::access::{KeyId, KeyRole, PresentedKey, TOKEN_PREFIX};
-use crate::admission::TenantId;
 use crate::config::Secret;
+use crate::domain::TenantId;
 use crate::revocation::{KeyWatch, Revocations};
 
 /// What every route a `worker` key may call starts with (the pull API, `http::worker`).

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::admission::{ExecutionId, InvalidInput};
+use crate::domain::{ExecutionId, InvalidInput};
 use crate::store::StoreError;
 
 /// Seconds a client should wait before retrying after Redis trouble.

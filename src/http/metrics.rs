@@ -70,7 +70,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::bearer_is;
 use super::error::{ApiError, Problem};
-use crate::admission::TenantId;
+use crate::domain::TenantId;
 use crate::store::Shard;
 use crate::store::trends::ShardTenantMinutes;
 

@@ -8,6 +8,7 @@ pub mod actions;
 pub mod api_keys;
 pub mod auth;
 pub mod console;
+pub mod dead_letters;
 pub mod dev_guard;
 pub mod error;
 pub mod executions;
@@ -15,7 +16,7 @@ pub mod extract;
 pub mod health;
 pub mod me;
 pub mod metrics;
-pub mod queues;
+pub mod queue_stats;
 mod spec;
 pub mod tenants;
 pub mod trends;
@@ -133,7 +134,8 @@ fn api_routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi
         .merge(tenants::routes())
         .merge(trends::routes())
         .merge(api_keys::routes())
-        .merge(queues::routes())
+        .merge(dead_letters::routes())
+        .merge(queue_stats::routes())
         .merge(me::routes())
         .merge(health::routes())
         .merge(worker::routes())

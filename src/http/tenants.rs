@@ -13,7 +13,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
-use crate::admission::{ConcurrencyKey, TenantId};
+use crate::domain::{ConcurrencyKey, TenantId};
 use crate::http::actions::Action;
 use crate::store::{
     Change, KeyLimitChange, KeyState, MAX_KEY_OVERRIDES, MAX_WEIGHT, Pin, RateLimit, TenantLimits,
@@ -226,7 +226,7 @@ impl RateLimitSetting {
             code: "invalid_rate_limit",
             detail: format!("{field}: {why}"),
         };
-        let per_ms = crate::admission::parse_delay(&self.per)
+        let per_ms = crate::domain::parse_delay(&self.per)
             .map_err(|_| bad("per must be a duration such as 250ms, 30s, 1m, 1h or 1d".into()))?;
         // What the schema's pattern allows, exactly: no leading zero, 1 ms to a day.
         if self.per.starts_with('0') || !(1..=RateLimit::MAX_PER_MS).contains(&per_ms) {

@@ -15,7 +15,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, QueryLater};
-use crate::admission::{TenantId, rfc3339_from_ms};
+use crate::domain::{TenantId, rfc3339_from_ms};
 use crate::http::actions::Action;
 use crate::store::trends::{MINUTE_MS, WAIT_BOUNDS_MS};
 use crate::store::{Minute, Trends};

@@ -17,8 +17,8 @@ use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, QueryLater};
 use super::tenants::tenant_not_found;
-use crate::admission::TenantId;
 use crate::delivery::{check_url, new_secret};
+use crate::domain::TenantId;
 use crate::http::actions::Action;
 use crate::store::{DELIVERY_LOG_CAP, DeliveryRecord, WebhookSet, WebhookState};
 

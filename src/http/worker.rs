@@ -35,7 +35,7 @@ use super::auth::{Caller, Grant};
 use super::error::{ApiError, Problem};
 use super::executions::waiting::{parse_wait, refused, until_revoked};
 use super::extract::{JsonBody, Path, Query, WholeU32, WholeU64};
-use crate::admission::{ExecutionId, TenantId};
+use crate::domain::{ExecutionId, TenantId};
 use crate::http::actions::Action;
 use crate::store::{Completion, LeaseState, Outcome, Shard, Started, keys};
 
@@ -833,8 +833,8 @@ pub async fn complete(
         Completion::Released => CompletionResult::Released,
         Completion::Retrying => CompletionResult::Retrying,
         Completion::DeadLettered => CompletionResult::DeadLettered,
-        Completion::Done(crate::admission::Status::Cancelled) => CompletionResult::Cancelled,
-        Completion::Done(crate::admission::Status::Failed) => CompletionResult::DeadLettered,
+        Completion::Done(crate::domain::Status::Cancelled) => CompletionResult::Cancelled,
+        Completion::Done(crate::domain::Status::Failed) => CompletionResult::DeadLettered,
         Completion::Done(_) => CompletionResult::Completed,
         // Only an `abandoned` report recovers; the pull API sends none.
         Completion::Recovered => CompletionResult::Released,

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use super::{Store, StoreError, keys};
 use crate::access::{AccessChange, GeneratedKey, KeyId, KeyOrigin, KeyRole, PresentedKey};
-use crate::admission::TenantId;
+use crate::domain::TenantId;
 
 /// What an API key grants (never its secret or hash).
 #[derive(Debug, Clone, PartialEq, Eq)]

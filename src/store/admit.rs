@@ -9,7 +9,7 @@ use redis::Value;
 use super::commit::{Batched, Item, Outcome, invocation};
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
 use super::{Shard, Store, StoreError};
-use crate::admission::{
+use crate::domain::{
     AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, Status,
     TenantId,
 };
@@ -72,7 +72,7 @@ pub struct DryRun {
     /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_queue_full`.
     pub reason: String,
     pub queue_position: Option<QueuePosition>,
-    pub estimated_start: Option<crate::admission::EstimatedStart>,
+    pub estimated_start: Option<crate::domain::EstimatedStart>,
     /// The execution the dedup key names (duplicate, conflict).
     pub execution_id: Option<String>,
     /// When it would be due (schedule), Unix ms on Redis's clock.

@@ -6,7 +6,7 @@ use redis::Value;
 
 use super::row::{execution_from, split_tag, string_at};
 use super::{Shard, Store, StoreError};
-use crate::admission::{Execution, ExecutionId, QueueState, Schedule, Status, TenantId};
+use crate::domain::{Execution, ExecutionId, QueueState, Schedule, Status, TenantId};
 
 impl Store {
     /// Cancels an execution (see `migrations-lua/cancel.lua`); `None` when not found.

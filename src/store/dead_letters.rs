@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::row::{execution_from, split_tag};
 use super::{Shard, Store, StoreError};
-use crate::admission::{Execution, ExecutionId, Status, TenantId};
+use crate::domain::{Execution, ExecutionId, Status, TenantId};
 
 /// What `Store::retry` did.
 #[derive(Debug, Clone)]
@@ -313,7 +313,7 @@ fn dead_letter_of(shard: u16, entry_id: String, mut f: HashMap<String, String>) 
         message: take("message"),
         tenant_id: (!tenant.is_empty()).then_some(tenant),
         flow_id: (!flow.is_empty()).then_some(flow),
-        dead_lettered_at: crate::admission::rfc3339_from_ms(&at).unwrap_or(at),
+        dead_lettered_at: crate::domain::rfc3339_from_ms(&at).unwrap_or(at),
         entry_id,
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::trends::MINUTE_MS;
 use super::{Store, StoreError};
-use crate::admission::{EstimatedStart, Execution, QueuePosition, TenantId, rfc3339_from_ms};
+use crate::domain::{EstimatedStart, Execution, QueuePosition, TenantId, rfc3339_from_ms};
 
 /// How long a tenant's measured pace is reused before it is read again: the forecast costs
 /// one read per tenant per this long, not one per answer.

@@ -8,7 +8,7 @@ use redis::Value;
 use super::row::split_tag;
 use super::tenants::MAX_KEY_OVERRIDES;
 use super::{Store, StoreError};
-use crate::admission::{ConcurrencyKey, TenantId};
+use crate::domain::{ConcurrencyKey, TenantId};
 
 /// One concurrency key of a tenant: its limit and what it holds now.
 #[derive(Debug, Clone, PartialEq, Eq)]

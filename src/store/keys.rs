@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
 use super::layout::Layout;
-use crate::admission::{ExecutionId, FlowId, Status, TenantId};
+use crate::domain::{ExecutionId, FlowId, Status, TenantId};
 
 /// Every sluice key starts with this.
 const ROOT: &str = "sluice:";
@@ -57,7 +57,7 @@ const PULL_CONSUMER: &str = "pull/";
 /// channel) of pull worker `worker` of the API: `pull/<tenant>/<worker>` for a tenant's
 /// `worker` key, `pull/*/<worker>` for the platform admin (no tenant id has a `*` or a `/`,
 /// and a worker id neither), so two tenants' workers never share a name.
-pub fn pull_consumer(tenant: Option<&crate::admission::TenantId>, worker: &str) -> String {
+pub fn pull_consumer(tenant: Option<&crate::domain::TenantId>, worker: &str) -> String {
     match tenant {
         Some(t) => format!("{PULL_CONSUMER}{}/{worker}", t.as_str()),
         None => format!("{PULL_CONSUMER}*/{worker}"),

@@ -15,7 +15,7 @@ use redis::Value;
 
 use super::commit::{Item, Outcome as Sent};
 use super::{Shard, Store, StoreError};
-use crate::admission::{ExecutionId, FlowId, Status, TenantId, TraceContext};
+use crate::domain::{ExecutionId, FlowId, Status, TenantId, TraceContext};
 
 /// An execution a worker has just started (it holds the lease for `attempt`).
 #[derive(Debug, Clone)]

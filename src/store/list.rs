@@ -8,7 +8,7 @@ use redis::Value;
 
 use super::row::{from_fields, row_to_execution};
 use super::{Shard, Store, StoreError};
-use crate::admission::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
+use crate::domain::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
 
 /// A page of a tenant's executions, newest first.
 #[derive(Debug)]
@@ -226,7 +226,7 @@ fn id_time_bound(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::id_time_bound;
-    use crate::admission::ExecutionId;
+    use crate::domain::ExecutionId;
 
     #[test]
     fn a_time_bound_sorts_between_the_ids_of_adjacent_milliseconds() {

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::admission::ExecutionId;
+use crate::domain::ExecutionId;
 
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::{Admission, Decision, DryRun};

@@ -26,7 +26,7 @@ use redis::Value;
 
 use super::row::split_tag;
 use super::{Shard, Store, StoreError, keys};
-use crate::admission::{Status, TenantId};
+use crate::domain::{Status, TenantId};
 
 /// What pinning a tenant did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::StoreError;
-use crate::admission::Execution;
+use crate::domain::Execution;
 
 /// A tagged script reply (`{'tag', ...}`): the tag and the rest.
 pub(super) fn split_tag(reply: Vec<Value>) -> Result<(String, Vec<Value>), StoreError> {

@@ -81,7 +81,7 @@ impl Store {
             .await?;
         let tenants: Vec<_> = tenants
             .iter()
-            .filter_map(|t| crate::admission::TenantId::parse(t).ok())
+            .filter_map(|t| crate::domain::TenantId::parse(t).ok())
             .collect();
         let mut ready = 0;
         if !tenants.is_empty() {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{Shard, Store, StoreError, keys};
-use crate::admission::{FlowId, Status, TenantId};
+use crate::domain::{FlowId, Status, TenantId};
 
 impl Store {
     /// Tries to become the sweeper for `hold`; true when this process should sweep now.

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use redis::Value;
 
 use super::{Shard, Store, StoreError};
-use crate::admission::{Status, TenantId};
+use crate::domain::{Status, TenantId};
 
 /// ARGV of the stream model's batched dispatch, unused since (see `set_limits.lua`).
 const PROMOTE_STEP: u32 = 1_000;

@@ -11,7 +11,7 @@
 //! 51,840 bytes), never by traffic or by the number of tenants.
 
 use super::{Shard, Store, StoreError, keys};
-use crate::admission::{Status, TenantId};
+use crate::domain::{Status, TenantId};
 
 /// Bytes of one minute record: five u32 counters and `WAIT_BUCKETS` u16 histogram counts.
 pub const RECORD_BYTES: usize = 5 * 4 + WAIT_BUCKETS * 2;

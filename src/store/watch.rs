@@ -13,7 +13,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use super::row::{execution_from, split_tag};
 use super::{RedisTarget, Shard, Store, StoreError, keys};
 use crate::access::AccessChange;
-use crate::admission::{Execution, ExecutionId, TenantId};
+use crate::domain::{Execution, ExecutionId, TenantId};
 
 /// Channels one SUBSCRIBE or UNSUBSCRIBE names at most (a reconnect resubscribes every watched
 /// execution: in several commands of bounded size rather than one huge one).

@@ -10,7 +10,7 @@ use redis::Value;
 
 use super::row::split_tag;
 use super::{Shard, Store, StoreError};
-use crate::admission::TenantId;
+use crate::domain::TenantId;
 
 /// Most records a tenant's delivery log keeps (the newest).
 pub const DELIVERY_LOG_CAP: usize = 200;

@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::handler::{Context, HandlerError, HandlerFuture, Registry};
-use crate::admission::FlowId;
+use crate::domain::FlowId;
 
 /// Longest excerpt of a failing response body or stderr kept in the error message.
 const EXCERPT: usize = 512;

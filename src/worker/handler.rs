@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::Lease;
-use crate::admission::{ExecutionId, FlowId, TenantId, TraceContext};
+use crate::domain::{ExecutionId, FlowId, TenantId, TraceContext};
 
 /// Everything a handler learns about the execution it runs.
 #[derive(Debug, Clone)]

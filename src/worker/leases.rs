@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkerConfig;
 use super::runs::{HeldMap, Stop};
-use crate::admission::ExecutionId;
+use crate::domain::ExecutionId;
 use crate::store::{LeaseState, Shard, Store};
 
 /// This worker's own view of a lease: the time until which it can prove it holds it, counted

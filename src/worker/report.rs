@@ -9,7 +9,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::WorkerConfig;
 use super::pickup::Wake;
-use crate::admission::ExecutionId;
+use crate::domain::ExecutionId;
 use crate::store::{Completion, Outcome, Shard, Started, Store};
 
 /// A completion that also asks for the shard's next runs: how many, the call's number (see

@@ -123,7 +123,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::admission::ExecutionId;
+    use crate::domain::ExecutionId;
 
     fn started() -> Started {
         Started {
@@ -132,8 +132,8 @@ mod tests {
             fence: 1,
             attempt: 1,
             max_attempts: 3,
-            tenant: crate::admission::TenantId::parse("acme").unwrap(),
-            flow: crate::admission::FlowId::parse("count").unwrap(),
+            tenant: crate::domain::TenantId::parse("acme").unwrap(),
+            flow: crate::domain::FlowId::parse("count").unwrap(),
             version: None,
             params: serde_json::json!({}),
             trace: None,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use super::Lease;
-use crate::admission::ExecutionId;
+use crate::domain::ExecutionId;
 use crate::store::Shard;
 
 /// Why a running execution was told to stop.

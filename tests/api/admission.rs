@@ -112,7 +112,7 @@ async fn race(key_in: KeyIn) {
     let queue = app.queue_ids("racer").await;
     assert_eq!(queue.len(), KEYS);
     assert_eq!(queue.into_iter().collect::<HashSet<_>>(), all_ids);
-    let tenant = sluice::admission::TenantId::parse("racer").unwrap();
+    let tenant = sluice::domain::TenantId::parse("racer").unwrap();
     let slots: u64 = app
         .redis
         .query(redis::cmd("SCARD").arg(app.shard("racer").slots(&tenant)))

@@ -324,7 +324,7 @@ async fn bad_input_is_refused_with_a_problem_and_leaves_redis_untouched() {
     let before = app.redis.dump().await;
     let row = app
         .shard("acme")
-        .row(&sluice::admission::ExecutionId::parse(&admitted).unwrap());
+        .row(&sluice::domain::ExecutionId::parse(&admitted).unwrap());
     assert!(before.contains_key(&row), "{:?}", before.keys());
     let mut failures = Vec::new();
     for case in cases() {

@@ -308,7 +308,7 @@ async fn one_batch_per_tenant_at_a_time() {
     let app = TestApp::spawn().await;
     let key = app
         .shard("acme")
-        .batch_lock(&sluice::admission::TenantId::parse("acme").unwrap());
+        .batch_lock(&sluice::domain::TenantId::parse("acme").unwrap());
     let () = app
         .redis
         .query(
@@ -364,7 +364,7 @@ async fn a_stalled_batch_answers_each_item_truly() {
         // its calls from then on run into the stall.
         let lock = app
             .shard("acme")
-            .batch_lock(&sluice::admission::TenantId::parse("acme").unwrap());
+            .batch_lock(&sluice::domain::TenantId::parse("acme").unwrap());
         let pause = {
             let mut nodes = Vec::new();
             for i in 0..app.redis.masters() {

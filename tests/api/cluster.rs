@@ -333,7 +333,7 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_cluster() {
         return;
     }
     use crate::fences::{admit_call, eval};
-    use sluice::admission::{ExecutionId, Status, TenantId};
+    use sluice::domain::{ExecutionId, Status, TenantId};
     use sluice::store::{composed_source, operation};
 
     let redis = crate::helpers::TestRedis::start().await;

@@ -451,15 +451,15 @@ async fn scheduled_executions_wait_their_time_and_can_be_moved() {
 async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
     let app = TestApp::spawn().await;
     let store = app.store().await;
-    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let tenant = sluice::domain::TenantId::parse("acme").unwrap();
     let s = app.shard("acme");
     let now: u64 = {
         let t: (String, String) = app.redis.query(&mut redis::cmd("TIME")).await;
         t.0.parse::<u64>().unwrap() * 1000 + t.1.parse::<u64>().unwrap() / 1000
     };
     let mut c = app.redis.conn().await;
-    let mint = || sluice::admission::ExecutionId::new();
-    let row = |id: &sluice::admission::ExecutionId, extra: &[(&str, String)]| {
+    let mint = || sluice::domain::ExecutionId::new();
+    let row = |id: &sluice::domain::ExecutionId, extra: &[(&str, String)]| {
         let mut cmd = redis::cmd("HSET");
         cmd.arg(s.row(id));
         for (k, v) in [
@@ -479,13 +479,13 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
         }
         cmd
     };
-    let index = |id: &sluice::admission::ExecutionId, status| {
+    let index = |id: &sluice::domain::ExecutionId, status| {
         let mut p = redis::pipe();
         p.zadd(s.status_index(&tenant, status), id.as_str(), 0);
         p.zadd(
             s.flow_index(
                 &tenant,
-                &sluice::admission::FlowId::parse("demo.echo").unwrap(),
+                &sluice::domain::FlowId::parse("demo.echo").unwrap(),
                 status,
             ),
             id.as_str(),
@@ -493,7 +493,7 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
         );
         p
     };
-    use sluice::admission::Status;
+    use sluice::domain::Status;
     let _: () = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(s.ready())

@@ -414,8 +414,9 @@ impl Layout {
     }
 }
 
-/// The processes under test and what was done to them.
-struct Cluster {
+/// The processes under test (one redis-server, one `sluice serve`, the workers; not a Redis
+/// Cluster) and what was done to them.
+struct Deployment {
     at: Layout,
     redis: Proc,
     serve: Proc,
@@ -430,7 +431,7 @@ struct Cluster {
     faults: Vec<Fault>,
 }
 
-impl Cluster {
+impl Deployment {
     fn spawn_worker(&mut self) -> Proc {
         self.spawned += 1;
         self.at.spawn_worker(self.spawned)
@@ -493,7 +494,7 @@ async fn wait_serve(api: &Api, limit: Duration) -> bool {
 }
 
 /// Starts Redis, `serve` and the workers, Redis and `serve` on free ports.
-async fn start_cluster(dir: &Path) -> (Cluster, Api) {
+async fn start_deployment(dir: &Path) -> (Deployment, Api) {
     std::fs::create_dir_all(dir.join("redis")).expect("redis dir");
     // A free port can be taken between probing and binding: try a few.
     for _ in 0..5 {
@@ -515,7 +516,7 @@ async fn start_cluster(dir: &Path) -> (Cluster, Api) {
             continue;
         }
         let workers = (1..=WORKERS).map(|n| at.spawn_worker(n)).collect();
-        let cluster = Cluster {
+        let deployment = Deployment {
             at,
             redis,
             serve,
@@ -525,7 +526,7 @@ async fn start_cluster(dir: &Path) -> (Cluster, Api) {
             exits: Vec::new(),
             faults: Vec::new(),
         };
-        return (cluster, api);
+        return (deployment, api);
     }
     panic!("could not start redis-server and sluice serve on free ports");
 }
@@ -561,7 +562,7 @@ fn mid_run_workers(journal: &Path, cs: &Clients) -> Vec<(u32, u64)> {
 /// one caught in the middle of a long run) or killed and replaced. Every turn draws the same
 /// random numbers, so the schedule of a seed does not depend on what the journal shows.
 async fn worker_faults(
-    cl: Arc<AsyncMutex<Cluster>>,
+    deployment: Arc<AsyncMutex<Deployment>>,
     cs: Arc<Clients>,
     mut rng: Rng,
     stop: CancellationToken,
@@ -576,7 +577,7 @@ async fn worker_faults(
         if !nap(&stop, gap).await {
             return;
         }
-        let mut c = cl.lock().await;
+        let mut c = deployment.lock().await;
         c.ensure_running();
         let mut i = (any % c.workers.len() as u64) as usize;
         let mut pause = None;
@@ -603,7 +604,7 @@ async fn worker_faults(
             nap(&stop, ms).await;
             signal(pid, "CONT");
             let to = now_ms();
-            cl.lock().await.faults.push(Fault {
+            deployment.lock().await.faults.push(Fault {
                 kind: FaultKind::PauseWorker,
                 target,
                 pid,
@@ -630,7 +631,7 @@ async fn worker_faults(
 /// The infrastructure's fault lane: `serve` or Redis paused (Redis sometimes past the
 /// workers' lease), or killed and restarted on the same port (Redis from its AOF).
 async fn infra_faults(
-    cl: Arc<AsyncMutex<Cluster>>,
+    deployment: Arc<AsyncMutex<Deployment>>,
     api: Api,
     mut rng: Rng,
     stop: CancellationToken,
@@ -640,7 +641,7 @@ async fn infra_faults(
             return;
         }
         let roll = rng.below(100);
-        let mut c = cl.lock().await;
+        let mut c = deployment.lock().await;
         c.ensure_running();
         let redis_url = c.at.redis_url();
         let (kind, pid) = match roll {
@@ -661,21 +662,21 @@ async fn infra_faults(
                 drop(c);
                 nap(&stop, ms).await;
                 signal(pid, "CONT");
-                c = cl.lock().await;
+                c = deployment.lock().await;
             }
             FaultKind::KillServe => {
                 c.serve.kill9();
                 c.serve = c.at.spawn_serve();
                 drop(c);
                 wait_serve(&api, Duration::from_secs(15)).await;
-                c = cl.lock().await;
+                c = deployment.lock().await;
             }
             FaultKind::KillRedis => {
                 c.redis.kill9();
                 c.redis = c.at.spawn_redis();
                 drop(c);
                 wait_redis(&redis_url, Duration::from_secs(15)).await;
-                c = cl.lock().await;
+                c = deployment.lock().await;
             }
             FaultKind::PauseWorker | FaultKind::KillWorker => unreachable!("worker lane"),
         }
@@ -694,10 +695,10 @@ async fn infra_faults(
 }
 
 /// Continues every process, restarts any that exited, and waits until Redis and `serve` answer.
-async fn heal(cl: &Arc<AsyncMutex<Cluster>>, api: &Api) {
+async fn heal(deployment: &Arc<AsyncMutex<Deployment>>, api: &Api) {
     for _ in 0..5 {
         let url = {
-            let mut c = cl.lock().await;
+            let mut c = deployment.lock().await;
             c.continue_all();
             c.ensure_running();
             c.at.redis_url()
@@ -2240,10 +2241,10 @@ async fn guarantees_hold_under_faults() {
         dir.path().display()
     );
 
-    let (cluster, api) = start_cluster(dir.path()).await;
-    let redis_url = cluster.at.redis_url();
-    let journal_path = cluster.at.journal.clone();
-    let cluster = Arc::new(AsyncMutex::new(cluster));
+    let (deployment, api) = start_deployment(dir.path()).await;
+    let redis_url = deployment.at.redis_url();
+    let journal_path = deployment.at.journal.clone();
+    let deployment = Arc::new(AsyncMutex::new(deployment));
 
     let cs = Arc::new(Clients {
         api: api.clone(),
@@ -2273,13 +2274,13 @@ async fn guarantees_hold_under_faults() {
     let stop = CancellationToken::new();
     let lanes = [
         tokio::spawn(worker_faults(
-            cluster.clone(),
+            deployment.clone(),
             cs.clone(),
             rng.fork(),
             stop.clone(),
         )),
         tokio::spawn(infra_faults(
-            cluster.clone(),
+            deployment.clone(),
             api.clone(),
             rng.fork(),
             stop.clone(),
@@ -2293,7 +2294,7 @@ async fn guarantees_hold_under_faults() {
     for lane in lanes {
         lane.await.expect("fault lane");
     }
-    heal(&cluster, &api).await;
+    heal(&deployment, &api).await;
     for c in clients {
         c.await.expect("client");
     }
@@ -2307,7 +2308,7 @@ async fn guarantees_hold_under_faults() {
 
     // Let the system finish, then let zombie runs notice their lost leases and journal an end.
     let quiesced = quiesce(&api, QUIESCE_LIMIT).await;
-    let gone = cluster.lock().await.gone.clone();
+    let gone = deployment.lock().await.gone.clone();
     let settle = Instant::now() + Duration::from_millis(LEASE_TTL_MS + 3_000);
     let mut journal = read_journal(&journal_path);
     while open_runs(&journal, &gone) > 0 && Instant::now() < settle {
@@ -2318,7 +2319,7 @@ async fn guarantees_hold_under_faults() {
     let log = cs.log.lock().expect("log").clone();
     let plans = cs.plans.lock().expect("plans").clone();
     let (mut faults, exits) = {
-        let mut c = cluster.lock().await;
+        let mut c = deployment.lock().await;
         c.ensure_running();
         (c.faults.clone(), c.exits.clone())
     };
@@ -2510,7 +2511,7 @@ async fn guarantees_hold_under_faults() {
     }
     println!("{report}");
 
-    drop(cluster);
+    drop(deployment);
     if !summary.is_empty() {
         let kept = dir.keep();
         panic!(

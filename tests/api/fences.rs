@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::Value as RedisValue;
 use reqwest::StatusCode;
 use serde_json::json;
-use sluice::admission::{ExecutionId, FlowId, Status, TenantId};
+use sluice::domain::{ExecutionId, FlowId, Status, TenantId};
 use sluice::store::{Shard, composed_source, keys, operation};
 
 use crate::helpers::{FAST_WORKER, TestApp, TestRedis, TestWorker, problem_code};
@@ -468,9 +468,7 @@ async fn admit_declares_the_keys_it_writes() {
     let f = FlowId::parse("demo.echo").unwrap();
     let s = app.shard("acme");
     let eid = ExecutionId::parse(&id).unwrap();
-    let digest = sluice::admission::DedupKey::parse("order-9")
-        .unwrap()
-        .digest();
+    let digest = sluice::domain::DedupKey::parse("order-9").unwrap().digest();
     let mut expected = vec![
         s.row(&eid),
         s.status_index(&t, Status::Queued),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use sluice::admission::ExecutionId;
+use sluice::domain::ExecutionId;
 use sluice::store::Outcome;
 
 use crate::helpers::{FAST_WORKER, TestApp, TestWorker, problem_code};

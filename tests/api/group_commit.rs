@@ -172,8 +172,8 @@ async fn a_script_error_part_way_through_a_group_fails_only_its_admission() {
     app.admit(&broken, "demo.echo").await;
     // The broken tenant's queued index is a string now: its admission fails in place().
     let index = shard.status_index(
-        &sluice::admission::TenantId::parse(&broken).unwrap(),
-        sluice::admission::Status::Queued,
+        &sluice::domain::TenantId::parse(&broken).unwrap(),
+        sluice::domain::Status::Queued,
     );
     let () = app
         .redis
@@ -361,7 +361,7 @@ async fn await_completions(store: &sluice::store::Store, calls: u64, waiting: u6
 /// the queue between them, in order.
 #[tokio::test]
 async fn reports_held_behind_a_call_go_together_and_each_gets_its_own_answer() {
-    use sluice::admission::Status;
+    use sluice::domain::Status;
     use sluice::store::{Completion, Outcome};
 
     let app = TestApp::spawn_with(|c| {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice::admission::{ExecutionId, TenantId};
+use sluice::domain::{ExecutionId, TenantId};
 use sluice::store::{Completion, LeaseState, Outcome};
 
 use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker};
@@ -275,9 +275,7 @@ async fn a_dedup_key_expires_only_once_its_execution_is_terminal() {
     let tenant = TenantId::parse("acme").unwrap();
     let key = app.shard("acme").dedup(
         &tenant,
-        &sluice::admission::DedupKey::parse("order-1")
-            .unwrap()
-            .digest(),
+        &sluice::domain::DedupKey::parse("order-1").unwrap().digest(),
     );
     let ttl = async |app: &TestApp| -> i64 { app.redis.query(redis::cmd("TTL").arg(&key)).await };
     let body = json!({"flow_id": "demo.sleep", "params": {"ms": 60000}});
@@ -630,7 +628,7 @@ async fn reports_are_fenced_by_run_and_holder_and_repeats_are_not_counted() {
         .complete(shard, &run.id, run.fence, "holder", &done)
         .await
         .unwrap();
-    assert_eq!(c, Completion::Done(sluice::admission::Status::Completed));
+    assert_eq!(c, Completion::Done(sluice::domain::Status::Completed));
     let c = store
         .complete(shard, &run.id, run.fence, "holder", &done)
         .await

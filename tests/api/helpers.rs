@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use sluice::Application;
-use sluice::admission::{ExecutionId, TenantId};
 use sluice::config::{ApiSettings, AppConfig, RedisSettings};
+use sluice::domain::{ExecutionId, TenantId};
 use sluice::store::keys::{self, KeyKind};
 use sluice::store::{Conn, RedisTarget, Shard, ShardMap};
 

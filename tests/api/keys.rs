@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use sluice::admission::ExecutionId;
+use sluice::domain::ExecutionId;
 use sluice::store::Outcome;
 use sluice::store::keys::{self, KeyKind};
 
@@ -458,12 +458,12 @@ async fn key_overrides_are_listed_capped_and_scoped_to_their_tenant() {
         .unwrap();
     assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
     // Fill up to the cap directly (10,000 PUTs would only slow the test down).
-    let t = sluice::admission::TenantId::parse("acme").unwrap();
+    let t = sluice::domain::TenantId::parse("acme").unwrap();
     let hash = app.shard("acme").key_limits(&t);
     let mut fill = redis::cmd("HSET");
     fill.arg(&hash);
     for i in 0..9_997 {
-        let k = sluice::admission::ConcurrencyKey::parse(&format!("fill-{i}")).unwrap();
+        let k = sluice::domain::ConcurrencyKey::parse(&format!("fill-{i}")).unwrap();
         fill.arg(k.digest()).arg(format!("5:fill-{i}"));
     }
     let _: u64 = app.redis.query(&mut fill).await;
@@ -592,10 +592,8 @@ async fn the_sweeper_frees_a_key_held_by_a_stale_member() {
     app.put_tenant("acme", &json!({"max_concurrent_per_key": 1}))
         .await;
     let k = admit_keyed(&app, "acme", Some("K"), 0).await;
-    let t = sluice::admission::TenantId::parse("acme").unwrap();
-    let digest = sluice::admission::ConcurrencyKey::parse("K")
-        .unwrap()
-        .digest();
+    let t = sluice::domain::TenantId::parse("acme").unwrap();
+    let digest = sluice::domain::ConcurrencyKey::parse("K").unwrap().digest();
     let running = app.shard("acme").key_running(&t, &digest);
     // A ghost takes the key's one place, and the key's first leaves the tenant's order.
     let ghost = ExecutionId::new();

@@ -90,7 +90,7 @@ async fn migrate_layout_moves_every_key_and_old_processes_stop_writing() {
     assert_ne!(
         restarted
             .shards()
-            .shard_of(&sluice::admission::TenantId::parse("acme").unwrap())
+            .shard_of(&sluice::domain::TenantId::parse("acme").unwrap())
             .prefix(),
         "sluice:{s15}:"
     );
@@ -157,7 +157,7 @@ async fn an_interrupted_migration_is_finished_by_running_it_again() {
     let new = ShardMap::with_dedicated(16, 2, Layout::CURRENT).shard(old.number());
     app.store().await.freeze_shard(old).await.unwrap();
     for (i, id) in ids.iter().take(2).enumerate() {
-        let id = sluice::admission::ExecutionId::parse(id).unwrap();
+        let id = sluice::domain::ExecutionId::parse(id).unwrap();
         let dump: Vec<u8> = app.redis.query(redis::cmd("DUMP").arg(old.row(&id))).await;
         let () = app
             .redis
@@ -216,7 +216,7 @@ async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() 
     for shard in old_map.all() {
         store.freeze_shard(shard).await.unwrap();
     }
-    let acme = sluice::admission::TenantId::parse("acme").unwrap();
+    let acme = sluice::domain::TenantId::parse("acme").unwrap();
     let dump: Vec<u8> = app
         .redis
         .query(redis::cmd("DUMP").arg(old.waiting(&acme)))

@@ -108,7 +108,7 @@ async fn rows_that_expired_are_skipped_and_their_index_entries_dropped() {
     // What the retention TTL does after 30 days.
     let key = app
         .shard("acme")
-        .row(&sluice::admission::ExecutionId::parse(&gone).unwrap());
+        .row(&sluice::domain::ExecutionId::parse(&gone).unwrap());
     let _: i64 = app.redis.query(redis::cmd("DEL").arg(key)).await;
 
     let page = app.page("acme", "").await;
@@ -286,7 +286,7 @@ async fn the_time_range_filter_bounds_executions_by_admission_time() {
         );
         // A millisecond apart at least, so each has its own admission time.
         let last = ids_in_order.last().unwrap().clone();
-        while sluice::admission::ExecutionId::new().as_str()[..12] == last[..12] {
+        while sluice::domain::ExecutionId::new().as_str()[..12] == last[..12] {
             tokio::task::yield_now().await;
         }
     }

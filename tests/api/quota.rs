@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice::admission::ExecutionId;
+use sluice::domain::ExecutionId;
 use sluice::store::{Completion, Outcome, Store};
 
 use crate::helpers::{TestApp, problem_code};
@@ -148,7 +148,7 @@ async fn over_the_limit_executions_wait_and_the_oldest_moves_up_when_one_leaves(
             .complete(shard, &done, fence, "w1", &outcome)
             .await
             .unwrap(),
-        Completion::Done(sluice::admission::Status::Completed)
+        Completion::Done(sluice::domain::Status::Completed)
     );
     assert_eq!(
         store
@@ -373,7 +373,7 @@ async fn concurrent_cancels_release_a_slot_exactly_once() {
     let mut done = 0;
     for t in tasks {
         match t.await.unwrap() {
-            Completion::Done(sluice::admission::Status::Cancelled) => done += 1,
+            Completion::Done(sluice::domain::Status::Cancelled) => done += 1,
             Completion::Repeat => {}
             other => panic!("unexpected {other:?}"),
         }

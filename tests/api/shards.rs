@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sluice::admission::{Status, TenantId};
+use sluice::domain::{Status, TenantId};
 use sluice::store::Shard;
 
 use crate::helpers::{FAST_WORKER, TestApp, TestWorker};
@@ -409,7 +409,7 @@ async fn a_key_of_the_wrong_type_answers_500_not_503() {
     let id = e["execution_id"].as_str().unwrap().to_owned();
     let row = app
         .shard("acme")
-        .row(&sluice::admission::ExecutionId::parse(&id).unwrap());
+        .row(&sluice::domain::ExecutionId::parse(&id).unwrap());
     break_key(&app, &row).await;
     let get = app.get_execution("acme", &id).await;
     let status = get.status();

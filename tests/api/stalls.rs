@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sluice::admission::Status;
+use sluice::domain::Status;
 use sluice::store::{Completion, Outcome};
 
 use crate::helpers::{TestApp, TestWorker};

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::fences::eval;
 use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker, problem_code};
-use sluice::admission::TenantId;
+use sluice::domain::TenantId;
 use sluice::store::composed_source;
 
 impl TestApp {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use sluice::Application;
-use sluice::admission::ExecutionId;
+use sluice::domain::ExecutionId;
 
 use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker, problem_code};
 

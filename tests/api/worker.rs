@@ -30,7 +30,7 @@ async fn pending(app: &TestApp) -> (u64, u64) {
             .unwrap();
         entries += ids.len() as u64;
         for id in ids {
-            let row = shard.row(&sluice::admission::ExecutionId::parse(&id).unwrap());
+            let row = shard.row(&sluice::domain::ExecutionId::parse(&id).unwrap());
             let fence: Option<u64> = redis::cmd("HGET")
                 .arg(row)
                 .arg("fence")
@@ -432,7 +432,7 @@ async fn handler_failures_retry_then_dead_letter_and_permanent_ones_fail_at_once
 #[tokio::test]
 async fn stale_queue_members_are_dropped_once_and_evictions_are_counted() {
     let app = TestApp::spawn_with(|c| c.api.dlq_cap = 2).await;
-    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let tenant = sluice::domain::TenantId::parse("acme").unwrap();
     let shard = app.shard("acme");
     // Three stale members at the head of the tenant's queue, and one real execution after them.
     let real = app
@@ -529,7 +529,7 @@ async fn the_sweeper_puts_back_a_queued_execution_nothing_reaches() {
     let later = app
         .admit_with("acme", json!({"flow_id": "demo.echo", "delay": "2s"}))
         .await;
-    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let tenant = sluice::domain::TenantId::parse("acme").unwrap();
     let shard = app.shard("acme");
     for key in [shard.waiting(&tenant), shard.delayed(), shard.runnable()] {
         let _: u64 = app.redis.query(redis::cmd("DEL").arg(key)).await;
@@ -586,9 +586,9 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     let waiting = app
         .admit_with("acme", json!({"flow_id": "demo.echo"}))
         .await;
-    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let tenant = sluice::domain::TenantId::parse("acme").unwrap();
     let shard = app.shard("acme");
-    let holder_id = sluice::admission::ExecutionId::parse(&holder).unwrap();
+    let holder_id = sluice::domain::ExecutionId::parse(&holder).unwrap();
     // Drift by hand: the holder's row vanishes (as if expired) while its queue entry and
     // indexes stay, a slot is held by an execution that does not exist (the tenant's one slot:
     // nothing could start), and an index points at a row that does not exist.
@@ -609,7 +609,7 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
         .redis
         .query(
             redis::cmd("ZADD")
-                .arg(shard.status_index(&tenant, sluice::admission::Status::Completed))
+                .arg(shard.status_index(&tenant, sluice::domain::Status::Completed))
                 .arg(0)
                 .arg(ghost),
         )
@@ -665,13 +665,13 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
 #[tokio::test]
 async fn the_sweeper_resumes_where_its_budget_ran_out() {
     let app = TestApp::spawn().await;
-    let tenant = sluice::admission::TenantId::parse("acme").unwrap();
+    let tenant = sluice::domain::TenantId::parse("acme").unwrap();
     let shard = app.shard("acme");
     app.admit_with("acme", json!({"flow_id": "demo.echo"}))
         .await;
     // 450 ghosts in one index: three batches of 200 at least.
     let mut c = app.redis.conn().await;
-    let key = shard.status_index(&tenant, sluice::admission::Status::Completed);
+    let key = shard.status_index(&tenant, sluice::domain::Status::Completed);
     for i in 0..450 {
         let _: i64 = redis::cmd("ZADD")
             .arg(&key)
@@ -882,7 +882,7 @@ async fn a_tenants_dead_letter_listing_reads_only_its_own_records() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    let tenant = sluice::admission::TenantId::parse(mine).unwrap();
+    let tenant = sluice::domain::TenantId::parse(mine).unwrap();
     let indexed: u64 = app
         .redis
         .query(redis::cmd("XLEN").arg(shard.tenant_dead_letters(&tenant)))
@@ -918,7 +918,7 @@ async fn dead_letters_evicted_by_the_cap_leave_their_tenants_index() {
     let _worker = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
     dead_lettered(&app, mine, 2, "mine").await;
     dead_lettered(&app, &neighbour, 3, "theirs").await;
-    let tenant = sluice::admission::TenantId::parse(mine).unwrap();
+    let tenant = sluice::domain::TenantId::parse(mine).unwrap();
     let indexed: u64 = app
         .redis
         .query(redis::cmd("XLEN").arg(shard.tenant_dead_letters(&tenant)))

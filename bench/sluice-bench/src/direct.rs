@@ -17,7 +17,7 @@ use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
 use serde_json::json;
-use sluice::admission::{AdmitInput, AdmitRequest, TenantId};
+use sluice::domain::{AdmitInput, AdmitRequest, TenantId};
 use sluice::store::keys::{self, KeyKind};
 use sluice::store::{Admission, Conn, Shard, ShardMap, Store, StoreConfig, WORKER_GROUP};
 use tokio::task::JoinSet;

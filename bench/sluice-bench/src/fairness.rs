@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use sluice::admission::TenantId;
+use sluice::domain::TenantId;
 use tokio::task::JoinSet;
 
 use crate::bullmq::{self, NoPeer, NoisyPlan};

@@ -18,7 +18,7 @@ use super::auth::Caller;
 use super::error::{ApiError, Problem};
 use super::extract::{JsonBody, Path, Query, QueryLater};
 use super::metrics::AdmissionOutcome;
-use crate::admission::{
+use crate::domain::{
     AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId, TraceContext,
 };
 use crate::http::actions::Action;
@@ -739,7 +739,7 @@ async fn cancel(
     state: &AppState,
     caller: &Caller,
     id: &str,
-) -> Result<crate::admission::Execution, ApiError> {
+) -> Result<crate::domain::Execution, ApiError> {
     let tenant = caller.tenant_for(Action::Cancel)?;
     let id = ExecutionId::parse(id)?;
     state
@@ -796,7 +796,7 @@ pub async fn reschedule_execution(
     let tenant = caller.tenant_for(Action::Reschedule)?;
     let id = ExecutionId::parse(&id)?;
     let body = body.parse().await?;
-    let Some(when) = crate::admission::schedule_of(body.run_at.as_deref(), body.delay.as_deref())?
+    let Some(when) = crate::domain::schedule_of(body.run_at.as_deref(), body.delay.as_deref())?
     else {
         return Err(ApiError::BadRequest {
             code: "invalid_schedule",

@@ -20,7 +20,7 @@ use futures_util::stream::{self, Stream};
 use tokio::time::Instant;
 
 use super::wire::{Execution, ExecutionEvent};
-use crate::admission::ExecutionId;
+use crate::domain::ExecutionId;
 use crate::http::AppState;
 use crate::http::actions::Action;
 use crate::http::auth::Caller;

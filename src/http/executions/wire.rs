@@ -1,5 +1,5 @@
 //! The JSON shapes of `/api/executions`: what clients send and receive, and the OpenAPI schema
-//! that says so. Built from the domain types (`admission`), never the other way round, so a
+//! that says so. Built from the domain types (`domain`), never the other way round, so a
 //! change of the row format or of the domain cannot change the contract unnoticed (the
 //! committed `openapi/openapi.json` and the tests would show it).
 
@@ -8,7 +8,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 use utoipa::openapi::schema::{AdditionalProperties, Object, ObjectBuilder, SchemaType, Type};
 
-use crate::admission::{self, AdmitInput};
+use crate::domain::{self, AdmitInput};
 use crate::http::extract::WholeU32;
 
 /// A JSON object with any members (`params`). Said outright (`additionalProperties: true`):
@@ -45,14 +45,14 @@ pub enum Status {
     Cancelled,
 }
 
-impl From<admission::Status> for Status {
-    fn from(s: admission::Status) -> Self {
+impl From<domain::Status> for Status {
+    fn from(s: domain::Status) -> Self {
         match s {
-            admission::Status::Queued => Status::Queued,
-            admission::Status::Running => Status::Running,
-            admission::Status::Completed => Status::Completed,
-            admission::Status::Failed => Status::Failed,
-            admission::Status::Cancelled => Status::Cancelled,
+            domain::Status::Queued => Status::Queued,
+            domain::Status::Running => Status::Running,
+            domain::Status::Completed => Status::Completed,
+            domain::Status::Failed => Status::Failed,
+            domain::Status::Cancelled => Status::Cancelled,
         }
     }
 }
@@ -69,12 +69,12 @@ pub enum QueueState {
     Ready,
 }
 
-impl From<admission::QueueState> for QueueState {
-    fn from(q: admission::QueueState) -> Self {
+impl From<domain::QueueState> for QueueState {
+    fn from(q: domain::QueueState) -> Self {
         match q {
-            admission::QueueState::Scheduled => QueueState::Scheduled,
-            admission::QueueState::Waiting => QueueState::Waiting,
-            admission::QueueState::Ready => QueueState::Ready,
+            domain::QueueState::Scheduled => QueueState::Scheduled,
+            domain::QueueState::Waiting => QueueState::Waiting,
+            domain::QueueState::Ready => QueueState::Ready,
         }
     }
 }
@@ -170,7 +170,7 @@ impl DryRunAnswer {
             execution_id: run.execution_id,
             run_at: run
                 .run_at_ms
-                .and_then(|ms| admission::rfc3339_from_ms(&ms.to_string())),
+                .and_then(|ms| domain::rfc3339_from_ms(&ms.to_string())),
         }
     }
 }
@@ -297,8 +297,8 @@ pub struct Execution {
     pub error: Option<ErrorInfo>,
 }
 
-impl From<admission::Execution> for Execution {
-    fn from(e: admission::Execution) -> Self {
+impl From<domain::Execution> for Execution {
+    fn from(e: domain::Execution) -> Self {
         Self {
             execution_id: e.execution_id,
             tenant_id: e.tenant_id,

@@ -1,4 +1,4 @@
-//! The admission domain: what a request to start an execution is, once parsed, and what an
+//! The domain: what a request to start an execution is, once parsed, and what an
 //! execution is. No HTTP and no Redis types live here; the HTTP layer parses into these types
 //! at the edge (and renders them as its own wire types), and the store persists them.
 
