@@ -1,18 +1,21 @@
 //! The embedded default, `sluice dev` (`run`): a `redis-server` it starts, owns and stops, with
 //! its data (AOF on) in a local folder, the API in dev-auth mode and a worker with the demo
 //! flows in the same process, so trying sluice needs nothing but the binary and Redis
-//! installed. `sluice dev --cluster` starts a local three-master Redis Cluster instead, formed
-//! by `form_cluster` (which the test suite and the benchmark use too).
+//! installed. `sluice dev --cluster` starts a local three-master Redis Cluster instead. Both are
+//! started with `crate::redis_server`, the launcher the tests and the benchmark use too.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use tokio::process::{Child, Command};
 
 use crate::app::{Application, shutdown_signal};
 use crate::config::{AppConfig, DevArgs, RedisSettings, WorkerSettings};
+use crate::redis_server::{
+    self, NotReady, Persistence, cluster_node_args, form_cluster, free_port,
+};
 use crate::store::RedisTarget;
 use crate::worker::Worker;
 
@@ -166,136 +169,10 @@ impl ManagedRedis {
     }
 }
 
-/// The arguments that make a redis-server a cluster node: its cluster state in `nodes.conf`
-/// beside its data, peers declared failed after `node_timeout_ms`, and a master's outage
-/// taking down only its own slots (sluice keeps serving the shards on the other masters).
-pub fn cluster_node_args(node_timeout_ms: u64) -> Vec<String> {
-    [
-        "--cluster-enabled",
-        "yes",
-        "--cluster-config-file",
-        "nodes.conf",
-        "--cluster-node-timeout",
-        &node_timeout_ms.to_string(),
-        "--cluster-require-full-coverage",
-        "no",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-/// Forms a Redis Cluster of the loopback nodes on `ports` (started with `cluster_node_args`):
-/// the first `ports.len() / (1 + replicas)` are masters sharing the 16384 slots evenly, the
-/// rest replicate them in turn. Waits until every node sees the whole cluster and all slots
-/// served. A cluster formed before (its nodes restarted with their `nodes.conf`) is only
-/// waited for.
-///
-/// Nodes that were just started on a loaded machine (a test suite forming many clusters at
-/// once beside other work) can take longer than the client's default 500 ms to answer: each
-/// call may take up to `CLUSTER_CALL_TIMEOUT`, and a state read that fails is read again
-/// until `limit`.
-pub async fn form_cluster(ports: &[u16], replicas: usize, limit: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    let masters = ports.len() / (1 + replicas);
-    anyhow::ensure!(masters >= 1, "a cluster needs a master");
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CLUSTER_CALL_TIMEOUT))
-        .set_response_timeout(Some(CLUSTER_CALL_TIMEOUT));
-    let mut conns = Vec::with_capacity(ports.len());
-    for port in ports {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
-        conns.push(
-            client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?,
-        );
-    }
-    let info = |c: &redis::aio::MultiplexedConnection| {
-        let mut c = c.clone();
-        async move {
-            redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query_async::<String>(&mut c)
-                .await
-        }
-    };
-    let field = |text: &str, name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let fresh = field(&info(&conns[0]).await?, "cluster_slots_assigned") == 0;
-    if fresh {
-        for (m, conn) in conns.iter().enumerate().take(masters) {
-            let first = m * 16_384 / masters;
-            let last = (m + 1) * 16_384 / masters - 1;
-            let () = redis::cmd("CLUSTER")
-                .arg("ADDSLOTSRANGE")
-                .arg(first)
-                .arg(last)
-                .query_async(&mut conn.clone())
-                .await?;
-        }
-        for port in &ports[1..] {
-            let () = redis::cmd("CLUSTER")
-                .arg("MEET")
-                .arg("127.0.0.1")
-                .arg(*port)
-                .query_async(&mut conns[0].clone())
-                .await?;
-        }
-    }
-    // Bounded by `limit`: gossip needs a second or two on loopback.
-    let mut replicated = !fresh || replicas == 0;
-    loop {
-        let mut ok = true;
-        for conn in &conns {
-            // A node too busy to answer in time is not ready yet; past the deadline its error
-            // is the answer.
-            let text = match info(conn).await {
-                Ok(text) => text,
-                Err(e) if Instant::now() > deadline => return Err(e.into()),
-                Err(_) => String::new(),
-            };
-            ok &= text.contains("cluster_state:ok")
-                && field(&text, "cluster_known_nodes") == ports.len() as u64
-                && field(&text, "cluster_slots_ok") == 16_384;
-        }
-        if ok && !replicated {
-            for r in masters..ports.len() {
-                let master = (r - masters) % masters;
-                let id: String = redis::cmd("CLUSTER")
-                    .arg("MYID")
-                    .query_async(&mut conns[master].clone())
-                    .await?;
-                let () = redis::cmd("CLUSTER")
-                    .arg("REPLICATE")
-                    .arg(id)
-                    .query_async(&mut conns[r].clone())
-                    .await?;
-            }
-            replicated = true;
-            continue;
-        }
-        if ok {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the redis cluster on ports {ports:?} did not form within {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// How long `form_cluster` waits for one reply of a node.
-const CLUSTER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// One redis-server child process on loopback.
 struct ManagedNode {
     child: Child,
     port: u16,
-    log: PathBuf,
 }
 
 impl ManagedNode {
@@ -312,23 +189,22 @@ impl ManagedNode {
         let data_dir = data_dir
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", data_dir.display()))?;
-        let port = if port == 0 { free_port()? } else { port };
         let log = data_dir.join("redis.log");
-        let child = Command::new(program)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .arg("--dir")
-            .arg(&data_dir)
-            .args(["--appendonly", "yes", "--appendfsync", "everysec"])
-            .args(["--save", "", "--daemonize", "no"])
-            .arg("--logfile")
-            .arg(&log)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| match e.kind() {
+        let spawn = |port: u16| -> anyhow::Result<Child> {
+            let mut cmd = Command::from(redis_server::command(
+                program,
+                port,
+                &data_dir,
+                Persistence::Aof("everysec"),
+            ));
+            cmd.arg("--logfile")
+                .arg(&log)
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true);
+            cmd.spawn().map_err(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => anyhow::anyhow!(
                     "`{}` was not found. Install Redis (Debian/Ubuntu: `sudo apt-get install \
                      redis-server`, or run ./scripts/dev.sh which does it) or pass \
@@ -336,44 +212,36 @@ impl ManagedNode {
                     program.display()
                 ),
                 _ => anyhow::anyhow!("cannot start `{}`: {e}", program.display()),
-            })?;
-        let mut redis = Self { child, port, log };
-        redis.wait_ready(Duration::from_secs(10)).await?;
-        Ok(redis)
+            })
+        };
+        let exited = |c: &mut Child| c.try_wait().ok().flatten().is_some();
+        let limit = Duration::from_secs(10);
+        let not_ready = |why: NotReady| match why {
+            NotReady::Exited => anyhow::anyhow!(
+                "redis-server exited during start-up; its log ({}) ends with:\n{}",
+                log.display(),
+                tail(&log)
+            ),
+            NotReady::TimedOut => anyhow::anyhow!(
+                "redis-server did not answer within {limit:?}; see {}",
+                log.display()
+            ),
+        };
+        let (child, port) = if port == 0 {
+            redis_server::start_on_free_port(spawn, exited, limit).await?
+        } else {
+            let mut child = spawn(port)?;
+            redis_server::wait_ready(port, || exited(&mut child), limit)
+                .await
+                .map_err(not_ready)?;
+            (child, port)
+        };
+        Ok(Self { child, port })
     }
 
     /// `redis://127.0.0.1:<port>`.
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
-        let client = redis::Client::open(self.url())?;
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "redis-server exited ({status}) during start-up; its log ({}) ends with:\n{}",
-                    self.log.display(),
-                    tail(&self.log)
-                );
-            }
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "redis-server did not answer within {limit:?}; see {}",
-                    self.log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 
     /// Stops Redis cleanly (SHUTDOWN flushes the AOF), killing it if it does not comply.
@@ -391,14 +259,6 @@ impl ManagedNode {
             let _ = self.child.kill().await;
         }
     }
-}
-
-/// A loopback port that was free a moment ago: the one helper `sluice dev`, the tests and the
-/// benchmark share. Another process may take it before it is bound, so a caller that starts
-/// a server on it retries on a new one when the start fails.
-pub fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("no free port on loopback")?;
-    Ok(l.local_addr()?.port())
 }
 
 fn tail(path: &Path) -> String {

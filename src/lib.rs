@@ -12,7 +12,8 @@
 //! - [`waiters`]: clients waiting on executions, served by one Pub/Sub listener per process.
 //! - [`pull`]: the wake-ups `serve` reads once for all pull workers' long polls.
 //! - [`revocation`]: withdrawn credentials end open waits; unknown tokens cost no Redis call.
-//! - [`dev`]: the embedded default's managed `redis-server`.
+//! - [`dev`]: the embedded default, `sluice dev`, with the Redis it manages.
+//! - [`redis_server`]: starting `redis-server` on loopback, for `dev`, the tests and the bench.
 //! - [`config`]: flags and `SLUICE_*` environment variables.
 //! - [`commands`]: what each subcommand does (`main.rs` only dispatches).
 
@@ -27,6 +28,7 @@ pub mod http;
 pub mod migrate;
 pub mod otel;
 pub mod pull;
+pub mod redis_server;
 pub mod reshard;
 pub mod revocation;
 pub mod server;

@@ -124,6 +124,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use reqwest::Method;
 use serde_json::{Value, json};
+use sluice::redis_server::{self, Persistence};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_util::sync::CancellationToken;
 
@@ -355,23 +356,13 @@ impl Layout {
     }
 
     fn spawn_redis(&self) -> Proc {
-        let mut cmd = Command::new("redis-server");
-        cmd.args([
-            "--port",
-            &self.redis_port.to_string(),
-            "--bind",
-            "127.0.0.1",
-        ])
-        .arg("--dir")
-        .arg(self.dir.join("redis"))
-        .args([
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-        ]);
+        // AOF with every write synced: a SIGKILL loses nothing Redis acknowledged.
+        let mut cmd = redis_server::command(
+            Path::new("redis-server"),
+            self.redis_port,
+            &self.dir.join("redis"),
+            Persistence::Aof("always"),
+        );
         Proc::spawn("redis".into(), &mut cmd, &self.dir.join("redis.log"))
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use sluice::Application;
 use sluice::config::{ApiSettings, AppConfig, RedisSettings};
 use sluice::domain::{ExecutionId, TenantId};
+use sluice::redis_server::{self, Persistence};
 use sluice::store::keys::{self, KeyKind};
 use sluice::store::{Conn, RedisTarget, Shard, ShardMap};
 
@@ -44,54 +45,60 @@ struct TestNode {
 }
 
 impl TestNode {
-    /// Starts a node on a free port (a free port can be taken between probing and binding:
-    /// tries a few).
+    /// Starts a node on a free port (`sluice::redis_server`, the launcher `sluice dev` and the
+    /// benchmark use too: it retries on another port when one is taken meanwhile).
     async fn start(extra: &[String]) -> Self {
-        for _ in 0..5 {
+        let spawn = |port: u16| -> anyhow::Result<Self> {
             let mut node = Self {
                 child: None,
-                port: free_port(),
-                dir: tempfile::tempdir().expect("temp dir"),
+                port,
+                dir: tempfile::tempdir()?,
                 extra: extra.to_vec(),
             };
-            if node.spawn().await {
-                return node;
-            }
-            node.kill();
-        }
-        panic!("could not start redis-server on a free port");
+            node.spawn();
+            Ok(node)
+        };
+        let (node, _) = redis_server::start_on_free_port(
+            spawn,
+            |node: &mut Self| node.exited(),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("redis-server starts (scripts/test.sh installs it)");
+        node
     }
 
-    async fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .args(["--appendonly", "yes", "--save", ""])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (scripts/test.sh installs it)");
+    /// Starts the process on this node's port and folder (AOF on, so a restart keeps the
+    /// data), without waiting for it.
+    fn spawn(&mut self) {
+        let child = redis_server::command(
+            Path::new("redis-server"),
+            self.port,
+            self.dir.path(),
+            Persistence::Aof("everysec"),
+        )
+        .args(&self.extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (scripts/test.sh installs it)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(c) = self.child.as_mut()
-                && c.try_wait().ok().flatten().is_some()
-            {
-                return false;
-            }
-            if let Ok(mut c) = self.direct().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-            {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        false
+    }
+
+    /// Whether the process is gone (killed, or exited by itself).
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+    }
+
+    /// Starts the node again on its port and folder and waits until it answers.
+    async fn respawn(&mut self) {
+        self.spawn();
+        let port = self.port;
+        redis_server::wait_ready(port, || self.exited(), Duration::from_secs(10))
+            .await
+            .expect("redis-server comes back on its port");
     }
 
     fn url(&self) -> String {
@@ -147,13 +154,13 @@ impl TestRedis {
     /// A local Redis Cluster of `masters` masters with `replicas` replicas each, formed and
     /// serving every slot (peers are declared failed after 2 s, so failovers are quick).
     pub async fn start_cluster(masters: usize, replicas: usize) -> Self {
-        let args = sluice::dev::cluster_node_args(2_000);
+        let args = sluice::redis_server::cluster_node_args(2_000);
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
             nodes.push(TestNode::start(&args).await);
         }
         let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
-        sluice::dev::form_cluster(&ports, replicas, Duration::from_secs(30))
+        sluice::redis_server::form_cluster(&ports, replicas, Duration::from_secs(30))
             .await
             .expect("the test cluster forms");
         Self {
@@ -239,11 +246,11 @@ impl TestRedis {
     pub async fn restart(&mut self) {
         self.kill();
         for n in &mut self.nodes {
-            assert!(n.spawn().await, "redis-server did not come back");
+            n.respawn().await;
         }
         if self.cluster {
             let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
-            sluice::dev::form_cluster(&ports, 0, Duration::from_secs(30))
+            sluice::redis_server::form_cluster(&ports, 0, Duration::from_secs(30))
                 .await
                 .expect("the test cluster re-forms");
         }
@@ -431,10 +438,10 @@ pub fn shard_no(n: u16) -> Shard {
     ShardMap::new(16, sluice::store::Layout::CURRENT).shard(n)
 }
 
-/// A loopback port that was free a moment ago (`sluice::dev::free_port`, shared with `sluice
+/// A loopback port that was free a moment ago (`sluice::redis_server::free_port`, shared with `sluice
 /// dev` and the benchmark).
 pub fn free_port() -> u16 {
-    sluice::dev::free_port().expect("a free loopback port")
+    sluice::redis_server::free_port().expect("a free loopback port")
 }
 
 /// The real application on a free port, with its own Redis.

@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use sluice::redis_server::{self, Persistence};
 use sluice::store::RedisTarget;
 use tokio::process::{Child, Command};
 
@@ -151,8 +152,8 @@ pub async fn start_redis_named(
     })
 }
 
-/// Starts `masters` cluster-enabled `redis-server`s (`sluice::dev::cluster_node_args`, no
-/// persistence) and forms a cluster of them with `sluice::dev::form_cluster`: masters only,
+/// Starts `masters` cluster-enabled `redis-server`s (`sluice::redis_server::cluster_node_args`, no
+/// persistence) and forms a cluster of them with `sluice::redis_server::form_cluster`: masters only,
 /// the 16384 slots shared evenly.
 pub async fn start_cluster(
     program: &Path,
@@ -160,7 +161,7 @@ pub async fn start_cluster(
     masters: usize,
 ) -> anyhow::Result<Redis> {
     anyhow::ensure!(masters >= 1, "a cluster needs at least one master");
-    let args = sluice::dev::cluster_node_args(5_000);
+    let args = sluice::redis_server::cluster_node_args(5_000);
     let mut nodes = Vec::with_capacity(masters);
     let mut urls = Vec::with_capacity(masters);
     for i in 1..=masters {
@@ -173,7 +174,7 @@ pub async fn start_cluster(
         .map(|u| u.rsplit(':').next().and_then(|p| p.parse().ok()))
         .collect::<Option<_>>()
         .context("a node url without a port")?;
-    sluice::dev::form_cluster(&ports, 0, Duration::from_secs(30)).await?;
+    sluice::redis_server::form_cluster(&ports, 0, Duration::from_secs(30)).await?;
     Ok(Redis {
         nodes,
         urls,
@@ -182,53 +183,34 @@ pub async fn start_cluster(
 }
 
 /// Starts one `redis-server` named `name` (its folder and log in the scratch folder) on a free
-/// loopback port without persistence, with `extra` arguments, and waits for PING.
+/// loopback port without persistence, with `extra` arguments, and waits for PING
+/// (`sluice::redis_server`, the launcher `sluice dev` and the tests use too).
 async fn start_node(
     program: &Path,
     scratch: &Scratch,
     name: &str,
     extra: &[String],
 ) -> anyhow::Result<(Proc, String)> {
-    for _ in 0..5 {
-        let port = sluice::dev::free_port()?;
-        let dir = scratch.path().join(name);
-        std::fs::create_dir_all(&dir)?;
-        let mut proc = Proc::spawn(
-            name,
-            Command::new(program)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .arg("--dir")
-                .arg(&dir)
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .args(extra),
-            scratch.path().join(format!("{name}.log")),
-        )
-        .map_err(|e| {
+    let dir = scratch.path().join(name);
+    std::fs::create_dir_all(&dir)?;
+    let log = scratch.path().join(format!("{name}.log"));
+    let spawn = |port: u16| {
+        let mut cmd = Command::from(redis_server::command(program, port, &dir, Persistence::Off));
+        cmd.args(extra);
+        Proc::spawn(name, &mut cmd, log.clone()).map_err(|e| {
             e.context(format!(
                 "`{}` must be installed (scripts/test.sh installs it)",
                 program.display()
             ))
-        })?;
-        let url = format!("redis://127.0.0.1:{port}");
-        let client = redis::Client::open(url.as_str())?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if proc.ensure_running().is_err() {
-                break; // port taken meanwhile: try another
-            }
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok()
-            {
-                return Ok((proc, url));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        proc.kill().await;
-    }
-    bail!("could not start redis-server on a free port")
+        })
+    };
+    let (proc, port) = redis_server::start_on_free_port(
+        spawn,
+        |p: &mut Proc| p.ensure_running().is_err(),
+        Duration::from_secs(10),
+    )
+    .await?;
+    Ok((proc, format!("redis://127.0.0.1:{port}")))
 }
 
 /// Settings every sluice child shares.
@@ -272,7 +254,8 @@ pub async fn start_serve(
     max_queued: u32,
 ) -> anyhow::Result<(Proc, SocketAddr)> {
     for attempt in 0..3 {
-        let addr: SocketAddr = format!("127.0.0.1:{}", sluice::dev::free_port()?).parse()?;
+        let addr: SocketAddr =
+            format!("127.0.0.1:{}", sluice::redis_server::free_port()?).parse()?;
         let mut proc = Proc::spawn(
             "serve",
             runtime_threads(&mut Command::new(&s.program), s.serve_threads)
