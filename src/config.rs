@@ -2,6 +2,9 @@
 //! environment variable and a sane default, and may also come from a TOML file (`--config`);
 //! precedence is flag, variable, file, default. Secrets (the admin token) are never printed or
 //! logged (`--help` hides the variable's value).
+//!
+//! Long on purpose: every flag is declared here with its variable, default and help, the one home
+//! of each default (`defaults_of`); splitting the flags by subsystem would scatter them again.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,6 +1,9 @@
 //! `/api/tenants`: the tenant registry, each tenant's limits and live usage. Creating,
 //! changing, listing and deleting tenants is the platform admin's; a tenant admin key may read
 //! its own tenant. API keys are in `api_keys.rs`.
+//!
+//! Long on purpose: one handler per route of the resource (tenants, their limits, their
+//! concurrency keys), each with its OpenAPI annotation beside its code.
 
 use axum::extract::State;
 use axum::http::StatusCode;

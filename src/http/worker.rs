@@ -16,6 +16,9 @@
 //! - **Fenced.** A heartbeat or a completion names the run's `fence`; only the current holder
 //!   of the current run is heard (409 `lease_lost` otherwise). A cancel is answered by the
 //!   run's next heartbeat and delivered at once to a waiting `POST /api/worker/stops`.
+//!
+//! Long on purpose: the whole pull API (lease, heartbeat, complete, stops), each route with its
+//! OpenAPI annotation and the checks its body needs, so a worker author reads one file.
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -7,6 +7,9 @@
 //! All keys of a tenant live in its shard and carry the shard's hash tag (`{s07.19}`, see
 //! `layout`), so each script touches one slot on Redis Cluster. User input never forms a hash
 //! tag: only validated ids appear after the tag.
+//!
+//! Long on purpose (about 700 lines before its tests): it is the only file that formats a key
+//! name, so every key's layout, its hash tag and its kind are read and checked in one place.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};

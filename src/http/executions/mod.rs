@@ -1,6 +1,9 @@
 //! `/api/executions`: admit, read, list, cancel and delete executions. Each handler checks the
 //! caller's role, parses its input into domain types at the edge and makes one storage call;
 //! the JSON shapes are in `wire`. Waiting for an execution (`?wait`, `/events`) is `waiting`.
+//!
+//! Long on purpose: one handler per route of the resource, each with its OpenAPI annotation
+//! and docs (over a quarter of the lines), so the contract of a route sits beside its code.
 
 pub mod waiting;
 pub mod wire;
