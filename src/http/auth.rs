@@ -1,11 +1,12 @@
 //! Who is calling: the `Caller` extractor. The tenant always comes from the credential (or,
 //! for the platform admin and in dev mode, from `X-Tenant-Id`), never from a request body.
 //!
-//! Credentials, in order: a bearer token starting `sk_` is a tenant API key, looked up on Redis
-//! on every request (no cache of live keys, so revocation is immediate; a token Redis did not
-//! know is remembered a few seconds, see `crate::revocation`); any other bearer token must equal
-//! the platform admin token (constant-time compare); no `Authorization` header is accepted
-//! only in dev mode. A tenant key sent with an `X-Tenant-Id` naming another tenant is a 403
+//! Credentials, in order: a bearer token starting `sk_` is a tenant API key, checked by
+//! `crate::revocation` (looked up on Redis, a verified key then trusted for at most
+//! `HIT_TTL` unless the news of its revocation comes first, a token Redis did not know
+//! remembered a few seconds); any other bearer token must equal the platform admin token
+//! (constant-time compare); no `Authorization` header is accepted only in dev mode. What a
+//! caller may do once known is `super::actions`. A tenant key sent with an `X-Tenant-Id` naming another tenant is a 403
 //! `tenant_mismatch`; a missing, malformed, unknown or revoked credential is a 401.
 
 use std::sync::Arc;
