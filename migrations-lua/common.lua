@@ -3,7 +3,7 @@
 -- operation on its own.
 --
 -- Calling convention shared by every shard script (see guard.lua for KEYS[1] and ARGV[1]):
---   ARGV[1]  the shard prefix, e.g. "sluice:{s07}:"
+--   ARGV[1]  the shard prefix, e.g. "sluice:{s07.19}:"
 --   ARGV[2]  server default max_concurrent (used when the tenant has no own value)
 --   ARGV[3]  server default max_queued
 --   ARGV[4]  retention of terminal rows, seconds

@@ -1,11 +1,12 @@
 -- guard.lua: the fences every sluice script runs before anything else. Not an operation on its
 -- own: src/store/scripts.rs composes each script as
---   <the operation's own shebang line> + guard.lua [+ common.lua for shard scripts] + operation
+--   <the operation's own shebang line> + guard.lua + [what it uses of common.lua (shard
+--   scripts) or acl_keys.lua (access scripts)] + operation
 -- so the `#!lua` shebang is always the first line (Redis 7 then checks, on a cluster, that
 -- every key the script touches is in the slot of the keys it declared).
 --
 -- Calling convention shared by every script:
---   ARGV[1]  the key prefix of the one hash tag the call works in: a shard ("sluice:{s07}:"),
+--   ARGV[1]  the key prefix of the one hash tag the call works in: a shard ("sluice:{s07.19}:"),
 --            or the access data ("sluice:{acl}:").
 --   KEYS[1]  the freeze marker under that prefix, <prefix>frozen
 --   KEYS[2..] every other key whose name follows from the call's arguments (each script's

@@ -1,8 +1,8 @@
 //! Every Redis key name sluice uses, one function per key, and `parse` to read a name back.
-//! Nothing else in the crate (nor its tests and benchmark) formats or matches key names; the
-//! Lua scripts build the same names from the prefix in `migrations-lua/common.lua` and
-//! `acl_keys.lua` (change both together: `tests/api/fences.rs` runs those builders on Redis
-//! and compares them with these).
+//! Nothing else in the crate or the benchmark formats or matches key names (a few tests spell
+//! names out on purpose, to pin the layout an operator sees); the Lua scripts build the same
+//! names from the prefix in `migrations-lua/common.lua` and `acl_keys.lua` (change both
+//! together: `tests/api/fences.rs` runs those builders on Redis and compares them with these).
 //!
 //! All keys of a tenant live in its shard and carry the shard's hash tag (`{s07.19}`, see
 //! `layout`), so each script touches one slot on Redis Cluster. User input never forms a hash
