@@ -8,7 +8,7 @@ put your own flows in FLOWS.
     SLUICE_TOKEN=sk_...   # an API key with the `worker` role
     python3 examples/pull_worker.py --url http://127.0.0.1:8080 --worker-id billing-1
 
-What it relies on (see the README, "Workers in any language"):
+What it relies on (see docs/workers.md, "The pull API"):
   - A lease call names the runs this worker is running (`holding`); anything else the server
     says it holds (an earlier answer that got lost) comes back marked `recovered` and is run.
   - Heartbeats name the run's fence. A 409 `lease_lost` means another worker owns the run now:

@@ -5,7 +5,7 @@
 # `sluice serve` + `sluice worker --demo-flows` on loopback, with its own redis-server
 # (scripts/console_test.py). About a minute; bounded to four.
 # Usage: scripts/console_test.sh [--update-docs] [path to the sluice binary; default: a debug build]
-#   --update-docs  also writes the pages' screenshots to docs/console/ (the README shows them)
+#   --update-docs  also writes the pages' screenshots to docs/console/ (shown in docs/console.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

@@ -71,7 +71,7 @@ pub enum Command {
     /// Print the OpenAPI document (the one committed as openapi/openapi.json).
     Openapi,
     /// Move data written with an older key layout to the current one (stop or expect 503s
-    /// from running sluice processes until they are restarted; see the README).
+    /// from running sluice processes until they are restarted; see docs/operations.md, Upgrades).
     MigrateLayout {
         #[command(flatten)]
         redis: RedisSettings,

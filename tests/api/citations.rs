@@ -202,3 +202,183 @@ fn the_layer_map_lists_every_import_and_has_no_cycle() {
         }
     }
 }
+
+/// The Markdown files of the repository (not build output, dependencies or dev data).
+fn markdown_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() {
+            if ![".git", "target", "node_modules", ".sluice-dev"].contains(&name.as_ref()) {
+                markdown_files(&path, out);
+            }
+        } else if name.ends_with(".md") {
+            out.push(path);
+        }
+    }
+}
+
+/// A document's lines outside fenced code blocks (inside, they are blank), with inline code
+/// removed: links and headings there are examples, not structure.
+fn prose_lines(text: &str) -> Vec<String> {
+    let mut fence: Option<String> = None;
+    text.lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            let marker: String = trimmed
+                .chars()
+                .take_while(|c| *c == '`' || *c == '~')
+                .collect();
+            let is_fence = marker.len() >= 3;
+            match &fence {
+                Some(open) => {
+                    if is_fence && marker.starts_with(&open[..1]) && marker.len() >= open.len() {
+                        fence = None;
+                    }
+                    String::new()
+                }
+                None if is_fence => {
+                    fence = Some(marker);
+                    String::new()
+                }
+                None => {
+                    // Paired backticks only: an unpaired one (a code span that goes on to the
+                    // next line) hides nothing after it.
+                    let parts: Vec<&str> = line.split('`').collect();
+                    let unpaired = parts.len() % 2 == 0;
+                    parts
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| i % 2 == 0 || (unpaired && *i == parts.len() - 1))
+                        .map(|(_, p)| *p)
+                        .collect::<Vec<_>>()
+                        .join("")
+                }
+            }
+        })
+        .collect()
+}
+
+/// GitHub's anchor for a heading: lowercased, only letters, digits, `-`, `_` and spaces kept,
+/// spaces made `-`.
+fn slug(heading: &str) -> String {
+    let mut text = heading.trim().to_owned();
+    // A link in a heading anchors by its text.
+    while let (Some(open), Some(mid)) = (text.find('['), text.find("](")) {
+        let Some(close) = text[mid..].find(')').map(|c| mid + c) else {
+            break;
+        };
+        if open > mid {
+            break;
+        }
+        text = format!(
+            "{}{}{}",
+            &text[..open],
+            &text[open + 1..mid],
+            &text[close + 1..]
+        );
+    }
+    text.to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (a repeated one gets `-1`, `-2`, ...).
+fn anchors(text: &str) -> std::collections::BTreeSet<String> {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut out = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let s = slug(line[hashes..].trim_end_matches('#'));
+        let n = seen.entry(s.clone()).or_insert(0);
+        out.insert(if *n == 0 {
+            s.clone()
+        } else {
+            format!("{s}-{n}")
+        });
+        *n += 1;
+    }
+    out
+}
+
+/// The targets of the inline links and images of a line: `[text](target)`.
+fn link_targets(line: &str) -> Vec<&str> {
+    line.match_indices("](")
+        .filter_map(|(at, _)| {
+            let rest = &line[at + 2..];
+            let end = rest.find(')')?;
+            let target = rest[..end].trim().trim_start_matches('<');
+            let target = target.split_whitespace().next()?.trim_end_matches('>');
+            (!target.is_empty()).then_some(target)
+        })
+        .collect()
+}
+
+/// The README is a front door, not the reference: at most 10 KB, with the reference in
+/// focused documents. And every relative link of every Markdown file resolves — the file
+/// exists, and an `#anchor` names one of its headings — so moving a section never leaves a
+/// reader at a dead end.
+#[test]
+fn the_readme_is_short_and_every_link_of_the_docs_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::metadata(root.join("README.md"))
+        .expect("README.md")
+        .len();
+    assert!(
+        readme <= 10_000,
+        "README.md is {readme} bytes; at most 10,000"
+    );
+    let mut files = Vec::new();
+    markdown_files(root, &mut files);
+    assert!(
+        files.len() >= 8,
+        "only {} Markdown files found",
+        files.len()
+    );
+    let (mut checked, mut broken) = (0, Vec::new());
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let shown = file.strip_prefix(root).unwrap().display().to_string();
+        for (no, line) in prose_lines(&text).iter().enumerate() {
+            for target in link_targets(line) {
+                let scheme = target.split_once(':').is_some_and(|(s, _)| {
+                    s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+                });
+                if scheme || target.starts_with("//") {
+                    continue;
+                }
+                checked += 1;
+                let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+                let to = if path.is_empty() {
+                    file.clone()
+                } else {
+                    file.parent().unwrap().join(path)
+                };
+                if !to.exists() {
+                    broken.push(format!("{shown}:{}: {target}: no such file", no + 1));
+                    continue;
+                }
+                if anchor.is_empty() {
+                    continue;
+                }
+                let found = to.extension().is_some_and(|e| e == "md")
+                    && anchors(&prose_lines(&std::fs::read_to_string(&to).unwrap()).join("\n"))
+                        .contains(anchor);
+                if !found {
+                    broken.push(format!("{shown}:{}: {target}: no such heading", no + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 50,
+        "only {checked} links checked: is the parser broken?"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}

@@ -1,4 +1,4 @@
-//! Fair, prioritized and scheduled dispatch (docs/DESIGN.md, "Admission control"): tenants of a
+//! Fair, prioritized and scheduled dispatch (docs/api.md, "Admission control"): tenants of a
 //! shard get starts in proportion to their weights, a calm tenant that arrives behind a flood
 //! starts at the next free slot, priorities order a tenant's own executions, scheduled
 //! executions never start early and can be moved, and a Redis written by the stream-model

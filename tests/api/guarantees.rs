@@ -1,4 +1,4 @@
-//! The guarantees under faults (README, *Guarantees under faults*), each attacked the way it
+//! The guarantees under faults (docs/operations.md), each attacked the way it
 //! once broke: real `sluice worker` processes and a real `redis-server`, paused (SIGSTOP),
 //! stalled (CLIENT PAUSE) or raced by a cancel, retry, force delete or limit change, and the
 //! outcome checked as a user would check it — which run's output was accepted, the final

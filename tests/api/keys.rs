@@ -1,4 +1,4 @@
-//! Concurrency keys (docs/DESIGN.md, "Admission control"): executions of one key run at most
+//! Concurrency keys (docs/api.md, "Admission control"): executions of one key run at most
 //! the key's limit at once, inside the tenant's `max_concurrent`; a key at its limit leaves its
 //! tenant's order, so it never delays another key and nothing skips over it; limits can be
 //! raised, lowered and dropped while work waits; and a key with nothing left leaves nothing in

@@ -282,7 +282,7 @@ async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() 
         .collect();
     assert!(stale.is_empty(), "{stale:?}");
 
-    // The old processes are restarted (the README's procedure): everything runs, once.
+    // The old processes are restarted (docs/operations.md, Upgrades): everything runs, once.
     old_worker.signal("TERM");
     assert!(old_worker.wait_exit(Duration::from_secs(15)).success());
     app.addr = app.spawn_beside(|_| {}).await;
