@@ -245,7 +245,7 @@ fn prose_lines(text: &str) -> Vec<String> {
                     // Paired backticks only: an unpaired one (a code span that goes on to the
                     // next line) hides nothing after it.
                     let parts: Vec<&str> = line.split('`').collect();
-                    let unpaired = parts.len() % 2 == 0;
+                    let unpaired = parts.len().is_multiple_of(2);
                     parts
                         .iter()
                         .enumerate()

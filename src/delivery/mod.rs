@@ -21,22 +21,29 @@
 //!   loopback, private, link-local, shared, unspecified, multicast, documentation and the
 //!   like are refused unless `--webhook-allow-private` says otherwise. Redirects are not
 //!   followed (a 3xx is a failed attempt).
+//!
+//! The signing is in `signing.rs`, the address rules and the checked resolver in
+//! `address.rs`; this file is the deliverer: who drains which tenant, when, and how often again.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::TenantId;
 use crate::store::{DeliveryRecord, OutboxEntry, Store, StoreError, keys};
+
+mod address;
+mod signing;
+
+use address::CheckedResolver;
+pub use address::{WEBHOOK_URL_PATTERN, check_url, is_private};
+pub use signing::{SECRET_PREFIX, new_secret, payload, signature, webhook_id};
 
 /// The first pause after a failed round of a tenant's deliveries; it doubles per failed round.
 pub const RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -46,9 +53,6 @@ pub const RETRY_MAX: Duration = Duration::from_secs(300);
 const BATCH: usize = 64;
 /// Tenants delivered at once by one server.
 const TENANTS_AT_ONCE: usize = 32;
-/// The prefix of a signing secret (then the base64 of the key), as Standard Webhooks has it.
-pub const SECRET_PREFIX: &str = "whsec_";
-
 /// How `serve` delivers webhooks (from its settings).
 #[derive(Debug, Clone)]
 pub struct DeliveryConfig {
@@ -63,243 +67,6 @@ pub struct DeliveryConfig {
     pub scan: Option<Duration>,
     /// Events older than this are dropped undelivered (and counted).
     pub max_age: Duration,
-}
-
-/// A fresh signing secret: `whsec_` and the base64 of 24 random bytes.
-pub fn new_secret() -> String {
-    let mut key = [0u8; 24];
-    getrandom::fill(&mut key).expect("the OS random source works");
-    format!("{SECRET_PREFIX}{}", BASE64.encode(key))
-}
-
-/// HMAC-SHA256 (RFC 2104) of the concatenated `parts`.
-fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    let mut block = [0u8; 64];
-    if key.len() > block.len() {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let mut inner = Sha256::new();
-    inner.update(block.map(|b| b ^ 0x36));
-    for p in parts {
-        inner.update(p);
-    }
-    let mut outer = Sha256::new();
-    outer.update(block.map(|b| b ^ 0x5c));
-    outer.update(inner.finalize());
-    outer.finalize().into()
-}
-
-/// The `webhook-signature` header of a message: `v1,` and the base64 of the HMAC-SHA256, keyed
-/// with the secret's decoded bytes, of `<webhook-id>.<webhook-timestamp>.<body>`.
-pub fn signature(secret: &str, webhook_id: &str, timestamp: u64, body: &[u8]) -> Option<String> {
-    let key = BASE64
-        .decode(secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret))
-        .ok()?;
-    let mac = hmac_sha256(
-        &key,
-        &[
-            webhook_id.as_bytes(),
-            b".",
-            timestamp.to_string().as_bytes(),
-            b".",
-            body,
-        ],
-    );
-    Some(format!("v1,{}", BASE64.encode(mac)))
-}
-
-/// The `webhook-id` of an event: the same for every delivery of it (a receiver drops
-/// duplicates by it), different for each change of each execution.
-pub fn webhook_id(execution_id: &str, seq: u64) -> String {
-    format!("msg_{execution_id}_{seq}")
-}
-
-/// The JSON body of an event: `type`, `timestamp` (of the change) and `data`. Built from the
-/// outbox entry alone, so every delivery of one event has the same bytes.
-pub fn payload(tenant: &TenantId, e: &OutboxEntry) -> Vec<u8> {
-    let field = |name: &str| e.fields.get(name).map(String::as_str).unwrap_or_default();
-    let mut data = serde_json::json!({
-        "execution_id": e.execution_id,
-        "tenant_id": tenant.as_str(),
-        "flow_id": field("flow"),
-        "status": e.kind,
-        "attempt": field("attempt").parse::<u64>().unwrap_or(0),
-        "sequence": e.seq,
-    });
-    if e.kind == "failed" {
-        data["error"] = serde_json::json!({"kind": field("err_kind"), "message": field("err_msg")});
-        data["dead_lettered"] = serde_json::json!(field("dead") == "1");
-    }
-    if e.kind == "deleted" {
-        data["previous_status"] = serde_json::json!(field("was"));
-    }
-    let timestamp =
-        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(e.at_ms) * 1_000_000)
-            .ok()
-            .and_then(|t| {
-                t.format(&time::format_description::well_known::Rfc3339)
-                    .ok()
-            })
-            .unwrap_or_default();
-    serde_json::to_vec(&serde_json::json!({
-        "type": format!("execution.{}", e.kind),
-        "timestamp": timestamp,
-        "data": data,
-    }))
-    .unwrap_or_default()
-}
-
-/// Whether an address is one a webhook may not reach unless private addresses are allowed:
-/// anything but a public unicast address.
-pub fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
-                || (a == 192 && b == 0 && v4.octets()[2] == 0) // IETF protocol assignments
-                || (a == 198 && (18..20).contains(&b)) // benchmarking
-                || a >= 240 // reserved
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_private(IpAddr::V4(v4));
-            }
-            let first = v6.segments()[0];
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00 // unique local
-                || (first & 0xffc0) == 0xfe80 // link-local
-                || first == 0x2001 && v6.segments()[1] == 0x0db8 // documentation
-                || first == 0x0064 && v6.segments()[1] == 0xff9b // NAT64
-        }
-    }
-}
-
-/// Resolves a webhook's host and refuses it when any of its addresses is private (unless
-/// allowed): the connection then goes to exactly the addresses checked, so a name cannot
-/// answer one address to the check and another to the connection.
-struct CheckedResolver {
-    allow_private: bool,
-}
-
-impl reqwest::dns::Resolve for CheckedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allow_private = self.allow_private;
-        let host = name.as_str().to_owned();
-        Box::pin(async move {
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if addrs.is_empty() {
-                return Err(format!("{host} has no address").into());
-            }
-            if !allow_private && let Some(a) = addrs.iter().find(|a| is_private(a.ip())) {
-                return Err(format!(
-                    "{host} resolves to {}, a private address (refused without \
-                     --webhook-allow-private)",
-                    a.ip()
-                )
-                .into());
-            }
-            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
-/// The grammar of a webhook address, as the OpenAPI document states it (`WEBHOOK_URL_PATTERN`)
-/// and `check_url` enforces it: `http://`, a host name (whose last label starts with a
-/// letter) or a dotted IPv4 address, an optional port, then an optional path and query
-/// without spaces or a fragment.
-pub const WEBHOOK_URL_PATTERN: &str = concat!(
-    "^http://(",
-    "([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
-    "|((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
-    ")(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?",
-    "([/?][^\\s#]*)?$"
-);
-
-/// Whether `label` is a host name label: 1–63 letters, digits and inner hyphens.
-fn is_label(label: &str) -> bool {
-    let b = label.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
-
-/// Whether `host` is a dotted IPv4 address written without leading zeros.
-fn is_dotted_ipv4(host: &str) -> bool {
-    let parts: Vec<&str> = host.split('.').collect();
-    parts.len() == 4
-        && parts.iter().all(|p| {
-            !p.is_empty()
-                && p.len() <= 3
-                && p.bytes().all(|c| c.is_ascii_digit())
-                && (p.len() == 1 || !p.starts_with('0'))
-                && p.parse::<u16>().is_ok_and(|n| n <= 255)
-        })
-}
-
-/// Checks a webhook address against `WEBHOOK_URL_PATTERN`; the answer is the reason it is
-/// refused.
-pub fn check_url(text: &str) -> Result<reqwest::Url, String> {
-    if text.chars().count() > 2048 {
-        return Err("the address is longer than 2048 characters".into());
-    }
-    let Some(rest) = text.strip_prefix("http://") else {
-        if text.to_ascii_lowercase().starts_with("https://") {
-            return Err(
-                "https is not supported by this build (it has no TLS library): \
-                        deliver to an http:// address, e.g. a TLS-terminating egress proxy"
-                    .into(),
-            );
-        }
-        return Err("the address must start with http://".into());
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (host, port) = match authority.split_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (authority, None),
-    };
-    let labels: Vec<&str> = host.split('.').collect();
-    let named = labels.iter().all(|l| is_label(l))
-        && labels
-            .last()
-            .is_some_and(|l| l.starts_with(|c: char| c.is_ascii_alphabetic()));
-    if !named && !is_dotted_ipv4(host) {
-        return Err(format!(
-            "the host must be a name (letters, digits, inner hyphens; the last label starting \
-             with a letter) or a dotted IPv4 address, not {host:?}"
-        ));
-    }
-    if let Some(p) = port
-        && !(!p.is_empty()
-            && p.len() <= 5
-            && p.bytes().all(|c| c.is_ascii_digit())
-            && (p.len() < 5 || !p.starts_with('0'))
-            && p.parse::<u32>().is_ok_and(|n| n <= 65_535))
-    {
-        return Err(format!("the port must be a number up to 65535, not {p:?}"));
-    }
-    if tail
-        .chars()
-        .any(|c| c.is_whitespace() || c == '\u{feff}' || c == '#')
-    {
-        return Err("the path and query may hold no spaces and no fragment (#)".into());
-    }
-    reqwest::Url::parse(text).map_err(|e| format!("not a valid address: {e}"))
 }
 
 /// How a tenant's deliveries stand in this server.
@@ -740,93 +507,4 @@ fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The example of the Standard Webhooks specification (its reference libraries' tests).
-    #[test]
-    fn signatures_match_the_specifications_example() {
-        let sig = signature(
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-            "msg_p5jXN8AQM9LWM0D4loKWxJek",
-            1_614_265_330,
-            br#"{"test": 2432232314}"#,
-        );
-        assert_eq!(
-            sig.as_deref(),
-            Some("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
-        );
-    }
-
-    #[test]
-    fn hmac_matches_rfc_4231_case_2() {
-        let mac = hmac_sha256(b"Jefe", &[b"what do ya want ", b"for nothing?"]);
-        assert_eq!(
-            hex::encode(mac),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
-    }
-
-    #[test]
-    fn secrets_are_fresh_and_decode_to_24_bytes() {
-        let (a, b) = (new_secret(), new_secret());
-        assert_ne!(a, b);
-        let key = BASE64
-            .decode(a.strip_prefix(SECRET_PREFIX).unwrap())
-            .unwrap();
-        assert_eq!(key.len(), 24);
-    }
-
-    #[test]
-    fn private_addresses_are_told_from_public_ones() {
-        for private in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "255.255.255.255",
-            "::1",
-            "::",
-            "fc00::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-            "::ffff:169.254.169.254",
-        ] {
-            assert!(is_private(private.parse().unwrap()), "{private}");
-        }
-        for public in ["93.184.216.34", "8.8.8.8", "2606:4700::1111"] {
-            assert!(!is_private(public.parse().unwrap()), "{public}");
-        }
-    }
-
-    #[test]
-    fn addresses_are_checked_as_given() {
-        assert!(check_url("http://hooks.example.com/sluice?x=1").is_ok());
-        assert!(check_url("http://127.0.0.1:8080").is_ok());
-        assert!(check_url("http://a-b.c9?x=y z").is_err());
-        for bad in [
-            "hooks.example.com/x",
-            "ftp://hooks.example.com/",
-            "https://hooks.example.com/",
-            "HTTP://hooks.example.com/",
-            "http://user:pw@hooks.example.com/",
-            "http://hooks.example.com/#frag",
-            "http://",
-            "http://0000",
-            "http://256.1.1.1/",
-            "http://01.1.1.1/",
-            "http://a:65536/",
-            "http://a:00080/",
-            "http://-a.example/",
-            "http://[::1]/",
-        ] {
-            assert!(check_url(bad).is_err(), "{bad}");
-        }
-    }
 }
