@@ -124,14 +124,41 @@ async fn the_console_is_served_from_the_binary_with_a_strict_policy() {
 #[tokio::test]
 async fn me_says_who_each_caller_is() {
     let app = TestApp::spawn().await;
-    for role in ["viewer", "editor", "admin"] {
+    // What each role may do, as the console reads it (`access::me_lists_exactly_the_actions_
+    // the_server_allows` proves each list against the calls themselves).
+    let viewer = vec!["read"];
+    let editor = [
+        viewer.clone(),
+        vec![
+            "admit",
+            "cancel",
+            "retry",
+            "reschedule",
+            "dismiss_dead_letters",
+        ],
+    ]
+    .concat();
+    let admin = [
+        editor.clone(),
+        vec![
+            "force_delete",
+            "manage_tenant",
+            "manage_api_keys",
+            "manage_webhook",
+            "read_trends",
+        ],
+    ]
+    .concat();
+    let everything = [admin.clone(), vec!["pull_work", "manage_platform"]].concat();
+    for (role, may) in [("viewer", &viewer), ("editor", &editor), ("admin", &admin)] {
         let key = app.key_of("acme", role).await;
         let res = app.me(key["token"].as_str(), None).await;
         assert_eq!(res.status(), StatusCode::OK);
         let me: Value = res.json().await.unwrap();
         assert_eq!(
             me,
-            json!({"tenant_id": "acme", "role": role, "key_id": key["key_id"], "auth": "api_key"})
+            json!({"tenant_id": "acme", "role": role, "key_id": key["key_id"], "auth": "api_key",
+                   "may": may})
         );
         // Its own tenant named again is fine; another is a 403.
         let res = app.me(key["token"].as_str(), Some("acme")).await;
@@ -143,7 +170,8 @@ async fn me_says_who_each_caller_is() {
     let me: Value = app.me(Some(ADMIN_TOKEN), None).await.json().await.unwrap();
     assert_eq!(
         me,
-        json!({"tenant_id": null, "role": "platform_admin", "key_id": null, "auth": "admin_token"})
+        json!({"tenant_id": null, "role": "platform_admin", "key_id": null, "auth": "admin_token",
+               "may": everything})
     );
     let me: Value = app
         .me(Some(ADMIN_TOKEN), Some("globex"))
@@ -181,7 +209,8 @@ async fn me_says_who_each_caller_is() {
     let me: Value = dev.me(None, Some("acme")).await.json().await.unwrap();
     assert_eq!(
         me,
-        json!({"tenant_id": "acme", "role": "platform_admin", "key_id": null, "auth": "dev_auth"})
+        json!({"tenant_id": "acme", "role": "platform_admin", "key_id": null, "auth": "dev_auth",
+               "may": everything})
     );
 }
 
