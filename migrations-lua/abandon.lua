@@ -5,13 +5,14 @@
 -- marker for the id makes a late admit.lua refuse. Scripts run one at a time, so whichever of
 -- the two runs first decides, and the answer of this one is definite either way.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the execution's row
--- KEYS[3]  its void marker
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  execution id the lost admission minted
--- ARGV[8]  how long the void marker lives, seconds (longer than any call can stay in flight)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  row: the execution's row
+-- KEYS[3]  void: its void marker
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  id: execution id the lost admission minted
+-- ARGV[8]  void_ttl_secs: how long the void marker lives, seconds (longer than any call can
+--          stay in flight)
 --
 -- Reply: {'admitted', row} the admission happened (row as HGETALL) | {'void'} it never will
 local tenant, id, ttl = ARGV[6], ARGV[7], tonumber(ARGV[8])

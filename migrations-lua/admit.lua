@@ -4,36 +4,42 @@
 -- commit, see src/store/commit.rs): each is decided exactly as if it had come alone, after
 -- those before it (a dedup key repeated in the group is a replay of the first).
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's tenant set    KEYS[3]  its runnable tenants    KEYS[4]  its timer set
--- Then, for each admission in order, 8 keys, and a 9th when it has a dedup key:
---   +0 the new execution's row       +1 its void marker (abandon.lua)
---   +2 the tenant's limits (cfg)     +3 its slot set
---   +4 its waiting set               +5 its 'queued' status index
---   +6 its 'queued' index of the flow
---   +7 its set of flows              +8 the dedup mapping (only with a dedup key)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  tenants: the shard's tenant set
+-- KEYS[3]  runnable: its runnable tenants
+-- KEYS[4]  delayed: its timer set
+-- KEYS[5..] admissions: for each admission in order, 8 keys, and a 9th with a dedup key:
+--   +0 row: the new execution's row
+--   +1 void: its void marker (abandon.lua)
+--   +2 cfg: the tenant's limits
+--   +3 slots: its slot set
+--   +4 waiting: its waiting set
+--   +5 queued: its 'queued' status index
+--   +6 queued_flow: its 'queued' index of the flow
+--   +7 flows: its set of flows
+--   +8 dedup: the dedup mapping (only with a dedup key)
 -- (Also written, names built inside from the prefix since Redis's clock picks the day: the
 -- trends counters and the shard's busy set, see the trends block of common.lua; and with a
 -- concurrency key, the key's queue and the tenant's blocked keys, see "Concurrency keys".)
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  the number of admissions, 1..100
--- Then, for each admission in order, 16 values:
---   +0  tenant id (validated: no braces, colons or spaces)
---   +1  new execution id (32 lowercase hex, minted by the caller)
---   +2  flow id (validated key-safe)
---   +3  version, '' for none
---   +4  params, JSON text of an object
---   +5  max_attempts
---   +6  dedup key as given, '' for none
---   +7  digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
---   +8  request fingerprint (flow, version, params), hex
---   +9  priority, 1..5 (1 first)
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  count: the number of admissions, 1..100
+-- ARGV[7..] admissions: for each admission in order, 16 values:
+--   +0  tenant: tenant id (validated: no braces, colons or spaces)
+--   +1  id: new execution id (32 lowercase hex, minted by the caller)
+--   +2  flow: flow id (validated key-safe)
+--   +3  version: '' for none
+--   +4  params: JSON text of an object
+--   +5  max_attempts: how many attempts it may have
+--   +6  dedup_key: the dedup key as given, '' for none
+--   +7  dedup_digest: digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
+--   +8  fingerprint: the request's fingerprint (flow, version, params), hex
+--   +9  priority: 1..5 (1 first)
 --   +10 run_at: when to start at the earliest, Unix ms ('' for now)
 --   +11 delay: how long after the admission to start at the earliest, ms ('' for none)
---   +12 concurrency key as given, '' for none
---   +13 digest of the concurrency key (as the dedup key's), '' for none
---   +14 W3C traceparent, '' for none (validated by the caller)
---   +15 W3C tracestate, '' for none
+--   +12 ckey: the concurrency key as given, '' for none
+--   +13 ckey_digest: digest of the concurrency key (as the dedup key's), '' for none
+--   +14 traceparent: W3C traceparent, '' for none (validated by the caller)
+--   +15 tracestate: W3C tracestate, '' for none
 --
 -- Reply: one entry per admission, in order, each one of:
 --   {'new', qstate, now, due, tpos, kpos, klimit}

@@ -9,14 +9,15 @@
 -- adds a run in the step that starts it; every end of a lease removes it), so this costs what
 -- the worker holds, never what the shard holds.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the worker's held set       KEYS[3]  the shard's lease index
--- KEYS[4]  the worker's adoption barrier (K.adopted(consumer))
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  consumer name (the worker)
--- ARGV[7]  most entries to look at (the worker's concurrency is enough)
--- ARGV[8]  lease TTL, milliseconds: each lease found is extended from now, so the worker's
---          own deadline can be counted from this call
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  held: the worker's held set
+-- KEYS[3]  leases: the shard's lease index
+-- KEYS[4]  adopted: the worker's adoption barrier (K.adopted(consumer))
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  consumer: the worker's consumer name
+-- ARGV[7]  most: the most entries to look at (the worker's concurrency is enough)
+-- ARGV[8]  lease_ttl_ms: lease TTL, milliseconds: each lease found is extended from now, so
+--          the worker's own deadline can be counted from this call
 -- ARGV[9]  barrier: the number of the worker's last start-capable call in the shard. Recorded
 --          (it only rises; kept a day) so that any of those calls that reaches Redis after this
 --          one starts nothing (see barred() in common.lua): with calls spread over several

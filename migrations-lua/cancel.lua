@@ -6,16 +6,21 @@
 --              again: it ends cancelled.
 --   terminal -> unchanged (cancel is idempotent).
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the execution's row
--- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
--- KEYS[6]  its 'queued' status index   KEYS[7]  its 'cancelled' status index
--- KEYS[8]  the shard's runnable tenants KEYS[9]  its timer set    KEYS[10] its counters
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  row: the execution's row
+-- KEYS[3]  cfg: the tenant's limits
+-- KEYS[4]  slots: its slot set
+-- KEYS[5]  waiting: its queue
+-- KEYS[6]  queued: its 'queued' status index
+-- KEYS[7]  cancelled: its 'cancelled' status index
+-- KEYS[8]  runnable: the shard's runnable tenants
+-- KEYS[9]  delayed: its timer set
+-- KEYS[10] stats: its counters
 -- (A cancel also counts in the trends counters, and goes to the tenant's webhook outbox:
 -- names built inside, see common.lua.)
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  the caller's tenant id
--- ARGV[7]  execution id
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: the caller's tenant id
+-- ARGV[7]  id: execution id
 --
 -- Reply: {'not_found'} (missing, or another tenant's) | {'ok', id, row}
 local tenant, id = ARGV[6], ARGV[7]

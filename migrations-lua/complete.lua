@@ -13,36 +13,40 @@
 -- A cancel requested while the run went on is final: whatever the outcome, the execution ends
 -- cancelled, never re-queued or retried.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's runnable tenants KEYS[3]  its lease index  KEYS[4]  its timer set
--- KEYS[5]  its dead-letter stream      KEYS[6]  its counters
--- KEYS[7]  its dead-letter index start (see dead_letter in common.lua)
--- Then, for each report in order, 2 keys:
---   +0 the execution's row             +1 the worker's adoption barrier (K.adopted(consumer))
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  dead-letter stream cap
--- ARGV[7]  the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
--- Then, for each report in order, 11 values:
---   +0  execution id
---   +1  fence of the run the worker held
---   +2  consumer name (the worker)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  runnable: the shard's runnable tenants
+-- KEYS[3]  leases: its lease index
+-- KEYS[4]  delayed: its timer set
+-- KEYS[5]  dead_letters: its dead-letter stream
+-- KEYS[6]  stats: its counters
+-- KEYS[7]  dead_letters_indexed: its dead-letter index start (see dead_letter in common.lua)
+-- KEYS[8..] reports: for each report in order, 2 keys:
+--   +0 row: the execution's row
+--   +1 adopted: the worker's adoption barrier (K.adopted(consumer))
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  dlq_cap: the dead-letter stream's cap
+-- ARGV[7]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
+-- ARGV[8..] reports: for each report in order, 11 values:
+--   +0  id: execution id
+--   +1  fence: the fence of the run the worker held
+--   +2  consumer: the worker's consumer name
 --   +3  outcome: 'completed' | 'failed' | 'cancelled'
 --       | 'released'  (the worker is shutting down: back in its tenant's order at once,
 --                      where it stood; the run does not count as an attempt)
 --       | 'abandoned' (the worker could not renew the lease in time and stopped the run:
 --                      handled like an expired lease, see recover() in common.lua)
---   +4  output JSON (completed), '' otherwise
---   +5  error kind (failed), e.g. 'handler_error'
---   +6  error message (failed)
---   +7  retry backoff in ms when the failure may be retried, '' when it may not
+--   +4  output: output JSON (completed), '' otherwise
+--   +5  kind: error kind (failed), e.g. 'handler_error'
+--   +6  message: error message (failed)
+--   +7  backoff: retry backoff in ms when the failure may be retried, '' when it may not
 --   +8  chain: how many runs to start for the same worker on the slot this run frees, once
 --       the report is recorded (0: none). So a busy worker needs one call per execution, as
 --       BullMQ's moveToFinished does, instead of a completion and a start. Like start.lua,
 --       it first makes due executions runnable, and it keeps the doorbell (start_entries()).
---   +9  lease TTL of the runs it starts, milliseconds
---   +10 the call's number among the worker's start-capable calls in the shard (0: none). A
---       report its worker's last adopt.lua covered is recorded but starts nothing (see
---       start.lua).
+--   +9  lease_ttl_ms: lease TTL of the runs it starts, milliseconds
+--   +10 call: the call's number among the worker's start-capable calls in the shard (0:
+--       none). A report its worker's last adopt.lua covered is recorded but starts nothing
+--       (see start.lua).
 --
 -- Reply: one entry per report, in order, each {what, detail, more, started, next_due,
 -- weight}; the last four as start.lua's (more 0 and started {} when nothing was asked for, or

@@ -5,12 +5,12 @@
 -- statistics, so what left the stream other than by the cap is known. The record's id leaves
 -- its tenant's index (see `dead_letter` in common.lua) in the same step.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's dead-letter stream
--- KEYS[3]  the shard's statistics hash
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  record id, <ms>-<seq> (built from numbers by the caller)
--- ARGV[7]  tenant id: only a record of this tenant is removed; '' removes any record (the
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  dead_letters: the shard's dead-letter stream
+-- KEYS[3]  stats: the shard's statistics hash
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  record: record id, <ms>-<seq> (built from numbers by the caller)
+-- ARGV[7]  tenant: only a record of this tenant is removed; '' removes any record (the
 --          platform admin, also poison records that belong to no tenant)
 --
 -- Reply: 1 removed; 0 no such record in this shard (or another tenant's, left alone).

@@ -1,9 +1,10 @@
 #!lua flags=no-writes
 -- dry_admit.lua: what admit.lua would do with this request now, writing nothing (the
 -- `no-writes` flag makes Redis refuse any write): the dedup check, the quota decision, and
--- where the execution would stand. Same KEYS and ARGV as admit.lua with one admission
--- (ARGV[6] is 1; ARGV[8], the id, is unused). A snapshot: the real admission decides again,
--- atomically, when it is made.
+-- where the execution would stand. With one admission (ARGV[6] is 1; ARGV[8], the id, is
+-- unused). A snapshot: the real admission decides again, atomically, when it is made.
+--
+-- KEYS and ARGV: as admit.lua
 --
 -- Reply, one of:
 --   {'duplicate', id, row}  the dedup key maps to live execution id, same request (its view)

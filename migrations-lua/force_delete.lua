@@ -10,15 +10,19 @@
 -- hidden, marked `deleted` (every read treats it as missing), and listed in the tenant's
 -- `deleting` set so that usage still counts it as running.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the execution's row
--- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
--- KEYS[6]  its force-deleted set
--- KEYS[7]  the shard's runnable tenants KEYS[8]  its timer set    KEYS[9]  its lease index
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  row: the execution's row
+-- KEYS[3]  cfg: the tenant's limits
+-- KEYS[4]  slots: its slot set
+-- KEYS[5]  waiting: its queue
+-- KEYS[6]  deleting: its force-deleted set
+-- KEYS[7]  runnable: the shard's runnable tenants
+-- KEYS[8]  delayed: its timer set
+-- KEYS[9]  leases: its lease index
 -- (The tenant's webhook outbox, if it has a webhook, is named inside: see common.lua.)
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  the caller's tenant id
--- ARGV[7]  execution id
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: the caller's tenant id
+-- ARGV[7]  id: execution id
 --
 -- Reply: {'not_found'} (missing, another tenant's, or deleted already) | {'deleted'}
 local tenant, id = ARGV[6], ARGV[7]

@@ -3,13 +3,13 @@
 -- which executions it must stop. A lease is extended only for the current run (its fence) and
 -- only for the worker holding it.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's lease index
--- KEYS[3..] the row of each execution named in ARGV[8..], in order
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  lease TTL, milliseconds
--- ARGV[7]  consumer name (the worker)
--- ARGV[8..] pairs: execution id, fence of the run the worker holds
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  leases: the shard's lease index
+-- KEYS[3..] rows: the row of each execution named in ARGV[8..], in order
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  lease_ttl_ms: lease TTL, milliseconds
+-- ARGV[7]  consumer: the worker's consumer name
+-- ARGV[8..] held: pairs of execution id and fence of the run the worker holds
 --
 -- Reply: one answer per pair, in order:
 --   'ok'      lease extended

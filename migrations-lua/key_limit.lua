@@ -5,15 +5,20 @@
 -- runnable set. A lowered limit stops new starts of the key until enough running ones end
 -- (none is stopped).
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its key overrides  KEYS[4]  its blocked keys
--- KEYS[5]  the key's queue             KEYS[6]  the key's running set
--- KEYS[7]  the tenant's queue          KEYS[8]  the shard's runnable tenants
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  the key's digest            ARGV[8]  the key as given
--- ARGV[9]  its limit (0..), '' to drop the override
--- ARGV[10] the most overrides a tenant may have
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  cfg: the tenant's limits
+-- KEYS[3]  key_limits: its key overrides
+-- KEYS[4]  key_blocked: its blocked keys
+-- KEYS[5]  key_queue: the key's queue
+-- KEYS[6]  key_running: the key's running set
+-- KEYS[7]  waiting: the tenant's queue
+-- KEYS[8]  runnable: the shard's runnable tenants
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  digest: the key's digest
+-- ARGV[8]  key: the key as given
+-- ARGV[9]  limit: its limit (0..), '' to drop the override
+-- ARGV[10] most: the most overrides a tenant may have
 --
 -- Reply: {'ok', running, queued} | {'too_many', overrides} (nothing written)
 --      | {'moved', n} (the tenant is pinned to dedicated shard n: nothing written)

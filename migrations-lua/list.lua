@@ -6,27 +6,29 @@
 -- rows add up to the byte budget (the first row is always included, so every page makes
 -- progress): one call never returns more than the budget plus one row.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2..n+1]    the tenant's status index of each of the n statuses listed (the one of the
---                 filter, or all five in the order queued, running, completed, failed,
---                 cancelled); the filter 'scheduled' reads the index of scheduled executions
---                 (queued ones on the timer set, see schedule() in common.lua)
--- KEYS[n+2..2n+1] with a flow filter: the flow's index of each of those statuses, same order
--- KEYS[last]      with a dedup key filter: the tenant's dedup mapping of that key
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  status filter, '' for all, 'scheduled' for the queued executions not yet due
--- ARGV[8]  flow filter, '' for all
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2..] indexes: KEYS[2..n+1] the tenant's status index of each of the n statuses listed
+--          (the one of the filter, or all five in the order queued, running, completed,
+--          failed, cancelled; the filter 'scheduled' reads the index of scheduled executions,
+--          queued ones on the timer set, see schedule() in common.lua); then, with a flow
+--          filter, KEYS[n+2..2n+1] the flow's index of each of those statuses, same order;
+--          last, with a dedup key filter, the tenant's dedup mapping of that key
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  status: the status filter, '' for all, 'scheduled' for the queued executions not
+--          yet due
+-- ARGV[8]  flow: the flow filter, '' for all
 -- ARGV[9]  cursor: the last id of the previous page, '' for the first page
--- ARGV[10]  limit (1..200)
--- ARGV[11]  byte budget: the page ends before the row that would take its rows' field names
---           and values past this many bytes
--- ARGV[12]  dedup key filter, '' for none: only the execution the tenant's mapping of this key
---           names (at most one), if its row still carries the key
--- ARGV[13]  with a dedup key filter: the key's digest (names the mapping, see admit.lua)
--- ARGV[14]  lower id bound, inclusive, '' for none: the 12 hex digits of a millisecond time
---           (an execution id starts with its admission time in ms, so lexical order is age)
--- ARGV[15]  upper id bound, exclusive, '' for none: the same for the end of the range
+-- ARGV[10] limit: 1..200
+-- ARGV[11] budget: the page ends before the row that would take its rows' field names and
+--          values past this many bytes
+-- ARGV[12] dedup: the dedup key filter, '' for none: only the execution the tenant's mapping
+--          of this key names (at most one), if its row still carries the key
+-- ARGV[13] dedup_digest: with a dedup key filter, the key's digest (names the mapping, see
+--          admit.lua)
+-- ARGV[14] from: lower id bound, inclusive, '' for none: the 12 hex digits of a millisecond
+--          time (an execution id starts with its admission time in ms, so lexical order is age)
+-- ARGV[15] before: upper id bound, exclusive, '' for none: the same for the end of the range
 --
 -- Reply: {next_cursor or '', total, id, row, id, row, ...}; next_cursor is set whenever more
 -- may follow (also after a page cut short by the budget). `total` counts the executions that

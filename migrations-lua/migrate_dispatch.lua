@@ -15,13 +15,15 @@
 -- Executions waiting under schema 1 (qstate 'waiting', scored by admission time) are already
 -- in their tenant's queue in order, and stay as they are.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's ready stream (schema 1)   KEYS[3]  its timer set
--- KEYS[4]  the shard's tenant set                KEYS[5]  its runnable tenants
--- ARGV[1..5] common (see common.lua)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  ready: the shard's ready stream (schema 1)
+-- KEYS[3]  delayed: its timer set
+-- KEYS[4]  tenants: its tenant set
+-- KEYS[5]  runnable: its runnable tenants
+-- ARGV[1..5] common: see common.lua
 -- ARGV[6]  phase: 'stream', 'delayed' or 'tenants'
--- ARGV[7]  cursor of the phase ('0' to begin)
--- ARGV[8]  most members handled in this call
+-- ARGV[7]  cursor: where the phase goes on ('0' to begin)
+-- ARGV[8]  batch: the most members handled in this call
 --
 -- Reply: {phase, cursor, moved}: the phase and cursor to call with next ('done' when the shard
 -- is migrated) and how many executions this call moved.

@@ -6,13 +6,19 @@
 -- Unpinning runs the same script on the tenant's dedicated shard, naming its hashed shard as
 -- the target: the move back has the same rule and leaves the same marker.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set   KEYS[4]  its waiting set
--- KEYS[5]  its force-deleted, still running set
--- KEYS[6..10] its status indexes: queued, running, completed, failed, cancelled
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  the dedicated shard's number
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  cfg: the tenant's limits
+-- KEYS[3]  slots: its slot set
+-- KEYS[4]  waiting: its waiting set
+-- KEYS[5]  deleting: its force-deleted, still running set
+-- KEYS[6]  queued: its status index of queued executions
+-- KEYS[7]  running: of running ones
+-- KEYS[8]  completed: of completed ones
+-- KEYS[9]  failed: of failed ones
+-- KEYS[10] cancelled: of cancelled ones
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  to: the dedicated shard's number
 --
 -- Reply, one of:
 --   {'pinned', n, max_concurrent, max_queued, enabled, weight, max_concurrent_per_key, rate,

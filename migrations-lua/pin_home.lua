@@ -5,20 +5,22 @@
 -- servers that have not learned the move yet are sent on) and give the tenant exactly the
 -- limits it had where it comes from. Safe to repeat.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the tenant's limits (cfg)
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  max_concurrent ('' = none of its own: the server default)
--- ARGV[8]  max_queued (likewise)
--- ARGV[9]  enabled ('0' disabled; '' the default, enabled)
--- ARGV[10] weight ('' = the default, 1)
--- ARGV[11] max_concurrent_per_key ('' = none)
--- ARGV[12] rate ('' = none)            ARGV[13] key_rate ('' = none)
--- ARGV[14] its webhook's address      ARGV[15] its secret     ARGV[16] when it was set
---          ('' = no webhook)
--- ARGV[17..] the concurrency keys' overrides, field and value pairs of K.key_limits (they
---          replace any here)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  cfg: the tenant's limits
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  max_concurrent: '' = none of its own: the server default
+-- ARGV[8]  max_queued: likewise
+-- ARGV[9]  enabled: '0' disabled; '' the default, enabled
+-- ARGV[10] weight: '' = the default, 1
+-- ARGV[11] max_concurrent_per_key: '' = none
+-- ARGV[12] rate: '' = none
+-- ARGV[13] key_rate: '' = none
+-- ARGV[14] webhook: its webhook's address ('' = no webhook)
+-- ARGV[15] secret: its webhook's secret
+-- ARGV[16] webhook_set: when its webhook was set
+-- ARGV[17..] overrides: the concurrency keys' overrides, field and value pairs of
+--          K.key_limits (they replace any here)
 --
 -- Reply: 1
 local tenant = ARGV[6]

@@ -7,12 +7,14 @@
 -- to the tenant's order (key_offer()): walked in batches with a SCAN cursor, so a tenant with
 -- many blocked keys costs several short calls, never one long one.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set      KEYS[4]  its queue
--- KEYS[5]  the shard's runnable tenants
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  cursor of the walk over the tenant's blocked keys ('0' to begin)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  cfg: the tenant's limits
+-- KEYS[3]  slots: its slot set
+-- KEYS[4]  waiting: its queue
+-- KEYS[5]  runnable: the shard's runnable tenants
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  cursor: where the walk over the tenant's blocked keys goes on ('0' to begin)
 --
 -- Reply: the next cursor ('0' when the walk is done)
 local tenant = ARGV[6]

@@ -13,13 +13,16 @@
 -- tenant gets its doorbell set again (its marker may have been taken by a worker that died or
 -- stalled before starting), so no lost wake-up strands work for longer than one scan interval.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's lease index     KEYS[3]  its runnable tenants
--- KEYS[4]  its dead-letter stream      KEYS[5]  its counters     KEYS[6]  its timer set
--- KEYS[7]  its dead-letter index start (see dead_letter in common.lua)
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  most orphans to handle in this call
--- ARGV[7]  dead-letter stream cap
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  leases: the shard's lease index
+-- KEYS[3]  runnable: its runnable tenants
+-- KEYS[4]  dead_letters: its dead-letter stream
+-- KEYS[5]  stats: its counters
+-- KEYS[6]  delayed: its timer set
+-- KEYS[7]  dead_letters_indexed: its dead-letter index start (see dead_letter in common.lua)
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  batch: the most orphans to handle in this call
+-- ARGV[7]  dlq_cap: the dead-letter stream's cap
 --
 -- Reply: {requeued, dead_lettered, unread, next_due}
 --   unread    1 when a tenant of the shard can start something now (after this call)

@@ -4,11 +4,12 @@
 -- runnable at once, in its tenant's order by now. Anything else is refused: an execution that
 -- is runnable, running or over keeps its place.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the execution's row          KEYS[3]  the shard's timer set
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  the caller's tenant id
--- ARGV[7]  execution id
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  row: the execution's row
+-- KEYS[3]  delayed: the shard's timer set
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: the caller's tenant id
+-- ARGV[7]  id: execution id
 -- ARGV[8]  run_at: the new due time, Unix ms ('' when ARGV[9] gives it)
 -- ARGV[9]  delay: the new due time as ms after now ('' when ARGV[8] gives it)
 --

@@ -5,14 +5,17 @@
 -- terminal again. `attempt` starts over; the fence does not (the next start takes the next
 -- fence), so a worker still holding a run from before the retry can never pass for the new one.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the execution's row
--- KEYS[3]  the tenant's limits (cfg)   KEYS[4]  its slot set      KEYS[5]  its queue
--- KEYS[6]  its 'queued' status index   KEYS[7]  the shard's runnable tenants
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  row: the execution's row
+-- KEYS[3]  cfg: the tenant's limits
+-- KEYS[4]  slots: its slot set
+-- KEYS[5]  waiting: its queue
+-- KEYS[6]  queued: its 'queued' status index
+-- KEYS[7]  runnable: the shard's runnable tenants
 -- (The tenant goes back in the shard's busy set, built inside: common.lua, trends.)
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  the caller's tenant id
--- ARGV[7]  execution id
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: the caller's tenant id
+-- ARGV[7]  id: execution id
 --
 -- Reply: {'not_found'} | {'not_retryable', status} | {'disabled'} | {'full', queued}
 --      | {'ok', id, row}

@@ -4,9 +4,9 @@
 -- a plain ZADD, so that the guard's freeze check comes first: a process still running with an
 -- old key layout during `sluice migrate-layout` writes no old-layout key.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's doorbell
--- ARGV[1..5] common (see common.lua)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  bell: the shard's doorbell
+-- ARGV[1..5] common: see common.lua
 --
 -- Reply: 1
 declared(2, K.bell())

@@ -6,22 +6,24 @@
 --
 -- A new weight counts from the tenant's next start: its virtual time so far stays.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its slot set      KEYS[4]  its queue
--- KEYS[5]  the shard's runnable tenants
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  cfg: the tenant's limits
+-- KEYS[3]  slots: its slot set
+-- KEYS[4]  waiting: its queue
+-- KEYS[5]  runnable: the shard's runnable tenants
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
 -- ARGV[7]  max_concurrent: a number, '' to keep the current value, 'default' for the server's
 -- ARGV[8]  max_queued: likewise
 -- ARGV[9]  enabled: '1' / '0', '' to keep, 'default' (enabled)
--- ARGV[10] unused (kept for callers of the stream model, which dispatched in batches)
--- ARGV[11] weight: 1..1000, '' to keep, 'default' (1)
--- ARGV[13] rate: '<starts>:<per ms>:<burst>', '' to keep, 'default' for none (see "Rate
+-- ARGV[10] weight: 1..1000, '' to keep, 'default' (1)
+-- ARGV[11] max_concurrent_per_key: as max_concurrent ('default': none). A raised one lets
+--          blocked keys start as the caller continues with promote.lua; a lowered one takes
+--          effect at each key's next start (start_entries() checks the key before it starts
+--          anything).
+-- ARGV[12] rate: '<starts>:<per ms>:<burst>', '' to keep, 'default' for none (see "Rate
 --          limits" in common.lua)
--- ARGV[14] key_rate: the same for each concurrency key
--- ARGV[12] max_concurrent_per_key: likewise ('default': none). A raised one lets blocked keys
---          start as the caller continues with promote.lua; a lowered one takes effect at each
---          key's next start (start_entries() checks the key before it starts anything).
+-- ARGV[13] key_rate: the same for each concurrency key
 --
 -- Reply: 0; -1 - n when the tenant is pinned to dedicated shard n (pin.lua): nothing written
 local tenant = ARGV[6]
@@ -30,8 +32,8 @@ declared(3, K.slots(tenant)); declared(4, K.waiting(tenant)); declared(5, K.runn
 local pinned = redis.call('HGET', CFG, 'pinned')
 if pinned then return -1 - tonumber(pinned) end
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
-  weight = ARGV[11], max_concurrent_per_key = ARGV[12] or '', rate = ARGV[13] or '',
-  key_rate = ARGV[14] or '' }
+  weight = ARGV[10], max_concurrent_per_key = ARGV[11], rate = ARGV[12],
+  key_rate = ARGV[13] }
 local _, _, _, _, old_weight = limits(tenant)
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
 redis.call('HSET', CFG, 'configured', 1)

@@ -8,21 +8,24 @@
 -- Then start_entries() in common.lua (which complete.lua also calls, to start the next run on
 -- the slot a run just freed) picks by fair share and starts; it also keeps the doorbell.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's runnable tenants KEYS[3]  its timer set   KEYS[4]  its lease index
--- KEYS[5]  its dead-letter stream      KEYS[6]  its counters
--- KEYS[7]  its dead-letter index start (see dead_letter in common.lua)
--- KEYS[8]  the worker's adoption barrier (K.adopted(consumer))
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  consumer name (the worker)
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  runnable: the shard's runnable tenants
+-- KEYS[3]  delayed: its timer set
+-- KEYS[4]  leases: its lease index
+-- KEYS[5]  dead_letters: its dead-letter stream
+-- KEYS[6]  stats: its counters
+-- KEYS[7]  dead_letters_indexed: its dead-letter index start (see dead_letter in common.lua)
+-- KEYS[8]  adopted: the worker's adoption barrier (K.adopted(consumer))
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  consumer: the worker's consumer name
 -- ARGV[7]  count: the worker's free slots (>= 1)
--- ARGV[8]  lease TTL, milliseconds
--- ARGV[9]  dead-letter stream cap
--- ARGV[10] the call's number among the worker's start-capable calls in the shard (0: none). A
---          call its worker's last adopt.lua covered (its answer was lost, and it reaches Redis
---          only after that adopt) changes nothing and replies {0, {}}.
--- ARGV[11..] optional: the only tenants to start for (a pull worker serving some tenants, see
---          start_entries() in common.lua); none given: every tenant of the shard.
+-- ARGV[8]  lease_ttl_ms: lease TTL, milliseconds
+-- ARGV[9]  dlq_cap: the dead-letter stream's cap
+-- ARGV[10] call: the call's number among the worker's start-capable calls in the shard (0:
+--          none). A call its worker's last adopt.lua covered (its answer was lost, and it
+--          reaches Redis only after that adopt) changes nothing and replies {0, {}}.
+-- ARGV[11..] only: optional, the only tenants to start for (a pull worker serving some
+--          tenants, see start_entries() in common.lua); none given: every tenant of the shard.
 --
 -- Reply: {more, started, next_due, weight}
 --   more      1 when a tenant can still start something in the shard, else 0

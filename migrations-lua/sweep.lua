@@ -18,18 +18,22 @@
 -- in or out of the shard's busy set (out when it has nothing queued or running).
 -- (Also written, its name built inside from the prefix: the shard's busy set.)
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the shard's counters        KEYS[3]  the tenant's limits (cfg)
--- KEYS[4]  its slot set                KEYS[5]  its queue
--- KEYS[6]  the shard's runnable tenants KEYS[7]  the shard's lease index
--- KEYS[8]  mode 'index': the index walked (the tenant's status index, or its flow's)
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  mode
--- ARGV[8]  status (mode 'index')
--- ARGV[9]  flow, '' for the status index itself (mode 'index')
--- ARGV[10]  cursor ('0' to begin)
--- ARGV[11] batch size hint
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  stats: the shard's counters
+-- KEYS[3]  cfg: the tenant's limits
+-- KEYS[4]  slots: its slot set
+-- KEYS[5]  waiting: its queue
+-- KEYS[6]  runnable: the shard's runnable tenants
+-- KEYS[7]  leases: the shard's lease index
+-- KEYS[8..] index: in mode 'index' only, the index walked (the tenant's status index, or
+--          its flow's)
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  mode: the walk (see SweepMode in src/store/sweep.rs)
+-- ARGV[8]  status: the status walked (mode 'index'), else ''
+-- ARGV[9]  flow: the flow walked, '' for the status index itself (mode 'index')
+-- ARGV[10] cursor: '0' to begin
+-- ARGV[11] batch: batch size hint
 --
 -- Reply: {next_cursor ('0' when done), repaired}
 local tenant, mode, status, flow = ARGV[6], ARGV[7], ARGV[8], ARGV[9]

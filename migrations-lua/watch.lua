@@ -9,11 +9,11 @@
 -- execution are answered at once). `allow-oom`: the write is a few bytes on an existing row,
 -- and a full Redis should still answer its readers.
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the execution's row
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  the caller's tenant id
--- ARGV[7]  execution id
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  row: the execution's row
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: the caller's tenant id
+-- ARGV[7]  id: execution id
 -- ARGV[8]  horizon: how long the caller may wait, milliseconds
 --
 -- Reply: {'not_found'} (missing, another tenant's, or deleted) | {'ok', id, row}

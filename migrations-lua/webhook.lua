@@ -8,13 +8,15 @@
 --   trim   drop outbox entries older than a stream id (the age bound), counted in the
 --          tenant's `wh_dropped`
 --
--- KEYS[1]  the shard's freeze marker (see guard.lua)
--- KEYS[2]  the tenant's limits (cfg)   KEYS[3]  its outbox   KEYS[4]  the shard's webhook tenants
--- ARGV[1..5] common (see common.lua)
--- ARGV[6]  tenant id
--- ARGV[7]  'set' | 'clear' | 'trim'
--- set:   ARGV[8] address, ARGV[9] a new secret ('' keeps the current one), ARGV[10] now (ms)
--- trim:  ARGV[8] the oldest stream id kept
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  cfg: the tenant's limits
+-- KEYS[3]  outbox: its outbox
+-- KEYS[4]  webhooks: the shard's webhook tenants
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  op: 'set' | 'clear' | 'trim'
+-- ARGV[8..] operands: for 'set' the address, a new secret ('' keeps the current one) and now
+--          (ms); for 'trim' the oldest stream id kept; none for 'clear'
 --
 -- Reply: {'ok', n} (set: 1 when the secret is new; clear: entries dropped, or -1 when there
 --        was no webhook; trim: entries dropped)

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::call::script_call;
 use super::{Store, StoreError, keys};
 use crate::access::{AccessChange, GeneratedKey, KeyId, KeyOrigin, KeyRole, PresentedKey};
 use crate::domain::TenantId;
@@ -99,10 +100,11 @@ impl Store {
     /// default limits are dispatched now, the rest as slots free up, so none is stranded.
     /// Returns whether it was registered.
     pub async fn delete_tenant(&self, tenant: &TenantId) -> Result<bool, StoreError> {
-        let mut inv = self.acl_script(&self.scripts.tenant_delete);
-        inv.key(keys::tenants())
-            .key(keys::tenant_keys(tenant))
-            .arg(tenant.as_str());
+        let inv = self.tag_call(&TenantDeleteCall {
+            tenants: keys::tenants(),
+            keyset: keys::tenant_keys(tenant),
+            tenant: tenant.as_str(),
+        });
         let mut c = self.conn();
         let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         if revoked >= 0 {
@@ -151,16 +153,17 @@ impl Store {
         for _ in 0..3 {
             let key = GeneratedKey::generate(origin)
                 .map_err(|e| StoreError::Unavailable(format!("no randomness: {e}")))?;
-            let mut inv = self.acl_script(&self.scripts.api_key_create);
-            inv.key(keys::api_key(key.id.as_str()))
-                .key(keys::tenant_keys(tenant))
-                .key(keys::tenants())
-                .arg(key.id.as_str())
-                .arg(tenant.as_str())
-                .arg(role.as_str())
-                .arg(&key.secret_hash)
-                .arg(name.unwrap_or(""))
-                .arg(now_ms);
+            let inv = self.tag_call(&ApiKeyCreateCall {
+                record: keys::api_key(key.id.as_str()),
+                keyset: keys::tenant_keys(tenant),
+                tenants: keys::tenants(),
+                id: key.id.as_str(),
+                tenant: tenant.as_str(),
+                role: role.as_str(),
+                hash: &key.secret_hash,
+                name: name.unwrap_or(""),
+                created_ms: now_ms,
+            });
             let mut c = self.conn();
             let reply: String = self.bounded(inv.invoke_async(&mut c)).await?;
             match reply.as_str() {
@@ -232,11 +235,12 @@ impl Store {
 
     /// Revokes one of a tenant's keys; `false` when it has no such key.
     pub async fn revoke_api_key(&self, tenant: &TenantId, id: &KeyId) -> Result<bool, StoreError> {
-        let mut inv = self.acl_script(&self.scripts.api_key_revoke);
-        inv.key(keys::api_key(id.as_str()))
-            .key(keys::tenant_keys(tenant))
-            .arg(id.as_str())
-            .arg(tenant.as_str());
+        let inv = self.tag_call(&ApiKeyRevokeCall {
+            record: keys::api_key(id.as_str()),
+            keyset: keys::tenant_keys(tenant),
+            id: id.as_str(),
+            tenant: tenant.as_str(),
+        });
         let mut c = self.conn();
         let revoked: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         if revoked == 1 {
@@ -273,10 +277,11 @@ impl Store {
         &self,
         id: &KeyId,
     ) -> Result<Option<(TenantId, KeyRole, String)>, StoreError> {
-        let mut inv = self.acl_script(&self.scripts.api_key_auth);
-        inv.key(keys::api_key(id.as_str()))
-            .key(keys::tenants())
-            .arg(id.as_str());
+        let inv = self.tag_call(&ApiKeyAuthCall {
+            record: keys::api_key(id.as_str()),
+            tenants: keys::tenants(),
+            id: id.as_str(),
+        });
         let mut c = self.conn();
         let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
         let [tenant, role, hash] = reply.as_slice() else {
@@ -307,17 +312,6 @@ impl Store {
     }
 }
 
-impl Store {
-    /// A call of an access script in the calling convention of `migrations-lua/guard.lua`:
-    /// KEYS[1] the access freeze marker, ARGV[1] the access prefix; the caller adds the
-    /// operation's keys and arguments.
-    fn acl_script<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
-        let mut inv = script.key(keys::acl_frozen());
-        inv.arg(keys::acl_prefix());
-        inv
-    }
-}
-
 fn record_from(
     id: KeyId,
     tenant: TenantId,
@@ -339,4 +333,43 @@ fn record_from(
         tenant,
         id,
     })
+}
+
+script_call! {
+    /// `migrations-lua/api_key_create.lua`: stores a new key of a registered tenant.
+    pub(super) struct ApiKeyCreateCall<'a> {
+        keys { record, keyset, tenants }
+        args {
+            id: &'a str,
+            tenant: &'a str,
+            role: &'a str,
+            hash: &'a str,
+            name: &'a str,
+            created_ms: i64,
+        }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/api_key_revoke.lua`: revokes one of a tenant's keys.
+    pub(super) struct ApiKeyRevokeCall<'a> {
+        keys { record, keyset }
+        args { id: &'a str, tenant: &'a str }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/api_key_auth.lua`: a live key's tenant, role and secret hash.
+    pub(super) struct ApiKeyAuthCall<'a> {
+        keys { record, tenants }
+        args { id: &'a str }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/tenant_delete.lua`: unregisters a tenant and revokes its keys.
+    pub(super) struct TenantDeleteCall<'a> {
+        keys { tenants, keyset }
+        args { tenant: &'a str }
+    }
 }

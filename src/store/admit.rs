@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::commit::{Batched, Item, Outcome, invocation};
+use super::call::{script_call, script_group};
+use super::commit::{DryAdmitCall, Item, Outcome};
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
 use super::{Shard, Store, StoreError};
 use crate::domain::{
@@ -326,12 +327,15 @@ impl Store {
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
             let item = admission_item(shard, tenant, &id, req);
-            let inv = invocation(
-                Batched::Admit,
-                &self.scripts.dry_admit,
+            let inv = self.shard_call(
                 shard,
-                &self.policy,
-                &[&item],
+                &DryAdmitCall {
+                    tenants: shard.tenants(),
+                    runnable: shard.runnable(),
+                    delayed: shard.delayed(),
+                    count: 1,
+                    admissions: &[&item],
+                },
             );
             let mut c = self.conn();
             let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
@@ -422,11 +426,16 @@ impl Store {
     ) -> Result<Admission, StoreError> {
         tracing::warn!(%id, error = %lost, "admission answer lost; settling it");
         let shard = self.shard_of(tenant);
-        let keys = [shard.row(id), shard.void(id)];
-        let mut inv = self.shard_script(&self.scripts.abandon, shard, &keys);
-        inv.arg(tenant.as_str())
-            .arg(id.as_str())
-            .arg(VOID_TTL.as_secs());
+        let inv = self.shard_call(
+            shard,
+            &AbandonCall {
+                row: shard.row(id),
+                void: shard.void(id),
+                tenant: tenant.as_str(),
+                id: id.as_str(),
+                void_ttl_secs: VOID_TTL.as_secs(),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = match self.bounded(inv.invoke_async(&mut c)).await {
             Ok(reply) => reply,
@@ -453,54 +462,86 @@ impl Store {
 
 /// One admission's keys and values in `admit.lua`'s order (`dry_admit.lua` takes the same).
 fn admission_item(shard: Shard, tenant: &TenantId, id: &ExecutionId, req: &AdmitRequest) -> Item {
-    let digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
-    let mut keys = vec![
-        shard.row(id),
-        shard.void(id),
-        shard.tenant_config(tenant),
-        shard.slots(tenant),
-        shard.waiting(tenant),
-        shard.status_index(tenant, Status::Queued),
-        shard.flow_index(tenant, &req.flow, Status::Queued),
-        shard.flows(tenant),
-    ];
-    if req.dedup.is_some() {
-        keys.push(shard.dedup(tenant, &digest));
-    }
-    let text = |s: &str| s.as_bytes().to_vec();
+    let dedup_digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
     let (run_at, delay) = match req.schedule {
         Some(Schedule::At(ms)) => (ms.to_string(), String::new()),
         Some(Schedule::After(ms)) => (String::new(), ms.to_string()),
         None => (String::new(), String::new()),
     };
-    let (ckey, ckh) = match &req.concurrency_key {
-        Some(k) => (k.as_str().to_owned(), k.digest()),
-        None => (String::new(), String::new()),
+    let (ckey, ckey_digest) = match &req.concurrency_key {
+        Some(k) => (k.as_str(), k.digest()),
+        None => ("", String::new()),
     };
     let (traceparent, tracestate) = match &req.trace {
         Some(t) => (
-            t.traceparent.clone(),
-            t.tracestate.clone().unwrap_or_default(),
+            t.traceparent.as_str(),
+            t.tracestate.as_deref().unwrap_or(""),
         ),
-        None => (String::new(), String::new()),
+        None => ("", ""),
     };
-    let args = vec![
-        text(tenant.as_str()),
-        text(id.as_str()),
-        text(req.flow.as_str()),
-        text(req.version.as_ref().map(|v| v.as_str()).unwrap_or("")),
-        text(&req.params),
-        text(&req.max_attempts.to_string()),
-        text(req.dedup.as_ref().map(|d| d.as_str()).unwrap_or("")),
-        text(&digest),
-        text(req.fingerprint.as_str()),
-        text(&req.priority.to_string()),
-        text(&run_at),
-        text(&delay),
-        text(&ckey),
-        text(&ckh),
-        text(&traceparent),
-        text(&tracestate),
-    ];
-    Item { keys, args }
+    AdmitItem {
+        row: shard.row(id),
+        void: shard.void(id),
+        cfg: shard.tenant_config(tenant),
+        slots: shard.slots(tenant),
+        waiting: shard.waiting(tenant),
+        queued: shard.status_index(tenant, Status::Queued),
+        queued_flow: shard.flow_index(tenant, &req.flow, Status::Queued),
+        flows: shard.flows(tenant),
+        dedup: req
+            .dedup
+            .is_some()
+            .then(|| shard.dedup(tenant, &dedup_digest)),
+        tenant: tenant.as_str(),
+        id: id.as_str(),
+        flow: req.flow.as_str(),
+        version: req.version.as_ref().map(|v| v.as_str()).unwrap_or(""),
+        params: &req.params,
+        max_attempts: req.max_attempts,
+        dedup_key: req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""),
+        dedup_digest: &dedup_digest,
+        fingerprint: req.fingerprint.as_str(),
+        priority: req.priority,
+        run_at,
+        delay,
+        ckey,
+        ckey_digest: &ckey_digest,
+        traceparent,
+        tracestate,
+    }
+    .into()
+}
+
+script_call! {
+    /// `migrations-lua/abandon.lua`: settles an admission whose answer was lost.
+    pub(super) struct AbandonCall<'a> {
+        keys { row, void }
+        args { tenant: &'a str, id: &'a str, void_ttl_secs: u64 }
+    }
+}
+
+script_group! {
+    /// One admission of an `admit.lua` call (its header's `admissions` tails).
+    pub(super) struct AdmitItem<'a> {
+        keys { row, void, cfg, slots, waiting, queued, queued_flow, flows }
+        optional_key { dedup }
+        args {
+            tenant: &'a str,
+            id: &'a str,
+            flow: &'a str,
+            version: &'a str,
+            params: &'a str,
+            max_attempts: u32,
+            dedup_key: &'a str,
+            dedup_digest: &'a str,
+            fingerprint: &'a str,
+            priority: u8,
+            run_at: String,
+            delay: String,
+            ckey: &'a str,
+            ckey_digest: &'a str,
+            traceparent: &'a str,
+            tracestate: &'a str,
+        }
+    }
 }

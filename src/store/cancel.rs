@@ -4,6 +4,7 @@
 
 use redis::Value;
 
+use super::call::script_call;
 use super::row::{execution_from, split_tag, string_at};
 use super::{Shard, Store, StoreError};
 use crate::domain::{Execution, ExecutionId, QueueState, Schedule, Status, TenantId};
@@ -28,19 +29,22 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<Option<Execution>, StoreError> {
-        let keys = [
-            shard.row(id),
-            shard.tenant_config(tenant),
-            shard.slots(tenant),
-            shard.waiting(tenant),
-            shard.status_index(tenant, Status::Queued),
-            shard.status_index(tenant, Status::Cancelled),
-            shard.runnable(),
-            shard.delayed(),
-            shard.stats(),
-        ];
-        let mut inv = self.shard_script(&self.scripts.cancel, shard, &keys);
-        inv.arg(tenant.as_str()).arg(id.as_str());
+        let inv = self.shard_call(
+            shard,
+            &CancelCall {
+                row: shard.row(id),
+                cfg: shard.tenant_config(tenant),
+                slots: shard.slots(tenant),
+                waiting: shard.waiting(tenant),
+                queued: shard.status_index(tenant, Status::Queued),
+                cancelled: shard.status_index(tenant, Status::Cancelled),
+                runnable: shard.runnable(),
+                delayed: shard.delayed(),
+                stats: shard.stats(),
+                tenant: tenant.as_str(),
+                id: id.as_str(),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
@@ -74,18 +78,21 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<bool, StoreError> {
-        let keys = [
-            shard.row(id),
-            shard.tenant_config(tenant),
-            shard.slots(tenant),
-            shard.waiting(tenant),
-            shard.deleting(tenant),
-            shard.runnable(),
-            shard.delayed(),
-            shard.leases(),
-        ];
-        let mut inv = self.shard_script(&self.scripts.force_delete, shard, &keys);
-        inv.arg(tenant.as_str()).arg(id.as_str());
+        let inv = self.shard_call(
+            shard,
+            &ForceDeleteCall {
+                row: shard.row(id),
+                cfg: shard.tenant_config(tenant),
+                slots: shard.slots(tenant),
+                waiting: shard.waiting(tenant),
+                deleting: shard.deleting(tenant),
+                runnable: shard.runnable(),
+                delayed: shard.delayed(),
+                leases: shard.leases(),
+                tenant: tenant.as_str(),
+                id: id.as_str(),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, _) = split_tag(reply)?;
@@ -130,13 +137,21 @@ impl Store {
         id: &ExecutionId,
         when: Schedule,
     ) -> Result<Reschedule, StoreError> {
-        let keys = [shard.row(id), shard.delayed()];
-        let mut inv = self.shard_script(&self.scripts.reschedule, shard, &keys);
-        inv.arg(tenant.as_str()).arg(id.as_str());
-        match when {
-            Schedule::At(ms) => inv.arg(ms).arg(""),
-            Schedule::After(ms) => inv.arg("").arg(ms),
+        let (run_at, delay) = match when {
+            Schedule::At(ms) => (ms.to_string(), String::new()),
+            Schedule::After(ms) => (String::new(), ms.to_string()),
         };
+        let inv = self.shard_call(
+            shard,
+            &RescheduleCall {
+                row: shard.row(id),
+                delayed: shard.delayed(),
+                tenant: tenant.as_str(),
+                id: id.as_str(),
+                run_at,
+                delay,
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
@@ -158,5 +173,30 @@ impl Store {
             }
             other => Err(StoreError::Corrupt(format!("reschedule replied {other}"))),
         }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/cancel.lua`: cancels one execution of a tenant.
+    pub(super) struct CancelCall<'a> {
+        keys { row, cfg, slots, waiting, queued, cancelled, runnable, delayed, stats }
+        args { tenant: &'a str, id: &'a str }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/force_delete.lua`: deletes one execution of a tenant now.
+    pub(super) struct ForceDeleteCall<'a> {
+        keys { row, cfg, slots, waiting, deleting, runnable, delayed, leases }
+        args { tenant: &'a str, id: &'a str }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/reschedule.lua`: moves a scheduled execution; exactly one of `run_at`
+    /// and `delay` is a number of ms, the other ''.
+    pub(super) struct RescheduleCall<'a> {
+        keys { row, delayed }
+        args { tenant: &'a str, id: &'a str, run_at: String, delay: String }
     }
 }

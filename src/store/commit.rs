@@ -41,9 +41,10 @@ use std::time::Duration;
 use redis::Value;
 use tokio::sync::{Notify, oneshot};
 
+use super::call::script_call;
 use super::conn::Conn;
 use super::keys::Shard;
-use super::{Policy, StoreError, compose, is_lost};
+use super::{Policy, StoreError, compose, is_lost, shard_invocation};
 
 /// About the most bytes of keys and arguments one call carries (one admission alone may be
 /// more: it is sent on its own).
@@ -344,34 +345,61 @@ pub(super) fn invocation<'a>(
     policy: &Policy,
     items: &[&Item],
 ) -> redis::ScriptInvocation<'a> {
-    let mut inv = script.key(shard.frozen());
     match kind {
-        Batched::Admit => inv
-            .key(shard.tenants())
-            .key(shard.runnable())
-            .key(shard.delayed()),
-        Batched::Complete => inv
-            .key(shard.runnable())
-            .key(shard.leases())
-            .key(shard.delayed())
-            .key(shard.dead_letters())
-            .key(shard.stats())
-            .key(shard.dead_letters_indexed()),
-    };
-    for item in items {
-        for k in &item.keys {
-            inv.key(k);
-        }
+        Batched::Admit => shard_invocation(
+            script,
+            shard,
+            policy,
+            &AdmitCall {
+                tenants: shard.tenants(),
+                runnable: shard.runnable(),
+                delayed: shard.delayed(),
+                count: items.len(),
+                admissions: items,
+            },
+        ),
+        Batched::Complete => shard_invocation(
+            script,
+            shard,
+            policy,
+            &CompleteCall {
+                runnable: shard.runnable(),
+                leases: shard.leases(),
+                delayed: shard.delayed(),
+                dead_letters: shard.dead_letters(),
+                stats: shard.stats(),
+                dead_letters_indexed: shard.dead_letters_indexed(),
+                dlq_cap: policy.dlq_cap.load(Ordering::Relaxed),
+                count: items.len(),
+                reports: items,
+            },
+        ),
     }
-    policy.common_args(&mut inv, shard);
-    if kind == Batched::Complete {
-        inv.arg(policy.dlq_cap.load(Ordering::Relaxed));
+}
+
+script_call! {
+    /// `migrations-lua/admit.lua`: a group of admissions of one shard, in arrival order.
+    pub(super) struct AdmitCall<'a> {
+        keys { tenants, runnable, delayed }
+        args { count: usize }
+        items { admissions: super::admit::AdmitItem<'static> }
     }
-    inv.arg(items.len());
-    for item in items {
-        for a in &item.args {
-            inv.arg(a.as_slice());
-        }
+}
+
+script_call! {
+    /// `migrations-lua/dry_admit.lua`: takes exactly what `admit.lua` takes, with one item.
+    pub(super) struct DryAdmitCall<'a> {
+        keys { tenants, runnable, delayed }
+        args { count: usize }
+        items { admissions: super::admit::AdmitItem<'static> }
     }
-    inv
+}
+
+script_call! {
+    /// `migrations-lua/complete.lua`: a group of reports of ended runs of one shard.
+    pub(super) struct CompleteCall<'a> {
+        keys { runnable, leases, delayed, dead_letters, stats, dead_letters_indexed }
+        args { dlq_cap: u64, count: usize }
+        items { reports: super::lease::ReportItem<'static> }
+    }
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use redis::Value;
 
+use super::call::script_call;
 use super::row::{execution_from, split_tag};
 use super::{Shard, Store, StoreError};
 use crate::domain::{Execution, ExecutionId, Status, TenantId};
@@ -63,16 +64,19 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<Retry, StoreError> {
-        let keys = [
-            shard.row(id),
-            shard.tenant_config(tenant),
-            shard.slots(tenant),
-            shard.waiting(tenant),
-            shard.status_index(tenant, Status::Queued),
-            shard.runnable(),
-        ];
-        let mut inv = self.shard_script(&self.scripts.retry, shard, &keys);
-        inv.arg(tenant.as_str()).arg(id.as_str());
+        let inv = self.shard_call(
+            shard,
+            &RetryCall {
+                row: shard.row(id),
+                cfg: shard.tenant_config(tenant),
+                slots: shard.slots(tenant),
+                waiting: shard.waiting(tenant),
+                queued: shard.status_index(tenant, Status::Queued),
+                runnable: shard.runnable(),
+                tenant: tenant.as_str(),
+                id: id.as_str(),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
@@ -164,10 +168,15 @@ impl Store {
         let Some(shard) = self.shards.all().find(|s| s.number() == shard) else {
             return Ok(false);
         };
-        let keys = [shard.dead_letters(), shard.stats()];
-        let mut inv = self.shard_script(&self.scripts.dlq_dismiss, shard, &keys);
-        inv.arg(format!("{}-{}", record.0, record.1))
-            .arg(tenant.map(TenantId::as_str).unwrap_or(""));
+        let inv = self.shard_call(
+            shard,
+            &DlqDismissCall {
+                dead_letters: shard.dead_letters(),
+                stats: shard.stats(),
+                record: format!("{}-{}", record.0, record.1),
+                tenant: tenant.map(TenantId::as_str).unwrap_or(""),
+            },
+        );
         let mut c = self.conn();
         let removed: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(removed == 1)
@@ -315,5 +324,21 @@ fn dead_letter_of(shard: u16, entry_id: String, mut f: HashMap<String, String>) 
         flow_id: (!flow.is_empty()).then_some(flow),
         dead_lettered_at: crate::domain::rfc3339_from_ms(&at).unwrap_or(at),
         entry_id,
+    }
+}
+
+script_call! {
+    /// `migrations-lua/retry.lua`: re-queues a failed or cancelled execution.
+    pub(super) struct RetryCall<'a> {
+        keys { row, cfg, slots, waiting, queued, runnable }
+        args { tenant: &'a str, id: &'a str }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/dlq_dismiss.lua`: removes one dead-letter record.
+    pub(super) struct DlqDismissCall<'a> {
+        keys { dead_letters, stats }
+        args { record: String, tenant: &'a str }
     }
 }

@@ -5,6 +5,7 @@
 
 use redis::Value;
 
+use super::call::script_call;
 use super::row::split_tag;
 use super::tenants::MAX_KEY_OVERRIDES;
 use super::{Store, StoreError};
@@ -54,21 +55,23 @@ impl Store {
         // Twice at most: a tenant pinned since this process last read the pins is sent on.
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
-            let keys = [
-                shard.tenant_config(tenant),
-                shard.key_limits(tenant),
-                shard.key_blocked(tenant),
-                shard.key_queue(tenant, &h),
-                shard.key_running(tenant, &h),
-                shard.waiting(tenant),
-                shard.runnable(),
-            ];
-            let mut inv = self.shard_script(&self.scripts.key_limit, shard, &keys);
-            inv.arg(tenant.as_str())
-                .arg(&h)
-                .arg(key.as_str())
-                .arg(limit.map(|l| l.to_string()).unwrap_or_default())
-                .arg(MAX_KEY_OVERRIDES);
+            let inv = self.shard_call(
+                shard,
+                &KeyLimitCall {
+                    cfg: shard.tenant_config(tenant),
+                    key_limits: shard.key_limits(tenant),
+                    key_blocked: shard.key_blocked(tenant),
+                    key_queue: shard.key_queue(tenant, &h),
+                    key_running: shard.key_running(tenant, &h),
+                    waiting: shard.waiting(tenant),
+                    runnable: shard.runnable(),
+                    tenant: tenant.as_str(),
+                    digest: &h,
+                    key: key.as_str(),
+                    limit: limit.map(|l| l.to_string()).unwrap_or_default(),
+                    most: MAX_KEY_OVERRIDES,
+                },
+            );
             let mut c = self.conn();
             let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
             let (tag, rest) = split_tag(reply)?;
@@ -167,5 +170,19 @@ impl Store {
                 queued: n.get(1).copied().unwrap_or(0),
             })
             .collect())
+    }
+}
+
+script_call! {
+    /// `migrations-lua/key_limit.lua`: sets or drops one concurrency key's own limit.
+    pub(super) struct KeyLimitCall<'a> {
+        keys { cfg, key_limits, key_blocked, key_queue, key_running, waiting, runnable }
+        args {
+            tenant: &'a str,
+            digest: &'a str,
+            key: &'a str,
+            limit: String,
+            most: u32,
+        }
     }
 }

@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 
 use redis::Value;
 
+use super::call::{script_call, script_group};
 use super::commit::{Item, Outcome as Sent};
 use super::{Shard, Store, StoreError};
 use crate::domain::{ExecutionId, FlowId, Status, TenantId, TraceContext};
@@ -119,24 +120,24 @@ impl Store {
         call: u64,
         only: &[TenantId],
     ) -> Result<StartBatch, StoreError> {
-        let keys = [
-            shard.runnable(),
-            shard.delayed(),
-            shard.leases(),
-            shard.dead_letters(),
-            shard.stats(),
-            shard.dead_letters_indexed(),
-            shard.adopted(consumer),
-        ];
-        let mut inv = self.shard_script(&self.scripts.start, shard, &keys);
-        inv.arg(consumer)
-            .arg(count.max(1))
-            .arg(lease_ttl.as_millis() as u64)
-            .arg(self.dlq_cap())
-            .arg(call);
-        for t in only {
-            inv.arg(t.as_str());
-        }
+        let inv = self.shard_call(
+            shard,
+            &StartCall {
+                runnable: shard.runnable(),
+                delayed: shard.delayed(),
+                leases: shard.leases(),
+                dead_letters: shard.dead_letters(),
+                stats: shard.stats(),
+                dead_letters_indexed: shard.dead_letters_indexed(),
+                adopted: shard.adopted(consumer),
+                consumer,
+                count: count.max(1),
+                lease_ttl_ms: lease_ttl.as_millis() as u64,
+                dlq_cap: self.dlq_cap(),
+                call,
+                only: only.iter().map(TenantId::as_str).collect(),
+            },
+        );
         let mut c = self.conn();
         let (more, runs, next_due, weight): (u8, Vec<RunReply>, i64, u64) =
             self.bounded(inv.invoke_async(&mut c)).await?;
@@ -162,16 +163,18 @@ impl Store {
         lease_ttl: Duration,
         barrier: u64,
     ) -> Result<Vec<Started>, StoreError> {
-        let keys = [
-            shard.held(consumer),
-            shard.leases(),
-            shard.adopted(consumer),
-        ];
-        let mut inv = self.shard_script(&self.scripts.adopt, shard, &keys);
-        inv.arg(consumer)
-            .arg(most.max(1))
-            .arg(lease_ttl.as_millis() as u64)
-            .arg(barrier);
+        let inv = self.shard_call(
+            shard,
+            &AdoptCall {
+                held: shard.held(consumer),
+                leases: shard.leases(),
+                adopted: shard.adopted(consumer),
+                consumer,
+                most: most.max(1),
+                lease_ttl_ms: lease_ttl.as_millis() as u64,
+                barrier,
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<RunReply> = self.bounded(inv.invoke_async(&mut c)).await?;
         runs_of(shard, reply)
@@ -189,13 +192,19 @@ impl Store {
         if held.is_empty() {
             return Ok(Vec::new());
         }
-        let mut keys = vec![shard.leases()];
-        keys.extend(held.iter().map(|(id, _)| shard.row(id)));
-        let mut inv = self.shard_script(&self.scripts.heartbeat, shard, &keys);
-        inv.arg(lease_ttl.as_millis() as u64).arg(consumer);
-        for (id, fence) in held {
-            inv.arg(id.as_str()).arg(*fence);
-        }
+        let inv = self.shard_call(
+            shard,
+            &HeartbeatCall {
+                leases: shard.leases(),
+                rows: held.iter().map(|(id, _)| shard.row(id)).collect(),
+                lease_ttl_ms: lease_ttl.as_millis() as u64,
+                consumer,
+                held: held
+                    .iter()
+                    .map(|(id, fence)| (id.as_str(), *fence))
+                    .collect(),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<String> = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(reply
@@ -261,22 +270,22 @@ impl Store {
             Outcome::Released => ("released", String::new(), "", "", String::new()),
             Outcome::Abandoned => ("abandoned", String::new(), "", "", String::new()),
         };
-        let item = Item {
-            keys: vec![shard.row(id), shard.adopted(consumer)],
-            args: vec![
-                id.as_str().into(),
-                fence.to_string().into(),
-                consumer.into(),
-                name.into(),
-                output.into(),
-                kind.into(),
-                message.into(),
-                backoff.into(),
-                chain.to_string().into(),
-                lease_ttl.as_millis().to_string().into(),
-                call.to_string().into(),
-            ],
-        };
+        let item: Item = ReportItem {
+            row: shard.row(id),
+            adopted: shard.adopted(consumer),
+            id: id.as_str(),
+            fence,
+            consumer,
+            outcome: name,
+            output: &output,
+            kind,
+            message,
+            backoff: &backoff,
+            chain,
+            lease_ttl_ms: lease_ttl.as_millis() as u64,
+            call,
+        }
+        .into();
         // Grouped with the reports of this process's other runs of the shard that end while a
         // call is in flight (see `commit`).
         let reply = match self.completions.submit(shard, item).await {
@@ -322,16 +331,19 @@ impl Store {
     /// token was lost is rung again (see `migrations-lua/reclaim.lua`). A retry's own worker
     /// wakes when it is due; this covers a worker that died or had no free slot then.
     pub async fn reclaim(&self, shard: Shard, batch: usize) -> Result<Reclaimed, StoreError> {
-        let keys = [
-            shard.leases(),
-            shard.runnable(),
-            shard.dead_letters(),
-            shard.stats(),
-            shard.delayed(),
-            shard.dead_letters_indexed(),
-        ];
-        let mut inv = self.shard_script(&self.scripts.reclaim, shard, &keys);
-        inv.arg(batch.max(1)).arg(self.dlq_cap());
+        let inv = self.shard_call(
+            shard,
+            &ReclaimCall {
+                leases: shard.leases(),
+                runnable: shard.runnable(),
+                dead_letters: shard.dead_letters(),
+                stats: shard.stats(),
+                delayed: shard.delayed(),
+                dead_letters_indexed: shard.dead_letters_indexed(),
+                batch: batch.max(1),
+                dlq_cap: self.dlq_cap(),
+            },
+        );
         let mut c = self.conn();
         let (requeued, dead_lettered, unread, next_due): (u64, u64, u8, i64) =
             self.bounded(inv.invoke_async(&mut c)).await?;
@@ -424,4 +436,60 @@ fn runs_of(shard: Shard, reply: Vec<RunReply>) -> Result<Vec<Started>, StoreErro
             },
         )
         .collect()
+}
+
+script_call! {
+    /// `migrations-lua/start.lua`: starts up to `count` executions for one worker.
+    pub(super) struct StartCall<'a> {
+        keys { runnable, delayed, leases, dead_letters, stats, dead_letters_indexed, adopted }
+        args { consumer: &'a str, count: usize, lease_ttl_ms: u64, dlq_cap: u64, call: u64 }
+        arg_tail { only: Vec<&'a str> }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/adopt.lua`: every run a worker holds in one shard.
+    pub(super) struct AdoptCall<'a> {
+        keys { held, leases, adopted }
+        args { consumer: &'a str, most: usize, lease_ttl_ms: u64, barrier: u64 }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/heartbeat.lua`: extends the leases of the runs `held` (id, fence),
+    /// whose rows are `rows`, in the same order.
+    pub(super) struct HeartbeatCall<'a> {
+        keys { leases }
+        key_tail { rows: Vec<String> }
+        args { lease_ttl_ms: u64, consumer: &'a str }
+        arg_tail { held: Vec<(&'a str, u64)> }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/reclaim.lua`: recovers runs of one shard whose lease expired.
+    pub(super) struct ReclaimCall {
+        keys { leases, runnable, dead_letters, stats, delayed, dead_letters_indexed }
+        args { batch: usize, dlq_cap: u64 }
+    }
+}
+
+script_group! {
+    /// One report of a `complete.lua` call (its header's `reports` tails).
+    pub(super) struct ReportItem<'a> {
+        keys { row, adopted }
+        args {
+            id: &'a str,
+            fence: u64,
+            consumer: &'a str,
+            outcome: &'a str,
+            output: &'a str,
+            kind: &'a str,
+            message: &'a str,
+            backoff: &'a str,
+            chain: usize,
+            lease_ttl_ms: u64,
+            call: u64,
+        }
+    }
 }

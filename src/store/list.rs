@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use redis::Value;
 
+use super::call::script_call;
 use super::row::{from_fields, row_to_execution};
 use super::{Shard, Store, StoreError};
 use crate::domain::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
@@ -158,7 +159,7 @@ impl Store {
             Some(s) => vec![s],
             None => Status::ALL.to_vec(),
         };
-        let mut keys: Vec<String> = if q.scheduled {
+        let mut indexes: Vec<String> = if q.scheduled {
             vec![shard.scheduled_index(tenant)]
         } else {
             statuses
@@ -168,9 +169,9 @@ impl Store {
         };
         if let Some(f) = &q.flow {
             if q.scheduled {
-                keys.push(shard.scheduled_flow_index(tenant, f));
+                indexes.push(shard.scheduled_flow_index(tenant, f));
             } else {
-                keys.extend(statuses.iter().map(|s| shard.flow_index(tenant, f, *s)));
+                indexes.extend(statuses.iter().map(|s| shard.flow_index(tenant, f, *s)));
             }
         }
         let status_filter = match (q.scheduled, q.status) {
@@ -180,19 +181,24 @@ impl Store {
         };
         let digest = q.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
         if q.dedup.is_some() {
-            keys.push(shard.dedup(tenant, &digest));
+            indexes.push(shard.dedup(tenant, &digest));
         }
-        let mut inv = self.shard_script(&self.scripts.list, shard, &keys);
-        inv.arg(tenant.as_str())
-            .arg(status_filter)
-            .arg(q.flow.as_ref().map(FlowId::as_str).unwrap_or(""))
-            .arg(q.cursor.as_ref().map(ExecutionId::as_str).unwrap_or(""))
-            .arg(q.limit)
-            .arg(q.byte_budget.max(1))
-            .arg(q.dedup.as_ref().map(DedupKey::as_str).unwrap_or(""))
-            .arg(&digest)
-            .arg(q.created_from_ms.map(id_time_bound).unwrap_or_default())
-            .arg(q.created_before_ms.map(id_time_bound).unwrap_or_default());
+        let inv = self.shard_call(
+            shard,
+            &ListCall {
+                indexes,
+                tenant: tenant.as_str(),
+                status: status_filter,
+                flow: q.flow.as_ref().map(FlowId::as_str).unwrap_or(""),
+                cursor: q.cursor.as_ref().map(ExecutionId::as_str).unwrap_or(""),
+                limit: q.limit,
+                budget: q.byte_budget.max(1),
+                dedup: q.dedup.as_ref().map(DedupKey::as_str).unwrap_or(""),
+                dedup_digest: &digest,
+                from: q.created_from_ms.map(id_time_bound).unwrap_or_default(),
+                before: q.created_before_ms.map(id_time_bound).unwrap_or_default(),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let mut it = reply.into_iter();
@@ -221,6 +227,26 @@ impl Store {
 /// those of `ms`. Times beyond 48 bits are clamped (year 10889).
 fn id_time_bound(ms: u64) -> String {
     format!("{:012x}", ms.min((1 << 48) - 1))
+}
+
+script_call! {
+    /// `migrations-lua/list.lua`: one page of a tenant's executions.
+    pub(super) struct ListCall<'a> {
+        keys {}
+        key_tail { indexes: Vec<String> }
+        args {
+            tenant: &'a str,
+            status: &'a str,
+            flow: &'a str,
+            cursor: &'a str,
+            limit: u32,
+            budget: usize,
+            dedup: &'a str,
+            dedup_digest: &'a str,
+            from: String,
+            before: String,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -19,12 +19,14 @@
 //! connections and stop messages that wake workers), `watch` (the start of a wait on an
 //! execution, and the Pub/Sub connection its changes are announced on), `trends` (the
 //! per-minute counters the scripts keep, and the tenants with work now). `row` decodes rows and
-//! script replies, `keys` names every key, `scripts` composes the Lua. This file holds what
-//! they share: the connection, the error type, the time bound, the data policy.
+//! script replies, `keys` names every key, `scripts` composes the Lua, `call` types each
+//! script's keys and arguments. This file holds what they share: the connection, the error
+//! type, the time bound, the data policy.
 
 mod access;
 mod admit;
 mod bells;
+mod call;
 mod cancel;
 mod commit;
 mod compose;
@@ -58,6 +60,7 @@ use crate::domain::ExecutionId;
 pub use access::{ApiKeyRecord, KeyCreation};
 pub use admit::{Admission, Decision, DryRun};
 pub use bells::{BellNode, BellPools};
+use call::Call;
 pub use cancel::Reschedule;
 pub use commit::{BATCH_CALL_ITEMS, GroupCommitCounts};
 pub use conn::{Conn, RedisTarget};
@@ -69,7 +72,7 @@ pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Reclaimed, StartBatch, Started};
 pub use list::{ListQuery, Page};
 pub use pin::{Pin, Unpin};
-use scripts::Scripts;
+use scripts::{Scripts, ShardScript, TagScript};
 #[doc(hidden)]
 pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
@@ -216,6 +219,30 @@ struct Policy {
     dlq_cap: AtomicU64,
 }
 
+call::script_call! {
+    /// `migrations-lua/migrate_dispatch.lua`: one batch of schema migration 2 in one shard.
+    struct MigrateDispatchCall {
+        keys { ready, delayed, tenants, runnable }
+        args { phase: String, cursor: String, batch: usize }
+    }
+}
+
+/// A shard script's invocation: the shard's freeze marker, the call's keys, the shard prefix
+/// and `policy`, the call's values. `Store::shard_call` and group commit (which holds its
+/// script apart from the store) both build calls with it.
+fn shard_invocation<'s, C: Call>(
+    script: &'s redis::Script,
+    shard: Shard,
+    policy: &Policy,
+    call: &C,
+) -> redis::ScriptInvocation<'s> {
+    let mut inv = script.key(shard.frozen());
+    call.keys(&mut inv);
+    policy.common_args(&mut inv, shard);
+    call.args(&mut inv);
+    inv
+}
+
 impl Policy {
     /// ARGV[1..5] of a shard script (see `migrations-lua/common.lua`): the shard's prefix and
     /// this policy.
@@ -254,7 +281,7 @@ impl Store {
             commit::Batched::Admit,
             conns.clone(),
             next.clone(),
-            scripts.admit.clone(),
+            <commit::AdmitCall as ShardScript>::script(&scripts).clone(),
             policy.clone(),
             config.op_timeout,
             config.admission_group.clamp(1, 100),
@@ -263,7 +290,7 @@ impl Store {
             commit::Batched::Complete,
             conns.clone(),
             next.clone(),
-            scripts.complete.clone(),
+            <commit::CompleteCall as ShardScript>::script(&scripts).clone(),
             policy.clone(),
             config.op_timeout,
             commit::COMPLETION_GROUP,
@@ -343,20 +370,24 @@ impl Store {
         let mut calls = 0usize;
         let mut moved = 0u64;
         for shard in self.shards.all() {
-            let keys = [
-                shard.ready(),
-                shard.delayed(),
-                shard.tenants(),
-                shard.runnable(),
-            ];
             let (mut phase, mut cursor) = ("stream".to_owned(), "0".to_owned());
             while phase != "done" {
                 if calls >= max_calls {
                     return Ok(Migration { done: false, moved });
                 }
                 calls += 1;
-                let mut inv = self.shard_script(&self.scripts.migrate_dispatch, shard, &keys);
-                inv.arg(&phase).arg(&cursor).arg(batch.max(1));
+                let inv = self.shard_call(
+                    shard,
+                    &MigrateDispatchCall {
+                        ready: shard.ready(),
+                        delayed: shard.delayed(),
+                        tenants: shard.tenants(),
+                        runnable: shard.runnable(),
+                        phase: phase.clone(),
+                        cursor: cursor.clone(),
+                        batch: batch.max(1),
+                    },
+                );
                 let mut c = self.conn();
                 let (next, at, n): (String, String, u64) =
                     self.bounded(inv.invoke_async(&mut c)).await?;
@@ -467,20 +498,19 @@ impl Store {
     }
 
     /// A call of a shard script in the calling convention of `migrations-lua/guard.lua` and
-    /// `common.lua`: KEYS = the shard's freeze marker, then `keys` (what the operation names,
-    /// in the order its header lists); ARGV = the shard prefix and the data policy. The caller
-    /// adds the operation's own arguments.
-    fn shard_script<'a>(
-        &self,
-        script: &'a redis::Script,
-        shard: Shard,
-        keys: &[String],
-    ) -> redis::ScriptInvocation<'a> {
-        let mut inv = script.key(shard.frozen());
-        for k in keys {
-            inv.key(k);
-        }
-        self.policy.common_args(&mut inv, shard);
+    /// `common.lua`: KEYS = the shard's freeze marker, then the call's keys; ARGV = the shard
+    /// prefix and the data policy, then the call's values (see `call.rs`).
+    fn shard_call<C: ShardScript>(&self, shard: Shard, call: &C) -> redis::ScriptInvocation<'_> {
+        shard_invocation(C::script(&self.scripts), shard, &self.policy, call)
+    }
+
+    /// A call of an `{acl}` or `{meta}` script: KEYS = the tag's freeze marker, then the
+    /// call's keys; ARGV = the tag's prefix, then the call's values.
+    fn tag_call<C: TagScript>(&self, call: &C) -> redis::ScriptInvocation<'_> {
+        let mut inv = C::script(&self.scripts).key(C::frozen());
+        call.keys(&mut inv);
+        inv.arg(C::prefix());
+        call.args(&mut inv);
         inv
     }
 

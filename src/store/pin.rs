@@ -24,6 +24,7 @@ use std::collections::HashMap;
 
 use redis::Value;
 
+use super::call::script_call;
 use super::row::split_tag;
 use super::{Shard, Store, StoreError, keys};
 use crate::domain::{Status, TenantId};
@@ -234,15 +235,23 @@ impl Store {
         from: Shard,
         to: Shard,
     ) -> Result<Moved, StoreError> {
-        let mut keys = vec![
-            from.tenant_config(tenant),
-            from.slots(tenant),
-            from.waiting(tenant),
-            from.deleting(tenant),
-        ];
-        keys.extend(Status::ALL.map(|s| from.status_index(tenant, s)));
-        let mut inv = self.shard_script(&self.scripts.pin, from, &keys);
-        inv.arg(tenant.as_str()).arg(to.number());
+        let index = |s| from.status_index(tenant, s);
+        let inv = self.shard_call(
+            from,
+            &PinCall {
+                cfg: from.tenant_config(tenant),
+                slots: from.slots(tenant),
+                waiting: from.waiting(tenant),
+                deleting: from.deleting(tenant),
+                queued: index(Status::Queued),
+                running: index(Status::Running),
+                completed: index(Status::Completed),
+                failed: index(Status::Failed),
+                cancelled: index(Status::Cancelled),
+                tenant: tenant.as_str(),
+                to: to.number(),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
@@ -276,17 +285,41 @@ impl Store {
         tenant: &TenantId,
         limits: Vec<String>,
     ) -> Result<(), StoreError> {
-        let keys = [shard.tenant_config(tenant)];
-        let mut inv = self.shard_script(&self.scripts.pin_home, shard, &keys);
-        inv.arg(tenant.as_str());
-        for (i, v) in limits.iter().enumerate() {
-            // `enabled` is '0' (disabled) or the default.
-            if i == 2 && v != "0" {
-                inv.arg("");
-            } else {
-                inv.arg(v);
-            }
-        }
+        let [
+            max_concurrent,
+            max_queued,
+            enabled,
+            weight,
+            max_concurrent_per_key,
+            rate,
+            key_rate,
+            webhook,
+            secret,
+            webhook_set,
+            overrides @ ..,
+        ] = limits.as_slice()
+        else {
+            return Err(StoreError::Corrupt("pin reply: bad limits".into()));
+        };
+        let inv = self.shard_call(
+            shard,
+            &PinHomeCall {
+                cfg: shard.tenant_config(tenant),
+                tenant: tenant.as_str(),
+                max_concurrent,
+                max_queued,
+                // `enabled` is '0' (disabled) or the default.
+                enabled: if enabled == "0" { "0" } else { "" },
+                weight,
+                max_concurrent_per_key,
+                rate,
+                key_rate,
+                webhook,
+                secret,
+                webhook_set,
+                overrides,
+            },
+        );
         let mut c = self.conn();
         let _: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(())
@@ -310,5 +343,36 @@ impl Store {
             }
         }
         Ok(None)
+    }
+}
+
+script_call! {
+    /// `migrations-lua/pin.lua`: moves a tenant without executions here to dedicated shard
+    /// `to`.
+    pub(super) struct PinCall<'a> {
+        keys { cfg, slots, waiting, deleting, queued, running, completed, failed, cancelled }
+        args { tenant: &'a str, to: u16 }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/pin_home.lua`: makes a shard a tenant's home with the limits `pin.lua`
+    /// replied.
+    pub(super) struct PinHomeCall<'a> {
+        keys { cfg }
+        args {
+            tenant: &'a str,
+            max_concurrent: &'a str,
+            max_queued: &'a str,
+            enabled: &'a str,
+            weight: &'a str,
+            max_concurrent_per_key: &'a str,
+            rate: &'a str,
+            key_rate: &'a str,
+            webhook: &'a str,
+            secret: &'a str,
+            webhook_set: &'a str,
+        }
+        arg_tail { overrides: &'a [String] }
     }
 }

@@ -27,7 +27,10 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
+use super::call::Call;
 use super::compose::{self, Composed, Library};
+use super::{access, admit, cancel, commit, dead_letters, key_limits, keys, lease, list, pin};
+use super::{sweep, tenants, wake, watch, webhooks};
 
 const GUARD: &str = include_str!("../../migrations-lua/guard.lua");
 
@@ -53,9 +56,9 @@ fn acl_keys() -> &'static Library {
     })
 }
 
-/// Which helpers a script is composed with.
+/// Which helpers a script is composed with (and which common positions it takes).
 #[derive(Clone, Copy, Debug)]
-enum Kind {
+pub(super) enum Kind {
     /// A shard script: guard + what it uses of common.lua.
     Shard,
     /// An access script (`{acl}` tag): guard + what it uses of acl_keys.lua.
@@ -111,12 +114,15 @@ pub fn composed_source(kind: &str, op: &str) -> String {
 }
 
 /// Declares the script table: each script's field of `Scripts`, the helpers it is composed
-/// with, and its file. Everything that lists the scripts is generated from this one list.
+/// with, its file, and its typed call (see `call.rs`). Everything that lists the scripts is
+/// generated from this one list, and each call is bound to its script here: a call type can
+/// only be sent to the script it names.
 macro_rules! scripts {
-    ($($name:ident: $kind:ident $file:literal,)*) => {
-        /// The loaded-once script handles (each knows its SHA1).
+    ($($name:ident: $kind:ident $file:literal => $call:ty,)*) => {
+        /// The loaded-once script handles (each knows its SHA1). Private: a script is
+        /// reached only through its typed call (`ShardScript::script`, `TagScript::script`).
         pub struct Scripts {
-            $(pub $name: Script,)*
+            $($name: Script,)*
         }
 
         /// Every operation file: its name, the helpers it is composed with, and its text as
@@ -124,6 +130,14 @@ macro_rules! scripts {
         const TABLE: &[(&str, Kind, &str)] = &[
             $(($file, Kind::$kind, include_str!(concat!("../../migrations-lua/", $file))),)*
         ];
+
+        /// Every operation file with the shape of its call, for the header check.
+        #[cfg(test)]
+        pub(super) const SHAPES: &[(&str, Kind, super::call::Shape)] = &[
+            $(($file, Kind::$kind, <$call as Call>::SHAPE),)*
+        ];
+
+        $(bind!($kind, $name, $call);)*
 
         impl Scripts {
             pub fn new() -> Self {
@@ -144,36 +158,87 @@ macro_rules! scripts {
     };
 }
 
+/// A call bound to a script of the shard's tag: the caller adds the shard's freeze marker
+/// and common values (`Store::shard_call`).
+pub(super) trait ShardScript: Call {
+    fn script(scripts: &Scripts) -> &Script;
+}
+
+/// A call bound to a script of the `{acl}` or `{meta}` tag: the caller adds the tag's freeze
+/// marker and prefix (`Store::tag_call`).
+pub(super) trait TagScript: Call {
+    fn script(scripts: &Scripts) -> &Script;
+    fn frozen() -> String;
+    fn prefix() -> &'static str;
+}
+
+/// Binds a call type to its script, by the kind of script it is.
+macro_rules! bind {
+    (Shard, $name:ident, $call:ty) => {
+        impl ShardScript for $call {
+            fn script(scripts: &Scripts) -> &Script {
+                &scripts.$name
+            }
+        }
+    };
+    (Acl, $name:ident, $call:ty) => {
+        impl TagScript for $call {
+            fn script(scripts: &Scripts) -> &Script {
+                &scripts.$name
+            }
+            fn frozen() -> String {
+                keys::acl_frozen()
+            }
+            fn prefix() -> &'static str {
+                keys::acl_prefix()
+            }
+        }
+    };
+    (Meta, $name:ident, $call:ty) => {
+        impl TagScript for $call {
+            fn script(scripts: &Scripts) -> &Script {
+                &scripts.$name
+            }
+            fn frozen() -> String {
+                keys::meta_frozen().to_owned()
+            }
+            fn prefix() -> &'static str {
+                keys::meta_prefix()
+            }
+        }
+    };
+}
+
 scripts! {
-    admit: Shard "admit.lua",
-    abandon: Shard "abandon.lua",
-    adopt: Shard "adopt.lua",
-    promote: Shard "promote.lua",
-    cancel: Shard "cancel.lua",
-    force_delete: Shard "force_delete.lua",
-    list: Shard "list.lua",
-    set_limits: Shard "set_limits.lua",
-    pin: Shard "pin.lua",
-    pin_home: Shard "pin_home.lua",
-    start: Shard "start.lua",
-    heartbeat: Shard "heartbeat.lua",
-    complete: Shard "complete.lua",
-    reclaim: Shard "reclaim.lua",
-    retry: Shard "retry.lua",
-    sweep: Shard "sweep.lua",
-    api_key_create: Acl "api_key_create.lua",
-    api_key_revoke: Acl "api_key_revoke.lua",
-    api_key_auth: Acl "api_key_auth.lua",
-    tenant_delete: Acl "tenant_delete.lua",
-    sweeper_unlock: Meta "sweeper_unlock.lua",
-    watch: Shard "watch.lua",
-    dlq_dismiss: Shard "dlq_dismiss.lua",
-    reschedule: Shard "reschedule.lua",
-    migrate_dispatch: Shard "migrate_dispatch.lua",
-    ring: Shard "ring.lua",
-    key_limit: Shard "key_limit.lua",
-    dry_admit: Shard "dry_admit.lua",
-    webhook: Shard "webhook.lua",
+    admit: Shard "admit.lua" => commit::AdmitCall<'_>,
+    abandon: Shard "abandon.lua" => admit::AbandonCall<'_>,
+    adopt: Shard "adopt.lua" => lease::AdoptCall<'_>,
+    promote: Shard "promote.lua" => tenants::PromoteCall,
+    cancel: Shard "cancel.lua" => cancel::CancelCall<'_>,
+    force_delete: Shard "force_delete.lua" => cancel::ForceDeleteCall<'_>,
+    list: Shard "list.lua" => list::ListCall<'_>,
+    set_limits: Shard "set_limits.lua" => tenants::SetLimitsCall<'_>,
+    pin: Shard "pin.lua" => pin::PinCall<'_>,
+    pin_home: Shard "pin_home.lua" => pin::PinHomeCall<'_>,
+    start: Shard "start.lua" => lease::StartCall<'_>,
+    heartbeat: Shard "heartbeat.lua" => lease::HeartbeatCall<'_>,
+    complete: Shard "complete.lua" => commit::CompleteCall<'_>,
+    reclaim: Shard "reclaim.lua" => lease::ReclaimCall,
+    retry: Shard "retry.lua" => dead_letters::RetryCall<'_>,
+    sweep: Shard "sweep.lua" => sweep::SweepCall<'_>,
+    api_key_create: Acl "api_key_create.lua" => access::ApiKeyCreateCall<'_>,
+    api_key_revoke: Acl "api_key_revoke.lua" => access::ApiKeyRevokeCall<'_>,
+    api_key_auth: Acl "api_key_auth.lua" => access::ApiKeyAuthCall<'_>,
+    tenant_delete: Acl "tenant_delete.lua" => access::TenantDeleteCall<'_>,
+    sweeper_unlock: Meta "sweeper_unlock.lua" => sweep::SweeperUnlockCall<'_>,
+    watch: Shard "watch.lua" => watch::WatchCall<'_>,
+    dlq_dismiss: Shard "dlq_dismiss.lua" => dead_letters::DlqDismissCall<'_>,
+    reschedule: Shard "reschedule.lua" => cancel::RescheduleCall<'_>,
+    migrate_dispatch: Shard "migrate_dispatch.lua" => super::MigrateDispatchCall,
+    ring: Shard "ring.lua" => wake::RingCall,
+    key_limit: Shard "key_limit.lua" => key_limits::KeyLimitCall<'_>,
+    dry_admit: Shard "dry_admit.lua" => commit::DryAdmitCall<'_>,
+    webhook: Shard "webhook.lua" => webhooks::WebhookCall<'_>,
 }
 
 /// The text of an operation file of `migrations-lua/` by name (`admit.lua`, ...), as compiled

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::call::script_call;
 use super::{Shard, Store, StoreError, keys};
 use crate::domain::{FlowId, Status, TenantId};
 
@@ -27,10 +28,10 @@ impl Store {
 
     /// Ends this process's sweeper turn, so the next interval's turn is free to take.
     pub async fn end_sweeper_turn(&self, owner: &str) -> Result<(), StoreError> {
-        let mut inv = self.scripts.sweeper_unlock.key(keys::meta_frozen());
-        inv.key(keys::sweeper_lock())
-            .arg(keys::meta_prefix())
-            .arg(owner);
+        let inv = self.tag_call(&SweeperUnlockCall {
+            lock: keys::sweeper_lock().to_owned(),
+            owner,
+        });
         let mut c = self.conn();
         let _: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(())
@@ -83,30 +84,60 @@ impl Store {
     ) -> Result<(String, u64), StoreError> {
         let shard = step.shard;
         let t = &step.tenant;
-        let mut keys = vec![
-            shard.stats(),
-            shard.tenant_config(t),
-            shard.slots(t),
-            shard.waiting(t),
-            shard.runnable(),
-            shard.leases(),
-        ];
-        if let (SweepMode::Index, Some(status)) = (step.mode, step.status) {
-            keys.push(match step.flow.as_deref().map(FlowId::parse) {
-                None => shard.status_index(t, status),
-                Some(Ok(flow)) => shard.flow_index(t, &flow, status),
-                Some(Err(e)) => return Err(StoreError::Corrupt(format!("flow {e:?}"))),
-            });
-        }
-        let mut inv = self.shard_script(&self.scripts.sweep, shard, &keys);
-        inv.arg(step.tenant.as_str())
-            .arg(step.mode.as_str())
-            .arg(step.status.map(Status::as_str).unwrap_or(""))
-            .arg(step.flow.as_deref().unwrap_or(""))
-            .arg(cursor)
-            .arg(batch);
+        let index = match (step.mode, step.status) {
+            (SweepMode::Index, Some(status)) => {
+                Some(match step.flow.as_deref().map(FlowId::parse) {
+                    None => shard.status_index(t, status),
+                    Some(Ok(flow)) => shard.flow_index(t, &flow, status),
+                    Some(Err(e)) => return Err(StoreError::Corrupt(format!("flow {e:?}"))),
+                })
+            }
+            _ => None,
+        };
+        let inv = self.shard_call(
+            shard,
+            &SweepCall {
+                stats: shard.stats(),
+                cfg: shard.tenant_config(t),
+                slots: shard.slots(t),
+                waiting: shard.waiting(t),
+                runnable: shard.runnable(),
+                leases: shard.leases(),
+                index,
+                tenant: t.as_str(),
+                mode: step.mode.as_str(),
+                status: step.status.map(Status::as_str).unwrap_or(""),
+                flow: step.flow.as_deref().unwrap_or(""),
+                cursor,
+                batch,
+            },
+        );
         let mut c = self.conn();
         self.bounded(inv.invoke_async(&mut c)).await
+    }
+}
+
+script_call! {
+    /// `migrations-lua/sweep.lua`: one batch of one walk of repairs.
+    pub(super) struct SweepCall<'a> {
+        keys { stats, cfg, slots, waiting, runnable, leases }
+        key_tail { index: Option<String> }
+        args {
+            tenant: &'a str,
+            mode: &'a str,
+            status: &'a str,
+            flow: &'a str,
+            cursor: &'a str,
+            batch: usize,
+        }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/sweeper_unlock.lua`: ends the sweeper turn `owner` holds.
+    pub(super) struct SweeperUnlockCall<'a> {
+        keys { lock }
+        args { owner: &'a str }
     }
 }
 

@@ -8,11 +8,9 @@ use std::sync::atomic::Ordering;
 
 use redis::Value;
 
+use super::call::script_call;
 use super::{Shard, Store, StoreError};
 use crate::domain::{Status, TenantId};
-
-/// ARGV of the stream model's batched dispatch, unused since (see `set_limits.lua`).
-const PROMOTE_STEP: u32 = 1_000;
 
 /// The most per-key limit overrides a tenant may have (`PUT .../concurrency-keys/{key}`).
 pub const MAX_KEY_OVERRIDES: u32 = 10_000;
@@ -250,17 +248,23 @@ impl Store {
         tenant: &TenantId,
         limits: &TenantLimits,
     ) -> Result<Limits, StoreError> {
-        let keys = promote_keys(shard, tenant);
-        let mut inv = self.shard_script(&self.scripts.set_limits, shard, &keys);
-        inv.arg(tenant.as_str())
-            .arg(limits.max_concurrent.arg())
-            .arg(limits.max_queued.arg())
-            .arg(limits.enabled.map(u8::from).arg())
-            .arg(PROMOTE_STEP)
-            .arg(limits.weight.arg())
-            .arg(limits.max_concurrent_per_key.arg())
-            .arg(limits.rate_limit.arg())
-            .arg(limits.rate_limit_per_key.arg());
+        let inv = self.shard_call(
+            shard,
+            &SetLimitsCall {
+                cfg: shard.tenant_config(tenant),
+                slots: shard.slots(tenant),
+                waiting: shard.waiting(tenant),
+                runnable: shard.runnable(),
+                tenant: tenant.as_str(),
+                max_concurrent: limits.max_concurrent.arg(),
+                max_queued: limits.max_queued.arg(),
+                enabled: limits.enabled.map(u8::from).arg(),
+                weight: limits.weight.arg(),
+                max_concurrent_per_key: limits.max_concurrent_per_key.arg(),
+                rate: limits.rate_limit.arg(),
+                key_rate: limits.rate_limit_per_key.arg(),
+            },
+        );
         let mut c = self.conn();
         let reply: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(match reply {
@@ -274,14 +278,22 @@ impl Store {
     /// state: a key it did not reach offers its next execution when a run of it ends.
     pub async fn promote_all(&self, tenant: &TenantId) -> Result<(), StoreError> {
         let shard = self.shard_of(tenant);
-        let keys = promote_keys(shard, tenant);
         let mut c = self.conn();
         let mut cursor = "0".to_owned();
         // Bounded: each step walks about 200 blocked keys, and a tenant has at most max_queued
         // of them (100k by default) — far fewer steps than this.
         for _ in 0..100_000 {
-            let mut inv = self.shard_script(&self.scripts.promote, shard, &keys);
-            inv.arg(tenant.as_str()).arg(&cursor);
+            let inv = self.shard_call(
+                shard,
+                &PromoteCall {
+                    cfg: shard.tenant_config(tenant),
+                    slots: shard.slots(tenant),
+                    waiting: shard.waiting(tenant),
+                    runnable: shard.runnable(),
+                    tenant: tenant.as_str().to_owned(),
+                    cursor: cursor.clone(),
+                },
+            );
             cursor = self.bounded(inv.invoke_async(&mut c)).await?;
             if cursor == "0" {
                 return Ok(());
@@ -387,14 +399,31 @@ impl Store {
     }
 }
 
-/// KEYS[2..] of `set_limits.lua` and `promote.lua`.
-fn promote_keys(shard: Shard, tenant: &TenantId) -> [String; 4] {
-    [
-        shard.tenant_config(tenant),
-        shard.slots(tenant),
-        shard.waiting(tenant),
-        shard.runnable(),
-    ]
+script_call! {
+    /// `migrations-lua/set_limits.lua`: changes the limits a request names. Each value is the
+    /// script's spelling of a `Change` (`Change::arg`).
+    pub(super) struct SetLimitsCall<'a> {
+        keys { cfg, slots, waiting, runnable }
+        args {
+            tenant: &'a str,
+            max_concurrent: String,
+            max_queued: String,
+            enabled: String,
+            weight: String,
+            max_concurrent_per_key: String,
+            rate: String,
+            key_rate: String,
+        }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/promote.lua`: one step of letting a tenant take the room its limits
+    /// now give.
+    pub(super) struct PromoteCall {
+        keys { cfg, slots, waiting, runnable }
+        args { tenant: String, cursor: String }
+    }
 }
 
 /// Adds the reads of one tenant's limits and usage to `p` (`TENANT_READS` commands, all in

@@ -28,6 +28,7 @@ use redis::aio::MultiplexedConnection;
 use redis::io::tcp::{TcpSettings, socket2};
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
 
+use super::call::script_call;
 use super::keys::{self, Shard};
 use super::layout::slot_of_tag;
 use super::{RedisTarget, Store, StoreError};
@@ -119,7 +120,7 @@ impl Store {
     /// slot), so another worker with a free slot may be woken instead.
     /// Through a script, so a frozen shard refuses (`TRYAGAIN`) instead of being written.
     pub async fn ring(&self, shard: Shard) -> Result<(), StoreError> {
-        let inv = self.shard_script(&self.scripts.ring, shard, &[shard.bell()]);
+        let inv = self.shard_call(shard, &RingCall { bell: shard.bell() });
         let mut c = self.conn();
         let _: u8 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(())
@@ -197,5 +198,13 @@ impl Store {
         Err(StoreError::Unavailable(format!(
             "no master serves slot {slot} now"
         )))
+    }
+}
+
+script_call! {
+    /// `migrations-lua/ring.lua`: sets a shard's doorbell again.
+    pub(super) struct RingCall {
+        keys { bell }
+        args {}
     }
 }

@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use redis::Value;
 use redis::aio::{PubSubSink, PubSubStream};
 
+use super::call::script_call;
 use super::row::{execution_from, split_tag};
 use super::{RedisTarget, Shard, Store, StoreError, keys};
 use crate::access::AccessChange;
@@ -46,10 +47,15 @@ impl Store {
         id: &ExecutionId,
         horizon: Duration,
     ) -> Result<Option<Execution>, StoreError> {
-        let mut inv = self.shard_script(&self.scripts.watch, shard, &[shard.row(id)]);
-        inv.arg(tenant.as_str())
-            .arg(id.as_str())
-            .arg(u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX));
+        let inv = self.shard_call(
+            shard,
+            &WatchCall {
+                row: shard.row(id),
+                tenant: tenant.as_str(),
+                id: id.as_str(),
+                horizon: u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX),
+            },
+        );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
@@ -175,5 +181,13 @@ async fn bounded<T>(
         Err(_) => Err(StoreError::Unavailable(format!(
             "no answer from the pub/sub connection within {timeout:?}"
         ))),
+    }
+}
+
+script_call! {
+    /// `migrations-lua/watch.lua`: an execution's state at the start of a wait on it.
+    pub(super) struct WatchCall<'a> {
+        keys { row }
+        args { tenant: &'a str, id: &'a str, horizon: u64 }
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::call::script_call;
 use super::row::split_tag;
 use super::{Shard, Store, StoreError};
 use crate::domain::TenantId;
@@ -96,20 +97,22 @@ impl Store {
     async fn webhook_op(
         &self,
         tenant: &TenantId,
-        args: &[String],
+        op: &str,
+        operands: &[String],
     ) -> Result<Vec<Value>, StoreError> {
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
-            let keys = [
-                shard.tenant_config(tenant),
-                shard.outbox(tenant),
-                shard.webhooks(),
-            ];
-            let mut inv = self.shard_script(&self.scripts.webhook, shard, &keys);
-            inv.arg(tenant.as_str());
-            for a in args {
-                inv.arg(a);
-            }
+            let inv = self.shard_call(
+                shard,
+                &WebhookCall {
+                    cfg: shard.tenant_config(tenant),
+                    outbox: shard.outbox(tenant),
+                    webhooks: shard.webhooks(),
+                    tenant: tenant.as_str(),
+                    op,
+                    operands,
+                },
+            );
             let mut c = self.conn();
             let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
             let (tag, _) = split_tag(reply.clone())?;
@@ -133,13 +136,12 @@ impl Store {
         secret: Option<&str>,
         now_ms: u64,
     ) -> Result<WebhookSet, StoreError> {
-        let args = [
-            "set".to_owned(),
+        let operands = [
             url.to_owned(),
             secret.unwrap_or_default().to_owned(),
             now_ms.to_string(),
         ];
-        let (tag, rest) = split_tag(self.webhook_op(tenant, &args).await?)?;
+        let (tag, rest) = split_tag(self.webhook_op(tenant, "set", &operands).await?)?;
         match tag.as_str() {
             "ok" => Ok(WebhookSet::Set {
                 fresh: number(&rest, 0)? == 1,
@@ -152,7 +154,7 @@ impl Store {
     /// Removes `tenant`'s webhook and drops what its outbox still held: `None` when it had
     /// none, else how many events were dropped.
     pub async fn clear_webhook(&self, tenant: &TenantId) -> Result<Option<u64>, StoreError> {
-        let (_, rest) = split_tag(self.webhook_op(tenant, &["clear".to_owned()]).await?)?;
+        let (_, rest) = split_tag(self.webhook_op(tenant, "clear", &[]).await?)?;
         let n = number(&rest, 0)?;
         Ok((n >= 0).then_some(n as u64))
     }
@@ -166,8 +168,8 @@ impl Store {
         max_age: Duration,
     ) -> Result<u64, StoreError> {
         let oldest = now_ms.saturating_sub(max_age.as_millis() as u64);
-        let args = ["trim".to_owned(), format!("{oldest}-0")];
-        let (_, rest) = split_tag(self.webhook_op(tenant, &args).await?)?;
+        let operands = [format!("{oldest}-0")];
+        let (_, rest) = split_tag(self.webhook_op(tenant, "trim", &operands).await?)?;
         Ok(number(&rest, 0)?.max(0) as u64)
     }
 
@@ -473,4 +475,13 @@ fn number(rest: &[Value], i: usize) -> Result<i64, StoreError> {
     Ok(redis::from_redis_value(rest.get(i).cloned().ok_or_else(
         || StoreError::Corrupt("webhook.lua reply too short".into()),
     )?)?)
+}
+
+script_call! {
+    /// `migrations-lua/webhook.lua`: one operation on a tenant's webhook.
+    pub(super) struct WebhookCall<'a> {
+        keys { cfg, outbox, webhooks }
+        args { tenant: &'a str, op: &'a str }
+        arg_tail { operands: &'a [String] }
+    }
 }

@@ -264,7 +264,7 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
         s3.runnable(),
     ];
     let mut a = common(&s3.prefix());
-    a.extend(["acme", "5", "", "", "100", ""].map(String::from));
+    a.extend(["acme", "5", "", "", "", "", "", ""].map(String::from));
     let e = eval(&redis, &set_limits, &k, &a).await.unwrap_err();
     assert!(
         e.to_string()
