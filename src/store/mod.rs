@@ -11,17 +11,19 @@
 //! `StoreError::Unavailable` quickly, never a hang.
 //!
 //! One file per operation family, each beside the script it calls: `admit` (admission and
-//! the settling of a lost answer; `commit` groups a shard's admissions into one call), `cancel` (cancel, force delete), `lease` (the worker's side:
-//! start, adopt, heartbeat, complete, reclaim), `dead_letters` (retry, dead-letter listing),
-//! `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `access` (API keys,
-//! tenant registry), `list` (reading executions), `stats` (queue statistics), `freeze` (the
-//! markers that stop a shard's scripts during a slot move), `wake` (the blocking doorbell
-//! connections and stop messages that wake workers), `watch` (the start of a wait on an
-//! execution, and the Pub/Sub connection its changes are announced on), `trends` (the
+//! the settling of a lost answer; `commit` groups a shard's admissions into one call;
+//! `dry_admit` asks what one would do), `cancel` (cancel, force delete), `lease` (the worker's
+//! side: start, adopt, heartbeat, complete, reclaim), `dead_letters` (retry, dead-letter
+//! listing), `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `access`
+//! (API keys, tenant registry), `list` (reading executions), `stats` (queue statistics),
+//! `freeze` (the markers that stop a shard's scripts during a slot move), `wake` (the blocking
+//! doorbell connections and stop messages that wake workers), `watch` (the start of a wait on
+//! an execution, and the Pub/Sub connection its changes are announced on), `trends` (the
 //! per-minute counters the scripts keep, and the tenants with work now). `row` decodes rows and
 //! script replies, `keys` names every key, `scripts` composes the Lua, `call` types each
-//! script's keys and arguments. This file holds what they share: the connection, the error
-//! type, the time bound, the data policy.
+//! script's keys and arguments, `schema` checks (and migrates) what an older build left at
+//! connect, `conn` (with `replica_acks`) is the connection. This file holds what they share:
+//! the connection pool, the error type, the time bound, the data policy.
 
 mod access;
 mod admit;
@@ -32,6 +34,7 @@ mod commit;
 mod compose;
 mod conn;
 mod dead_letters;
+mod dry_admit;
 mod forecast;
 mod freeze;
 mod key_limits;
@@ -40,7 +43,9 @@ mod layout;
 mod lease;
 mod list;
 mod pin;
+mod replica_acks;
 mod row;
+mod schema;
 mod scripts;
 mod stats;
 mod sweep;
@@ -53,18 +58,19 @@ mod webhooks;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::domain::ExecutionId;
 
 pub use access::{ApiKeyRecord, KeyCreation};
-pub use admit::{Admission, Decision, DryRun};
+pub use admit::Admission;
 pub use bells::{BellNode, BellPools};
 use call::Call;
 pub use cancel::Reschedule;
 pub use commit::{BATCH_CALL_ITEMS, GroupCommitCounts};
 pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, Retry};
+pub use dry_admit::{Decision, DryRun};
 pub use forecast::{Pace, estimate};
 pub use key_limits::{KeyLimitChange, KeyState};
 pub use keys::{Shard, ShardMap, WORKER_GROUP};
@@ -72,8 +78,9 @@ pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Reclaimed, StartBatch, Started};
 pub use list::{ListQuery, Page};
 pub use pin::{Pin, Unpin};
-use scripts::{Scripts, ShardScript, TagScript};
 #[doc(hidden)]
+pub use schema::{Migration, SCHEMA};
+use scripts::{Scripts, ShardScript, TagScript};
 pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget};
@@ -174,20 +181,6 @@ pub struct StoreConfig {
     pub dlq_cap: u64,
 }
 
-/// The data schema this build reads and writes (recorded as `schema` in the meta record; a
-/// Redis without it holds schema 1). Schema 2 is fair dispatch: the slot is taken at start and
-/// what is runnable lives in ordered sets (see `migrations-lua/common.lua`, "Dispatch").
-pub const SCHEMA: u32 = 2;
-
-/// How far a schema migration got.
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    /// Every shard is migrated and the meta record says so.
-    pub done: bool,
-    /// Executions moved (re-queued or re-listed) on the way.
-    pub moved: u64,
-}
-
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
 pub struct Store {
     conns: Vec<Conn>,
@@ -217,14 +210,6 @@ struct Policy {
     retention_secs: AtomicU64,
     dedup_ttl_secs: AtomicU64,
     dlq_cap: AtomicU64,
-}
-
-call::script_call! {
-    /// `migrations-lua/migrate_dispatch.lua`: one batch of schema migration 2 in one shard.
-    struct MigrateDispatchCall {
-        keys { ready, delayed, tenants, runnable }
-        args { phase: String, cursor: String, batch: usize }
-    }
 }
 
 /// A shard script's invocation: the shard's freeze marker, the call's keys, the shard prefix
@@ -314,101 +299,6 @@ impl Store {
         Ok(store)
     }
 
-    /// Brings the data to this build's schema (`SCHEMA`) before anything uses it: a Redis
-    /// written by an older build is migrated (see `migrate_dispatch`), a new one is marked.
-    async fn ensure_schema(&self, fresh: bool) -> Result<(), StoreError> {
-        let mut c = self.conn();
-        if fresh {
-            let () = self
-                .bounded(
-                    redis::cmd("HSETNX")
-                        .arg(keys::meta())
-                        .arg("schema")
-                        .arg(SCHEMA)
-                        .query_async(&mut c),
-                )
-                .await
-                .map(|_: i64| ())?;
-            return Ok(());
-        }
-        let schema: Option<u32> = self
-            .bounded(
-                redis::cmd("HGET")
-                    .arg(keys::meta())
-                    .arg("schema")
-                    .query_async(&mut c),
-            )
-            .await?;
-        match schema.unwrap_or(1) {
-            s if s == SCHEMA => Ok(()),
-            s if s > SCHEMA => Err(StoreError::Corrupt(format!(
-                "redis holds data schema {s}, this build knows up to {SCHEMA}: upgrade sluice"
-            ))),
-            s => {
-                tracing::warn!(
-                    from = s,
-                    to = SCHEMA,
-                    "migrating queued work to fair dispatch (schema 2); stop processes of \
-                     older builds first"
-                );
-                let done = self.migrate_dispatch(1_000, usize::MAX).await?;
-                tracing::info!(moved = done.moved, "data schema is now {SCHEMA}");
-                Ok(())
-            }
-        }
-    }
-
-    /// Schema migration 2 (`migrations-lua/migrate_dispatch.lua`): every shard in bounded
-    /// atomic batches of `batch` members, at most `max_calls` calls in all (tests interrupt it
-    /// with a small number). Once every shard is done the meta record says schema 2. Safe to
-    /// run again, also concurrently from several processes, and after an interruption.
-    pub async fn migrate_dispatch(
-        &self,
-        batch: usize,
-        max_calls: usize,
-    ) -> Result<Migration, StoreError> {
-        let mut calls = 0usize;
-        let mut moved = 0u64;
-        for shard in self.shards.all() {
-            let (mut phase, mut cursor) = ("stream".to_owned(), "0".to_owned());
-            while phase != "done" {
-                if calls >= max_calls {
-                    return Ok(Migration { done: false, moved });
-                }
-                calls += 1;
-                let inv = self.shard_call(
-                    shard,
-                    &MigrateDispatchCall {
-                        ready: shard.ready(),
-                        delayed: shard.delayed(),
-                        tenants: shard.tenants(),
-                        runnable: shard.runnable(),
-                        phase: phase.clone(),
-                        cursor: cursor.clone(),
-                        batch: batch.max(1),
-                    },
-                );
-                let mut c = self.conn();
-                let (next, at, n): (String, String, u64) =
-                    self.bounded(inv.invoke_async(&mut c)).await?;
-                moved += n;
-                (phase, cursor) = (next, at);
-            }
-        }
-        let mut c = self.conn();
-        let () = self
-            .bounded(
-                redis::cmd("HSET")
-                    .arg(keys::meta())
-                    .arg("schema")
-                    .arg(SCHEMA)
-                    .query_async(&mut c),
-            )
-            .await
-            .map(|_: i64| ())?;
-        Ok(Migration { done: true, moved })
-    }
-
     /// How this store was configured (where Redis is, its time bounds).
     pub fn config(&self) -> &StoreConfig {
         &self.config
@@ -417,54 +307,6 @@ impl Store {
     /// The shard map in force (possibly recorded by an earlier start).
     pub fn shards(&self) -> ShardMap {
         self.shards
-    }
-
-    /// Reads (or records, on first start: then `true`) the shard count and layout.
-    async fn init_meta(&self) -> Result<(ShardMap, bool), StoreError> {
-        let mut c = self.conn();
-        type Meta = (i64, Value, Value, Option<u16>, Option<u32>, Option<u16>);
-        let (created, _, _, shards, layout, dedicated): Meta = self
-            .bounded(
-                redis::pipe()
-                    .hset_nx(keys::meta(), "shards", self.config.shards)
-                    .hset_nx(keys::meta(), "layout", Layout::CURRENT.number())
-                    .hset_nx(keys::meta(), "dedicated", self.config.dedicated_shards)
-                    .hget(keys::meta(), "shards")
-                    .hget(keys::meta(), "layout")
-                    .hget(keys::meta(), "dedicated")
-                    .query_async(&mut c),
-            )
-            .await?;
-        let (Some(shards), Some(layout)) = (shards, layout) else {
-            return Err(StoreError::Corrupt(
-                "meta record lacks shards/layout".into(),
-            ));
-        };
-        let Some(layout) = Layout::from_number(layout) else {
-            return Err(StoreError::Corrupt(format!(
-                "redis holds key layout {layout}, this build knows up to {}: upgrade sluice",
-                Layout::CURRENT.number()
-            )));
-        };
-        if layout != Layout::CURRENT {
-            tracing::warn!(
-                layout = layout.number(),
-                "this Redis uses an older key layout (shards crowd some cluster masters); \
-                 `sluice migrate-layout` moves it to the current one"
-            );
-        }
-        if shards != self.config.shards {
-            tracing::warn!(
-                recorded = shards,
-                configured = self.config.shards,
-                "shard count is fixed at first start; using the recorded value"
-            );
-        }
-        self.load_scripts().await?;
-        Ok((
-            ShardMap::with_dedicated(shards, dedicated.unwrap_or(0), layout),
-            created == 1,
-        ))
     }
 
     /// Loads every script (also after `SCRIPT FLUSH`); calls fall back on their own anyway.

@@ -30,7 +30,7 @@ use redis::Script;
 use super::call::Call;
 use super::compose::{self, Composed, Library};
 use super::{access, admit, cancel, commit, dead_letters, key_limits, keys, lease, list, pin};
-use super::{sweep, tenants, wake, watch, webhooks};
+use super::{schema, sweep, tenants, wake, watch, webhooks};
 
 const GUARD: &str = include_str!("../../migrations-lua/guard.lua");
 
@@ -234,7 +234,7 @@ scripts! {
     watch: Shard "watch.lua" => watch::WatchCall<'_>,
     dlq_dismiss: Shard "dlq_dismiss.lua" => dead_letters::DlqDismissCall<'_>,
     reschedule: Shard "reschedule.lua" => cancel::RescheduleCall<'_>,
-    migrate_dispatch: Shard "migrate_dispatch.lua" => super::MigrateDispatchCall,
+    migrate_dispatch: Shard "migrate_dispatch.lua" => schema::MigrateDispatchCall,
     ring: Shard "ring.lua" => wake::RingCall,
     key_limit: Shard "key_limit.lua" => key_limits::KeyLimitCall<'_>,
     dry_admit: Shard "dry_admit.lua" => commit::DryAdmitCall<'_>,

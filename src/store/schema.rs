@@ -1,0 +1,177 @@
+//! What this build expects of the data it finds on Redis, checked once at connect: the meta
+//! record (shard count, key layout, dedicated shards: fixed at first start, read back after)
+//! and the data schema, with the numbered migration that brings an older deployment's queued
+//! work to this build's model. Apart from the operations, because it runs before any of them
+//! and never again.
+
+use redis::Value;
+
+use super::call::script_call;
+use super::{Layout, ShardMap, Store, StoreError, keys};
+
+/// The data schema this build reads and writes (recorded as `schema` in the meta record; a
+/// Redis without it holds schema 1). Schema 2 is fair dispatch: the slot is taken at start and
+/// what is runnable lives in ordered sets (see `migrations-lua/common.lua`, "Dispatch").
+pub const SCHEMA: u32 = 2;
+
+/// How far a schema migration got.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Every shard is migrated and the meta record says so.
+    pub done: bool,
+    /// Executions moved (re-queued or re-listed) on the way.
+    pub moved: u64,
+}
+
+impl Store {
+    /// Reads (or records, on first start: then `true`) the shard count and layout.
+    pub(super) async fn init_meta(&self) -> Result<(ShardMap, bool), StoreError> {
+        let mut c = self.conn();
+        type Meta = (i64, Value, Value, Option<u16>, Option<u32>, Option<u16>);
+        let (created, _, _, shards, layout, dedicated): Meta = self
+            .bounded(
+                redis::pipe()
+                    .hset_nx(keys::meta(), "shards", self.config.shards)
+                    .hset_nx(keys::meta(), "layout", Layout::CURRENT.number())
+                    .hset_nx(keys::meta(), "dedicated", self.config.dedicated_shards)
+                    .hget(keys::meta(), "shards")
+                    .hget(keys::meta(), "layout")
+                    .hget(keys::meta(), "dedicated")
+                    .query_async(&mut c),
+            )
+            .await?;
+        let (Some(shards), Some(layout)) = (shards, layout) else {
+            return Err(StoreError::Corrupt(
+                "meta record lacks shards/layout".into(),
+            ));
+        };
+        let Some(layout) = Layout::from_number(layout) else {
+            return Err(StoreError::Corrupt(format!(
+                "redis holds key layout {layout}, this build knows up to {}: upgrade sluice",
+                Layout::CURRENT.number()
+            )));
+        };
+        if layout != Layout::CURRENT {
+            tracing::warn!(
+                layout = layout.number(),
+                "this Redis uses an older key layout (shards crowd some cluster masters); \
+                 `sluice migrate-layout` moves it to the current one"
+            );
+        }
+        if shards != self.config.shards {
+            tracing::warn!(
+                recorded = shards,
+                configured = self.config.shards,
+                "shard count is fixed at first start; using the recorded value"
+            );
+        }
+        self.load_scripts().await?;
+        Ok((
+            ShardMap::with_dedicated(shards, dedicated.unwrap_or(0), layout),
+            created == 1,
+        ))
+    }
+
+    /// Brings the data to this build's schema (`SCHEMA`) before anything uses it: a Redis
+    /// written by an older build is migrated (see `migrate_dispatch`), a new one is marked.
+    pub(super) async fn ensure_schema(&self, fresh: bool) -> Result<(), StoreError> {
+        let mut c = self.conn();
+        if fresh {
+            let () = self
+                .bounded(
+                    redis::cmd("HSETNX")
+                        .arg(keys::meta())
+                        .arg("schema")
+                        .arg(SCHEMA)
+                        .query_async(&mut c),
+                )
+                .await
+                .map(|_: i64| ())?;
+            return Ok(());
+        }
+        let schema: Option<u32> = self
+            .bounded(
+                redis::cmd("HGET")
+                    .arg(keys::meta())
+                    .arg("schema")
+                    .query_async(&mut c),
+            )
+            .await?;
+        match schema.unwrap_or(1) {
+            s if s == SCHEMA => Ok(()),
+            s if s > SCHEMA => Err(StoreError::Corrupt(format!(
+                "redis holds data schema {s}, this build knows up to {SCHEMA}: upgrade sluice"
+            ))),
+            s => {
+                tracing::warn!(
+                    from = s,
+                    to = SCHEMA,
+                    "migrating queued work to fair dispatch (schema 2); stop processes of \
+                     older builds first"
+                );
+                let done = self.migrate_dispatch(1_000, usize::MAX).await?;
+                tracing::info!(moved = done.moved, "data schema is now {SCHEMA}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Schema migration 2 (`migrations-lua/migrate_dispatch.lua`): every shard in bounded
+    /// atomic batches of `batch` members, at most `max_calls` calls in all (tests interrupt it
+    /// with a small number). Once every shard is done the meta record says schema 2. Safe to
+    /// run again, also concurrently from several processes, and after an interruption.
+    pub async fn migrate_dispatch(
+        &self,
+        batch: usize,
+        max_calls: usize,
+    ) -> Result<Migration, StoreError> {
+        let mut calls = 0usize;
+        let mut moved = 0u64;
+        for shard in self.shards.all() {
+            let (mut phase, mut cursor) = ("stream".to_owned(), "0".to_owned());
+            while phase != "done" {
+                if calls >= max_calls {
+                    return Ok(Migration { done: false, moved });
+                }
+                calls += 1;
+                let inv = self.shard_call(
+                    shard,
+                    &MigrateDispatchCall {
+                        ready: shard.ready(),
+                        delayed: shard.delayed(),
+                        tenants: shard.tenants(),
+                        runnable: shard.runnable(),
+                        phase: phase.clone(),
+                        cursor: cursor.clone(),
+                        batch: batch.max(1),
+                    },
+                );
+                let mut c = self.conn();
+                let (next, at, n): (String, String, u64) =
+                    self.bounded(inv.invoke_async(&mut c)).await?;
+                moved += n;
+                (phase, cursor) = (next, at);
+            }
+        }
+        let mut c = self.conn();
+        let () = self
+            .bounded(
+                redis::cmd("HSET")
+                    .arg(keys::meta())
+                    .arg("schema")
+                    .arg(SCHEMA)
+                    .query_async(&mut c),
+            )
+            .await
+            .map(|_: i64| ())?;
+        Ok(Migration { done: true, moved })
+    }
+}
+
+script_call! {
+    /// `migrations-lua/migrate_dispatch.lua`: one batch of schema migration 2 in one shard.
+    pub(super) struct MigrateDispatchCall {
+        keys { ready, delayed, tenants, runnable }
+        args { phase: String, cursor: String, batch: usize }
+    }
+}
