@@ -12,13 +12,14 @@ Usage: python api_fuzz.py <sluice binary> <schemathesis binary> <work folder>
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+from harness import free_port, start_redis
 
 ADMIN_TOKEN = "fuzz-admin-token-" + os.urandom(8).hex()
 TENANT = "acme"
@@ -27,12 +28,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # minutes.
 MAX_EXAMPLES = int(os.environ.get("SLUICE_FUZZ_EXAMPLES", "25"))
 MAX_SECONDS = int(os.environ.get("SLUICE_FUZZ_SECONDS", "25"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(base, method, path, token, body=None):
@@ -116,23 +111,16 @@ def main(sluice_bin, st_bin, work):
     sluice_bin, st_bin, work = (os.path.abspath(p) for p in (sluice_bin, st_bin, work))
     os.makedirs(work, exist_ok=True)
     data = tempfile.mkdtemp(prefix="sluice-fuzz-")
-    redis_port, api_port = free_port(), free_port()
+    api_port = free_port()
     procs = []
     try:
-        procs.append(subprocess.Popen(
-            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-             "--dir", data, "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL))
-        for _ in range(100):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", redis_port)) == 0:
-                    break
-            time.sleep(0.05)
+        redis, redis_url = start_redis(data)
+        procs.append(redis)
         env = dict(os.environ, SLUICE_ADMIN_TOKEN=ADMIN_TOKEN, RUST_LOG="warn")
         with open(os.path.join(work, "serve.log"), "w") as log:
             procs.append(subprocess.Popen(
                 [sluice_bin, "serve", "--listen", f"127.0.0.1:{api_port}",
-                 "--redis-url", f"redis://127.0.0.1:{redis_port}",
+                 "--redis-url", redis_url,
                  # An event stream of an execution nothing runs lasts its lifetime.
                  "--events-lifetime-secs", "1",
                  # Addresses Schemathesis makes up must not be called: delivery stays off.

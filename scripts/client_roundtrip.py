@@ -9,12 +9,12 @@ Usage: python client_roundtrip.py <path to the sluice binary>
 """
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from harness import free_port, start_redis
 from sluice_client import AuthenticatedClient, Client
 from sluice_client.api.api_keys import create_api_key
 from sluice_client.api.executions import (
@@ -51,12 +51,6 @@ def check(condition, what):
     print(f"  ok  {what}")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_ready(base_url, deadline_s=30):
     client = Client(base_url=base_url, timeout=2.0)
     deadline = time.monotonic() + deadline_s
@@ -72,26 +66,16 @@ def wait_ready(base_url, deadline_s=30):
 
 def main(sluice_bin):
     data = tempfile.mkdtemp(prefix="sluice-roundtrip-")
-    redis_port, api_port = free_port(), free_port()
+    api_port = free_port()
     procs = []
     try:
-        procs.append(
-            subprocess.Popen(
-                ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-                 "--dir", data, "--save", "", "--appendonly", "no"],
-                stdout=subprocess.DEVNULL,
-            )
-        )
+        redis, redis_url = start_redis(data)
+        procs.append(redis)
         env = dict(os.environ, SLUICE_ADMIN_TOKEN=ADMIN_TOKEN)
-        for _ in range(100):  # redis-server needs a moment before sluice can connect
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", redis_port)) == 0:
-                    break
-            time.sleep(0.05)
         procs.append(
             subprocess.Popen(
                 [sluice_bin, "serve", "--listen", f"127.0.0.1:{api_port}",
-                 "--redis-url", f"redis://127.0.0.1:{redis_port}"],
+                 "--redis-url", redis_url],
                 env=env,
                 stdout=subprocess.DEVNULL,
             )

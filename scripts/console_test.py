@@ -34,6 +34,10 @@ viewer, editor, admin and platform admin; dev auth without login; and no console
 answers the test provokes on purpose: 4xx from /api/). On failure a screenshot and the page's
 HTML are kept in the work folder.
 
+Long on purpose: one browser session walks the whole console in order (each step builds on
+what the one before left: the tenant, its key, its executions), with the page helpers it
+needs at the top.
+
 Usage: python console_test.py <sluice binary> <work folder> [--screenshots <folder>]
 """
 
@@ -46,7 +50,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +65,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from harness import free_port, start_redis
 
 ADMIN_TOKEN = "console-admin-" + os.urandom(12).hex()
 WAIT_S = 20
@@ -80,22 +85,6 @@ def check(condition, what):
         raise Failed(what)
     checks += 1
     print(f"  ok  {what}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, deadline_s=30):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise Failed(f"nothing listens on port {port}")
 
 
 class Api:
@@ -340,15 +329,12 @@ class Console:
 def main(sluice, work, screenshots):
     os.makedirs(work, exist_ok=True)
     data = tempfile.mkdtemp(prefix="sluice-console-")
-    redis_port, api_port, dev_port = free_port(), free_port(), free_port()
+    api_port, dev_port = free_port(), free_port()
     procs, driver = [], None
     logs = open(os.path.join(work, "processes.log"), "w")
     try:
-        procs.append(subprocess.Popen(
-            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", data,
-             "--save", "", "--appendonly", "no"], stdout=logs, stderr=logs))
-        wait_port(redis_port)
-        redis = f"redis://127.0.0.1:{redis_port}"
+        redis_proc, redis = start_redis(data, stdout=logs, stderr=logs)
+        procs.append(redis_proc)
         env = dict(os.environ, SLUICE_ADMIN_TOKEN=ADMIN_TOKEN)
         # --webhook-allow-private: the webhook test's receiver listens on loopback.
         procs.append(subprocess.Popen(
