@@ -16,6 +16,11 @@
 -- Key names mirror src/store/keys.rs; change both together (a test runs these builders
 -- against the Rust ones).
 -- Lua has no rollback: every script decides first and writes after.
+--
+-- Long on purpose: one library, in marked sections (key builders and the quota decision, then
+-- Rate limits, Dispatch, Webhooks, Waiters, Trends). src/store/compose.rs gives each script
+-- only the definitions it reaches, so its length costs no script anything, and the sections
+-- call each other (a start throttles, dispatches, tells waiters and counts trends in one step).
 
 local DEFAULT_MAX_CONCURRENT = tonumber(ARGV[2])
 local DEFAULT_MAX_QUEUED = tonumber(ARGV[3])

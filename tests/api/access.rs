@@ -1,5 +1,8 @@
 //! Authentication and tenancy: tenant API keys and their roles, isolation between tenants,
 //! revocation, the tenant registry, and every shape of bad credential.
+//!
+//! Long on purpose: a list of independent tests, one per role, credential shape or isolation
+//! rule; together they are the access matrix, which reads best in one place.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

@@ -1,5 +1,8 @@
 //! Bad input never produces a 500 or a partial write: every case answers problem+json with a
 //! stable code and leaves Redis exactly as it was.
+//!
+//! Long on purpose: one table-driven test per family of bad input; the tables are long because
+//! hostile input is varied.
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;

@@ -2,6 +2,9 @@
 //! failover, a shard's slot moving while clients admit. These run when the suite runs on a
 //! cluster (`SLUICE_TEST_CLUSTER=1`, the second pass of `scripts/test.sh`); everything else in
 //! the suite runs on both.
+//!
+//! Long on purpose: each test drives a whole three-master cluster through one failure (a death,
+//! a failover, a slot move), and their common choreography is easier to follow side by side.
 
 use std::time::{Duration, Instant};
 

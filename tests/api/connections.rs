@@ -1,6 +1,9 @@
 //! Connections are bounded for anyone who can reach the port: silent, idle and preface-only
 //! connections are closed (HTTP/1 and HTTP/2), and past `--max-connections` newcomers are
 //! refused while the connections already served keep working. Real TCP connections, no mocks.
+//!
+//! Long on purpose: a list of independent tests, one per way a client can hold a connection;
+//! they share the raw-socket helpers at the top.
 
 use std::time::{Duration, Instant};
 

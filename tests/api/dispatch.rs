@@ -3,6 +3,10 @@
 //! starts at the next free slot, priorities order a tenant's own executions, scheduled
 //! executions never start early and can be moved, and a Redis written by the stream-model
 //! build is migrated without losing or repeating anything.
+//!
+//! Long on purpose: a list of independent tests of one dispatch model (weights, priorities,
+//! schedules), each measuring the model from the start log; splitting them would scatter one
+//! contract.
 
 use std::collections::HashMap;
 use std::time::Duration;

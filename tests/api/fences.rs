@@ -2,6 +2,9 @@
 //! (a wrong shard tag fails loudly, also on a standalone Redis), the Lua key builders name the
 //! same keys as `src/store/keys.rs`, and a shard's freeze marker stops every script of the
 //! shard — admission, cancel, a worker's start — until it is removed.
+//!
+//! Long on purpose: a list of independent tests, one per fence of the scripts (keys, prefix,
+//! freeze marker, key builders); they share the direct-EVAL helpers at the top.
 
 use std::time::Duration;
 

@@ -5,6 +5,9 @@
 //! it (`Store::group_commit_counts`, what `/metrics` shows as `sluice_admissions_grouping`;
 //! read in process, since `/metrics` itself reads Redis; `Store::completion_counts` for
 //! reports), so the grouping is certain, not a matter of timing.
+//!
+//! Long on purpose: a list of independent tests of one mechanism (grouped admission and
+//! completion calls), each holding a group to what a lone call does.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! outcome checked as a user would check it — which run's output was accepted, the final
 //! status and attempt, the tenant's usage.
 //! Where timing matters, `demo.journal` leaves the evidence of when each run really ran.
+//!
+//! Long on purpose: one test per guarantee and the fault that once broke it; the list is the
+//! table of docs/operations.md in code.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

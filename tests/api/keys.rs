@@ -3,6 +3,9 @@
 //! tenant's order, so it never delays another key and nothing skips over it; limits can be
 //! raised, lowered and dropped while work waits; and a key with nothing left leaves nothing in
 //! Redis.
+//!
+//! Long on purpose: a list of independent tests of concurrency keys, each one rule of the key's
+//! limit; together they are its contract.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

@@ -2,6 +2,9 @@
 //! long polls that share the server's doorbell readers, cancels heard at once, the waiter
 //! budget, expired leases recovered by `serve` alone, and the Python example worker killed
 //! with SIGKILL in the middle of a run.
+//!
+//! Long on purpose: a list of independent tests of the pull API, route by route and failure by
+//! failure; they are the pull contract, which reads best in one place.
 
 use std::collections::HashSet;
 use std::time::Duration;

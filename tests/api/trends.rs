@@ -2,6 +2,9 @@
 //! failures, cancellations, waiting time) read back through `GET /api/tenants/{tenant}/trends`
 //! and `GET /api/trends`, the tenants with work now (registered or not), the bytes a tenant's
 //! day of counters costs on Redis, and who may read them.
+//!
+//! Long on purpose: a list of independent tests of one set of counters, read back through each
+//! of their endpoints.
 
 use std::time::Duration;
 

@@ -3,6 +3,10 @@
 //! as Server-Sent Events; both are served by one Pub/Sub listener per server, so many clients
 //! waiting cost Redis nothing per client, and both still end with the right answer when that
 //! listener's connection or Redis itself goes away.
+//!
+//! Long on purpose: a list of independent tests of the two ways to wait (long poll and event
+//! stream) and of the one listener that serves both; they share its set-up and its failure
+//! cases.
 
 use std::time::{Duration, Instant};
 

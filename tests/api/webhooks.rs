@@ -1,6 +1,9 @@
 //! Webhooks: every terminal change of a tenant's executions reaches its receiver, signed, at
 //! least once and in sequence per execution — through a failing receiver, a refused address
 //! and `serve` killed mid-delivery.
+//!
+//! Long on purpose: a list of independent tests of one delivery contract (signed, at least
+//! once, in order), each attacking it differently; they share the receiver fixture at the top.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};

@@ -1,6 +1,9 @@
 //! The worker runtime against real `sluice worker` processes and a real Redis: queued and
 //! running work is never mistaken for dead work; dead workers' executions are recovered; late
 //! results are fenced; attempts run out into the dead-letter stream.
+//!
+//! Long on purpose: a list of independent tests against real `sluice worker` processes, each
+//! one story of a run (queued, started, dead, fenced, dead-lettered) read top to bottom.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
