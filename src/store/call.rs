@@ -372,6 +372,70 @@ mod tests {
         }
     }
 
+    /// The literal indices `body` reads after `open` (`ARGV[`, `KEYS[`, `declared(`), and
+    /// whether it also reads one by a computed index.
+    fn reads(body: &str, open: &str) -> (Vec<usize>, bool) {
+        let (mut found, mut computed) = (Vec::new(), false);
+        for (at, _) in body.match_indices(open) {
+            let rest = &body[at + open.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            let after = rest[digits.len()..].trim_start();
+            match digits.parse() {
+                Ok(n) if after.starts_with(']') || after.starts_with(',') => found.push(n),
+                _ => computed = true,
+            }
+        }
+        (found, computed)
+    }
+
+    #[test]
+    fn every_script_reads_only_what_its_header_declares_and_all_of_it() {
+        for (file, _, _) in SHAPES {
+            let text = operation(file).unwrap();
+            if text.contains("\n-- KEYS and ARGV: as ") {
+                continue; // another script's header: it may read a part of it
+            }
+            let h = parse_header(text, &operation).unwrap();
+            // The code, without comments (no script puts `--` inside a string it indexes by).
+            let body: String = text
+                .lines()
+                .filter(|l| !l.starts_with("#!"))
+                .map(|l| l.split("--").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let (mut keys, mut keys_computed) = reads(&body, "KEYS[");
+            let (declared, declared_computed) = reads(&body, "declared(");
+            keys.extend(declared);
+            keys_computed |= declared_computed;
+            let (args, args_computed) = reads(&body, "ARGV[");
+            for (what, read, computed, list, tail) in [
+                ("KEYS", &keys, keys_computed, &h.keys, &h.key_tail),
+                ("ARGV", &args, args_computed, &h.args, &h.arg_tail),
+            ] {
+                if tail.is_none() {
+                    let beyond: Vec<_> = read.iter().filter(|n| **n > list.len()).collect();
+                    assert!(
+                        beyond.is_empty(),
+                        "{file} reads undeclared {what} {beyond:?}"
+                    );
+                }
+                if !computed {
+                    // Its own positions (the common ones are read by guard.lua and common.lua).
+                    let own = list
+                        .iter()
+                        .position(|n| n != "frozen" && n != "common" && n != "prefix");
+                    for n in own.map_or(list.len(), |i| i) + 1..=list.len() {
+                        assert!(
+                            read.contains(&n),
+                            "{file} never reads {what}[{n}] ({})",
+                            list[n - 1]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_header_reader_refuses_what_it_cannot_check() {
         let none = |_: &str| None;
