@@ -12,10 +12,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::pickup::Wake;
 use super::report::{Asked, report};
 use super::run::run_one;
 use super::runs::{Held, HeldMap, StopReason};
+use super::wake::Wake;
 use super::{Lease, Registry, WorkerConfig};
 use crate::store::{Outcome, Shard, Started, Store};
 
@@ -57,6 +57,57 @@ pub(super) enum Next {
 }
 
 impl Shared {
+    /// Runs each started execution on a slot of `reserved` (or one free now); the slots left
+    /// over go back when `reserved` is dropped. The runs no slot was free for come back.
+    pub(super) fn launch_all(
+        &self,
+        started: Vec<Started>,
+        sent: Instant,
+        mut reserved: Option<OwnedSemaphorePermit>,
+    ) -> Vec<Started> {
+        let mut left = Vec::new();
+        for s in started {
+            // A start reads no more than it was asked for; an adopt answer can exceed the
+            // slots it has when the lost calls' slots were given back (`Wake::kept`), or when
+            // this worker forgot runs it could not report (more than `UNREPORTED_KEPT`).
+            let slot = reserved
+                .as_mut()
+                .and_then(|r| r.split(1))
+                .or_else(|| self.slots.clone().try_acquire_owned().ok());
+            match slot {
+                Some(slot) => self.launch(s, sent, slot),
+                None => left.push(s),
+            }
+        }
+        left
+    }
+
+    /// Runs adopted executions that found no free slot as slots free up (first come, first
+    /// served with the other shards), for up to half a lease after the `adopt` call that
+    /// extended their leases was sent at `sent`; one still waiting then is left to its lease
+    /// (another worker reruns it). Called with the shard's start lock held exclusively, so no
+    /// other `adopt` can name these runs meanwhile.
+    pub(super) async fn launch_when_free(&self, left: Vec<Started>, sent: Instant) {
+        let deadline = sent + self.config.lease_ttl / 2;
+        for s in left {
+            let slot =
+                tokio::time::timeout_at(deadline.into(), self.slots.clone().acquire_owned()).await;
+            match slot {
+                Ok(slot) => {
+                    let slot = slot.expect("the slots are never closed");
+                    self.launch(s, sent, slot);
+                }
+                Err(_) => tracing::warn!(
+                    id = %s.id,
+                    fence = s.fence,
+                    shard = s.shard.number(),
+                    "no slot freed within half a lease for a run Redis names as this worker's; \
+                     its lease will expire"
+                ),
+            }
+        }
+    }
+
     /// Runs a started execution on `slot`, its lease granted by a call sent at `sent`.
     pub(super) fn launch(&self, s: Started, sent: Instant, slot: OwnedSemaphorePermit) {
         let stop = CancellationToken::new();

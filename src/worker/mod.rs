@@ -36,8 +36,9 @@
 //!   shards go on.
 //!
 //! Where each part lives: `config.rs` (the settings), `runs.rs` (the runs held and what must
-//! never start again), `pickup.rs` (one start loop per shard, and `adopt`), `launch.rs` (a
-//! run's task, and where its freed slot goes), `run.rs` (one handler to an outcome),
+//! never start again), `pickup.rs` (one start loop per shard, and `adopt`), `wake.rs` (what
+//! wakes a pickup, and the lost-call state `adopt` needs), `launch.rs` (a run's task, and
+//! where its freed slot goes), `run.rs` (one handler to an outcome),
 //! `report.rs` (the fenced report, which may start the shard's next runs), `leases.rs` (the
 //! lease: its local deadline, the heartbeat and the stop listener), `orphans.rs` (the orphan
 //! scan), and `handler.rs`, `builtin.rs`, `external.rs` (what a flow is). This file starts
@@ -54,6 +55,7 @@ mod pickup;
 mod report;
 mod run;
 mod runs;
+mod wake;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
@@ -73,9 +75,10 @@ use launch::Shared;
 pub use leases::Lease;
 use leases::{heartbeat_loop, stop_listener};
 use orphans::reclaim_loop;
-use pickup::{Pickup, Wake};
+use pickup::Pickup;
 pub use run::retry_backoff;
 use runs::{HeldMap, Stop};
+use wake::Wake;
 
 /// A worker bound to a store and a registry of flows.
 pub struct Worker {

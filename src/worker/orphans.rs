@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::WorkerConfig;
-use super::pickup::Wake;
+use super::wake::Wake;
 use crate::store::{Shard, Store};
 
 /// Looks for expired leases in one shard once per scan interval. Each shard has its own loop,

@@ -22,20 +22,21 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, RwLock};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::wake::Wake;
 use crate::store::{BellConn, Shard, StartBatch, Started, StoreError};
 
 /// How long the slots of a lost call wait for the `adopt` that finds what it started: a third
 /// of the lease, and no more than `KEPT_MAX`. Long enough for a short stall; short enough that a
 /// master that died does not keep the other shards' work from the worker's slots for long (an
-/// `adopt` answered later waits for slots instead, see `launch_when_free`).
+/// `adopt` answered later waits for slots instead, see `Shared::launch_when_free`).
 fn keep_at_most(lease_ttl: Duration) -> Duration {
     (lease_ttl / 3).min(KEPT_MAX)
 }
@@ -44,158 +45,6 @@ const KEPT_MAX: Duration = Duration::from_secs(1);
 /// First pause after a failed call on the shard; it doubles up to `FAILING_PAUSE_MAX`.
 const FAILING_PAUSE: Duration = Duration::from_millis(20);
 const FAILING_PAUSE_MAX: Duration = Duration::from_secs(1);
-
-/// How a shard's pickup is woken besides its doorbell: by the orphan scan (`nudge`), by the
-/// end of a retry backoff this worker scheduled (`set_due_in`), and by a completion whose
-/// call may have started a run nobody heard of (`make_unsure`). Shared between the pickup and
-/// the worker's other tasks.
-#[derive(Default)]
-pub(super) struct Wake {
-    notify: Notify,
-    /// Whether the orphan scan nudged since the pickup last looked.
-    nudged: AtomicBool,
-    /// The earliest known end of a retry backoff in the shard.
-    due: Mutex<Option<Instant>>,
-    /// Whether a call that starts runs (a start, or a completion that asked for the next run)
-    /// went unanswered: it may have started runs, so nothing else starts in this shard until
-    /// `adopt` tells what the worker holds there.
-    unsure: AtomicBool,
-    /// Held shared by every call that starts runs in the shard until what it started is
-    /// launched, and exclusively by `adopt`: so an `adopt` answer never names a run whose
-    /// start is still on its way back, which would then run twice.
-    pub(super) starts: Arc<RwLock<()>>,
-    /// The number of the last call that may start runs in the shard (taken with `starts` held
-    /// shared, see `next_call`). `adopt` sends it as its barrier: a lost call that Redis runs
-    /// only after the `adopt` (calls on different connections resume in any order after a
-    /// stall) then starts nothing, instead of a run nobody knows of.
-    calls: AtomicU64,
-    /// The slots of calls whose answer was lost, kept for what `adopt` finds they started (a
-    /// call starts at most as many runs as it had slots), with when the first was kept: other
-    /// shards cannot take them meanwhile and leave an adopted run without a slot. Given back
-    /// when the `adopt` is answered, or at the first failed call of the shard after
-    /// `keep_at_most` (a shard that is down must not hold the worker's slots).
-    kept: Mutex<Option<(OwnedSemaphorePermit, Instant)>>,
-    /// The summed weight of the shard's runnable tenants, as its last answered call said: the
-    /// worker shares freed slots between shards in proportion to it (`Shared::pass_on`).
-    weight: AtomicU64,
-    /// Whether the pickup waits for a slot (`wait_for_slot`): only then is a slot handed to it.
-    waiting: AtomicBool,
-    /// A slot another shard's run handed to this shard (its turn by weight), until the pickup
-    /// takes it.
-    given: Mutex<Option<OwnedSemaphorePermit>>,
-}
-
-impl Wake {
-    /// A call that starts runs went unanswered: the pickup adopts before it starts more.
-    pub(super) fn make_unsure(&self) {
-        self.unsure.store(true, Ordering::SeqCst);
-        self.notify.notify_one();
-    }
-
-    /// Numbers a call that may start runs; call it with `starts` held shared.
-    pub(super) fn next_call(&self) -> u64 {
-        self.calls.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    /// Keeps the slots of a call whose answer was lost for the `adopt` that follows.
-    pub(super) fn keep(&self, slots: OwnedSemaphorePermit) {
-        let mut kept = self.kept.lock().expect("kept slots");
-        match kept.as_mut() {
-            Some((all, _)) => all.merge(slots),
-            None => *kept = Some((slots, Instant::now())),
-        }
-    }
-
-    /// The kept slots, if any.
-    fn take_kept(&self) -> Option<OwnedSemaphorePermit> {
-        self.kept.lock().expect("kept slots").take().map(|(p, _)| p)
-    }
-
-    /// Gives the kept slots back to the worker if they were kept for longer than `most`.
-    fn expire_kept(&self, most: Duration) {
-        let mut kept = self.kept.lock().expect("kept slots");
-        if kept
-            .as_ref()
-            .is_some_and(|(_, since)| since.elapsed() >= most)
-        {
-            *kept = None;
-        }
-    }
-
-    /// Whether the shard waits for an `adopt`.
-    pub(super) fn is_unsure(&self) -> bool {
-        self.unsure.load(Ordering::SeqCst)
-    }
-
-    /// The shard may have work nobody was woken for: look now.
-    pub(super) fn nudge(&self) {
-        self.nudged.store(true, Ordering::SeqCst);
-        self.notify.notify_one();
-    }
-
-    /// The shard's runnable weight, as a call just answered.
-    pub(super) fn set_weight(&self, weight: u64) {
-        self.weight.store(weight, Ordering::SeqCst);
-    }
-
-    /// The shard's runnable weight as last seen.
-    pub(super) fn weight(&self) -> u64 {
-        self.weight.load(Ordering::SeqCst)
-    }
-
-    /// Whether the pickup waits for a slot now.
-    pub(super) fn is_waiting(&self) -> bool {
-        self.waiting.load(Ordering::SeqCst)
-    }
-
-    /// Hands a freed slot to this shard's pickup (the shard's turn by weight).
-    pub(super) fn give(&self, slot: OwnedSemaphorePermit) {
-        let mut given = self.given.lock().expect("given slot");
-        match given.as_mut() {
-            Some(all) => all.merge(slot),
-            None => *given = Some(slot),
-        }
-        drop(given);
-        self.notify.notify_one();
-    }
-
-    /// The slot handed to the pickup, if any.
-    fn take_given(&self) -> Option<OwnedSemaphorePermit> {
-        self.given.lock().expect("given slot").take()
-    }
-
-    /// What an answered call said of the shard: when its earliest scheduled execution is due
-    /// and how much runnable weight it has.
-    pub(super) fn learn(&self, next_due: Option<Duration>, weight: u64) {
-        self.set_weight(weight);
-        if let Some(wait) = next_due {
-            self.set_due_in(wait);
-        }
-    }
-
-    /// An execution of the shard (a scheduled one, or a retry) is due after `wait`.
-    pub(super) fn set_due_in(&self, wait: Duration) {
-        let at = Instant::now() + wait;
-        let mut due = self.due.lock().expect("due");
-        if due.is_none_or(|d| at < d) {
-            *due = Some(at);
-            drop(due);
-            self.notify.notify_one();
-        }
-    }
-
-    /// The due time if it has come (and forgets it), else when it comes.
-    fn take_due(&self) -> (bool, Option<Instant>) {
-        let mut due = self.due.lock().expect("due");
-        match *due {
-            Some(d) if d <= Instant::now() => {
-                *due = None;
-                (true, None)
-            }
-            other => (false, other),
-        }
-    }
-}
 
 /// A `BZPOPMIN` on the shard's doorbell that is out: kept across wake-ups of other kinds, so a
 /// marker Redis hands to it is never dropped unread.
@@ -233,7 +82,7 @@ pub(super) struct Pickup {
     // kept for the `adopt` (`Wake::kept`), so what it started finds them, but only briefly
     // (`keep_at_most`) — a shard whose master is down may stay unsure for long, and must not
     // starve the others. A run the `adopt` finds no slot for waits for one for half a lease
-    // (`launch_when_free`), then is left to its lease (another worker reruns it), so the
+    // (`Shared::launch_when_free`), then is left to its lease (another worker reruns it), so the
     // concurrency still holds.
     /// Whether the last call failed: an outage is logged once when it begins and once when it
     /// ends, not at every retry.
@@ -370,8 +219,8 @@ impl Pickup {
                 let started = std::mem::take(&mut batch.started);
                 // A start reads no more than it has slots for; should one ever read more,
                 // the extra runs wait for a slot as an adopt's do (never dropped silently).
-                let left = self.launch_all(started, sent, Some(reserved));
-                Self::launch_when_free(&self.shared, left, sent).await;
+                let left = self.shared.launch_all(started, sent, Some(reserved));
+                self.shared.launch_when_free(left, sent).await;
                 Some(batch)
             }
             Err(e) => {
@@ -604,65 +453,13 @@ impl Pickup {
                         None => reserved = Some(kept),
                     }
                 }
-                let left = self.launch_all(adopted, sent, reserved);
-                Self::launch_when_free(&self.shared, left, sent).await;
+                let left = self.shared.launch_all(adopted, sent, reserved);
+                self.shared.launch_when_free(left, sent).await;
                 true
             }
             Err(e) => {
                 self.failed(&e, "cannot find out what a lost start call started");
                 false
-            }
-        }
-    }
-
-    /// Runs each started execution on a slot of `reserved` (or one free now); the slots left
-    /// over go back when `reserved` is dropped. The runs no slot was free for come back.
-    fn launch_all(
-        &self,
-        started: Vec<Started>,
-        sent: Instant,
-        mut reserved: Option<OwnedSemaphorePermit>,
-    ) -> Vec<Started> {
-        let mut left = Vec::new();
-        for s in started {
-            // A start reads no more than it was asked for; an adopt answer can exceed the
-            // slots it has when the lost calls' slots were given back (`Wake::kept`), or when
-            // this worker forgot runs it could not report (more than `UNREPORTED_KEPT`).
-            let slot = reserved
-                .as_mut()
-                .and_then(|r| r.split(1))
-                .or_else(|| self.shared.slots.clone().try_acquire_owned().ok());
-            match slot {
-                Some(slot) => self.shared.launch(s, sent, slot),
-                None => left.push(s),
-            }
-        }
-        left
-    }
-
-    /// Runs adopted executions that found no free slot as slots free up (first come, first
-    /// served with the other shards), for up to half a lease after the `adopt` call that
-    /// extended their leases was sent at `sent`; one still waiting then is left to its lease
-    /// (another worker reruns it). Called with the shard's start lock held exclusively, so no
-    /// other `adopt` can name these runs meanwhile.
-    async fn launch_when_free(shared: &Shared, left: Vec<Started>, sent: Instant) {
-        let deadline = sent + shared.config.lease_ttl / 2;
-        for s in left {
-            let slot =
-                tokio::time::timeout_at(deadline.into(), shared.slots.clone().acquire_owned())
-                    .await;
-            match slot {
-                Ok(slot) => {
-                    let slot = slot.expect("the slots are never closed");
-                    shared.launch(s, sent, slot);
-                }
-                Err(_) => tracing::warn!(
-                    id = %s.id,
-                    fence = s.fence,
-                    shard = s.shard.number(),
-                    "no slot freed within half a lease for a run Redis names as this worker's; \
-                     its lease will expire"
-                ),
             }
         }
     }

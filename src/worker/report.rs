@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::WorkerConfig;
-use super::pickup::Wake;
+use super::wake::Wake;
 use crate::domain::ExecutionId;
 use crate::store::{Completion, Outcome, Shard, Started, Store};
 

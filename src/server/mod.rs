@@ -43,32 +43,33 @@
 //! after the first byte); the watchdog is what covers HTTP/2 and the time before the first
 //! byte, which hyper's auto-detecting builder does not time.
 
-use std::collections::HashMap;
+mod activity;
+mod anonymous;
+mod watched;
+
 use std::convert::Infallible;
-use std::io;
-use std::net::IpAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::http::error::ApiError;
 use crate::http::metrics::Metrics;
-use crate::http::{CloseConnection, ConnectionControl, ConnectionHandle};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use crate::http::{CloseConnection, ConnectionHandle};
+use activity::Activity;
+use anonymous::{Anonymous, Unproven};
+use watched::{Frames, Watched};
 
 /// Bounds on the connections of one listener.
 #[derive(Debug, Clone, Copy)]
@@ -176,69 +177,6 @@ fn refuse(stream: TcpStream) {
         // A FIN after the answer rather than a reset, when the client is quick to read it.
         let _ = tokio::time::timeout(Duration::from_millis(100), stream.shutdown()).await;
     });
-}
-
-/// The connections of each client address that have not authenticated a request yet.
-struct Anonymous {
-    max: usize,
-    by_address: Mutex<HashMap<IpAddr, usize>>,
-}
-
-impl Anonymous {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            by_address: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// A new connection of `ip`: counted when its address has room, else on probation.
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Unproven {
-        let ip = ip.to_canonical();
-        let mut counted = false;
-        if self.max > 0 {
-            let mut map = self.by_address.lock().unwrap_or_else(|e| e.into_inner());
-            let n = map.entry(ip).or_insert(0);
-            if *n < self.max {
-                *n += 1;
-                counted = true;
-            }
-        }
-        Unproven {
-            registry: self.clone(),
-            ip,
-            probation: self.max > 0 && !counted,
-        }
-    }
-}
-
-/// A connection that has not authenticated a request yet: one of its address's
-/// `max_anonymous_per_address`, or beyond them on probation. Dropping it (on the first
-/// authenticated request, or when the connection ends) frees its place.
-struct Unproven {
-    registry: Arc<Anonymous>,
-    ip: IpAddr,
-    /// Beyond the address's cap: its first request must authenticate, and come soon.
-    probation: bool,
-}
-
-impl Drop for Unproven {
-    fn drop(&mut self) {
-        if self.registry.max == 0 || self.probation {
-            return;
-        }
-        let mut map = self
-            .registry
-            .by_address
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
-    }
 }
 
 /// Serves one connection under the watchdog (see the module docs).
@@ -375,290 +313,6 @@ async fn serve_connection<S>(
     }
 }
 
-/// What the watchdog knows of one connection: requests in flight, and when it last became
-/// idle, made progress or wrote a byte of an answer (milliseconds since it was accepted).
-struct Activity {
-    started: Instant,
-    /// Past this age the connection is closed once no request is in flight.
-    max_age: Duration,
-    in_flight: AtomicUsize,
-    idle_since_ms: AtomicU64,
-    /// The last answer byte written or request begun: what the stalled-peer rule counts from.
-    progress_ms: AtomicU64,
-    /// The last answer byte written (control frames excluded): what the idle rule counts from.
-    last_write_ms: AtomicU64,
-    /// Until when the requests in flight may be silent (a long poll's allowance), reset when
-    /// none is in flight any more.
-    quiet_until_ms: AtomicU64,
-    /// An answer asked to close the connection: it is retired once nothing is in flight.
-    retiring: AtomicBool,
-    /// Wakes the watchdog when a connection to retire has nothing in flight any more.
-    close: Notify,
-    /// The connection's place in its address's unauthenticated count, until a request of it
-    /// authenticates.
-    unproven: Mutex<Option<Unproven>>,
-}
-
-impl Activity {
-    fn new(max_age: Duration, unproven: Unproven) -> Self {
-        Self {
-            started: Instant::now(),
-            max_age,
-            in_flight: AtomicUsize::new(0),
-            idle_since_ms: AtomicU64::new(0),
-            progress_ms: AtomicU64::new(0),
-            last_write_ms: AtomicU64::new(0),
-            quiet_until_ms: AtomicU64::new(0),
-            retiring: AtomicBool::new(false),
-            close: Notify::new(),
-            unproven: Mutex::new(Some(unproven)),
-        }
-    }
-
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    fn at(&self, ms: u64) -> Instant {
-        self.started + Duration::from_millis(ms)
-    }
-
-    /// A request started; the guard ends it.
-    fn begin(self: &Arc<Self>) -> InFlight {
-        self.progress_ms.store(self.elapsed_ms(), Ordering::Relaxed);
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        InFlight(self.clone())
-    }
-
-    fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
-    }
-
-    /// Whether the connection is beyond its address's unauthenticated ones and has not
-    /// authenticated a request yet.
-    fn on_probation(&self) -> bool {
-        self.unproven
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|u| u.probation)
-    }
-
-    /// When the connection reaches its maximum age.
-    fn retire_at(&self) -> Instant {
-        self.started + self.max_age
-    }
-
-    fn too_old(&self) -> bool {
-        self.started.elapsed() >= self.max_age
-    }
-
-    /// Whether the connection is to be closed as soon as nothing is in flight on it: past its
-    /// age, or asked by an answer.
-    fn to_retire(&self) -> bool {
-        self.retiring.load(Ordering::SeqCst) || self.too_old()
-    }
-
-    /// Asks the watchdog to close the connection gracefully (GOAWAY over HTTP/2) once its
-    /// other requests, if any, are done (they are not cut: an HTTP/2 client may have long
-    /// polls and streams on the same connection).
-    fn close_soon(&self) {
-        self.retiring.store(true, Ordering::SeqCst);
-        if self.in_flight() == 0 {
-            self.close.notify_one();
-        }
-    }
-
-    /// When the connection will have waited `timeout` for a request, counting from when it
-    /// last became idle or, later, last wrote a byte of an answer.
-    fn idle_deadline(&self, timeout: Duration) -> Instant {
-        let idle = self.idle_since_ms.load(Ordering::Acquire);
-        let wrote = self.last_write_ms.load(Ordering::Relaxed);
-        self.at(idle.max(wrote)) + timeout
-    }
-
-    /// The last progress of the requests in flight, or the end of a silence allowed, whichever
-    /// is later: what the stalled-peer rule counts from.
-    fn last_progress_or_allowance(&self) -> Instant {
-        let progress = self.progress_ms.load(Ordering::Relaxed);
-        let quiet = self.quiet_until_ms.load(Ordering::Relaxed);
-        self.at(progress.max(quiet))
-    }
-
-    fn last_write(&self) -> Instant {
-        self.at(self.last_write_ms.load(Ordering::Relaxed))
-    }
-
-    /// Bytes of an answer went out.
-    fn wrote_answer(&self) {
-        let now = self.elapsed_ms();
-        self.progress_ms.store(now, Ordering::Relaxed);
-        self.last_write_ms.store(now, Ordering::Relaxed);
-    }
-}
-
-/// One request in flight on a connection; dropping it ends the request.
-struct InFlight(Arc<Activity>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        // Set before the count drops, so a watchdog that sees zero sees the new idle start.
-        self.0
-            .idle_since_ms
-            .store(self.0.elapsed_ms(), Ordering::Release);
-        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            // The allowance was for the requests that were in flight, not for the next ones.
-            self.0.quiet_until_ms.store(0, Ordering::Relaxed);
-            if self.0.to_retire() {
-                // Its last request is done: now is the time to retire it.
-                self.0.close.notify_one();
-            }
-        }
-    }
-}
-
-impl ConnectionControl for Activity {
-    fn allow_silence_until(&self, until: Instant) {
-        let ms = u64::try_from(until.saturating_duration_since(self.started).as_millis())
-            .unwrap_or(u64::MAX);
-        self.quiet_until_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    fn authenticated(&self) {
-        let taken = self
-            .unproven
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        drop(taken);
-    }
-}
-
-/// Which bytes the server writes belong to answers. Over HTTP/1 all of them; over HTTP/2 those
-/// of HEADERS, CONTINUATION and DATA frames on a stream, not control frames (SETTINGS, PING,
-/// GOAWAY, WINDOW_UPDATE), which a peer can provoke without asking anything.
-#[derive(Debug, Default)]
-struct Frames {
-    /// `None` until the first byte written tells: an HTTP/1 answer starts with `H`, an HTTP/2
-    /// server starts with a SETTINGS frame, whose first byte (of a 24-bit length) is 0.
-    http2: Option<bool>,
-    /// The frame header being written, and how much of it.
-    header: [u8; 9],
-    header_len: usize,
-    /// Payload bytes of the current frame still to come.
-    payload_left: usize,
-    /// Whether the current frame is part of an answer.
-    answer: bool,
-}
-
-impl Frames {
-    /// Follows `bytes` (just written); whether any of them belongs to an answer.
-    fn written(&mut self, mut bytes: &[u8]) -> bool {
-        let Some(&first) = bytes.first() else {
-            return false;
-        };
-        if !*self.http2.get_or_insert(first != b'H') {
-            return true;
-        }
-        let mut answer = false;
-        while !bytes.is_empty() {
-            if self.payload_left > 0 {
-                let n = self.payload_left.min(bytes.len());
-                answer |= self.answer;
-                self.payload_left -= n;
-                bytes = &bytes[n..];
-                continue;
-            }
-            let n = (9 - self.header_len).min(bytes.len());
-            self.header[self.header_len..self.header_len + n].copy_from_slice(&bytes[..n]);
-            self.header_len += n;
-            bytes = &bytes[n..];
-            if self.header_len == 9 {
-                let h = self.header;
-                self.header_len = 0;
-                self.payload_left =
-                    usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-                let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-                // DATA, HEADERS, CONTINUATION.
-                self.answer = stream != 0 && matches!(h[3], 0x0 | 0x1 | 0x9);
-                answer |= self.answer;
-            }
-        }
-        answer
-    }
-}
-
-/// The connection's stream, noting every answer byte written for the idle and stalled-peer
-/// rules.
-struct Watched<S> {
-    inner: S,
-    activity: Arc<Activity>,
-    frames: Frames,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> Watched<S> {
-    fn note(&mut self, written: &[u8]) {
-        if self.frames.written(written) {
-            self.activity.wrote_answer();
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let res = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = res {
-            self.note(&buf[..n]);
-        }
-        res
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let res = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(mut n)) = res {
-            for buf in bufs {
-                if n == 0 {
-                    break;
-                }
-                let take = n.min(buf.len());
-                self.note(&buf[..take]);
-                n -= take;
-            }
-        }
-        res
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -761,31 +415,5 @@ mod tests {
         let problem: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(problem["code"], "too_many_connections");
         assert_eq!(problem["status"], 503);
-    }
-
-    /// HTTP/2 frames as a server writes them: a SETTINGS frame, a PING acknowledgement, then a
-    /// HEADERS frame of stream 1, split at awkward places.
-    #[test]
-    fn only_answer_frames_count_as_answer_bytes() {
-        let settings = [0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100];
-        let ping_ack = [0, 0, 8, 0x6, 0x1, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
-        let headers = [0, 0, 1, 0x1, 0x4, 0, 0, 0, 1, 0x88];
-        let mut frames = Frames::default();
-        assert!(!frames.written(&settings));
-        assert!(!frames.written(&ping_ack[..5]));
-        assert!(!frames.written(&ping_ack[5..]));
-        assert!(!frames.written(&[]));
-        assert!(!frames.written(&headers[..4]));
-        assert!(frames.written(&headers[4..]));
-        // A DATA frame's payload written on its own still counts.
-        let mut frames = Frames::default();
-        assert!(!frames.written(&settings));
-        assert!(frames.written(&[0, 0, 4, 0x0, 0, 0, 0, 0, 3]));
-        assert!(frames.written(b"body"));
-        assert!(!frames.written(&ping_ack));
-        // HTTP/1: every byte is an answer's.
-        let mut frames = Frames::default();
-        assert!(frames.written(b"HTTP/1.1 200 OK\r\n"));
-        assert!(frames.written(&[0]));
     }
 }

@@ -50,105 +50,32 @@
 //! `--metrics-tenant-limit` tenants (the first ones seen; later ones are counted under
 //! `_other`, which no tenant id can be), and a deleted tenant's series are removed.
 
+mod labels;
+mod scrape;
+
+pub use scrape::routes;
+
 use std::collections::HashSet;
 use std::sync::RwLock;
 use std::sync::atomic::AtomicU64;
 
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::encode;
+use axum::http::{Method, StatusCode};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
-use super::AppState;
-use super::auth::bearer_is;
-use super::error::{ApiError, Problem};
 use crate::domain::TenantId;
-use crate::store::Shard;
-use crate::store::trends::ShardTenantMinutes;
-
-/// Content type of the exposition.
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// The `/metrics` route with its OpenAPI documentation.
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(metrics))
-}
+use labels::{
+    AdmissionLabels, RejectionLabels, RequestLabels, ShardEventLabels, ShardLabels,
+    ShardQuantileLabels, TenantEventLabels, TenantLabels, TenantQuantileLabels, TenantStateLabels,
+    latency_histogram,
+};
 
 /// The `tenant` label value of tenants beyond `--metrics-tenant-limit` (not a valid tenant id,
 /// so it cannot collide with one).
 pub const OTHER_TENANTS: &str = "_other";
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AdmissionLabels {
-    tenant: String,
-    outcome: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RejectionLabels {
-    tenant: String,
-    reason: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    method: &'static str,
-    route: String,
-    status: u16,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ShardLabels {
-    shard: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ShardEventLabels {
-    shard: String,
-    event: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TenantLabels {
-    tenant: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TenantStateLabels {
-    tenant: String,
-    state: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TenantEventLabels {
-    tenant: String,
-    event: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TenantQuantileLabels {
-    tenant: String,
-    quantile: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ShardQuantileLabels {
-    shard: String,
-    quantile: &'static str,
-}
-
-fn latency_histogram() -> Histogram {
-    // 1 ms to ~16 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 15))
-}
 
 /// The server's metrics and the registry that renders them.
 pub struct Metrics {
@@ -502,67 +429,6 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    /// Sets the per-tenant series from what each shard's busy set and counters hold (a shard
-    /// that did not answer is counted as unreadable by the shard read before). Tenants beyond
-    /// the label limit are summed under `_other`, which has no waiting-time quantiles.
-    fn tenant_last_minutes(&self, reads: Vec<(Shard, ShardTenantMinutes)>) {
-        self.tenant_executions.clear();
-        self.tenant_blocked_keys.clear();
-        self.tenant_throttled.clear();
-        self.tenant_last_minute.clear();
-        self.tenant_last_minute_wait.clear();
-        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        for (_, read) in reads {
-            let Ok(tenants) = read else { continue };
-            for (work, minute) in tenants {
-                let tenant = self.tenant_label(&work.tenant);
-                for (state, n) in [("queued", work.queued), ("running", work.running)] {
-                    self.tenant_executions
-                        .get_or_create(&TenantStateLabels {
-                            tenant: tenant.clone(),
-                            state,
-                        })
-                        .inc_by(gauge(n));
-                }
-                self.tenant_blocked_keys
-                    .get_or_create(&TenantLabels {
-                        tenant: tenant.clone(),
-                    })
-                    .inc_by(gauge(work.blocked_keys));
-                if tenant != OTHER_TENANTS {
-                    self.tenant_throttled
-                        .get_or_create(&TenantLabels {
-                            tenant: tenant.clone(),
-                        })
-                        .set(work.throttled_ms as f64 / 1_000.0);
-                }
-                for (event, n) in minute.events() {
-                    self.tenant_last_minute
-                        .get_or_create(&TenantEventLabels {
-                            tenant: tenant.clone(),
-                            event,
-                        })
-                        .inc_by(gauge(n));
-                }
-                if tenant == OTHER_TENANTS {
-                    continue;
-                }
-                for (quantile, q) in [("0.5", 0.5), ("0.99", 0.99)] {
-                    if let Some(ms) = minute.wait_quantile_ms(q) {
-                        self.tenant_last_minute_wait
-                            .get_or_create(&TenantQuantileLabels {
-                                tenant: tenant.clone(),
-                                quantile,
-                            })
-                            .set(i64::from(ms));
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Tenants labelled by default (`--metrics-tenant-limit`).
 pub const DEFAULT_TENANT_LIMIT: usize = 1000;
 
@@ -597,131 +463,4 @@ impl Metrics {
             })
             .observe(took.as_secs_f64());
     }
-}
-
-/// Prometheus metrics (OpenMetrics text).
-///
-/// Per-tenant admission counters, a request latency histogram, connection counts, and per
-/// shard the queue depth, the dead-letter count, the event counters kept on Redis
-/// (completed, fenced, dlq_evicted, ...) and the last complete minute of the per-minute
-/// counters (events and waiting time), read at scrape time; the same per tenant with work
-/// (its queued and running executions, and its last complete minute). With `--metrics-token` it needs
-/// `Authorization: Bearer <metrics token>`; with `--metrics-listen` it is served only on that
-/// address (and answers 404 here).
-#[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses(
-        (status = 200, description = "The metrics", body = String,
-            content_type = "application/openmetrics-text"),
-        (status = 401, description = "`--metrics-token` is set and the request does not carry it",
-            body = Problem, content_type = "application/problem+json",
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "Served on another address (`--metrics-listen`)",
-            body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("metrics_bearer" = [])))]
-pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(token) = &state.auth.metrics_token
-        && !bearer_is(&headers, token)
-    {
-        return ApiError::Unauthorized.into_response();
-    }
-    let m = &state.metrics;
-    m.queue_depth.clear();
-    m.dead_letters.clear();
-    m.shard_events.clear();
-    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    let mut unreadable = 0;
-    for report in state.store.queue_stats().await {
-        let g = match report.stats {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::warn!(shard = %report.shard.label(), error = %e, "shard numbers not read for /metrics");
-                unreadable += 1;
-                continue;
-            }
-        };
-        let shard = report.shard.label();
-        m.queue_depth
-            .get_or_create(&ShardLabels {
-                shard: shard.clone(),
-            })
-            .set(gauge(g.ready));
-        m.dead_letters
-            .get_or_create(&ShardLabels {
-                shard: shard.clone(),
-            })
-            .set(gauge(g.dead_letters));
-        for (event, n) in g.counters {
-            m.shard_events
-                .get_or_create(&ShardEventLabels {
-                    shard: shard.clone(),
-                    event,
-                })
-                .set(gauge(n));
-        }
-    }
-    m.last_minute.clear();
-    m.last_minute_wait.clear();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    for (shard, read) in state.store.last_minute(now).await {
-        // A shard that did not answer was counted above (or answers the next scrape).
-        let Ok(minute) = read else { continue };
-        let shard = shard.label();
-        for (event, n) in minute.events() {
-            m.last_minute
-                .get_or_create(&ShardEventLabels {
-                    shard: shard.clone(),
-                    event: event.to_owned(),
-                })
-                .set(gauge(n));
-        }
-        for (quantile, q) in [("0.5", 0.5), ("0.99", 0.99)] {
-            if let Some(ms) = minute.wait_quantile_ms(q) {
-                m.last_minute_wait
-                    .get_or_create(&ShardQuantileLabels {
-                        shard: shard.clone(),
-                        quantile,
-                    })
-                    .set(i64::from(ms));
-            }
-        }
-    }
-    m.tenant_last_minutes(state.store.tenants_last_minute(now).await);
-    m.shards_unreadable.set(unreadable);
-    let grouped = state.store.group_commit_counts();
-    // Counters kept by the store: each scrape adds what happened since the last.
-    let caught_up = m.catch_up.lock().expect("metrics catch-up");
-    let reported = state.store.completion_counts();
-    for (counter, total) in [
-        (&m.admission_calls, grouped.calls),
-        (&m.admission_calls_carried, grouped.carried),
-        (&m.completion_calls, reported.calls),
-        (&m.completion_calls_carried, reported.carried),
-    ] {
-        counter.inc_by(total.saturating_sub(counter.get()));
-    }
-    drop(caught_up);
-    m.admissions_grouping.set(gauge(grouped.waiting));
-    m.waiters
-        .set(i64::try_from(state.waiters.waiters()).unwrap_or(i64::MAX));
-    m.waiters_listening
-        .set(i64::from(state.waiters.listening()));
-    let pull = &state.pull;
-    m.pull_long_polls
-        .set(i64::try_from(pull.doorbells.waiting()).unwrap_or(i64::MAX));
-    m.pull_bell_connections
-        .set(i64::try_from(pull.doorbells.connections()).unwrap_or(i64::MAX));
-    m.pull_stops_listening
-        .set(i64::from(pull.stops.listening()));
-    let mut body = String::new();
-    if let Err(e) = encode(&mut body, &m.registry) {
-        return ApiError::Internal(format!("metrics encoding failed: {e}")).into_response();
-    }
-    let mut res = body.into_response();
-    res.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
-    res
 }
