@@ -17,6 +17,10 @@
 //! `status=completed`), so no key layout of either build is assumed. The direct `admit.lua`
 //! ceiling is not compared: it calls the store linked into this benchmark, which is always the
 //! new build's.
+//!
+//! Long on purpose: one mode read top to bottom (a run, the alternation, the medians, the
+//! report), plus the small statistics helpers (`median`, `order`, `round2`, `rest`) that
+//! `--compare-keyed` reuses; the unit tests close the file.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -25,10 +29,11 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::harness::Pids;
 use crate::load::{self, Conn, Workload};
 use crate::procs::{self, Proc, Scratch, SluiceCmd};
 use crate::report::CpuShare;
-use crate::{ADMIN_TOKEN, Args, Pids, UNLIMITED};
+use crate::{ADMIN_TOKEN, Args, UNLIMITED};
 
 /// One run of one build.
 #[derive(Debug, Clone, Serialize)]
@@ -239,7 +244,7 @@ async fn one_run(
     let name = format!("{build} #{round} admission");
     let w = workload("cmp-adm");
     let (adm, adm_cpu) =
-        crate::phase(&name, &pids, |p| load::closed_loop(&w, clients, secs, 0, p)).await?;
+        crate::harness::phase(&name, &pids, |p| load::closed_loop(&w, clients, secs, 0, p)).await?;
     let (calls, us) = script_stats(&url).await?;
     let adm_redis_cpu = cpu_of(&redis.nodes[0]) - cpu_before;
     let (adm_calls, adm_us) = (calls - before_calls, us - before_us);
@@ -283,7 +288,7 @@ async fn one_run(
     };
     let name = format!("{build} #{round} end-to-end");
     let (e2e, _) =
-        crate::phase(&name, &pids, |p| load::closed_loop(&w, clients, secs, 0, p)).await?;
+        crate::harness::phase(&name, &pids, |p| load::closed_loop(&w, clients, secs, 0, p)).await?;
     let mut conn = Conn::connect(addr).await?;
     let deadline = Instant::now() + Duration::from_secs(args.e2e_drain_secs);
     let mut done = 0;

@@ -24,6 +24,10 @@
 //!
 //! What the phases need of sluice is its HTTP API and the rows' fields, so the same benchmark
 //! measures a build before fair dispatch (the "before" numbers) and after.
+//!
+//! Long on purpose: the group's three phases are each one story read top to bottom (set up,
+//! load, measure, check), and they share the admission, tenant and drain helpers at the top,
+//! which the limits group reuses; the unit tests close the file.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,7 +43,7 @@ use tokio::task::JoinSet;
 use crate::bullmq::{self, NoPeer, NoisyPlan};
 use crate::direct::{Direct, RowTimes};
 use crate::load::{Conn, Latencies, Outcomes, Percentiles};
-use crate::push::{self, Ctx};
+use crate::push::{self, Ctx, ms_to_us};
 use crate::report::{Check, Lateness, NoisyNeighbour, NoisySide, WeightedShare};
 
 /// Connections the flood and backlog admissions are sent over.
@@ -179,10 +183,6 @@ pub(crate) async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn ms_to_us(ms: u64) -> u32 {
-    ms.saturating_mul(1000).min(u64::from(u32::MAX)) as u32
 }
 
 /// Pickup (`started` − `created`) of `rows`, one not started by `now_ms` counted at its age.
@@ -325,7 +325,7 @@ pub async fn noisy(
         errors: flood_errors + calm_errors,
         ..Outcomes::default()
     };
-    let mut checks = vec![crate::check_completed(
+    let mut checks = vec![crate::harness::check_completed(
         "noisy neighbour",
         &outcomes,
         &census,
@@ -489,7 +489,7 @@ pub async fn weighted(
         errors,
         ..Outcomes::default()
     };
-    let check = crate::check_completed("weighted share", &outcomes, &census);
+    let check = crate::harness::check_completed("weighted share", &outcomes, &census);
     Ok((
         WeightedShare {
             light: light.to_string(),
@@ -626,7 +626,7 @@ pub async fn lateness(ctx: &Ctx<'_>, direct: &mut Direct) -> anyhow::Result<(Lat
         errors: n - created,
         ..Outcomes::default()
     };
-    let mut check = crate::check_completed("lateness", &outcomes, &census);
+    let mut check = crate::harness::check_completed("lateness", &outcomes, &census);
     check.ok &= early == 0 && measured == created;
     check.detail = format!(
         "{}; started before due={early} (most {most_early} ms early); measured={measured}",

@@ -3,6 +3,10 @@
 //! open loop (requests scheduled at fixed intervals by a pacing thread, latency measured from
 //! the *scheduled* time so a server that falls behind cannot hide its queue), plus latency
 //! percentiles and the once-a-second progress line.
+//!
+//! Long on purpose: one toolkit. The closed, open and batch loops share the connection,
+//! `Outcomes`, `collect` and the percentiles, and read best beside each other; the unit tests
+//! close the file.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

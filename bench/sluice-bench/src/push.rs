@@ -16,6 +16,10 @@
 //!
 //! What the worker's defaults are is read from `sluice::config::WorkerSettings::defaults()`,
 //! never repeated here, so a change of default is measured as such.
+//!
+//! Long on purpose: the three phases share the worker start and stop helpers at the top, and
+//! the idle phase's MONITOR reader sits beside the one phase that uses it; the unit tests close
+//! the file.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -28,11 +32,13 @@ use sluice::config::WorkerSettings;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::task::JoinSet;
 
+use crate::Args;
+use crate::compare::round2;
 use crate::direct::{Direct, RowTimes};
+use crate::harness::Pids;
 use crate::load::{self, Conn, Latencies, Workload};
 use crate::procs::{self, Proc, Scratch, SluiceCmd};
 use crate::report::{CancelPhase, Check, IdleCost, PickupSide};
-use crate::{Args, Pids};
 
 /// Everything the phases share: the flags, the sluice processes' settings, the API.
 pub struct Ctx<'a> {
@@ -110,7 +116,8 @@ fn pickup_clients(clients: usize, rate: f64) -> usize {
     ((rate / 10.0).ceil() as usize).clamp(2, clients.max(2))
 }
 
-fn ms_to_us(ms: u64) -> u32 {
+/// Milliseconds as the microseconds `Latencies` holds, saturating.
+pub(crate) fn ms_to_us(ms: u64) -> u32 {
     ms.saturating_mul(1000).min(u64::from(u32::MAX)) as u32
 }
 
@@ -168,7 +175,7 @@ pub async fn pickup_rate(
     all.extend(workers.iter());
     let pids = Pids::of(&all);
     let name = format!("pickup {label}");
-    let (r, cpu) = crate::phase(&name, &pids, |p| {
+    let (r, cpu) = crate::harness::phase(&name, &pids, |p| {
         load::open_loop(
             &w,
             pickup_clients(args.clients, rate),
@@ -197,7 +204,7 @@ pub async fn pickup_rate(
     let mut side = pickup_side(&rows, now, r.outcomes.created, r.outcomes.errors);
     side.cpu = cpu;
     let census = direct.census(false).await?;
-    let check = crate::check_completed(&format!("pickup {label}"), &r.outcomes, &census);
+    let check = crate::harness::check_completed(&format!("pickup {label}"), &r.outcomes, &census);
     Ok((side, check))
 }
 
@@ -455,10 +462,6 @@ pub async fn idle(ctx: &Ctx<'_>, direct: &mut Direct) -> anyhow::Result<(IdleCos
         },
         check,
     ))
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 /// A `MONITOR` connection to one node, counting the commands clients send by name (the

@@ -1,0 +1,192 @@
+//! The report's records of the core phases: the direct-Lua ceiling, HTTP admission and its
+//! variants (replays, a fixed rate, group commit, batches, API keys, the peer), end to end,
+//! memory, and the CPU and per-master shares measured beside them.
+
+use serde::Serialize;
+
+use super::PeerVersions;
+use crate::compare::round2;
+use crate::load::{LoadResult, Outcomes, Percentiles};
+
+/// CPU a process used during a phase, in cores (1.0 = one core busy all the time).
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuShare {
+    pub process: String,
+    pub cores: f64,
+}
+
+/// Throughput and latency of one load phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    /// New executions admitted per second (201s, or `Created` on the direct path).
+    pub per_sec: f64,
+    pub seconds: f64,
+    pub outcomes: Outcomes,
+    pub latency: Percentiles,
+    pub cpu: Vec<CpuShare>,
+    /// Redis's time in scripts per 2xx answer (new or replayed), µs, from `INFO commandstats`.
+    pub redis_script_us_per_request: f64,
+    /// On a cluster: each master's share of the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_master: Option<Vec<MasterShare>>,
+}
+
+/// The admission phase's script calls (group commit): how many admissions each carried.
+#[derive(Debug, Clone, Serialize)]
+pub struct AdmissionCalls {
+    pub calls: u64,
+    pub admissions: u64,
+}
+
+/// The admission phase's load against the BullMQ HTTP peer (`peer.mjs --role http`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerAdmission {
+    pub versions: PeerVersions,
+    pub phase: Phase,
+}
+
+/// HTTP admission with tenant API keys: what authentication costs the one `{acl}` slot.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiKeyAdmission {
+    pub phase: Phase,
+    /// Key lookups on `{acl}` during the phase (`api_key_auth.lua`, counted by its
+    /// `SISMEMBER` in `INFO commandstats`).
+    pub acl_lookups: u64,
+    pub acl_lookups_per_admission: f64,
+}
+
+/// One master's share of a phase on a cluster.
+#[derive(Debug, Clone, Serialize)]
+pub struct MasterShare {
+    /// `127.0.0.1:<port>`.
+    pub node: String,
+    /// Executions this master holds after the phase (admitted, or completed end-to-end).
+    pub executions: u64,
+    /// Those per second of the phase (end-to-end: of its span).
+    pub per_sec: f64,
+    /// Microseconds this master spent in scripts during the phase (`INFO commandstats`).
+    pub script_us: u64,
+    /// The same as a share of one core over the phase.
+    pub script_cores: f64,
+}
+
+impl MasterShare {
+    /// Shares of `executions[i]` per node over `secs`, with each node's script time.
+    pub fn of(nodes: &[String], executions: &[u64], script_us: &[u64], secs: f64) -> Vec<Self> {
+        let secs = secs.max(1e-3);
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let n = executions.get(i).copied().unwrap_or(0);
+                let us = script_us.get(i).copied().unwrap_or(0);
+                Self {
+                    node: node.clone(),
+                    executions: n,
+                    per_sec: n as f64 / secs,
+                    script_us: us,
+                    script_cores: round2(us as f64 / 1e6 / secs),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A master of the cluster and what it serves.
+#[derive(Debug, Clone, Serialize)]
+pub struct Master {
+    /// `127.0.0.1:<port>`.
+    pub node: String,
+    /// The shards whose hash tag's slot it serves.
+    pub shards: Vec<u16>,
+    /// How many of the benchmark's tenants live in those shards.
+    pub tenants: usize,
+}
+
+impl Phase {
+    /// The phase's numbers; `script_us` is Redis's script time during it.
+    pub fn from(r: &LoadResult, cpu: Vec<CpuShare>, script_us: u64) -> Self {
+        let secs = r.elapsed.as_secs_f64().max(1e-3);
+        let answered = (r.outcomes.created + r.outcomes.replayed).max(1);
+        Self {
+            per_sec: r.outcomes.created as f64 / secs,
+            seconds: secs,
+            outcomes: r.outcomes.clone(),
+            latency: r.latencies.percentiles(),
+            cpu,
+            redis_script_us_per_request: round2(script_us as f64 / answered as f64),
+            per_master: None,
+        }
+    }
+}
+
+/// The open-loop phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct FixedRate {
+    /// The scheduled rate (a share of the admission maximum).
+    pub target_per_sec: f64,
+    /// Latency counts from each request's scheduled send time.
+    pub phase: Phase,
+}
+
+/// The batch admission phases.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchPhase {
+    /// Items per batch.
+    pub size: u64,
+    /// Tenants sending batches at once (one client each) in the first phase.
+    pub tenants: usize,
+    /// Batches alone: `per_sec` counts items admitted; latency is one batch's.
+    pub phase: Phase,
+    /// The fixed rate the other tenants' single admissions were sent at beside one tenant's
+    /// batches.
+    pub singles_rate: f64,
+    /// Those single admissions: latency from the scheduled time.
+    pub singles_beside: Phase,
+    /// Items the batches admitted meanwhile.
+    pub batch_items_beside: u64,
+}
+
+/// The end-to-end phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct E2e {
+    pub admitted: u64,
+    pub completed: u64,
+    /// Admissions per second while admitting (with workers competing for the CPU).
+    pub admission_per_sec: f64,
+    /// Completed executions per second, from the first admission to the last completion.
+    pub per_sec: f64,
+    pub span_secs: f64,
+    /// From the row's `created` to its `finished` (Redis clock, millisecond resolution).
+    pub admit_to_completed: Option<Percentiles>,
+    /// Redis's time in scripts (admit + start + complete) per completed execution, µs.
+    pub redis_script_us_per_execution: f64,
+    /// The HTTP side of the phase (and CPU of every process, workers included).
+    pub http: Phase,
+    /// On a cluster: each master's completed executions per second of the span, and its
+    /// script time over the whole phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_master: Option<Vec<MasterShare>>,
+}
+
+/// Redis memory per queued execution.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// `dispatched` (on a ready stream, holding a slot) or `waiting`.
+    pub state: &'static str,
+    /// Every execution with its own dedup key (what the target is judged on).
+    pub with_dedup_key: MemoryPoint,
+    /// The same without dedup keys (no mapping key with its TTL).
+    pub without_dedup_key: Option<MemoryPoint>,
+}
+
+/// One memory measurement: `used_memory` before and after queueing `executions`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPoint {
+    pub executions: u64,
+    pub used_memory_before: u64,
+    pub used_memory_after: u64,
+    pub bytes_per_execution: f64,
+    /// `MEMORY USAGE` per execution by key kind (rows, dedup mappings, indexes, ...).
+    pub by_kind: std::collections::BTreeMap<&'static str, f64>,
+}
