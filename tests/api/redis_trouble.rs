@@ -448,6 +448,31 @@ async fn a_frozen_replica_does_not_block_the_connection_every_probe() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A probe of the app's that read the lag just before it reached 2 saw a live replica and
+    // let WAIT resume: calls that went past it then (the app's sweeper and scans too) may still
+    // be blocked in WAIT. From here on every probe sees the lag, so once those end, WAIT is off
+    // for good; only then does the count start.
+    let mut c = app.redis.node_conn(0).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let blocked_in_wait = clients
+            .lines()
+            .filter(|l| l.contains(" cmd=wait ") && l.contains(" flags=b "))
+            .count();
+        if blocked_in_wait == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{blocked_in_wait} calls still blocked in WAIT: {clients}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     app.redis.reset_stats().await;
     let until = Instant::now() + Duration::from_secs(8);
     let mut admitted = 0;
