@@ -90,8 +90,17 @@ class Api:
         return self.post("/api/worker/stops?wait=" + wait, {}, timeout=45)["stop"]
 
 
+SAYING = threading.Lock()
+
+
 def say(event, **fields):
-    print(json.dumps(dict(fields, event=event)), flush=True)
+    # One write per line under a lock: print() writes the text and the newline apart, so two
+    # threads saying something at once (a heartbeat hearing lease_lost as the run's report is
+    # refused, right after a pause) could interleave into lines nobody can parse.
+    line = json.dumps(dict(fields, event=event)) + "\n"
+    with SAYING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 # -- Flows: a function of (params, stop) returning the output, raising on failure. `stop` is
