@@ -28,6 +28,10 @@
 //!   the message arrives), and without the news it expires: a withdrawn key is refused by
 //!   every server within `HIT_TTL` even when the message is lost. A reconnect of the listener
 //!   forgets every one.
+//! - **One lookup per key at a time, and a stall costs it one time-out.** The requests of a
+//!   key that is not (or no longer) taken on trust wait for the one lookup under way; when
+//!   that lookup cannot reach Redis, every request that waited for it gets its 503 at once,
+//!   instead of each asking Redis in turn behind a stalled server.
 //!
 //! Later work that needs "this credential was withdrawn" (other kinds of sessions, caches of
 //! keys) subscribes here ([`Revocations::subscribe`]) instead of inventing its own channel.
@@ -68,6 +72,12 @@ pub const HIT_CAP: usize = 10_000;
 /// A presented token as the caches know it: its key id and the digest of its secret.
 type TokenId = (String, [u8; 32]);
 
+/// The lock the requests of one token take turns on while it is looked up, holding the last
+/// lookup that failed: when it failed, and why. A request that waited while that lookup ran
+/// into a Redis that could not answer gets the same answer at once instead of asking again:
+/// behind a stalled Redis, N requests of one key then cost one lookup time-out, not N in turn.
+type Gate = Arc<tokio::sync::Mutex<Option<(Instant, StoreError)>>>;
+
 /// The process's view of revocations (see the module docs). Shared as `Arc<Revocations>`.
 pub struct Revocations {
     store: Arc<Store>,
@@ -76,7 +86,7 @@ pub struct Revocations {
     /// Verified tokens → their tenant and role, until when.
     hits: Mutex<HashMap<TokenId, (TenantId, KeyRole, Instant)>>,
     /// Tokens being looked up now, each with the lock its other requests wait on.
-    lookups: Mutex<HashMap<TokenId, Arc<tokio::sync::Mutex<()>>>>,
+    lookups: Mutex<HashMap<TokenId, Gate>>,
     /// The last check of each key with open waits: when, and whether it was still live.
     checks: Mutex<HashMap<KeyId, (Instant, bool)>>,
     /// Counts the news that forgets verified keys: a lookup that overlapped one does not
@@ -107,7 +117,7 @@ impl Revocations {
         self.hits.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lookups(&self) -> MutexGuard<'_, HashMap<TokenId, Arc<tokio::sync::Mutex<()>>>> {
+    fn lookups(&self) -> MutexGuard<'_, HashMap<TokenId, Gate>> {
         self.lookups.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -143,20 +153,27 @@ impl Revocations {
             }
             lookups
                 .entry(entry.clone())
-                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(None)))
                 .clone()
         };
-        let turn = gate.lock().await;
+        let arrived = Instant::now();
+        let mut turn = gate.lock().await;
         let now = Instant::now();
         let cached = self
             .hits()
             .get(&entry)
             .filter(|(_, _, until)| *until > now)
             .map(|(tenant, role, _)| (tenant.clone(), *role));
-        let answer = match cached {
-            Some(hit) => Ok(Some(hit)),
-            None if self.misses().get(&entry).is_some_and(|until| *until > now) => Ok(None),
-            None => self.look_up(key, accept_dev_auth, entry.clone()).await,
+        let answer = match (cached, turn.as_ref()) {
+            (Some(hit), _) => Ok(Some(hit)),
+            (None, _) if self.misses().get(&entry).is_some_and(|until| *until > now) => Ok(None),
+            // A lookup that failed while this request waited: Redis could not answer then.
+            (None, Some((failed, why))) if *failed >= arrived => Err(why.clone()),
+            (None, _) => {
+                let found = self.look_up(key, accept_dev_auth, entry.clone()).await;
+                *turn = found.as_ref().err().map(|e| (Instant::now(), e.clone()));
+                found
+            }
         };
         drop(turn);
         let mut lookups = self.lookups();

@@ -1129,6 +1129,72 @@ async fn a_verified_key_is_looked_up_once_per_half_second_not_per_request() {
     );
 }
 
+/// Behind a stalled Redis, the requests of one key that wait on its lookup share that lookup's
+/// failure: each is answered 503 about one Redis time-out after it came, not one time-out for
+/// every request queued ahead of it (eight requests once took eight time-outs, the last
+/// waiting 3.2 s here) — and they ask Redis once between them, not once each.
+#[tokio::test]
+async fn requests_queued_on_a_failed_key_lookup_share_its_failure() {
+    use std::time::{Duration, Instant};
+    const TIMEOUT_MS: u64 = 400;
+    const REQUESTS: usize = 8;
+    let app = TestApp::spawn_with(|c| c.redis.redis_timeout_ms = TIMEOUT_MS).await;
+    app.create_tenant("acme").await;
+    // Never used yet, so not taken on trust: its first request looks it up.
+    let token = app.key_token("acme", "viewer").await;
+    let before = key_lookups(&app).await;
+    app.redis.signal("STOP");
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|_| {
+            let req = app
+                .client
+                .get(app.url("/api/executions"))
+                .bearer_auth(&token);
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let res = req.send().await.unwrap();
+                (res.status(), problem_code(res).await, sent.elapsed())
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    app.redis.signal("CONT");
+    let slowest = answers.iter().map(|(_, _, took)| *took).max().unwrap();
+    for (status, code, _) in &answers {
+        assert_eq!(
+            (*status, code.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable"),
+            "{answers:?}"
+        );
+    }
+    // Each waited for at most the lookup under way when it came and the one after it; taking
+    // turns, the last would have waited REQUESTS time-outs.
+    assert!(
+        slowest < Duration::from_millis(TIMEOUT_MS * REQUESTS as u64 / 2),
+        "slowest answer after {slowest:?}: {answers:?}"
+    );
+    // What was sent during the stall runs once Redis is back: the answer to this request
+    // comes after it.
+    let res = app
+        .client
+        .get(app.url("/api/executions"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let lookups = key_lookups(&app).await - before;
+    // The stalled ones (the first, and one more if requests came after it failed) and the one
+    // after the stall; the stalled ones count only if Redis read them after all.
+    assert!(
+        (1..=REQUESTS as u64 / 2).contains(&lookups),
+        "{lookups} key lookups"
+    );
+}
+
 /// A key withdrawn on Redis is refused by a server that had verified it, with or without the
 /// news: the news forgets it at once, its trust runs out without.
 #[tokio::test]
