@@ -1053,10 +1053,10 @@ def run(ui, api, base, dev_base, screenshots):
         ui.sees(lambda: ui.present("#no-webhook") and ui.shown("#webhook-form"), "the webhook page: no webhook yet")
         check(not ui.present("#webhook-remove") and not ui.shown("#webhook-rotate") and not ui.shown("#webhook-error"),
               "no webhook: nothing to remove, no secret to rotate, no error")
-        ui.type("#webhook-url-input", "https://example.com/x")
+        ui.type("#webhook-url-input", "ftp://example.com/x")
         ui.click("#webhook-submit")
-        ui.sees(lambda: ui.shown("#webhook-error") and "https is not supported" in ui.text("#webhook-error"),
-                "https refused: the API's detail shown beside the form")
+        ui.sees(lambda: ui.shown("#webhook-error") and "must start with https:// or http://" in ui.text("#webhook-error"),
+                "ftp refused: the API's detail shown beside the form")
         check(api.call("GET", "/api/tenants/hooked/webhook")[1]["code"] == "webhook_not_found" and ui.present("#no-webhook"),
               "the refused address set nothing")
         hook = f"http://127.0.0.1:{receiver.port}/hook"

@@ -110,6 +110,10 @@ impl Application {
                 scan: (config.api.webhook_scan_ms > 0)
                     .then(|| Duration::from_millis(config.api.webhook_scan_ms)),
                 max_age: Duration::from_secs(config.api.webhook_max_age_secs.max(1)),
+                extra_roots: match &config.api.webhook_ca_file {
+                    Some(path) => crate::tls::read_roots(path)?,
+                    None => Vec::new(),
+                },
             },
         )?;
         let state = AppState {

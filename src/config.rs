@@ -361,6 +361,11 @@ pub struct ApiSettings {
     /// network, e.g. a cloud metadata service).
     #[arg(long, env = "SLUICE_WEBHOOK_ALLOW_PRIVATE")]
     pub webhook_allow_private: bool,
+    /// PEM file of root certificates to trust for `https` webhook receivers besides the
+    /// built-in ones (the Mozilla root program's): a closed network's private CA. Read at start; a file that cannot be read
+    /// or holds no certificate stops the server.
+    #[arg(long, env = "SLUICE_WEBHOOK_CA_FILE")]
+    pub webhook_ca_file: Option<std::path::PathBuf>,
     /// How long one webhook delivery may take, connection included, in milliseconds.
     #[arg(long, env = "SLUICE_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
     pub webhook_timeout_ms: u64,

@@ -14,6 +14,7 @@
 //! - [`revocation`]: withdrawn credentials end open waits; unknown tokens cost no Redis call.
 //! - [`dev`]: the embedded default, `sluice dev`, with the Redis it manages.
 //! - [`redis_server`]: starting `redis-server` on loopback, for `dev`, the tests and the bench.
+//! - [`tls`]: the TLS of outgoing HTTP (webhooks, `http` flow handlers, OTLP).
 //! - [`config`]: flags and `SLUICE_*` environment variables.
 //! - [`commands`]: what each subcommand does (`main.rs` only dispatches).
 
@@ -35,6 +36,7 @@ pub mod server;
 pub mod store;
 pub mod sweeper;
 pub mod telemetry;
+pub mod tls;
 pub mod waiters;
 pub mod worker;
 

@@ -36,10 +36,21 @@ const EXPORT_DELAY: Duration = Duration::from_millis(500);
 /// Export runs on its own thread and never blocks a request; a collector that is down loses
 /// spans (logged by the exporter), never executions.
 pub fn init(endpoint: &str, service: &'static str) -> anyhow::Result<()> {
-    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
     let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    // Built on a thread of its own, as the exporter builds its default one: a blocking client
+    // may not be made (or dropped) on an async runtime's thread.
+    let client = std::thread::spawn(|| {
+        crate::tls::blocking_client_builder()?
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(anyhow::Error::from)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("building the OTLP exporter's HTTP client panicked"))??;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(client)
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(url.clone())
         .with_timeout(Duration::from_secs(5))

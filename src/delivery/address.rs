@@ -71,11 +71,11 @@ impl reqwest::dns::Resolve for CheckedResolver {
 }
 
 /// The grammar of a webhook address, as the OpenAPI document states it (`WEBHOOK_URL_PATTERN`)
-/// and `check_url` enforces it: `http://`, a host name (whose last label starts with a
+/// and `check_url` enforces it: `https://` or `http://`, a host name (whose last label starts with a
 /// letter) or a dotted IPv4 address, an optional port, then an optional path and query
 /// without spaces or a fragment.
 pub const WEBHOOK_URL_PATTERN: &str = concat!(
-    "^http://(",
+    "^https?://(",
     "([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
     "|((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
     ")(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?",
@@ -111,15 +111,11 @@ pub fn check_url(text: &str) -> Result<reqwest::Url, String> {
     if text.chars().count() > 2048 {
         return Err("the address is longer than 2048 characters".into());
     }
-    let Some(rest) = text.strip_prefix("http://") else {
-        if text.to_ascii_lowercase().starts_with("https://") {
-            return Err(
-                "https is not supported by this build (it has no TLS library): \
-                        deliver to an http:// address, e.g. a TLS-terminating egress proxy"
-                    .into(),
-            );
-        }
-        return Err("the address must start with http://".into());
+    let Some(rest) = text
+        .strip_prefix("https://")
+        .or_else(|| text.strip_prefix("http://"))
+    else {
+        return Err("the address must start with https:// or http://".into());
     };
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
@@ -189,12 +185,16 @@ mod tests {
     fn addresses_are_checked_as_given() {
         assert!(check_url("http://hooks.example.com/sluice?x=1").is_ok());
         assert!(check_url("http://127.0.0.1:8080").is_ok());
+        assert!(check_url("https://hooks.example.com/sluice").is_ok());
+        assert!(check_url("https://127.0.0.1:8443/x").is_ok());
         assert!(check_url("http://a-b.c9?x=y z").is_err());
         for bad in [
             "hooks.example.com/x",
             "ftp://hooks.example.com/",
-            "https://hooks.example.com/",
             "HTTP://hooks.example.com/",
+            "HTTPS://hooks.example.com/",
+            "https://",
+            "https:/hooks.example.com/",
             "http://user:pw@hooks.example.com/",
             "http://hooks.example.com/#frag",
             "http://",

@@ -67,6 +67,9 @@ pub struct DeliveryConfig {
     pub scan: Option<Duration>,
     /// Events older than this are dropped undelivered (and counted).
     pub max_age: Duration,
+    /// Root certificates trusted for `https` receivers besides the built-in ones
+    /// (`--webhook-ca-file`; see `crate::tls`).
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 /// How a tenant's deliveries stand in this server.
@@ -98,7 +101,7 @@ pub struct Deliverer {
 
 impl Deliverer {
     pub fn new(store: Arc<Store>, config: DeliveryConfig) -> anyhow::Result<Arc<Self>> {
-        let http = reqwest::Client::builder()
+        let http = crate::tls::client_builder(&config.extra_roots)?
             .dns_resolver(Arc::new(CheckedResolver {
                 allow_private: config.allow_private,
             }))

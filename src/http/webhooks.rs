@@ -32,16 +32,17 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// Body of `PUT /api/tenants/{tenant}/webhook`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"url": "http://hooks.internal.example/sluice"}))]
+#[schema(example = json!({"url": "https://hooks.example.com/sluice"}))]
 pub struct WebhookSettings {
-    /// Where events are POSTed: `http://` (this build has no TLS library), a host name or a
-    /// dotted IPv4 address, an optional port, an optional path and query (no fragment). It is resolved at every delivery, and refused when it resolves to a
+    /// Where events are POSTed: `https://` (the receiver's certificate verified against the
+    /// system's roots and `--webhook-ca-file`) or `http://`, a host name or a dotted IPv4
+    /// address, an optional port, an optional path and query (no fragment). It is resolved at every delivery, and refused when it resolves to a
     /// loopback, private or link-local address unless the server runs with
     /// `--webhook-allow-private`.
     #[schema(
         min_length = 8,
         max_length = 2048,
-        pattern = "^http://(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?|((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?][^\\s#]*)?$"
+        pattern = "^https?://(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?|((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?][^\\s#]*)?$"
     )]
     pub url: String,
     /// Make a new signing secret (shown in this answer only); the old one stops signing at
@@ -54,7 +55,7 @@ pub struct WebhookSettings {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
     "tenant_id": "acme",
-    "url": "http://hooks.internal.example/sluice",
+    "url": "https://hooks.example.com/sluice",
     "created_at": "2026-12-02T09:00:00Z",
     "pending": 0,
     "dropped": 0,
@@ -103,7 +104,7 @@ impl Webhook {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
     "tenant_id": "acme",
-    "url": "http://hooks.internal.example/sluice",
+    "url": "https://hooks.example.com/sluice",
     "created_at": "2026-12-02T09:00:00Z",
     "pending": 0,
     "dropped": 0,

@@ -69,7 +69,7 @@ pub fn load_flows(registry: Registry, path: &Path) -> anyhow::Result<Registry> {
         .with_context(|| format!("cannot read flows file {}", path.display()))?;
     let file: FlowsFile =
         toml::from_str(&text).with_context(|| format!("invalid flows file {}", path.display()))?;
-    let client = reqwest::Client::new();
+    let client = crate::tls::client_builder(&[])?.build()?;
     let mut registry = registry;
     for (name, spec) in file.flows {
         FlowId::parse(&name).map_err(|e| anyhow::anyhow!("flow {name:?}: {}", e.detail))?;

@@ -954,7 +954,8 @@ async fn dev_auth_serves_only_loopback_hosts_and_its_own_origin() {
     })
     .await;
     let port = app.addr.port();
-    let rebound = reqwest::Client::builder()
+    let rebound = sluice::tls::client_builder(&[])
+        .unwrap()
         .resolve("rebound.example", app.addr)
         .build()
         .unwrap();
@@ -1057,7 +1058,8 @@ async fn dev_auth_serves_only_loopback_hosts_and_its_own_origin() {
 
     // A server that authenticates serves any host: a rebound page holds no credential.
     let normal = TestApp::spawn().await;
-    let res = reqwest::Client::builder()
+    let res = sluice::tls::client_builder(&[])
+        .unwrap()
         .resolve("rebound.example", normal.addr)
         .build()
         .unwrap()

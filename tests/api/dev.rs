@@ -62,7 +62,7 @@ async fn sluice_dev_runs_its_own_redis_and_serves_the_readme_curl() {
     };
     assert!(redis_is_alive(redis_pid));
 
-    let client = reqwest::Client::new();
+    let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
     let res = client
         .post(format!("{api}/executions"))
         .header("X-Tenant-Id", "acme")

@@ -233,7 +233,7 @@ async fn the_request_id_is_returned_and_in_the_logs() {
             let _ = tx.send(line);
         }
     });
-    let client = reqwest::Client::new();
+    let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
     let url = format!("http://127.0.0.1:{port}/api/executions");
     // Wait until the server answers (it logs and binds quickly).
     let mut res = None;

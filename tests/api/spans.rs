@@ -147,7 +147,7 @@ async fn spans_of_serve_and_worker_form_one_trace_with_the_caller_and_the_handle
         &redis,
         &["--flows", flows.to_str().unwrap(), "--otlp-endpoint", &base],
     );
-    let client = reqwest::Client::new();
+    let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
     let api = format!("http://127.0.0.1:{port}");
     assert!(
         crate::helpers::wait_ready(&client, &api, Duration::from_secs(30)).await,

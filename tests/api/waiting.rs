@@ -606,7 +606,7 @@ async fn waits_and_streams_end_at_once_when_the_server_shuts_down() {
     let server = tokio::spawn(app.run_until_stopped(async {
         let _ = stopped.await;
     }));
-    let client = reqwest::Client::new();
+    let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
     let res = client
         .post(format!("{base}/api/executions"))
         .header("X-Tenant-Id", "acme")

@@ -57,6 +57,19 @@ struct Receiver {
 
 impl Receiver {
     async fn start(fail_first: usize, delay: Duration) -> Self {
+        Self::start_with(fail_first, delay, None).await
+    }
+
+    /// The same over HTTPS, with the certificate `tls` presents.
+    async fn start_tls(tls: tokio_rustls::TlsAcceptor) -> Self {
+        Self::start_with(0, Duration::ZERO, Some(tls)).await
+    }
+
+    async fn start_with(
+        fail_first: usize,
+        delay: Duration,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Self {
         let inbox = Arc::new(Mutex::new(Inbox {
             fail_first,
             delay,
@@ -100,9 +113,40 @@ impl Receiver {
             .route("/hook", axum::routing::post(take))
             .with_state((inbox.clone(), gate.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { url, inbox, gate }
+        let addr = listener.local_addr().unwrap();
+        let Some(tls) = tls else {
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            return Self {
+                url: format!("http://{addr}/hook"),
+                inbox,
+                gate,
+            };
+        };
+        // Lives as long as the test's runtime, like `axum::serve`.
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (tls, app) = (tls.clone(), app.clone());
+                tokio::spawn(async move {
+                    // A client that does not trust the certificate ends here.
+                    let Ok(stream) = tls.accept(tcp).await else {
+                        return;
+                    };
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(stream),
+                        hyper_util::service::TowerToHyperService::new(app),
+                    )
+                    .await;
+                });
+            }
+        });
+        Self {
+            url: format!("https://{addr}/hook"),
+            inbox,
+            gate,
+        }
     }
 
     /// Holds (false) or lets through (true) every answer.
@@ -440,6 +484,164 @@ async fn private_addresses_are_refused_unless_allowed() {
     );
 }
 
+/// A test CA (its certificate as PEM) and a TLS acceptor presenting a certificate it signed
+/// for 127.0.0.1.
+fn test_ca_and_receiver_tls() -> (String, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "sluice test CA");
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    (ca.pem(), tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// An `https` receiver gets its events, signed, when its certificate verifies (here against
+/// the CA `--webhook-ca-file` adds); a server that does not trust the certificate sends
+/// nothing to it, logs why, and keeps the event.
+#[tokio::test]
+async fn an_https_receiver_is_reached_only_through_a_verified_certificate() {
+    let (ca, tls) = test_ca_and_receiver_tls();
+    let receiver = Receiver::start_tls(tls).await;
+    assert!(receiver.url.starts_with("https://127.0.0.1:"));
+
+    // Without the CA: the system's roots do not know it.
+    let untrusting = TestApp::spawn_with(|c| c.api.webhook_allow_private = true).await;
+    untrusting.create_tenant("acme").await;
+    hook(&untrusting, "acme", &receiver.url).await;
+    let id = untrusting
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(
+        untrusting.cancel("acme", &id).await.status(),
+        StatusCode::OK
+    );
+    let w = webhook_once(
+        &untrusting,
+        Duration::from_secs(20),
+        "a refused attempt",
+        |w| w["failed_attempts"].as_u64() >= Some(1),
+    )
+    .await;
+    assert_eq!(w["pending"], 1, "the event is kept: {w}");
+    let log = untrusting
+        .get_json(None, "/api/tenants/acme/webhook/deliveries")
+        .await;
+    let attempt = &log["deliveries"][0];
+    assert_eq!(
+        (&attempt["delivered"], &attempt["status"]),
+        (&json!(false), &Value::Null),
+        "{log}"
+    );
+    assert!(
+        attempt["error"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("certificate"),
+        "{log}"
+    );
+    assert!(
+        receiver.got().is_empty(),
+        "nothing sent to an unverified receiver"
+    );
+    drop(untrusting);
+
+    // With the CA.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &ca).unwrap();
+    let path = file.path().to_owned();
+    let app = TestApp::spawn_with(|c| {
+        c.api.webhook_allow_private = true;
+        c.api.webhook_ca_file = Some(path);
+    })
+    .await;
+    app.create_tenant("acme").await;
+    let secret = hook(&app, "acme", &receiver.url).await;
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    let got = receiver
+        .until(Duration::from_secs(20), "the event over https", |got| {
+            !got.is_empty()
+        })
+        .await;
+    assert_signed(&got[0], &secret);
+    let event = got[0].json();
+    assert_eq!(
+        (&event["data"]["execution_id"], &event["data"]["status"]),
+        (&json!(id), &json!("cancelled")),
+        "{event}"
+    );
+    let w = settled_webhook(&app, "acme").await;
+    assert_eq!(
+        (&w["pending"], &w["delivered"]),
+        (&json!(0), &json!(1)),
+        "{w}"
+    );
+}
+
+/// A CA file that cannot be used stops the server at start, saying which file and why.
+#[tokio::test]
+async fn an_unusable_webhook_ca_file_stops_the_server() {
+    let redis = TestRedis::start().await;
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    for (path, why) in [
+        (empty.path().to_owned(), "holds no certificate"),
+        ("/nonexistent/ca.pem".into(), "cannot read CA file"),
+    ] {
+        let mut serve = Command::new(sluice_bin())
+            .args([
+                "serve",
+                "--admin-token",
+                ADMIN_TOKEN,
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(redis.args())
+            .arg("--webhook-ca-file")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A server that started anyway would run for ever: give it 30 s to stop.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while serve.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = serve.kill();
+                panic!("serve started with --webhook-ca-file {path:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let out = serve.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains(&*path.to_string_lossy()),
+            "{stderr}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn webhook_settings_refuse_bad_input_and_other_callers() {
     let app = TestApp::spawn().await;
@@ -448,7 +650,7 @@ async fn webhook_settings_refuse_bad_input_and_other_callers() {
     for (body, code) in [
         (json!({"url": "not a url"}), "invalid_webhook_url"),
         (
-            json!({"url": "https://hooks.example.com/"}),
+            json!({"url": "HTTPS://hooks.example.com/"}),
             "invalid_webhook_url",
         ),
         (

@@ -88,7 +88,8 @@ impl Answer {
 impl Api {
     pub(super) fn new(port: u16) -> Self {
         Self {
-            http: reqwest::Client::builder()
+            http: sluice::tls::client_builder(&[])
+                .unwrap()
                 // Above serve's own 5 s request timeout: a paused serve still answers.
                 .timeout(Duration::from_secs(7))
                 .connect_timeout(Duration::from_secs(2))

@@ -85,7 +85,8 @@ impl TestApp {
             deliverer,
             app_store,
             redis,
-            client: reqwest::Client::builder()
+            client: sluice::tls::client_builder(&[])
+                .unwrap()
                 .timeout(Duration::from_secs(60))
                 .build()
                 .unwrap(),
