@@ -134,6 +134,7 @@ impl Application {
             revocations,
             events,
             pull: pull.clone(),
+            deliverer: deliverer.clone(),
         };
         let cors_origins = config
             .api

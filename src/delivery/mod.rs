@@ -27,7 +27,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -97,6 +97,22 @@ pub struct Deliverer {
     woken: Mutex<Option<mpsc::UnboundedReceiver<TenantId>>>,
     /// Whether wake-ups are heard now (subscribed, and the scan that follows done).
     up: AtomicBool,
+    /// Attempts this server made that the receiver took (2xx), and that it did not.
+    delivered: AtomicU64,
+    failed: AtomicU64,
+    /// Events this server dropped for age.
+    dropped: AtomicU64,
+}
+
+/// What one server's deliverer did since it started (`/metrics` reports it): attempts the
+/// receiver took, attempts that failed (non-2xx, time-out, refused address or certificate),
+/// and events dropped for age. Events a full outbox evicted are counted on Redis per tenant
+/// (`GET /api/tenants/{t}/webhook`), not here: no server saw them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliveryCounts {
+    pub delivered: u64,
+    pub failed: u64,
+    pub dropped: u64,
 }
 
 impl Deliverer {
@@ -122,7 +138,19 @@ impl Deliverer {
             wake,
             woken: Mutex::new(Some(woken)),
             up: AtomicBool::new(false),
+            delivered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
         }))
+    }
+
+    /// What this server's deliveries came to so far.
+    pub fn counts(&self) -> DeliveryCounts {
+        DeliveryCounts {
+            delivered: self.delivered.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+        }
     }
 
     /// Whether wake-ups are heard now: subscribed, and the scan that follows a subscription
@@ -329,6 +357,7 @@ impl Deliverer {
             .trim_outbox(tenant, now, self.config.max_age)
             .await?;
         if dropped > 0 {
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
             tracing::warn!(tenant = %tenant, dropped, "webhooks: events older than the age bound dropped");
         }
         let Some(hook) = self.store.webhook(tenant).await? else {
@@ -386,12 +415,17 @@ impl Deliverer {
             .into_iter()
             .flatten()
             .collect();
-        self.store.record_deliveries(tenant, &attempts).await?;
         let failed: HashSet<&str> = attempts
             .iter()
             .filter(|(_, r)| !r.delivered())
             .map(|(id, _)| id.as_str())
             .collect();
+        // Counted as made, whether or not the record below reaches Redis.
+        self.failed
+            .fetch_add(failed.len() as u64, Ordering::Relaxed);
+        self.delivered
+            .fetch_add((attempts.len() - failed.len()) as u64, Ordering::Relaxed);
+        self.store.record_deliveries(tenant, &attempts).await?;
         {
             let mut rounds = self.rounds();
             if let Some(round) = rounds.get_mut(tenant) {

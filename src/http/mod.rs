@@ -74,6 +74,8 @@ pub struct AppState {
     pub events: EventLimits,
     /// What the pull API (`/api/worker/*`) waits on, and its retry policy.
     pub pull: Arc<crate::pull::Pull>,
+    /// The webhook deliverer (its counts, for `/metrics`).
+    pub deliverer: Arc<crate::delivery::Deliverer>,
 }
 
 /// What a handler may ask of the connection it is served on. `crate::server` puts one in

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use crate::helpers::{
     ADMIN_TOKEN, TestApp, TestRedis, TestWorker, free_port, problem_code, sluice_bin,
 };
+use crate::operability::sample;
 
 /// One POST the receiver got.
 #[derive(Debug, Clone)]
@@ -399,6 +400,15 @@ async fn a_failing_receiver_gets_each_event_again_with_its_id_and_in_order() {
         (&json!(0), &json!(2), &json!(2)),
         "{w}"
     );
+    // The server's own counts say the same (counted before the record above is written).
+    let text = app.get_text("/metrics").await;
+    for (series, want) in [
+        ("sluice_webhook_deliveries_total", 2.0),
+        ("sluice_webhook_failed_attempts_total", 2.0),
+        ("sluice_webhook_dropped_total", 0.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series}");
+    }
     let log = app
         .get_json(None, "/api/tenants/acme/webhook/deliveries?limit=4")
         .await;
@@ -913,6 +923,18 @@ async fn an_event_older_than_the_age_bound_is_dropped_and_counted() {
         "{w}"
     );
     assert!(w["failed_attempts"].as_u64() >= Some(1), "{w}");
+    // On /metrics too: the drop (counted just after it is written), the failed attempts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = app.get_text("/metrics").await;
+        if sample(&text, "sluice_webhook_dropped_total") == Some(1.0) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no drop on /metrics: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(sample(&text, "sluice_webhook_failed_attempts_total") >= Some(1.0));
+    assert_eq!(sample(&text, "sluice_webhook_deliveries_total"), Some(0.0));
 }
 
 /// An event written while a delivery is under way (its outbox was not empty, so no wake-up

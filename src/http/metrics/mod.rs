@@ -42,6 +42,11 @@
 //! - `sluice_completion_calls_total` and `sluice_completion_calls_carried_total`: calls of the
 //!   completion script this server made for pull workers' reports, and the reports they carried
 //!   (grouped like admissions; `sluice worker` groups its own, and has no endpoint).
+//! - `sluice_webhook_deliveries_total`, `sluice_webhook_failed_attempts_total` and
+//!   `sluice_webhook_dropped_total`: this server's webhook attempts the receiver took (2xx),
+//!   those that failed (another status, a time-out, a refused address or certificate), and the
+//!   events it dropped for age (`--webhook-max-age-secs`). Per tenant, with what a full outbox
+//!   evicted, in `GET /api/tenants/{tenant}/webhook`.
 //! - `sluice_waiters`: clients waiting now (long polls and event streams, `--max-waiters`);
 //!   `sluice_waiters_listening`: 1 while the server's Pub/Sub listener is connected (0: the
 //!   waiters re-read on their own, every few seconds).
@@ -99,6 +104,9 @@ pub struct Metrics {
     completion_calls: Counter,
     completion_calls_carried: Counter,
     admissions_grouping: Gauge,
+    webhook_deliveries: Counter,
+    webhook_failed_attempts: Counter,
+    webhook_dropped: Counter,
     /// Held while the counters above catch up with the store's (scrapes may overlap).
     catch_up: std::sync::Mutex<()>,
     waiters: Gauge,
@@ -279,6 +287,24 @@ impl Metrics {
             "1 while the pull workers' stop messages are heard (their Pub/Sub connection is up)",
             pull_stops_listening.clone(),
         );
+        let webhook_deliveries = Counter::default();
+        registry.register(
+            "sluice_webhook_deliveries",
+            "Webhook attempts of this server that the receiver took (answered 2xx)",
+            webhook_deliveries.clone(),
+        );
+        let webhook_failed_attempts = Counter::default();
+        registry.register(
+            "sluice_webhook_failed_attempts",
+            "Webhook attempts of this server that failed (another status, a time-out, a refused address or certificate); the event is sent again",
+            webhook_failed_attempts.clone(),
+        );
+        let webhook_dropped = Counter::default();
+        registry.register(
+            "sluice_webhook_dropped",
+            "Webhook events this server dropped undelivered for age (--webhook-max-age-secs)",
+            webhook_dropped.clone(),
+        );
         let pull_runs_handed_out = Counter::default();
         registry.register(
             "sluice_pull_runs_handed_out",
@@ -318,6 +344,9 @@ impl Metrics {
             completion_calls,
             completion_calls_carried,
             admissions_grouping,
+            webhook_deliveries,
+            webhook_failed_attempts,
+            webhook_dropped,
             catch_up: std::sync::Mutex::new(()),
             waiters,
             waiters_listening,

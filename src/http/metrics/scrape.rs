@@ -182,14 +182,19 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     m.tenant_last_minutes(state.store.tenants_last_minute(now).await);
     m.shards_unreadable.set(unreadable);
     let grouped = state.store.group_commit_counts();
-    // Counters kept by the store: each scrape adds what happened since the last.
+    // Counters kept by the store and the deliverer: each scrape adds what happened since the
+    // last.
     let caught_up = m.catch_up.lock().expect("metrics catch-up");
     let reported = state.store.completion_counts();
+    let webhooks = state.deliverer.counts();
     for (counter, total) in [
         (&m.admission_calls, grouped.calls),
         (&m.admission_calls_carried, grouped.carried),
         (&m.completion_calls, reported.calls),
         (&m.completion_calls_carried, reported.carried),
+        (&m.webhook_deliveries, webhooks.delivered),
+        (&m.webhook_failed_attempts, webhooks.failed),
+        (&m.webhook_dropped, webhooks.dropped),
     ] {
         counter.inc_by(total.saturating_sub(counter.get()));
     }
