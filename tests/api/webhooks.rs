@@ -937,6 +937,80 @@ async fn an_event_older_than_the_age_bound_is_dropped_and_counted() {
     assert_eq!(sample(&text, "sluice_webhook_deliveries_total"), Some(0.0));
 }
 
+/// A tenant's outbox holds at most 10,000 events: the next evicts the oldest, and the
+/// eviction is counted in `dropped` (the receiver here refuses everything, so nothing drains).
+#[tokio::test]
+async fn a_full_outbox_evicts_its_oldest_event_and_counts_it() {
+    const CAP: usize = 10_000;
+    // Private addresses stay refused: every attempt fails and every event stays.
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    hook(&app, "acme", "http://127.0.0.1:9/hook").await;
+    // The outbox filled to its cap directly (10,000 cancellations through the API would take
+    // a minute); each entry as the scripts write one.
+    let outbox = app
+        .shard("acme")
+        .outbox(&sluice::domain::TenantId::parse("acme").unwrap());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    let mut first = None;
+    for chunk in 0..CAP / 1_000 {
+        let mut p = redis::pipe();
+        for n in 0..1_000 {
+            p.cmd("XADD")
+                .arg(&outbox)
+                .arg("*")
+                .arg(&["type", "cancelled", "id"])
+                .arg(format!("{:032x}", chunk * 1_000 + n))
+                .arg(&["seq", "1", "at", &now, "flow", "demo.echo", "attempt", "0"]);
+        }
+        let ids: Vec<String> = p.query_async(&mut app.redis.conn().await).await.unwrap();
+        first = first.or(ids.first().cloned());
+    }
+    let first = first.unwrap();
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    let w = app.get_json(None, "/api/tenants/acme/webhook").await;
+    assert_eq!(
+        (&w["pending"], &w["dropped"]),
+        (&json!(CAP), &json!(1)),
+        "{w}"
+    );
+    // The oldest is the one gone; the newest is the cancellation.
+    let oldest: redis::streams::StreamRangeReply = app
+        .redis
+        .query(
+            redis::cmd("XRANGE")
+                .arg(&outbox)
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1),
+        )
+        .await;
+    assert_ne!(oldest.ids[0].id, first);
+    let newest: redis::streams::StreamRangeReply = app
+        .redis
+        .query(
+            redis::cmd("XREVRANGE")
+                .arg(&outbox)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1),
+        )
+        .await;
+    assert_eq!(
+        newest.ids[0].get::<String>("id").as_deref(),
+        Some(id.as_str())
+    );
+}
+
 /// An event written while a delivery is under way (its outbox was not empty, so no wake-up
 /// was published) goes out in the same drain, not at the next scan (there is none here).
 #[tokio::test]
