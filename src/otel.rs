@@ -175,6 +175,42 @@ impl AdmitSpan {
         self.trace.clone()
     }
 
+    /// Opens the one span of a batch admission (`admit_batch`) under the caller's context: the
+    /// parent every item's execution keeps, as one admission keeps its `admit` span. One span
+    /// per batch, not per item: a batch of 1,000 would otherwise fill the export queue.
+    pub fn start_batch(tenant: &str, items: usize, caller: Option<&TraceContext>) -> Option<Self> {
+        if !enabled() {
+            return None;
+        }
+        let span = tracer()
+            .span_builder("admit_batch")
+            .with_kind(SpanKind::Server)
+            .with_attributes([
+                KeyValue::new("sluice.tenant", tenant.to_owned()),
+                KeyValue::new("sluice.items", items as i64),
+            ])
+            .start_with_context(&tracer(), &parent_of(caller));
+        let trace = handed_on(span.span_context(), caller);
+        Some(Self {
+            cx: Context::new().with_span(span),
+            trace,
+        })
+    }
+
+    /// Closes a batch's span with how many of its items were admitted, replayed (an earlier
+    /// execution's dedup key) and not admitted (refused, invalid or failed).
+    pub fn end_batch(self, admitted: usize, replayed: usize, not_admitted: usize) {
+        let span = self.cx.span();
+        for (name, n) in [
+            ("sluice.admitted", admitted),
+            ("sluice.replayed", replayed),
+            ("sluice.not_admitted", not_admitted),
+        ] {
+            span.set_attribute(KeyValue::new(name, n as i64));
+        }
+        span.end();
+    }
+
     /// Closes the span with what admission answered (`admitted`, `replayed`, `conflict`,
     /// `queue_full`, ...) and the execution it named, if any.
     pub fn end(self, outcome: &'static str, execution: Option<&str>) {

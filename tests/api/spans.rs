@@ -114,6 +114,57 @@ impl Drop for Serve {
     }
 }
 
+impl Serve {
+    /// `sluice serve` on `redis`, exporting its spans to the receiver at `base`; its API's
+    /// base URL once it is ready, and a client.
+    async fn start(redis: &TestRedis, base: &str) -> (Self, String, reqwest::Client) {
+        let port = free_port();
+        let serve = Serve(
+            Command::new(sluice_bin())
+                .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+                .args(redis.args())
+                .args(["--otlp-endpoint", base])
+                .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
+        let api = format!("http://127.0.0.1:{port}");
+        assert!(
+            crate::helpers::wait_ready(&client, &api, Duration::from_secs(30)).await,
+            "sluice serve did not become ready"
+        );
+        (serve, api, client)
+    }
+}
+
+/// The spans of trace `trace_id` the receiver holds, once `names` are all among them (30 s
+/// at most: export batches for up to half a second).
+async fn spans_of(spans: &Spans, trace_id: &str, names: &[&str]) -> Vec<Got> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let of_trace: Vec<Got> = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.trace_id == trace_id)
+            .cloned()
+            .collect();
+        if names.iter().all(|n| of_trace.iter().any(|s| s.name == *n)) {
+            return of_trace;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spans missing; got {:?}",
+            of_trace.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The trace id and the parent id of a `traceparent`.
 fn ids(traceparent: &str) -> (String, String) {
     let parts: Vec<&str> = traceparent.split('-').collect();
@@ -127,31 +178,13 @@ async fn spans_of_serve_and_worker_form_one_trace_with_the_caller_and_the_handle
     let (trace_id, caller_span) = ids(CALLER);
     let redis = TestRedis::start().await;
     let (base, spans) = receiver().await;
-    let port = free_port();
-    let _serve = Serve(
-        Command::new(sluice_bin())
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(redis.args())
-            .args(["--otlp-endpoint", &base])
-            .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_serve, api, client) = Serve::start(&redis, &base).await;
     let (_dir, flows) = crate::helpers::flows_file(&format!(
         "[flows.\"svc.traced\"]\nkind = \"http\"\nurl = \"{base}/handler\"\n"
     ));
     let _worker = TestWorker::spawn(
         &redis,
         &["--flows", flows.to_str().unwrap(), "--otlp-endpoint", &base],
-    );
-    let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
-    let api = format!("http://127.0.0.1:{port}");
-    assert!(
-        crate::helpers::wait_ready(&client, &api, Duration::from_secs(30)).await,
-        "sluice serve did not become ready"
     );
     let admit = |traceparent: Option<&'static str>| {
         let mut req = client
@@ -211,27 +244,13 @@ async fn spans_of_serve_and_worker_form_one_trace_with_the_caller_and_the_handle
     );
     assert_eq!(handler_got["tracestate"], "congo=t61rcWkgMzE");
 
-    // Every span of the traced execution arrives (export batches for up to half a second).
-    let names = ["admit", "wait", "start", "run", "complete"];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let of_trace = loop {
-        let of_trace: Vec<Got> = spans
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.trace_id == trace_id)
-            .cloned()
-            .collect();
-        if names.iter().all(|n| of_trace.iter().any(|s| s.name == *n)) {
-            break of_trace;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "spans missing; got {:?}",
-            of_trace.iter().map(|s| &s.name).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // Every span of the traced execution arrives.
+    let of_trace = spans_of(
+        &spans,
+        &trace_id,
+        &["admit", "wait", "start", "run", "complete"],
+    )
+    .await;
     let one = |name: &str| {
         let found: Vec<&Got> = of_trace.iter().filter(|s| s.name == name).collect();
         assert_eq!(found.len(), 1, "one {name} span: {of_trace:#?}");
@@ -280,4 +299,60 @@ async fn spans_of_serve_and_worker_form_one_trace_with_the_caller_and_the_handle
             && run.start_ns <= complete.start_ns
             && complete.end_ns <= run.end_ns
     );
+}
+
+/// A batch admission makes one `admit_batch` span under the caller's, counting its items'
+/// outcomes, and every execution it admitted keeps that span as its parent.
+#[tokio::test]
+async fn a_batch_is_one_span_that_its_executions_keep_as_their_parent() {
+    const CALLER: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let (trace_id, caller_span) = ids(CALLER);
+    let redis = TestRedis::start().await;
+    let (base, spans) = receiver().await;
+    let (_serve, api, client) = Serve::start(&redis, &base).await;
+    let res = client
+        .post(format!("{api}/api/executions/batch"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("x-tenant-id", "acme")
+        .header("traceparent", CALLER)
+        .json(&json!({"items": [
+            {"flow_id": "demo.echo", "dedup_key": "a"},
+            {"flow_id": "demo.echo", "dedup_key": "a"},
+            {"flow_id": "demo.echo"},
+            {"flow_id": ""},
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let answer: Value = res.json().await.unwrap();
+    let results = answer["results"].as_array().unwrap();
+    let statuses: Vec<&Value> = results.iter().map(|r| &r["status"]).collect();
+    assert_eq!(
+        statuses,
+        [&json!(201), &json!(200), &json!(201), &json!(400)]
+    );
+    let parents: Vec<(String, String)> = results[..3]
+        .iter()
+        .map(|r| ids(r["execution"]["traceparent"].as_str().unwrap()))
+        .collect();
+    let batch = spans_of(&spans, &trace_id, &["admit_batch"]).await;
+    assert_eq!(batch.len(), 1, "one span for the batch: {batch:#?}");
+    let batch = &batch[0];
+    assert_eq!(
+        (batch.service.as_str(), batch.parent.as_str()),
+        ("sluice-serve", caller_span.as_str())
+    );
+    for (kept_trace, parent) in &parents {
+        assert_eq!((kept_trace, parent), (&trace_id, &batch.span_id));
+    }
+    for (name, want) in [
+        ("sluice.tenant", "acme"),
+        ("sluice.items", "4"),
+        ("sluice.admitted", "2"),
+        ("sluice.replayed", "1"),
+        ("sluice.not_admitted", "1"),
+    ] {
+        assert_eq!(batch.attributes[name], want, "{name}: {batch:?}");
+    }
 }

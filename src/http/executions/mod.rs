@@ -251,10 +251,17 @@ pub async fn create_batch(
             ),
         });
     }
-    let trace = TraceContext::from_headers(
+    let caller_trace = TraceContext::from_headers(
         headers.get("traceparent").and_then(|v| v.to_str().ok()),
         headers.get("tracestate").and_then(|v| v.to_str().ok()),
     );
+    // With span export on, every item's execution keeps the batch's span as its parent.
+    let span = crate::otel::AdmitSpan::start_batch(
+        tenant.as_str(),
+        batch.items.len(),
+        caller_trace.as_ref(),
+    );
+    let trace = span.as_ref().map(|s| s.trace()).or(caller_trace);
     let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(batch.items.len());
     let (mut reqs, mut at) = (Vec::new(), Vec::new());
     for (i, item) in batch.items.into_iter().enumerate() {
@@ -325,7 +332,7 @@ pub async fn create_batch(
             results[i] = Some(result);
         }
     }
-    let results = results
+    let results: Vec<BatchResult> = results
         .into_iter()
         .map(|r| {
             r.unwrap_or_else(|| {
@@ -333,6 +340,16 @@ pub async fn create_batch(
             })
         })
         .collect();
+    if let Some(span) = span {
+        let count = |status: StatusCode| {
+            results
+                .iter()
+                .filter(|r| r.status == status.as_u16())
+                .count()
+        };
+        let (admitted, replayed) = (count(StatusCode::CREATED), count(StatusCode::OK));
+        span.end_batch(admitted, replayed, results.len() - admitted - replayed);
+    }
     Ok(axum::Json(BatchAnswer { results }).into_response())
 }
 
