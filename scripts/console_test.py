@@ -536,6 +536,37 @@ def run(ui, api, base, dev_base, screenshots):
           f"the dry runs admitted nothing: acme's total is still {total}")
     no_errors(ui, "dry run")
 
+    # --- A batch from the New batch panel: each item's answer in order (a new execution, a
+    # replay of the same dedup key by the item before it, a refused item), counted above them;
+    # what is not a JSON array is refused before anything is sent. In a tenant of its own, so
+    # acme's totals below stay as they are.
+    check(api.call("PUT", "/api/tenants/batched", {})[0] in (200, 201), "tenant batched registered")
+    ui.go("#/t/batched/executions")
+    ui.click("#new-batch")
+    ui.type("#batch-items", '{"flow_id": "demo.echo"}')
+    ui.click("#batch-submit")
+    ui.sees(lambda: "must be a JSON array" in ui.text("#batch-error"), "a batch that is not an array: refused in the page")
+    total = api.call("GET", "/api/executions", tenant="batched")[1]["total"]
+    ui.type("#batch-items", '[{"flow_id": "demo.echo", "dedup_key": "batch-1"}, '
+            '{"flow_id": "demo.echo", "dedup_key": "batch-1"}, {"flow_id": ""}]')
+    ui.click("#batch-submit")
+    ui.el("#batch-summary", "the batch's answer")
+    check((ui.attr("#batch-summary", "data-admitted"), ui.attr("#batch-summary", "data-replayed"),
+           ui.attr("#batch-summary", "data-refused")) == ("1", "1", "1")
+          and "1 admitted, 1 replayed, 1 not admitted" in ui.text("#batch-summary"),
+          f"the batch counted: {ui.text('#batch-summary')}")
+    items = ui.d.find_elements(By.CSS_SELECTOR, "#batch-results .batch-item")
+    check([i.get_attribute("data-status") for i in items] == ["201", "200", "400"],
+          "one row per item, in order: 201, 200 (replay), 400")
+    linked = [i.find_element(By.CSS_SELECTOR, "a.exec-link").get_attribute("data-id") for i in items[:2]]
+    check(linked[0] == linked[1] and "replay" in items[1].text, "the replay names the execution the item before it made")
+    check("invalid_flow_id" in items[2].text, f"the refused item shows its problem ({items[2].text})")
+    status, listed = api.call("GET", "/api/executions?dedup_key=batch-1", tenant="batched")
+    check(status == 200 and [e["execution_id"] for e in listed["executions"]] == [linked[0]]
+          and api.call("GET", "/api/executions", tenant="batched")[1]["total"] == total + 1,
+          "the API holds exactly the one execution the batch made")
+    no_errors(ui, "batch")
+
     # --- A concurrency key from the form: sent, listed and on the detail page.
     ui.go("#/t/acme/executions")
     keyed = ui.admitted_id("demo.sleep", '{"ms": 50}', ckey="customer 7/é")

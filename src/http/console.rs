@@ -49,6 +49,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     asset!("js/chart.js", "text/javascript; charset=utf-8"),
     asset!("js/pages/login.js", "text/javascript; charset=utf-8"),
     asset!("js/pages/executions.js", "text/javascript; charset=utf-8"),
+    asset!("js/pages/batch.js", "text/javascript; charset=utf-8"),
     asset!("js/pages/execution.js", "text/javascript; charset=utf-8"),
     asset!("js/pages/dead_letters.js", "text/javascript; charset=utf-8"),
     asset!("js/pages/overview.js", "text/javascript; charset=utf-8"),

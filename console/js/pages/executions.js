@@ -4,10 +4,12 @@
 // (paused while the tab is hidden), bulk cancel/retry of the selected rows, and the New
 // execution form (concurrency key; priority; start now, after a delay or at a time) with every
 // answer an admission can get (201, 200 replay, 422 conflict, 429 with Retry-After), and its
-// Dry run (`?dry_run=true`: what admission would do now, nothing admitted).
+// Dry run (`?dry_run=true`: what admission would do now, nothing admitted); New batch opens the
+// batch admission panel (batch.js).
 
 import { call, query, ApiError, isTerminal } from '../api.js';
 import { h, replace, fmtTime, toInputTime, fromInputTime, statusBadge, toast, field, num } from '../dom.js';
+import { batchPanel } from './batch.js';
 
 const STATUSES = ['queued', 'running', 'completed', 'failed', 'cancelled'];
 const PAGE = 50;
@@ -175,6 +177,7 @@ export async function render(ctx) {
   const cancelBtn = can.cancel ? h('button', { id: 'bulk-cancel', type: 'button', disabled: true, onclick: () => bulk('cancel') }, 'Cancel selected') : null;
   const retryBtn = can.retry ? h('button', { id: 'bulk-retry', type: 'button', disabled: true, onclick: () => bulk('retry') }, 'Retry selected') : null;
   const newBtn = can.admit ? h('button', { id: 'new-execution', type: 'button', class: 'primary', onclick: () => { admitPanel.hidden = !admitPanel.hidden; if (!admitPanel.hidden) flowField.focus(); } }, 'New execution') : null;
+  const batch = can.admit ? batchPanel(tenant, (id) => execLink(tenant, id), () => load()) : null;
   const pager = h('span', { class: 'pager' });
 
   const selectAll = h('input', {
@@ -229,8 +232,10 @@ export async function render(ctx) {
     admitResult);
 
   replace(main,
-    h('div', { class: 'page-head' }, h('h1', {}, 'Executions'), h('span', { class: 'muted' }, ` tenant ${tenant}`), h('div', { class: 'spacer' }), newBtn),
+    h('div', { class: 'page-head' }, h('h1', {}, 'Executions'), h('span', { class: 'muted' }, ` tenant ${tenant}`), h('div', { class: 'spacer' }),
+      batch && batch.button, newBtn),
     admitPanel,
+    batch && batch.panel,
     h('section', { class: 'panel' }, filterForm),
     h('div', { class: 'toolbar' }, totalEl, pager, h('div', { class: 'spacer' }), cancelBtn, retryBtn, refreshSel, refreshState),
     h('div', { class: 'table-wrap' }, table));

@@ -27,7 +27,7 @@ export async function render(ctx) {
   const submit = h('button', { type: 'submit', class: 'primary', id: 'webhook-submit' }, 'Set webhook');
   const formTitle = h('h2', {}, 'Set the address');
   const form = h('form', { id: 'webhook-form', class: 'inline-form', onsubmit: save },
-    field('Address', urlIn, 'An absolute https:// or http:// address; an https receiver needs a certificate the server trusts (public CAs, or --webhook-ca-file). Loopback and private addresses are refused unless the server runs with --webhook-allow-private.'),
+    field('Address', urlIn, 'An absolute https or http address; an https receiver needs a certificate the server trusts (public CAs, or --webhook-ca-file). Loopback and private addresses are refused unless the server runs with --webhook-allow-private.'),
     rotateField, submit);
   const tbody = h('tbody', { id: 'webhook-deliveries-body' });
 
