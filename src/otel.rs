@@ -152,16 +152,30 @@ pub struct AdmitSpan {
 impl AdmitSpan {
     /// Opens the span under the caller's context (a new trace without one).
     pub fn start(tenant: &str, flow: &str, caller: Option<&TraceContext>) -> Option<Self> {
+        Self::open(
+            "admit",
+            [
+                KeyValue::new("sluice.tenant", tenant.to_owned()),
+                KeyValue::new("sluice.flow", flow.to_owned()),
+            ],
+            caller,
+        )
+    }
+
+    /// Opens a server span `name` with `attributes` under the caller's context, when export is
+    /// on.
+    fn open(
+        name: &'static str,
+        attributes: [KeyValue; 2],
+        caller: Option<&TraceContext>,
+    ) -> Option<Self> {
         if !enabled() {
             return None;
         }
         let span = tracer()
-            .span_builder("admit")
+            .span_builder(name)
             .with_kind(SpanKind::Server)
-            .with_attributes([
-                KeyValue::new("sluice.tenant", tenant.to_owned()),
-                KeyValue::new("sluice.flow", flow.to_owned()),
-            ])
+            .with_attributes(attributes)
             .start_with_context(&tracer(), &parent_of(caller));
         let trace = handed_on(span.span_context(), caller);
         Some(Self {
@@ -179,22 +193,14 @@ impl AdmitSpan {
     /// parent every item's execution keeps, as one admission keeps its `admit` span. One span
     /// per batch, not per item: a batch of 1,000 would otherwise fill the export queue.
     pub fn start_batch(tenant: &str, items: usize, caller: Option<&TraceContext>) -> Option<Self> {
-        if !enabled() {
-            return None;
-        }
-        let span = tracer()
-            .span_builder("admit_batch")
-            .with_kind(SpanKind::Server)
-            .with_attributes([
+        Self::open(
+            "admit_batch",
+            [
                 KeyValue::new("sluice.tenant", tenant.to_owned()),
                 KeyValue::new("sluice.items", items as i64),
-            ])
-            .start_with_context(&tracer(), &parent_of(caller));
-        let trace = handed_on(span.span_context(), caller);
-        Some(Self {
-            cx: Context::new().with_span(span),
-            trace,
-        })
+            ],
+            caller,
+        )
     }
 
     /// Closes a batch's span with how many of its items were admitted, replayed (an earlier

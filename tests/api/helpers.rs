@@ -8,6 +8,7 @@
 
 mod app;
 mod redis;
+mod serve;
 mod worker;
 
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use serde_json::{Value, json};
 
 pub use self::app::{ADMIN_TOKEN, TestApp};
 pub use self::redis::{TestRedis, cluster_mode, shard_no};
+pub use self::serve::TestServe;
 pub use self::worker::{FAST_WORKER, TestWorker, flows_file};
 
 /// A loopback port that was free a moment ago (`sluice::redis_server::free_port`, shared with `sluice

@@ -3,7 +3,6 @@
 //! would. The trace the caller started goes on through sluice into the handler, as one tree.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message;
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_TOKEN, TestRedis, TestWorker, free_port, sluice_bin};
+use crate::helpers::{ADMIN_TOKEN, TestRedis, TestServe, TestWorker, free_port};
 
 /// A span as the receiver got it.
 #[derive(Debug, Clone)]
@@ -104,41 +103,18 @@ fn text(v: Option<&AnyValue>) -> String {
     }
 }
 
-/// `sluice serve` with span export; killed when dropped.
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Serve {
-    /// `sluice serve` on `redis`, exporting its spans to the receiver at `base`; its API's
-    /// base URL once it is ready, and a client.
-    async fn start(redis: &TestRedis, base: &str) -> (Self, String, reqwest::Client) {
-        let port = free_port();
-        let serve = Serve(
-            Command::new(sluice_bin())
-                .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-                .args(redis.args())
-                .args(["--otlp-endpoint", base])
-                .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
-        let api = format!("http://127.0.0.1:{port}");
-        assert!(
-            crate::helpers::wait_ready(&client, &api, Duration::from_secs(30)).await,
-            "sluice serve did not become ready"
-        );
-        (serve, api, client)
-    }
+/// `sluice serve` on `redis`, exporting its spans to the receiver at `base`; its API's base
+/// URL once it is ready, and a client.
+async fn serve_exporting(redis: &TestRedis, base: &str) -> (TestServe, String, reqwest::Client) {
+    let port = free_port();
+    let serve = TestServe::spawn(redis, port, &["--otlp-endpoint", base]);
+    let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
+    let api = format!("http://127.0.0.1:{port}");
+    assert!(
+        crate::helpers::wait_ready(&client, &api, Duration::from_secs(30)).await,
+        "sluice serve did not become ready"
+    );
+    (serve, api, client)
 }
 
 /// The spans of trace `trace_id` the receiver holds, once `names` are all among them (30 s
@@ -178,7 +154,7 @@ async fn spans_of_serve_and_worker_form_one_trace_with_the_caller_and_the_handle
     let (trace_id, caller_span) = ids(CALLER);
     let redis = TestRedis::start().await;
     let (base, spans) = receiver().await;
-    let (_serve, api, client) = Serve::start(&redis, &base).await;
+    let (_serve, api, client) = serve_exporting(&redis, &base).await;
     let (_dir, flows) = crate::helpers::flows_file(&format!(
         "[flows.\"svc.traced\"]\nkind = \"http\"\nurl = \"{base}/handler\"\n"
     ));
@@ -309,7 +285,7 @@ async fn a_batch_is_one_span_that_its_executions_keep_as_their_parent() {
     let (trace_id, caller_span) = ids(CALLER);
     let redis = TestRedis::start().await;
     let (base, spans) = receiver().await;
-    let (_serve, api, client) = Serve::start(&redis, &base).await;
+    let (_serve, api, client) = serve_exporting(&redis, &base).await;
     let res = client
         .post(format!("{api}/api/executions/batch"))
         .bearer_auth(ADMIN_TOKEN)

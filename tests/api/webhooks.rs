@@ -6,7 +6,7 @@
 //! once, in order), each attacking it differently; they share the receiver fixture at the top.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use reqwest::Response;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    ADMIN_TOKEN, TestApp, TestRedis, TestWorker, free_port, problem_code, sluice_bin,
+    ADMIN_TOKEN, TestApp, TestRedis, TestServe, TestWorker, free_port, problem_code, sluice_bin,
 };
 use crate::operability::sample;
 
@@ -760,30 +760,12 @@ async fn webhook_settings_refuse_bad_input_and_other_callers() {
 }
 
 /// `sluice serve` as a process of its own, delivering webhooks.
-struct Serve(Child);
-
-impl Serve {
-    fn start(redis: &TestRedis) -> Self {
-        Self(
-            Command::new(sluice_bin())
-                .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
-                .args(redis.args())
-                .args(["--webhook-allow-private", "--webhook-timeout-ms", "1000"])
-                .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn delivering_serve(redis: &TestRedis) -> TestServe {
+    TestServe::spawn(
+        redis,
+        free_port(),
+        &["--webhook-allow-private", "--webhook-timeout-ms", "1000"],
+    )
 }
 
 /// `serve` killed (SIGKILL) while it delivers: after a restart every change is delivered, and
@@ -806,20 +788,19 @@ async fn serve_killed_mid_delivery_loses_no_event() {
     }
     // Deliveries arrive and wait for an answer that comes only after the kill.
     receiver.answer(false);
-    let mut serve = Serve::start(&app.redis);
+    let mut serve = delivering_serve(&app.redis);
     let arrived = receiver
         .until(Duration::from_secs(30), "the first deliveries", |g| {
             g.len() >= 3
         })
         .await
         .len();
-    serve.0.kill().unwrap();
-    serve.0.wait().unwrap();
+    serve.kill();
     receiver.answer(true);
     // Nothing was acknowledged: every event is still in the outbox.
     let w = app.get_json(None, "/api/tenants/acme/webhook").await;
     assert_eq!(w["pending"], N, "{w}");
-    let _serve = Serve::start(&app.redis);
+    let _serve = delivering_serve(&app.redis);
     let w = webhook_once(
         &app,
         Duration::from_secs(60),
