@@ -219,13 +219,7 @@ async fn one_run(
 
     // HTTP admission.
     let redis = procs::start_redis(&args.redis_server, scratch).await?;
-    let cmd = SluiceCmd {
-        program: program.to_owned(),
-        redis: redis.target(),
-        redis_connections: args.redis_connections,
-        serve_threads: args.serve_threads,
-        worker_threads: args.worker_threads,
-    };
+    let cmd = crate::harness::sluice_cmd(args, program, redis.target());
     let (mut serve, addr) =
         procs::start_serve(&cmd, scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
     let url = redis.urls[0].clone();

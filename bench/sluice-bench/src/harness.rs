@@ -160,6 +160,22 @@ pub(crate) async fn group_counts(addr: std::net::SocketAddr) -> anyhow::Result<(
     ))
 }
 
+/// How every `sluice` child of a run is started: `program` against `redis`, with the run's
+/// connection and thread settings.
+pub(crate) fn sluice_cmd(
+    args: &Args,
+    program: impl Into<PathBuf>,
+    redis: RedisTarget,
+) -> procs::SluiceCmd {
+    procs::SluiceCmd {
+        program: program.into(),
+        redis,
+        redis_connections: args.redis_connections,
+        serve_threads: args.serve_threads,
+        worker_threads: args.worker_threads,
+    }
+}
+
 /// The store the ceiling phase calls directly (and the census reads through): `sluice serve`'s
 /// defaults (the flags' own), with the benchmark's quotas, connections and a generous time
 /// bound.

@@ -12,7 +12,7 @@ use crate::harness::{
     tenant_keys,
 };
 use crate::load::{self, LoadResult, Progress, Workload};
-use crate::procs::{self, Scratch, SluiceCmd};
+use crate::procs::{self, Scratch};
 use crate::report::{Check, FixedRate, Master, Memory, MemoryPoint, Report};
 use crate::{ADMIN_TOKEN, Args, UNLIMITED};
 use crate::{bullmq, fairness, limits, push, report};
@@ -31,13 +31,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         procs::start_redis(&args.redis_server, &scratch).await?
     };
     let target = redis.target();
-    let cmd = SluiceCmd {
-        program,
-        redis: target.clone(),
-        redis_connections: args.redis_connections,
-        serve_threads: args.serve_threads,
-        worker_threads: args.worker_threads,
-    };
+    let cmd = crate::harness::sluice_cmd(&args, program, target.clone());
     let (mut serve, addr) =
         procs::start_serve(&cmd, &scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
     let redis_pids: Vec<String> = redis

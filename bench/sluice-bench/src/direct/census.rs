@@ -158,16 +158,10 @@ impl Direct {
             let (mut rows_here, mut completed_here) = (0, 0);
             // Every key found is on this node, so one pipeline per page reads them.
             for keys in row_keys(node).await?.chunks(ROW_PAGE) {
-                let mut p = redis::pipe();
-                for k in keys {
-                    p.cmd("HMGET")
-                        .arg(k)
-                        .arg("status")
-                        .arg("created")
-                        .arg("finished");
-                }
                 let rows: Vec<(Option<String>, Option<u64>, Option<u64>)> =
-                    p.query_async(node).await?;
+                    rows_page(keys, &["status", "created", "finished"])
+                        .query_async(node)
+                        .await?;
                 for (status, created, finished) in rows {
                     let Some(status) = status else { continue }; // deleted between SCAN and HMGET
                     rows_here += 1;
@@ -199,18 +193,6 @@ impl Direct {
         let mut out = Vec::new();
         for node in &mut self.nodes {
             for keys in row_keys(node).await?.chunks(ROW_PAGE) {
-                let mut p = redis::pipe();
-                for k in keys {
-                    p.cmd("HMGET")
-                        .arg(k)
-                        .arg("status")
-                        .arg("created")
-                        .arg("started")
-                        .arg("finished")
-                        .arg("tenant")
-                        .arg("ready_at")
-                        .arg("run_at");
-                }
                 type Row = (
                     Option<String>,
                     Option<u64>,
@@ -220,7 +202,10 @@ impl Direct {
                     Option<u64>,
                     Option<u64>,
                 );
-                let rows: Vec<Row> = p.query_async(node).await?;
+                let fields = [
+                    "status", "created", "started", "finished", "tenant", "ready_at", "run_at",
+                ];
+                let rows: Vec<Row> = rows_page(keys, &fields).query_async(node).await?;
                 for (k, (status, created, started, finished, tenant, ready_at, run_at)) in
                     keys.iter().zip(rows)
                 {
@@ -314,6 +299,16 @@ async fn key_queues(node: &mut MultiplexedConnection) -> anyhow::Result<(u64, u6
         }
     }
     Ok((queued, heads))
+}
+
+/// One pipeline reading `fields` of every row of `keys` (a page of `row_keys`, all on one
+/// node).
+fn rows_page(keys: &[String], fields: &[&str]) -> redis::Pipeline {
+    let mut p = redis::pipe();
+    for k in keys {
+        p.cmd("HMGET").arg(k).arg(fields);
+    }
+    p
 }
 
 /// The names of every execution row on one node, found by SCAN (not through an index).

@@ -12,7 +12,7 @@ use crate::compare::{median, order, rest, round2, script_stats};
 use crate::direct::Direct;
 use crate::harness::Pids;
 use crate::load::{self, Workload};
-use crate::procs::{self, Scratch, SluiceCmd};
+use crate::procs::{self, Scratch};
 use crate::report::{Check, Target};
 use crate::{ADMIN_TOKEN, Args, UNLIMITED};
 
@@ -80,13 +80,7 @@ async fn keyed_run(
         .map(|i| format!("bench-t{i}"))
         .collect();
     let redis = procs::start_redis(&args.redis_server, scratch).await?;
-    let cmd = SluiceCmd {
-        program: program.to_owned(),
-        redis: redis.target(),
-        redis_connections: args.redis_connections,
-        serve_threads: args.serve_threads,
-        worker_threads: args.worker_threads,
-    };
+    let cmd = crate::harness::sluice_cmd(args, program, redis.target());
     let (mut serve, addr) =
         procs::start_serve(&cmd, scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
     let mut direct = Direct::connect(
@@ -271,19 +265,7 @@ impl KeyedComparison {
                 r.errors
             );
         }
-        let _ = writeln!(
-            o,
-            "\nCorrectness (what Redis holds vs what clients were told):"
-        );
-        for c in &self.checks {
-            let _ = writeln!(
-                o,
-                "  {}  {:<24} {}",
-                if c.ok { "PASS" } else { "FAIL" },
-                c.phase,
-                c.detail
-            );
-        }
+        crate::report::write_checks(&mut o, &self.checks, 24);
         let _ = writeln!(
             o,
             "\nRESULT: {}\n",

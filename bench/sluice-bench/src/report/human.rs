@@ -316,19 +316,7 @@ impl Report {
                 t.unit
             );
         }
-        let _ = writeln!(
-            o,
-            "\nCorrectness (what Redis holds vs what clients were told):"
-        );
-        for c in &self.checks {
-            let _ = writeln!(
-                o,
-                "  {}  {:<18} {}",
-                if c.ok { "PASS" } else { "FAIL" },
-                c.phase,
-                c.detail
-            );
-        }
+        super::write_checks(o, &self.checks, 18);
         let met = self.targets.iter().filter(|t| t.pass).count();
         let _ = writeln!(
             o,

@@ -36,6 +36,25 @@ pub struct Check {
     pub detail: String,
 }
 
+/// Writes the correctness table both reports end with: a heading, then each check as `PASS`
+/// or `FAIL`, its phase (padded to `width`) and what was compared.
+pub fn write_checks(o: &mut String, checks: &[Check], width: usize) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        o,
+        "\nCorrectness (what Redis holds vs what clients were told):"
+    );
+    for c in checks {
+        let _ = writeln!(
+            o,
+            "  {}  {:<width$} {}",
+            if c.ok { "PASS" } else { "FAIL" },
+            c.phase,
+            c.detail
+        );
+    }
+}
+
 /// One speed target.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
