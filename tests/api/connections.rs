@@ -418,8 +418,11 @@ async fn cheap_requests_cannot_keep_a_connection_past_its_max_age() {
     .await;
     let mut clients = Vec::new();
     for _ in 0..20 {
-        let mut s = TcpStream::connect(app.addr).await.unwrap();
+        // Taken before connecting: the server's age of the connection counts from its accept,
+        // which may come before this task runs again after the handshake (on a loaded machine,
+        // milliseconds before), never before the connect began.
         let opened = Instant::now();
+        let mut s = TcpStream::connect(app.addr).await.unwrap();
         clients.push(tokio::spawn(async move {
             let deadline = opened + Duration::from_secs(30);
             // Whether the server ended it while the client kept asking (not after the client
