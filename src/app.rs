@@ -156,6 +156,7 @@ impl Application {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let limits = HttpLimits {
             request_timeout: config.api.request_timeout(),
+            redis_timeout,
             body_limit: config.api.body_limit,
             cors_origins: cors_origins.clone(),
             metrics_on_main: config.api.metrics_listen.is_none(),

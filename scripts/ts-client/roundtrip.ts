@@ -69,10 +69,6 @@ async function until(what: string, seconds: number, ok: () => Promise<boolean>):
   throw new Error(`${what} did not happen within ${seconds} s`);
 }
 
-function isExecution(answer: components["schemas"]["AdmitAnswer"]): answer is Execution {
-  return "execution_id" in answer && "status" in answer;
-}
-
 async function main(sluice: string): Promise<void> {
   const data = mkdtempSync(join(tmpdir(), "sluice-ts-roundtrip-"));
   const children: ChildProcess[] = [];
@@ -135,7 +131,8 @@ async function run(baseUrl: string): Promise<void> {
     params: { header: { "Idempotency-Key": "ts-42" } },
     body,
   });
-  const admitted: Execution | undefined = first.data && isExecution(first.data) ? first.data : undefined;
+  // Both 2xx answers of an admission are an `Execution`: no narrowing needed.
+  const admitted: Execution | undefined = first.data;
   check(first.response.status === 201 && admitted !== undefined, "admit: 201 with the execution");
   const id = admitted?.execution_id ?? "";
   check(admitted?.tenant_id === "acme" && /^[0-9a-f]{32}$/.test(id), "admit: the key's tenant, a 32-hex id");
@@ -146,13 +143,25 @@ async function run(baseUrl: string): Promise<void> {
     params: { header: { "Idempotency-Key": "ts-42" } },
     body,
   });
-  const replayed = again.data && isExecution(again.data) ? again.data : undefined;
+  const replayed: Execution | undefined = again.data;
   check(
     again.response.status === 200 &&
       again.response.headers.get("idempotent-replayed") === "true" &&
       replayed?.execution_id === id &&
       replayed.deduplicated === true,
     "admit again: 200, replayed, the same id",
+  );
+
+  // The dry run is its own operation with its own answer type: the same key and request are
+  // a duplicate of the execution the key holds, and nothing is admitted.
+  const dry = await client.POST("/api/executions/dry-run", {
+    params: { header: { "Idempotency-Key": "ts-42" } },
+    body,
+  });
+  const decision: components["schemas"]["DryRunAnswer"] | undefined = dry.data;
+  check(
+    dry.response.status === 200 && decision?.decision === "duplicate" && decision.execution_id === id,
+    "dry run: a duplicate of the execution the key holds",
   );
 
   // The same key with other params: a conflict, as a typed problem document.
@@ -179,7 +188,7 @@ async function run(baseUrl: string): Promise<void> {
   const sleeper = await client.POST("/api/executions", {
     body: { flow_id: "demo.sleep", params: { ms: 200 } },
   });
-  const sleeperId = sleeper.data && isExecution(sleeper.data) ? sleeper.data.execution_id : "";
+  const sleeperId = sleeper.data?.execution_id ?? "";
   check(sleeper.response.status === 201 && sleeperId !== "", "admit demo.sleep");
   const stream = await client.GET("/api/executions/{id}/events", {
     params: { path: { id: sleeperId } },
@@ -202,8 +211,8 @@ async function run(baseUrl: string): Promise<void> {
   const later = await client.POST("/api/executions", {
     body: { flow_id: "demo.echo", delay: "1h", priority: 2 },
   });
-  const laterId = later.data && isExecution(later.data) ? later.data.execution_id : "";
-  check(later.data !== undefined && isExecution(later.data) && later.data.queue_state === "scheduled", "admit with a delay: scheduled");
+  const laterId = later.data?.execution_id ?? "";
+  check(later.data?.queue_state === "scheduled", "admit with a delay: scheduled");
   const cancelled = await client.POST("/api/executions/{id}/cancel", { params: { path: { id: laterId } } });
   check(cancelled.data?.status === "cancelled", "cancel: cancelled");
 

@@ -44,6 +44,21 @@ pub enum ApiError {
     },
     #[error("the request took longer than the server's limit")]
     Timeout,
+    /// An admission whose request ran out of time before anything of it was sent to Redis
+    /// (it was withdrawn while it waited): nothing was admitted. Code `request_timeout`, like
+    /// `Timeout`, which says no more.
+    #[error("the request took longer than the server's limit; nothing was admitted")]
+    TimeoutNothingAdmitted,
+    /// Items of a batch the server never sent (its time ran out, or Redis did not answer an
+    /// earlier call of the batch): nothing of them was admitted; send them again.
+    #[error("{0}")]
+    NotAdmitted(String),
+    /// A batch whose answers did not come back within the request's bound and the time given
+    /// to settle them: some of its items may have been admitted.
+    #[error(
+        "the batch's calls to storage did not answer in time: some of its items may have been admitted; repeat the batch with the same dedup keys to learn which"
+    )]
+    BatchOutcomeUnknown,
     /// A bounded resource of the server is used up (e.g. its waiters): retry later.
     #[error("{detail}")]
     Busy {
@@ -84,6 +99,7 @@ impl From<StoreError> for ApiError {
                 execution_id,
                 log: detail,
             },
+            StoreError::NotSent(m) => ApiError::NotAdmitted(m),
         }
     }
 }
@@ -107,9 +123,12 @@ impl ApiError {
             ApiError::IdempotencyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable(_)
+            | ApiError::OutcomeUnknown { .. }
+            | ApiError::Timeout
+            | ApiError::TimeoutNothingAdmitted
+            | ApiError::NotAdmitted(_)
+            | ApiError::BatchOutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Status { status, .. } | ApiError::Busy { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -128,8 +147,11 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::QueueFull { .. } => "tenant_queue_full",
             ApiError::Unavailable(_) => "redis_unavailable",
-            ApiError::OutcomeUnknown { .. } => "admission_outcome_unknown",
-            ApiError::Timeout => "request_timeout",
+            ApiError::OutcomeUnknown { .. } | ApiError::BatchOutcomeUnknown => {
+                "admission_outcome_unknown"
+            }
+            ApiError::Timeout | ApiError::TimeoutNothingAdmitted => "request_timeout",
+            ApiError::NotAdmitted(_) => "not_admitted",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -139,9 +161,12 @@ impl ApiError {
             ApiError::QueueFull { retry_after, .. } | ApiError::Busy { retry_after, .. } => {
                 Some(*retry_after)
             }
-            ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
-                Some(UNAVAILABLE_RETRY_AFTER)
-            }
+            ApiError::Unavailable(_)
+            | ApiError::OutcomeUnknown { .. }
+            | ApiError::Timeout
+            | ApiError::TimeoutNothingAdmitted
+            | ApiError::NotAdmitted(_)
+            | ApiError::BatchOutcomeUnknown => Some(UNAVAILABLE_RETRY_AFTER),
             _ => None,
         }
     }

@@ -40,7 +40,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{self as swagger_ui, SwaggerUi};
 
 use crate::revocation::Revocations;
-use crate::store::Store;
+use crate::store::{CloseOnDrop, Store, Ticket, Withdrawal};
 use crate::waiters::Hub;
 use auth::AuthConfig;
 use error::{ApiError, PROBLEM_JSON};
@@ -121,6 +121,10 @@ impl ConnectionHandle {
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
     pub request_timeout: Duration,
+    /// `--redis-timeout-ms`: how long one Redis call may take. An admission that sent a call
+    /// before the request's bound passed is given up to two of these more to settle it (see
+    /// `edge`).
+    pub redis_timeout: Duration,
     pub body_limit: usize,
     /// Browser origins allowed to call the API (CORS); empty = no CORS headers at all.
     pub cors_origins: Vec<HeaderValue>,
@@ -174,11 +178,7 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
         .merge(console::routes())
         .fallback(unknown_route)
         .layer(middleware::from_fn_with_state(
-            Edge {
-                metrics: state.metrics.clone(),
-                request_timeout: limits.request_timeout,
-                dev_auth_guard: limits.dev_auth_guard.clone().map(Arc::new),
-            },
+            Edge::new(&state, &limits),
             edge,
         ))
         .layer(DefaultBodyLimit::max(limits.body_limit))
@@ -235,11 +235,7 @@ pub fn metrics_router(state: AppState, limits: &HttpLimits) -> Router {
     metrics_routes
         .fallback(unknown_route)
         .layer(middleware::from_fn_with_state(
-            Edge {
-                metrics: state.metrics.clone(),
-                request_timeout: limits.request_timeout,
-                dev_auth_guard: limits.dev_auth_guard.clone().map(Arc::new),
-            },
+            Edge::new(&state, limits),
             edge,
         ))
         .layer(DefaultBodyLimit::max(limits.body_limit))
@@ -302,7 +298,36 @@ async fn unknown_route() -> ApiError {
 struct Edge {
     metrics: Arc<metrics::Metrics>,
     request_timeout: Duration,
+    /// How much longer than its bound an admission that sent a call before the bound passed
+    /// may take to settle it: the call and the settling of a lost answer, each bounded by
+    /// `--redis-timeout-ms`, and a margin.
+    settle_grace: Duration,
     dev_auth_guard: Option<Arc<dev_guard::DevAuthGuard>>,
+}
+
+impl Edge {
+    fn new(state: &AppState, limits: &HttpLimits) -> Self {
+        Self {
+            metrics: state.metrics.clone(),
+            request_timeout: limits.request_timeout,
+            settle_grace: limits.redis_timeout * 2 + SETTLE_GRACE_MARGIN,
+            dev_auth_guard: limits.dev_auth_guard.clone().map(Arc::new),
+        }
+    }
+}
+
+/// What an admission's settling may take beyond its two Redis time-outs (decoding, writing the
+/// answer, a busy process).
+const SETTLE_GRACE_MARGIN: Duration = Duration::from_millis(500);
+
+/// Whether a request admits executions (`POST /api/executions`, `POST /api/executions/batch`):
+/// those get a `Ticket`, so that the time bound never hides what they wrote.
+fn admits(method: &Method, route: Option<&str>) -> bool {
+    method == Method::POST
+        && matches!(
+            route,
+            Some(executions::CREATE_ROUTE) | Some(executions::BATCH_ROUTE)
+        )
 }
 
 /// Everything done around every request, in one middleware (each layer costs a boxed future
@@ -314,7 +339,15 @@ struct Edge {
 /// bound, and its connection told that it may stay silent that long; its latency is recorded
 /// under a route label of its own. An event stream needs nothing of the kind: its handler
 /// answers at once, and the time bound covers only that (the stream then beats).
-async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
+///
+/// An admission (single or batch) gets a [`Ticket`](crate::store::Ticket) holding its
+/// deadline, so the bound never hides what it wrote. When the bound passes and nothing of it
+/// was sent, the ticket is withdrawn (what still waits for its shard's call is never sent) and
+/// the answer is 503 `request_timeout`, nothing admitted. When a call was sent, the handler is
+/// given `settle_grace` more to settle it and answer itself (it stops sending well before the
+/// bound, see `Ticket::send_by`, so it normally has answered already); only past that is the
+/// answer 503 `admission_outcome_unknown`, naming the execution of a single admission.
+async fn edge(State(edge): State<Edge>, mut req: Request, next: Next) -> Response {
     let started = std::time::Instant::now();
     let method = req.method().clone();
     let mut route = req
@@ -337,9 +370,39 @@ async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
         }
         route = Some(label.to_owned());
     }
-    let res = match tokio::time::timeout(bound, next.run(req)).await {
+    let ticket = admits(&method, route.as_deref()).then(|| {
+        let ticket = Arc::new(Ticket::new(tokio::time::Instant::from_std(started) + bound));
+        if let Some(conn) = req.extensions().get::<ConnectionHandle>() {
+            conn.allow_silence_until(started + bound + edge.settle_grace);
+        }
+        req.extensions_mut().insert(ticket.clone());
+        ticket
+    });
+    // A request that goes away (its client disconnected) sends nothing more.
+    let _withdraw_if_dropped = ticket.clone().map(CloseOnDrop);
+    let run = next.run(req);
+    tokio::pin!(run);
+    let res = match tokio::time::timeout(bound, run.as_mut()).await {
         Ok(res) => problem_for_bare_errors(res),
-        Err(_) => ApiError::Timeout.into_response(),
+        Err(_) => match ticket.as_deref().map(Ticket::withdraw) {
+            None => ApiError::Timeout.into_response(),
+            Some(Withdrawal::NothingSent) => ApiError::TimeoutNothingAdmitted.into_response(),
+            Some(Withdrawal::Sent(id)) => {
+                match tokio::time::timeout(edge.settle_grace, run.as_mut()).await {
+                    Ok(res) => problem_for_bare_errors(res),
+                    Err(_) => match id {
+                        Some(execution_id) => ApiError::OutcomeUnknown {
+                            execution_id,
+                            log: "the admission's call did not settle within the request's \
+                                  bound and its grace"
+                                .into(),
+                        }
+                        .into_response(),
+                        None => ApiError::BatchOutcomeUnknown.into_response(),
+                    },
+                }
+            }
+        },
     };
     edge.metrics
         .observe_latency(&method, route, res.status(), started.elapsed());

@@ -2,18 +2,48 @@
 //! lost (`migrations-lua/abandon.lua`): the one operation after which "I do not know" is a
 //! possible answer, so it lives apart with the rule that decides when it is.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Value;
+use tokio::time::Instant;
 
 use super::call::{script_call, script_group};
-use super::commit::{Item, Outcome};
+use super::commit::{Item, Outcome, Sender};
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
+use super::ticket::Ticket;
 use super::{Shard, Store, StoreError};
 use crate::domain::{
     AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, Status,
     TenantId,
 };
+
+/// Time kept back before a request's deadline when a waiting execution's forecast is read for
+/// its answer: the forecast is skipped rather than make the answer late.
+const FORECAST_MARGIN: Duration = Duration::from_millis(50);
+
+/// Until when a lost admission of `ticket`'s request may be settled: its deadline, less a
+/// margin for the answer to be written.
+fn settle_by(ticket: &Ticket) -> Instant {
+    let deadline = ticket.deadline();
+    deadline.checked_sub(FORECAST_MARGIN).unwrap_or(deadline)
+}
+
+/// The error of an admission that was never sent: why (its request's time ran out while it
+/// waited, or the request went away); nothing of it was admitted.
+fn not_sent(ticket: &Ticket) -> StoreError {
+    StoreError::NotSent(if ticket.may_send() {
+        "not sent: the request's time ran out before it could be sent".into()
+    } else {
+        "not sent: the request was withdrawn before it could be sent".into()
+    })
+}
+
+/// Most tries to settle one lost admission, and the pause between two: a settling call that
+/// went unanswered is tried again while the request has time left (at least `SETTLE_TRY_MIN`).
+const SETTLE_TRIES: u32 = 8;
+const SETTLE_PAUSE: Duration = Duration::from_millis(25);
+const SETTLE_TRY_MIN: Duration = Duration::from_millis(50);
 
 /// How long the marker of an abandoned admission lives: far longer than a call can stay in
 /// flight (a Redis stalled for a day has bigger problems).
@@ -45,25 +75,55 @@ impl Store {
     /// the result `OutcomeUnknown`, naming the id. An error *reply* (a frozen shard's TRYAGAIN,
     /// a redirect, LOADING, OOM, ...) is not a lost answer: Redis said the script did not run.
     /// All this holds per admission when a call carries several.
+    ///
+    /// The request's `ticket` bounds it in time: the admission is sent only while the ticket
+    /// allows (see `Ticket::send_by`): one still waiting for its shard's call when that moment
+    /// passes, or whose request was withdrawn, is never sent (`NotSent`: nothing admitted).
+    /// The work runs in a task of its own, so a request that goes away cancels only its wait:
+    /// a call already sent is still settled.
     pub async fn admit(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        req: AdmitRequest,
+        ticket: Arc<Ticket>,
+    ) -> Result<Admission, StoreError> {
+        let store = Arc::clone(self);
+        tokio::spawn(async move { store.admit_in_time(&tenant, &req, &ticket).await })
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Corrupt(format!("admission task: {e}"))))
+    }
+
+    async fn admit_in_time(
         &self,
         tenant: &TenantId,
         req: &AdmitRequest,
+        ticket: &Arc<Ticket>,
     ) -> Result<Admission, StoreError> {
         let id = ExecutionId::new();
         // Twice at most: a tenant pinned since this process last read the pins is sent on.
         for _ in 0..2 {
             let shard = self.shard_of(tenant);
             let item = admission_item(shard, tenant, &id, req);
-            let reply = match self.commits.submit(shard, item).await {
+            let sender = Sender {
+                ticket: Arc::clone(ticket),
+                id: id.clone(),
+            };
+            let reply = match self.commits.submit(shard, item, Some(sender)).await {
                 Outcome::Reply(reply) => reply,
                 // Sent, answer lost: it may have run, or may still run.
-                Outcome::Lost(why) => return self.abandon(tenant, &id, &why).await,
+                Outcome::Lost(why) => {
+                    return self.abandon(tenant, &id, &why, settle_by(ticket)).await;
+                }
                 // Refused at connect, an error reply (Redis itself says the script did not
                 // run, or failed before writing), or this admission's own script error.
                 Outcome::Failed(e) => return Err(e),
+                Outcome::Withdrawn => return Err(not_sent(ticket)),
             };
-            match self.answer(tenant, &id, req, reply).await? {
+            let forecast_by = ticket
+                .deadline()
+                .checked_sub(FORECAST_MARGIN)
+                .unwrap_or(ticket.deadline());
+            match self.answer(tenant, &id, req, reply, forecast_by).await? {
                 Some(admission) => return Ok(admission),
                 None => self.refresh_pins().await?,
             }
@@ -74,13 +134,15 @@ impl Store {
     }
 
     /// What `admit.lua` answered for the admission of `req` as `id`: the admission, or `None`
-    /// when its tenant was pinned to another shard since this process last read the pins.
+    /// when its tenant was pinned to another shard since this process last read the pins. A
+    /// waiting execution's forecast is added if it can be read by `forecast_by`.
     async fn answer(
         &self,
         tenant: &TenantId,
         id: &ExecutionId,
         req: &AdmitRequest,
         reply: Vec<Value>,
+        forecast_by: Instant,
     ) -> Result<Option<Admission>, StoreError> {
         let (tag, rest) = split_tag(reply)?;
         let admission = match tag.as_str() {
@@ -104,12 +166,12 @@ impl Store {
                     due,
                 )
                 .map_err(StoreError::Corrupt)?;
-                self.forecast(&mut e).await;
+                self.forecast_by(&mut e, forecast_by).await;
                 Ok(Admission::Created(e))
             }
             "dup" => {
                 let mut e = execution_from(rest, true)?;
-                self.forecast(&mut e).await;
+                self.forecast_by(&mut e, forecast_by).await;
                 Ok(Admission::Replayed(e))
             }
             "conflict" => Ok(Admission::Conflict {
@@ -127,30 +189,79 @@ impl Store {
         admission.map(Some)
     }
 
+    /// The forecast of `e` (see `forecast`), if it can be read by `until`: an admission's
+    /// answer never waits past its request's time for it (it is an estimate; without it the
+    /// answer is still whole).
+    async fn forecast_by(&self, e: &mut Execution, until: Instant) {
+        let mut estimated = e.clone();
+        if tokio::time::timeout_at(until, self.forecast(&mut estimated))
+            .await
+            .is_ok()
+        {
+            *e = estimated;
+        }
+    }
+
     /// Admits `reqs` (one tenant's batch) in order, in calls of at most `BATCH_CALL_ITEMS`
     /// (or `--redis-admission-group`, if fewer) admissions and about 1 MiB, one call after the
     /// other, each after the single admissions that came meanwhile (see
-    /// `GroupCommit::yield_to_singles`): each
-    /// admission decided as `admit` would (a dedup key repeated in the batch is a replay of
-    /// its first), each with its own answer. Not atomic as a whole: a call that fails leaves
-    /// the calls before it admitted. A lost answer is settled admission by admission (all of
-    /// a call's at once); once Redis did not answer, the rest is not sent and answers
-    /// `Unavailable` (nothing of it was admitted).
+    /// `GroupCommit::yield_to_singles`): each admission decided as `admit` would (a dedup key
+    /// repeated in the batch is a replay of its first), each with its own answer. Not atomic
+    /// as a whole: a call that fails leaves the calls before it admitted. A lost answer is
+    /// settled admission by admission (all of a call's at once); once Redis did not answer,
+    /// the rest is not sent. The `ticket` bounds it like a single admission: no call is sent
+    /// once what is left of the request's time could not settle it, nor after the request was
+    /// withdrawn. What was not sent answers `NotSent` (nothing of it admitted). Runs in a task
+    /// of its own, like `admit`.
     pub async fn admit_batch(
-        &self,
+        self: &Arc<Self>,
+        tenant: TenantId,
+        reqs: Vec<AdmitRequest>,
+        ticket: Arc<Ticket>,
+    ) -> Vec<Result<Admission, StoreError>> {
+        let store = Arc::clone(self);
+        let n = reqs.len();
+        match tokio::spawn(async move { store.admit_batch_in_time(&tenant, &reqs, &ticket).await })
+            .await
+        {
+            Ok(out) => out,
+            Err(e) => (0..n)
+                .map(|_| Err(StoreError::Corrupt(format!("batch admission task: {e}"))))
+                .collect(),
+        }
+    }
+
+    async fn admit_batch_in_time(
+        self: &Arc<Self>,
         tenant: &TenantId,
         reqs: &[AdmitRequest],
+        ticket: &Arc<Ticket>,
     ) -> Vec<Result<Admission, StoreError>> {
         let ids: Vec<ExecutionId> = reqs.iter().map(|_| ExecutionId::new()).collect();
         let mut out: Vec<Option<Result<Admission, StoreError>>> =
             reqs.iter().map(|_| None).collect();
         let mut moved = Vec::new();
         let most = self.commits.group_max.min(super::commit::BATCH_CALL_ITEMS);
+        let op_timeout = self.config.op_timeout;
+        let forecast_by = ticket
+            .deadline()
+            .checked_sub(FORECAST_MARGIN)
+            .unwrap_or(ticket.deadline());
         let mut next = 0;
         let mut last_call = None;
         while next < reqs.len() {
             if let Some(took) = last_call {
-                self.commits.yield_to_singles(took).await;
+                let send_by = ticket.send_by(op_timeout);
+                let most = std::cmp::min(took, send_by.saturating_duration_since(Instant::now()));
+                self.commits.yield_to_singles(most).await;
+            }
+            // The moment a call is made up is the moment its items count as sent.
+            if !ticket.claim_send(op_timeout, None) {
+                self.commits.withdrew(reqs.len() - next);
+                for slot in out.iter_mut().skip(next) {
+                    *slot = Some(Err(not_sent(ticket)));
+                }
+                break;
             }
             let shard = self.shard_of(tenant);
             let mut items = Vec::new();
@@ -174,7 +285,10 @@ impl Store {
                 let i = next + k;
                 out[i] = match outcome {
                     Outcome::Reply(reply) => {
-                        match self.answer(tenant, &ids[i], &reqs[i], reply).await {
+                        match self
+                            .answer(tenant, &ids[i], &reqs[i], reply, forecast_by)
+                            .await
+                        {
                             Ok(Some(a)) => Some(Ok(a)),
                             Ok(None) => {
                                 moved.push(i);
@@ -191,6 +305,7 @@ impl Store {
                         unavailable |= matches!(e, StoreError::Unavailable(_));
                         Some(Err(e))
                     }
+                    Outcome::Withdrawn => Some(Err(not_sent(ticket))),
                 };
             }
             next += items.len();
@@ -199,7 +314,7 @@ impl Store {
             if !lost.is_empty() {
                 let settled = futures_util::future::join_all(
                     lost.iter()
-                        .map(|(i, why)| self.abandon(tenant, &ids[*i], why)),
+                        .map(|(i, why)| self.abandon(tenant, &ids[*i], why, settle_by(ticket))),
                 )
                 .await;
                 for ((i, _), answer) in lost.iter().zip(settled) {
@@ -209,7 +324,7 @@ impl Store {
             }
             if unavailable {
                 for slot in out.iter_mut().skip(next) {
-                    *slot = Some(Err(StoreError::Unavailable(
+                    *slot = Some(Err(StoreError::NotSent(
                         "not sent: Redis did not answer an earlier call of this batch".into(),
                     )));
                 }
@@ -221,7 +336,7 @@ impl Store {
             let refreshed = self.refresh_pins().await;
             for i in moved {
                 out[i] = Some(match &refreshed {
-                    Ok(()) => self.admit(tenant, &reqs[i]).await,
+                    Ok(()) => self.admit_in_time(tenant, &reqs[i], ticket).await,
                     Err(e) => Err(e.clone()),
                 });
             }
@@ -267,12 +382,17 @@ impl Store {
             .await
     }
 
-    /// Settles an admission whose answer was lost (see `migrations-lua/abandon.lua`).
+    /// Settles an admission whose answer was lost (see `migrations-lua/abandon.lua`), trying
+    /// again while its request has time left (`settle_by`): a try that went unanswered may
+    /// still run later, which is harmless (whichever of the admission and a settling call runs
+    /// first decides, and every later one agrees), so a Redis that stalls for less than the
+    /// request's bound gets a definite answer rather than `OutcomeUnknown`.
     async fn abandon(
         &self,
         tenant: &TenantId,
         id: &ExecutionId,
         lost: &str,
+        settle_by: Instant,
     ) -> Result<Admission, StoreError> {
         tracing::warn!(%id, error = %lost, "admission answer lost; settling it");
         let shard = self.shard_of(tenant);
@@ -286,14 +406,37 @@ impl Store {
                 void_ttl_secs: VOID_TTL.as_secs(),
             },
         );
-        let mut c = self.conn();
-        let reply: Vec<Value> = match self.bounded(inv.invoke_async(&mut c)).await {
-            Ok(reply) => reply,
-            Err(e) => {
-                return Err(StoreError::OutcomeUnknown {
-                    execution_id: id.clone(),
-                    detail: format!("{lost}; then, settling it: {e}"),
-                });
+        let mut tries = 0;
+        let reply: Vec<Value> = loop {
+            tries += 1;
+            let mut c = self.conn();
+            let bound = settle_by
+                .saturating_duration_since(Instant::now())
+                .min(self.config.op_timeout)
+                .max(SETTLE_TRY_MIN);
+            let answer = match tokio::time::timeout(bound, inv.invoke_async(&mut c)).await {
+                Ok(r) => r.map_err(StoreError::from),
+                Err(_) => Err(StoreError::Unavailable(format!(
+                    "no answer within {bound:?}"
+                ))),
+            };
+            match answer {
+                Ok(reply) => break reply,
+                Err(StoreError::Unavailable(e))
+                    if tries < SETTLE_TRIES
+                        && settle_by.saturating_duration_since(Instant::now())
+                            >= SETTLE_TRY_MIN + SETTLE_PAUSE =>
+                {
+                    tracing::debug!(%id, error = %e, tries, "settling try went unanswered");
+                    tokio::time::sleep(SETTLE_PAUSE).await;
+                }
+                Err(e) => {
+                    self.commits.left_unknown();
+                    return Err(StoreError::OutcomeUnknown {
+                        execution_id: id.clone(),
+                        detail: format!("{lost}; then, settling it ({tries} tries): {e}"),
+                    });
+                }
             }
         };
         let (tag, rest) = split_tag(reply)?;

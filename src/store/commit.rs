@@ -44,7 +44,9 @@ use tokio::sync::{Notify, oneshot};
 use super::call::script_call;
 use super::conn::Conn;
 use super::keys::Shard;
+use super::ticket::Ticket;
 use super::{Policy, StoreError, compose, is_lost, shard_invocation};
+use crate::domain::ExecutionId;
 
 /// About the most bytes of keys and arguments one call carries (one admission alone may be
 /// more: it is sent on its own).
@@ -102,11 +104,22 @@ pub(super) enum Outcome {
     Lost(String),
     /// Redis said the call did not run (or the script failed on this item).
     Failed(StoreError),
+    /// Never sent: its request was withdrawn, or its time to be sent passed while it waited
+    /// for its shard's call (see `Ticket`). Nothing of it was written.
+    Withdrawn,
+}
+
+/// Whose admission an item is, for the group committer: the request's ticket (which may
+/// withdraw it while it waits, and which records that it was sent) and the execution it mints.
+pub(super) struct Sender {
+    pub ticket: std::sync::Arc<Ticket>,
+    pub id: ExecutionId,
 }
 
 struct Waiting {
     item: Item,
     answer: oneshot::Sender<Outcome>,
+    sender: Option<Sender>,
 }
 
 /// A shard's queue: whether a call is in flight, and what waits for the next one.
@@ -131,6 +144,13 @@ pub(super) struct GroupCommit {
     /// Calls made, and the items they carried.
     calls: AtomicU64,
     sent: AtomicU64,
+    /// Items whose call's answer was lost (each then settled by its caller).
+    lost: AtomicU64,
+    /// Admissions never sent: withdrawn from the queue, or left out of a batch's calls, because
+    /// their request ran out of time or went away.
+    withdrawn: AtomicU64,
+    /// Lost admissions whose settling failed too (answered `admission_outcome_unknown`).
+    unknown: AtomicU64,
     /// Items queued for their shard's next call now.
     waiting: AtomicUsize,
     /// Lanes with a call in flight or admissions queued, and the signal that the last of them
@@ -149,6 +169,15 @@ pub struct GroupCommitCounts {
     pub carried: u64,
     /// Items waiting now for their shard's call in flight to end.
     pub waiting: u64,
+    /// Items whose call's answer was lost (an admission is then settled, see `admit`; a report
+    /// is repeated by its worker).
+    pub lost: u64,
+    /// Admissions never sent because their request ran out of time (or went away) while they
+    /// waited: each answered "nothing admitted".
+    pub withdrawn: u64,
+    /// Lost admissions that could not be settled either: each answered
+    /// `admission_outcome_unknown`, naming its execution.
+    pub unknown: u64,
 }
 
 impl GroupCommit {
@@ -172,6 +201,9 @@ impl GroupCommit {
             group_max,
             calls: AtomicU64::new(0),
             sent: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            withdrawn: AtomicU64::new(0),
+            unknown: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             busy_lanes: AtomicUsize::new(0),
             quiet: Notify::new(),
@@ -183,17 +215,40 @@ impl GroupCommit {
             calls: self.calls.load(Ordering::Relaxed),
             carried: self.sent.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed) as u64,
+            lost: self.lost.load(Ordering::Relaxed),
+            withdrawn: self.withdrawn.load(Ordering::Relaxed),
+            unknown: self.unknown.load(Ordering::Relaxed),
         }
     }
 
+    /// Counts `n` admissions never sent (see `GroupCommitCounts::withdrawn`).
+    pub(super) fn withdrew(&self, n: usize) {
+        self.withdrawn.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a lost admission that could not be settled (see `GroupCommitCounts::unknown`).
+    pub(super) fn left_unknown(&self) {
+        self.unknown.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Sends `item` (an admission or a report) to shard `shard` in the next call that shard
-    /// makes.
-    pub(super) async fn submit(self: &Arc<Self>, shard: Shard, item: Item) -> Outcome {
+    /// makes. An admission comes with its `sender`: it is sent only if its ticket still allows
+    /// it when its call is made up, and answered `Outcome::Withdrawn` otherwise.
+    pub(super) async fn submit(
+        self: &Arc<Self>,
+        shard: Shard,
+        item: Item,
+        sender: Option<Sender>,
+    ) -> Outcome {
         let (answer, outcome) = oneshot::channel();
         let start = {
             let mut lanes = self.lanes.lock().expect("group commit lanes");
             let lane = lanes.entry(shard).or_default();
-            lane.queue.push_back(Waiting { item, answer });
+            lane.queue.push_back(Waiting {
+                item,
+                answer,
+                sender,
+            });
             self.waiting.fetch_add(1, Ordering::Relaxed);
             let start = !std::mem::replace(&mut lane.busy, true);
             if start {
@@ -226,8 +281,20 @@ impl GroupCommit {
                     {
                         break;
                     }
+                    let next = lane.queue.pop_front().expect("a front");
+                    // The moment it is put in a call is the moment it counts as sent: a
+                    // request withdrawn before, or out of time to settle a lost answer, is
+                    // answered unsent and leaves nothing behind.
+                    if let Some(s) = &next.sender
+                        && !s.ticket.claim_send(self.op_timeout, Some(&s.id))
+                    {
+                        self.waiting.fetch_sub(1, Ordering::Relaxed);
+                        self.withdrew(1);
+                        let _ = next.answer.send(Outcome::Withdrawn);
+                        continue;
+                    }
                     bytes += size;
-                    group.push(lane.queue.pop_front().expect("a front"));
+                    group.push(next);
                 }
                 if group.is_empty() {
                     lane.busy = false;
@@ -286,10 +353,12 @@ impl GroupCommit {
                     return all(&|| Outcome::Failed(e.clone()));
                 }
                 Ok(Err(e)) if is_lost(&e) => {
+                    self.lost.fetch_add(items.len() as u64, Ordering::Relaxed);
                     let why = e.to_string();
                     return all(&|| Outcome::Lost(why.clone()));
                 }
                 Err(_) => {
+                    self.lost.fetch_add(items.len() as u64, Ordering::Relaxed);
                     let why = format!("no answer within {:?}", self.op_timeout);
                     return all(&|| Outcome::Lost(why.clone()));
                 }

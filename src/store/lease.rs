@@ -288,10 +288,14 @@ impl Store {
         .into();
         // Grouped with the reports of this process's other runs of the shard that end while a
         // call is in flight (see `commit`).
-        let reply = match self.completions.submit(shard, item).await {
+        let reply = match self.completions.submit(shard, item, None).await {
             Sent::Reply(reply) => reply,
             Sent::Lost(why) => return Err(StoreError::Unavailable(why)),
             Sent::Failed(e) => return Err(e),
+            // Only an admission (one with a ticket) is ever withdrawn.
+            Sent::Withdrawn => {
+                return Err(StoreError::Corrupt("a report was withdrawn".into()));
+            }
         };
         let (what, detail, more, runs, next_due, weight): (
             String,

@@ -50,6 +50,7 @@ mod scripts;
 mod stats;
 mod sweep;
 mod tenants;
+mod ticket;
 pub mod trends;
 mod wake;
 mod watch;
@@ -85,6 +86,7 @@ pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
 pub use sweep::{SweepMode, SweepStep, SweepTarget};
 pub use tenants::{Change, MAX_KEY_OVERRIDES, MAX_WEIGHT, RateLimit, TenantLimits, TenantState};
+pub use ticket::{CloseOnDrop, Ticket, Withdrawal};
 pub use trends::{Minute, PlatformTrends, TenantWork, Trends};
 pub use wake::{BellConn, StopListener};
 pub use watch::{Announcement, Events};
@@ -109,6 +111,11 @@ pub enum StoreError {
         execution_id: ExecutionId,
         detail: String,
     },
+    /// An admission that was never sent to Redis (its request's time ran out while it waited
+    /// for its call, or an earlier call of its batch went unanswered): nothing of it was
+    /// admitted, and sending it again is safe.
+    #[error("{0}")]
+    NotSent(String),
 }
 
 impl From<RedisError> for StoreError {

@@ -70,6 +70,9 @@ async fn call(app: &TestApp, who: &Who, name: &str) -> StatusCode {
         "admit" => send(Method::POST, "/api/executions".into())
             .json(&json!({"flow_id": "demo.echo"}))
             .send(),
+        "dry_run" => send(Method::POST, "/api/executions/dry-run".into())
+            .json(&json!({"flow_id": "demo.echo"}))
+            .send(),
         "get" => {
             let id = app.admitted_id("acme").await;
             send(Method::GET, format!("/api/executions/{id}")).send()
@@ -146,8 +149,9 @@ async fn each_role_gets_exactly_its_calls() {
         ("platform", Who::Platform("acme")),
     ];
     // Expected status for viewer, editor, tenant admin, platform admin.
-    let matrix: [(&str, [u16; 4]); 21] = [
+    let matrix: [(&str, [u16; 4]); 22] = [
         ("admit", [403, 201, 201, 201]),
+        ("dry_run", [403, 200, 200, 200]),
         ("get", [200, 200, 200, 200]),
         ("list", [200, 200, 200, 200]),
         ("cancel", [403, 200, 200, 200]),

@@ -341,7 +341,8 @@ async fn one_batch_per_tenant_at_a_time() {
 }
 
 /// Redis stalls past the time-out under a batch: every item's answer is true of the data —
-/// 201 names an execution that exists, 503 `redis_unavailable` one that never will.
+/// 201 names an execution that exists, 503 `redis_unavailable` (settled as void) or
+/// `not_admitted` (never sent) one that never will.
 #[tokio::test]
 async fn a_stalled_batch_answers_each_item_truly() {
     let app = TestApp::spawn_with(|c| {
@@ -431,10 +432,10 @@ async fn a_stalled_batch_answers_each_item_truly() {
             let here = found.get(&nonce).copied().unwrap_or(0);
             match (r["status"].as_u64(), r["problem"]["code"].as_str()) {
                 (Some(201), _) => assert_eq!(here, 1, "{nonce}: {r}"),
-                (Some(503), Some("redis_unavailable")) => {
+                (Some(503), Some(code @ ("redis_unavailable" | "not_admitted"))) => {
                     // Settled as void, or never sent after a call went unanswered.
                     lost += 1;
-                    assert_eq!(here, 0, "{nonce}: 503 redis_unavailable, yet admitted");
+                    assert_eq!(here, 0, "{nonce}: 503 {code}, yet admitted");
                 }
                 (Some(503), Some("admission_outcome_unknown")) => {
                     lost += 1;
@@ -445,4 +446,147 @@ async fn a_stalled_batch_answers_each_item_truly() {
         }
     }
     assert!(lost > 0, "no item lost its answer in a stall");
+}
+
+/// Nonces of `tenant`'s executions on Redis, with how many executions carry each.
+async fn nonces(app: &TestApp, tenant: &str) -> std::collections::HashMap<String, usize> {
+    let mut found = std::collections::HashMap::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let q = match &cursor {
+            Some(c) => format!("limit=200&cursor={c}"),
+            None => "limit=200".into(),
+        };
+        let page = app.page(tenant, &q).await;
+        for e in page["executions"].as_array().unwrap() {
+            if let Some(nonce) = e["params"]["nonce"].as_str() {
+                *found.entry(nonce.to_owned()).or_insert(0) += 1;
+            }
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => return found,
+        }
+    }
+    panic!("more pages than a test admits");
+}
+
+/// Redis is slow but answers (writes held in short pauses, each shorter than a call's
+/// time-out), so a batch of 1,000 cannot be admitted within the request's bound. The request
+/// is not answered 503 as a whole: it answers 200 with one result per item, the admitted ones
+/// 201, the ones never sent 503 `not_admitted` (nothing of them on Redis), and its
+/// `batch_in_flight` mark is given back, so the same batch sent again at once is admitted (the
+/// first part as replays), not refused with 409. Before, the whole batch answered 503 although
+/// hundreds of its items were admitted, and the mark stayed until it expired.
+#[tokio::test]
+async fn a_batch_cut_by_the_request_bound_answers_each_item_and_gives_back_its_mark() {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 500;
+        c.api.request_timeout_ms = 2_000;
+        c.api.webhook_delivery = false;
+    })
+    .await;
+    let items: Vec<Value> = (0..1_000)
+        .map(|n| {
+            json!({"flow_id": "demo.echo", "dedup_key": format!("k-{n}"),
+                   "params": {"nonce": format!("n-{n}")}})
+        })
+        .collect();
+    let body = json!({ "items": items });
+    // Writes held for 100 ms of every 200 ms: each call waits (Redis ends a pause on its next
+    // tick, so up to about 200 ms), none as long as its time-out.
+    let slow = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let pauser = {
+        let slow = slow.clone();
+        let mut nodes = Vec::new();
+        for i in 0..app.redis.masters() {
+            nodes.push(app.redis.node_conn(i).await);
+        }
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while slow.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                for c in nodes.iter_mut() {
+                    let () = redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(100)
+                        .arg("WRITE")
+                        .query_async(c)
+                        .await
+                        .unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let (status, answer) = batch(&app, "acme", &body).await;
+    slow.store(false, std::sync::atomic::Ordering::Relaxed);
+    pauser.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let first = results(&answer);
+    assert_eq!(first.len(), 1_000);
+    // Writes go through again: any late call has run once an admission passes.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while app
+        .post_execution("globex", &json!({"flow_id": "demo.echo"}))
+        .await
+        .status()
+        != StatusCode::CREATED
+    {
+        assert!(Instant::now() < deadline, "admissions did not come back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let found = nonces(&app, "acme").await;
+    let mut count = std::collections::BTreeMap::<String, usize>::new();
+    for (n, r) in first.iter().enumerate() {
+        let nonce = format!("n-{n}");
+        let here = found.get(&nonce).copied().unwrap_or(0);
+        let code = r["problem"]["code"].as_str().unwrap_or("");
+        *count.entry(format!("{} {code}", r["status"])).or_default() += 1;
+        match (r["status"].as_u64(), code) {
+            (Some(201), _) => assert_eq!(here, 1, "{nonce}: {r}"),
+            (Some(503), "not_admitted" | "redis_unavailable") => {
+                assert_eq!(here, 0, "{nonce}: 503 {code}, yet admitted")
+            }
+            (Some(503), "admission_outcome_unknown") => assert!(here <= 1, "{nonce}"),
+            other => panic!("{nonce}: unexpected {other:?}: {r}"),
+        }
+    }
+    // The bound cut it: a first part was admitted, the rest never sent.
+    assert!(count.get("201 ").copied().unwrap_or(0) > 0, "{count:?}");
+    assert!(
+        count.get("503 not_admitted").copied().unwrap_or(0) > 0,
+        "{count:?}"
+    );
+    // Sent again at once: the mark was given back, so it is admitted (what the first admitted
+    // replays), not refused. Then what is still out, as a client would, until all is in (a busy
+    // machine may cut these too).
+    let mut ids: Vec<Option<Value>> = first
+        .iter()
+        .map(|r| (r["status"] == 201).then(|| r["execution"]["execution_id"].clone()))
+        .collect();
+    for round in 0..20 {
+        let out: Vec<usize> = match round {
+            0 => (0..ids.len()).collect(),
+            _ => (0..ids.len()).filter(|n| ids[*n].is_none()).collect(),
+        };
+        if out.is_empty() {
+            break;
+        }
+        let items: Vec<Value> = out.iter().map(|n| body["items"][*n].clone()).collect();
+        let (status, again) = batch(&app, "acme", &json!({ "items": items })).await;
+        assert_eq!(status, StatusCode::OK, "round {round}: {again}");
+        for (n, r) in out.iter().copied().zip(results(&again)) {
+            match (r["status"].as_u64(), &ids[n]) {
+                (Some(200), Some(id)) => assert_eq!(&r["execution"]["execution_id"], id),
+                (Some(200 | 201), None) => ids[n] = Some(r["execution"]["execution_id"].clone()),
+                // Not sent by this request (it was cut again): says nothing of earlier ones.
+                (Some(503), _) if r["problem"]["code"] == "not_admitted" => {}
+                _ => panic!("round {round}, item {n}: {r}"),
+            }
+        }
+    }
+    assert!(ids.iter().all(Option::is_some), "not every item got in");
+    let found = nonces(&app, "acme").await;
+    assert_eq!(found.len(), 1_000);
+    assert!(found.values().all(|n| *n == 1));
 }

@@ -1,8 +1,8 @@
 //! The admission forecast: every answer that shows a runnable execution says where it stands
 //! (`queue_position`, a snapshot read in O(log n)) and, once its tenant's start rate was
-//! measured, when it is expected to start (`estimated_start`); `?dry_run=true` answers what
-//! admission would do and writes nothing; a full queue's `Retry-After` comes from the measured
-//! drain.
+//! measured, when it is expected to start (`estimated_start`); `POST /api/executions/dry-run`
+//! answers what admission would do and writes nothing; a full queue's `Retry-After` comes from
+//! the measured drain.
 
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ async fn admit(app: &TestApp, tenant: &str, body: Value) -> Value {
 
 async fn dry_run(app: &TestApp, tenant: &str, body: &Value, key: Option<&str>) -> Value {
     let mut req = app
-        .as_tenant(Method::POST, "/api/executions?dry_run=true", tenant)
+        .as_tenant(Method::POST, "/api/executions/dry-run", tenant)
         .json(body);
     if let Some(k) = key {
         req = req.header("Idempotency-Key", k);
@@ -210,8 +210,8 @@ async fn the_estimate_comes_from_the_measured_start_rate() {
     assert!(!got["estimated_start"].is_null(), "{got}");
 }
 
-/// `?dry_run=true` answers each decision admission would make — and Redis is byte for byte
-/// the same afterwards, every time.
+/// `POST /api/executions/dry-run` answers each decision admission would make — and Redis is
+/// byte for byte the same afterwards, every time.
 #[tokio::test]
 async fn a_dry_run_answers_what_admission_would_do_and_writes_nothing() {
     let app = TestApp::spawn().await;
@@ -327,14 +327,48 @@ async fn a_dry_run_answers_what_admission_would_do_and_writes_nothing() {
         (off["decision"].as_str(), off["reason"].as_str()),
         (Some("refuse"), Some("tenant_disabled"))
     );
-    // Validation as for an admission; `dry_run` must be a boolean.
+    // Validation as for an admission.
     let res = app
-        .as_tenant(Method::POST, "/api/executions?dry_run=true", "acme")
+        .as_tenant(Method::POST, "/api/executions/dry-run", "acme")
         .json(&json!({"flow_id": "bad id"}))
         .send()
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+}
+
+/// The dry run moved to its own operation, so an admission's 200 is only ever an `Execution`:
+/// the old form `POST /api/executions?dry_run=true` is refused, naming the new path, and
+/// admits nothing; `dry_run=false` is an ordinary admission; a `dry_run` that is not a
+/// boolean is refused as any bad query is.
+#[tokio::test]
+async fn the_old_dry_run_query_is_refused_naming_the_new_operation() {
+    let app = TestApp::spawn().await;
+    let echo = json!({"flow_id": "demo.echo"});
+    let res = app
+        .as_tenant(Method::POST, "/api/executions?dry_run=true", "acme")
+        .json(&echo)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let problem: Value = res.json().await.unwrap();
+    assert_eq!(problem["code"], "dry_run_moved");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("POST /api/executions/dry-run"),
+        "{problem}"
+    );
+    assert_eq!(app.page("acme", "").await["total"], 0);
+    let res = app
+        .as_tenant(Method::POST, "/api/executions?dry_run=false", "acme")
+        .json(&echo)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
     let res = app
         .as_tenant(Method::POST, "/api/executions?dry_run=maybe", "acme")
         .json(&echo)
@@ -343,4 +377,5 @@ async fn a_dry_run_answers_what_admission_would_do_and_writes_nothing() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(problem_code(res).await, "invalid_query");
+    assert_eq!(app.page("acme", "").await["total"], 1);
 }

@@ -505,3 +505,141 @@ async fn a_frozen_replica_does_not_block_the_connection_every_probe() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Every admission of `tenant` on Redis, by the `nonce` in its params: how many executions
+/// carry each nonce, and their ids.
+async fn admitted_by_nonce(
+    app: &TestApp,
+    tenant: &str,
+) -> std::collections::HashMap<String, Vec<String>> {
+    let mut found: std::collections::HashMap<String, Vec<String>> = Default::default();
+    let mut cursor: Option<String> = None;
+    for _ in 0..1_000 {
+        let q = match &cursor {
+            Some(c) => format!("limit=200&cursor={c}"),
+            None => "limit=200".into(),
+        };
+        let page = app.page(tenant, &q).await;
+        for e in page["executions"].as_array().unwrap() {
+            if let Some(nonce) = e["params"]["nonce"].as_str() {
+                found
+                    .entry(nonce.to_owned())
+                    .or_default()
+                    .push(e["execution_id"].as_str().unwrap().to_owned());
+            }
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => return found,
+        }
+    }
+    panic!("more pages than a test admits");
+}
+
+/// Many clients admit while Redis stalls again and again, longer than a call's time-out and
+/// than the request's bound: admissions queue behind a stalled call of their shard, calls lose
+/// their answers, requests run out of time. Whatever each client was told is true of what Redis
+/// holds once the stalls are over: 201 names the one execution with its nonce; 503
+/// `request_timeout` and `redis_unavailable` mean none has it (an admission still waiting for its
+/// call when its request ran out of time was never sent); `admission_outcome_unknown` names the
+/// one it may have. Before admissions carried their request's deadline, most 503
+/// `request_timeout` answers had an execution behind them.
+#[tokio::test]
+async fn every_answer_under_repeated_stalls_says_what_was_admitted() {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 300;
+        c.api.request_timeout_ms = 1_000;
+        // Small groups: 48 clients make a queue several calls deep behind a stalled call,
+        // as a few hundred clients would with the default group of 64.
+        c.redis.redis_admission_group = 4;
+        // Only the admissions (and their settling) reach Redis during the stalls.
+        c.api.webhook_delivery = false;
+    })
+    .await;
+    app.admit("acme", "demo.echo").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..48)
+        .map(|c| {
+            let (client, url) = (app.client.clone(), app.url("/api/executions"));
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for n in 0..400 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let nonce = format!("{c}-{n}");
+                    let res = client
+                        .post(&url)
+                        .bearer_auth(crate::helpers::ADMIN_TOKEN)
+                        .header("X-Tenant-Id", "acme")
+                        .json(&json!({"flow_id": "demo.echo", "params": {"nonce": nonce}}))
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = res.status();
+                    let body: Value = res.json().await.unwrap();
+                    answers.push((nonce, status, body));
+                }
+                answers
+            })
+        })
+        .collect();
+    // Stalls of 0.3–1.5 s, with a little air between them.
+    for (i, ms) in [300u64, 1_500, 700, 1_100, 450, 1_300, 900]
+        .iter()
+        .enumerate()
+    {
+        tokio::time::sleep(Duration::from_millis(150 + 50 * i as u64)).await;
+        app.redis.pause(*ms, "WRITE").await;
+        tokio::time::sleep(Duration::from_millis(*ms)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for c in clients {
+        answers.extend(c.await.unwrap());
+    }
+    // Writes go through again: every call sent during a stall has run by now.
+    admit_when_back(&app, Duration::from_secs(15)).await;
+    let found = admitted_by_nonce(&app, "acme").await;
+    let mut count = std::collections::BTreeMap::<String, usize>::new();
+    let mut untrue = Vec::new();
+    for (nonce, status, body) in &answers {
+        let here = found.get(nonce).map(Vec::as_slice).unwrap_or_default();
+        let code = body["code"].as_str().unwrap_or("");
+        *count
+            .entry(format!("{} {code}", status.as_u16()))
+            .or_default() += 1;
+        let true_ = match (*status, code) {
+            (StatusCode::CREATED, _) => here == [body["execution_id"].as_str().unwrap()],
+            (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable" | "request_timeout") => {
+                here.is_empty()
+            }
+            (StatusCode::SERVICE_UNAVAILABLE, "admission_outcome_unknown") => {
+                here.is_empty() || here == [body["execution_id"].as_str().unwrap()]
+            }
+            other => panic!("{nonce}: unexpected answer {other:?}: {body}"),
+        };
+        if !true_ {
+            untrue.push(format!(
+                "{nonce}: {} {code}, on Redis {here:?}",
+                status.as_u16()
+            ));
+        }
+    }
+    eprintln!("answers: {count:?}");
+    assert!(
+        untrue.is_empty(),
+        "{} of {} answers untrue, e.g. {:?}",
+        untrue.len(),
+        answers.len(),
+        &untrue[..untrue.len().min(5)]
+    );
+    // The scenario happened: requests ran into the stalls.
+    let troubled: usize = count
+        .iter()
+        .filter(|(k, _)| k.starts_with("503"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(troubled >= 10, "too few answers met a stall: {count:?}");
+}

@@ -155,11 +155,7 @@ async fn a_throttled_tenant_leaves_the_runnable_set_until_its_next_token() {
     assert!(app.runnable_tenants("acme").await.is_empty());
     assert!(start(&app, "acme", 8).await.started.is_empty());
     let dry = app
-        .as_tenant(
-            reqwest::Method::POST,
-            "/api/executions?dry_run=true",
-            "acme",
-        )
+        .as_tenant(reqwest::Method::POST, "/api/executions/dry-run", "acme")
         .json(&json!({"flow_id": "demo.echo"}))
         .send()
         .await
@@ -214,11 +210,7 @@ async fn a_throttled_key_never_delays_another_key() {
     let tenant = app.get_json(None, "/api/tenants/acme").await;
     assert_eq!(tenant["concurrency_keys"]["blocked"], 2);
     let dry = app
-        .as_tenant(
-            reqwest::Method::POST,
-            "/api/executions?dry_run=true",
-            "acme",
-        )
+        .as_tenant(reqwest::Method::POST, "/api/executions/dry-run", "acme")
         .json(&json!({"flow_id": "demo.echo", "concurrency_key": "A"}))
         .send()
         .await

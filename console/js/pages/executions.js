@@ -4,7 +4,7 @@
 // (paused while the tab is hidden), bulk cancel/retry of the selected rows, and the New
 // execution form (concurrency key; priority; start now, after a delay or at a time) with every
 // answer an admission can get (201, 200 replay, 422 conflict, 429 with Retry-After), and its
-// Dry run (`?dry_run=true`: what admission would do now, nothing admitted); New batch opens the
+// Dry run (`POST /api/executions/dry-run`: what admission would do now, nothing admitted); New batch opens the
 // batch admission panel (batch.js).
 
 import { call, query, ApiError, isTerminal } from '../api.js';
@@ -399,12 +399,13 @@ export async function render(ctx) {
     }
   }
 
-  /** The same request with `?dry_run=true`: what admission would do now; nothing is written. */
+  /** The same request to `POST /api/executions/dry-run`: what admission would do now; nothing
+   * is written. */
   async function dryRun() {
     const body = requestBody();
     if (!body) return;
     try {
-      const { data: d } = await call('POST', '/api/executions?dry_run=true', { tenant, body });
+      const { data: d } = await call('POST', '/api/executions/dry-run', { tenant, body });
       const pos = fmtPosition(d.queue_position);
       const eta = fmtEstimate(d.estimated_start);
       replace(admitResult, h('p', { class: 'notice dry-run', id: 'admit-dry-run', dataset: { decision: d.decision, reason: d.reason } },

@@ -8,6 +8,9 @@
 pub mod waiting;
 pub mod wire;
 
+use std::sync::Arc;
+
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -25,10 +28,9 @@ use crate::domain::{
     AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId, TraceContext,
 };
 use crate::http::actions::Action;
-use crate::store::{Admission, Decision, ListQuery, Reschedule, Retry};
+use crate::store::{Admission, Decision, ListQuery, Reschedule, Retry, StoreError, Ticket};
 use wire::{
-    AdmitAnswer, BatchAnswer, BatchResult, DryRunAnswer, Execution, ExecutionPage, NewBatch,
-    NewExecution,
+    BatchAnswer, BatchResult, DryRunAnswer, Execution, ExecutionPage, NewBatch, NewExecution,
 };
 
 /// Seconds a client should wait after `tenant_queue_full` when the tenant's drain was not
@@ -49,12 +51,18 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_execution, list_executions))
         .routes(routes!(create_batch))
+        .routes(routes!(dry_run_execution))
         .routes(routes!(get_execution, delete_execution))
         .routes(routes!(cancel_execution))
         .routes(routes!(retry_execution))
         .routes(routes!(reschedule_execution))
         .routes(routes!(waiting::stream_execution_events))
 }
+
+/// The route of single admission (`create_execution`); the edge gives its requests a ticket.
+pub const CREATE_ROUTE: &str = "/api/executions";
+/// The route of batch admission (`create_batch`); the edge gives its requests a ticket.
+pub const BATCH_ROUTE: &str = "/api/executions/batch";
 
 /// Start an execution of a flow for the caller's tenant.
 ///
@@ -63,9 +71,11 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// `dedup_key`) and the same request returns the first execution with 200 and
 /// `Idempotent-Replayed: true`.
 ///
-/// A 503 `redis_unavailable` guarantees nothing was admitted, also if Redis was only slow: an
-/// admission whose answer was lost is settled before the server answers. Only if that fails
-/// too is the answer 503 `admission_outcome_unknown`, naming the `execution_id` it may have.
+/// Every 503 says what was admitted. `redis_unavailable` and `request_timeout`: nothing, also
+/// if Redis was only slow (an admission whose answer was lost is settled before the server
+/// answers; one still waiting for Redis when the request's time ran out is never sent). Only
+/// `admission_outcome_unknown` leaves it open, naming the `execution_id` it may have.
+/// What admission would do, without admitting, is `POST /api/executions/dry-run`.
 #[utoipa::path(
     post,
     path = "/api/executions",
@@ -84,9 +94,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "Admitted", body = Execution,
             headers(("Location" = String, description = "URL of the new execution"))),
-        (status = 200, description = "Replay of an earlier admission with the same dedup key (an `Execution`, with `Idempotent-Replayed: true`); or, with `dry_run=true`, what admission would do (a `DryRun`; nothing is written)", body = AdmitAnswer,
+        (status = 200, description = "Replay of an earlier admission with the same dedup key", body = Execution,
             headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        (status = 400, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid request; `dry_run_moved`: `?dry_run=true` (the dry run is `POST /api/executions/dry-run`)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`: the body exceeds `--body-limit`. `params_too_large`: `params` exceed `--max-params-bytes`", body = Problem, content_type = "application/problem+json"),
@@ -94,7 +104,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         (status = 422, description = "Dedup key already used with a different flow, version or params", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 503, description = "`redis_unavailable`: nothing was admitted. `admission_outcome_unknown`: Redis stopped answering after the admission was sent; the problem's `execution_id` may exist now or later (look it up, or repeat with the same Idempotency-Key)", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "`redis_unavailable`, `request_timeout`: nothing was admitted. `admission_outcome_unknown`: Redis stopped answering after the admission was sent; the problem's `execution_id` may exist now or later (look it up, or repeat with the same Idempotency-Key)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
     security(("bearer" = []))
@@ -103,43 +113,22 @@ pub async fn create_execution(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
+    ticket: Option<Extension<Arc<Ticket>>>,
     query: QueryLater<CreateParams>,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_for(Action::Admit)?;
-    let dry_run = query.parse()?.dry_run.unwrap_or(false);
-    let body = body.parse().await.inspect_err(|_| {
-        state.metrics.admission(tenant, AdmissionOutcome::Invalid);
-    })?;
-    let header_key = match headers.get("idempotency-key") {
-        None => None,
-        Some(v) => Some(v.to_str().map_err(|_| ApiError::BadRequest {
-            code: "invalid_dedup_key",
-            detail:
-                "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)".into(),
-        })?),
-    };
-    let trace = TraceContext::from_headers(
-        headers.get("traceparent").and_then(|v| v.to_str().ok()),
-        headers.get("tracestate").and_then(|v| v.to_str().ok()),
-    );
-    let req = AdmitRequest::parse(body.into(), header_key, state.default_max_attempts)
-        .map(|req| AdmitRequest { trace, ..req })
-        .map_err(ApiError::from)
-        .and_then(|req| params_within(req, state.max_params_bytes))
-        .inspect_err(|_| {
-            state.metrics.admission(tenant, AdmissionOutcome::Invalid);
-        })?;
-    if dry_run {
-        let run = state.store.dry_admit(tenant, &req).await?;
-        let retry_after = match run.decision {
-            Decision::Refuse if run.reason == "tenant_queue_full" => {
-                Some(queue_full_retry_after(&state, tenant).await)
-            }
-            _ => None,
-        };
-        return Ok(axum::Json(DryRunAnswer::new(run, retry_after)).into_response());
+    #[allow(deprecated)]
+    if query.parse()?.dry_run == Some(true) {
+        return Err(ApiError::BadRequest {
+            code: "dry_run_moved",
+            detail: "the dry run is its own operation now: POST /api/executions/dry-run with \
+                     the same body and headers"
+                .into(),
+        });
     }
+    let req = admission_request(&state, tenant, &headers, body).await?;
+    let ticket = ticket_of(&state, ticket);
     // With span export on, the execution keeps the `admit` span as its parent (crate::otel).
     let span =
         crate::otel::AdmitSpan::start(tenant.as_str(), req.flow.as_str(), req.trace.as_ref());
@@ -150,7 +139,12 @@ pub async fn create_execution(
         },
         None => req,
     };
-    let admission = state.store.admit(tenant, &req).await;
+    let deadline = ticket.deadline();
+    let admission = match state.store.admit(tenant.clone(), req, ticket).await {
+        // Withdrawn while it waited for Redis: the request's time ran out, nothing was sent.
+        Err(StoreError::NotSent(_)) => Err(ApiError::TimeoutNothingAdmitted),
+        other => other.map_err(ApiError::from),
+    };
     if let Some(span) = span {
         match &admission {
             Ok(Admission::Created(e)) => span.end("admitted", Some(&e.execution_id)),
@@ -187,7 +181,97 @@ pub async fn create_execution(
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(res)
         }
-        refused => Err(refusal(&state, tenant, refused).await),
+        refused => Err(refusal(&state, tenant, refused, deadline).await),
+    }
+}
+
+/// Ask what admission would do now with this request, without admitting it.
+///
+/// Takes exactly what `POST /api/executions` takes (body and headers) and answers, from a
+/// script that cannot write, the decision admission would make at this moment: `admit` (it
+/// would be `ready`), `wait`, `schedule`, `duplicate` or `conflict` (naming the execution the
+/// dedup key holds), or `refuse` (with `retry_after` for a full queue). Nothing is admitted and
+/// nothing changes on Redis; a snapshot, since the real admission decides again.
+#[utoipa::path(
+    post,
+    path = "/api/executions/dry-run",
+    tag = "executions",
+    request_body = NewExecution,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 256,
+            pattern = "^[!-~]([ -~]*[!-~])?$",
+            description = "Dedup key, as on `POST /api/executions`: a duplicate or conflict is answered as such"),
+        ("traceparent" = Option<String>, Header,
+            description = "W3C Trace Context, accepted as on `POST /api/executions`: it changes no decision, and one that does not parse is ignored (never a 400)"),
+        ("tracestate" = Option<String>, Header,
+            description = "W3C Trace Context, accepted as on `POST /api/executions`: kept beside a valid `traceparent` when printable ASCII of at most 512 bytes (else dropped whole); it changes no decision"),
+    ),
+    responses(
+        (status = 200, description = "What admission would do now; nothing was written", body = DryRunAnswer),
+        (status = 400, description = "Invalid request, as for an admission", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Role too weak", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body exceeds `--body-limit`. `params_too_large`: `params` exceed `--max-params-bytes`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn dry_run_execution(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: JsonBody<NewExecution>,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant_for(Action::Admit)?;
+    let req = admission_request(&state, tenant, &headers, body).await?;
+    let run = state.store.dry_admit(tenant, &req).await?;
+    let retry_after = match run.decision {
+        Decision::Refuse if run.reason == "tenant_queue_full" => {
+            Some(queue_full_retry_after(&state, tenant).await)
+        }
+        _ => None,
+    };
+    Ok(axum::Json(DryRunAnswer::new(run, retry_after)).into_response())
+}
+
+/// The admission request of a body and its headers (`Idempotency-Key`, trace context),
+/// checked as `POST /api/executions` and its dry run check it; an invalid one is counted.
+async fn admission_request(
+    state: &AppState,
+    tenant: &TenantId,
+    headers: &HeaderMap,
+    body: JsonBody<NewExecution>,
+) -> Result<AdmitRequest, ApiError> {
+    let body = body.parse().await.inspect_err(|_| {
+        state.metrics.admission(tenant, AdmissionOutcome::Invalid);
+    })?;
+    let header_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| ApiError::BadRequest {
+            code: "invalid_dedup_key",
+            detail:
+                "Idempotency-Key must be visible ASCII (send other UTF-8 as body dedup_key)".into(),
+        })?),
+    };
+    let trace = TraceContext::from_headers(
+        headers.get("traceparent").and_then(|v| v.to_str().ok()),
+        headers.get("tracestate").and_then(|v| v.to_str().ok()),
+    );
+    AdmitRequest::parse(body.into(), header_key, state.default_max_attempts)
+        .map(|req| AdmitRequest { trace, ..req })
+        .map_err(ApiError::from)
+        .and_then(|req| params_within(req, state.max_params_bytes))
+        .inspect_err(|_| {
+            state.metrics.admission(tenant, AdmissionOutcome::Invalid);
+        })
+}
+
+/// The ticket the edge gave this admission request (see `crate::store::Ticket`); a router
+/// driven without the edge gets one bounded by the request time-out.
+fn ticket_of(state: &AppState, ticket: Option<Extension<Arc<Ticket>>>) -> Arc<Ticket> {
+    match ticket {
+        Some(Extension(t)) => t,
+        None => Arc::new(Ticket::new(tokio::time::Instant::now() + state.batch_hold)),
     }
 }
 
@@ -231,6 +315,7 @@ pub async fn create_batch(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
+    ticket: Option<Extension<Arc<Ticket>>>,
     body: JsonBody<NewBatch>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_for(Action::Admit)?;
@@ -291,7 +376,9 @@ pub async fn create_batch(
                     .into(),
             });
         }
-        let admissions = state.store.admit_batch(tenant, &reqs).await;
+        let ticket = ticket_of(&state, ticket);
+        let deadline = ticket.deadline();
+        let admissions = state.store.admit_batch(tenant.clone(), reqs, ticket).await;
         if let Err(e) = state.store.release_batch(tenant, &holder).await {
             // It lapses on its own at the end of the request's bound.
             tracing::warn!(%tenant, error = %e, "batch right not given back");
@@ -325,7 +412,7 @@ pub async fn create_batch(
                             _ => AdmissionOutcome::QueueFull,
                         },
                     );
-                    problem_result(refusal(&state, tenant, refused).await)
+                    problem_result(refusal(&state, tenant, refused, deadline).await)
                 }
                 Err(e) => problem_result(ApiError::from(e)),
             };
@@ -412,9 +499,21 @@ fn params_within(req: AdmitRequest, max: usize) -> Result<AdmitRequest, ApiError
 /// The error for an admission (or retry) that did not queue anything. A full queue's
 /// `Retry-After` is the time its tenant has lately taken to start one execution (so one place
 /// frees), from its per-minute counters; a constant when nothing was measured.
-async fn refusal(state: &AppState, tenant: &TenantId, a: Admission) -> ApiError {
+///
+/// The rate is read by `deadline` at the latest (a request's answer never waits past its time
+/// for it); without it, the constant.
+async fn refusal(
+    state: &AppState,
+    tenant: &TenantId,
+    a: Admission,
+    deadline: tokio::time::Instant,
+) -> ApiError {
     let retry_after = match &a {
-        Admission::QueueFull { .. } => queue_full_retry_after(state, tenant).await,
+        Admission::QueueFull { .. } => {
+            tokio::time::timeout_at(deadline, queue_full_retry_after(state, tenant))
+                .await
+                .unwrap_or(QUEUE_FULL_RETRY_AFTER)
+        }
         _ => QUEUE_FULL_RETRY_AFTER,
     };
     match a {
@@ -449,7 +548,9 @@ async fn queue_full_retry_after(state: &AppState, tenant: &TenantId) -> u64 {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct CreateParams {
-    /// `true`: admit nothing, answer what admission would do now (a `DryRun`, 200).
+    /// Deprecated: the dry run is `POST /api/executions/dry-run`. `true` is refused with 400
+    /// `dry_run_moved`; `false` changes nothing.
+    #[deprecated = "use POST /api/executions/dry-run"]
     pub dry_run: Option<bool>,
 }
 
@@ -920,6 +1021,7 @@ pub async fn retry_execution(
 ) -> Result<axum::Json<Execution>, ApiError> {
     let tenant = caller.tenant_for(Action::Retry)?;
     let id = ExecutionId::parse(&id)?;
+    let deadline = tokio::time::Instant::now() + state.batch_hold;
     match state.store.retry(tenant, &id).await? {
         Retry::Queued(e) => Ok(axum::Json((*e).into())),
         Retry::NotFound => Err(ApiError::execution_not_found()),
@@ -931,9 +1033,9 @@ pub async fn retry_execution(
                 status.as_str()
             ),
         }),
-        Retry::Disabled => Err(refusal(&state, tenant, Admission::Disabled).await),
+        Retry::Disabled => Err(refusal(&state, tenant, Admission::Disabled, deadline).await),
         Retry::QueueFull { waiting } => {
-            Err(refusal(&state, tenant, Admission::QueueFull { waiting }).await)
+            Err(refusal(&state, tenant, Admission::QueueFull { waiting }, deadline).await)
         }
     }
 }

@@ -87,15 +87,7 @@ pub struct ErrorInfo {
     pub message: String,
 }
 
-/// The 200 answer of `POST /api/executions`: a replay, or a dry run's forecast.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(untagged)]
-pub enum AdmitAnswer {
-    Execution(Box<Execution>),
-    DryRun(DryRunAnswer),
-}
-
-/// What admission would do now with this request (`POST /api/executions?dry_run=true`),
+/// What admission would do now with this request (`POST /api/executions/dry-run`),
 /// decided by a script that cannot write: a snapshot, the real admission decides again.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({

@@ -38,7 +38,11 @@
 //! - `sluice_admission_calls_total` and `sluice_admission_calls_carried_total`: calls of the
 //!   admission script this server made, and the admissions they carried (group commit: their
 //!   ratio is the mean group); `sluice_admissions_grouping`: admissions waiting now for their
-//!   shard's call in flight to end.
+//!   shard's call in flight to end; `sluice_admission_answers_lost_total`: admissions whose
+//!   call's answer was lost (each then settled before its answer), of them
+//!   `sluice_admission_outcomes_unknown_total` that could not be settled either (answered
+//!   `admission_outcome_unknown`); `sluice_admissions_withdrawn_total`: admissions never sent
+//!   because their request ran out of time (or went away) while they waited for Redis.
 //! - `sluice_completion_calls_total` and `sluice_completion_calls_carried_total`: calls of the
 //!   completion script this server made for pull workers' reports, and the reports they carried
 //!   (grouped like admissions; `sluice worker` groups its own, and has no endpoint).
@@ -101,6 +105,9 @@ pub struct Metrics {
     shards_unreadable: Gauge,
     admission_calls: Counter,
     admission_calls_carried: Counter,
+    admission_answers_lost: Counter,
+    admission_outcomes_unknown: Counter,
+    admissions_withdrawn: Counter,
     completion_calls: Counter,
     completion_calls_carried: Counter,
     admissions_grouping: Gauge,
@@ -239,6 +246,24 @@ impl Metrics {
             "Admissions the admission script calls carried (group commit)",
             admission_calls_carried.clone(),
         );
+        let admission_answers_lost = Counter::default();
+        registry.register(
+            "sluice_admission_answers_lost",
+            "Admissions whose call's answer was lost (each settled before it was answered)",
+            admission_answers_lost.clone(),
+        );
+        let admission_outcomes_unknown = Counter::default();
+        registry.register(
+            "sluice_admission_outcomes_unknown",
+            "Lost admissions that could not be settled (answered admission_outcome_unknown)",
+            admission_outcomes_unknown.clone(),
+        );
+        let admissions_withdrawn = Counter::default();
+        registry.register(
+            "sluice_admissions_withdrawn",
+            "Admissions never sent: their request ran out of time or went away while they waited",
+            admissions_withdrawn.clone(),
+        );
         let completion_calls = Counter::default();
         registry.register(
             "sluice_completion_calls",
@@ -341,6 +366,9 @@ impl Metrics {
             shards_unreadable,
             admission_calls,
             admission_calls_carried,
+            admission_answers_lost,
+            admission_outcomes_unknown,
+            admissions_withdrawn,
             completion_calls,
             completion_calls_carried,
             admissions_grouping,

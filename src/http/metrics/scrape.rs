@@ -190,6 +190,9 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     for (counter, total) in [
         (&m.admission_calls, grouped.calls),
         (&m.admission_calls_carried, grouped.carried),
+        (&m.admission_answers_lost, grouped.lost),
+        (&m.admission_outcomes_unknown, grouped.unknown),
+        (&m.admissions_withdrawn, grouped.withdrawn),
         (&m.completion_calls, reported.calls),
         (&m.completion_calls_carried, reported.carried),
         (&m.webhook_deliveries, webhooks.delivered),
