@@ -8,6 +8,10 @@
 //! (constant-time compare); no `Authorization` header is accepted only in dev mode. What a
 //! caller may do once known is `super::actions`. A tenant key sent with an `X-Tenant-Id` naming another tenant is a 403
 //! `tenant_mismatch`; a missing, malformed, unknown or revoked credential is a 401.
+//!
+//! A caller that authenticated is named to its connection (`ConnectionHandle`), which counts
+//! itself against that credential's share of connections; past the share the extractor fails
+//! with a 429 that closes the connection, so the handler never runs (`crate::server`).
 
 use std::sync::Arc;
 
