@@ -142,7 +142,11 @@ pub async fn serve(
     let max = limits.max_connections.max(1);
     let slots = Arc::new(Semaphore::new(max));
     let anonymous = Arc::new(Anonymous::new(limits.max_anonymous_per_address));
-    let shares = Arc::new(Shares::new(limits.max_per_key, limits.max_per_tenant));
+    let shares = Arc::new(Shares::new(
+        limits.max_per_key,
+        limits.max_per_tenant,
+        metrics.clone(),
+    ));
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -368,7 +372,7 @@ mod tests {
             max_per_tenant: 0,
         };
         let unproven = Arc::new(Anonymous::new(0)).admit(std::net::Ipv4Addr::LOCALHOST.into());
-        let shares = Arc::new(Shares::new(0, 0));
+        let shares = Arc::new(Shares::new(0, 0, Arc::new(Metrics::new(10))));
         tokio::spawn(async move {
             let builder = auto::Builder::new(TokioExecutor::new());
             let stop = CancellationToken::new();

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::access::KeyId;
 use crate::domain::TenantId;
+use crate::http::metrics::Metrics;
 use crate::http::{ConnectionHolder, ConnectionRefusal};
 
 /// The connections each API key and each tenant hold on one listener.
@@ -22,6 +23,8 @@ pub(super) struct Shares {
     /// Connections one tenant's credentials may hold together (0 = no share).
     per_tenant: usize,
     held: Mutex<Held>,
+    /// Where refusals are counted (`sluice_http_connections_over_*_share_total`).
+    metrics: Arc<Metrics>,
 }
 
 /// The counts: only holders with a connection open are present, so the maps stay as small as
@@ -33,20 +36,30 @@ struct Held {
 }
 
 impl Shares {
-    pub(super) fn new(per_key: usize, per_tenant: usize) -> Self {
+    pub(super) fn new(per_key: usize, per_tenant: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             per_key,
             per_tenant,
             held: Mutex::new(Held::default()),
+            metrics,
         }
     }
 
     /// Counts a connection against `holder`, or refuses it when a share it falls under is
-    /// full (then nothing is counted). The place is given back when the [`Place`] is dropped.
+    /// full (then nothing is counted but the refusal). The place is given back when the
+    /// [`Place`] is dropped. Called once per connection, at its first authenticated request.
     pub(super) fn take(
         self: &Arc<Self>,
         holder: &ConnectionHolder,
     ) -> Result<Place, ConnectionRefusal> {
+        let taken = self.count(holder);
+        if let Err(refusal) = taken {
+            self.metrics.connection_over_share(refusal);
+        }
+        taken
+    }
+
+    fn count(self: &Arc<Self>, holder: &ConnectionHolder) -> Result<Place, ConnectionRefusal> {
         let (key, tenant) = match holder {
             ConnectionHolder::Key { tenant, key } => (Some(key), tenant),
             ConnectionHolder::DevTenant(tenant) => (None, tenant),
@@ -149,7 +162,7 @@ mod tests {
 
     #[test]
     fn a_key_and_a_tenant_hold_at_most_their_shares_and_get_them_back() {
-        let shares = Arc::new(Shares::new(2, 3));
+        let shares = Arc::new(Shares::new(2, 3, Arc::new(Metrics::new(10))));
         let (a, b) = (key_of("acme", A), key_of("acme", B));
         let a1 = shares.take(&a).unwrap();
         let _a2 = shares.take(&a).unwrap();
@@ -181,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_share_of_zero_counts_nothing() {
-        let shares = Arc::new(Shares::new(0, 0));
+        let shares = Arc::new(Shares::new(0, 0, Arc::new(Metrics::new(10))));
         let a = key_of("acme", A);
         let places: Vec<_> = (0..100).map(|_| shares.take(&a).unwrap()).collect();
         assert_eq!(shares.of_key(&KeyId::parse(A).unwrap()), 0);

@@ -752,6 +752,15 @@ async fn one_key_holds_at_most_its_share_of_connections_and_others_are_served() 
     assert_eq!(refused, CAP - SHARE);
     // Nothing was done for a refused request: one execution per request served.
     assert_eq!(app.row_count().await, SHARE);
+    // What an operator sees: each refused connection counted once, and no tenant named.
+    let metrics = app.get_text("/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "sluice_http_connections_over_key_share_total {refused}\n"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sluice_http_connections_over_tenant_share_total 0\n"));
     // Another tenant's new connections are served (once the server saw the refused ones go).
     let list = request_as("GET", "/api/executions", &other, None);
     let mut others = Vec::new();
@@ -881,6 +890,8 @@ async fn a_connection_counts_once_against_its_first_credential_and_a_tenants_key
         (429, "tenant_too_many_connections"),
         "{head}"
     );
+    let metrics = app.get_text("/metrics").await;
+    assert!(metrics.contains("sluice_http_connections_over_tenant_share_total 1\n"));
     // An HTTP/2 connection refused for its share: the answer, then a GOAWAY that ends it.
     let io = TokioIo::new(TcpStream::connect(app.addr).await.unwrap());
     let (mut refused_h2, refused_conn) = hyper::client::conn::http2::handshake::<
