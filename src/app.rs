@@ -189,12 +189,15 @@ impl Application {
             );
         }
         let listeners = if metrics_listener.is_some() { 2 } else { 1 };
+        let max_connections = connection_cap(config.api.max_connections, listeners);
         let connection_limits = ConnectionLimits {
-            max_connections: connection_cap(config.api.max_connections, listeners),
+            max_connections,
             header_read_timeout: config.api.header_read_timeout(),
             request_timeout: config.api.request_timeout(),
             max_age: config.api.max_connection_age(),
             max_anonymous_per_address: config.api.max_anonymous_connections_per_address,
+            max_per_key: config.api.connections_per_key(max_connections),
+            max_per_tenant: config.api.connections_per_tenant(max_connections),
         };
         Ok(Self {
             listener,

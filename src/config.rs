@@ -284,6 +284,26 @@ pub struct ApiSettings {
         default_value_t = 64
     )]
     pub max_anonymous_connections_per_address: usize,
+    /// Connections one API key may hold on a listener. A connection counts against the key of
+    /// the first request that authenticated on it until it closes (later requests on it, with
+    /// any credential, are served and counted nowhere else); a request that would take one
+    /// more is answered 429 `key_too_many_connections` before anything is done for it, and
+    /// its connection closed. The platform admin token counts against no share. Default: half
+    /// of --max-connections (512 of 1024), or --max-connections-per-tenant where that is
+    /// lower. At least --max-waiters-per-tenant (checked at start), so a key's long polls meet
+    /// the waiter cap first. 0 = no such share (e.g. behind a proxy whose pooled connections
+    /// carry many clients' requests).
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_KEY")]
+    pub max_connections_per_key: Option<usize>,
+    /// Connections one tenant's API keys (and, under --dev-auth, requests naming the tenant)
+    /// may hold together on a listener, counted like --max-connections-per-key; one more is
+    /// answered 429 `tenant_too_many_connections` and closed. A tenant admin can mint many
+    /// keys: this keeps them from adding up to every connection. Default: half of
+    /// --max-connections (512 of 1024), or --max-connections-per-key where that is higher. At
+    /// least --max-waiters-per-tenant and --max-connections-per-key (checked at start); 0 =
+    /// no such share.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_TENANT")]
+    pub max_connections_per_tenant: Option<usize>,
     /// Largest `params` of an execution, in bytes of canonical JSON (413 `params_too_large`).
     #[arg(long, env = "SLUICE_MAX_PARAMS_BYTES", default_value_t = 64 * 1024)]
     pub max_params_bytes: usize,
@@ -505,8 +525,32 @@ impl ApiSettings {
             .max(1)
     }
 
+    /// `--max-connections-per-key` on a listener of `cap` connections (the cap in force,
+    /// which the open-file limit may have lowered): as set, else half the cap, or the
+    /// tenant's share where that is set lower; 0 = no share.
+    pub fn connections_per_key(&self, cap: usize) -> usize {
+        self.max_connections_per_key.unwrap_or_else(|| {
+            match self.max_connections_per_tenant.filter(|&n| n > 0) {
+                Some(tenant) => half_of(cap).min(tenant),
+                None => half_of(cap),
+            }
+        })
+    }
+
+    /// `--max-connections-per-tenant` on a listener of `cap` connections: as set, else half
+    /// the cap, or the key's share where that is set higher; 0 = no share.
+    pub fn connections_per_tenant(&self, cap: usize) -> usize {
+        self.max_connections_per_tenant
+            .unwrap_or_else(|| match self.max_connections_per_key {
+                Some(key) => half_of(cap).max(key),
+                None => half_of(cap),
+            })
+    }
+
     /// Refuses settings whose relation makes no sense: one tenant's waiters, each holding a
-    /// connection, must leave most of `--max-connections` to everyone else.
+    /// connection, must leave most of `--max-connections` to everyone else; a share of
+    /// connections that is set must let a tenant's long polls reach the waiter cap (the one
+    /// rule that refuses them), fit in the cap, and a key's fit in its tenant's.
     pub fn check_connection_shares(&self) -> anyhow::Result<()> {
         if let Some(per_tenant) = self.max_waiters_per_tenant
             && per_tenant.saturating_mul(2) > self.max_connections
@@ -516,6 +560,45 @@ impl ApiSettings {
                  --max-connections ({}): each waiter holds a connection, and one tenant must \
                  not be able to take most of them",
                 self.max_connections
+            );
+        }
+        let waiters = self.waiters_per_tenant();
+        for (flag, share) in [
+            ("--max-connections-per-key", self.max_connections_per_key),
+            (
+                "--max-connections-per-tenant",
+                self.max_connections_per_tenant,
+            ),
+        ] {
+            let Some(share) = share.filter(|&n| n > 0) else {
+                continue;
+            };
+            if share < waiters {
+                anyhow::bail!(
+                    "{flag} ({share}) must be at least --max-waiters-per-tenant ({waiters}): \
+                     each long poll holds a connection, and a tenant's long polls are bounded \
+                     by the waiter cap, not refused for their connections first (or 0: no \
+                     share)"
+                );
+            }
+            if share > self.max_connections {
+                anyhow::bail!(
+                    "{flag} ({share}) must be at most --max-connections ({})",
+                    self.max_connections
+                );
+            }
+        }
+        if let (Some(key), Some(tenant)) = (
+            self.max_connections_per_key,
+            self.max_connections_per_tenant,
+        ) && key > 0
+            && tenant > 0
+            && key > tenant
+        {
+            anyhow::bail!(
+                "--max-connections-per-key ({key}) must be at most \
+                 --max-connections-per-tenant ({tenant}): a key's connections count against \
+                 its tenant's too"
             );
         }
         Ok(())
@@ -585,6 +668,11 @@ impl RedisSettings {
             dlq_cap: api.dlq_cap,
         }
     }
+}
+
+/// Half of a connection cap, at least one: the default share of one key, or one tenant.
+fn half_of(cap: usize) -> usize {
+    (cap / 2).max(1)
 }
 
 /// The settings `T` with nothing given: no flag, no `SLUICE_*` variable (whatever the process

@@ -8,6 +8,10 @@
 //! (constant-time compare); no `Authorization` header is accepted only in dev mode. What a
 //! caller may do once known is `super::actions`. A tenant key sent with an `X-Tenant-Id` naming another tenant is a 403
 //! `tenant_mismatch`; a missing, malformed, unknown or revoked credential is a 401.
+//!
+//! A caller that authenticated is named to its connection (`ConnectionHandle`), which counts
+//! itself against that credential's share of connections; past the share the extractor fails
+//! with a 429 that closes the connection, so the handler never runs (`crate::server`).
 
 use std::sync::Arc;
 
@@ -16,8 +20,8 @@ use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use subtle::ConstantTimeEq;
 
-use super::AppState;
 use super::error::ApiError;
+use super::{AppState, ConnectionHolder};
 use crate::access::{KeyId, KeyRole, PresentedKey, TOKEN_PREFIX};
 use crate::config::Secret;
 use crate::domain::TenantId;
@@ -132,11 +136,31 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let caller = authenticate(parts, state).await?;
-        // Its connection is no longer one of its address's unauthenticated ones.
+        // Its connection is no longer one of its address's unauthenticated ones, and counts
+        // against the credential's share of connections. Past that share nothing is done for
+        // the request: the handler never runs, the answer is a 429 that closes the connection.
         if let Some(conn) = parts.extensions.get::<super::ConnectionHandle>() {
-            conn.authenticated();
+            conn.authenticated(&caller.connection_holder())?;
         }
         Ok(caller)
+    }
+}
+
+impl Caller {
+    /// Who a connection this caller authenticates first on is counted against.
+    fn connection_holder(&self) -> ConnectionHolder {
+        match (&self.credential, &self.tenant) {
+            (Credential::ApiKey(key), Some(tenant)) => ConnectionHolder::Key {
+                tenant: tenant.clone(),
+                key: key.clone(),
+            },
+            (Credential::DevAuth, Some(tenant)) => ConnectionHolder::DevTenant(tenant.clone()),
+            // A key always names its tenant; the admin token acts for any tenant over one
+            // pool of connections, so it is counted against none of theirs.
+            (Credential::ApiKey(_) | Credential::AdminToken | Credential::DevAuth, _) => {
+                ConnectionHolder::Operator
+            }
+        }
     }
 }
 

@@ -39,6 +39,8 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::{self as swagger_ui, SwaggerUi};
 
+use crate::access::KeyId;
+use crate::domain::TenantId;
 use crate::revocation::Revocations;
 use crate::store::{CloseOnDrop, Store, Ticket, Withdrawal};
 use crate::waiters::Hub;
@@ -89,9 +91,70 @@ pub trait ConnectionControl: Send + Sync {
     /// as stalled (a long poll has nothing to say until then).
     fn allow_silence_until(&self, until: Instant);
 
-    /// A request on this connection passed authentication: the connection no longer counts
-    /// against its client address's cap on unauthenticated connections.
-    fn authenticated(&self);
+    /// A request on this connection passed authentication as `holder`: the connection no
+    /// longer counts against its client address's cap on unauthenticated connections, and
+    /// from its first such request on it is counted against `holder`'s share of connections
+    /// (a later request with another credential is served on it and counted nowhere else).
+    /// Refused when that share is full, and from then on for every request of the connection:
+    /// the caller answers [`ConnectionRefusal`]'s 429 and the connection is closed.
+    fn authenticated(&self, holder: &ConnectionHolder) -> Result<(), ConnectionRefusal>;
+}
+
+/// Who a connection is counted against: the credential of the first request that
+/// authenticated on it (see `--max-connections-per-key` and `--max-connections-per-tenant`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ConnectionHolder {
+    /// A tenant API key: counted against the key's share and its tenant's.
+    Key { tenant: TenantId, key: KeyId },
+    /// Under `--dev-auth`, which has no credential, the tenant named by `X-Tenant-Id`:
+    /// counted against the tenant's share.
+    DevTenant(TenantId),
+    /// The platform admin token, or dev auth naming no tenant: the operator's own, counted
+    /// against no share (only the server's cap).
+    Operator,
+}
+
+/// A share of connections that is full: why [`ConnectionControl::authenticated`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionRefusal {
+    /// The API key holds `--max-connections-per-key` connections already.
+    Key { share: usize },
+    /// The key's tenant (all its keys together) holds `--max-connections-per-tenant`.
+    Tenant { share: usize },
+}
+
+/// Seconds a client refused for its share of connections should wait before it opens
+/// another: its own connections free as their requests end and idle ones close.
+const SHARE_RETRY_AFTER: u64 = 1;
+
+impl From<ConnectionRefusal> for ApiError {
+    fn from(r: ConnectionRefusal) -> Self {
+        let (code, detail) = match r {
+            ConnectionRefusal::Key { share } => (
+                "key_too_many_connections",
+                format!(
+                    "this API key holds as many connections as the server allows one key \
+                     ({share}, --max-connections-per-key); send requests on the connections \
+                     it has, or open this one once one of them closed"
+                ),
+            ),
+            ConnectionRefusal::Tenant { share } => (
+                "tenant_too_many_connections",
+                format!(
+                    "this tenant's credentials hold as many connections as the server allows \
+                     one tenant ({share}, --max-connections-per-tenant); send requests on the \
+                     connections they have, or open this one once one of them closed"
+                ),
+            ),
+        };
+        // Busy: the answer closes its connection.
+        ApiError::Busy {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code,
+            detail,
+            retry_after: SHARE_RETRY_AFTER,
+        }
+    }
 }
 
 /// Put in an answer's extensions to end its connection after it (`Connection: close` over
@@ -112,8 +175,8 @@ impl ConnectionHandle {
     }
 
     /// See [`ConnectionControl::authenticated`].
-    pub fn authenticated(&self) {
-        self.0.authenticated();
+    pub fn authenticated(&self, holder: &ConnectionHolder) -> Result<(), ConnectionRefusal> {
+        self.0.authenticated(holder)
     }
 }
 

@@ -2,8 +2,11 @@
 //! place so no operation can forget them: the document's header and security schemes, the
 //! headers every `/api` call reads (`X-Tenant-Id`) and every call may send (`X-Request-Id`),
 //! and the error answers the shared machinery can give on any `/api` call (credentials,
-//! `X-Tenant-Id`, Redis, body size and type). An operation's own, more specific description of
-//! a status is kept.
+//! `X-Tenant-Id`, a credential's share of connections, Redis, body size and type). An
+//! operation's own, more specific description of a status is kept (a 429 of its own gets the
+//! connection share's added).
+
+use std::collections::btree_map::Entry;
 
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, Parameter, ParameterIn};
@@ -119,6 +122,13 @@ fn header_param(name: &str, description: &str, pattern: Option<&str>) -> Paramet
         .build()
 }
 
+/// The 429 every authenticated call may answer (`crate::server`, "Per credential").
+const CONNECTION_SHARE: &str = "`key_too_many_connections` or `tenant_too_many_connections`: \
+     this connection would take the API key (or its tenant, all keys together) past its share of \
+     the server's connections (`--max-connections-per-key`, `--max-connections-per-tenant`). \
+     Nothing was done for the request and the connection is closed after this answer; send \
+     requests on the connections the key already holds";
+
 /// Adds the error answers the shared machinery gives (when the operation does not describe
 /// them itself), and the headers that go with them.
 fn complete_responses(op: &mut Operation, is_api: bool) {
@@ -147,6 +157,20 @@ fn complete_responses(op: &mut Operation, is_api: bool) {
     if op.request_body.is_some() {
         add("413", "The body exceeds `--body-limit`");
         add("415", "The body is not sent as `application/json`");
+    }
+    if is_api {
+        // Any authenticated call can find its credential's share of connections full, also
+        // one that documents a 429 of its own: that description gets this one added.
+        match op.responses.responses.entry("429".to_owned()) {
+            Entry::Vacant(e) => {
+                e.insert(RefOr::T(problem(CONNECTION_SHARE)));
+            }
+            Entry::Occupied(mut e) => {
+                if let RefOr::T(own) = e.get_mut() {
+                    own.description = format!("{}; or {CONNECTION_SHARE}", own.description);
+                }
+            }
+        }
     }
     for (status, response) in op.responses.responses.iter_mut() {
         let RefOr::T(response) = response else {

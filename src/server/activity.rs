@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::anonymous::Unproven;
-use crate::http::ConnectionControl;
+use super::shares::{Place, Shares};
+use crate::http::{ConnectionControl, ConnectionHolder, ConnectionRefusal};
 
 /// What the watchdog knows of one connection: requests in flight, and when it last became
 /// idle, made progress or wrote a byte of an answer (milliseconds since it was accepted).
@@ -33,10 +34,29 @@ pub(super) struct Activity {
     /// The connection's place in its address's unauthenticated count, until a request of it
     /// authenticates.
     unproven: Mutex<Option<Unproven>>,
+    /// The credentials' shares of connections, which its first authenticated request takes
+    /// a place in.
+    shares: Arc<Shares>,
+    /// Its place in a credential's share, from its first authenticated request on.
+    holding: Mutex<Holding>,
+}
+
+/// Where a connection stands in the credentials' shares of connections.
+enum Holding {
+    /// No request of it authenticated yet.
+    Nobody,
+    /// Counted against the credential of its first authenticated request until it closes
+    /// (dropping the place gives it back).
+    Held { _place: Place },
+    /// Its first authenticated request found that credential's share full: it is closing, and
+    /// every request on it is refused the same way.
+    Refused(ConnectionRefusal),
+    /// The connection ended; its place was given back.
+    Ended,
 }
 
 impl Activity {
-    pub(super) fn new(max_age: Duration, unproven: Unproven) -> Self {
+    pub(super) fn new(max_age: Duration, unproven: Unproven, shares: Arc<Shares>) -> Self {
         Self {
             started: Instant::now(),
             max_age,
@@ -48,7 +68,25 @@ impl Activity {
             retiring: AtomicBool::new(false),
             close: Notify::new(),
             unproven: Mutex::new(Some(unproven)),
+            shares,
+            holding: Mutex::new(Holding::Nobody),
         }
+    }
+
+    /// The connection ended: gives back its places (its address's unauthenticated count, a
+    /// credential's share) now, whatever still holds this `Activity` (a request's extensions).
+    pub(super) fn ended(&self) {
+        drop(
+            self.unproven
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        let place = std::mem::replace(
+            &mut *self.holding.lock().unwrap_or_else(|e| e.into_inner()),
+            Holding::Ended,
+        );
+        drop(place);
     }
 
     fn elapsed_ms(&self) -> u64 {
@@ -160,12 +198,29 @@ impl ConnectionControl for Activity {
         self.quiet_until_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
-    fn authenticated(&self) {
+    fn authenticated(&self, holder: &ConnectionHolder) -> Result<(), ConnectionRefusal> {
         let taken = self
             .unproven
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
         drop(taken);
+        let mut holding = self.holding.lock().unwrap_or_else(|e| e.into_inner());
+        match &*holding {
+            Holding::Nobody => match self.shares.take(holder) {
+                Ok(place) => {
+                    *holding = Holding::Held { _place: place };
+                    Ok(())
+                }
+                Err(refusal) => {
+                    *holding = Holding::Refused(refusal);
+                    Err(refusal)
+                }
+            },
+            // Counted once, against the first credential: a later one (a proxy's connection
+            // carrying several clients' requests) is served on it and counted nowhere else.
+            Holding::Held { .. } | Holding::Ended => Ok(()),
+            Holding::Refused(refusal) => Err(*refusal),
+        }
     }
 }

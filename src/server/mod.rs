@@ -14,8 +14,19 @@
 //!   within `PROBATION` (or the header timeout, if shorter). So one address cannot hold
 //!   more than that many connections without credentials, while any number of authenticated
 //!   clients behind one address (workers behind a NAT, even opening connections in a burst)
-//!   fit, bounded by the cap and the per-tenant waiter limits; idle ones are bounded in time
-//!   by the rules below.
+//!   fit, bounded by the cap, the shares below and the per-tenant waiter limits; idle ones
+//!   are bounded in time by the rules below.
+//! - **Per credential.** A connection is counted against the credential of its first request
+//!   that authenticates — an API key and the key's tenant, or under dev auth the tenant named —
+//!   until it closes; one key holds at most `max_connections_per_key`, one tenant's keys
+//!   together at most `max_connections_per_tenant` (`shares`). A request whose credential
+//!   would go past a share is answered `429` (`key_too_many_connections`,
+//!   `tenant_too_many_connections`) by the `Caller` extractor before its handler runs, and
+//!   the connection closed. A later request on a counted connection is served whatever its
+//!   credential (a proxy's pooled connection carries many clients) and counted nowhere else.
+//!   The platform admin token counts against no share: it is the operator's own and acts for
+//!   every tenant over one pool. So one key, or one tenant, cannot hold every connection by
+//!   keeping a cheap request going on each; the others keep their room.
 //! - **Waiting for a request.** A connection with no request in flight must deliver the next
 //!   request's headers within `header_read_timeout`: counted from the accept (so a client that
 //!   sends nothing at all, or only the HTTP/2 preface, is closed too) and from the last byte of
@@ -45,6 +56,7 @@
 
 mod activity;
 mod anonymous;
+mod shares;
 mod watched;
 
 use std::convert::Infallible;
@@ -69,6 +81,7 @@ use crate::http::metrics::Metrics;
 use crate::http::{CloseConnection, ConnectionHandle};
 use activity::Activity;
 use anonymous::{Anonymous, Unproven};
+use shares::Shares;
 use watched::{Frames, Watched};
 
 /// Bounds on the connections of one listener.
@@ -85,6 +98,10 @@ pub struct ConnectionLimits {
     /// Connections of one client address that have not authenticated a request yet
     /// (0 = no such cap).
     pub max_anonymous_per_address: usize,
+    /// Connections counted against one API key (0 = no such share; see the module docs).
+    pub max_per_key: usize,
+    /// Connections counted against one tenant's credentials together (0 = no such share).
+    pub max_per_tenant: usize,
 }
 
 /// How soon a connection on probation (see [`ConnectionLimits::max_anonymous_per_address`])
@@ -125,6 +142,11 @@ pub async fn serve(
     let max = limits.max_connections.max(1);
     let slots = Arc::new(Semaphore::new(max));
     let anonymous = Arc::new(Anonymous::new(limits.max_anonymous_per_address));
+    let shares = Arc::new(Shares::new(
+        limits.max_per_key,
+        limits.max_per_tenant,
+        metrics.clone(),
+    ));
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -150,9 +172,10 @@ pub async fn serve(
         let router = router.clone();
         let stop = stop.clone();
         let metrics = metrics.clone();
+        let shares = shares.clone();
         metrics.connection_opened();
         tokio::spawn(async move {
-            serve_connection(&builder, stream, router, limits, stop, unproven).await;
+            serve_connection(&builder, stream, router, limits, stop, unproven, shares).await;
             metrics.connection_closed();
             drop(slot);
         });
@@ -187,10 +210,14 @@ async fn serve_connection<S>(
     limits: ConnectionLimits,
     stop: CancellationToken,
     unproven: Unproven,
+    shares: Arc<Shares>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity::new(limits.max_age, unproven));
+    let activity = Arc::new(Activity::new(limits.max_age, unproven, shares));
+    // Whichever way this returns, the connection's places (its address's, its credential's)
+    // are given back as it ends.
+    let _ended = Ended(activity.clone());
     let io = TokioIo::new(Watched {
         inner: stream,
         activity: activity.clone(),
@@ -313,6 +340,15 @@ async fn serve_connection<S>(
     }
 }
 
+/// Tells the connection's [`Activity`] that it ended, when dropped.
+struct Ended(Arc<Activity>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.ended();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,12 +368,15 @@ mod tests {
             request_timeout: Duration::from_millis(200),
             max_age: Duration::from_secs(60),
             max_anonymous_per_address: 0,
+            max_per_key: 0,
+            max_per_tenant: 0,
         };
         let unproven = Arc::new(Anonymous::new(0)).admit(std::net::Ipv4Addr::LOCALHOST.into());
+        let shares = Arc::new(Shares::new(0, 0, Arc::new(Metrics::new(10))));
         tokio::spawn(async move {
             let builder = auto::Builder::new(TokioExecutor::new());
             let stop = CancellationToken::new();
-            serve_connection(&builder, server, router, limits, stop, unproven).await;
+            serve_connection(&builder, server, router, limits, stop, unproven, shares).await;
         });
         client
     }

@@ -179,6 +179,74 @@ async fn one_tenants_waiters_must_leave_most_connections_to_others() {
     assert!(sluice::Application::build(config).await.is_ok());
 }
 
+/// The shares of connections: by default half of the cap for a key and for a tenant, each
+/// following the other where only one is set. One that is set must let a tenant's long polls
+/// reach the waiter cap (the rule that bounds them), fit in the cap, and a key's fit in its
+/// tenant's; otherwise the server refuses to start, naming the flags. 0 turns a share off.
+#[tokio::test]
+async fn connection_shares_leave_room_for_the_waiter_cap_and_fit_their_tenants() {
+    let defaults = sluice::config::ApiSettings::defaults();
+    assert_eq!(defaults.max_connections, 1024);
+    assert_eq!(defaults.connections_per_key(1024), 512);
+    assert_eq!(defaults.connections_per_tenant(1024), 512);
+    // On a cap lowered by the open-file limit, half of that.
+    assert_eq!(defaults.connections_per_key(100), 50);
+    let refused = |api: &sluice::config::ApiSettings| {
+        api.check_connection_shares()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let mut api = defaults.clone();
+    // Below the tenant's waiter cap (a quarter of the cap: 256).
+    api.max_connections_per_key = Some(255);
+    let err = refused(&api);
+    assert!(
+        err.contains("--max-connections-per-key (255)")
+            && err.contains("--max-waiters-per-tenant (256)"),
+        "{err}"
+    );
+    api.max_connections_per_key = Some(256);
+    assert_eq!(refused(&api), "");
+    // The tenant's share follows a key's set higher than half the cap...
+    api.max_connections_per_key = Some(700);
+    assert_eq!(refused(&api), "");
+    assert_eq!(api.connections_per_tenant(1024), 700);
+    // ...and a key's follows a tenant's set lower.
+    api.max_connections_per_key = None;
+    api.max_connections_per_tenant = Some(300);
+    assert_eq!(api.connections_per_key(1024), 300);
+    assert_eq!(refused(&api), "");
+    // Both set: the key's may not exceed its tenant's.
+    api.max_connections_per_key = Some(400);
+    let err = refused(&api);
+    assert!(
+        err.contains("--max-connections-per-key (400)")
+            && err.contains("--max-connections-per-tenant (300)"),
+        "{err}"
+    );
+    // Past the cap means nothing.
+    api.max_connections_per_key = None;
+    api.max_connections_per_tenant = Some(2000);
+    assert!(refused(&api).contains("--max-connections (1024)"));
+    // 0: no share, whatever else is set.
+    api.max_connections_per_tenant = Some(0);
+    api.max_connections_per_key = Some(0);
+    assert_eq!(refused(&api), "");
+    assert_eq!(api.connections_per_key(1024), 0);
+    assert_eq!(api.connections_per_tenant(1024), 0);
+    // The server checks them at start.
+    let redis = crate::helpers::TestRedis::start().await;
+    let mut config = settings_on(&redis);
+    config.api.max_connections_per_tenant = Some(10);
+    let err = sluice::Application::build(config)
+        .await
+        .err()
+        .expect("a tenant share under the waiter cap was accepted")
+        .to_string();
+    assert!(err.contains("--max-connections-per-tenant (10)"), "{err}");
+}
+
 /// `--cors-origin '*'` is refused at start with an error that says what to do (it used to
 /// panic inside tower-http).
 #[tokio::test]

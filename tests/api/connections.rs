@@ -291,9 +291,21 @@ async fn the_cap_stays_under_the_open_file_limit() {
 /// before answering.
 async fn ask(stream: &mut TcpStream, path: &str, extra: &str) -> Option<String> {
     let req = format!("GET {path} HTTP/1.1\r\nHost: sluice\r\n{extra}\r\n");
-    if stream.write_all(req.as_bytes()).await.is_err() {
+    exchange(stream, req.as_bytes()).await.map(|(head, _)| head)
+}
+
+/// Sends `request` (a whole HTTP/1.1 request) on a kept-alive connection and reads its answer:
+/// the head (status line and headers, lowercase) and the body, or `None` when the server
+/// closed the connection before answering.
+async fn exchange(stream: &mut TcpStream, request: &[u8]) -> Option<(String, String)> {
+    if stream.write_all(request).await.is_err() {
         return None;
     }
+    read_answer(stream).await
+}
+
+/// Reads one answer with a `content-length` (see [`exchange`]).
+async fn read_answer(stream: &mut TcpStream) -> Option<(String, String)> {
     let mut buf = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -305,7 +317,7 @@ async fn ask(stream: &mut TcpStream, path: &str, extra: &str) -> Option<String> 
                 .find_map(|l| l.strip_prefix("content-length:"))
                 .map_or(0, |v| v.trim().parse().unwrap());
             if body.len() >= len {
-                return Some(head);
+                return Some((head, body[..len].to_owned()));
             }
         }
         let mut chunk = [0u8; 4096];
@@ -609,4 +621,370 @@ async fn the_per_address_cap_refuses_unauthenticated_excess_only() {
     let mut refused = TcpStream::connect(app.addr).await.unwrap();
     let head = ask(&mut refused, "/healthz", "").await.expect("an answer");
     assert!(head.starts_with("http/1.1 503"), "{head}");
+}
+
+/// A whole HTTP/1.1 request with `token` as its bearer and `body` (JSON) if any.
+fn request_as(method: &str, path: &str, token: &str, body: Option<&str>) -> Vec<u8> {
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: sluice\r\nAuthorization: Bearer {token}\r\n");
+    if let Some(body) = body {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ));
+    } else {
+        req.push_str("\r\n");
+    }
+    req.into_bytes()
+}
+
+/// The problem code of an answer's body, or "" for a body that is not a problem document.
+fn code_in(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["code"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The status code of an answer's head.
+fn status_of(head: &str) -> u16 {
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head}"))
+}
+
+/// A new connection's first request, `request`, with the answer's status and problem code,
+/// retried while the server answers 503 at its connection cap (it has not yet seen the close
+/// of a connection that went away). Panics after 20 s of that.
+async fn first_request(
+    addr: std::net::SocketAddr,
+    request: &[u8],
+) -> (TcpStream, u16, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let (head, body) = exchange(&mut s, request)
+            .await
+            .expect("an answer on a new connection");
+        let status = status_of(&head);
+        let code = code_in(&body);
+        if status == 503 && code == "too_many_connections" {
+            assert!(
+                Instant::now() < deadline,
+                "the connection cap stayed full for 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        return (s, status, code, head);
+    }
+}
+
+/// The reproduction of the report: one API key asks for every connection of a server capped
+/// at 128, all at once, and would keep each busy with a cheap request. Exactly half of them
+/// (its share, `--max-connections-per-key`) are served; the other 64 requests are answered
+/// 429 `key_too_many_connections` with `Retry-After`, nothing is done for them (64 admissions,
+/// not 128) and their connections are closed. Another tenant's new connections are served,
+/// the key's own keep working, and a connection the key closes is one it may open again —
+/// exactly as many as it closed.
+#[tokio::test]
+async fn one_key_holds_at_most_its_share_of_connections_and_others_are_served() {
+    const CAP: usize = 128;
+    const SHARE: usize = CAP / 2;
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_connections = CAP;
+        // No connection of this test idles out on its own.
+        c.api.header_read_timeout_ms = 60_000;
+        // All of them come from 127.0.0.1 and connect before they ask: this test is about
+        // the credentials' shares alone.
+        c.api.max_anonymous_connections_per_address = 0;
+    })
+    .await;
+    app.create_tenant("acme").await;
+    app.create_tenant("globex").await;
+    let hoarder = app.key_token("acme", "editor").await;
+    let other = app.key_token("globex", "viewer").await;
+    let admit = request_as(
+        "POST",
+        "/api/executions",
+        &hoarder,
+        Some(r#"{"flow_id":"demo.echo"}"#),
+    );
+    // As many connections as the server has room for, all opened and asked at once; one
+    // refused at the cap (the test client's own pooled connection takes a place) tries again,
+    // as a client would.
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(CAP));
+    let mut tasks = Vec::new();
+    for _ in 0..CAP {
+        let (barrier, admit, addr) = (barrier.clone(), admit.clone(), app.addr);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            first_request(addr, &admit).await
+        }));
+    }
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for t in tasks {
+        let (mut s, status, code, head) = t.await.unwrap();
+        match status {
+            201 => held.push(s),
+            429 => {
+                assert_eq!(code, "key_too_many_connections", "{head}");
+                assert!(head.contains("retry-after: 1"), "{head}");
+                assert!(head.contains("connection: close"), "{head}");
+                assert!(
+                    read_until_closed(&mut s, Duration::from_secs(10))
+                        .await
+                        .is_some(),
+                    "a refused connection stayed open"
+                );
+                refused += 1;
+            }
+            _ => panic!("{head}"),
+        }
+    }
+    println!(
+        "one key asking for {CAP} connections: {} served, {refused} refused",
+        held.len()
+    );
+    assert_eq!(held.len(), SHARE, "the key was served past its share");
+    assert_eq!(refused, CAP - SHARE);
+    // Nothing was done for a refused request: one execution per request served.
+    assert_eq!(app.row_count().await, SHARE);
+    // What an operator sees: each refused connection counted once, and no tenant named.
+    let metrics = app.get_text("/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "sluice_http_connections_over_key_share_total {refused}\n"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sluice_http_connections_over_tenant_share_total 0\n"));
+    // Another tenant's new connections are served (once the server saw the refused ones go).
+    let list = request_as("GET", "/api/executions", &other, None);
+    let mut others = Vec::new();
+    for _ in 0..20 {
+        let (s, status, code, head) = first_request(app.addr, &list).await;
+        assert_eq!(status, 200, "another tenant was refused: {code} {head}");
+        others.push(s);
+    }
+    // The key's own connections keep working.
+    let list = request_as("GET", "/api/executions", &hoarder, None);
+    for s in &mut held {
+        let (head, _) = exchange(s, &list).await.expect("an answer");
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+    }
+    // Three connections closed give three places back, and no more.
+    held.truncate(SHARE - 3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut reopened = 0;
+    while reopened < 3 {
+        let (s, status, code, head) = first_request(app.addr, &list).await;
+        match status {
+            200 => {
+                held.push(s);
+                reopened += 1;
+            }
+            // The server has not seen every close yet.
+            429 => assert_eq!(code, "key_too_many_connections", "{head}"),
+            _ => panic!("{head}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "closed connections did not give their places back"
+        );
+    }
+    let (_, status, code, _) = first_request(app.addr, &list).await;
+    assert_eq!((status, code.as_str()), (429, "key_too_many_connections"));
+}
+
+/// A connection is counted once, against the credential of its first authenticated request:
+/// later requests on it with other credentials are served and take nothing from their shares.
+/// The platform admin token takes no share at all. A tenant's keys together hold at most
+/// `--max-connections-per-tenant` (429 `tenant_too_many_connections`), and over HTTP/2 a
+/// refused connection gets its 429 and then a GOAWAY, while one HTTP/2 connection carrying
+/// many requests at once counts once.
+#[tokio::test]
+async fn a_connection_counts_once_against_its_first_credential_and_a_tenants_keys_share() {
+    let app = TestApp::spawn_with(|c| {
+        c.api.max_connections = 64;
+        c.api.max_waiters_per_tenant = Some(2);
+        c.api.max_connections_per_key = Some(4);
+        c.api.max_connections_per_tenant = Some(6);
+        c.api.header_read_timeout_ms = 60_000;
+        c.api.max_anonymous_connections_per_address = 0;
+    })
+    .await;
+    app.create_tenant("acme").await;
+    let [first, second, third] = [
+        app.key_token("acme", "viewer").await,
+        app.key_token("acme", "viewer").await,
+        app.key_token("acme", "editor").await,
+    ];
+    let list = |token: &str| request_as("GET", "/api/executions", token, None);
+    // The admin token, far past every share: all served.
+    let mut kept = Vec::new();
+    for _ in 0..10 {
+        let (s, status, code, _) = first_request(
+            app.addr,
+            &request_as("GET", "/api/tenants", crate::helpers::ADMIN_TOKEN, None),
+        )
+        .await;
+        assert_eq!(status, 200, "{code}");
+        kept.push(s);
+    }
+    // The first key on an admin's connection: served, and counted nowhere.
+    let (head, _) = exchange(&mut kept[0], &list(&first))
+        .await
+        .expect("an answer");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // So it still has its whole share of four, and no more.
+    let mut firsts = Vec::new();
+    for _ in 0..4 {
+        let (s, status, code, _) = first_request(app.addr, &list(&first)).await;
+        assert_eq!(status, 200, "{code}");
+        firsts.push(s);
+    }
+    let (_, status, code, _) = first_request(app.addr, &list(&first)).await;
+    assert_eq!((status, code.as_str()), (429, "key_too_many_connections"));
+    // The second key on the first's connection: served, counted nowhere.
+    let (head, _) = exchange(&mut firsts[0], &list(&second))
+        .await
+        .expect("an answer");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    // Over HTTP/2, many requests at once on one connection count once: the second key's.
+    let io = TokioIo::new(TcpStream::connect(app.addr).await.unwrap());
+    let (h2, h2_conn) = hyper::client::conn::http2::handshake::<
+        _,
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(TokioExecutor::new(), io)
+    .await
+    .unwrap();
+    let h2_conn = tokio::spawn(h2_conn);
+    let h2_get = |token: &str| {
+        hyper::Request::get(app.url("/api/executions"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(http_body_util::Empty::new())
+            .unwrap()
+    };
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let mut h2 = h2.clone();
+        let req = h2_get(&second);
+        streams.push(tokio::spawn(async move {
+            h2.send_request(req).await.unwrap().status()
+        }));
+    }
+    for s in streams {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    // The tenant holds five now (four of the first key, one of the second): one more fits,
+    // the next is past the tenant's six although the third key has none.
+    let (_seconds, status, code, _) = first_request(app.addr, &list(&second)).await;
+    assert_eq!(status, 200, "{code}");
+    let (_, status, code, head) = first_request(app.addr, &list(&third)).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (429, "tenant_too_many_connections"),
+        "{head}"
+    );
+    let metrics = app.get_text("/metrics").await;
+    assert!(metrics.contains("sluice_http_connections_over_tenant_share_total 1\n"));
+    // An HTTP/2 connection refused for its share: the answer, then a GOAWAY that ends it.
+    let io = TokioIo::new(TcpStream::connect(app.addr).await.unwrap());
+    let (mut refused_h2, refused_conn) = hyper::client::conn::http2::handshake::<
+        _,
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(TokioExecutor::new(), io)
+    .await
+    .unwrap();
+    let refused_conn = tokio::spawn(refused_conn);
+    let res = refused_h2.send_request(h2_get(&third)).await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        code_in(&String::from_utf8_lossy(&body)),
+        "tenant_too_many_connections"
+    );
+    tokio::time::timeout(Duration::from_secs(10), refused_conn)
+        .await
+        .expect("a refused HTTP/2 connection stayed open")
+        .unwrap()
+        .ok();
+    // The counted HTTP/2 connection is still open and served.
+    assert!(!h2_conn.is_finished());
+    let mut h2 = h2;
+    assert_eq!(
+        h2.send_request(h2_get(&second)).await.unwrap().status(),
+        200
+    );
+}
+
+/// The pull-worker shape at the default settings (`--max-connections` 1024): 256 workers on
+/// one worker key each hold a lease long poll (the tenant's waiter cap, a quarter of the
+/// connections), and each has a second connection for its heartbeats and reports. None of
+/// those 512 connections is refused; the key's share is exactly that (half of the cap), so
+/// one more connection of the key is.
+#[tokio::test]
+async fn a_pull_worker_fleet_on_one_key_fits_its_share_at_the_defaults() {
+    const WORKERS: usize = 256;
+    let app = TestApp::spawn().await;
+    app.create_tenant("acme").await;
+    let token = app.key_token("acme", "worker").await;
+    let lease = |worker: &str, wait: &str| {
+        request_as(
+            "POST",
+            &format!("/api/worker/lease{wait}"),
+            &token,
+            Some(&format!(r#"{{"worker_id":"{worker}","max":1}}"#)),
+        )
+    };
+    // Each worker's long poll, on its own connection; nothing to hand out, so they wait.
+    let mut polls = Vec::new();
+    for i in 0..WORKERS {
+        let mut s = TcpStream::connect(app.addr).await.unwrap();
+        s.write_all(&lease(&format!("w{i}"), "?wait=60s"))
+            .await
+            .unwrap();
+        polls.push(tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            // Anything before the test ends is an early answer (a refusal).
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.pull.doorbells.waiting() < WORKERS {
+        if let Some(done) = polls.iter().position(|p| p.is_finished()) {
+            let answer = polls.remove(done).await.unwrap();
+            panic!("a long poll was answered early: {answer}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {WORKERS} long polls waiting after 60 s",
+            app.pull.doorbells.waiting()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Each worker's second connection: a lease without a wait (what a heartbeat or a report
+    // costs in connections), kept open.
+    let mut seconds = Vec::new();
+    for i in 0..WORKERS {
+        let (s, status, code, head) = first_request(app.addr, &lease(&format!("w{i}"), "")).await;
+        assert_eq!(status, 200, "worker {i}'s second connection: {code} {head}");
+        seconds.push(s);
+    }
+    // The long polls are still waiting, none refused or cut.
+    assert_eq!(app.pull.doorbells.waiting(), WORKERS);
+    assert!(polls.iter().all(|p| !p.is_finished()));
+    // The share is half the cap: one connection more is refused.
+    let (_, status, code, _) = first_request(app.addr, &lease("extra", "")).await;
+    assert_eq!((status, code.as_str()), (429, "key_too_many_connections"));
 }

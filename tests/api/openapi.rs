@@ -132,7 +132,8 @@ fn the_document_is_as_strict_as_the_server() {
             let responses = op["responses"].as_object().unwrap();
             let mut need: Vec<&str> = Vec::new();
             if path.starts_with("/api/") {
-                need.extend(["400", "401", "403", "503"]);
+                // 429: a credential's share of connections (`key_too_many_connections`).
+                need.extend(["400", "401", "403", "429", "503"]);
             }
             if op.get("requestBody").is_some() {
                 need.extend(["413", "415"]);

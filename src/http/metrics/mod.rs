@@ -10,7 +10,10 @@
 //!   series, and `method` is one of the methods the API knows or `other` — any token is a
 //!   legal method, and a label taken from the request would let anyone grow the registry;
 //! - `sluice_http_connections_open` and `sluice_http_connections_refused_total` (beyond
-//!   `--max-connections`);
+//!   `--max-connections`); `sluice_http_connections_over_key_share_total` and
+//!   `sluice_http_connections_over_tenant_share_total` (connections refused for their
+//!   credential's share, `--max-connections-per-key` and `--max-connections-per-tenant`; no
+//!   label names the key or the tenant);
 //! - `sluice_queue_depth{shard}`: queued executions due in each shard (its tenants' queues), read from Redis at
 //!   scrape time (absent when Redis does not answer);
 //! - `sluice_dead_letters{shard}`: records on each shard's dead-letter stream;
@@ -124,6 +127,8 @@ pub struct Metrics {
     pull_runs_handed_out: Counter,
     connections_open: Gauge,
     connections_refused: Counter,
+    connections_over_key_share: Counter,
+    connections_over_tenant_share: Counter,
     /// Tenants with their own label value, at most `tenant_limit`.
     labelled_tenants: RwLock<HashSet<String>>,
     tenant_limit: usize,
@@ -348,6 +353,20 @@ impl Metrics {
             "HTTP connections refused at the --max-connections cap",
             connections_refused.clone(),
         );
+        let connections_over_key_share = Counter::default();
+        registry.register(
+            "sluice_http_connections_over_key_share",
+            "HTTP connections refused (429 key_too_many_connections) because their API key held \
+             --max-connections-per-key",
+            connections_over_key_share.clone(),
+        );
+        let connections_over_tenant_share = Counter::default();
+        registry.register(
+            "sluice_http_connections_over_tenant_share",
+            "HTTP connections refused (429 tenant_too_many_connections) because their tenant's \
+             keys held --max-connections-per-tenant",
+            connections_over_tenant_share.clone(),
+        );
         Self {
             registry,
             admissions,
@@ -384,6 +403,8 @@ impl Metrics {
             pull_runs_handed_out,
             connections_open,
             connections_refused,
+            connections_over_key_share,
+            connections_over_tenant_share,
             labelled_tenants: RwLock::new(HashSet::new()),
             tenant_limit,
         }
@@ -455,6 +476,14 @@ impl Metrics {
     /// A connection was refused at the cap.
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
+    }
+
+    /// A connection was refused for its credential's share (counted once per connection).
+    pub fn connection_over_share(&self, refusal: super::ConnectionRefusal) {
+        match refusal {
+            super::ConnectionRefusal::Key { .. } => self.connections_over_key_share.inc(),
+            super::ConnectionRefusal::Tenant { .. } => self.connections_over_tenant_share.inc(),
+        };
     }
 
     /// Counts one admission of `tenant`.
