@@ -13,6 +13,11 @@ use crate::store::StoreError;
 /// Seconds a client should wait before retrying after Redis trouble.
 const UNAVAILABLE_RETRY_AFTER: u64 = 1;
 
+/// Seconds a client should wait before asking again of a tenant being deleted: its reaper
+/// runs continuously (a tenant of a few thousand executions is gone within the `DELETE` that
+/// began it), so a second is the time it takes, or the pace of a client polling a big one.
+pub const TENANT_DELETING_RETRY_AFTER: u64 = 1;
+
 /// Everything that can go wrong for an API caller.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -44,6 +49,12 @@ pub enum ApiError {
     },
     #[error("the request took longer than the server's limit")]
     Timeout,
+    /// The tenant is being deleted: what it held is being removed, and until that is done it
+    /// admits nothing and cannot be registered again (409 `tenant_deleting`, `Retry-After`).
+    #[error(
+        "tenant {tenant} is being deleted: its executions, keys and dead letters are being removed; it admits nothing and can be registered again once that is done"
+    )]
+    TenantDeleting { tenant: crate::domain::TenantId },
     /// A bounded resource of the server is used up (e.g. its waiters): retry later.
     #[error("{detail}")]
     Busy {
@@ -107,6 +118,7 @@ impl ApiError {
             ApiError::IdempotencyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TenantDeleting { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -130,6 +142,7 @@ impl ApiError {
             ApiError::Unavailable(_) => "redis_unavailable",
             ApiError::OutcomeUnknown { .. } => "admission_outcome_unknown",
             ApiError::Timeout => "request_timeout",
+            ApiError::TenantDeleting { .. } => "tenant_deleting",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -142,6 +155,7 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::OutcomeUnknown { .. } | ApiError::Timeout => {
                 Some(UNAVAILABLE_RETRY_AFTER)
             }
+            ApiError::TenantDeleting { .. } => Some(TENANT_DELETING_RETRY_AFTER),
             _ => None,
         }
     }
