@@ -57,31 +57,39 @@ local now = now_ms()
 
 -- Removes execution `id` — found in one of the tenant's structures — from everything that
 -- names it, and its row, when the row is the tenant's (a member whose row expired or is
--- another's is only dropped from where it was found, which its caller did).
+-- another's is only dropped from where it was found, which its caller did). What it is
+-- removed from follows from its state, so a terminal one (most of a big tenant) costs five
+-- commands; a member that drifted elsewhere is met by the drain of that structure.
 local function reap(id)
   local row = redis.call('HMGET', K.row(id), 'tenant', 'status', 'flow', 'ckh', 'ddh',
-    'lease_owner', 'watch')
+    'lease_owner', 'watch', 'qstate')
   if row[1] ~= tenant then return end
   local status, flow, h, digest, owner = row[2], row[3], row[4], row[5], row[6]
   announce(id, row[7], 'deleted', now)
-  if status then redis.call('ZREM', K.status_idx(tenant, status), id) end
-  redis.call('ZREM', K.status_idx(tenant, 'scheduled'), id)
-  if flow then
-    if status then redis.call('ZREM', K.flow_idx(tenant, flow, status), id) end
-    redis.call('ZREM', K.flow_idx(tenant, flow, 'scheduled'), id)
+  if status then
+    redis.call('ZREM', K.status_idx(tenant, status), id)
+    if flow then redis.call('ZREM', K.flow_idx(tenant, flow, status), id) end
   end
-  redis.call('ZREM', K.delayed(), id)
-  redis.call('ZREM', K.waiting(tenant), id)
-  redis.call('SREM', K.slots(tenant), id)
-  redis.call('SREM', K.deleting(tenant), id)
-  redis.call('ZREM', K.leases(), id)
-  if owner and owner ~= '' then
-    redis.call('SREM', K.held(owner), id)
-    if status == 'running' then tell_holder(owner, id) end
+  if status == 'queued' and row[8] == 'scheduled' then
+    redis.call('ZREM', K.delayed(), id)
+    redis.call('ZREM', K.status_idx(tenant, 'scheduled'), id)
+    if flow then redis.call('ZREM', K.flow_idx(tenant, flow, 'scheduled'), id) end
+  elseif status == 'queued' then
+    redis.call('ZREM', K.waiting(tenant), id)
+    if h then redis.call('ZREM', K.key_queue(tenant, h), id) end
+  elseif status == 'running' then
+    -- Fenced: no lease, no slot, no holder; the holder is told to look now.
+    redis.call('SREM', K.slots(tenant), id)
+    redis.call('SREM', K.deleting(tenant), id)
+    redis.call('ZREM', K.leases(), id)
+    if h then redis.call('SREM', K.key_running(tenant, h), id) end
+    if owner and owner ~= '' then
+      redis.call('SREM', K.held(owner), id)
+      tell_holder(owner, id)
+    end
   end
-  if h and h ~= '' then
-    redis.call('ZREM', K.key_queue(tenant, h), id)
-    redis.call('SREM', K.key_running(tenant, h), id)
+  if h then
+    -- Its key's rate state and throttle wake-up (the key may have no other trace).
     redis.call('DEL', K.key_tat(tenant, h))
     redis.call('ZREM', K.delayed(), 'rk:' .. tenant .. ':' .. h)
   end
