@@ -51,6 +51,7 @@
 --   {'conflict', id}    the dedup key maps to id, admitted with a different request
 --   {'void'}            this id was declared abandoned (abandon.lua ran first); nothing written
 --   {'disabled'}        the tenant is disabled; nothing written
+--   {'deleting'}        the tenant is being deleted (tenant_drop.lua); nothing written
 --   {'full', queued}    the tenant has max_queued executions queued; nothing written
 --   {'moved', n}        the tenant is pinned to dedicated shard n (pin.lua; the quota decision
 --                       of place() finds it): nothing written

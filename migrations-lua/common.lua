@@ -61,6 +61,10 @@ function K.tat(t) return P .. 't:' .. t .. ':tat' end
 function K.key_tat(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':tat' end
 function K.outbox(t) return P .. 't:' .. t .. ':wh' end
 function K.webhooks() return P .. 'webhooks' end
+function K.delivery_log(t) return P .. 't:' .. t .. ':whlog' end
+function K.delivery_lock(t) return P .. 't:' .. t .. ':whlock' end
+function K.batch_lock(t) return P .. 't:' .. t .. ':batch' end
+function K.reaping() return P .. 'reaping' end
 
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
@@ -101,19 +105,21 @@ local LIMITS_READ = {}
 -- The tenant's effective limits: its own values where set, else the server defaults.
 -- Also whether the tenant is pinned to another shard (pin.lua): then its number; its
 -- weight in the shard's fair share (1..1000, default 1); the limit of each of its
--- concurrency keys that has no override (nil: none); and its rate limits, the tenant's and
--- each key's (as stored, see rate_of(); nil: none). Read once per call and tenant: a start
--- and the release before it ask for the same tenant's several times.
+-- concurrency keys that has no override (nil: none); its rate limits, the tenant's and
+-- each key's (as stored, see rate_of(); nil: none); its webhook address (nil: none); and,
+-- while it is being deleted (tenant_drop.lua until tenant_reap.lua is done), since when (ms;
+-- nil otherwise). Read once per call and tenant: a start and the release before it ask for
+-- the same tenant's several times.
 local function limits(t)
   local v = LIMITS_READ[t]
   if not v then
     v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
-      'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url')
+      'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'deleting')
     LIMITS_READ[t] = v
   end
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
     v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6]), v[7] or nil, v[8] or nil,
-    v[9] or nil
+    v[9] or nil, v[10] or nil
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -334,9 +340,10 @@ local function refresh(t)
   local vt = tonumber(redis.call('ZSCORE', K.runnable(), t))
   local eligible, weight = false, nil
   if redis.call('EXISTS', K.waiting(t)) == 1 then
-    local max_concurrent, _, _, pinned, w = limits(t)
+    local max_concurrent, _, _, pinned, w, _, _, _, _, deleting = limits(t)
     weight = w
-    eligible = not pinned and redis.call('SCARD', K.slots(t)) < max_concurrent
+    -- A tenant being deleted starts nothing more (its queue is being reaped).
+    eligible = not pinned and not deleting and redis.call('SCARD', K.slots(t)) < max_concurrent
       and tenant_rate_ok(t)
   end
   if eligible and not vt then
@@ -482,13 +489,15 @@ end
 
 -- The admission decision (and a retry's): whether tenant t may queue one more execution.
 -- max_queued counts every queued execution (scheduled, waiting and ready). Returns true, or
--- nil and a refusal ('disabled'; 'full' with the queued count; 'moved' with the shard a
--- pinned tenant lives in now, see pin.lua). Writes nothing. `queued` is the tenant's queued
--- count when the caller knows it (admit.lua counts its own admissions within a call), else
--- nil: then it is read. On success the third value is that count.
+-- nil and a refusal ('disabled'; 'deleting' while the tenant is being deleted, see
+-- tenant_drop.lua; 'full' with the queued count; 'moved' with the shard a pinned tenant lives
+-- in now, see pin.lua). Writes nothing. `queued` is the tenant's queued count when the caller
+-- knows it (admit.lua counts its own admissions within a call), else nil: then it is read. On
+-- success the third value is that count.
 local function place(t, queued)
-  local _, max_queued, enabled, pinned = limits(t)
+  local _, max_queued, enabled, pinned, _, _, _, _, _, deleting = limits(t)
   if pinned then return nil, 'moved', pinned end
+  if deleting then return nil, 'deleting' end
   if not enabled then return nil, 'disabled' end
   queued = queued or redis.call('ZCARD', K.status_idx(t, 'queued'))
   if queued >= max_queued then return nil, 'full', queued end

@@ -9,7 +9,7 @@
 -- Reply, one of:
 --   {'duplicate', id, row}  the dedup key maps to live execution id, same request (its view)
 --   {'conflict', id}        the dedup key maps to id, another request
---   {'disabled'} | {'full', queued} | {'moved', n}   as admit.lua
+--   {'disabled'} | {'deleting'} | {'full', queued} | {'moved', n}   as admit.lua
 --   {'schedule', due}       it would be scheduled for `due` (ms)
 --   {'admit' | 'wait', reason, tpos, kpos, klimit}
 --                           it would be runnable: 'admit' when it would be `ready` (reason

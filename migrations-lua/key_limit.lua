@@ -22,14 +22,16 @@
 --
 -- Reply: {'ok', running, queued} | {'too_many', overrides} (nothing written)
 --      | {'moved', n} (the tenant is pinned to dedicated shard n: nothing written)
+--      | {'deleting'} (the tenant is being deleted, see tenant_drop.lua: nothing written)
 local tenant, h, key, limit = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local CFG = declared(2, K.cfg(tenant))
 local OVERRIDES = declared(3, K.key_limits(tenant))
 declared(4, K.key_blocked(tenant))
 local QUEUE, RUNNING = declared(5, K.key_queue(tenant, h)), declared(6, K.key_running(tenant, h))
 declared(7, K.waiting(tenant)); declared(8, K.runnable())
-local pinned = redis.call('HGET', CFG, 'pinned')
-if pinned then return { 'moved', pinned } end
+local state = redis.call('HMGET', CFG, 'pinned', 'deleting')
+if state[1] then return { 'moved', state[1] } end
+if state[2] then return { 'deleting' } end
 if limit == '' then
   redis.call('HDEL', OVERRIDES, h)
 else

@@ -27,7 +27,9 @@
 --                        and its concurrency keys' overrides (field, value pairs of
 --                        K.key_limits), to copy there. Overrides and webhook leave this shard.
 --   {'busy', held}       the tenant has executions (or webhook events not delivered yet)
---                        here; nothing written
+--                        here, or is being deleted (tenant_drop.lua: its mark and what is
+--                        left of it stay where they are until tenant_reap.lua is done);
+--                        nothing written
 local tenant, target = ARGV[6], ARGV[7]
 local CFG = declared(2, K.cfg(tenant))
 local SLOTS, WAITING = declared(3, K.slots(tenant)), declared(4, K.waiting(tenant))
@@ -40,7 +42,9 @@ end
 -- Webhook events not delivered yet cannot follow either.
 held = held + redis.call('XLEN', K.outbox(tenant))
 local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
-  'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'wh_secret', 'wh_at')
+  'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'wh_secret', 'wh_at',
+  'deleting')
+if v[12] then held = held + 1 end
 local function reply(n)
   local out = { 'pinned', n, v[2] or '', v[3] or '', v[4] or '', v[5] or '', v[6] or '',
     v[7] or '', v[8] or '', v[9] or '', v[10] or '', v[11] or '' }

@@ -17,7 +17,8 @@
 -- ARGV[6]  tenant: the caller's tenant id
 -- ARGV[7]  id: execution id
 --
--- Reply: {'not_found'} | {'not_retryable', status} | {'disabled'} | {'full', queued}
+-- Reply: {'not_found'} | {'not_retryable', status} | {'disabled'} | {'deleting'}
+--      | {'full', queued}
 --      | {'ok', id, row}
 local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))

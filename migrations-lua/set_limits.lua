@@ -25,12 +25,15 @@
 --          limits" in common.lua)
 -- ARGV[13] key_rate: the same for each concurrency key
 --
--- Reply: 0; -1 - n when the tenant is pinned to dedicated shard n (pin.lua): nothing written
+-- Reply: 0; 1 when the tenant is being deleted (tenant_drop.lua; registered again only once
+-- tenant_reap.lua is done): nothing written; -1 - n when the tenant is pinned to dedicated
+-- shard n (pin.lua): nothing written
 local tenant = ARGV[6]
 local CFG = declared(2, K.cfg(tenant))
 declared(3, K.slots(tenant)); declared(4, K.waiting(tenant)); declared(5, K.runnable())
-local pinned = redis.call('HGET', CFG, 'pinned')
-if pinned then return -1 - tonumber(pinned) end
+local state = redis.call('HMGET', CFG, 'pinned', 'deleting')
+if state[1] then return -1 - tonumber(state[1]) end
+if state[2] then return 1 end
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
   weight = ARGV[10], max_concurrent_per_key = ARGV[11], rate = ARGV[12],
   key_rate = ARGV[13] }

@@ -15,7 +15,9 @@
 --                  of the stream-model build) is put back where its row says
 --   mode 'index'   status/flow index members whose row expired or moved on: removed
 -- Every mode ends by putting the tenant in or out of the runnable set as its state says, and
--- in or out of the shard's busy set (out when it has nothing queued or running).
+-- in or out of the shard's busy set (out when it has nothing queued or running). A tenant
+-- being deleted (tenant_drop.lua) is not swept: tenant_reap.lua removes what it holds, and a
+-- repair would put some of it back.
 -- (Also written, its name built inside from the prefix: the shard's busy set.)
 --
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
@@ -39,7 +41,8 @@
 local tenant, mode, status, flow = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local cursor, count = ARGV[10], ARGV[11]
 local STATS = declared(2, K.stats())
-declared(3, K.cfg(tenant))
+local CFG = declared(3, K.cfg(tenant))
+if redis.call('HEXISTS', CFG, 'deleting') == 1 then return { '0', 0 } end
 local SLOTS, WAITING = declared(4, K.slots(tenant)), declared(5, K.waiting(tenant))
 declared(6, K.runnable()); declared(7, K.leases())
 local repaired = 0

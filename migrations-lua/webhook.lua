@@ -22,14 +22,16 @@
 --        was no webhook; trim: entries dropped)
 --      | {'no_secret'} (set without a secret on a tenant that has none: nothing written)
 --      | {'moved', n} (the tenant is pinned to dedicated shard n: nothing written)
+--      | {'deleting'} (set on a tenant being deleted, see tenant_drop.lua: nothing written)
 local tenant, op = ARGV[6], ARGV[7]
 local CFG = declared(2, K.cfg(tenant))
 local BOX = declared(3, K.outbox(tenant))
 local HOOKED = declared(4, K.webhooks())
-local pinned = redis.call('HGET', CFG, 'pinned')
-if pinned then return { 'moved', pinned } end
+local state = redis.call('HMGET', CFG, 'pinned', 'deleting')
+if state[1] then return { 'moved', state[1] } end
 
 if op == 'set' then
+  if state[2] then return { 'deleting' } end
   local secret, fresh = ARGV[9], 1
   if secret == '' then
     secret, fresh = redis.call('HGET', CFG, 'wh_secret'), 0

@@ -13,6 +13,11 @@ use crate::store::StoreError;
 /// Seconds a client should wait before retrying after Redis trouble.
 const UNAVAILABLE_RETRY_AFTER: u64 = 1;
 
+/// Seconds a client should wait before asking again of a tenant being deleted: its reaper
+/// runs continuously (a tenant of a few thousand executions is gone within the `DELETE` that
+/// began it), so a second is the time it takes, or the pace of a client polling a big one.
+pub const TENANT_DELETING_RETRY_AFTER: u64 = 1;
+
 /// Everything that can go wrong for an API caller.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -59,6 +64,12 @@ pub enum ApiError {
         "the batch's calls to storage did not answer in time: some of its items may have been admitted; repeat the batch with the same dedup keys to learn which"
     )]
     BatchOutcomeUnknown,
+    /// The tenant is being deleted: what it held is being removed, and until that is done it
+    /// admits nothing and cannot be registered again (409 `tenant_deleting`, `Retry-After`).
+    #[error(
+        "tenant {tenant} is being deleted: its executions, keys and dead letters are being removed; it admits nothing and can be registered again once that is done"
+    )]
+    TenantDeleting { tenant: crate::domain::TenantId },
     /// A bounded resource of the server is used up (e.g. its waiters): retry later.
     #[error("{detail}")]
     Busy {
@@ -129,6 +140,7 @@ impl ApiError {
             | ApiError::TimeoutNothingAdmitted
             | ApiError::NotAdmitted(_)
             | ApiError::BatchOutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TenantDeleting { .. } => StatusCode::CONFLICT,
             ApiError::Status { status, .. } | ApiError::Busy { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -152,6 +164,7 @@ impl ApiError {
             }
             ApiError::Timeout | ApiError::TimeoutNothingAdmitted => "request_timeout",
             ApiError::NotAdmitted(_) => "not_admitted",
+            ApiError::TenantDeleting { .. } => "tenant_deleting",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -167,6 +180,7 @@ impl ApiError {
             | ApiError::TimeoutNothingAdmitted
             | ApiError::NotAdmitted(_)
             | ApiError::BatchOutcomeUnknown => Some(UNAVAILABLE_RETRY_AFTER),
+            ApiError::TenantDeleting { .. } => Some(TENANT_DELETING_RETRY_AFTER),
             _ => None,
         }
     }

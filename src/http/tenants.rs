@@ -7,6 +7,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -14,13 +15,13 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Caller;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problem, TENANT_DELETING_RETRY_AFTER};
 use super::extract::{JsonBody, Path, QueryLater, WholeU32};
 use crate::domain::{ConcurrencyKey, TenantId};
 use crate::http::actions::Action;
 use crate::store::{
-    Change, KeyLimitChange, KeyState, MAX_KEY_OVERRIDES, MAX_WEIGHT, Pin, RateLimit, TenantLimits,
-    TenantState, Unpin,
+    Change, Deletion, KeyLimitChange, KeyState, MAX_KEY_OVERRIDES, MAX_WEIGHT, Pin,
+    REAP_INLINE_CALLS, RateLimit, Reaped, TenantLimits, TenantState, Unpin,
 };
 
 /// The tenant routes with their OpenAPI documentation.
@@ -350,7 +351,8 @@ pub struct TenantKeys {
     "weight": 1,
     "max_concurrent_per_key": 2,
     "usage": {"running": 3, "waiting": 42, "scheduled": 7},
-    "concurrency_keys": {"overrides": 1, "blocked": 4}
+    "concurrency_keys": {"overrides": 1, "blocked": 4},
+    "deleting": false
 }))]
 pub struct Tenant {
     #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -372,6 +374,10 @@ pub struct Tenant {
     pub rate_limit_per_key: Option<RateLimitView>,
     pub usage: TenantUsage,
     pub concurrency_keys: TenantKeys,
+    /// True while the tenant is being deleted (`DELETE /api/tenants/{tenant}`): it admits
+    /// nothing, its keys are revoked, what it still holds (counted in `usage`) is being
+    /// removed, and registering it again answers 409 `tenant_deleting` until that is done.
+    pub deleting: bool,
 }
 
 impl Tenant {
@@ -394,6 +400,7 @@ impl Tenant {
                 overrides: s.key_overrides,
                 blocked: s.blocked_keys,
             },
+            deleting: s.deleting,
         }
     }
 }
@@ -404,7 +411,9 @@ impl Tenant {
 /// the body names: an absent field keeps its value, `null` restores the server default.
 /// Raising `max_concurrent` lets waiting executions start as workers pick them, in the
 /// tenant's order; `weight` sets its share of starts; `enabled: false` makes admissions answer 403 `tenant_disabled` without
-/// touching work already admitted.
+/// touching work already admitted. A tenant being deleted is registered again only once
+/// nothing of it is left (409 `tenant_deleting` with `Retry-After` until then): it then starts
+/// empty, from the server defaults.
 #[utoipa::path(
     put,
     path = "/api/tenants/{tenant}",
@@ -416,6 +425,8 @@ impl Tenant {
         (status = 400, description = "Invalid tenant id or body", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`tenant_deleting`: the tenant is being deleted; nothing was changed or registered", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -452,9 +463,15 @@ pub async fn put_tenant(
             detail: format!("weight must be an integer from 1 to {MAX_WEIGHT}"),
         });
     }
-    // Checked before anything is written: a refused body registers nothing.
-    state.store.register_tenant(&tenant).await?;
+    // Checked before anything is written: a refused body registers nothing. The limits go
+    // first: their script refuses a tenant being deleted, which must not be registered again
+    // (its reaper removes it from the registry at its end anyway, should a deletion begin
+    // between the two calls).
     let s = state.store.put_tenant(&tenant, &limits).await?;
+    if s.deleting {
+        return Err(ApiError::TenantDeleting { tenant });
+    }
+    state.store.register_tenant(&tenant).await?;
     Ok(axum::Json(Tenant::new(&tenant, s)))
 }
 
@@ -587,25 +604,34 @@ pub async fn list_tenants(
     }))
 }
 
-/// Delete a tenant (platform admin).
+/// Delete a tenant and everything it holds (platform admin).
 ///
-/// Unregisters it, revokes all its API keys (their next request is a 401) and drops its own
-/// limits, so the server defaults apply. Its executions run their course, none stranded:
-/// waiting ones that fit the default limits are dispatched now, the rest as slots free up;
-/// running ones finish; terminal ones expire with retention. Cancel or force-delete them
-/// first to stop them.
+/// At once: it admits nothing more (409 `tenant_deleting`, also for the platform admin acting
+/// for it), starts nothing more, its API keys are revoked (their next request is a 401; their
+/// open waits and streams end) and its webhook is removed with the events not delivered yet.
+/// Then everything it holds is removed, in bounded steps: its executions whatever their state
+/// — queued ones never start; running ones are fenced (their worker is told to stop, its
+/// heartbeat answers that the run is lost and its late report is refused, so nothing comes
+/// back) —, their dedup keys, dead letters, concurrency-key overrides, trends and limits. No
+/// webhook event is sent for them. A tenant of up to about 1,600 executions is gone when this
+/// answers 204; a bigger one answers 202 with its state (`deleting: true`, what is left in
+/// `usage`) and is removed in the background, at a pace that leaves its shard to the others.
+/// Until it is gone, registering the id again answers 409 `tenant_deleting`; then the id
+/// starts empty. Repeatable while it is being deleted (202 or 204); once gone, 404.
 #[utoipa::path(
     delete,
     path = "/api/tenants/{tenant}",
     tag = "tenants",
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description = "Tenant id")),
     responses(
-        (status = 204, description = "Deleted"),
+        (status = 202, description = "Deleting: keys revoked, admissions refused; what it still holds is being removed (`GET` it to follow; 404 once done)", body = Tenant,
+            headers(("Retry-After" = u64, description = "Seconds before asking again"))),
+        (status = 204, description = "Deleted: nothing of it is left, the id is free"),
         (status = 400, description = "Invalid tenant id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Not a registered tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Neither registered nor holding anything (never created, or deleted already)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable; if the deletion began, it goes on (repeat the call to follow it)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -613,18 +639,37 @@ pub async fn delete_tenant(
     State(state): State<AppState>,
     caller: Caller,
     Path(tenant): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Response, ApiError> {
     caller.require(Action::ManagePlatform)?;
     let tenant = TenantId::parse(&tenant)?;
-    if state.store.delete_tenant(&tenant).await? {
-        state.metrics.forget_tenant(&tenant);
-        // Its keys are refused by this server from the next request on (see revoke_api_key).
-        state
-            .revocations
-            .notice(crate::access::AccessChange::TenantDeleted(tenant.clone()));
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(tenant_not_found())
+    if state.store.delete_tenant(&tenant).await? == Deletion::Unknown {
+        return Err(tenant_not_found());
+    }
+    state.metrics.forget_tenant(&tenant);
+    // Its keys are refused by this server from the next request on (see revoke_api_key), and
+    // their open waits end as revoked before the reap below tells them their execution went.
+    state
+        .revocations
+        .notice(crate::access::AccessChange::TenantDeleted(tenant.clone()));
+    let reaped = state.store.reap_tenant(&tenant, REAP_INLINE_CALLS).await;
+    if reaped.as_ref().is_ok_and(|r| *r == Reaped::Done) {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    // The rest in the background (and by the sweeper, should this process stop).
+    state.store.reap_in_background(tenant.clone());
+    reaped?;
+    match state.store.get_tenant(&tenant).await? {
+        Some(s) => {
+            let mut res =
+                (StatusCode::ACCEPTED, axum::Json(Tenant::new(&tenant, s))).into_response();
+            res.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(TENANT_DELETING_RETRY_AFTER),
+            );
+            Ok(res)
+        }
+        // Finished meanwhile (by another server, or the task just started).
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }
 
@@ -746,7 +791,7 @@ pub async fn list_concurrency_keys(
         (status = 400, description = "Invalid tenant id, key or body", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The tenant has 10,000 overrides already (`too_many_key_overrides`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The tenant has 10,000 overrides already (`too_many_key_overrides`), or is being deleted (`tenant_deleting`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -765,6 +810,7 @@ pub async fn put_concurrency_key(
         .await?
     {
         KeyLimitChange::Set(s) => Ok(axum::Json(s.into())),
+        KeyLimitChange::Deleting => Err(ApiError::TenantDeleting { tenant }),
         KeyLimitChange::TooMany(n) => Err(conflict(
             "too_many_key_overrides",
             format!(
@@ -819,6 +865,8 @@ pub async fn get_concurrency_key(
         (status = 400, description = "Invalid tenant id or key", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`tenant_deleting`: the tenant is being deleted (its overrides go with it)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -829,6 +877,8 @@ pub async fn delete_concurrency_key(
     Path((tenant, key)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let (tenant, key) = key_route(&caller, &tenant, &key)?;
-    state.store.set_key_limit(&tenant, &key, None).await?;
-    Ok(StatusCode::NO_CONTENT)
+    match state.store.set_key_limit(&tenant, &key, None).await? {
+        KeyLimitChange::Deleting => Err(ApiError::TenantDeleting { tenant }),
+        _ => Ok(StatusCode::NO_CONTENT),
+    }
 }

@@ -247,6 +247,8 @@ async fn managed_tenant(
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Neither the platform admin nor this tenant's admin key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Not a registered tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`tenant_deleting`: the tenant is being deleted", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -266,17 +268,21 @@ pub async fn put_webhook(
     let now_ms = (OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as u64;
     let fresh = body.rotate_secret.then(new_secret);
     let mut secret = fresh.clone();
-    let set = state
+    let mut set = state
         .store
         .set_webhook(&tenant, url.as_str(), secret.as_deref(), now_ms)
         .await?;
     if set == WebhookSet::NoSecret {
         // The first PUT: the webhook gets its secret.
         secret = Some(new_secret());
-        state
+        set = state
             .store
             .set_webhook(&tenant, url.as_str(), secret.as_deref(), now_ms)
             .await?;
+    }
+    if set == WebhookSet::Deleting {
+        // Deleted since it was found registered above.
+        return Err(ApiError::TenantDeleting { tenant });
     }
     let s = state
         .store

@@ -1,6 +1,7 @@
 //! Access data on Redis: the tenant registry and tenant API keys. Everything here lives under
 //! the `{acl}` hash tag (see `keys::acl_prefix` for why not in the tenants' shards); a tenant's
-//! limits and executions stay in its shard and are handled in `store/tenants.rs`.
+//! limits and executions stay in its shard and are handled in `store/tenants.rs` (and, when
+//! it is deleted, in `store/reap.rs`).
 //!
 //! Key lookups are not cached here: `crate::revocation` remembers verified keys for half a
 //! second and unknown tokens for ten, forgets a key when the news of its revocation or its
@@ -95,11 +96,12 @@ impl Store {
         Ok((ids, more))
     }
 
-    /// Unregisters a tenant, revokes all its keys and drops its own limits (the server defaults
-    /// apply again). Its executions are left to run their course: the waiting ones that fit the
-    /// default limits are dispatched now, the rest as slots free up, so none is stranded.
-    /// Returns whether it was registered.
-    pub async fn delete_tenant(&self, tenant: &TenantId) -> Result<bool, StoreError> {
+    /// Removes a tenant from the registry and revokes all its keys, in one step
+    /// (`migrations-lua/tenant_delete.lua`), and tells every server (their open waits of its
+    /// keys end). The access half of deleting a tenant (`Store::delete_tenant`, which marks
+    /// its shard first); run again when its data is all reaped, so a registration that raced
+    /// the deletion does not outlive it. Returns whether it was registered.
+    pub(super) async fn unregister_tenant(&self, tenant: &TenantId) -> Result<bool, StoreError> {
         let inv = self.tag_call(&TenantDeleteCall {
             tenants: keys::tenants(),
             keyset: keys::tenant_keys(tenant),
@@ -111,31 +113,6 @@ impl Store {
             self.announce(AccessChange::TenantDeleted(tenant.clone()))
                 .await;
         }
-        // Its own limits and weight go back to the defaults through the script (which keeps
-        // the shard's eligible weight in step), then its configuration goes.
-        let shard = self.shard_of(tenant);
-        let defaults = super::TenantLimits {
-            max_concurrent: super::Change::Reset,
-            max_queued: super::Change::Reset,
-            enabled: super::Change::Reset,
-            weight: super::Change::Reset,
-            max_concurrent_per_key: super::Change::Reset,
-            rate_limit: super::Change::Reset,
-            rate_limit_per_key: super::Change::Reset,
-        };
-        self.set_limits_in(shard, tenant, &defaults).await?;
-        // Its webhook goes, with the events it had not delivered yet.
-        self.clear_webhook(tenant).await?;
-        let cfg = shard.tenant_config(tenant);
-        let _: i64 = self
-            .bounded(
-                redis::cmd("DEL")
-                    .arg(cfg)
-                    .arg(shard.key_limits(tenant))
-                    .query_async(&mut c),
-            )
-            .await?;
-        self.promote_all(tenant).await?;
         Ok(revoked >= 0)
     }
 

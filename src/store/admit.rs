@@ -60,6 +60,8 @@ pub enum Admission {
     Conflict { existing: ExecutionId },
     /// The tenant is disabled; nothing was written.
     Disabled,
+    /// The tenant is being deleted (`Store::delete_tenant`); nothing was written.
+    Deleting,
     /// The tenant has no free slot and its waiting set is full; nothing was written.
     QueueFull { waiting: u64 },
 }
@@ -180,6 +182,7 @@ impl Store {
                 })?,
             }),
             "disabled" => Ok(Admission::Disabled),
+            "deleting" => Ok(Admission::Deleting),
             "full" => Ok(Admission::QueueFull {
                 waiting: redis::from_redis_value(first(&rest)?.clone())?,
             }),

@@ -21,6 +21,8 @@ pub enum Retry {
     NotRetryable(Status),
     /// The tenant is disabled; nothing changed.
     Disabled,
+    /// The tenant is being deleted; nothing changed.
+    Deleting,
     /// The tenant has no free slot and its waiting set is full; nothing changed.
     QueueFull { waiting: u64 },
 }
@@ -94,6 +96,7 @@ impl Store {
                 })?)
             }
             "disabled" => Retry::Disabled,
+            "deleting" => Retry::Deleting,
             "full" => Retry::QueueFull {
                 waiting: rest
                     .into_iter()

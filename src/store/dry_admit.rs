@@ -24,7 +24,7 @@ pub enum Decision {
     Duplicate,
     /// The dedup key names a live execution admitted with another request.
     Conflict,
-    /// Refused (the tenant is disabled, or its queue is full).
+    /// Refused (the tenant is disabled or being deleted, or its queue is full).
     Refuse,
 }
 
@@ -47,7 +47,8 @@ impl Decision {
 pub struct DryRun {
     pub decision: Decision,
     /// Why, in a word: `ready`, `tenant_at_max_concurrent`, `key_at_limit`, `scheduled`,
-    /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_queue_full`.
+    /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_deleting`,
+    /// `tenant_queue_full`.
     pub reason: String,
     pub queue_position: Option<QueuePosition>,
     pub estimated_start: Option<crate::domain::EstimatedStart>,
@@ -113,6 +114,10 @@ impl Store {
                 "disabled" => {
                     run.decision = Decision::Refuse;
                     run.reason = "tenant_disabled".into();
+                }
+                "deleting" => {
+                    run.decision = Decision::Refuse;
+                    run.reason = "tenant_deleting".into();
                 }
                 "full" => {
                     run.decision = Decision::Refuse;

@@ -33,6 +33,8 @@ pub enum KeyLimitChange {
     Set(KeyState),
     /// The tenant has `MAX_KEY_OVERRIDES` overrides already: nothing written.
     TooMany(u64),
+    /// The tenant is being deleted: nothing written.
+    Deleting,
 }
 
 /// An override as `K.key_limits` stores it: `<limit>:<key as given>`.
@@ -89,6 +91,7 @@ impl Store {
                     Ok(KeyLimitChange::Set(state))
                 }
                 "too_many" => Ok(KeyLimitChange::TooMany(number(0)?)),
+                "deleting" => Ok(KeyLimitChange::Deleting),
                 "moved" => {
                     self.refresh_pins().await?;
                     continue;

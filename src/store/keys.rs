@@ -288,6 +288,13 @@ impl Shard {
         format!("{}tenants", self.prefix())
     }
 
+    /// The shard's tenants being deleted (a set): each is marked in its cfg (`deleting`) and
+    /// its data is removed in bounded steps (`migrations-lua/tenant_reap.lua`) by the server
+    /// that deleted it, and by the sweeper for what a stopped server left.
+    pub fn reaping(self) -> String {
+        format!("{}reaping", self.prefix())
+    }
+
     /// Flows a tenant ever admitted (walked by the sweeper to find flow indexes).
     pub fn flows(self, t: &TenantId) -> String {
         format!("{}t:{t}:flows", self.prefix())
@@ -598,6 +605,8 @@ pub enum KeyKind {
     DeliveryLock,
     /// The shard's tenants with a webhook (`Shard::webhooks`).
     Webhooks,
+    /// The shard's tenants being deleted (`Shard::reaping`).
+    Reaping,
     /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
     Access,
     /// Anything under the `{meta}` tag.
@@ -685,6 +694,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             "tenants" => at(KeyKind::Tenants),
             "busy" => at(KeyKind::Busy),
             "webhooks" => at(KeyKind::Webhooks),
+            "reaping" => at(KeyKind::Reaping),
             _ if rest.starts_with("m:") => at(KeyKind::ShardTrends),
             _ => None,
         };
@@ -832,6 +842,7 @@ mod tests {
             s.delivery_log(&t),
             s.delivery_lock(&t),
             s.webhooks(),
+            s.reaping(),
         ];
         for k in &keys {
             assert!(k.starts_with(&s.prefix()), "{k}");
@@ -916,6 +927,7 @@ mod tests {
             (s.shard_trends(20_423), KeyKind::ShardTrends),
             (s.busy(), KeyKind::Busy),
             (s.webhooks(), KeyKind::Webhooks),
+            (s.reaping(), KeyKind::Reaping),
         ] {
             let n = parse(&k).unwrap();
             assert_eq!((n.kind, n.shard, n.tenant), (kind, Some(s), None), "{k}");

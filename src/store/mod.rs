@@ -2,9 +2,10 @@
 //! of an execution (admit, cancel, force delete, start, heartbeat, complete, reclaim, retry,
 //! a sweep step) is one script on one hash slot, so it is atomic. A few operations are a short
 //! sequence of such calls instead: `put_tenant` (the limits, then promotion steps, then a
-//! read), `delete_tenant` (the registry script, the limits' deletion, promotion steps),
-//! `list_api_keys` (the key set, then one pipeline of the records), `dead_letters` (bounded
-//! pages of each shard's stream), `pin_tenant`, and the reads that span shards (statistics,
+//! read), `delete_tenant` (the mark in its shard, then the registry script; `reap_tenant`
+//! then removes what it held in bounded steps), `list_api_keys` (the key set, then one
+//! pipeline of the records), `dead_letters` (bounded pages of each shard's stream),
+//! `pin_tenant`, and the reads that span shards (statistics,
 //! tenant usage, sweep targets: one pipeline per shard, all at once). Each is written so that
 //! an interruption between its calls leaves a consistent state. Every single Redis call is
 //! bounded by the configured timeout, so a Redis that is down or stuck turns into
@@ -15,7 +16,7 @@
 //! `dry_admit` asks what one would do), `cancel` (cancel, force delete), `lease` (the worker's
 //! side: start, adopt, heartbeat, complete, reclaim), `dead_letters` (retry, dead-letter
 //! listing), `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `access`
-//! (API keys, tenant registry), `list` (reading executions), `stats` (queue statistics),
+//! (API keys, tenant registry), `reap` (deleting a tenant and reaping what it held), `list` (reading executions), `stats` (queue statistics),
 //! `freeze` (the markers that stop a shard's scripts during a slot move), `wake` (the blocking
 //! doorbell connections and stop messages that wake workers), `watch` (the start of a wait on
 //! an execution, and the Pub/Sub connection its changes are announced on), `trends` (the
@@ -43,6 +44,7 @@ mod layout;
 mod lease;
 mod list;
 mod pin;
+mod reap;
 mod replica_acks;
 mod row;
 mod schema;
@@ -79,6 +81,7 @@ pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Reclaimed, StartBatch, Started};
 pub use list::{ListQuery, Page};
 pub use pin::{Pin, Unpin};
+pub use reap::{Deletion, REAP_BATCH, REAP_INLINE_CALLS, Reaped};
 #[doc(hidden)]
 pub use schema::{Migration, SCHEMA};
 use scripts::{Scripts, ShardScript, TagScript};

@@ -30,7 +30,7 @@ use redis::Script;
 use super::call::Call;
 use super::compose::{self, Composed, Library};
 use super::{access, admit, cancel, commit, dead_letters, key_limits, keys, lease, list, pin};
-use super::{schema, sweep, tenants, wake, watch, webhooks};
+use super::{reap, schema, sweep, tenants, wake, watch, webhooks};
 
 const GUARD: &str = include_str!("../../migrations-lua/guard.lua");
 
@@ -239,6 +239,8 @@ scripts! {
     key_limit: Shard "key_limit.lua" => key_limits::KeyLimitCall<'_>,
     dry_admit: Shard "dry_admit.lua" => commit::DryAdmitCall<'_>,
     webhook: Shard "webhook.lua" => webhooks::WebhookCall<'_>,
+    tenant_drop: Shard "tenant_drop.lua" => reap::TenantDropCall<'_>,
+    tenant_reap: Shard "tenant_reap.lua" => reap::TenantReapCall<'_>,
 }
 
 /// The text of an operation file of `migrations-lua/` by name (`admit.lua`, ...), as compiled

@@ -1,6 +1,7 @@
 //! The sweeper's storage side: one sweeper turn at a time across processes (a lock on the
 //! `{meta}` tag), what to walk (every tenant of every shard, read per shard and concurrently),
-//! and one batch of repairs (`migrations-lua/sweep.lua`).
+//! and one batch of repairs (`migrations-lua/sweep.lua`) — or, for a tenant being deleted,
+//! one step of reaping it (`reap.rs`): what a stopped server left unfinished.
 
 use std::time::Duration;
 
@@ -37,22 +38,35 @@ impl Store {
         Ok(())
     }
 
-    /// The sweep targets of one shard: two round trips on its slot.
+    /// The sweep targets of one shard: two round trips on its slot. A tenant being deleted
+    /// is reaped instead of swept (and listed whether or not it ever admitted).
     pub async fn shard_sweep_targets(&self, shard: Shard) -> Result<Vec<SweepTarget>, StoreError> {
         let mut c = self.conn();
-        let tenants: Vec<String> = self
+        let (tenants, reaping): (Vec<String>, Vec<String>) = self
             .bounded(
-                redis::cmd("SMEMBERS")
-                    .arg(shard.tenants())
+                redis::pipe()
+                    .smembers(shard.tenants())
+                    .smembers(shard.reaping())
                     .query_async(&mut c),
             )
             .await?;
-        let tenants: Vec<TenantId> = tenants
+        let reaping: Vec<TenantId> = reaping
             .iter()
             .filter_map(|t| TenantId::parse(t).ok())
             .collect();
+        let tenants: Vec<TenantId> = tenants
+            .iter()
+            .filter_map(|t| TenantId::parse(t).ok())
+            .filter(|t| !reaping.contains(t))
+            .collect();
+        let reaped = reaping.into_iter().map(|tenant| SweepTarget {
+            shard,
+            tenant,
+            flows: Vec::new(),
+            reaping: true,
+        });
         if tenants.is_empty() {
-            return Ok(Vec::new());
+            return Ok(reaped.collect());
         }
         let mut p = redis::pipe();
         for t in &tenants {
@@ -70,12 +84,16 @@ impl Store {
                     .into_iter()
                     .filter(|f| FlowId::parse(f).is_ok())
                     .collect(),
+                reaping: false,
             })
+            .chain(reaped)
             .collect())
     }
 
     /// One batch of repairs (see `migrations-lua/sweep.lua`): returns the next cursor ("0"
-    /// when the walk is done) and the number of repairs.
+    /// when the walk is done) and the number of repairs. In mode `Reap`, one step of reaping
+    /// the tenant (see `reap_step`; "0" once it is gone, or when only a delivery round in
+    /// flight is left: the next turn looks again), which repairs nothing.
     pub async fn sweep_step(
         &self,
         step: &SweepStep,
@@ -84,6 +102,13 @@ impl Store {
     ) -> Result<(String, u64), StoreError> {
         let shard = step.shard;
         let t = &step.tenant;
+        if step.mode == SweepMode::Reap {
+            let next = match self.reap_step(shard, t).await? {
+                super::Reaped::More => "1",
+                super::Reaped::Held(_) | super::Reaped::Done => "0",
+            };
+            return Ok((next.to_owned(), 0));
+        }
         let index = match (step.mode, step.status) {
             (SweepMode::Index, Some(status)) => {
                 Some(match step.flow.as_deref().map(FlowId::parse) {
@@ -147,6 +172,8 @@ pub struct SweepTarget {
     pub shard: Shard,
     pub tenant: TenantId,
     pub flows: Vec<String>,
+    /// It is being deleted (its shard's `reaping` set lists it): reaped, not swept.
+    pub reaping: bool,
 }
 
 /// What one sweep walk covers.
@@ -161,6 +188,8 @@ pub enum SweepMode {
     Reach,
     /// One status index (of the tenant, or of one of its flows).
     Index,
+    /// A tenant being deleted: one step of reaping it (`Store::reap_step`).
+    Reap,
 }
 
 impl SweepMode {
@@ -171,6 +200,7 @@ impl SweepMode {
             SweepMode::Waiting => "waiting",
             SweepMode::Reach => "reach",
             SweepMode::Index => "index",
+            SweepMode::Reap => "reap",
         }
     }
 }
@@ -187,7 +217,7 @@ pub struct SweepStep {
 
 impl SweepTarget {
     /// Every walk this tenant needs: slots, queue, reachability of its queued executions, and
-    /// each status index with and without flow.
+    /// each status index with and without flow; for a tenant being deleted, its reap alone.
     pub fn steps(&self) -> Vec<SweepStep> {
         let step = |mode, status, flow| SweepStep {
             shard: self.shard,
@@ -196,6 +226,9 @@ impl SweepTarget {
             status,
             flow,
         };
+        if self.reaping {
+            return vec![step(SweepMode::Reap, None, None)];
+        }
         let mut v = vec![
             step(SweepMode::Slots, None, None),
             step(SweepMode::Waiting, None, None),

@@ -123,10 +123,13 @@ pub struct TenantState {
     pub waiting: u64,
     /// Queued executions not due yet (scheduled, or waiting out a retry backoff).
     pub scheduled: u64,
+    /// It is being deleted (`Store::delete_tenant`): what it still holds is being reaped, it
+    /// admits nothing and cannot be registered again until that is done.
+    pub deleting: bool,
 }
 
 /// Commands `tenant_reads` adds per tenant.
-const TENANT_READS: usize = 15;
+const TENANT_READS: usize = 16;
 
 /// What the reads of `tenant_reads` found for one tenant, in their order.
 struct TenantReads {
@@ -151,6 +154,8 @@ struct TenantReads {
     blocked_keys: u64,
     /// How many of its status indexes exist (0: it never had an execution).
     indexes: u64,
+    /// When its deletion began (ms), while it is being deleted.
+    deletion_since: Option<u64>,
 }
 
 impl redis::FromRedisValue for TenantReads {
@@ -172,6 +177,7 @@ impl redis::FromRedisValue for TenantReads {
             key_overrides,
             blocked_keys,
             indexes,
+            deletion_since,
         ]: [Value; TENANT_READS] = items.try_into().map_err(|_| {
             redis::ParsingError::from("tenant reads: wrong number of replies".to_owned())
         })?;
@@ -194,6 +200,7 @@ impl redis::FromRedisValue for TenantReads {
             key_overrides: read(key_overrides)?,
             blocked_keys: read(blocked_keys)?,
             indexes: read(indexes)?,
+            deletion_since: read(deletion_since)?,
         })
     }
 }
@@ -202,6 +209,8 @@ impl redis::FromRedisValue for TenantReads {
 pub(super) enum Limits {
     /// Written.
     Set,
+    /// The tenant is being deleted: nothing written.
+    Deleting,
     /// The tenant is pinned elsewhere: nothing written.
     Moved,
 }
@@ -209,6 +218,7 @@ pub(super) enum Limits {
 impl Store {
     /// Changes the limits `limits` names (the others stay); raised limits let waiting
     /// executions start as workers pick them, in order (see `migrations-lua/set_limits.lua`).
+    /// A tenant being deleted takes no change: its state is returned as it is, `deleting`.
     pub async fn put_tenant(
         &self,
         tenant: &TenantId,
@@ -225,7 +235,7 @@ impl Store {
                 {
                     self.promote_all(tenant).await?;
                 }
-                Limits::Set => {}
+                Limits::Set | Limits::Deleting => {}
                 Limits::Moved => {
                     self.refresh_pins().await?;
                     continue;
@@ -269,6 +279,7 @@ impl Store {
         let reply: i64 = self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(match reply {
             r if r < 0 => Limits::Moved,
+            1 => Limits::Deleting,
             _ => Limits::Set,
         })
     }
@@ -395,6 +406,7 @@ impl Store {
             running,
             waiting: r.queued.saturating_sub(r.scheduled),
             scheduled: r.scheduled,
+            deleting: r.deletion_since.is_some(),
         })
     }
 }
@@ -447,5 +459,6 @@ fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
         .into_iter()
         .map(|s| shard.status_index(tenant, s))
         .collect();
-    p.exists(indexes);
+    p.exists(indexes)
+        .hget(shard.tenant_config(tenant), "deleting");
 }

@@ -50,6 +50,8 @@ pub enum WebhookSet {
     Set { fresh: bool },
     /// No secret was given and the tenant has none: nothing written.
     NoSecret,
+    /// The tenant is being deleted: nothing written.
+    Deleting,
 }
 
 /// One event of an outbox, as the script wrote it.
@@ -147,6 +149,7 @@ impl Store {
                 fresh: number(&rest, 0)? == 1,
             }),
             "no_secret" => Ok(WebhookSet::NoSecret),
+            "deleting" => Ok(WebhookSet::Deleting),
             other => Err(StoreError::Corrupt(format!("webhook.lua replied {other}"))),
         }
     }

@@ -763,8 +763,9 @@ async fn eligible_weight(app: &TestApp, shard: sluice::store::Shard) -> i64 {
 }
 
 /// The shard's eligible weight (what workers share their slots by) follows the runnable
-/// tenants' weights through every change: a weight set while runnable, a tenant deleted with
-/// work queued (its weight goes back to the default), its work cancelled (nothing runnable).
+/// tenants' weights through every change: a weight set while runnable, its work cancelled
+/// (nothing runnable), a tenant deleted with work queued (it leaves the runnable set with its
+/// weight at once).
 #[tokio::test]
 async fn the_shards_eligible_weight_follows_its_runnable_tenants() {
     let app = TestApp::spawn().await;
@@ -781,6 +782,11 @@ async fn the_shards_eligible_weight_follows_its_runnable_tenants() {
     assert_eq!(eligible_weight(&app, shard).await, 5);
     app.put_tenant("acme", &json!({"weight": 8})).await;
     assert_eq!(eligible_weight(&app, shard).await, 8);
+    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
+    assert_eq!(eligible_weight(&app, shard).await, 0, "nothing runnable");
+    app.admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(eligible_weight(&app, shard).await, 8);
     let res = app
         .client
         .delete(app.url("/api/tenants/acme"))
@@ -791,9 +797,7 @@ async fn the_shards_eligible_weight_follows_its_runnable_tenants() {
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     assert_eq!(
         eligible_weight(&app, shard).await,
-        1,
-        "back to the default weight, still runnable"
+        0,
+        "a deleted tenant is not runnable"
     );
-    assert_eq!(app.cancel("acme", &id).await.status(), StatusCode::OK);
-    assert_eq!(eligible_weight(&app, shard).await, 0, "nothing runnable");
 }

@@ -2,7 +2,8 @@
 // scheduled) and concurrency keys (overrides, blocked keys), register a tenant, edit its limits
 // (`max_concurrent`, `max_queued`, `max_concurrent_per_key`), its rate limits (`rate_limit`,
 // `rate_limit_per_key`: starts per period, burst), its weight (its share of starts against the
-// other tenants with runnable work) and `enabled`, delete it (typed confirmation). PUT changes
+// other tenants with runnable work) and `enabled`, delete it (typed confirmation; DELETE answers
+// 204 when nothing of it is left, 202 while the rest is removed in the background). PUT changes
 // only what it sends; an empty limit or weight field restores the server default (null; for
 // `max_concurrent_per_key`, no per-key limit; for a rate limit, none). `?keys={tenant}` opens
 // that tenant's concurrency keys: its per-key overrides with what each holds now, set one,
@@ -130,19 +131,22 @@ export async function render(ctx) {
     const del = async () => {
       const ok = await confirmDialog({
         title: `Delete tenant ${t.tenant_id}?`,
-        message: 'It is unregistered, all its API keys are revoked and its limits dropped (the server defaults apply). Its executions run their course and expire.',
+        message: 'Its API keys are revoked and it admits nothing from now on. Everything it holds is removed: its executions (queued ones never start, running ones are told to stop, no webhook event is sent), dead letters, concurrency keys, trends and limits. The id can be registered again, empty, once that is done.',
         typed: t.tenant_id, action: 'Delete tenant', danger: true,
       });
       if (!ok) return;
       try {
-        await call('DELETE', `/api/tenants/${enc}`);
-        toast(`Tenant ${t.tenant_id} deleted.`);
+        const { status } = await call('DELETE', `/api/tenants/${enc}`);
+        toast(status === 202
+          ? `Tenant ${t.tenant_id} is being deleted: what it holds is being removed; the id can be registered again once that is done.`
+          : `Tenant ${t.tenant_id} deleted.`);
         await load();
       } catch (err) { if (err.status !== 401) toast(`Not deleted: ${err.message}`, 'error'); }
     };
     const ck = t.concurrency_keys;
     return h('tr', { dataset: { tenant: t.tenant_id } },
-      h('td', {}, h('a', { href: `#/t/${enc}/executions` }, t.tenant_id)),
+      h('td', {}, h('a', { href: `#/t/${enc}/executions` }, t.tenant_id),
+        t.deleting ? [' ', h('span', { class: 'badge warn deleting', title: 'Being deleted: what it holds is being removed' }, 'deleting')] : null),
       h('td', {}, mc), h('td', {}, mq), h('td', {}, pk),
       h('td', { class: 'rates' },
         h('div', {}, h('span', { class: 'muted' }, 'tenant: '), h('span', { class: 'rate-limit' }, fmtRate(t.rate_limit))),

@@ -101,6 +101,8 @@ pub const BATCH_ROUTE: &str = "/api/executions/batch";
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`: the body exceeds `--body-limit`. `params_too_large`: `params` exceed `--max-params-bytes`", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`tenant_deleting`: the tenant is being deleted; nothing was admitted", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 422, description = "Dedup key already used with a different flow, version or params", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
@@ -151,6 +153,7 @@ pub async fn create_execution(
             Ok(Admission::Replayed(e)) => span.end("replayed", Some(&e.execution_id)),
             Ok(Admission::Conflict { .. }) => span.end("conflict", None),
             Ok(Admission::Disabled) => span.end("tenant_disabled", None),
+            Ok(Admission::Deleting) => span.end("tenant_deleting", None),
             Ok(Admission::QueueFull { .. }) => span.end("tenant_queue_full", None),
             Err(_) => span.end("error", None),
         }
@@ -163,6 +166,7 @@ pub async fn create_execution(
             Admission::Replayed(_) => AdmissionOutcome::Deduplicated,
             Admission::Conflict { .. } => AdmissionOutcome::Conflict,
             Admission::Disabled => AdmissionOutcome::Disabled,
+            Admission::Deleting => AdmissionOutcome::Deleting,
             Admission::QueueFull { .. } => AdmissionOutcome::QueueFull,
         },
     );
@@ -409,6 +413,7 @@ pub async fn create_batch(
                         match refused {
                             Admission::Conflict { .. } => AdmissionOutcome::Conflict,
                             Admission::Disabled => AdmissionOutcome::Disabled,
+                            Admission::Deleting => AdmissionOutcome::Deleting,
                             _ => AdmissionOutcome::QueueFull,
                         },
                     );
@@ -521,6 +526,9 @@ async fn refusal(
         Admission::Disabled => ApiError::Forbidden {
             code: "tenant_disabled",
             detail: "this tenant is disabled and admits no new executions".into(),
+        },
+        Admission::Deleting => ApiError::TenantDeleting {
+            tenant: tenant.clone(),
         },
         Admission::QueueFull { waiting } => ApiError::QueueFull {
             waiting,
@@ -1008,7 +1016,7 @@ pub async fn delete_execution(
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not failed or cancelled", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not_retryable`: not failed or cancelled; `tenant_deleting`: the tenant is being deleted (with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
@@ -1034,6 +1042,7 @@ pub async fn retry_execution(
             ),
         }),
         Retry::Disabled => Err(refusal(&state, tenant, Admission::Disabled, deadline).await),
+        Retry::Deleting => Err(refusal(&state, tenant, Admission::Deleting, deadline).await),
         Retry::QueueFull { waiting } => {
             Err(refusal(&state, tenant, Admission::QueueFull { waiting }, deadline).await)
         }

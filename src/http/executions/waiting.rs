@@ -154,9 +154,12 @@ pub(super) async fn wait_for_execution(
     let mut waiter = state.waiters.join(tenant, id).map_err(refused)?;
     let mut seen = waiter.start(deadline).await?;
     while !seen.is_final() {
+        // Revocation first: a tenant's deletion revokes its keys before it removes their
+        // executions, so a wait that hears both answers 401, not 404.
         let next = tokio::select! {
-            next = waiter.next(deadline) => next,
+            biased;
             () = until_revoked(&mut revoked) => return Err(ApiError::Unauthorized),
+            next = waiter.next(deadline) => next,
         };
         match next {
             Some(s) => seen = s,
@@ -283,14 +286,16 @@ fn events(feed: Feed) -> impl Stream<Item = Result<Event, Infallible>> {
         loop {
             let state = match f.pending.take() {
                 Some(s) => s,
+                // Revocation first, as for a long poll.
                 None => tokio::select! {
-                    next = f.waiter.next(f.deadline) => next?,
+                    biased;
                     () = until_revoked(&mut f.revoked) => {
                         f.done = true;
                         let data = serde_json::json!({ "execution_id": f.id.as_str() });
                         let event = Event::default().event("revoked").data(data.to_string());
                         return Some((Ok(event), f));
                     }
+                    next = f.waiter.next(f.deadline) => next?,
                 },
             };
             let (name, data) = match &state {

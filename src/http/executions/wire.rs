@@ -102,10 +102,12 @@ pub struct DryRunAnswer {
     /// `admit` (it would be `ready`), `wait` (behind its tenant's `max_concurrent` or its
     /// key's limit), `schedule` (not due yet), `duplicate` (the dedup key names a live
     /// execution with the same request: a replay), `conflict` (the same key with another
-    /// request: 422), `refuse` (403 `tenant_disabled` or 429 `tenant_queue_full`).
+    /// request: 422), `refuse` (403 `tenant_disabled`, 409 `tenant_deleting` or 429
+    /// `tenant_queue_full`).
     pub decision: DryRunDecision,
     /// Why, in a word: `ready`, `tenant_at_max_concurrent`, `key_at_limit`, `scheduled`,
-    /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_queue_full`.
+    /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_deleting`,
+    /// `tenant_queue_full`.
     pub reason: String,
     /// Where it would stand (admit, wait), or where the duplicate stands.
     pub queue_position: Option<QueuePosition>,

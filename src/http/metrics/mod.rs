@@ -146,6 +146,8 @@ pub enum AdmissionOutcome {
     Conflict,
     QueueFull,
     Disabled,
+    /// Refused: the tenant is being deleted.
+    Deleting,
     Invalid,
 }
 
@@ -495,6 +497,7 @@ impl Metrics {
             AdmissionOutcome::Conflict => (Some("conflict"), None),
             AdmissionOutcome::QueueFull => (None, Some("queue_full")),
             AdmissionOutcome::Disabled => (None, Some("tenant_disabled")),
+            AdmissionOutcome::Deleting => (None, Some("tenant_deleting")),
             AdmissionOutcome::Invalid => (None, Some("invalid")),
         };
         if let Some(outcome) = counted {

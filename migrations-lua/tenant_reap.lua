@@ -1,0 +1,232 @@
+#!lua flags=allow-oom
+-- tenant_reap.lua: one bounded step of removing a deleted tenant from its shard (marked by
+-- tenant_drop.lua). Each call removes at most `budget` members — executions with everything
+-- that names them, index entries, dead-letter records, override fields — plus a fixed number
+-- of O(1) deletions, so no call walks an unbounded set; the caller repeats it until it
+-- answers 'empty', then removes the tenant from the registry again (a registration that
+-- raced the deletion goes too) and calls once more with `finish` to drop the mark. Nothing
+-- is kept between calls but what Redis holds (every member handled leaves its structure; the
+-- walk of the dead-letter records from before the tenant index keeps its place in the cfg's
+-- `reap_dlq`), so any number of servers may reap the same tenant, and an interrupted reap is
+-- finished by the next call.
+--
+-- An execution goes whatever its state, as a force delete would take it, without a webhook
+-- event (the tenant's webhook went with tenant_drop.lua): queued ones off their queue or the
+-- timer set, running ones fenced at once (row, lease and held-set entry gone: the holder's
+-- next heartbeat answers 'lost' and its report is refused as stale, so a late completion
+-- writes nothing; the holder is told now, see tell_holder()), its dedup mapping freed, its
+-- waiters told it is gone. Then every other key of the tenant, by the builders of common.lua:
+-- per-flow indexes (walked through the flows set), its queue, slots, concurrency keys and
+-- their overrides, its dead-letter index and records (and its records from before that index,
+-- found below `dlq_indexed`), its rate state, its outbox and delivery log, its batch mark, its
+-- trend counters, and its places in the shard's sets (runnable, tenants, busy, webhooks, the
+-- fair share's bookkeeping, throttle wake-ups on the timer set). A delivery round that holds
+-- the tenant's delivery lock is waited for (its end writes the delivery log and counts): the
+-- answer is then 'held' with the lock's time left.
+--
+-- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
+-- KEYS[2]  cfg: the tenant's limits (holds the deletion mark)
+-- KEYS[3]  reaping: the shard's tenants being deleted
+-- (Every other key of the tenant and of the shard is built inside from the prefix and the
+-- tenant id, by the builders: the script removes whichever of them exist, and one list of
+-- the tenant's keys — common.lua's — stays the only one.)
+-- ARGV[1..5] common: see common.lua
+-- ARGV[6]  tenant: tenant id
+-- ARGV[7]  budget: the most members this call removes (at least 1)
+-- ARGV[8]  finish: '1' to drop the mark (and the tenant from the reaping set) once nothing
+--          else is left, '0' to stop short of it
+--
+-- Reply: {'more'}        the budget ran out: call again
+--      | {'held', ms}    nothing else is left but a delivery round holds the tenant's lock for
+--                        ms more: call again after it
+--      | {'empty'}       nothing else is left (finish '0'): the mark stays
+--      | {'done'}        nothing is left, the mark included (finish '1')
+--      | {'none'}        the tenant is not being deleted (done before): nothing to do
+local tenant = ARGV[6]
+local CFG = declared(2, K.cfg(tenant))
+local REAPING = declared(3, K.reaping())
+local left = tonumber(ARGV[7])
+if not left or left < 1 then
+  return redis.error_reply('ERR sluice tenant_reap: budget ' .. tostring(ARGV[7]))
+end
+if not redis.call('HGET', CFG, 'deleting') then
+  redis.call('SREM', REAPING, tenant)
+  return { 'none' }
+end
+local now = now_ms()
+
+-- Removes execution `id` — found in one of the tenant's structures — from everything that
+-- names it, and its row, when the row is the tenant's (a member whose row expired or is
+-- another's is only dropped from where it was found, which its caller did). What it is
+-- removed from follows from its state, so a terminal one (most of a big tenant) costs five
+-- commands; a member that drifted elsewhere is met by the drain of that structure.
+local function reap(id)
+  local row = redis.call('HMGET', K.row(id), 'tenant', 'status', 'flow', 'ckh', 'ddh',
+    'lease_owner', 'watch', 'qstate')
+  if row[1] ~= tenant then return end
+  local status, flow, h, digest, owner = row[2], row[3], row[4], row[5], row[6]
+  announce(id, row[7], 'deleted', now)
+  if status then
+    redis.call('ZREM', K.status_idx(tenant, status), id)
+    if flow then redis.call('ZREM', K.flow_idx(tenant, flow, status), id) end
+  end
+  if status == 'queued' and row[8] == 'scheduled' then
+    redis.call('ZREM', K.delayed(), id)
+    redis.call('ZREM', K.status_idx(tenant, 'scheduled'), id)
+    if flow then redis.call('ZREM', K.flow_idx(tenant, flow, 'scheduled'), id) end
+  elseif status == 'queued' then
+    redis.call('ZREM', K.waiting(tenant), id)
+    if h then redis.call('ZREM', K.key_queue(tenant, h), id) end
+  elseif status == 'running' then
+    -- Fenced: no lease, no slot, no holder; the holder is told to look now.
+    redis.call('SREM', K.slots(tenant), id)
+    redis.call('SREM', K.deleting(tenant), id)
+    redis.call('ZREM', K.leases(), id)
+    if h then redis.call('SREM', K.key_running(tenant, h), id) end
+    if owner and owner ~= '' then
+      redis.call('SREM', K.held(owner), id)
+      tell_holder(owner, id)
+    end
+  end
+  if h then
+    -- Its key's rate state and throttle wake-up (the key may have no other trace).
+    redis.call('DEL', K.key_tat(tenant, h))
+    redis.call('ZREM', K.delayed(), 'rk:' .. tenant .. ':' .. h)
+  end
+  if digest then redis.call('DEL', K.dedup(tenant, digest)) end
+  redis.call('DEL', K.row(id))
+end
+
+-- Takes up to `left` members of the sorted set `key`, each handed to `each` (nil: dropped);
+-- true when the set is empty now.
+local function drain_zset(key, each)
+  if left < 1 then return redis.call('EXISTS', key) == 0 end
+  local asked = left
+  local popped = redis.call('ZPOPMIN', key, asked)
+  for i = 1, #popped, 2 do
+    if each then each(popped[i]) end
+    left = left - 1
+  end
+  return #popped / 2 < asked
+end
+
+-- The same for the set `key`.
+local function drain_set(key, each)
+  if left < 1 then return redis.call('EXISTS', key) == 0 end
+  local asked = left
+  local popped = redis.call('SPOP', key, asked)
+  for _, m in ipairs(popped) do
+    if each then each(m) end
+    left = left - 1
+  end
+  return #popped < asked
+end
+
+local MORE = { 'more' }
+
+-- 1. Executions, through the indexes: the running ones first (their holders are told at
+-- once), then the force-deleted ones still running, the queued, and the terminal ones.
+if not drain_zset(K.status_idx(tenant, 'running'), reap) then return MORE end
+if not drain_set(K.deleting(tenant), reap) then return MORE end
+for _, s in ipairs({ 'queued', 'scheduled', 'completed', 'failed', 'cancelled' }) do
+  if not drain_zset(K.status_idx(tenant, s), reap) then return MORE end
+end
+if not drain_zset(K.waiting(tenant), reap) then return MORE end
+if not drain_set(K.slots(tenant), reap) then return MORE end
+
+-- 2. The per-flow indexes (entries of rows that expired are all that can be left), one flow
+-- at a time through the flows set.
+local FLOWS = K.flows(tenant)
+while true do
+  local f = redis.call('SRANDMEMBER', FLOWS)
+  if not f then break end
+  for _, s in ipairs({ 'queued', 'running', 'completed', 'failed', 'cancelled', 'scheduled' }) do
+    if not drain_zset(K.flow_idx(tenant, f, s), reap) then return MORE end
+  end
+  if left < 1 then return MORE end
+  redis.call('SREM', FLOWS, f)
+  left = left - 1
+end
+
+-- 3. Concurrency keys: the blocked ones' structures, then the overrides (and the rate state of
+-- each overridden key).
+local BLOCKED = K.key_blocked(tenant)
+while true do
+  local h = redis.call('SRANDMEMBER', BLOCKED)
+  if not h then break end
+  if not drain_zset(K.key_queue(tenant, h), reap) then return MORE end
+  if not drain_set(K.key_running(tenant, h), reap) then return MORE end
+  if left < 1 then return MORE end
+  redis.call('DEL', K.key_tat(tenant, h))
+  redis.call('SREM', BLOCKED, h)
+  left = left - 1
+end
+-- (A walk that the budget cuts starts over at the next call: what it removed is gone.)
+local OVERRIDES = K.key_limits(tenant)
+local cursor = '0'
+repeat
+  if left < 1 then return MORE end
+  local r = redis.call('HSCAN', OVERRIDES, cursor, 'COUNT', left)
+  cursor = r[1]
+  left = left - 1
+  for i = 1, #r[2], 2 do
+    redis.call('HDEL', OVERRIDES, r[2][i])
+    redis.call('DEL', K.key_tat(tenant, r[2][i]))
+    left = left - 1
+  end
+until cursor == '0'
+
+-- 4. Dead letters: the records its index names (and the index), then its records from before
+-- the index existed, below the first indexed one.
+local INDEX, DLQ = K.tenant_dlq(tenant), K.dlq()
+if left < 1 then return MORE end
+local asked = left
+local ids = redis.call('XRANGE', INDEX, '-', '+', 'COUNT', asked)
+for _, e in ipairs(ids) do
+  local rec = redis.call('XRANGE', DLQ, e[1], e[1])[1]
+  if rec and record_field(rec[2], 'tenant_id') == tenant then redis.call('XDEL', DLQ, e[1]) end
+  redis.call('XDEL', INDEX, e[1])
+  left = left - 1
+end
+if #ids >= asked then return MORE end
+redis.call('DEL', INDEX)
+local from = redis.call('HGET', CFG, 'reap_dlq') or '-'
+if from ~= 'done' then
+  if left < 1 then return MORE end
+  local first = redis.call('GET', K.dlq_indexed())
+  asked = left
+  local page = redis.call('XRANGE', DLQ, from, first and ('(' .. first) or '+', 'COUNT', asked)
+  for _, rec in ipairs(page) do
+    if record_field(rec[2], 'tenant_id') == tenant then redis.call('XDEL', DLQ, rec[1]) end
+    left = left - 1
+  end
+  if #page >= asked then
+    redis.call('HSET', CFG, 'reap_dlq', '(' .. page[#page][1])
+    return MORE
+  end
+  redis.call('HSET', CFG, 'reap_dlq', 'done')
+end
+
+-- 5. The rest, each O(1) (or bounded by its own cap: the outbox by its 10,000 entries, the
+-- delivery log by about 200).
+local day = math.floor(now / 86400000)
+redis.call('DEL', K.outbox(tenant), K.delivery_log(tenant), K.batch_lock(tenant), K.tat(tenant),
+  K.trends(tenant, day), K.trends(tenant, day - 1), K.trends(tenant, day - 2))
+redis.call('ZREM', K.delayed(), 'rt:' .. tenant)
+local vt = redis.call('ZSCORE', K.runnable(), tenant)
+if vt then leave(tenant, tonumber(vt), select(5, limits(tenant))) end
+redis.call('HDEL', K.sched(), 'vt:' .. tenant)
+redis.call('SREM', K.busy(), tenant)
+redis.call('SREM', K.tenants(), tenant)
+redis.call('SREM', K.webhooks(), tenant)
+
+-- A delivery round in flight writes its log and counts when it ends: wait for it.
+local lock = redis.call('PTTL', K.delivery_lock(tenant))
+if lock > 0 then return { 'held', lock } end
+-- A lock sluice did not set (no time-out) would hold the reap forever.
+if lock == -1 then redis.call('DEL', K.delivery_lock(tenant)) end
+
+if ARGV[8] ~= '1' then return { 'empty' } end
+redis.call('DEL', CFG)
+redis.call('SREM', REAPING, tenant)
+return { 'done' }
