@@ -491,6 +491,131 @@ async fn the_platform_admin_serves_the_tenants_it_names_fairly() {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
+/// The platform admin acts for the tenant `X-Tenant-Id` names, on the pull API as everywhere:
+/// its lease serves that tenant only (new work and recovered runs alike), its `tenants` may
+/// name no other, and its heartbeats and completions reach that tenant's runs only. Without
+/// `X-Tenant-Id` it is a worker of the whole platform. Two tenants of one shard, so nothing
+/// but the tenant tells their runs apart.
+#[tokio::test]
+async fn the_platform_admin_acting_for_a_tenant_serves_only_that_tenant() {
+    let app = TestApp::spawn().await;
+    let a = "acme".to_owned();
+    let b = (0..10_000)
+        .map(|i| format!("beta{i}"))
+        .find(|t| app.shard(t) == app.shard(&a))
+        .expect("a tenant in acme's shard");
+    for t in [&a, &b] {
+        app.create_tenant(t).await;
+    }
+    let mut ids: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for _ in 0..2 {
+        for t in [&a, &b] {
+            let id = app.admit_with(t, json!({"flow_id": "py.echo"})).await;
+            ids.entry(t.clone()).or_default().push(id);
+        }
+    }
+    let post = |path: &str, tenant: Option<&str>, body: Value| {
+        let req = app.client.post(app.url(path)).bearer_auth(ADMIN_TOKEN);
+        match tenant {
+            Some(t) => req.header("X-Tenant-Id", t),
+            None => req,
+        }
+        .json(&body)
+        .send()
+    };
+    let runs_of = |answer: Value| -> Vec<Value> { answer["runs"].as_array().unwrap().clone() };
+
+    // Acting for acme: acme's two runs, nothing of beta's, although both wait in one shard.
+    let res = post(
+        "/api/worker/lease",
+        Some(&a),
+        json!({"worker_id": "ops", "max": 10}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let acme_runs = runs_of(res.json().await.unwrap());
+    let got: Vec<String> = acme_runs.iter().map(id_of).collect();
+    assert_eq!(got, ids[&a], "{acme_runs:?}");
+    // Naming another tenant while acting for acme is refused, and starts nothing.
+    let res = post(
+        "/api/worker/lease",
+        Some(&a),
+        json!({"worker_id": "ops", "tenants": [b]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(problem_code(res).await, "tenant_mismatch");
+    assert_eq!(app.execution(&b, &ids[&b][0]).await["status"], "queued");
+
+    // Without X-Tenant-Id: a worker of the whole platform, here the one with work left.
+    let acme_ids: Vec<String> = acme_runs.iter().map(id_of).collect();
+    let res = post(
+        "/api/worker/lease",
+        None,
+        json!({"worker_id": "ops", "max": 1, "holding": acme_ids}),
+    )
+    .await
+    .unwrap();
+    let beta_run = runs_of(res.json().await.unwrap()).remove(0);
+    assert_eq!(beta_run["tenant_id"], b.as_str());
+    // Its answer was lost (the worker does not name it in `holding`): acting for acme, the
+    // same worker id is not handed beta's run, nor new work of beta's...
+    let res = post(
+        "/api/worker/lease",
+        Some(&a),
+        json!({"worker_id": "ops", "max": 10, "holding": acme_ids}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(runs_of(res.json().await.unwrap()), Vec::<Value>::new());
+    // ... while its platform-wide lease recovers it.
+    let res = post(
+        "/api/worker/lease",
+        None,
+        json!({"worker_id": "ops", "max": 1, "holding": acme_ids}),
+    )
+    .await
+    .unwrap();
+    let recovered = runs_of(res.json().await.unwrap()).remove(0);
+    assert_eq!(id_of(&recovered), id_of(&beta_run));
+    assert_eq!(recovered["recovered"], true);
+
+    // Heartbeats and completions reach the named tenant's runs only: beta's run, named as
+    // acme's, is not this caller's to renew or report (and stays running).
+    let beat = json!({"worker_id": "ops", "fence": fence_of(&beta_run)});
+    let heartbeat = format!("/api/worker/runs/{}/heartbeat", id_of(&beta_run));
+    let complete = format!("/api/worker/runs/{}/complete", id_of(&beta_run));
+    let done = json!({"worker_id": "ops", "fence": fence_of(&beta_run), "outcome": "completed"});
+    let res = post(&heartbeat, Some(&a), beat.clone()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "lease_lost");
+    let res = post(&complete, Some(&a), done.clone()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert_eq!(problem_code(res).await, "lease_lost");
+    assert_eq!(
+        app.execution(&b, &id_of(&beta_run)).await["status"],
+        "running"
+    );
+    // Named as beta's, they are heard.
+    let res = post(&heartbeat, Some(&b), beat).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = post(&complete, Some(&b), done).await.unwrap();
+    assert_eq!(res.json::<Value>().await.unwrap()["result"], "completed");
+    // And acme's runs, leased while acting for acme, are acme's to report.
+    for run in &acme_runs {
+        let res = post(
+            &format!("/api/worker/runs/{}/complete", id_of(run)),
+            Some(&a),
+            json!({"worker_id": "ops", "fence": fence_of(run), "outcome": "completed"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(res.json::<Value>().await.unwrap()["result"], "completed");
+    }
+}
+
 #[tokio::test]
 async fn serve_alone_recovers_an_expired_pull_lease_and_refuses_its_late_report() {
     let app = TestApp::spawn_with(|c| c.api.orphan_scan_ms = 100).await;
