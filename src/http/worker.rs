@@ -395,7 +395,6 @@ pub async fn lease(
         let shards: Vec<Shard> = plan.iter().map(|(s, _)| *s).collect();
         state.pull.doorbells.listen(&shards)
     });
-    let mut runs: Vec<LeasedRun> = Vec::new();
     // What this worker holds without knowing it (a lost answer started it) comes first: of
     // the tenants this call serves only (another's is left to its lease, or its heartbeats).
     let held = futures_util::future::join_all(plan.iter().map(|(shard, only)| {
@@ -405,92 +404,109 @@ pub async fn lease(
     // A shard that fails (its master down, a time-out) is left out for the rest of this call:
     // the others are served meanwhile, as a `sluice worker`'s are. What a failed call may have
     // started there comes back on a later call (`recovered`).
-    let mut down: HashSet<usize> = HashSet::new();
-    let mut failure = None;
+    let mut call = Looking {
+        store,
+        consumer: &consumer,
+        lease,
+        plan: &plan,
+        runs: Vec::new(),
+        down: HashSet::new(),
+        failure: None,
+    };
     for (i, found) in held.into_iter().enumerate() {
         match found {
             Ok(found) => {
                 for s in found {
-                    if runs.len() < max && !holding.contains(s.id.as_str()) {
-                        runs.push(LeasedRun::of(s, lease, true));
+                    if call.runs.len() < max && !holding.contains(s.id.as_str()) {
+                        call.runs.push(LeasedRun::of(s, lease, true));
                     }
                 }
             }
             Err(e) => {
                 tracing::debug!(error = %e, shard = plan[i].0.number(), "pull: adopt failed");
-                down.insert(i);
-                failure = Some(e);
+                call.down.insert(i);
+                call.failure = Some(e);
             }
         }
     }
-    // Where to look first: the same worker's calls do not always favour the first shard.
-    let offset = rand_offset(plan.len());
-    let mut look: Vec<usize> = (0..plan.len()).map(|i| (i + offset) % plan.len()).collect();
+    // Where to look: every shard served, until a doorbell names the ones with news.
+    let mut look: Vec<usize> = (0..plan.len()).collect();
+    let shares = &state.pull.shares;
+    // A lease that serves one shard has nothing to share between shards.
+    let sharing = plan.len() > 1;
     loop {
-        let mut due: Option<Instant> = None;
-        // Each shard first gets an equal share of what is left to hand out (so one call does
-        // not fill up from the first shard it asks), then those with more fill the rest.
-        let mut more = Vec::new();
-        for round in 0..2 {
-            let asked: Vec<usize> = if round == 0 {
-                look.iter().copied().filter(|i| !down.contains(i)).collect()
-            } else {
-                std::mem::take(&mut more)
-            };
-            for (k, &i) in asked.iter().enumerate() {
-                let left = max - runs.len();
-                if left == 0 {
+        let mut pass = Pass {
+            listening: listening.as_ref(),
+            ..Pass::default()
+        };
+        // Shares go by each shard's eligible weight as its last start call for this worker
+        // answered (`pull::Shares`). A shard whose weight is not known (never asked, or it had
+        // nothing a while ago) is asked for one start first, outside the round robin: one that
+        // turns out empty costs a call, and moves nobody's share.
+        if sharing {
+            let open: Vec<Shard> = call.open(&look, &pass);
+            for shard in shares.unknown(&consumer, &open) {
+                if call.runs.len() == max {
                     break;
                 }
-                let count = if round == 0 {
-                    left.div_ceil(asked.len() - k)
-                } else {
-                    left
-                };
-                let (shard, only) = &plan[i];
-                let batch = match store
-                    .start_for(*shard, &consumer, count, lease, 0, only)
-                    .await
-                {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::debug!(error = %e, shard = shard.number(), "pull: start failed");
-                        down.insert(i);
-                        failure = Some(e);
-                        continue;
-                    }
-                };
-                if !batch.started.is_empty()
-                    && let Some(l) = &listening
-                {
-                    l.started(*shard);
-                }
-                if batch.more && batch.started.len() == count {
-                    more.push(i);
-                }
-                runs.extend(
-                    batch
-                        .started
-                        .into_iter()
-                        .map(|s| LeasedRun::of(s, lease, false)),
-                );
-                if let Some(d) = batch.next_due {
-                    let at = Instant::now() + d.max(MIN_DUE_PAUSE);
-                    due = Some(due.map_or(at, |u| u.min(at)));
+                if let Some((_, weight)) = call.ask(shard, 1, &mut pass).await {
+                    shares.heard(&consumer, shard, weight);
                 }
             }
         }
-        if runs.is_empty()
-            && down.len() == plan.len()
-            && let Some(e) = failure.take()
+        // Then the shards with runnable work, each in proportion to its eligible weight (the
+        // round robin `sluice worker` uses). A shard that starts less than it was asked for
+        // has nothing more this pass; what it did not serve is shared again among the others.
+        for _ in 0..=plan.len() {
+            let left = max - call.runs.len();
+            let open: Vec<Shard> = call.open(&look, &pass);
+            let round = match open.as_slice() {
+                [only] if !sharing => crate::pull::Round::alone(*only, left),
+                _ => shares.plan(&consumer, &open, left),
+            };
+            if round.asks.is_empty() {
+                break;
+            }
+            let mut fell_short = false;
+            for &(shard, count) in &round.asks {
+                let answer = call.ask(shard, count, &mut pass).await;
+                let got = answer.map_or(0, |(got, _)| got);
+                shares.learn(&consumer, &round, shard, count, got, answer.map(|(_, w)| w));
+                fell_short |= got < count;
+            }
+            if !fell_short {
+                break;
+            }
+        }
+        // Then, with slots left, the shards not asked in this pass (their last answer said
+        // they had nothing runnable): new work there is not missed for the round robin's sake.
+        for &i in &look {
+            let left = max - call.runs.len();
+            if left == 0 {
+                break;
+            }
+            if call.down.contains(&i) || pass.asked.contains(&i) {
+                continue;
+            }
+            let shard = plan[i].0;
+            if let Some((_, weight)) = call.ask(shard, left, &mut pass).await
+                && sharing
+            {
+                shares.heard(&consumer, shard, weight);
+            }
+        }
+        if call.runs.is_empty()
+            && call.down.len() == plan.len()
+            && let Some(e) = call.failure.take()
         {
             // Every shard it serves failed: nothing to wait for here.
             return Err(e.into());
         }
+        let due = pass.due;
         let Some(bells) = listening.as_mut() else {
             break;
         };
-        if !runs.is_empty() || Instant::now() >= deadline {
+        if !call.runs.is_empty() || Instant::now() >= deadline {
             break;
         }
         let until = due.map_or(deadline, |d| d.min(deadline));
@@ -508,6 +524,7 @@ pub async fn lease(
             () = stopping.cancelled() => break,
         }
     }
+    let runs = call.runs;
     state.metrics.pull_handed_out(runs.len());
     Ok(axum::Json(LeaseAnswer { runs }))
 }
@@ -516,12 +533,92 @@ pub async fn lease(
 /// now that could not start must not make a lease call spin).
 const MIN_DUE_PAUSE: Duration = Duration::from_millis(10);
 
-/// A start offset in `0..n` (0 when `n` is 0).
-fn rand_offset(n: usize) -> usize {
-    if n == 0 {
-        return 0;
+/// One lease call's look over its shards: what it asks with, and what it has so far.
+struct Looking<'a> {
+    store: &'a crate::store::Store,
+    consumer: &'a str,
+    lease: Duration,
+    /// The shards it serves, each with the tenants served there (none: all of its tenants).
+    plan: &'a [(Shard, Vec<TenantId>)],
+    /// The runs it hands out.
+    runs: Vec<LeasedRun>,
+    /// The shards (by place in `plan`) whose call failed: left out for the rest of the call.
+    down: HashSet<usize>,
+    /// The last failure, answered when every shard failed.
+    failure: Option<crate::store::StoreError>,
+}
+
+impl Looking<'_> {
+    /// The shards of `look` still worth asking in `pass`: not down, not found short.
+    fn open(&self, look: &[usize], pass: &Pass<'_>) -> Vec<Shard> {
+        look.iter()
+            .filter(|i| !self.down.contains(*i) && !pass.short.contains(*i))
+            .map(|&i| self.plan[i].0)
+            .collect()
     }
-    (uuid::Uuid::new_v4().as_u128() % n as u128) as usize
+
+    /// Asks `shard` for `count` starts: what it started is handed out, and the time its next
+    /// scheduled execution is due noted; a shard that starts fewer is short for the pass.
+    /// Returns how many it started and its eligible weight now, or `None` when the call
+    /// failed (the shard is down for the rest of the call).
+    async fn ask(
+        &mut self,
+        shard: Shard,
+        count: usize,
+        pass: &mut Pass<'_>,
+    ) -> Option<(usize, u64)> {
+        let i = self.plan.iter().position(|(s, _)| *s == shard)?;
+        pass.asked.insert(i);
+        let only = &self.plan[i].1;
+        match self
+            .store
+            .start_for(shard, self.consumer, count, self.lease, 0, only)
+            .await
+        {
+            Ok(batch) => {
+                let got = batch.started.len();
+                if got > 0
+                    && let Some(l) = pass.listening
+                {
+                    l.started(shard);
+                }
+                if got < count {
+                    pass.short.insert(i);
+                }
+                if let Some(d) = batch.next_due {
+                    let at = Instant::now() + d.max(MIN_DUE_PAUSE);
+                    pass.due = Some(pass.due.map_or(at, |u| u.min(at)));
+                }
+                let lease = self.lease;
+                self.runs.extend(
+                    batch
+                        .started
+                        .into_iter()
+                        .map(|s| LeasedRun::of(s, lease, false)),
+                );
+                Some((got, batch.weight))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, shard = shard.number(), "pull: start failed");
+                self.down.insert(i);
+                self.failure = Some(e);
+                None
+            }
+        }
+    }
+}
+
+/// What one pass of a lease call over its shards learned.
+#[derive(Default)]
+struct Pass<'a> {
+    /// The call's doorbell listener, told of every shard that started something.
+    listening: Option<&'a crate::pull::Listening>,
+    /// The shards (by place in the call's plan) asked in this pass.
+    asked: HashSet<usize>,
+    /// Those that started less than they were asked for: nothing more of them this pass.
+    short: HashSet<usize>,
+    /// The earliest time a scheduled execution of a shard asked falls due.
+    due: Option<Instant>,
 }
 
 /// The tenants a lease serves: a worker key's own, or the one the platform admin acts for;

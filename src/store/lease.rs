@@ -452,7 +452,8 @@ pub struct StartBatch {
     /// caller wakes then on its own timer (a Redis blocking time-out would fire only at `hz`
     /// granularity).
     pub next_due: Option<Duration>,
-    /// The summed weight of the shard's runnable tenants after the call (0 when none): the
+    /// The summed weight of the shard's runnable tenants after the call (0 when none; of the
+    /// tenants a `start_for` names, when it names some): the
     /// worker gives a freed slot to shards in proportion to it.
     pub weight: u64,
 }
