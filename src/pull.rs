@@ -66,7 +66,8 @@ pub const MAILBOX_IDLE: Duration = Duration::from_secs(60);
 /// at most this long for its share (a lease that has slots left asks it at once).
 pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 /// Most pull workers whose shares between shards one server keeps; beyond it the one idle
-/// longest is forgotten (it starts over, from equal credit, on its next lease).
+/// longest is forgotten (it starts over, from equal credit, on its next lease). Only leases
+/// that serve several shards keep one: the platform admin's, never a `worker` key's.
 pub const SHARES_KEPT: usize = 4096;
 
 /// What `serve` keeps for the pull API: the wake-ups, each pull worker's share between
@@ -684,5 +685,62 @@ impl Drop for Leave<'_> {
             m.polls -= 1;
             m.left = Instant::now();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Layout, ShardMap};
+
+    /// However many worker ids lease, a server keeps the shares of at most `SHARES_KEPT`, and
+    /// the one idle longest makes room.
+    #[test]
+    fn shares_are_kept_for_a_bounded_number_of_workers() {
+        let shards = ShardMap::new(16, Layout::SlotAligned);
+        let shares = Shares::default();
+        for i in 0..SHARES_KEPT + 100 {
+            shares.heard(&format!("pull/*/w{i}"), shards.shard(0), 1);
+        }
+        assert_eq!(shares.kept(), SHARES_KEPT);
+        let known = |i: usize| {
+            shares
+                .unknown(&format!("pull/*/w{i}"), &[shards.shard(0)])
+                .is_empty()
+        };
+        assert!(!known(0), "the first worker was forgotten");
+        assert!(known(SHARES_KEPT + 99), "the last worker is kept");
+    }
+
+    /// A shard that answered it had nothing is left out of the round robin, and asked again
+    /// (counted unknown) once its answer is `PROBE_AFTER` old.
+    #[test]
+    fn an_empty_shard_is_asked_again_once_its_answer_is_old() {
+        let shards = ShardMap::new(16, Layout::SlotAligned);
+        let (a, b) = (shards.shard(0), shards.shard(1));
+        let shares = Shares::default();
+        shares.heard("w", a, 3);
+        shares.heard("w", b, 0);
+        assert!(shares.unknown("w", &[a, b]).is_empty());
+        assert_eq!(shares.plan("w", &[a, b], 4).asks, vec![(a, 4)]);
+        // Its answer, as if given PROBE_AFTER ago.
+        let then = Instant::now()
+            .checked_sub(PROBE_AFTER)
+            .expect("a clock past 0.5 s");
+        shares
+            .lock()
+            .get_mut("w")
+            .unwrap()
+            .weights
+            .insert(b, (0, then));
+        assert_eq!(shares.unknown("w", &[a, b]), vec![b]);
+        // A shard with work is never unknown, however old its answer.
+        shares
+            .lock()
+            .get_mut("w")
+            .unwrap()
+            .weights
+            .insert(a, (3, then));
+        assert_eq!(shares.unknown("w", &[a, b]), vec![b]);
     }
 }
