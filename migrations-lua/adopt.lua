@@ -23,6 +23,10 @@
 --          one starts nothing (see barred() in common.lua): with calls spread over several
 --          connections, Redis may run a delayed start after this adopt, and what it started
 --          would then be known to nobody until its lease expired.
+-- ARGV[10..] only: optional, the only tenants whose runs to look at (a pull lease that serves
+--          these, see POST /api/worker/lease); none given: every run the worker holds. A run
+--          of another tenant is left as it is: not handed out and its lease not extended, so
+--          it comes back by its lease's end unless the worker heartbeats it (it knows of it).
 --
 -- Reply: a list of the executions the consumer holds, each as in start.lua:
 --   {id, fence, attempt, tenant, flow, version or '', params, max_attempts,
@@ -33,12 +37,17 @@ local BARRIER, barrier = declared(4, K.adopted(consumer)), tonumber(ARGV[9])
 if barrier > (tonumber(redis.call('GET', BARRIER)) or 0) then
   redis.call('SET', BARRIER, barrier, 'PX', 86400000)
 end
+local only = nil
+if #ARGV > 9 then
+  only = {}
+  for i = 10, #ARGV do only[ARGV[i]] = true end
+end
 local now = now_ms()
 local held = {}
 for _, id in ipairs(redis.call('SMEMBERS', HELD)) do
-  local row = redis.call('HMGET', K.row(id), 'status', 'lease_owner', 'deleted')
+  local row = redis.call('HMGET', K.row(id), 'status', 'lease_owner', 'deleted', 'tenant')
   if row[1] == 'running' and row[2] == consumer and not row[3] then
-    if #held < count then
+    if #held < count and (not only or only[row[4]]) then
       redis.call('ZADD', LEASES, now + ttl, id)
       redis.call('HSET', K.row(id), 'lease_until', now + ttl)
       table.insert(held, run_of(id))

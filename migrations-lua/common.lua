@@ -902,9 +902,18 @@ local function start_entries(consumer, count, ttl, cap, now, only)
 end
 
 -- The weight of the tenants that can start something in this shard now (the workers share
--- their slots between shards in proportion to it).
-local function eligible_weight()
-  return tonumber(redis.call('HGET', K.sched(), 'weight')) or 0
+-- their slots between shards in proportion to it). With `only` (a pull lease serving these
+-- tenants, see start_entries()), the weight of those of them that can: what that lease's
+-- share of the shard should follow, whatever the shard's other tenants wait with.
+local function eligible_weight(only)
+  if not only then
+    return tonumber(redis.call('HGET', K.sched(), 'weight')) or 0
+  end
+  local sum = 0
+  for i, score in ipairs(redis.call('ZMSCORE', K.runnable(), unpack(only))) do
+    if score then sum = sum + select(5, limits(only[i])) end
+  end
+  return sum
 end
 
 -- An execution's row as the API reads it: the hash, plus `qs`, its queue state (see

@@ -26,7 +26,7 @@
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  dlq_cap: the dead-letter stream's cap
 -- ARGV[7]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
--- ARGV[8..] reports: for each report in order, 11 values:
+-- ARGV[8..] reports: for each report in order, 12 values:
 --   +0  id: execution id
 --   +1  fence: the fence of the run the worker held
 --   +2  consumer: the worker's consumer name
@@ -47,6 +47,9 @@
 --   +10 call: the call's number among the worker's start-capable calls in the shard (0:
 --       none). A report its worker's last adopt.lua covered is recorded but starts nothing
 --       (see start.lua).
+--   +11 tenant: the tenant whose run this must be (a pull worker's, or the platform admin's
+--       acting for a tenant): a run of another tenant is 'stale' to it, and not counted as
+--       fenced; '' for any
 --
 -- Reply: one entry per report, in order, each {what, detail, more, started, next_due,
 -- weight}; the last four as start.lua's (more 0 and started {} when nothing was asked for, or
@@ -75,6 +78,8 @@ local function record(ROW, a)
   local id, fence, consumer, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local output, err_kind, err_msg, backoff = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
   local row = redis.call('HMGET', ROW, unpack(RUN_FIELDS))
+  local want = ARGV[a + 11]
+  if want ~= '' and row[5] and row[5] ~= want then return 'stale', '' end
   if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
     if redis.call('HGET', ROW, 'reported') == fence then return 'repeat', '' end
     redis.call('HINCRBY', STATS, 'fenced', 1)
@@ -132,7 +137,7 @@ end
 -- Every report's keys are checked before anything is written.
 local rows = {}
 for r = 1, n do
-  local a, k = 8 + (r - 1) * 11, 7 + (r - 1) * 2
+  local a, k = 8 + (r - 1) * 12, 7 + (r - 1) * 2
   rows[r] = declared(k + 1, K.row(ARGV[a]))
   declared(k + 2, K.adopted(ARGV[a + 2]))
 end
@@ -142,7 +147,7 @@ local replies = {}
 -- changed after it (a retry scheduled, a start throttled): then next_due() reads it again.
 local wait, promoted = nil, false
 for r = 1, n do
-  local a = 8 + (r - 1) * 11
+  local a = 8 + (r - 1) * 12
   local consumer = ARGV[a + 2]
   local chain, ttl = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
   local what, detail = record(rows[r], a)

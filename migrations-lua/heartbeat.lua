@@ -9,7 +9,9 @@
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  lease_ttl_ms: lease TTL, milliseconds
 -- ARGV[7]  consumer: the worker's consumer name
--- ARGV[8..] held: pairs of execution id and fence of the run the worker holds
+-- ARGV[8]  tenant: the tenant whose runs these must be (a pull worker's, or the platform
+--          admin's acting for a tenant: a run of another tenant is 'lost' to it); '' for any
+-- ARGV[9..] held: pairs of execution id and fence of the run the worker holds
 --
 -- Reply: one answer per pair, in order:
 --   'ok'      lease extended
@@ -18,14 +20,16 @@
 --   'lost'    the run is no longer current (reclaimed, finished, retried): stop; any result of
 --             this run will be refused
 local LEASES = declared(2, K.leases())
-local ttl, consumer = tonumber(ARGV[6]), ARGV[7]
+local ttl, consumer, tenant = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local now = now_ms()
 local answers = {}
-for i = 8, #ARGV, 2 do
+for i = 9, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
-  local ROW = declared(3 + (i - 8) / 2, K.row(id))
-  local row = redis.call('HMGET', ROW, 'status', 'fence', 'lease_owner', 'cancel', 'deleted')
-  if row[1] == 'running' and row[2] == fence and row[3] == consumer then
+  local ROW = declared(3 + (i - 9) / 2, K.row(id))
+  local row = redis.call('HMGET', ROW, 'status', 'fence', 'lease_owner', 'cancel', 'deleted',
+    'tenant')
+  if row[1] == 'running' and row[2] == fence and row[3] == consumer
+    and (tenant == '' or row[6] == tenant) then
     redis.call('ZADD', LEASES, now + ttl, id)
     redis.call('HSET', ROW, 'lease_until', now + ttl)
     if row[4] == '1' or row[5] == '1' then

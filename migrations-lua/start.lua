@@ -34,7 +34,8 @@
 --              traceparent or '', tracestate or ''}
 --   next_due  milliseconds until the shard's earliest due time (0: due now), -1 for none: the
 --             worker sleeps on its own timer until then (woken earlier by the doorbell)
---   weight    the eligible weight of the shard (eligible_weight()) after the call
+--   weight    the eligible weight of the shard (eligible_weight()) after the call: of the
+--             tenants `only` names, when it names some
 declared(2, K.runnable()); declared(3, K.delayed()); declared(4, K.leases())
 declared(5, K.dlq()); declared(6, K.stats()); declared(7, K.dlq_indexed())
 local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -48,4 +49,4 @@ local more, started = start_entries(consumer, count, ttl, cap, now, only)
 -- A start that throttled its tenant or key put a wake-up on the timer set.
 if WOKE then wait = next_due(now) end
 flush_trends()
-return { more, started, wait, eligible_weight() }
+return { more, started, wait, eligible_weight(only) }

@@ -3,11 +3,13 @@
 Run by scripts/client_roundtrip.sh, which generates the `sluice_client` package first and puts
 it on PYTHONPATH. Starts its own redis-server and `sluice serve` on free loopback ports, then:
 create a tenant and an editor key (as the platform admin), and with that key admit -> replay ->
-get -> list -> cancel, plus one error answer parsed as a problem document.
+get -> list -> cancel -> retry (no body, then an empty one) -> reschedule a scheduled one (each
+of the body's two shapes), plus one error answer parsed as a problem document.
 
 Usage: python client_roundtrip.py <path to the sluice binary>
 """
 
+import datetime
 import os
 import subprocess
 import sys
@@ -22,6 +24,8 @@ from sluice_client.api.executions import (
     create_execution,
     get_execution,
     list_executions,
+    reschedule_execution,
+    retry_execution,
 )
 from sluice_client.api.operations import readyz
 from sluice_client.api.tenants import put_tenant
@@ -33,6 +37,10 @@ from sluice_client.models import (
     NewApiKey,
     NewExecution,
     Problem,
+    QueueState,
+    RescheduleAfter,
+    RescheduleAt,
+    RetryBody,
     Status,
     Tenant,
     TenantSettings,
@@ -126,6 +134,30 @@ def run(base_url):
 
     cancelled = cancel_execution.sync(id=execution.execution_id, client=client)
     check(isinstance(cancelled, Execution) and cancelled.status == Status.CANCELLED, "cancel")
+
+    # A retry takes no body, or an empty one.
+    retried = retry_execution.sync(id=execution.execution_id, client=client)
+    check(isinstance(retried, Execution) and retried.status == Status.QUEUED, "retry: no body")
+    cancel_execution.sync(id=execution.execution_id, client=client)
+    retried = retry_execution.sync(id=execution.execution_id, client=client, body=RetryBody())
+    check(isinstance(retried, Execution) and retried.status == Status.QUEUED, "retry: {}")
+
+    # A reschedule takes exactly one of its two shapes.
+    later = create_execution.sync(
+        client=client, body=NewExecution(flow_id="demo.echo", delay="1h")
+    )
+    moved = reschedule_execution.sync(
+        id=later.execution_id, client=client, body=RescheduleAfter(delay="2h")
+    )
+    check(isinstance(moved, Execution) and moved.queue_state == QueueState.SCHEDULED
+          and moved.run_at > later.run_at, "reschedule: after a delay")
+    at = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=3)).replace(
+        microsecond=0
+    )
+    moved = reschedule_execution.sync(
+        id=later.execution_id, client=client, body=RescheduleAt(run_at=at)
+    )
+    check(isinstance(moved, Execution) and moved.run_at == at, "reschedule: at a time")
 
     missing = get_execution.sync(id="0" * 32, client=client)
     check(isinstance(missing, Problem) and missing.code == "execution_not_found",

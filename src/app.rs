@@ -96,6 +96,7 @@ impl Application {
         let pull = Arc::new(crate::pull::Pull {
             doorbells: crate::pull::Doorbells::new(store.clone()),
             stops: crate::pull::Stops::new(store.clone()),
+            shares: crate::pull::Shares::default(),
             retry_backoff: Duration::from_millis(config.api.retry_backoff_ms),
             retry_backoff_max: Duration::from_millis(config.api.retry_backoff_max_ms),
             orphan_scan: (config.api.orphan_scan_ms > 0)

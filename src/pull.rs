@@ -16,9 +16,19 @@
 //!   on one Pub/Sub connection (a pattern subscription) and keeps each id for its worker's
 //!   next stop poll ([`STOPS_KEPT`] at most, for [`MAILBOX_IDLE`] after its last poll).
 //!
-//! Both are shortcuts: a lease poll also wakes when a scheduled execution of its shards falls
-//! due, and a pull worker's heartbeat answers `cancel_requested` whatever was missed while a
-//! connection was down.
+//! - **Shares between shards.** A lease that serves tenants of several shards (the platform
+//!   admin's) gives its starts to the shards in proportion to their eligible weight, by the
+//!   smooth weighted round robin `sluice worker` uses (`worker::ShardShare`). [`Shares`] keeps
+//!   its state per pull worker (its consumer name), so a worker leasing one run at a time gets
+//!   the same shares as one leasing a hundred: each shard's weight is what its last start
+//!   call for that worker answered. A shard whose weight it does not know (not asked yet, or
+//!   its answer that it had nothing runnable is older than [`PROBE_AFTER`]) is asked for one
+//!   start first, outside the round robin, so a shard that turns out empty moves nobody's
+//!   share.
+//!
+//! The first two are shortcuts: a lease poll also wakes when a scheduled execution of its
+//! shards falls due, and a pull worker's heartbeat answers `cancel_requested` whatever was
+//! missed while a connection was down.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{BellNode, BellPools, Shard, Store, StoreError, keys};
+use crate::worker::ShardShare;
 
 /// How long one doorbell read blocks on Redis: a reader whose waiters left gives its
 /// connection back to the pool within this.
@@ -50,11 +61,22 @@ pub const STOPS_KEPT: usize = 1024;
 /// A pull worker's stop ids are kept this long after its last stop poll.
 pub const MAILBOX_IDLE: Duration = Duration::from_secs(60);
 
-/// What `serve` keeps for the pull API: the wake-ups, and the retry policy it applies to
-/// pull workers' failed runs (`--retry-backoff-ms`, `--retry-backoff-max-ms`).
+/// How long a shard's answer that it has nothing runnable for a pull worker is believed: a
+/// lease kept busy by other shards asks it again after this, so work that came meanwhile waits
+/// at most this long for its share (a lease that has slots left asks it at once).
+pub const PROBE_AFTER: Duration = Duration::from_millis(500);
+/// Most pull workers whose shares between shards one server keeps; beyond it the one idle
+/// longest is forgotten (it starts over, from equal credit, on its next lease). Only leases
+/// that serve several shards keep one: the platform admin's, never a `worker` key's.
+pub const SHARES_KEPT: usize = 4096;
+
+/// What `serve` keeps for the pull API: the wake-ups, each pull worker's share between
+/// shards, and the retry policy it applies to pull workers' failed runs
+/// (`--retry-backoff-ms`, `--retry-backoff-max-ms`).
 pub struct Pull {
     pub doorbells: Arc<Doorbells>,
     pub stops: Arc<Stops>,
+    pub shares: Shares,
     pub retry_backoff: Duration,
     pub retry_backoff_max: Duration,
     /// How often this server looks for expired leases in each shard (`--orphan-scan-ms`);
@@ -502,6 +524,158 @@ impl Stops {
     }
 }
 
+/// Each pull worker's share between shards (see the module docs): per consumer name, the
+/// round robin's credits and what each shard's last start call answered.
+#[derive(Default)]
+pub struct Shares {
+    workers: Mutex<HashMap<String, WorkerShare>>,
+}
+
+/// One pull worker's share between shards.
+struct WorkerShare {
+    share: ShardShare,
+    /// Each shard's eligible weight (of the tenants this worker serves there) as its last
+    /// start call answered, and when.
+    weights: HashMap<Shard, (u64, Instant)>,
+    /// When a start call of this worker last answered: the one idle longest is forgotten
+    /// first.
+    used: Instant,
+}
+
+/// The starts a lease asks for in one round: how many of each shard, in the order to ask.
+#[derive(Debug)]
+pub struct Round {
+    pub asks: Vec<(Shard, usize)>,
+    /// The candidates the picks were made among (for taking back the unserved ones).
+    candidates: Vec<(Shard, i64)>,
+}
+
+impl Round {
+    /// All `n` starts from the one shard a lease serves: nothing to share, nothing kept.
+    pub fn alone(shard: Shard, n: usize) -> Self {
+        Self {
+            asks: if n == 0 { Vec::new() } else { vec![(shard, n)] },
+            candidates: Vec::new(),
+        }
+    }
+}
+
+impl Shares {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerShare>> {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shards of `shards` whose eligible weight the pull worker `consumer` does not know:
+    /// never asked, or whose answer that it had nothing runnable is older than
+    /// [`PROBE_AFTER`]. A lease asks each for one start before it shares the rest.
+    pub fn unknown(&self, consumer: &str, shards: &[Shard]) -> Vec<Shard> {
+        let now = Instant::now();
+        let workers = self.lock();
+        let known = workers.get(consumer).map(|w| &w.weights);
+        shards
+            .iter()
+            .copied()
+            .filter(|s| match known.and_then(|k| k.get(s)) {
+                None => true,
+                Some((0, at)) => now.duration_since(*at) >= PROBE_AFTER,
+                Some(_) => false,
+            })
+            .collect()
+    }
+
+    /// Shares `n` starts between those of `shards` that the pull worker `consumer` knows to
+    /// have runnable work, in proportion to their eligible weight. Empty when none does. A
+    /// lease that serves one shard needs no share: it asks that shard and keeps nothing here
+    /// (`Round::alone`).
+    pub fn plan(&self, consumer: &str, shards: &[Shard], n: usize) -> Round {
+        let mut workers = self.lock();
+        let Some(worker) = workers.get_mut(consumer).filter(|_| n > 0) else {
+            return Round {
+                asks: Vec::new(),
+                candidates: Vec::new(),
+            };
+        };
+        let candidates: Vec<(Shard, i64)> = shards
+            .iter()
+            .filter_map(|s| {
+                let (w, _) = worker.weights.get(s)?;
+                Some((*s, i64::try_from(*w).unwrap_or(i64::MAX / 4)))
+            })
+            .filter(|(_, w)| *w > 0)
+            .collect();
+        let mut asks: Vec<(Shard, usize)> = Vec::new();
+        for _ in 0..n {
+            let Some(picked) = worker.share.pick(&candidates) else {
+                break;
+            };
+            match asks.iter_mut().find(|(s, _)| *s == picked) {
+                Some((_, count)) => *count += 1,
+                None => asks.push((picked, 1)),
+            }
+        }
+        Round { asks, candidates }
+    }
+
+    /// What a start call of `round` in `shard` did for `consumer`: it started `started` of the
+    /// `asked`, and its shard's eligible weight is now `weight` (`None`: the call failed, and
+    /// nothing is learned). The picks it did not serve are taken back.
+    pub fn learn(
+        &self,
+        consumer: &str,
+        round: &Round,
+        shard: Shard,
+        asked: usize,
+        started: usize,
+        weight: Option<u64>,
+    ) {
+        if round.candidates.is_empty() {
+            // `Round::alone`: nothing was shared.
+            return;
+        }
+        let mut workers = self.lock();
+        let Some(worker) = workers.get_mut(consumer) else {
+            return;
+        };
+        for _ in started..asked {
+            worker.share.unpick(&round.candidates, shard);
+        }
+        if let Some(w) = weight {
+            worker.weights.insert(shard, (w, Instant::now()));
+        }
+    }
+
+    /// A start call outside the round robin (a shard's first, or slots left over) answered
+    /// `weight` for `shard`.
+    pub fn heard(&self, consumer: &str, shard: Shard, weight: u64) {
+        let now = Instant::now();
+        let mut workers = self.lock();
+        if !workers.contains_key(consumer) && workers.len() >= SHARES_KEPT {
+            // Bounded: the worker idle longest makes room (one pass over at most SHARES_KEPT).
+            if let Some(oldest) = workers
+                .iter()
+                .min_by_key(|(_, w)| w.used)
+                .map(|(k, _)| k.clone())
+            {
+                workers.remove(&oldest);
+            }
+        }
+        let worker = workers
+            .entry(consumer.to_owned())
+            .or_insert_with(|| WorkerShare {
+                share: ShardShare::default(),
+                weights: HashMap::new(),
+                used: now,
+            });
+        worker.used = now;
+        worker.weights.insert(shard, (weight, now));
+    }
+
+    /// How many pull workers' shares are kept now.
+    pub fn kept(&self) -> usize {
+        self.lock().len()
+    }
+}
+
 /// Leaves a mailbox when a stop poll ends.
 struct Leave<'a>(&'a Stops, &'a str);
 
@@ -511,5 +685,62 @@ impl Drop for Leave<'_> {
             m.polls -= 1;
             m.left = Instant::now();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Layout, ShardMap};
+
+    /// However many worker ids lease, a server keeps the shares of at most `SHARES_KEPT`, and
+    /// the one idle longest makes room.
+    #[test]
+    fn shares_are_kept_for_a_bounded_number_of_workers() {
+        let shards = ShardMap::new(16, Layout::SlotAligned);
+        let shares = Shares::default();
+        for i in 0..SHARES_KEPT + 100 {
+            shares.heard(&format!("pull/*/w{i}"), shards.shard(0), 1);
+        }
+        assert_eq!(shares.kept(), SHARES_KEPT);
+        let known = |i: usize| {
+            shares
+                .unknown(&format!("pull/*/w{i}"), &[shards.shard(0)])
+                .is_empty()
+        };
+        assert!(!known(0), "the first worker was forgotten");
+        assert!(known(SHARES_KEPT + 99), "the last worker is kept");
+    }
+
+    /// A shard that answered it had nothing is left out of the round robin, and asked again
+    /// (counted unknown) once its answer is `PROBE_AFTER` old.
+    #[test]
+    fn an_empty_shard_is_asked_again_once_its_answer_is_old() {
+        let shards = ShardMap::new(16, Layout::SlotAligned);
+        let (a, b) = (shards.shard(0), shards.shard(1));
+        let shares = Shares::default();
+        shares.heard("w", a, 3);
+        shares.heard("w", b, 0);
+        assert!(shares.unknown("w", &[a, b]).is_empty());
+        assert_eq!(shares.plan("w", &[a, b], 4).asks, vec![(a, 4)]);
+        // Its answer, as if given PROBE_AFTER ago.
+        let then = Instant::now()
+            .checked_sub(PROBE_AFTER)
+            .expect("a clock past 0.5 s");
+        shares
+            .lock()
+            .get_mut("w")
+            .unwrap()
+            .weights
+            .insert(b, (0, then));
+        assert_eq!(shares.unknown("w", &[a, b]), vec![b]);
+        // A shard with work is never unknown, however old its answer.
+        shares
+            .lock()
+            .get_mut("w")
+            .unwrap()
+            .weights
+            .insert(a, (3, then));
+        assert_eq!(shares.unknown("w", &[a, b]), vec![b]);
     }
 }

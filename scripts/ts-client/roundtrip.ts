@@ -3,7 +3,8 @@
 // scripts/ts_client.sh), calls through openapi-fetch. This file compiles under `tsc --strict`
 // only if the document describes the API well enough for typed calls (parameters, bodies,
 // answers, problem documents); run, it drives a live server through admit, replay, conflict,
-// wait, the event stream, cancel and list, and checks each answer as a user would.
+// wait, the event stream, reschedule, cancel, retry and list, and checks each answer as a user
+// would.
 //
 // Starts its own redis-server, `sluice serve` and `sluice worker --demo-flows` on free loopback
 // ports. Usage: node roundtrip.js <path to the sluice binary>
@@ -213,7 +214,20 @@ async function run(baseUrl: string): Promise<void> {
   });
   const laterId = later.data?.execution_id ?? "";
   check(later.data?.queue_state === "scheduled", "admit with a delay: scheduled");
-  const cancelled = await client.POST("/api/executions/{id}/cancel", { params: { path: { id: laterId } } });
+  // Moved while it waits: a reschedule names exactly one of run_at and delay.
+  const path = { path: { id: laterId } };
+  const moved = await client.POST("/api/executions/{id}/reschedule", { params: path, body: { delay: "2h" } });
+  check(moved.data?.queue_state === "scheduled", "reschedule: after a delay");
+  const at = new Date(Date.now() + 3 * 3600_000).toISOString();
+  const movedAt = await client.POST("/api/executions/{id}/reschedule", { params: path, body: { run_at: at } });
+  check(Date.parse(movedAt.data?.run_at ?? "") === Date.parse(at), "reschedule: at a time");
+  const neither = await client.POST("/api/executions/{id}/reschedule", {
+    params: path,
+    // @ts-expect-error: the types, like the server, want run_at or delay
+    body: {},
+  });
+  check(neither.response.status === 400 && neither.error?.code === "invalid_schedule", "reschedule: {} is refused, as the types say");
+  const cancelled = await client.POST("/api/executions/{id}/cancel", { params: path });
   check(cancelled.data?.status === "cancelled", "cancel: cancelled");
 
   // The listing has all three, newest first.
@@ -230,6 +244,10 @@ async function run(baseUrl: string): Promise<void> {
     JSON.stringify(filtered.data?.executions.map((e) => e.execution_id)) === JSON.stringify([laterId]),
     "list: filtered by status",
   );
+
+  // Retried (no body): queued again, now, for the worker.
+  const retried = await client.POST("/api/executions/{id}/retry", { params: path });
+  check(retried.data?.status === "queued" && retried.data.attempt === 0, "retry: queued again");
 
   // An unknown id: a typed 404 problem.
   const missing = await client.GET("/api/executions/{id}", { params: { path: { id: "0".repeat(32) } } });

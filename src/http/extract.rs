@@ -93,6 +93,40 @@ impl<T: DeserializeOwned> JsonBody<T> {
         let axum::Json(ObjectOnly(body)) = axum::Json::<ObjectOnly<T>>::from_bytes(&bytes)?;
         Ok(body)
     }
+
+    /// [`parse`](Self::parse) for a route whose body is optional: no body at all (whatever
+    /// its `Content-Type`, or none) is `None`; anything else must be what `parse` takes, with
+    /// the same answers (415, 400 `malformed_json` or `invalid_body`, 413).
+    pub async fn parse_optional(self) -> Result<Option<T>, ApiError> {
+        let headers = self.req.headers().clone();
+        // Read within `--body-limit` (the `DefaultBodyLimit` the router sets), as `parse`.
+        let bytes = axum::body::Bytes::from_request(self.req, &())
+            .await
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::Status {
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    code: "payload_too_large",
+                    detail: "the request body exceeds the server's limit".into(),
+                },
+                _ => ApiError::BadRequest {
+                    code: "invalid_body",
+                    detail: e.body_text(),
+                },
+            })?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        // The bytes again, with the request's headers: `parse`'s content type and JSON checks.
+        let mut req = Request::new(axum::body::Body::from(bytes));
+        *req.headers_mut() = headers;
+        Self {
+            req,
+            _into: PhantomData,
+        }
+        .parse()
+        .await
+        .map(Some)
+    }
 }
 
 /// A struct read from a JSON object only. Serde's derived structs also accept an array of

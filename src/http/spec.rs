@@ -11,7 +11,7 @@ use std::collections::btree_map::Entry;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, Parameter, ParameterIn};
 use utoipa::openapi::response::ResponseBuilder;
-use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response};
 use utoipa::{Modify, OpenApi};
@@ -99,11 +99,44 @@ pub fn document_common(spec: &mut utoipa::openapi::OpenApi) {
         .into_iter()
         .flatten()
         {
+            optional_body(op);
             complete_responses(op, is_api);
             // The probes take no credentials: said outright (`security: []`), so a reader (and
             // `redocly lint`) cannot take a missing requirement for a forgotten one.
             op.security.get_or_insert_with(Vec::new);
         }
+    }
+}
+
+/// An optional body (`request_body = Option<T>`) as clients should read it: the body may be
+/// left out (`required: false`), and when sent it is `T`. utoipa writes it as a required body of
+/// `oneOf [T, null]`, which would tell a generator or Schemathesis that a JSON `null` is a
+/// valid body; no route takes one (`JsonBody` reads objects only).
+fn optional_body(op: &mut Operation) {
+    let Some(RefOr::T(body)) = op.request_body.as_mut() else {
+        return;
+    };
+    let mut optional = false;
+    for content in body.content.values_mut() {
+        let RefOr::T(content) = content else {
+            continue;
+        };
+        let Some(RefOr::T(Schema::OneOf(one_of))) = content.schema.as_ref() else {
+            continue;
+        };
+        let is_null = |s: &RefOr<Schema>| {
+            matches!(s, RefOr::T(Schema::Object(o))
+                if o.schema_type == SchemaType::Type(Type::Null))
+        };
+        if let [inner, null] = one_of.items.as_slice()
+            && is_null(null)
+        {
+            content.schema = Some(inner.clone());
+            optional = true;
+        }
+    }
+    if optional {
+        body.required = Some(Required::False);
     }
 }
 

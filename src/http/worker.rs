@@ -2,10 +2,14 @@
 //! them alive, hear cancels and report how they ended, through the same scripts and fences as
 //! `sluice worker` (`store::lease`).
 //!
-//! - **Who.** A `worker` key of a tenant (it reaches nothing else) serves that tenant; the
-//!   platform admin may serve any tenants (`tenants`) or all. Each worker process names
-//!   itself with a `worker_id`; the lease holder Redis records is that id in the caller's
-//!   scope (`store::keys::pull_consumer`), so two tenants' workers never share a name.
+//! - **Who.** A `worker` key of a tenant (it reaches nothing else) serves that tenant. The
+//!   platform admin acts for the tenant its `X-Tenant-Id` names, as everywhere: its lease
+//!   then serves that tenant only, and its heartbeats and completions reach that tenant's
+//!   runs only. Without `X-Tenant-Id` its lease is a platform-wide worker's (the tenants in
+//!   `tenants`, or all), and each heartbeat or completion names its run's tenant. Each worker
+//!   process names itself with a `worker_id`; the lease holder Redis records is that id in
+//!   the caller's names (`store::keys::pull_consumer`: a tenant's for its keys, the platform
+//!   admin's own), so two tenants' workers never share a name.
 //! - **Nothing lost between the server and the worker.** A lease call first asks Redis what
 //!   its worker holds already (`adopt.lua`): runs a lost answer started come back (marked
 //!   `recovered`), except those the worker says it is running (`holding`). So an answer lost
@@ -72,49 +76,54 @@ pub const MAX_ERROR_MESSAGE: usize = 4096;
 
 /// For whom a caller pulls work.
 enum Scope {
-    /// A `worker` key: its own tenant only.
-    Tenant(TenantId),
-    /// The platform admin: any tenant.
+    /// A `worker` key: its own tenant only, under its tenant's worker names.
+    Key(TenantId),
+    /// The platform admin acting for a tenant (`X-Tenant-Id`): that tenant only, as its
+    /// `worker` key would, under the platform admin's worker names.
+    ActingFor(TenantId),
+    /// The platform admin without `X-Tenant-Id`: a worker of the whole platform (every
+    /// tenant, or those a lease names). Its heartbeats and completions name the run's tenant
+    /// with `X-Tenant-Id`, and so act for that tenant.
     Platform,
 }
 
 impl Scope {
     fn of(caller: &Caller) -> Result<Self, ApiError> {
         caller.require(Action::PullWork)?;
-        match caller.grant() {
-            Grant::PlatformAdmin => Ok(Scope::Platform),
-            Grant::Key(_) => caller
-                .acting_tenant()
-                .cloned()
-                .map(Scope::Tenant)
-                .ok_or(ApiError::Unauthorized),
+        match (caller.grant(), caller.acting_tenant().cloned()) {
+            (Grant::PlatformAdmin, Some(t)) => Ok(Scope::ActingFor(t)),
+            (Grant::PlatformAdmin, None) => Ok(Scope::Platform),
+            (Grant::Key(_), Some(t)) => Ok(Scope::Key(t)),
+            (Grant::Key(_), None) => Err(ApiError::Unauthorized),
         }
     }
 
-    /// The lease holder's name Redis records for `worker` (`keys::pull_consumer`).
+    /// The one tenant this scope serves, if it is limited to one.
+    fn tenant(&self) -> Option<&TenantId> {
+        match self {
+            Scope::Key(t) | Scope::ActingFor(t) => Some(t),
+            Scope::Platform => None,
+        }
+    }
+
+    /// The lease holder's name Redis records for `worker` (`keys::pull_consumer`): a worker
+    /// key's in its tenant's names; the platform admin's in its own, with or without
+    /// `X-Tenant-Id` (so a run its platform-wide lease started is heard from the heartbeat that
+    /// names the run's tenant).
     fn consumer(&self, worker: &str) -> String {
         match self {
-            Scope::Tenant(t) => keys::pull_consumer(Some(t), worker),
-            Scope::Platform => keys::pull_consumer(None, worker),
+            Scope::Key(t) => keys::pull_consumer(Some(t), worker),
+            Scope::ActingFor(_) | Scope::Platform => keys::pull_consumer(None, worker),
         }
     }
 
     /// The tenant whose run a heartbeat or completion names: a worker key's own, else the
-    /// caller's `X-Tenant-Id`.
-    fn run_tenant(&self, caller: &Caller) -> Result<TenantId, ApiError> {
-        match self {
-            Scope::Tenant(t) => Ok(t.clone()),
-            Scope::Platform => {
-                caller
-                    .acting_tenant()
-                    .cloned()
-                    .ok_or_else(|| ApiError::BadRequest {
-                        code: "tenant_required",
-                        detail: "the platform admin names the run's tenant: send X-Tenant-Id"
-                            .into(),
-                    })
-            }
-        }
+    /// platform admin's `X-Tenant-Id`. Only that tenant's runs are heard.
+    fn run_tenant(&self) -> Result<TenantId, ApiError> {
+        self.tenant().cloned().ok_or_else(|| ApiError::BadRequest {
+            code: "tenant_required",
+            detail: "the platform admin names the run's tenant: send X-Tenant-Id".into(),
+        })
     }
 }
 
@@ -200,8 +209,9 @@ pub struct LeaseRequest {
         pattern = "^(([5-9][0-9]{2}|[1-9][0-9]{3,4}|[1-5][0-9]{5}|600000)ms|([1-9]|[1-9][0-9]|[1-5][0-9]{2}|600)s|([1-9]|10)m)$"
     )]
     pub lease: Option<String>,
-    /// Only for the platform admin: the tenants to serve (at most 64; all when absent). A
-    /// worker key serves its own tenant; naming another is a 403.
+    /// Only for the platform admin without `X-Tenant-Id`: the tenants to serve (at most 64;
+    /// all when absent). A worker key, and the platform admin acting for a tenant, serve that
+    /// tenant; naming another is a 403.
     #[serde(default)]
     #[schema(schema_with = tenant_list)]
     pub tenants: Option<Vec<String>>,
@@ -218,8 +228,9 @@ fn tenant_list() -> Array {
     list_of(
         "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
         MAX_TENANTS,
-        "Only for the platform admin: the tenants to serve (at most 64; all when absent). A \
-         worker key serves its own tenant; naming another is a 403 `tenant_mismatch`.",
+        "Only for the platform admin without `X-Tenant-Id`: the tenants to serve (at most 64; \
+         all when absent). A worker key, and the platform admin acting for a tenant \
+         (`X-Tenant-Id`), serve that tenant; naming another is a 403 `tenant_mismatch`.",
     )
 }
 
@@ -313,8 +324,12 @@ pub struct LeaseAnswer {
 /// `?wait=`, a call that finds nothing waits for work (pushed by Redis, not polled) and
 /// answers as soon as some starts, or empty when the wait is over.
 ///
-/// Runs the worker already holds but did not name in `holding` are handed out again first,
-/// with `recovered: true`: an answer lost on the way is recovered by the next call.
+/// A `worker` key serves its tenant. The platform admin serves the tenant `X-Tenant-Id`
+/// names, as that tenant's worker would; without it, the tenants in `tenants`, or all.
+///
+/// Runs the worker already holds (of the tenants this call serves) but did not name in
+/// `holding` are handed out again first, with `recovered: true`: an answer lost on the way is
+/// recovered by the next call.
 #[utoipa::path(
     post,
     path = "/api/worker/lease",
@@ -325,7 +340,7 @@ pub struct LeaseAnswer {
         (status = 200, description = "The runs handed out (possibly none)", body = LeaseAnswer),
         (status = 400, description = "Malformed body or `wait`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not a worker key nor the platform admin, or a tenant not the key's", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not a worker key nor the platform admin, or `tenants` names a tenant other than the key's or `X-Tenant-Id`'s (`tenant_mismatch`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "`tenant_too_many_waiters`: the tenant has `--max-waiters-per-tenant` open waits on this server", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "`too_many_waiters`, or Redis unavailable (anything a failed call started comes back on the next call)", body = Problem, content_type = "application/problem+json"),
@@ -380,102 +395,118 @@ pub async fn lease(
         let shards: Vec<Shard> = plan.iter().map(|(s, _)| *s).collect();
         state.pull.doorbells.listen(&shards)
     });
-    let mut runs: Vec<LeasedRun> = Vec::new();
-    // What this worker holds without knowing it (a lost answer started it) comes first.
-    let held = futures_util::future::join_all(
-        plan.iter()
-            .map(|(shard, _)| store.adopt(*shard, &consumer, max + holding.len(), lease, 0)),
-    )
+    // What this worker holds without knowing it (a lost answer started it) comes first: of
+    // the tenants this call serves only (another's is left to its lease, or its heartbeats).
+    let held = futures_util::future::join_all(plan.iter().map(|(shard, only)| {
+        store.adopt_for(*shard, &consumer, max + holding.len(), lease, 0, only)
+    }))
     .await;
     // A shard that fails (its master down, a time-out) is left out for the rest of this call:
     // the others are served meanwhile, as a `sluice worker`'s are. What a failed call may have
     // started there comes back on a later call (`recovered`).
-    let mut down: HashSet<usize> = HashSet::new();
-    let mut failure = None;
+    let mut call = Looking {
+        store,
+        consumer: &consumer,
+        lease,
+        plan: &plan,
+        runs: Vec::new(),
+        down: HashSet::new(),
+        failure: None,
+    };
     for (i, found) in held.into_iter().enumerate() {
         match found {
             Ok(found) => {
                 for s in found {
-                    if runs.len() < max && !holding.contains(s.id.as_str()) {
-                        runs.push(LeasedRun::of(s, lease, true));
+                    if call.runs.len() < max && !holding.contains(s.id.as_str()) {
+                        call.runs.push(LeasedRun::of(s, lease, true));
                     }
                 }
             }
             Err(e) => {
                 tracing::debug!(error = %e, shard = plan[i].0.number(), "pull: adopt failed");
-                down.insert(i);
-                failure = Some(e);
+                call.down.insert(i);
+                call.failure = Some(e);
             }
         }
     }
-    // Where to look first: the same worker's calls do not always favour the first shard.
-    let offset = rand_offset(plan.len());
-    let mut look: Vec<usize> = (0..plan.len()).map(|i| (i + offset) % plan.len()).collect();
+    // Where to look: every shard served, until a doorbell names the ones with news.
+    let mut look: Vec<usize> = (0..plan.len()).collect();
+    let shares = &state.pull.shares;
+    // A lease that serves one shard has nothing to share between shards.
+    let sharing = plan.len() > 1;
     loop {
-        let mut due: Option<Instant> = None;
-        // Each shard first gets an equal share of what is left to hand out (so one call does
-        // not fill up from the first shard it asks), then those with more fill the rest.
-        let mut more = Vec::new();
-        for round in 0..2 {
-            let asked: Vec<usize> = if round == 0 {
-                look.iter().copied().filter(|i| !down.contains(i)).collect()
-            } else {
-                std::mem::take(&mut more)
-            };
-            for (k, &i) in asked.iter().enumerate() {
-                let left = max - runs.len();
-                if left == 0 {
+        let mut pass = Pass {
+            listening: listening.as_ref(),
+            ..Pass::default()
+        };
+        // Shares go by each shard's eligible weight as its last start call for this worker
+        // answered (`pull::Shares`). A shard whose weight is not known (never asked, or it had
+        // nothing a while ago) is asked for one start first, outside the round robin: one that
+        // turns out empty costs a call, and moves nobody's share.
+        if sharing {
+            let open: Vec<Shard> = call.open(&look, &pass);
+            for shard in shares.unknown(&consumer, &open) {
+                if call.runs.len() == max {
                     break;
                 }
-                let count = if round == 0 {
-                    left.div_ceil(asked.len() - k)
-                } else {
-                    left
-                };
-                let (shard, only) = &plan[i];
-                let batch = match store
-                    .start_for(*shard, &consumer, count, lease, 0, only)
-                    .await
-                {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::debug!(error = %e, shard = shard.number(), "pull: start failed");
-                        down.insert(i);
-                        failure = Some(e);
-                        continue;
-                    }
-                };
-                if !batch.started.is_empty()
-                    && let Some(l) = &listening
-                {
-                    l.started(*shard);
-                }
-                if batch.more && batch.started.len() == count {
-                    more.push(i);
-                }
-                runs.extend(
-                    batch
-                        .started
-                        .into_iter()
-                        .map(|s| LeasedRun::of(s, lease, false)),
-                );
-                if let Some(d) = batch.next_due {
-                    let at = Instant::now() + d.max(MIN_DUE_PAUSE);
-                    due = Some(due.map_or(at, |u| u.min(at)));
+                if let Some((_, weight)) = call.ask(shard, 1, &mut pass).await {
+                    shares.heard(&consumer, shard, weight);
                 }
             }
         }
-        if runs.is_empty()
-            && down.len() == plan.len()
-            && let Some(e) = failure.take()
+        // Then the shards with runnable work, each in proportion to its eligible weight (the
+        // round robin `sluice worker` uses). A shard that starts less than it was asked for
+        // has nothing more this pass; what it did not serve is shared again among the others.
+        for _ in 0..=plan.len() {
+            let left = max - call.runs.len();
+            let open: Vec<Shard> = call.open(&look, &pass);
+            let round = match open.as_slice() {
+                [only] if !sharing => crate::pull::Round::alone(*only, left),
+                _ => shares.plan(&consumer, &open, left),
+            };
+            if round.asks.is_empty() {
+                break;
+            }
+            let mut fell_short = false;
+            for &(shard, count) in &round.asks {
+                let answer = call.ask(shard, count, &mut pass).await;
+                let got = answer.map_or(0, |(got, _)| got);
+                shares.learn(&consumer, &round, shard, count, got, answer.map(|(_, w)| w));
+                fell_short |= got < count;
+            }
+            if !fell_short {
+                break;
+            }
+        }
+        // Then, with slots left, the shards not asked in this pass (their last answer said
+        // they had nothing runnable): new work there is not missed for the round robin's sake.
+        for &i in &look {
+            let left = max - call.runs.len();
+            if left == 0 {
+                break;
+            }
+            if call.down.contains(&i) || pass.asked.contains(&i) {
+                continue;
+            }
+            let shard = plan[i].0;
+            if let Some((_, weight)) = call.ask(shard, left, &mut pass).await
+                && sharing
+            {
+                shares.heard(&consumer, shard, weight);
+            }
+        }
+        if call.runs.is_empty()
+            && call.down.len() == plan.len()
+            && let Some(e) = call.failure.take()
         {
             // Every shard it serves failed: nothing to wait for here.
             return Err(e.into());
         }
+        let due = pass.due;
         let Some(bells) = listening.as_mut() else {
             break;
         };
-        if !runs.is_empty() || Instant::now() >= deadline {
+        if !call.runs.is_empty() || Instant::now() >= deadline {
             break;
         }
         let until = due.map_or(deadline, |d| d.min(deadline));
@@ -493,6 +524,7 @@ pub async fn lease(
             () = stopping.cancelled() => break,
         }
     }
+    let runs = call.runs;
     state.metrics.pull_handed_out(runs.len());
     Ok(axum::Json(LeaseAnswer { runs }))
 }
@@ -501,24 +533,111 @@ pub async fn lease(
 /// now that could not start must not make a lease call spin).
 const MIN_DUE_PAUSE: Duration = Duration::from_millis(10);
 
-/// A start offset in `0..n` (0 when `n` is 0).
-fn rand_offset(n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    (uuid::Uuid::new_v4().as_u128() % n as u128) as usize
+/// One lease call's look over its shards: what it asks with, and what it has so far.
+struct Looking<'a> {
+    store: &'a crate::store::Store,
+    consumer: &'a str,
+    lease: Duration,
+    /// The shards it serves, each with the tenants served there (none: all of its tenants).
+    plan: &'a [(Shard, Vec<TenantId>)],
+    /// The runs it hands out.
+    runs: Vec<LeasedRun>,
+    /// The shards (by place in `plan`) whose call failed: left out for the rest of the call.
+    down: HashSet<usize>,
+    /// The last failure, answered when every shard failed.
+    failure: Option<crate::store::StoreError>,
 }
 
-/// The tenants a lease serves: a worker key's own; the platform admin's list (none: all).
+impl Looking<'_> {
+    /// The shards of `look` still worth asking in `pass`: not down, not found short.
+    fn open(&self, look: &[usize], pass: &Pass<'_>) -> Vec<Shard> {
+        look.iter()
+            .filter(|i| !self.down.contains(*i) && !pass.short.contains(*i))
+            .map(|&i| self.plan[i].0)
+            .collect()
+    }
+
+    /// Asks `shard` for `count` starts: what it started is handed out, and the time its next
+    /// scheduled execution is due noted; a shard that starts fewer is short for the pass.
+    /// Returns how many it started and its eligible weight now, or `None` when the call
+    /// failed (the shard is down for the rest of the call).
+    async fn ask(
+        &mut self,
+        shard: Shard,
+        count: usize,
+        pass: &mut Pass<'_>,
+    ) -> Option<(usize, u64)> {
+        let i = self.plan.iter().position(|(s, _)| *s == shard)?;
+        pass.asked.insert(i);
+        let only = &self.plan[i].1;
+        match self
+            .store
+            .start_for(shard, self.consumer, count, self.lease, 0, only)
+            .await
+        {
+            Ok(batch) => {
+                let got = batch.started.len();
+                if got > 0
+                    && let Some(l) = pass.listening
+                {
+                    l.started(shard);
+                }
+                if got < count {
+                    pass.short.insert(i);
+                }
+                if let Some(d) = batch.next_due {
+                    let at = Instant::now() + d.max(MIN_DUE_PAUSE);
+                    pass.due = Some(pass.due.map_or(at, |u| u.min(at)));
+                }
+                let lease = self.lease;
+                self.runs.extend(
+                    batch
+                        .started
+                        .into_iter()
+                        .map(|s| LeasedRun::of(s, lease, false)),
+                );
+                Some((got, batch.weight))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, shard = shard.number(), "pull: start failed");
+                self.down.insert(i);
+                self.failure = Some(e);
+                None
+            }
+        }
+    }
+}
+
+/// What one pass of a lease call over its shards learned.
+#[derive(Default)]
+struct Pass<'a> {
+    /// The call's doorbell listener, told of every shard that started something.
+    listening: Option<&'a crate::pull::Listening>,
+    /// The shards (by place in the call's plan) asked in this pass.
+    asked: HashSet<usize>,
+    /// Those that started less than they were asked for: nothing more of them this pass.
+    short: HashSet<usize>,
+    /// The earliest time a scheduled execution of a shard asked falls due.
+    due: Option<Instant>,
+}
+
+/// The tenants a lease serves: a worker key's own, or the one the platform admin acts for;
+/// the platform-wide admin's list (none: all).
 fn served_tenants(scope: &Scope, named: Option<&[String]>) -> Result<Vec<TenantId>, ApiError> {
     match scope {
-        Scope::Tenant(own) => {
+        Scope::Key(own) | Scope::ActingFor(own) => {
             if let Some(named) = named
                 && named.iter().any(|t| t != own.as_str())
             {
                 return Err(ApiError::Forbidden {
                     code: "tenant_mismatch",
-                    detail: "a worker key serves its own tenant only".into(),
+                    detail: match scope {
+                        Scope::Key(_) => "a worker key serves its own tenant only".into(),
+                        _ => format!(
+                            "the platform admin acting for {own} (X-Tenant-Id) serves that \
+                             tenant only; leave X-Tenant-Id out to serve the tenants named"
+                        ),
+                    },
                 });
             }
             Ok(vec![own.clone()])
@@ -601,7 +720,8 @@ pub struct HeartbeatAnswer {
 /// Extend a run's lease.
 ///
 /// Heard only from the worker holding the current run (`worker_id` and `fence` as handed
-/// out); anything else is a 409 `lease_lost`: stop the run, its result will be refused.
+/// out), for a run of the caller's tenant (the platform admin names it with `X-Tenant-Id`);
+/// anything else is a 409 `lease_lost`: stop the run, its result will be refused.
 #[utoipa::path(
     post,
     path = "/api/worker/runs/{id}/heartbeat",
@@ -613,7 +733,7 @@ pub struct HeartbeatAnswer {
         (status = 400, description = "Malformed id or body, or the platform admin sent no X-Tenant-Id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not a worker key nor the platform admin", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`lease_lost`: this worker does not hold this run (any more)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`lease_lost`: this worker does not hold this run (any more), or it is not a run of the caller's tenant", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable: try again within the lease", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -629,11 +749,17 @@ pub async fn heartbeat(
     let body = body.parse().await?;
     let consumer = scope.consumer(worker_id(&body.worker_id)?);
     let lease = lease_of(body.lease.as_deref())?;
-    let tenant = scope.run_tenant(&caller)?;
+    let tenant = scope.run_tenant()?;
     let shard = state.store.shard_of(&tenant);
     let answer = state
         .store
-        .heartbeat(shard, &consumer, &[(id, body.fence.0)], lease)
+        .heartbeat_for(
+            shard,
+            &consumer,
+            Some(&tenant),
+            &[(id, body.fence.0)],
+            lease,
+        )
         .await?;
     let state_now = match answer.first() {
         Some(LeaseState::Held) => RunState::Held,
@@ -739,9 +865,10 @@ pub struct CompleteAnswer {
 
 /// Report how a run ended.
 ///
-/// Heard only from the worker holding the current run (409 `lease_lost` otherwise: the run
-/// was recovered after its lease expired, and another attempt owns the execution now). Safe
-/// to repeat after a lost answer (`already_reported`).
+/// Heard only from the worker holding the current run, for a run of the caller's tenant (the
+/// platform admin names it with `X-Tenant-Id`); 409 `lease_lost` otherwise: the run was
+/// recovered after its lease expired, and another attempt owns the execution now. Safe to
+/// repeat after a lost answer (`already_reported`).
 #[utoipa::path(
     post,
     path = "/api/worker/runs/{id}/complete",
@@ -753,7 +880,7 @@ pub struct CompleteAnswer {
         (status = 400, description = "Malformed id or body, or the platform admin sent no X-Tenant-Id", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not a worker key nor the platform admin", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`lease_lost`: this worker does not hold this run (any more); the report is refused", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`lease_lost`: this worker does not hold this run (any more), or it is not a run of the caller's tenant; the report is refused", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`output_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable: report again (it is applied once)", body = Problem, content_type = "application/problem+json"),
     ),
@@ -769,7 +896,7 @@ pub async fn complete(
     let id = ExecutionId::parse(&id)?;
     let body = body.parse().await?;
     let consumer = scope.consumer(worker_id(&body.worker_id)?);
-    let tenant = scope.run_tenant(&caller)?;
+    let tenant = scope.run_tenant()?;
     let store = &state.store;
     let mut retry_in = None;
     let outcome = match body.outcome {
@@ -827,7 +954,7 @@ pub async fn complete(
     };
     let shard = store.shard_of(&tenant);
     let done = store
-        .complete(shard, &id, body.fence.0, &consumer, &outcome)
+        .complete_for(shard, &id, body.fence.0, &consumer, &tenant, &outcome)
         .await?;
     let result = match done {
         Completion::Stale => return Err(lease_lost()),
@@ -900,10 +1027,7 @@ pub async fn stops(
     let body = body.parse().await?;
     let wait = poll.wait.as_deref().map(parse_wait).transpose()?;
     let consumer = scope.consumer(worker_id(&body.worker_id)?);
-    let tenants: Vec<TenantId> = match &scope {
-        Scope::Tenant(t) => vec![t.clone()],
-        Scope::Platform => Vec::new(),
-    };
+    let tenants: Vec<TenantId> = scope.tenant().cloned().into_iter().collect();
     let _place = match wait {
         Some(_) => Some(state.waiters.reserve(&tenants).map_err(refused)?),
         None => None,

@@ -163,6 +163,21 @@ impl Store {
         lease_ttl: Duration,
         barrier: u64,
     ) -> Result<Vec<Started>, StoreError> {
+        self.adopt_for(shard, consumer, most, lease_ttl, barrier, &[])
+            .await
+    }
+
+    /// `adopt`, for the runs of the tenants `only` (none: every run): a pull lease that serves
+    /// some tenants. Runs of other tenants are neither handed out nor extended.
+    pub async fn adopt_for(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        most: usize,
+        lease_ttl: Duration,
+        barrier: u64,
+        only: &[TenantId],
+    ) -> Result<Vec<Started>, StoreError> {
         let inv = self.shard_call(
             shard,
             &AdoptCall {
@@ -173,6 +188,7 @@ impl Store {
                 most: most.max(1),
                 lease_ttl_ms: lease_ttl.as_millis() as u64,
                 barrier,
+                only: only.iter().map(TenantId::as_str).collect(),
             },
         );
         let mut c = self.conn();
@@ -189,6 +205,20 @@ impl Store {
         held: &[(ExecutionId, u64)],
         lease_ttl: Duration,
     ) -> Result<Vec<LeaseState>, StoreError> {
+        self.heartbeat_for(shard, consumer, None, held, lease_ttl)
+            .await
+    }
+
+    /// `heartbeat` for runs of `tenant` only (a pull worker's): a run of another tenant is
+    /// `Lost` to it, whoever holds it.
+    pub async fn heartbeat_for(
+        &self,
+        shard: Shard,
+        consumer: &str,
+        tenant: Option<&TenantId>,
+        held: &[(ExecutionId, u64)],
+        lease_ttl: Duration,
+    ) -> Result<Vec<LeaseState>, StoreError> {
         if held.is_empty() {
             return Ok(Vec::new());
         }
@@ -199,6 +229,7 @@ impl Store {
                 rows: held.iter().map(|(id, _)| shard.row(id)).collect(),
                 lease_ttl_ms: lease_ttl.as_millis() as u64,
                 consumer,
+                tenant: tenant.map_or("", TenantId::as_str),
                 held: held
                     .iter()
                     .map(|(id, fence)| (id.as_str(), *fence))
@@ -233,6 +264,30 @@ impl Store {
         Ok(done)
     }
 
+    /// `complete` for a run of `tenant` only (a pull worker's): the report of a run of another
+    /// tenant is refused (`Stale`), whoever holds it.
+    pub async fn complete_for(
+        &self,
+        shard: Shard,
+        id: &ExecutionId,
+        fence: u64,
+        consumer: &str,
+        tenant: &TenantId,
+        outcome: &Outcome,
+    ) -> Result<Completion, StoreError> {
+        let report = Report {
+            id,
+            fence,
+            consumer,
+            tenant: Some(tenant),
+            outcome,
+        };
+        let (done, _) = self
+            .report_and_start(shard, report, 0, Duration::ZERO, 0)
+            .await?;
+        Ok(done)
+    }
+
     /// Reports how a run ended, as `complete` does, and in the same call starts up to `chain`
     /// executions of the shard for `consumer` (leases of `lease_ttl`) on the slot it frees, as
     /// `start` would (nothing starts after a `Stale` or `Repeat` report). An error leaves open
@@ -251,6 +306,33 @@ impl Store {
         lease_ttl: Duration,
         call: u64,
     ) -> Result<(Completion, StartBatch), StoreError> {
+        let report = Report {
+            id,
+            fence,
+            consumer,
+            tenant: None,
+            outcome,
+        };
+        self.report_and_start(shard, report, chain, lease_ttl, call)
+            .await
+    }
+
+    /// What `complete_and_start` and `complete_for` send: one report, its chain.
+    async fn report_and_start(
+        &self,
+        shard: Shard,
+        report: Report<'_>,
+        chain: usize,
+        lease_ttl: Duration,
+        call: u64,
+    ) -> Result<(Completion, StartBatch), StoreError> {
+        let Report {
+            id,
+            fence,
+            consumer,
+            tenant,
+            outcome,
+        } = report;
         let (name, output, kind, message, backoff) = match outcome {
             Outcome::Completed(v) => ("completed", v.to_string(), "", "", String::new()),
             Outcome::Failed {
@@ -284,6 +366,7 @@ impl Store {
             chain,
             lease_ttl_ms: lease_ttl.as_millis() as u64,
             call,
+            tenant: tenant.map_or("", TenantId::as_str),
         }
         .into();
         // Grouped with the reports of this process's other runs of the shard that end while a
@@ -373,7 +456,8 @@ pub struct StartBatch {
     /// caller wakes then on its own timer (a Redis blocking time-out would fire only at `hz`
     /// granularity).
     pub next_due: Option<Duration>,
-    /// The summed weight of the shard's runnable tenants after the call (0 when none): the
+    /// The summed weight of the shard's runnable tenants after the call (0 when none; of the
+    /// tenants a `start_for` names, when it names some): the
     /// worker gives a freed slot to shards in proportion to it.
     pub weight: u64,
 }
@@ -456,6 +540,7 @@ script_call! {
     pub(super) struct AdoptCall<'a> {
         keys { held, leases, adopted }
         args { consumer: &'a str, most: usize, lease_ttl_ms: u64, barrier: u64 }
+        arg_tail { only: Vec<&'a str> }
     }
 }
 
@@ -465,7 +550,7 @@ script_call! {
     pub(super) struct HeartbeatCall<'a> {
         keys { leases }
         key_tail { rows: Vec<String> }
-        args { lease_ttl_ms: u64, consumer: &'a str }
+        args { lease_ttl_ms: u64, consumer: &'a str, tenant: &'a str }
         arg_tail { held: Vec<(&'a str, u64)> }
     }
 }
@@ -494,6 +579,17 @@ script_group! {
             chain: usize,
             lease_ttl_ms: u64,
             call: u64,
+            tenant: &'a str,
         }
     }
+}
+
+/// One report of how a run ended, as `report_and_start` sends it.
+struct Report<'a> {
+    id: &'a ExecutionId,
+    fence: u64,
+    consumer: &'a str,
+    /// The tenant whose run it must be (`complete_for`); `None` for any.
+    tenant: Option<&'a TenantId>,
+    outcome: &'a Outcome,
 }

@@ -16,7 +16,7 @@ use super::report::{Asked, report};
 use super::run::run_one;
 use super::runs::{Held, HeldMap, StopReason};
 use super::wake::Wake;
-use super::{Lease, Registry, WorkerConfig};
+use super::{Lease, Registry, ShardShare, WorkerConfig};
 use crate::store::{Outcome, Shard, Started, Store};
 
 /// What the worker's tasks share: the pickups (one per shard) reserve slots and launch runs.
@@ -39,8 +39,8 @@ pub(super) struct Shared {
     /// Pickups waiting for a free slot (their shards have work): while there are any, a freed
     /// slot goes to a shard picked by weight (`pass_on`).
     pub(super) waiting_for_slot: AtomicUsize,
-    /// The smooth weighted round robin's credit per shard (`pick_shard`).
-    pub(super) credits: Mutex<HashMap<Shard, i64>>,
+    /// The smooth weighted round robin between shards (`pick_shard`).
+    pub(super) share: Mutex<ShardShare>,
     /// This `Shared`, for the run tasks (which must not keep it alive: it owns their set).
     pub(super) me: Weak<Shared>,
 }
@@ -287,9 +287,8 @@ impl Shared {
     }
 
     /// The shard a freed slot goes to, among `own` and the shards whose pickups wait for a
-    /// slot, in proportion to their runnable weight (a smooth weighted round robin: each pick
-    /// adds every candidate's weight to its credit and takes the largest credit, which then
-    /// pays the total). `None` when no candidate has runnable work.
+    /// slot, in proportion to their runnable weight (`ShardShare`). `None` when no candidate
+    /// has runnable work.
     pub(super) fn pick_shard(&self, own: Shard) -> Option<Shard> {
         let candidates: Vec<(Shard, i64)> = self
             .wakes
@@ -303,26 +302,7 @@ impl Shared {
                 let weight = if *s != own { weight.max(1) } else { weight };
                 (*s, weight)
             })
-            .filter(|(_, w)| *w > 0)
             .collect();
-        if candidates.is_empty() {
-            return None;
-        }
-        let total: i64 = candidates.iter().map(|(_, w)| *w).sum();
-        let mut credits = self.credits.lock().expect("credits");
-        let mut best: Option<(Shard, i64)> = None;
-        for (s, w) in &candidates {
-            let c = credits.entry(*s).or_insert(0);
-            *c += w;
-            if best.is_none_or(|(b, bc)| *c > bc || (*c == bc && s.number() < b.number())) {
-                best = Some((*s, *c));
-            }
-        }
-        let (picked, _) = best?;
-        *credits.entry(picked).or_insert(0) -= total;
-        // Credits of shards that are not candidates now are forgotten: no credit is banked
-        // while a shard has nothing to run.
-        credits.retain(|s, _| candidates.iter().any(|(c, _)| c == s));
-        Some(picked)
+        self.share.lock().expect("share").pick(&candidates)
     }
 }

@@ -41,7 +41,7 @@
 //! where its freed slot goes), `run.rs` (one handler to an outcome),
 //! `report.rs` (the fenced report, which may start the shard's next runs), `leases.rs` (the
 //! lease: its local deadline, the heartbeat and the stop listener), `orphans.rs` (the orphan
-//! scan), and `handler.rs`, `builtin.rs`, `external.rs` (what a flow is). This file starts
+//! scan), `share.rs` (the weighted round robin between shards, which the pull API uses too), and `handler.rs`, `builtin.rs`, `external.rs` (what a flow is). This file starts
 //! them all and stops them in order.
 
 mod builtin;
@@ -55,6 +55,7 @@ mod pickup;
 mod report;
 mod run;
 mod runs;
+mod share;
 mod wake;
 
 use std::collections::HashMap;
@@ -78,6 +79,7 @@ use orphans::reclaim_loop;
 use pickup::Pickup;
 pub use run::retry_backoff;
 use runs::{HeldMap, Stop};
+pub use share::ShardShare;
 use wake::Wake;
 
 /// A worker bound to a store and a registry of flows.
@@ -125,7 +127,7 @@ impl Worker {
             wakes: wakes.clone(),
             reading: stop_reading.clone(),
             waiting_for_slot: AtomicUsize::new(0),
-            credits: Mutex::new(HashMap::new()),
+            share: Mutex::new(ShardShare::default()),
             me: me.clone(),
         });
         let stop_background = CancellationToken::new();

@@ -5,7 +5,7 @@
 //! hostile input is varied.
 
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::helpers::{ADMIN_TOKEN, TestApp, problem_code};
 
@@ -516,4 +516,227 @@ async fn whole_numbers_are_integers_in_any_json_spelling() {
         .await;
     assert_eq!(tenant["max_concurrent"], 10);
     assert_eq!(tenant["max_queued"], 7);
+}
+
+/// Whether `v` is valid against `schema` (inside the document `spec`), for the keywords the
+/// request bodies below use: `$ref`, `oneOf`, `type`, `required`, `properties` and
+/// `additionalProperties: false`. Formats and patterns are not checked: every string sample
+/// below has one the schema allows, so only the shape decides.
+fn schema_takes(spec: &Value, schema: &Value, v: &Value) -> bool {
+    if let Some(name) = schema["$ref"].as_str() {
+        let name = name.trim_start_matches("#/components/schemas/");
+        return schema_takes(spec, &spec["components"]["schemas"][name], v);
+    }
+    if let Some(branches) = schema["oneOf"].as_array()
+        && branches.iter().filter(|b| schema_takes(spec, b, v)).count() != 1
+    {
+        return false;
+    }
+    let kind = match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let kinds: Vec<&str> = match &schema["type"] {
+        Value::String(t) => vec![t.as_str()],
+        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => vec![kind],
+    };
+    if !kinds.contains(&kind) {
+        return false;
+    }
+    let Value::Object(members) = v else {
+        return true;
+    };
+    let props = schema["properties"].as_object();
+    let required = schema["required"].as_array().into_iter().flatten();
+    required
+        .filter_map(Value::as_str)
+        .all(|r| members.contains_key(r))
+        && members
+            .iter()
+            .all(|(k, m)| match props.and_then(|p| p.get(k)) {
+                Some(s) => schema_takes(spec, s, m),
+                None => schema["additionalProperties"] != json!(false),
+            })
+}
+
+/// Whether an answer is the one the document promised: a body it takes is applied (200), one
+/// it refuses is a 400, or a 415 when no JSON body was sent at all where one is required.
+fn agrees(taken: bool, status: StatusCode) -> bool {
+    if taken {
+        status == StatusCode::OK
+    } else {
+        status == StatusCode::BAD_REQUEST || status == StatusCode::UNSUPPORTED_MEDIA_TYPE
+    }
+}
+
+/// Whether the document takes `body` (`None`: no body at all) for `POST path`.
+fn document_takes(spec: &Value, path: &str, body: Option<&Value>) -> bool {
+    let request = &spec["paths"][path]["post"]["requestBody"];
+    match body {
+        None => request.is_null() || request["required"] != json!(true),
+        Some(v) => {
+            let schema = &request["content"]["application/json"]["schema"];
+            !schema.is_null() && schema_takes(spec, schema, v)
+        }
+    }
+}
+
+/// A client that checks its body against the published document gets the answer the document
+/// promised: for `.../reschedule` (exactly one of `run_at` and `delay`) and `.../retry` (no
+/// body, or an empty object), every body the schema refuses is a 400 problem (415 for no body
+/// where one is required) and every one it takes is applied (200).
+#[tokio::test]
+async fn reschedule_and_retry_take_exactly_the_bodies_their_schema_takes() {
+    let app = TestApp::spawn().await;
+    let spec = serde_json::to_value(sluice::http::openapi()).unwrap();
+    let in_two_hours = time::OffsetDateTime::now_utc() + time::Duration::hours(2);
+    let run_at = in_two_hours
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let send = |path: String, body: Option<&Value>| {
+        let req = app.as_tenant(Method::POST, &path, "acme");
+        match body {
+            Some(b) => req.json(b),
+            None => req,
+        }
+        .send()
+    };
+    let mut wrong = Vec::new();
+
+    // Each sample on a scheduled execution: a body the server takes moves it (200).
+    let scheduled = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "delay": "1h"}))
+        .await;
+    let path = "/api/executions/{id}/reschedule";
+    for body in [
+        None,
+        Some(json!({})),
+        Some(json!({"delay": "1h"})),
+        Some(json!({"run_at": run_at})),
+        Some(json!({"delay": "1h", "run_at": run_at})),
+        Some(json!({"delay": null})),
+        Some(json!({"delay": "1h", "run_at": null})),
+        Some(json!({"run_at": run_at, "delay": null})),
+        Some(json!({"delay": "1h", "at": "now"})),
+        Some(json!({"delay": 60})),
+        Some(json!([])),
+        Some(json!(null)),
+    ] {
+        let res = send(
+            format!("/api/executions/{scheduled}/reschedule"),
+            body.as_ref(),
+        )
+        .await
+        .unwrap();
+        let taken = document_takes(&spec, path, body.as_ref());
+        let status = res.status();
+        let code = if status.is_success() {
+            String::new()
+        } else {
+            problem_code(res).await
+        };
+        if !agrees(taken, status) {
+            wrong.push(format!(
+                "reschedule {body:?}: {status} {code}, the document takes it: {taken}"
+            ));
+        }
+    }
+
+    // Each sample on a cancelled execution of its own: a body the server takes queues it
+    // again (200); one it ignored would do the same.
+    let path = "/api/executions/{id}/retry";
+    for body in [
+        None,
+        Some(json!({})),
+        Some(json!({"max_attempts": 3})),
+        Some(json!({"params": {"a": 1}})),
+        Some(json!({"delay": "1h"})),
+        Some(json!([])),
+        Some(json!(null)),
+        Some(json!("again")),
+    ] {
+        let id = app
+            .admit_with("acme", json!({"flow_id": "demo.echo"}))
+            .await;
+        app.cancel("acme", &id).await;
+        let res = send(format!("/api/executions/{id}/retry"), body.as_ref())
+            .await
+            .unwrap();
+        let taken = document_takes(&spec, path, body.as_ref());
+        let status = res.status();
+        let code = if status.is_success() {
+            String::new()
+        } else {
+            problem_code(res).await
+        };
+        if !agrees(taken, status) {
+            wrong.push(format!(
+                "retry {body:?}: {status} {code}, the document takes it: {taken}"
+            ));
+        }
+        let state = app.execution("acme", &id).await;
+        let queued = state["status"] == "queued";
+        if queued != taken {
+            wrong.push(format!(
+                "retry {body:?}: the execution is {}",
+                state["status"]
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// An empty retry body is no body whatever its type says (`curl -d ''` sends a form type),
+/// and a refused one names the member it did not take.
+#[tokio::test]
+async fn a_retry_takes_an_empty_body_of_any_type_and_names_a_refused_member() {
+    let app = TestApp::spawn().await;
+    let retry_with = |id: String, content_type: Option<&'static str>, body: &'static str| {
+        let mut req = app.as_tenant(Method::POST, &format!("/api/executions/{id}/retry"), "acme");
+        if let Some(ct) = content_type {
+            req = req.header("Content-Type", ct);
+        }
+        req.body(body).send()
+    };
+    for content_type in [
+        None,
+        Some("application/x-www-form-urlencoded"),
+        Some("application/json"),
+    ] {
+        let id = app
+            .admit_with("acme", json!({"flow_id": "demo.echo"}))
+            .await;
+        app.cancel("acme", &id).await;
+        let res = retry_with(id, content_type, "").await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{content_type:?}");
+    }
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo"}))
+        .await;
+    app.cancel("acme", &id).await;
+    let res = retry_with(
+        id.clone(),
+        Some("application/json"),
+        r#"{"max_attempts": 3}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let problem: Value = res.json().await.unwrap();
+    assert_eq!(problem["code"], "invalid_body", "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("max_attempts"),
+        "{problem}"
+    );
+    // A body that is not JSON is refused as everywhere (and nothing was retried).
+    let res = retry_with(id.clone(), Some("text/plain"), "{}")
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(app.execution("acme", &id).await["status"], "cancelled");
 }

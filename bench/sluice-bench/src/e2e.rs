@@ -126,8 +126,9 @@ pub(crate) async fn end_to_end(
 }
 
 /// A pull worker of the end-to-end phase's pull run: leases up to `batch` executions of
-/// `tenants` (as the platform admin, long polls of 1 s), completes each with its params as
-/// output, one call each, and leases again, until `stop`. One keep-alive connection.
+/// `tenants` (as the platform-wide admin: no `X-Tenant-Id`, which would serve one tenant only;
+/// long polls of 1 s), completes each with its params as output, one call each naming its
+/// run's tenant, and leases again, until `stop`. One keep-alive connection.
 pub(crate) async fn pull_worker(
     addr: std::net::SocketAddr,
     worker_id: String,
@@ -146,7 +147,7 @@ pub(crate) async fn pull_worker(
                 hyper::Method::POST,
                 "/api/worker/lease?wait=1s",
                 ADMIN_TOKEN,
-                &tenants[0],
+                "",
                 &lease,
             )
             .await?;

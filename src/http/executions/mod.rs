@@ -878,21 +878,6 @@ async fn cancel(
         .ok_or_else(ApiError::execution_not_found)
 }
 
-/// The body of `POST /api/executions/{id}/reschedule`: `run_at` or `delay`, exactly one.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"delay": "10m"}))]
-pub struct RescheduleBody {
-    /// The new earliest start (RFC 3339, at most a year ahead; a past time means now).
-    #[serde(default)]
-    #[schema(format = DateTime)]
-    pub run_at: Option<String>,
-    /// The new earliest start as a duration from now: `250ms`, `30s`, `5m`, `2h`, `1d`.
-    #[serde(default)]
-    #[schema(pattern = "^[0-9]{1,12}(ms|s|m|h|d)?$")]
-    pub delay: Option<String>,
-}
-
 /// Move a scheduled execution to another time.
 ///
 /// Only while it is still `scheduled` (admitted with `run_at`/`delay` and not due yet, or
@@ -904,10 +889,10 @@ pub struct RescheduleBody {
     path = "/api/executions/{id}/reschedule",
     tag = "executions",
     params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id")),
-    request_body = RescheduleBody,
+    request_body = wire::RescheduleBody,
     responses(
         (status = 200, description = "The execution after the move", body = Execution),
-        (status = 400, description = "Malformed id, or neither or both of run_at and delay, or out of range", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed id, or not exactly one of run_at and delay (`invalid_schedule`, `invalid_body`), or out of range", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Role too weak, or X-Tenant-Id names another tenant than the API key's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
@@ -920,7 +905,7 @@ pub async fn reschedule_execution(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    body: JsonBody<RescheduleBody>,
+    body: JsonBody<wire::RescheduleBody>,
 ) -> Result<axum::Json<Execution>, ApiError> {
     let tenant = caller.tenant_for(Action::Reschedule)?;
     let id = ExecutionId::parse(&id)?;
@@ -1005,14 +990,18 @@ pub async fn delete_execution(
 /// admission (behind the tenant's waiting executions); its dedup key still maps to it and
 /// stops expiring until it is terminal again. A worker still holding a run from before the
 /// retry can neither renew its lease nor report a result: every run has its own fence.
+///
+/// The body is optional and, when sent, an empty object: a retry changes nothing else, and a
+/// member is refused (400 `invalid_body`) rather than ignored.
 #[utoipa::path(
     post,
     path = "/api/executions/{id}/retry",
     tag = "executions",
     params(("id" = String, Path, pattern = "^[0-9a-f]{32}$", description = "Execution id")),
+    request_body = Option<wire::RetryBody>,
     responses(
         (status = 200, description = "Queued again", body = Execution),
-        (status = 400, description = "Malformed id", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed id, or a body that is not an empty object (`invalid_body`, `malformed_json`)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
@@ -1026,9 +1015,11 @@ pub async fn retry_execution(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    body: JsonBody<wire::RetryBody>,
 ) -> Result<axum::Json<Execution>, ApiError> {
     let tenant = caller.tenant_for(Action::Retry)?;
     let id = ExecutionId::parse(&id)?;
+    body.parse_optional().await?;
     let deadline = tokio::time::Instant::now() + state.batch_hold;
     match state.store.retry(tenant, &id).await? {
         Retry::Queued(e) => Ok(axum::Json((*e).into())),

@@ -6,7 +6,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
-use utoipa::openapi::schema::{AdditionalProperties, Object, ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{
+    AdditionalProperties, KnownFormat, Object, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat,
+    SchemaType, Type,
+};
 
 use crate::domain::{self, AdmitInput};
 use crate::http::extract::WholeU32;
@@ -428,6 +432,83 @@ pub struct ExecutionPage {
     /// How many executions match the filters in all.
     pub total: u64,
 }
+
+/// The pattern of a `delay` (the range, at most a year, is checked by the server).
+const DELAY_PATTERN: &str = "^[0-9]{1,12}(ms|s|m|h|d)?$";
+
+/// The body of `POST /api/executions/{id}/reschedule`: exactly one of `run_at` and `delay`,
+/// each a string. Its schema says so (`oneOf`, each branch requiring its member and nothing
+/// else), and the server takes exactly what the schema takes: neither, both, a `null` or any
+/// other member is a 400, so a client that checks its body against the schema is never
+/// surprised by the answer.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RescheduleBody {
+    /// The new earliest start (RFC 3339, at most a year ahead; a past time means now).
+    #[serde(default, deserialize_with = "string_not_null")]
+    pub run_at: Option<String>,
+    /// The new earliest start as a duration from now: `250ms`, `30s`, `5m`, `2h`, `1d`.
+    #[serde(default, deserialize_with = "string_not_null")]
+    pub delay: Option<String>,
+}
+
+/// A member that, when present, is a string (`null` is refused like any other non-string).
+fn string_not_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
+}
+
+impl utoipa::PartialSchema for RescheduleBody {
+    fn schema() -> RefOr<Schema> {
+        // One branch: an object with `name` (required) and nothing else.
+        let branch = |title: &str, name: &str, member: ObjectBuilder| {
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .title(Some(title))
+                .property(name, member)
+                .required(name)
+                .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+                .build()
+        };
+        OneOfBuilder::new()
+            .item(branch(
+                "RescheduleAt",
+                "run_at",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)))
+                    .description(Some(
+                        "The new earliest start (RFC 3339, at most a year ahead; a past time \
+                         means now).",
+                    )),
+            ))
+            .item(branch(
+                "RescheduleAfter",
+                "delay",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(DELAY_PATTERN))
+                    .description(Some(
+                        "The new earliest start as a duration from now: `250ms`, `30s`, `5m`, \
+                         `2h`, `1d` (a plain number is seconds), at most a year.",
+                    )),
+            ))
+            .description(Some(
+                "Exactly one of `run_at` and `delay`; neither, both, or a null is a 400.",
+            ))
+            .examples([serde_json::json!({"delay": "10m"})])
+            .into()
+    }
+}
+
+impl ToSchema for RescheduleBody {}
+
+/// The body `POST /api/executions/{id}/retry` takes: none, or an empty object. A retry
+/// changes nothing of the execution yet, so any member is a 400 `invalid_body` rather than
+/// silently ignored: a client that meant to change something learns at once that it did not.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({}))]
+pub struct RetryBody {}
 
 /// One event of `GET /api/executions/{id}/events`, as an SSE parser hands it over (the stream
 /// itself is `text/event-stream` text; comment lines are heartbeats and carry no event). Not
