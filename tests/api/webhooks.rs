@@ -467,13 +467,17 @@ async fn private_addresses_are_refused_unless_allowed() {
         };
         assert_eq!(refused["delivered"], false, "{refused}");
         assert_eq!(refused["status"], Value::Null, "{refused}");
-        assert!(
-            refused["error"]
-                .as_str()
-                .unwrap()
-                .contains("private address"),
-            "{refused}"
-        );
+        let error = refused["error"].as_str().unwrap();
+        assert!(error.contains("private"), "{refused}");
+        // The tenant learns that its address was refused, never what a name resolves to
+        // (the server's own log has it): no loopback address in the text of the by-name
+        // refusal, whose URL names none.
+        if url.contains("localhost") {
+            for resolved in ["127.0.0.1", "::1"] {
+                assert!(!error.contains(resolved), "{resolved} shown: {refused}");
+            }
+            assert!(error.contains("localhost"), "{refused}");
+        }
         // The event stays, to be delivered if the address changes.
         assert!(
             app.get_json(None, "/api/tenants/acme/webhook").await["pending"].as_u64() >= Some(1)
