@@ -122,6 +122,9 @@ impl Application {
                 admin_token: config.api.admin_token.clone(),
                 dev_auth: config.api.dev_auth,
                 metrics_token: config.api.metrics_token.clone(),
+                metrics_open: config.api.metrics_open
+                    || config.api.metrics_listen.is_some()
+                    || config.api.dev_auth,
             }),
             default_max_attempts: config.api.default_max_attempts,
             max_params_bytes: config.api.max_params_bytes,
@@ -176,16 +179,23 @@ impl Application {
             )),
             None => None,
         };
-        // On its own address the operator chose who reaches it; on the API's, everybody does.
-        if config.api.metrics_token.is_none()
-            && config.api.metrics_listen.is_none()
-            && !config.api.listen.ip().is_loopback()
-        {
-            tracing::warn!(
-                "/metrics answers anyone who reaches {} (tenant ids included): set \
-                 --metrics-listen to an internal address, or --metrics-token",
-                config.api.listen
-            );
+        // On its own address the operator chose who reaches it; on the API's, everybody does:
+        // there it needs its token unless it was opened on purpose.
+        if config.api.metrics_listen.is_none() && !config.api.dev_auth {
+            if config.api.metrics_open && !config.api.listen.ip().is_loopback() {
+                tracing::warn!(
+                    "/metrics answers anyone who reaches {} (tenant ids included, \
+                     --metrics-open): set --metrics-listen to an internal address, or \
+                     --metrics-token",
+                    config.api.listen
+                );
+            } else if config.api.metrics_token.is_none() && !config.api.metrics_open {
+                tracing::info!(
+                    "/metrics answers 401 on {}: scrape it with --metrics-token, on \
+                     --metrics-listen, or open it with --metrics-open",
+                    config.api.listen
+                );
+            }
         }
         let listeners = if metrics_listener.is_some() { 2 } else { 1 };
         let connection_limits = ConnectionLimits {

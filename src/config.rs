@@ -296,12 +296,19 @@ pub struct ApiSettings {
     #[arg(long, env = "SLUICE_MAX_API_KEYS_PER_TENANT", default_value_t = 100)]
     pub max_api_keys_per_tenant: usize,
     /// Bearer token that `/metrics` requires (Prometheus: `authorization: {credentials_file:
-    /// ...}`). Without it `/metrics` answers anyone who reaches its address.
+    /// ...}`). On --listen, without this token (or --metrics-open) `/metrics` answers 401 to
+    /// everybody: it names every tenant with its counts.
     #[arg(long, env = "SLUICE_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<Secret>,
     /// Serve `/metrics` on this address only (e.g. an internal interface), not on --listen.
+    /// There it needs no token unless --metrics-token is set: who reaches that address is the
+    /// operator's choice.
     #[arg(long, env = "SLUICE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve `/metrics` on --listen to anyone, without a token (a server only a trusted
+    /// network reaches). Off by default: `/metrics` names every tenant with its counts.
+    #[arg(long, env = "SLUICE_METRICS_OPEN")]
+    pub metrics_open: bool,
     /// Tenants with a `tenant` label of their own in `/metrics`; admissions of further tenants
     /// are counted under `tenant="_other"`, so the series stay bounded.
     #[arg(long, env = "SLUICE_METRICS_TENANT_LIMIT", default_value_t = 1000)]
@@ -508,6 +515,12 @@ impl ApiSettings {
     /// Refuses settings whose relation makes no sense: one tenant's waiters, each holding a
     /// connection, must leave most of `--max-connections` to everyone else.
     pub fn check_connection_shares(&self) -> anyhow::Result<()> {
+        if self.metrics_open && self.metrics_token.is_some() {
+            anyhow::bail!(
+                "--metrics-open serves /metrics without a token, --metrics-token requires one: \
+                 set one of them"
+            );
+        }
         if let Some(per_tenant) = self.max_waiters_per_tenant
             && per_tenant.saturating_mul(2) > self.max_connections
         {

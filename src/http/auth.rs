@@ -211,4 +211,9 @@ pub struct AuthConfig {
     /// The token `/metrics` requires, if configured (never the admin token: a scraper's
     /// credential should open nothing else).
     pub metrics_token: Option<Secret>,
+    /// Whether `/metrics` answers without a token when none is configured: `--metrics-open`,
+    /// `/metrics` on its own listener (`--metrics-listen`, whose reach the operator chose), or
+    /// dev auth (every caller is the platform admin anyway). Otherwise a request without the
+    /// metrics token is a 401: the metrics name every tenant with its counts.
+    pub metrics_open: bool,
 }

@@ -351,7 +351,7 @@ async fn many_long_polls_share_the_doorbell_readers_and_each_execution_goes_to_o
     // One reader per shard at most, however many polls waited.
     assert!(app.pull.doorbells.connections() <= shards);
     // What an operator sees.
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains(&format!("sluice_pull_runs_handed_out_total {POLLS}\n")),
         "{metrics}"

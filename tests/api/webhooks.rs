@@ -401,7 +401,7 @@ async fn a_failing_receiver_gets_each_event_again_with_its_id_and_in_order() {
         "{w}"
     );
     // The server's own counts say the same (counted before the record above is written).
-    let text = app.get_text("/metrics").await;
+    let text = app.metrics().await;
     for (series, want) in [
         ("sluice_webhook_deliveries_total", 2.0),
         ("sluice_webhook_failed_attempts_total", 2.0),
@@ -911,7 +911,7 @@ async fn an_event_older_than_the_age_bound_is_dropped_and_counted() {
     // On /metrics too: the drop (counted just after it is written), the failed attempts.
     let deadline = Instant::now() + Duration::from_secs(10);
     let text = loop {
-        let text = app.get_text("/metrics").await;
+        let text = app.metrics().await;
         if sample(&text, "sluice_webhook_dropped_total") == Some(1.0) {
             break text;
         }
