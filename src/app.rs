@@ -95,7 +95,13 @@ impl Application {
         };
         let pull = Arc::new(crate::pull::Pull {
             doorbells: crate::pull::Doorbells::new(store.clone()),
-            stops: crate::pull::Stops::new(store.clone()),
+            stops: crate::pull::Stops::new(
+                store.clone(),
+                crate::pull::MailboxLimits {
+                    per_credential: config.api.pull_mailboxes_per_credential.max(1),
+                    total: config.api.pull_mailboxes.max(1),
+                },
+            ),
             retry_backoff: Duration::from_millis(config.api.retry_backoff_ms),
             retry_backoff_max: Duration::from_millis(config.api.retry_backoff_max_ms),
             orphan_scan: (config.api.orphan_scan_ms > 0)

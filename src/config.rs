@@ -359,6 +359,20 @@ pub struct ApiSettings {
     /// The cap of that backoff, in milliseconds.
     #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = 300_000)]
     pub retry_backoff_max_ms: u64,
+    /// Pull workers' stop mailboxes (cancels kept for a worker's next stop poll, by
+    /// `worker_id`) one credential may have on this server; past it, its own mailbox idle the
+    /// longest is forgotten. A worker id is made up by its caller: this bounds what one key
+    /// inventing ids can hold.
+    #[arg(
+        long,
+        env = "SLUICE_PULL_MAILBOXES_PER_CREDENTIAL",
+        default_value_t = 1024
+    )]
+    pub pull_mailboxes_per_credential: usize,
+    /// Stop mailboxes this server keeps in all; past it, the idle-longest mailbox of the
+    /// credential holding the most is forgotten.
+    #[arg(long, env = "SLUICE_PULL_MAILBOXES", default_value_t = 16_384)]
+    pub pull_mailboxes: usize,
     /// Whether this server delivers tenants' webhooks (`PUT /api/tenants/{t}/webhook`). Any
     /// number of servers may: one at a time delivers a given tenant.
     #[arg(long, env = "SLUICE_WEBHOOK_DELIVERY", default_value_t = true, action = clap::ArgAction::Set)]
