@@ -76,7 +76,8 @@ impl Application {
         store.publish_defaults().await?;
         let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
         let stop = tokio_util::sync::CancellationToken::new();
-        let revocations = Revocations::new(store.clone());
+        let revocations =
+            Revocations::new(store.clone(), config.api.unknown_key_lookups_per_second);
         let waiters = Hub::new(
             store.clone(),
             revocations.clone(),

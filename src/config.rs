@@ -291,6 +291,16 @@ pub struct ApiSettings {
     /// it ends early and still returns a cursor. Bounds what one listing request holds.
     #[arg(long, env = "SLUICE_MAX_PAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_page_bytes: usize,
+    /// Lookups per second, per server, of API keys whose id this server does not know to
+    /// exist (it reads the ids that exist at start and hears each creation): made-up tokens
+    /// cost Redis at most this, with a burst of 10 s of it; past it such a token is answered
+    /// 503 `key_lookups_busy`.
+    #[arg(
+        long,
+        env = "SLUICE_UNKNOWN_KEY_LOOKUPS_PER_SECOND",
+        default_value_t = 100
+    )]
+    pub unknown_key_lookups_per_second: u32,
     /// Live API keys one tenant may have; creating more answers 409 `too_many_api_keys`
     /// (revoke one first). Keeps a tenant's key list, which is read whole, bounded.
     #[arg(long, env = "SLUICE_MAX_API_KEYS_PER_TENANT", default_value_t = 100)]
