@@ -29,8 +29,9 @@
 //!   followed (a 3xx is a failed attempt).
 //!
 //! The signing is in `signing.rs`, the address rules and the checked resolver in
-//! `address.rs`, one attempt (the signed POST and its record) in `attempt.rs`; this file is the
-//! deliverer: who drains which tenant, when, and how often again.
+//! `address.rs`, one attempt (the signed POST and its record) in `attempt.rs`, each event's
+//! retry schedule and the tenant's wake-up timer in `retry.rs`; this file is the deliverer:
+//! who drains which tenant, when, and how often again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,28 +47,15 @@ use crate::store::{DeliveryRecord, OutboxEntry, Store, StoreError, keys};
 
 mod address;
 mod attempt;
+mod retry;
 mod signing;
 
 use address::CheckedResolver;
 pub use address::{WEBHOOK_URL_PATTERN, check_url, is_private};
+use retry::Retry;
+pub use retry::{LOOK_WHILE_WAITING, RETRY_FIRST, RETRY_MAX, retry_pause};
 pub use signing::{SECRET_PREFIX, new_secret, payload, signature, webhook_id};
 
-/// How long after its first failed attempt an event is sent again; the pause doubles with
-/// each failed attempt of the same event.
-pub const RETRY_FIRST: Duration = Duration::from_secs(1);
-/// The longest pause before an event is sent again (and after a round that could not reach
-/// Redis).
-pub const RETRY_MAX: Duration = Duration::from_secs(300);
-/// While an event waits out its pause, the tenant's outbox is read again at least this often,
-/// so other executions' events go out meanwhile.
-pub const LOOK_WHILE_WAITING: Duration = Duration::from_secs(5);
-
-/// The pause before an event whose `attempts`-th attempt failed is sent again:
-/// `RETRY_FIRST` doubling per failed attempt, at most `RETRY_MAX`.
-pub fn retry_pause(attempts: u32) -> Duration {
-    let exp = attempts.saturating_sub(1).min(16);
-    (RETRY_FIRST * 2u32.pow(exp)).min(RETRY_MAX)
-}
 /// Events read (and sent) per round.
 const BATCH: usize = 64;
 /// Tenants delivered at once by one server.
@@ -105,13 +93,6 @@ struct TenantRound {
     retries: HashMap<String, Retry>,
     /// When a wake-up of the tenant is set for (one at a time).
     timer: Option<Instant>,
-}
-
-/// A failed event's schedule.
-#[derive(Debug, Clone, Copy)]
-struct Retry {
-    attempts: u32,
-    not_before: Instant,
 }
 
 /// `serve`'s webhook deliverer.
@@ -376,34 +357,6 @@ impl Deliverer {
             None if again => self.wake(tenant.clone()),
             None => {}
         }
-    }
-
-    /// Wakes `tenant` at `at`, unless a wake-up no later than that is set already.
-    fn wake_at(self: &Arc<Self>, tenant: &TenantId, at: Instant, stop: &CancellationToken) {
-        {
-            let mut rounds = self.rounds();
-            let round = rounds.entry(tenant.clone()).or_default();
-            if round.timer.is_some_and(|t| t <= at) {
-                return;
-            }
-            round.timer = Some(at);
-        }
-        let me = self.clone();
-        let tenant = tenant.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = tokio::time::sleep_until(at.into()) => {
-                    if let Some(round) = me.rounds().get_mut(&tenant)
-                        && round.timer == Some(at)
-                    {
-                        round.timer = None;
-                    }
-                    me.wake(tenant);
-                }
-            }
-        });
     }
 
     /// One round: hold the tenant, drop what is too old, send up to `BATCH` events, except
