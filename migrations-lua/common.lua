@@ -1010,9 +1010,18 @@ end
 -- The layout mirrors src/store/trends.rs and the key names src/store/keys.rs; change both
 -- together. Call sites: admit.lua (admitted), start_entries (a start), finish() (completed,
 -- failed, cancelled), cancel.lua (a queued execution cancelled), retry.lua (mark_busy).
+--
+-- K.burst(t) holds when tenant t's current burst of starts began (ms): written by the first
+-- start of a minute that follows a minute without one, so once per burst, and read nowhere in
+-- Lua. The forecast (src/store/forecast.rs) measures a tenant that just became busy from it
+-- rather than from the start of that minute, which would dilute its rate. The minute before is
+-- read only by a call that makes the first start of a minute (BITFIELD tells it), so the cost
+-- is one read per tenant and minute with starts, and one write per burst. It expires after
+-- 10 minutes, longer than the forecast's window.
 function K.trends(t, day) return P .. 't:' .. t .. ':m:' .. day end
 function K.shard_trends(day) return P .. 'm:' .. day end
 function K.busy() return P .. 'busy' end
+function K.burst(t) return P .. 't:' .. t .. ':burst' end
 
 local TREND_RECORD_BITS = 288
 local TREND_FIELD = { admitted = 0, started = 32, completed = 64, failed = 96, cancelled = 128 }
@@ -1024,6 +1033,10 @@ local TREND_WAIT_BOUNDS = { 10, 40, 150, 600, 2500, 10000, 30000 }
 -- (BITFIELD key OVERFLOW SAT, then INCRBY width offset n per counter), TREND_SLOT[key][offset]
 -- the position of that counter's n in it, TREND_EXPIRY[key] the key's expiry (Unix seconds).
 local TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
+-- TREND_FIRST[key]: for a tenant's day key, the first start this call counts in it: its
+-- tenant, day, minute of the day, time and the position of its counter's n in TREND_ARGS[key].
+local TREND_FIRST = {}
+local BURST_TTL_MS = 600000
 
 -- Collects one increment of the counter at `field` (an offset within a record) of the minute
 -- of `now`, in tenant t's day key and in the shard's.
@@ -1047,7 +1060,25 @@ local function trend_add(t, now, field)
       local k = #args
       args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at, 1
       TREND_SLOT[key][at] = k + 4
+      if i == 1 and field == TREND_FIELD.started and not TREND_FIRST[key] then
+        TREND_FIRST[key] = { t = t, day = day, minute = math.floor((now % 86400000) / 60000),
+          now = now, slot = k + 4 }
+      end
     end
+  end
+end
+
+-- A call's first start in tenant t's minute was the minute's first (`replies`: the BITFIELD
+-- answer of its day key): when the minute before had none, a burst begins now (K.burst).
+local function note_burst(key, args, replies)
+  local first = TREND_FIRST[key]
+  if not first or replies[(first.slot - 4) / 4] ~= args[first.slot] then return end
+  local before, at = key, (first.minute - 1) * TREND_RECORD_BITS + TREND_FIELD.started
+  if first.minute == 0 then
+    before, at = K.trends(first.t, first.day - 1), 1439 * TREND_RECORD_BITS + TREND_FIELD.started
+  end
+  if redis.call('BITFIELD', before, 'GET', 'u32', at)[1] == 0 then
+    redis.call('SET', K.burst(first.t), first.now, 'PX', BURST_TTL_MS)
   end
 end
 
@@ -1058,14 +1089,16 @@ end
 flush_trends = function()
   for _, key in ipairs(TREND_KEYS) do
     local args = TREND_ARGS[key]
-    for i, v in ipairs(redis.call(unpack(args))) do
+    local replies = redis.call(unpack(args))
+    for i, v in ipairs(replies) do
       if v == args[4 + 4 * i] then
         redis.call('EXPIREAT', key, TREND_EXPIRY[key])
         break
       end
     end
+    note_burst(key, args, replies)
   end
-  TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
+  TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY, TREND_FIRST = {}, {}, {}, {}, {}
   -- The shard's counters of ended runs (see finish()).
   for field, n in pairs(ENDED) do
     redis.call('HINCRBY', K.stats(), field, n)

@@ -22,6 +22,8 @@ import urllib.request
 from harness import free_port, start_redis
 
 ADMIN_TOKEN = "fuzz-admin-token-" + os.urandom(8).hex()
+# The scraper's token: /metrics answers 401 without it.
+METRICS_TOKEN = "fuzz-metrics-token-0123456789"
 TENANT = "acme"
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Per run: test cases per operation and seconds; five runs stay within about two and a half
@@ -94,7 +96,9 @@ def fuzz(st_bin, base, work, name, headers):
 
 def served(base):
     """Requests the server answered, and how many with a 5xx, from its own metrics."""
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as res:
+    req = urllib.request.Request(base + "/metrics",
+                                 headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as res:
         text = res.read().decode()
     total = server_errors = 0
     for line in text.splitlines():
@@ -116,7 +120,8 @@ def main(sluice_bin, st_bin, work):
     try:
         redis, redis_url = start_redis(data)
         procs.append(redis)
-        env = dict(os.environ, SLUICE_ADMIN_TOKEN=ADMIN_TOKEN, RUST_LOG="warn")
+        env = dict(os.environ, SLUICE_ADMIN_TOKEN=ADMIN_TOKEN,
+                   SLUICE_METRICS_TOKEN=METRICS_TOKEN, RUST_LOG="warn")
         with open(os.path.join(work, "serve.log"), "w") as log:
             procs.append(subprocess.Popen(
                 [sluice_bin, "serve", "--listen", f"127.0.0.1:{api_port}",

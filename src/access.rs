@@ -145,12 +145,6 @@ impl PresentedKey {
         })
     }
 
-    /// A digest of the secret, to remember a token that did not work without keeping its
-    /// secret in memory (`crate::revocation`).
-    pub fn fingerprint(&self) -> [u8; 32] {
-        Sha256::digest(self.secret.as_bytes()).into()
-    }
-
     /// Whether the presented secret is the one stored (constant time), for a key minted with
     /// real authentication or, when `accept_dev_auth`, in dev-auth mode.
     pub fn matches(&self, stored_hash: &str, accept_dev_auth: bool) -> bool {

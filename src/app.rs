@@ -76,7 +76,8 @@ impl Application {
         store.publish_defaults().await?;
         let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
         let stop = tokio_util::sync::CancellationToken::new();
-        let revocations = Revocations::new(store.clone());
+        let revocations =
+            Revocations::new(store.clone(), config.api.unknown_key_lookups_per_second);
         let waiters = Hub::new(
             store.clone(),
             revocations.clone(),
@@ -95,7 +96,13 @@ impl Application {
         };
         let pull = Arc::new(crate::pull::Pull {
             doorbells: crate::pull::Doorbells::new(store.clone()),
-            stops: crate::pull::Stops::new(store.clone()),
+            stops: crate::pull::Stops::new(
+                store.clone(),
+                crate::pull::MailboxLimits {
+                    per_credential: config.api.pull_mailboxes_per_credential.max(1),
+                    total: config.api.pull_mailboxes.max(1),
+                },
+            ),
             shares: crate::pull::Shares::default(),
             retry_backoff: Duration::from_millis(config.api.retry_backoff_ms),
             retry_backoff_max: Duration::from_millis(config.api.retry_backoff_max_ms),
@@ -123,6 +130,9 @@ impl Application {
                 admin_token: config.api.admin_token.clone(),
                 dev_auth: config.api.dev_auth,
                 metrics_token: config.api.metrics_token.clone(),
+                metrics_open: config.api.metrics_open
+                    || config.api.metrics_listen.is_some()
+                    || config.api.dev_auth,
             }),
             default_max_attempts: config.api.default_max_attempts,
             max_params_bytes: config.api.max_params_bytes,
@@ -178,16 +188,23 @@ impl Application {
             )),
             None => None,
         };
-        // On its own address the operator chose who reaches it; on the API's, everybody does.
-        if config.api.metrics_token.is_none()
-            && config.api.metrics_listen.is_none()
-            && !config.api.listen.ip().is_loopback()
-        {
-            tracing::warn!(
-                "/metrics answers anyone who reaches {} (tenant ids included): set \
-                 --metrics-listen to an internal address, or --metrics-token",
-                config.api.listen
-            );
+        // On its own address the operator chose who reaches it; on the API's, everybody does:
+        // there it needs its token unless it was opened on purpose.
+        if config.api.metrics_listen.is_none() && !config.api.dev_auth {
+            if config.api.metrics_open && !config.api.listen.ip().is_loopback() {
+                tracing::warn!(
+                    "/metrics answers anyone who reaches {} (tenant ids included, \
+                     --metrics-open): set --metrics-listen to an internal address, or \
+                     --metrics-token",
+                    config.api.listen
+                );
+            } else if config.api.metrics_token.is_none() && !config.api.metrics_open {
+                tracing::info!(
+                    "/metrics answers 401 on {}: scrape it with --metrics-token, on \
+                     --metrics-listen, or open it with --metrics-open",
+                    config.api.listen
+                );
+            }
         }
         let listeners = if metrics_listener.is_some() { 2 } else { 1 };
         let max_connections = connection_cap(config.api.max_connections, listeners);

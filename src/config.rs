@@ -311,17 +311,34 @@ pub struct ApiSettings {
     /// it ends early and still returns a cursor. Bounds what one listing request holds.
     #[arg(long, env = "SLUICE_MAX_PAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_page_bytes: usize,
+    /// Lookups per second, per server, of API keys whose id this server does not know to
+    /// exist (it reads the ids that exist at start and hears each creation): made-up tokens
+    /// cost Redis at most this, with a burst of 10 s of it; past it such a token is answered
+    /// 503 `key_lookups_busy`.
+    #[arg(
+        long,
+        env = "SLUICE_UNKNOWN_KEY_LOOKUPS_PER_SECOND",
+        default_value_t = 100
+    )]
+    pub unknown_key_lookups_per_second: u32,
     /// Live API keys one tenant may have; creating more answers 409 `too_many_api_keys`
     /// (revoke one first). Keeps a tenant's key list, which is read whole, bounded.
     #[arg(long, env = "SLUICE_MAX_API_KEYS_PER_TENANT", default_value_t = 100)]
     pub max_api_keys_per_tenant: usize,
     /// Bearer token that `/metrics` requires (Prometheus: `authorization: {credentials_file:
-    /// ...}`). Without it `/metrics` answers anyone who reaches its address.
+    /// ...}`). On --listen, without this token (or --metrics-open) `/metrics` answers 401 to
+    /// everybody: it names every tenant with its counts.
     #[arg(long, env = "SLUICE_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<Secret>,
     /// Serve `/metrics` on this address only (e.g. an internal interface), not on --listen.
+    /// There it needs no token unless --metrics-token is set: who reaches that address is the
+    /// operator's choice.
     #[arg(long, env = "SLUICE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve `/metrics` on --listen to anyone, without a token (a server only a trusted
+    /// network reaches). Off by default: `/metrics` names every tenant with its counts.
+    #[arg(long, env = "SLUICE_METRICS_OPEN")]
+    pub metrics_open: bool,
     /// Tenants with a `tenant` label of their own in `/metrics`; admissions of further tenants
     /// are counted under `tenant="_other"`, so the series stay bounded.
     #[arg(long, env = "SLUICE_METRICS_TENANT_LIMIT", default_value_t = 1000)]
@@ -372,6 +389,20 @@ pub struct ApiSettings {
     /// The cap of that backoff, in milliseconds.
     #[arg(long, env = "SLUICE_RETRY_BACKOFF_MAX_MS", default_value_t = 300_000)]
     pub retry_backoff_max_ms: u64,
+    /// Pull workers' stop mailboxes (cancels kept for a worker's next stop poll, by
+    /// `worker_id`) one credential may have on this server; past it, its own mailbox idle the
+    /// longest is forgotten. A worker id is made up by its caller: this bounds what one key
+    /// inventing ids can hold.
+    #[arg(
+        long,
+        env = "SLUICE_PULL_MAILBOXES_PER_CREDENTIAL",
+        default_value_t = 1024
+    )]
+    pub pull_mailboxes_per_credential: usize,
+    /// Stop mailboxes this server keeps in all; past it, the idle-longest mailbox of the
+    /// credential holding the most is forgotten.
+    #[arg(long, env = "SLUICE_PULL_MAILBOXES", default_value_t = 16_384)]
+    pub pull_mailboxes: usize,
     /// Whether this server delivers tenants' webhooks (`PUT /api/tenants/{t}/webhook`). Any
     /// number of servers may: one at a time delivers a given tenant.
     #[arg(long, env = "SLUICE_WEBHOOK_DELIVERY", default_value_t = true, action = clap::ArgAction::Set)]
@@ -552,6 +583,12 @@ impl ApiSettings {
     /// connections that is set must let a tenant's long polls reach the waiter cap (the one
     /// rule that refuses them), fit in the cap, and a key's fit in its tenant's.
     pub fn check_connection_shares(&self) -> anyhow::Result<()> {
+        if self.metrics_open && self.metrics_token.is_some() {
+            anyhow::bail!(
+                "--metrics-open serves /metrics without a token, --metrics-token requires one: \
+                 set one of them"
+            );
+        }
         if let Some(per_tenant) = self.max_waiters_per_tenant
             && per_tenant.saturating_mul(2) > self.max_connections
         {

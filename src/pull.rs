@@ -15,6 +15,14 @@
 //!   its holder's channel (`keys::stop_channel`). [`Stops`] hears every pull worker's channel
 //!   on one Pub/Sub connection (a pattern subscription) and keeps each id for its worker's
 //!   next stop poll ([`STOPS_KEPT`] at most, for [`MAILBOX_IDLE`] after its last poll).
+//!   Mailboxes are bounded per credential and in all ([`MailboxLimits`]): a worker id is a
+//!   name its caller makes up, so one key inventing names must not grow the server's memory
+//!   nor push out other credentials' mailboxes. A credential at its bound makes room by
+//!   forgetting its own mailbox idle the longest; the server at its total, by forgetting the
+//!   idle-longest mailbox of the credential holding the most. A mailbox with a poll waiting on
+//!   it is never forgotten: one that finds no room lives only as long as its polls (those are
+//!   bounded by the waiter caps). A forgotten mailbox costs its worker nothing but the
+//!   shortcut: its next heartbeat answers `cancel_requested` all the same.
 //!
 //! - **Shares between shards.** A lease that serves tenants of several shards (the platform
 //!   admin's) gives its starts to the shards in proportion to their eligible weight, by the
@@ -30,7 +38,7 @@
 //! shards falls due, and a pull worker's heartbeat answers `cancel_requested` whatever was
 //! missed while a connection was down.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,8 +78,18 @@ pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 /// that serve several shards keep one: the platform admin's, never a `worker` key's.
 pub const SHARES_KEPT: usize = 4096;
 
-/// What `serve` keeps for the pull API: the wake-ups, each pull worker's share between
-/// shards, and the retry policy it applies to pull workers' failed runs
+/// How many pull workers' mailboxes one server keeps (`--pull-mailboxes-per-credential`,
+/// `--pull-mailboxes`; see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MailboxLimits {
+    /// Most mailboxes of one credential (a worker key, or the platform admin).
+    pub per_credential: usize,
+    /// Most mailboxes of the whole server.
+    pub total: usize,
+}
+
+/// What `serve` keeps for the pull API: the wake-ups, the stop mailboxes, each pull worker's
+/// share between shards, and the retry policy it applies to pull workers' failed runs
 /// (`--retry-backoff-ms`, `--retry-backoff-max-ms`).
 pub struct Pull {
     pub doorbells: Arc<Doorbells>,
@@ -379,42 +397,154 @@ struct Mailbox {
     /// When the last poll left (kept [`MAILBOX_IDLE`] after).
     left: Instant,
     news: Arc<Notify>,
+    /// The credential that polled it last: whose bound it counts in.
+    owner: Arc<str>,
+    /// Found no room: forgotten as soon as its last poll leaves.
+    transient: bool,
+}
+
+/// The mailboxes, with what the bounds need: each credential's count and its idle mailboxes
+/// by when their last poll left (oldest first).
+#[derive(Default)]
+struct Mail {
+    boxes: HashMap<String, Mailbox>,
+    owned: HashMap<Arc<str>, usize>,
+    idle: HashMap<Arc<str>, BTreeSet<(Instant, String)>>,
+}
+
+impl Mail {
+    /// Takes `consumer`'s mailbox off its owner's idle list (a poll arrived).
+    fn busy(&mut self, consumer: &str) {
+        if let Some(m) = self.boxes.get(consumer)
+            && m.polls == 0
+            && let Some(idle) = self.idle.get_mut(&m.owner)
+        {
+            idle.remove(&(m.left, consumer.to_owned()));
+            if idle.is_empty() {
+                self.idle.remove(&m.owner);
+            }
+        }
+    }
+
+    /// Forgets one mailbox.
+    fn forget(&mut self, consumer: &str) {
+        self.busy(consumer);
+        if let Some(m) = self.boxes.remove(consumer)
+            && let Some(n) = self.owned.get_mut(&m.owner)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.owned.remove(&m.owner);
+            }
+        }
+    }
+
+    /// Forgets `owner`'s mailbox idle the longest; whether it had one.
+    fn forget_oldest_of(&mut self, owner: &str) -> bool {
+        let oldest = self
+            .idle
+            .get(owner)
+            .and_then(|idle| idle.first().map(|(_, c)| c.clone()));
+        match oldest {
+            Some(consumer) => {
+                self.forget(&consumer);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Makes room for a new mailbox of `owner` under `limits`; whether there is room.
+    fn make_room(&mut self, owner: &str, limits: MailboxLimits) -> bool {
+        if self.owned.get(owner).copied().unwrap_or(0) >= limits.per_credential
+            && !self.forget_oldest_of(owner)
+        {
+            return false;
+        }
+        if self.boxes.len() >= limits.total {
+            // The credential holding the most with an idle mailbox gives one up (of two
+            // holding as many, the one idle the longest).
+            let most = self
+                .idle
+                .iter()
+                .filter_map(|(o, idle)| Some((o, idle.first()?.0)))
+                .max_by_key(|(o, oldest)| {
+                    (
+                        self.owned.get(*o).copied().unwrap_or(0),
+                        std::cmp::Reverse(*oldest),
+                    )
+                })
+                .map(|(o, _)| o.clone());
+            return most.is_some_and(|o| self.forget_oldest_of(&o));
+        }
+        true
+    }
 }
 
 /// The stop messages of every pull worker (see the module docs).
 pub struct Stops {
     store: Arc<Store>,
-    mail: Mutex<HashMap<String, Mailbox>>,
+    mail: Mutex<Mail>,
+    limits: MailboxLimits,
     /// Whether the pattern subscription is confirmed on a live connection.
     up: std::sync::atomic::AtomicBool,
 }
 
 impl Stops {
-    pub fn new(store: Arc<Store>) -> Arc<Self> {
+    pub fn new(store: Arc<Store>, limits: MailboxLimits) -> Arc<Self> {
         Arc::new(Self {
             store,
             mail: Mutex::default(),
+            limits,
             up: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Mailbox>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Mail> {
         self.mail.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts keeping the stop ids of `consumer` (if not kept already) and takes what is
-    /// kept; with nothing kept, waits until `deadline` for some.
-    pub async fn next(&self, consumer: &str, deadline: Instant) -> Vec<String> {
+    /// Starts keeping the stop ids of `consumer` for `owner`, the credential polling (if not
+    /// kept already), and takes what is kept; with nothing kept, waits until `deadline` for
+    /// some.
+    pub async fn next(&self, consumer: &str, owner: &str, deadline: Instant) -> Vec<String> {
         let news = {
             let mut mail = self.lock();
-            let m = mail.entry(consumer.to_owned()).or_insert_with(|| Mailbox {
-                ids: VecDeque::new(),
-                polls: 0,
-                left: Instant::now(),
-                news: Arc::new(Notify::new()),
-            });
-            m.polls += 1;
-            m.news.clone()
+            if mail.boxes.contains_key(consumer) {
+                mail.busy(consumer);
+                let m = mail.boxes.get_mut(consumer).expect("just seen");
+                let moved =
+                    (*m.owner != *owner).then(|| std::mem::replace(&mut m.owner, Arc::from(owner)));
+                m.polls += 1;
+                let news = m.news.clone();
+                if let Some(before) = moved {
+                    if let Some(n) = mail.owned.get_mut(&before) {
+                        *n -= 1;
+                        if *n == 0 {
+                            mail.owned.remove(&before);
+                        }
+                    }
+                    *mail.owned.entry(Arc::from(owner)).or_insert(0) += 1;
+                }
+                news
+            } else {
+                let transient = !mail.make_room(owner, self.limits);
+                let owner: Arc<str> = Arc::from(owner);
+                *mail.owned.entry(owner.clone()).or_insert(0) += 1;
+                let news = Arc::new(Notify::new());
+                mail.boxes.insert(
+                    consumer.to_owned(),
+                    Mailbox {
+                        ids: VecDeque::new(),
+                        polls: 1,
+                        left: Instant::now(),
+                        news: news.clone(),
+                        owner,
+                        transient,
+                    },
+                );
+                news
+            }
         };
         let _leave = Leave(self, consumer);
         loop {
@@ -423,6 +553,7 @@ impl Stops {
             notified.as_mut().enable();
             let taken: Vec<String> = self
                 .lock()
+                .boxes
                 .get_mut(consumer)
                 .map(|m| m.ids.drain(..).collect())
                 .unwrap_or_default();
@@ -439,7 +570,7 @@ impl Stops {
     /// A stop message for `consumer`: kept for its polls, if it has polled lately.
     fn deliver(&self, consumer: &str, id: String) {
         let mut mail = self.lock();
-        if let Some(m) = mail.get_mut(consumer) {
+        if let Some(m) = mail.boxes.get_mut(consumer) {
             if !m.ids.contains(&id) {
                 if m.ids.len() >= STOPS_KEPT {
                     m.ids.pop_front();
@@ -452,8 +583,16 @@ impl Stops {
 
     /// Forgets the mailboxes of workers that stopped polling.
     fn prune(&self) {
-        self.lock()
-            .retain(|_, m| m.polls > 0 || m.left.elapsed() < MAILBOX_IDLE);
+        let mut mail = self.lock();
+        let stale: Vec<String> = mail
+            .boxes
+            .iter()
+            .filter(|(_, m)| m.polls == 0 && m.left.elapsed() >= MAILBOX_IDLE)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for consumer in stale {
+            mail.forget(&consumer);
+        }
     }
 
     /// Whether stop messages are heard now (for tests and health).
@@ -463,7 +602,7 @@ impl Stops {
 
     /// Workers whose stops are kept now (for tests).
     pub fn kept(&self) -> HashSet<String> {
-        self.lock().keys().cloned().collect()
+        self.lock().boxes.keys().cloned().collect()
     }
 
     /// Listens on one Pub/Sub connection (reconnecting after a pause when it breaks) until
@@ -681,10 +820,24 @@ struct Leave<'a>(&'a Stops, &'a str);
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
-        if let Some(m) = self.0.lock().get_mut(self.1) {
-            m.polls -= 1;
-            m.left = Instant::now();
+        let mut mail = self.0.lock();
+        let Some(m) = mail.boxes.get_mut(self.1) else {
+            return;
+        };
+        m.polls -= 1;
+        if m.polls > 0 {
+            return;
         }
+        if m.transient {
+            mail.forget(self.1);
+            return;
+        }
+        m.left = Instant::now();
+        let (left, owner) = (m.left, m.owner.clone());
+        mail.idle
+            .entry(owner)
+            .or_default()
+            .insert((left, self.1.to_owned()));
     }
 }
 

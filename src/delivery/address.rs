@@ -42,7 +42,10 @@ pub fn is_private(ip: IpAddr) -> bool {
 
 /// Resolves a webhook's host and refuses it when any of its addresses is private (unless
 /// allowed): the connection then goes to exactly the addresses checked, so a name cannot
-/// answer one address to the check and another to the connection.
+/// answer one address to the check and another to the connection. The refusal's text, which
+/// the tenant reads in its delivery log, names the host and not the address it resolved to
+/// (a tenant admin must not learn the server's internal names that way); the address goes
+/// to the server's own log.
 pub(super) struct CheckedResolver {
     pub(super) allow_private: bool,
 }
@@ -58,10 +61,13 @@ impl reqwest::dns::Resolve for CheckedResolver {
                 return Err(format!("{host} has no address").into());
             }
             if !allow_private && let Some(a) = addrs.iter().find(|a| is_private(a.ip())) {
+                // The delivery log is the tenant's to read: it says that the name was
+                // refused, never what an internal name resolves to. The operator's log has
+                // the address.
+                tracing::info!(host = %host, address = %a.ip(), "webhook: a name resolving to a private address refused");
                 return Err(format!(
-                    "{host} resolves to {}, a private address (refused without \
-                     --webhook-allow-private)",
-                    a.ip()
+                    "{host} resolves to a private or reserved address (refused without \
+                     --webhook-allow-private)"
                 )
                 .into());
             }

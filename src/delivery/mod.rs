@@ -11,11 +11,17 @@
 //!   and every `--webhook-scan-ms`) finds what a lost message or a stopped server left.
 //! - **One server per tenant at a time** (`Store::hold_delivery`, a lock with a time-out), so
 //!   one execution's events go out in sequence order: the events of one execution one after
-//!   another (a failure stops that execution's line until the next round), different
-//!   executions' at once.
-//! - **Retries** back off per tenant from `RETRY_FIRST` doubling to `RETRY_MAX`; events older
-//!   than `--webhook-max-age-secs` are dropped (and counted), as are those a full outbox
-//!   evicts.
+//!   another (a failure stops that execution's line until its retry), different executions'
+//!   at once.
+//! - **Retries** follow each event's own schedule: after its n-th failed attempt it is not
+//!   sent again before `RETRY_FIRST` × 2^(n-1) (at most `RETRY_MAX`), whatever wakes the
+//!   tenant meanwhile (a scan, news of another event, another server). Other executions'
+//!   events may overtake it: the outbox is read again at least every `LOOK_WHILE_WAITING`
+//!   while an event waits. The server that holds the tenant keeps holding it while an event
+//!   waits (so no other server sends it early); the schedule is kept in that server's memory,
+//!   and a server that takes over after it stopped starts again from `RETRY_FIRST`. Events
+//!   older than `--webhook-max-age-secs` are dropped (and counted), as are those a full
+//!   outbox evicts.
 //! - **Private addresses refused.** The address is resolved at every delivery (no pooled
 //!   connection outlives a delivery) and the connection goes to the very addresses checked:
 //!   loopback, private, link-local, shared, unspecified, multicast, documentation and the
@@ -23,8 +29,9 @@
 //!   followed (a 3xx is a failed attempt).
 //!
 //! The signing is in `signing.rs`, the address rules and the checked resolver in
-//! `address.rs`, one attempt (the signed POST and its record) in `attempt.rs`; this file is the
-//! deliverer: who drains which tenant, when, and how often again.
+//! `address.rs`, one attempt (the signed POST and its record) in `attempt.rs`, each event's
+//! retry schedule and the tenant's wake-up timer in `retry.rs`; this file is the deliverer:
+//! who drains which tenant, when, and how often again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,16 +47,15 @@ use crate::store::{DeliveryRecord, OutboxEntry, Store, StoreError, keys};
 
 mod address;
 mod attempt;
+mod retry;
 mod signing;
 
 use address::CheckedResolver;
 pub use address::{WEBHOOK_URL_PATTERN, check_url, is_private};
+use retry::Retry;
+pub use retry::{LOOK_WHILE_WAITING, RETRY_FIRST, RETRY_MAX, retry_pause};
 pub use signing::{SECRET_PREFIX, new_secret, payload, signature, webhook_id};
 
-/// The first pause after a failed round of a tenant's deliveries; it doubles per failed round.
-pub const RETRY_FIRST: Duration = Duration::from_secs(1);
-/// The longest pause between rounds of a failing tenant's deliveries.
-pub const RETRY_MAX: Duration = Duration::from_secs(300);
 /// Events read (and sent) per round.
 const BATCH: usize = 64;
 /// Tenants delivered at once by one server.
@@ -80,10 +86,13 @@ struct TenantRound {
     active: bool,
     /// Woken while its drain ran: look again when it ends.
     again: bool,
-    /// Rounds failed in a row (the backoff).
+    /// Rounds in a row that could not reach Redis (their backoff).
     failures: u32,
-    /// Attempts of each event by this server (for the log), by outbox entry id.
-    attempts: HashMap<String, u32>,
+    /// Each event this server failed to deliver, by outbox entry id: its attempts (for the
+    /// log) and when it may be sent again.
+    retries: HashMap<String, Retry>,
+    /// When a wake-up of the tenant is set for (one at a time).
+    timer: Option<Instant>,
 }
 
 /// `serve`'s webhook deliverer.
@@ -288,63 +297,72 @@ impl Deliverer {
         Err(StoreError::Unavailable("webhook listener closed".into()))
     }
 
-    /// Delivers `tenant`'s outbox until it is empty, a round fails (then again after the
-    /// backoff), another server holds it, or `stop`.
+    /// Delivers `tenant`'s outbox until it is empty, only events waiting out their pause are
+    /// left (then again when the first may go, or sooner to look for others), another server
+    /// holds it, Redis cannot be reached (then again after a backoff), or `stop`.
     async fn drain(self: Arc<Self>, tenant: &TenantId, stop: &CancellationToken) {
-        let retry_in = loop {
+        let (retry_in, keep_hold) = loop {
             if stop.is_cancelled() {
-                break None;
+                break (None, false);
             }
             match self.round(tenant).await {
                 Ok(RoundEnd::More) => continue,
                 Ok(RoundEnd::Idle) => {
+                    let mut rounds = self.rounds();
+                    let round = rounds.entry(tenant.clone()).or_default();
+                    round.failures = 0;
+                    round.retries.clear();
+                    break (None, false);
+                }
+                Ok(RoundEnd::Wait(until)) => {
                     self.rounds().entry(tenant.clone()).or_default().failures = 0;
-                    break None;
+                    let pause = until
+                        .saturating_duration_since(Instant::now())
+                        .min(LOOK_WHILE_WAITING);
+                    // Still this server's to deliver while its events wait: another server
+                    // would not know their schedule.
+                    let held = self
+                        .store
+                        .hold_delivery(tenant, &self.holder, pause + self.lock_ttl())
+                        .await;
+                    break (Some(pause), matches!(held, Ok(None)));
                 }
                 // Another server delivers it; look again when its right would run out (it
                 // may have stopped mid-delivery).
-                Ok(RoundEnd::Held(left)) => break Some(left + Duration::from_millis(50)),
+                Ok(RoundEnd::Held(left)) => break (Some(left + Duration::from_millis(50)), true),
                 Err(e) => {
                     tracing::debug!(tenant = %tenant, error = %e, "webhooks: a round failed");
                     let mut rounds = self.rounds();
                     let round = rounds.entry(tenant.clone()).or_default();
                     round.failures = round.failures.saturating_add(1);
-                    let exp = round.failures.saturating_sub(1).min(16);
-                    break Some((RETRY_FIRST * 2u32.pow(exp)).min(RETRY_MAX));
+                    break (Some(retry_pause(round.failures)), false);
                 }
             }
         };
-        let _ = self.store.release_delivery(tenant, &self.holder).await;
+        if !keep_hold {
+            let _ = self.store.release_delivery(tenant, &self.holder).await;
+        }
         let again = {
             let mut rounds = self.rounds();
             let round = rounds.entry(tenant.clone()).or_default();
             round.active = false;
             let again = std::mem::take(&mut round.again);
-            if round.failures == 0 && !again {
+            if round.failures == 0 && !again && round.retries.is_empty() && round.timer.is_none() {
                 rounds.remove(tenant);
             }
             again
         };
         match retry_in {
-            Some(pause) => {
-                let me = self.clone();
-                let tenant = tenant.clone();
-                let stop = stop.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = stop.cancelled() => {}
-                        () = tokio::time::sleep(pause) => me.wake(tenant),
-                    }
-                });
-            }
+            Some(pause) => self.wake_at(tenant, Instant::now() + pause, stop),
             None if again => self.wake(tenant.clone()),
             None => {}
         }
     }
 
-    /// One round: hold the tenant, drop what is too old, send up to `BATCH` events. An error
-    /// when an attempt failed (the events stay, for the next round).
-    async fn round(&self, tenant: &TenantId) -> Result<RoundEnd, DeliveryError> {
+    /// One round: hold the tenant, drop what is too old, send up to `BATCH` events, except
+    /// each execution's whose first event waits out its pause. An error when Redis could not
+    /// be reached.
+    async fn round(&self, tenant: &TenantId) -> Result<RoundEnd, StoreError> {
         if let Some(left) = self
             .store
             .hold_delivery(tenant, &self.holder, self.lock_ttl())
@@ -378,6 +396,28 @@ impl Deliverer {
             });
             lines[i].push(e);
         }
+        // A line whose first event waits out its pause waits whole (order per execution);
+        // the others go. Schedules of events no longer at the head of the outbox are
+        // forgotten (delivered by another server, dropped or evicted).
+        let now = Instant::now();
+        let mut waiting_until: Option<Instant> = None;
+        {
+            let mut rounds = self.rounds();
+            let round = rounds.entry(tenant.clone()).or_default();
+            let heads: HashSet<&str> = lines.iter().map(|l| l[0].entry_id.as_str()).collect();
+            round.retries.retain(|id, _| heads.contains(id.as_str()));
+            lines.retain(|line| match round.retries.get(&line[0].entry_id) {
+                Some(r) if r.not_before > now => {
+                    waiting_until =
+                        Some(waiting_until.map_or(r.not_before, |w| w.min(r.not_before)));
+                    false
+                }
+                _ => true,
+            });
+        }
+        if lines.is_empty() {
+            return Ok(RoundEnd::Wait(waiting_until.unwrap_or(now)));
+        }
         let started = Instant::now();
         let budget = self.config.timeout;
         let sends = lines.into_iter().map(|line| {
@@ -388,21 +428,32 @@ impl Deliverer {
                     if started.elapsed() > budget {
                         break;
                     }
-                    let attempt = {
-                        let mut rounds = self.rounds();
-                        let n = rounds
-                            .entry(tenant.clone())
-                            .or_default()
-                            .attempts
-                            .entry(e.entry_id.clone())
-                            .or_insert(0);
-                        *n += 1;
-                        *n
-                    };
+                    let attempt = self
+                        .rounds()
+                        .get(tenant)
+                        .and_then(|r| r.retries.get(&e.entry_id))
+                        .map_or(1, |r| r.attempts + 1);
                     let record = self
                         .send(tenant, &hook.url, &hook.secret, &e, attempt)
                         .await;
                     let ok = record.delivered();
+                    {
+                        // The pause counts from the failure, so a receiver sees at least
+                        // that long between two attempts of one event.
+                        let mut rounds = self.rounds();
+                        let retries = &mut rounds.entry(tenant.clone()).or_default().retries;
+                        if ok {
+                            retries.remove(&e.entry_id);
+                        } else {
+                            retries.insert(
+                                e.entry_id.clone(),
+                                Retry {
+                                    attempts: attempt,
+                                    not_before: Instant::now() + retry_pause(attempt),
+                                },
+                            );
+                        }
+                    }
                     done.push((e.entry_id, record));
                     if !ok {
                         break;
@@ -427,18 +478,16 @@ impl Deliverer {
         self.delivered
             .fetch_add((attempts.len() - failed.len()) as u64, Ordering::Relaxed);
         self.store.record_deliveries(tenant, &attempts).await?;
-        {
-            let mut rounds = self.rounds();
-            if let Some(round) = rounds.get_mut(tenant) {
-                round.attempts.retain(|id, _| failed.contains(id.as_str()));
-            }
-        }
-        if let Some((_, r)) = attempts.iter().find(|(_, r)| !r.delivered()) {
-            return Err(DeliveryError::Refused(
-                r.error
-                    .clone()
-                    .unwrap_or_else(|| format!("answered {}", r.status.unwrap_or(0))),
-            ));
+        if failed.len() == attempts.len() {
+            // Nothing went out: wait for the first event that may go again.
+            let rounds = self.rounds();
+            let until = rounds
+                .get(tenant)
+                .and_then(|r| r.retries.values().map(|r| r.not_before).min())
+                .into_iter()
+                .chain(waiting_until)
+                .min();
+            return Ok(RoundEnd::Wait(until.unwrap_or_else(Instant::now)));
         }
         // Read again, until a read finds the outbox empty: an event appended while this round
         // ran found it not empty, so it published nothing, and only this drain can see it.
@@ -454,15 +503,8 @@ enum RoundEnd {
     Idle,
     /// Another server holds the tenant for this long.
     Held(Duration),
-}
-
-/// Why a round of deliveries stopped early.
-#[derive(Debug, thiserror::Error)]
-enum DeliveryError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("a delivery failed: {0}")]
-    Refused(String),
+    /// What is left waits out its pause: the first may go at this time.
+    Wait(Instant),
 }
 
 /// Now, in milliseconds since the epoch (the delivery log's times and the signatures').

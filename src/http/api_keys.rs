@@ -187,6 +187,11 @@ pub async fn create_api_key(
         .await?
     {
         KeyCreation::Created(record, key) => {
+            // This server serves the key from its first request on, whatever its budget for
+            // unknown ids; the others learn it from the news.
+            state
+                .revocations
+                .notice(crate::access::AccessChange::KeyCreated(record.id.clone()));
             let location = format!("/api/tenants/{tenant}/api-keys/{}", record.id);
             let created = CreatedApiKey {
                 key: ApiKey::new(&record),

@@ -3,8 +3,9 @@
 //!
 //! Credentials, in order: a bearer token starting `sk_` is a tenant API key, checked by
 //! `crate::revocation` (looked up on Redis, a verified key then trusted for at most
-//! `HIT_TTL` unless the news of its revocation comes first, a token Redis did not know
-//! remembered a few seconds); any other bearer token must equal the platform admin token
+//! `HIT_TTL` unless the news of its revocation comes first, a key id Redis did not know
+//! remembered a few seconds, one not known to exist looked up within a budget — 503
+//! `key_lookups_busy` past it); any other bearer token must equal the platform admin token
 //! (constant-time compare); no `Authorization` header is accepted only in dev mode. What a
 //! caller may do once known is `super::actions`. A tenant key sent with an `X-Tenant-Id` naming another tenant is a 403
 //! `tenant_mismatch`; a missing, malformed, unknown or revoked credential is a 401.
@@ -25,7 +26,7 @@ use super::{AppState, ConnectionHolder};
 use crate::access::{KeyId, KeyRole, PresentedKey, TOKEN_PREFIX};
 use crate::config::Secret;
 use crate::domain::TenantId;
-use crate::revocation::{KeyWatch, Revocations};
+use crate::revocation::{KeyVerdict, KeyWatch, Revocations};
 
 /// What every route a `worker` key may call starts with (the pull API, `http::worker`).
 pub const WORKER_ROUTES: &str = "/api/worker/";
@@ -172,11 +173,15 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<Caller, ApiErro
     match token {
         Some(given) if given.starts_with(TOKEN_PREFIX) => {
             let key = PresentedKey::parse(given).ok_or(ApiError::Unauthorized)?;
-            let (own, role) = state
+            let (own, role) = match state
                 .revocations
                 .authenticate(&key, state.auth.dev_auth)
                 .await?
-                .ok_or(ApiError::Unauthorized)?;
+            {
+                KeyVerdict::Valid(tenant, role) => (tenant, role),
+                KeyVerdict::Unknown => return Err(ApiError::Unauthorized),
+                KeyVerdict::Throttled => return Err(key_lookups_busy()),
+            };
             if tenant()?.is_some_and(|t| t != own) {
                 return Err(tenant_mismatch());
             }
@@ -208,6 +213,18 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<Caller, ApiErro
     }
 }
 
+/// A key id this server does not know to exist, while its budget for looking such ids up is
+/// spent (`crate::revocation`): a flood of made-up tokens, or a real key created elsewhere
+/// whose news did not arrive. Not a 401: a real key is looked up on a retry.
+fn key_lookups_busy() -> ApiError {
+    ApiError::Later {
+        status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        code: "key_lookups_busy",
+        detail: "this server is looking up too many unknown API keys; retry in a second".into(),
+        retry_after: 1,
+    }
+}
+
 /// Whether the request carries `Authorization: Bearer <expected>` (constant-time compare).
 pub fn bearer_is(headers: &HeaderMap, expected: &Secret) -> bool {
     matches!(
@@ -235,4 +252,9 @@ pub struct AuthConfig {
     /// The token `/metrics` requires, if configured (never the admin token: a scraper's
     /// credential should open nothing else).
     pub metrics_token: Option<Secret>,
+    /// Whether `/metrics` answers without a token when none is configured: `--metrics-open`,
+    /// `/metrics` on its own listener (`--metrics-listen`, whose reach the operator chose), or
+    /// dev auth (every caller is the platform admin anyway). Otherwise a request without the
+    /// metrics token is a 401: the metrics name every tenant with its counts.
+    pub metrics_open: bool,
 }

@@ -78,6 +78,16 @@ pub enum ApiError {
         detail: String,
         retry_after: u64,
     },
+    /// A budget of the server that refills on its own is spent now (e.g. its lookups of
+    /// unknown API keys): retry after `retry_after` seconds. Unlike `Busy`, the connection
+    /// stays open: nothing is held.
+    #[error("{detail}")]
+    Later {
+        status: StatusCode,
+        code: &'static str,
+        detail: String,
+        retry_after: u64,
+    },
     /// Any other status without a more specific error (e.g. 405 from the router).
     #[error("{detail}")]
     Status {
@@ -141,7 +151,9 @@ impl ApiError {
             | ApiError::NotAdmitted(_)
             | ApiError::BatchOutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::TenantDeleting { .. } => StatusCode::CONFLICT,
-            ApiError::Status { status, .. } | ApiError::Busy { status, .. } => *status,
+            ApiError::Status { status, .. }
+            | ApiError::Busy { status, .. }
+            | ApiError::Later { status, .. } => *status,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -153,7 +165,8 @@ impl ApiError {
             | ApiError::Forbidden { code, .. }
             | ApiError::NotFound { code, .. }
             | ApiError::Status { code, .. }
-            | ApiError::Busy { code, .. } => code,
+            | ApiError::Busy { code, .. }
+            | ApiError::Later { code, .. } => code,
             ApiError::Unauthorized => "unauthorized",
             ApiError::IdempotencyConflict { .. } => "idempotency_key_conflict",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
@@ -171,9 +184,9 @@ impl ApiError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::QueueFull { retry_after, .. } | ApiError::Busy { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            ApiError::QueueFull { retry_after, .. }
+            | ApiError::Busy { retry_after, .. }
+            | ApiError::Later { retry_after, .. } => Some(*retry_after),
             ApiError::Unavailable(_)
             | ApiError::OutcomeUnknown { .. }
             | ApiError::Timeout

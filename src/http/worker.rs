@@ -38,7 +38,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Caller, Grant};
+use super::auth::{Caller, Credential, Grant};
 use super::error::{ApiError, Problem};
 use super::executions::waiting::{parse_wait, refused, until_revoked};
 use super::extract::{JsonBody, Path, Query, WholeU32, WholeU64};
@@ -977,6 +977,15 @@ pub async fn complete(
     }))
 }
 
+/// The credential whose bound a stop poll's mailbox counts in (`crate::pull::MailboxLimits`):
+/// a key by its id, the platform admin token and dev auth as one.
+fn mailbox_owner(caller: &Caller) -> String {
+    match caller.credential() {
+        Credential::ApiKey(id) => format!("key:{id}"),
+        Credential::AdminToken | Credential::DevAuth => "platform".to_owned(),
+    }
+}
+
 /// The body of a stop poll.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -998,8 +1007,10 @@ pub struct StopsAnswer {
 ///
 /// A long poll (`?wait=`) that answers as soon as a run this worker holds is cancelled or
 /// force-deleted. A cancel published while no poll of this worker was open (for up to a
-/// minute after its last one) is kept for its next poll. It is a shortcut: the run's next
-/// heartbeat answers `cancel_requested` in any case.
+/// minute after its last one) is kept for its next poll, within a bound per credential
+/// (`--pull-mailboxes-per-credential`: past it the credential's worker idle the longest is
+/// forgotten). It is a shortcut: the run's next heartbeat answers `cancel_requested` in any
+/// case.
 #[utoipa::path(
     post,
     path = "/api/worker/stops",
@@ -1035,8 +1046,9 @@ pub async fn stops(
     let deadline = Instant::now() + wait.unwrap_or_default();
     let mut revoked = caller.key_watch(&state.revocations);
     let stopping = state.waiters.stopping();
+    let owner = mailbox_owner(&caller);
     let stop = tokio::select! {
-        ids = state.pull.stops.next(&consumer, deadline) => ids,
+        ids = state.pull.stops.next(&consumer, &owner, deadline) => ids,
         () = until_revoked(&mut revoked) => return Err(ApiError::Unauthorized),
         () = stopping.cancelled() => Vec::new(),
     };

@@ -4,8 +4,8 @@
 //! it is deleted, in `store/reap.rs`).
 //!
 //! Key lookups are not cached here: `crate::revocation` remembers verified keys for half a
-//! second and unknown tokens for ten, forgets a key when the news of its revocation or its
-//! tenant's deletion arrives, and ends open waits.
+//! second and unknown key ids for ten, knows which ids exist (`Store::all_key_ids`), forgets a
+//! key when the news of its revocation or its tenant's deletion arrives, and ends open waits.
 
 use std::collections::HashMap;
 
@@ -241,6 +241,47 @@ impl Store {
             return Ok(None);
         }
         Ok(Some((tenant, role)))
+    }
+
+    /// A live key's tenant, role and stored secret hash (`None`: no live key has this id):
+    /// what `crate::revocation` keeps for a verified key, so a wrong secret presented with a
+    /// known id is refused without asking Redis again.
+    pub async fn key_record(
+        &self,
+        id: &KeyId,
+    ) -> Result<Option<(TenantId, KeyRole, String)>, StoreError> {
+        self.look_up_key(id).await
+    }
+
+    /// The ids of the live keys of every registered tenant, at most `most` of them: what
+    /// `crate::revocation` knows to exist, so a token with a made-up key id costs no lookup.
+    /// One round trip per 256 tenants (their key sets in one pipeline).
+    pub async fn all_key_ids(&self, most: usize) -> Result<Vec<KeyId>, StoreError> {
+        const PAGE: usize = 256;
+        let mut out = Vec::new();
+        let mut after: Option<TenantId> = None;
+        loop {
+            let (tenants, more) = self.list_tenants(after.as_ref(), PAGE).await?;
+            if tenants.is_empty() {
+                return Ok(out);
+            }
+            let mut p = redis::pipe();
+            for t in &tenants {
+                p.smembers(keys::tenant_keys(t));
+            }
+            let mut c = self.conn();
+            let sets: Vec<Vec<String>> = self.bounded(p.query_async(&mut c)).await?;
+            for id in sets.iter().flatten() {
+                if out.len() >= most {
+                    return Ok(out);
+                }
+                out.extend(KeyId::parse(id));
+            }
+            if !more {
+                return Ok(out);
+            }
+            after = tenants.last().cloned();
+        }
     }
 
     /// The tenant of a live key (its record there, its tenant registered): what an open wait

@@ -3,8 +3,11 @@
 //! starting work lately (the per-minute counters of `super::trends`).
 //!
 //! The model, stated so a user can judge it: starts of a tenant are taken as a Poisson process
-//! at the rate its counters measured over the last five minutes (from its first minute with a
-//! start, so a tenant that just became busy is not diluted by idle minutes); an execution with
+//! at the rate its counters measured over the last five minutes, from its first minute with a
+//! start, so a tenant that just became busy is not diluted by idle minutes — and when its
+//! current burst of starts began within that minute (`keys::Shard::burst`, written once per
+//! burst), from that first start, so it is not diluted by the idle part of the minute either
+//! (the starts after the first over the time since); an execution with
 //! `n` runnable executions ahead of it starts at the (n+1)-th start, whose time is Gamma
 //! distributed. A keyed execution behind others of its key also waits for its key: the key
 //! runs at most `limit` at once, and by Little's law a run lasts about `running / rate`, so
@@ -83,6 +86,24 @@ pub fn estimate(pos: &QueuePosition, pace: &Pace) -> Option<(u64, u64)> {
     Some((p50.round() as u64, p90.round() as u64))
 }
 
+/// Starts per millisecond of a tenant whose counters read `trends` (ending with the minute of
+/// `now`), whose current burst of starts began at `burst` (Unix ms), if known; 0 without a
+/// start. Measured from its first minute with a start; when the burst began in that very
+/// minute, from the burst's first start, counting the starts after it (so a rate that began
+/// mid-minute is not spread over the whole minute).
+fn measured_rate(trends: &super::trends::Trends, burst: Option<u64>, now: u64) -> f64 {
+    let Some(i) = trends.minutes.iter().position(|m| m.started > 0) else {
+        return 0.0;
+    };
+    let starts: u64 = trends.minutes[i..].iter().map(|m| m.started).sum();
+    let minute = trends.first_minute + i as u64;
+    let (from, counted) = match burst {
+        Some(b) if b / MINUTE_MS == minute && b <= now => (b, starts.saturating_sub(1).max(1)),
+        _ => (minute * MINUTE_MS, starts),
+    };
+    counted as f64 / (now.saturating_sub(from).max(1_000)) as f64
+}
+
 /// Now, in Unix ms (this process's clock: the estimate is relative to the answer).
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -119,24 +140,27 @@ impl Store {
             return Ok(*pace);
         }
         let now = now_ms();
-        let trends = self.tenant_trends(tenant, PACE_MINUTES, now).await?;
+        let shard = self.shard_of(tenant);
+        // One round trip: the window's counters, the burst's start, the running count.
+        let mut p = redis::pipe();
+        let read = super::trends::TrendsRead::add(&mut p, PACE_MINUTES, now, |day| {
+            shard.trends(tenant, day)
+        });
+        p.get(shard.burst(tenant)).scard(shard.slots(tenant));
         let mut c = self.conn();
-        let running: u64 = self
-            .bounded(
-                redis::cmd("SCARD")
-                    .arg(self.shard_of(tenant).slots(tenant))
-                    .query_async(&mut c),
-            )
-            .await?;
-        let first = trends.minutes.iter().position(|m| m.started > 0);
-        let per_ms = match first {
-            None => 0.0,
-            Some(i) => {
-                let starts: u64 = trends.minutes[i..].iter().map(|m| m.started).sum();
-                let from = (trends.first_minute + i as u64) * MINUTE_MS;
-                starts as f64 / (now.saturating_sub(from).max(1_000)) as f64
-            }
-        };
+        let replies: Vec<redis::Value> = self.bounded(p.query_async(&mut c)).await?;
+        let n = read.replies();
+        if replies.len() != n + 2 {
+            return Err(StoreError::Corrupt("short pace reply".into()));
+        }
+        let ranges = replies[..n]
+            .iter()
+            .map(|v| redis::from_redis_value::<Vec<u8>>(v.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let trends = read.decode(&ranges)?;
+        let burst: Option<u64> = redis::from_redis_value(replies[n].clone())?;
+        let running: u64 = redis::from_redis_value(replies[n + 1].clone())?;
+        let per_ms = measured_rate(&trends, burst, now);
         let pace = Pace { per_ms, running };
         let mut cache = self.paces.0.lock().expect("pace cache");
         if cache.len() >= PACE_CACHE_CAP {
@@ -195,6 +219,45 @@ mod tests {
                 }
             ),
             None
+        );
+    }
+
+    #[test]
+    fn a_burst_that_began_mid_minute_is_measured_from_its_first_start() {
+        use super::super::trends::{Minute, Trends};
+        // Six minutes, starts only in the last: 6 of them since 10 s before now, which is
+        // 50 s into that minute (the burst began 40 s into it).
+        let first_minute = 29_000_000;
+        let mut minutes = vec![Minute::default(); 6];
+        minutes[5].started = 6;
+        let trends = Trends {
+            first_minute,
+            minutes,
+        };
+        let minute_ms = (first_minute + 5) * MINUTE_MS;
+        let now = minute_ms + 50_000;
+        let burst = minute_ms + 40_000;
+        // 5 starts after the first, in 10 s: one per 2 s.
+        let rate = measured_rate(&trends, Some(burst), now);
+        assert!((rate - 5.0 / 10_000.0).abs() < 1e-12, "{rate}");
+        // Without it: 6 over the 50 s since the minute began, five times too slow.
+        let diluted = measured_rate(&trends, None, now);
+        assert!((diluted - 6.0 / 50_000.0).abs() < 1e-12, "{diluted}");
+        // A burst from before the window's first minute with a start changes nothing.
+        assert_eq!(
+            measured_rate(&trends, Some(minute_ms - 90_000), now),
+            diluted
+        );
+        assert_eq!(
+            measured_rate(
+                &Trends {
+                    first_minute,
+                    minutes: vec![Minute::default(); 6]
+                },
+                Some(burst),
+                now
+            ),
+            0.0
         );
     }
 

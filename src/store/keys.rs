@@ -425,6 +425,14 @@ impl Shard {
         format!("{}t:{t}:m:{day}", self.prefix())
     }
 
+    /// When a tenant's current burst of starts began (Unix ms; a string, expiring after 10
+    /// minutes): written by a start that follows a minute without one, read by the forecast
+    /// (`super::forecast`) so a tenant that just became busy is measured from its first
+    /// start, not from the start of that minute. Built inside the scripts.
+    pub fn burst(self, t: &TenantId) -> String {
+        format!("{}t:{t}:burst", self.prefix())
+    }
+
     /// The same counters summed over every tenant of the shard, so the platform-wide series
     /// costs one read per shard, not one per tenant.
     pub fn shard_trends(self, day: u64) -> String {
@@ -581,6 +589,8 @@ pub enum KeyKind {
     Dedup,
     /// A tenant's per-minute counters of one day (`Shard::trends`).
     TenantTrends,
+    /// When a tenant's current burst of starts began (`Shard::burst`).
+    Burst,
     /// A shard's per-minute counters of one day (`Shard::shard_trends`).
     ShardTrends,
     /// The shard's tenants that may have work (`Shard::busy`).
@@ -711,6 +721,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         "klim" => KeyKind::KeyLimits,
         "kblk" => KeyKind::KeyBlocked,
         "tat" => KeyKind::Tat,
+        "burst" => KeyKind::Burst,
         "wh" => KeyKind::Outbox,
         "whlog" => KeyKind::DeliveryLog,
         "whlock" => KeyKind::DeliveryLock,
@@ -830,6 +841,7 @@ mod tests {
             s.flow_index(&t, &f, Status::Failed),
             s.dedup(&t, "ab"),
             s.trends(&t, 20_423),
+            s.burst(&t),
             s.shard_trends(20_423),
             s.busy(),
             s.key_queue(&t, "00ff"),
@@ -891,6 +903,7 @@ mod tests {
             (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
             (s.dedup(&t, "00ff"), KeyKind::Dedup),
             (s.trends(&t, 20_423), KeyKind::TenantTrends),
+            (s.burst(&t), KeyKind::Burst),
             (s.key_queue(&t, "00ff"), KeyKind::KeyQueue),
             (s.key_running(&t, "00ff"), KeyKind::KeyRunning),
             (s.key_limits(&t), KeyKind::KeyLimits),

@@ -206,6 +206,56 @@ fn day_ranges(now_ms: u64, minutes: u64) -> (u64, Vec<(u64, u64, u64)>) {
     (first, out)
 }
 
+/// The `GETRANGE`s of a window of minutes added to a pipeline (with other reads of the same
+/// shard, in one round trip), and how to read their replies back.
+pub(super) struct TrendsRead {
+    first: u64,
+    ranges: Vec<(u64, u64, u64)>,
+}
+
+impl TrendsRead {
+    /// Adds the reads of `minutes` minutes ending with the minute of `now_ms` from the day
+    /// keys `key(day)` names to `p` (`replies()` of them, first).
+    pub(super) fn add(
+        p: &mut redis::Pipeline,
+        minutes: u64,
+        now_ms: u64,
+        key: impl Fn(u64) -> String,
+    ) -> Self {
+        let (first, ranges) = day_ranges(now_ms, minutes);
+        for &(day, at, n) in &ranges {
+            let from = at as usize * RECORD_BYTES;
+            let to = from + n as usize * RECORD_BYTES - 1;
+            p.cmd("GETRANGE").arg(key(day)).arg(from).arg(to);
+        }
+        Self { first, ranges }
+    }
+
+    /// How many replies the reads take.
+    pub(super) fn replies(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// The minutes, from the replies of the reads.
+    pub(super) fn decode(&self, replies: &[Vec<u8>]) -> Result<Trends, StoreError> {
+        if replies.len() != self.ranges.len() {
+            return Err(StoreError::Corrupt("short trends reply".into()));
+        }
+        let mut out = Vec::new();
+        for (bytes, &(_, _, n)) in replies.iter().zip(&self.ranges) {
+            for i in 0..n as usize {
+                let from = (i * RECORD_BYTES).min(bytes.len());
+                let to = ((i + 1) * RECORD_BYTES).min(bytes.len());
+                out.push(Minute::decode(&bytes[from..to]));
+            }
+        }
+        Ok(Trends {
+            first_minute: self.first,
+            minutes: out,
+        })
+    }
+}
+
 impl Store {
     /// Tenant `tenant`'s counters for the `minutes` minutes ending with the minute of `now_ms`
     /// (the caller's clock; minutes are UTC). One round trip to its shard: at most two
@@ -265,30 +315,11 @@ impl Store {
         now_ms: u64,
         key: impl Fn(u64) -> String,
     ) -> Result<Trends, StoreError> {
-        let (first, ranges) = day_ranges(now_ms, minutes);
         let mut p = redis::pipe();
-        for &(day, at, n) in &ranges {
-            let from = at as usize * RECORD_BYTES;
-            let to = from + n as usize * RECORD_BYTES - 1;
-            p.cmd("GETRANGE").arg(key(day)).arg(from).arg(to);
-        }
+        let read = TrendsRead::add(&mut p, minutes, now_ms, key);
         let mut c = self.conn();
         let replies: Vec<Vec<u8>> = self.bounded(p.query_async(&mut c)).await?;
-        if replies.len() != ranges.len() {
-            return Err(StoreError::Corrupt("short trends reply".into()));
-        }
-        let mut out = Vec::with_capacity(minutes as usize);
-        for (bytes, &(_, _, n)) in replies.iter().zip(&ranges) {
-            for i in 0..n as usize {
-                let from = (i * RECORD_BYTES).min(bytes.len());
-                let to = ((i + 1) * RECORD_BYTES).min(bytes.len());
-                out.push(Minute::decode(&bytes[from..to]));
-            }
-        }
-        Ok(Trends {
-            first_minute: first,
-            minutes: out,
-        })
+        read.decode(&replies)
     }
 
     /// The tenants of `shard` with queued or running executions: the members of its busy set

@@ -1265,3 +1265,173 @@ async fn a_withdrawn_key_is_refused_by_every_server_with_or_without_the_news() {
         .await;
     refused_soon(token, "withdrawn without news").await;
 }
+
+/// Script calls (each a key lookup here: no sweeper, no orphan scan, no admission) so far.
+async fn script_calls(app: &TestApp) -> u64 {
+    app.redis
+        .command_calls()
+        .await
+        .iter()
+        .filter(|(c, _)| c.starts_with("eval"))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Made-up tokens, each with a new key id, cost Redis at most the server's budget for
+/// unknown ids (a burst of 10 s of `--unknown-key-lookups-per-second`, then that rate),
+/// however many and however often repeated: 3,000 of them, each sent twice, and then one of
+/// them a thousand times (a flood larger than the misses a server remembers once flushed that
+/// memory, so every unknown token cost a lookup again; now the budget bounds the lookups
+/// whatever the number). Past the budget they are answered
+/// 503 `key_lookups_busy`, never served. Meanwhile a key created on another server works
+/// here at once (its creation is news), and a real key this server has verified is never
+/// held back by the budget.
+#[tokio::test]
+async fn made_up_tokens_cost_redis_at_most_the_budget_for_unknown_ids() {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+    const RATE: u32 = 20;
+    const BURST: u64 = RATE as u64 * 10;
+    const TOKENS: usize = 3_000;
+    const TASKS: usize = 16;
+    let app = TestApp::spawn_with(|c| {
+        c.api.unknown_key_lookups_per_second = RATE;
+        // Nothing else may call a script: every call counted is a key lookup.
+        c.api.sweep_interval_secs = 0;
+        c.api.orphan_scan_ms = 0;
+    })
+    .await;
+    let other = app
+        .spawn_beside(|c| c.api.unknown_key_lookups_per_second = RATE)
+        .await;
+    app.create_tenant("acme").await;
+    let known = app.key_token("acme", "viewer").await;
+    let client = app.client.clone();
+    let get = move |base: String, token: String| {
+        let client = client.clone();
+        async move {
+            let res = client
+                .get(format!("{base}/api/executions"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            let status = res.status();
+            let code = match status {
+                StatusCode::OK => "ok".to_owned(),
+                _ => problem_code(res).await,
+            };
+            (status, code)
+        }
+    };
+    let base = app.url("");
+    assert_eq!(get(base.clone(), known.clone()).await.0, StatusCode::OK);
+    let made_up = |i: usize| format!("sk_{:016x}_{}", 0x5eed_0000_0000 + i, "ab".repeat(32));
+    app.redis.reset_stats().await;
+    let started = Instant::now();
+    // Every made-up token twice, from 16 tasks at once.
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (base, get) = (base.clone(), get.clone());
+            tokio::spawn(async move {
+                let mut seen: BTreeMap<(StatusCode, String), usize> = BTreeMap::new();
+                for _round in 0..2 {
+                    for i in (t..TOKENS).step_by(TASKS) {
+                        let answer = get(base.clone(), made_up(i)).await;
+                        *seen.entry(answer).or_default() += 1;
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    // While the flood runs: a key created through the other server works here at once, and
+    // the key this server verified keeps working.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let res = app
+        .client
+        .post(format!("http://{other}/api/tenants/acme/api-keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"role": "viewer"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let fresh = res.json::<Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, code) = get(base.clone(), fresh.clone()).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        // Only until the news of its creation arrives, and never a 401.
+        assert_eq!(code, "key_lookups_busy", "{status}");
+        assert!(Instant::now() < deadline, "the new key is not served here");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut seen: BTreeMap<(StatusCode, String), usize> = BTreeMap::new();
+    for t in tasks {
+        for (answer, n) in t.await.unwrap() {
+            *seen.entry(answer).or_default() += n;
+        }
+    }
+    // One of them, a thousand times more.
+    for _ in 0..1000 {
+        let answer = get(base.clone(), made_up(7)).await;
+        *seen.entry(answer).or_default() += 1;
+    }
+    assert_eq!(get(base.clone(), known.clone()).await.0, StatusCode::OK);
+    let elapsed = started.elapsed();
+    let lookups = script_calls(&app).await;
+    // The burst, the rate over the time it took, the two real keys' lookups (a verified key
+    // once per half second) and one for the last refill's rounding.
+    let real = 2 * (1 + elapsed.as_millis() as u64 / 500);
+    let most = BURST + (elapsed.as_secs_f64() * f64::from(RATE)).ceil() as u64 + real + 1;
+    println!(
+        "{} requests with made-up tokens in {elapsed:?}: {lookups} key lookups (at most \
+         {most}); answers {seen:?}",
+        2 * TOKENS + 1000
+    );
+    assert!(lookups <= most, "{lookups} lookups, more than {most}");
+    let answered: usize = seen.values().sum();
+    assert_eq!(answered, 2 * TOKENS + 1000);
+    for (status, code) in seen.keys() {
+        assert!(
+            matches!(
+                (*status, code.as_str()),
+                (StatusCode::UNAUTHORIZED, "unauthorized")
+                    | (StatusCode::SERVICE_UNAVAILABLE, "key_lookups_busy")
+            ),
+            "{status} {code}"
+        );
+    }
+    // A server started after a key was created knows it (it reads the ids that exist when
+    // its listener connects): with its budget spent by made-up tokens, the key is served.
+    let late = app
+        .spawn_beside(|c| c.api.unknown_key_lookups_per_second = 1)
+        .await;
+    let late = format!("http://{late}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut next = TOKENS;
+    loop {
+        // Spend its budget (a burst of 10) first.
+        for _ in 0..12 {
+            next += 1;
+            get(late.clone(), made_up(next)).await;
+        }
+        match get(late.clone(), known.clone()).await {
+            (StatusCode::OK, _) => break,
+            (_, code) => {
+                assert_eq!(code, "key_lookups_busy");
+                assert!(
+                    Instant::now() < deadline,
+                    "a key that existed before the server started is held back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

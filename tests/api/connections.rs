@@ -11,7 +11,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::TestApp;
+use crate::helpers::{METRICS_TOKEN, TestApp};
 
 /// The HTTP/2 connection preface and an empty SETTINGS frame: all an h2c client must send.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
@@ -34,7 +34,12 @@ async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Ve
 
 /// One `GET path` on a kept-alive HTTP/1.1 connection; the status line and body.
 async fn get_on(stream: &mut TcpStream, path: &str) -> (String, String) {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: sluice\r\n\r\n");
+    get_with(stream, path, "").await
+}
+
+/// `get_on` with `headers` (each line ending in CRLF) added to the request.
+async fn get_with(stream: &mut TcpStream, path: &str, headers: &str) -> (String, String) {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: sluice\r\n{headers}\r\n");
     stream.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -181,7 +186,8 @@ async fn past_the_cap_newcomers_are_refused_and_served_connections_keep_working(
         );
     }
     // The holder is still served, and sees the refusal counted.
-    let (status, metrics) = get_on(&mut holder, "/metrics").await;
+    let scraper = format!("Authorization: Bearer {METRICS_TOKEN}\r\n");
+    let (status, metrics) = get_with(&mut holder, "/metrics", &scraper).await;
     assert!(status.contains("200"), "{status}");
     assert!(
         metrics.contains("sluice_http_connections_refused_total 1"),
@@ -753,7 +759,7 @@ async fn one_key_holds_at_most_its_share_of_connections_and_others_are_served() 
     // Nothing was done for a refused request: one execution per request served.
     assert_eq!(app.row_count().await, SHARE);
     // What an operator sees: each refused connection counted once, and no tenant named.
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains(&format!(
             "sluice_http_connections_over_key_share_total {refused}\n"
@@ -890,7 +896,7 @@ async fn a_connection_counts_once_against_its_first_credential_and_a_tenants_key
         (429, "tenant_too_many_connections"),
         "{head}"
     );
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     assert!(metrics.contains("sluice_http_connections_over_tenant_share_total 1\n"));
     // An HTTP/2 connection refused for its share: the answer, then a GOAWAY that ends it.
     let io = TokioIo::new(TcpStream::connect(app.addr).await.unwrap());

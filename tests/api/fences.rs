@@ -56,7 +56,8 @@ local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delay
   K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled'),
   K.trends(t, 20423), K.shard_trends(20423), K.busy(), K.key_queue(t, h), K.key_running(t, h),
   K.key_limits(t), K.key_blocked(t), K.tat(t), K.key_tat(t, h), K.outbox(t), K.webhooks(),
-  WEBHOOK_CHANNEL, K.delivery_log(t), K.delivery_lock(t), K.batch_lock(t), K.reaping() }
+  WEBHOOK_CHANNEL, K.delivery_log(t), K.delivery_lock(t), K.batch_lock(t), K.reaping(),
+  K.burst(t) }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -117,6 +118,7 @@ return out";
             s.delivery_lock(&t),
             s.batch_lock(&t),
             s.reaping(),
+            s.burst(&t),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));

@@ -4,7 +4,7 @@
 //! answers what admission would do and writes nothing; a full queue's `Retry-After` comes from
 //! the measured drain.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -378,4 +378,107 @@ async fn the_old_dry_run_query_is_refused_naming_the_new_operation() {
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(problem_code(res).await, "invalid_query");
     assert_eq!(app.page("acme", "").await["total"], 1);
+}
+
+/// Unix ms of an RFC 3339 time in an answer.
+fn unix_ms(text: &Value) -> i64 {
+    let t = time::OffsetDateTime::parse(
+        text.as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// A tenant that just became busy is forecast from how fast it has drained since its first
+/// start, not from that rate spread over the minute in which the first start came (which made
+/// `Retry-After` and the estimates several times too late). 10 s after a worker began
+/// draining it at a steady pace (`demo.sleep` of 2 s, one at a time), with the burst begun at
+/// least 15 s into a minute, the 429 of its full queue says `Retry-After` within ±50 % of the
+/// time per start measured here, and its last queued execution's expected start (p50) is
+/// within ±50 % of its place in the queue times that.
+#[tokio::test]
+async fn a_tenant_that_just_became_busy_is_forecast_from_its_real_drain() {
+    const SLEEP_MS: u64 = 2_000;
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1, "max_queued": 12}))
+        .await;
+    let mut args = vec!["--concurrency", "1"];
+    args.extend_from_slice(FAST_WORKER);
+    let _worker = TestWorker::spawn(&app.redis, &args);
+    // The worker is up (another tenant's run went through) before the burst begins.
+    let warm = admit(&app, "warm", json!({"flow_id": "demo.echo"})).await;
+    app.wait_terminal("warm", &id_of(&warm), Duration::from_secs(30))
+        .await;
+    // A burst that begins early in a minute was measured nearly right before; one that begins
+    // later in it was not: start at least 15 s into a minute.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while time::OffsetDateTime::now_utc().second() < 15 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sleep = json!({"flow_id": "demo.sleep", "params": {"ms": SLEEP_MS}});
+    let fill = || async {
+        let mut admitted = Vec::new();
+        for _ in 0..40 {
+            let res = app.post_execution("acme", &sleep).await;
+            if res.status() == StatusCode::TOO_MANY_REQUESTS {
+                let retry_after: u64 = res.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                return (admitted, retry_after);
+            }
+            assert_eq!(res.status(), StatusCode::CREATED);
+            admitted.push(id_of(&res.json::<Value>().await.unwrap()));
+        }
+        panic!("the queue never filled");
+    };
+    let (mut ids, _) = fill().await;
+    let first = app
+        .wait_for("acme", &ids[0], Duration::from_secs(15), "started", |e| {
+            !e["started_at"].is_null()
+        })
+        .await;
+    let first_start = unix_ms(&first["started_at"]);
+    // 10 s into the burst.
+    let now_ms = || (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+    while now_ms() < first_start + 10_000 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The drain measured here: the time per start over the starts so far.
+    let mut starts = Vec::new();
+    for id in &ids {
+        let e = app.execution("acme", id).await;
+        if !e["started_at"].is_null() {
+            starts.push(unix_ms(&e["started_at"]));
+        }
+    }
+    starts.sort_unstable();
+    assert!(starts.len() >= 3, "{starts:?}");
+    let per_start_ms = (starts[starts.len() - 1] - starts[0]) as f64 / (starts.len() - 1) as f64;
+    // The queue is full again: its 429 and its last execution's estimate.
+    let (more, retry_after) = fill().await;
+    ids.extend(more);
+    let last = app.execution("acme", ids.last().unwrap()).await;
+    let ahead = last["queue_position"]["tenant"].as_u64().unwrap();
+    let p50_in = unix_ms(&last["estimated_start"]["p50"]) - now_ms();
+    // It starts after those ahead of it and after the run going on: about ahead + 1 starts.
+    let real_ms = (ahead + 1) as f64 * per_start_ms;
+    println!(
+        "{} starts in the first 10 s, {per_start_ms:.0} ms per start; Retry-After \
+         {retry_after} s; the last queued ({ahead} ahead) expected in {p50_in} ms, about \
+         {real_ms:.0} ms by the measured drain",
+        starts.len()
+    );
+    let within = |got: f64, want: f64| (0.5 * want..=1.5 * want).contains(&got);
+    assert!(
+        within(retry_after as f64 * 1_000.0, per_start_ms),
+        "Retry-After {retry_after} s for {per_start_ms:.0} ms per start"
+    );
+    assert!(
+        within(p50_in as f64, real_ms),
+        "expected in {p50_in} ms, the drain says {real_ms:.0} ms"
+    );
 }

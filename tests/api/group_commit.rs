@@ -579,7 +579,7 @@ async fn metrics_count_the_completion_calls_and_the_reports_they_carried() {
             .await
             .unwrap();
     }
-    let text = app.get_text("/metrics").await;
+    let text = app.metrics().await;
     let value = |name: &str| -> u64 {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name} ")))

@@ -161,7 +161,7 @@ async fn a_full_key_never_delays_another_key() {
     );
     assert_eq!(tenant["max_concurrent_per_key"], 1);
     // Saturation in the metrics, per tenant: keys are never labels.
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("sluice_tenant_blocked_keys{tenant=\"acme\"} 1"),
         "{metrics}"

@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::helpers::{ADMIN_TOKEN, TestApp, TestRedis, free_port, sluice_bin};
+use crate::helpers::{ADMIN_TOKEN, METRICS_TOKEN, TestApp, TestRedis, free_port, sluice_bin};
 
 /// The value of the one sample named `series` (name and labels exactly as exposed).
 pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
@@ -53,7 +53,13 @@ async fn metrics_count_admissions_per_tenant_and_show_queue_depth() {
         StatusCode::TOO_MANY_REQUESTS
     );
 
-    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    let res = app
+        .client
+        .get(app.url("/metrics"))
+        .bearer_auth(METRICS_TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
     assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
@@ -315,7 +321,7 @@ async fn metric_labels_come_from_closed_sets() {
     for tenant in ["t1", "t2", "t3", "t4"] {
         app.admit(tenant, "demo.echo").await;
     }
-    let text = app.get_text("/metrics").await;
+    let text = app.metrics().await;
     let latency = series(&text, "sluice_http_request_duration_seconds_count");
     assert!(
         latency
@@ -353,7 +359,7 @@ async fn metric_labels_come_from_closed_sets() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     app.admit("t5", "demo.echo").await;
-    let text = app.get_text("/metrics").await;
+    let text = app.metrics().await;
     let admitted = series(&text, "sluice_admissions_total");
     assert!(
         !admitted.iter().any(|l| l.contains(r#""t1""#)),
@@ -389,10 +395,75 @@ async fn metrics_can_require_their_own_token() {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
+/// By default `/metrics` names no tenant to anybody: on the API's address it needs the
+/// metrics token, and without one configured it answers 401 to every caller — the platform
+/// admin token and a tenant admin's key included (neither is a scraper's credential). Only
+/// `--metrics-open` (or dev auth, or its own address) serves it without a token, and
+/// `--metrics-open` beside `--metrics-token` stops the server at start.
+#[tokio::test]
+async fn metrics_need_their_token_by_default_and_are_opened_only_on_purpose() {
+    let app = TestApp::spawn_with(|c| c.api.metrics_token = None).await;
+    app.create_tenant("acme").await;
+    app.admit("acme", "demo.echo").await;
+    let tenant_admin = app.key_token("acme", "admin").await;
+    for token in [None, Some(ADMIN_TOKEN), Some(tenant_admin.as_str())] {
+        let mut req = app.client.get(app.url("/metrics"));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{token:?}");
+        assert_eq!(res.headers()["www-authenticate"], "Bearer");
+        let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+        assert_eq!(ct, "application/problem+json");
+        let body = res.text().await.unwrap();
+        assert!(body.contains(r#""code":"unauthorized""#), "{body}");
+        assert!(!body.contains("acme"), "a tenant named: {body}");
+    }
+    // Opened on purpose: anyone reads it.
+    let open = TestApp::spawn_with(|c| {
+        c.api.metrics_token = None;
+        c.api.metrics_open = true;
+    })
+    .await;
+    open.admit("acme", "demo.echo").await;
+    let res = open.client.get(open.url("/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.text().await.unwrap().contains(r#"tenant="acme""#));
+    // Dev auth: every caller is the platform admin already.
+    let dev = TestApp::spawn_with(|c| {
+        c.api.metrics_token = None;
+        c.api.dev_auth = true;
+    })
+    .await;
+    let res = dev.client.get(dev.url("/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // Open and a token at once make no sense: refused at start.
+    let mut config = sluice::config::AppConfig {
+        api: sluice::config::ApiSettings::defaults(),
+        redis: app.redis.settings(),
+    };
+    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    config.api.metrics_open = true;
+    config.api.metrics_token = Some("scrape-secret".into());
+    let refused = sluice::Application::build(config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        refused.to_string().contains("--metrics-open"),
+        "{refused:#}"
+    );
+}
+
 #[tokio::test]
 async fn metrics_can_have_their_own_address() {
-    let app =
-        TestApp::spawn_with(|c| c.api.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    // No token: on its own address the operator chose who reaches it.
+    let app = TestApp::spawn_with(|c| {
+        c.api.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.api.metrics_token = None;
+    })
+    .await;
     let res = app.client.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
     assert_eq!(crate::helpers::problem_code(res).await, "route_not_found");

@@ -351,7 +351,7 @@ async fn many_long_polls_share_the_doorbell_readers_and_each_execution_goes_to_o
     // One reader per shard at most, however many polls waited.
     assert!(app.pull.doorbells.connections() <= shards);
     // What an operator sees.
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains(&format!("sluice_pull_runs_handed_out_total {POLLS}\n")),
         "{metrics}"
@@ -401,6 +401,119 @@ async fn a_cancel_reaches_a_waiting_stop_poll_at_once_and_the_heartbeat_says_so(
         .await;
     assert_eq!(res.json::<Value>().await.unwrap()["result"], "cancelled");
     assert_eq!(app.execution("acme", &id).await["status"], "cancelled");
+}
+
+/// The pull workers' stop mailboxes `serve` keeps for `tenant`'s workers.
+fn mailboxes_of(app: &TestApp, tenant: &str) -> Vec<String> {
+    let prefix = format!("pull/{tenant}/");
+    let mut kept: Vec<String> = app
+        .pull
+        .stops
+        .kept()
+        .into_iter()
+        .filter_map(|c| c.strip_prefix(&prefix).map(str::to_owned))
+        .collect();
+    kept.sort();
+    kept
+}
+
+/// A `worker_id` is a name the caller makes up, and each stop poll of a new one leaves a
+/// mailbox for a minute: a key inventing ids holds at most its bound of them (its own
+/// idle-longest forgotten first), a second key of the flood takes room from the credential
+/// holding the most, and other credentials' mailboxes stay and still get their cancels.
+#[tokio::test]
+async fn a_key_inventing_worker_ids_keeps_a_bounded_number_of_stop_mailboxes() {
+    const PER_KEY: usize = 8;
+    const TOTAL: usize = 16;
+    let app = TestApp::spawn_with(|c| {
+        c.api.pull_mailboxes_per_credential = PER_KEY;
+        c.api.pull_mailboxes = TOTAL;
+    })
+    .await;
+    let victim = Puller::new(&app, "acme", "victim").await;
+    let stop_poll = |p: &Puller, worker: String, wait: &'static str| {
+        let p = p.clone();
+        async move {
+            let res = p
+                .post(
+                    &format!("/api/worker/stops{wait}"),
+                    json!({"worker_id": worker}),
+                )
+                .await;
+            assert_eq!(res.status(), StatusCode::OK);
+            res.json::<Value>().await.unwrap()["stop"].clone()
+        }
+    };
+    stop_poll(&victim, "victim".into(), "").await;
+    let neighbour = Puller::new(&app, "beta", "b").await;
+    for i in 0..3 {
+        stop_poll(&neighbour, format!("b{i}"), "").await;
+    }
+    // One key, 100 invented ids: it keeps its last 8, nobody else loses one.
+    let flood = Puller::new(&app, "evil", "x").await;
+    for i in 0..100 {
+        stop_poll(&flood, format!("x{i:03}"), "").await;
+    }
+    let last: Vec<String> = (92..100).map(|i| format!("x{i:03}")).collect();
+    assert_eq!(mailboxes_of(&app, "evil"), last);
+    assert_eq!(mailboxes_of(&app, "acme"), ["victim"]);
+    assert_eq!(mailboxes_of(&app, "beta"), ["b0", "b1", "b2"]);
+    // A second key of the flood fills the server (16): room comes from the first key, which
+    // holds the most, never from the victim or the neighbour.
+    let second = Puller {
+        token: app.key_token("evil", "worker").await,
+        ..flood.clone()
+    };
+    for i in 0..100 {
+        stop_poll(&second, format!("y{i:03}"), "").await;
+    }
+    assert_eq!(app.pull.stops.kept().len(), TOTAL);
+    let evil = mailboxes_of(&app, "evil");
+    let (xs, ys): (Vec<&String>, Vec<&String>) = evil.iter().partition(|w| w.starts_with('x'));
+    assert_eq!(xs.len() + ys.len(), TOTAL - 4, "{evil:?}");
+    assert!(xs.len() <= PER_KEY && ys.len() <= PER_KEY, "{evil:?}");
+    assert!(ys.contains(&&"y099".to_owned()), "{evil:?}");
+    assert_eq!(mailboxes_of(&app, "acme"), ["victim"]);
+    assert_eq!(mailboxes_of(&app, "beta"), ["b0", "b1", "b2"]);
+    // A mailbox a poll waits on is never forgotten: with all 8 of a key's mailboxes waited
+    // on, a ninth id gets a mailbox only for its own poll.
+    let third = Puller {
+        token: app.key_token("evil", "worker").await,
+        ..flood.clone()
+    };
+    let waits: Vec<_> = (0..PER_KEY)
+        .map(|i| tokio::spawn(stop_poll(&third, format!("z{i}"), "?wait=3s")))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while mailboxes_of(&app, "evil")
+        .iter()
+        .filter(|w| w.starts_with('z'))
+        .count()
+        < PER_KEY
+    {
+        assert!(Instant::now() < deadline, "the waits never began");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop_poll(&third, "z-extra".into(), "").await;
+    let evil = mailboxes_of(&app, "evil");
+    assert!(!evil.contains(&"z-extra".to_owned()), "{evil:?}");
+    assert_eq!(evil.iter().filter(|w| w.starts_with('z')).count(), PER_KEY);
+    for w in waits {
+        assert_eq!(w.await.unwrap(), json!([]));
+    }
+    // The victim's mailbox still works: a cancel published while it does not poll is kept
+    // for its next poll.
+    let id = app.admit_with("acme", json!({"flow_id": "py.sleep"})).await;
+    let run = victim.lease("", json!({})).await.remove(0);
+    assert_eq!(id_of(&run), id);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !app.pull.stops.listening() {
+        assert!(Instant::now() < deadline, "the stop listener never came up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(app.cancel("acme", &id).await.status().is_success());
+    let got = stop_poll(&victim, "victim".into(), "?wait=10s").await;
+    assert_eq!(got, json!([id]));
 }
 
 #[tokio::test]

@@ -169,7 +169,7 @@ async fn a_throttled_tenant_leaves_the_runnable_set_until_its_next_token() {
         "{dry}"
     );
     // The metrics say how long it is held back (about 30 s: one token every 30 s, burst 2).
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     let held: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("sluice_tenant_throttled_seconds{tenant=\"acme\"} "))

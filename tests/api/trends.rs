@@ -476,7 +476,7 @@ redis.call('SADD', K.busy(), t)
 flush_trends()
 return 1"#;
     run_helpers(&app, tenant, now_ms, op).await;
-    let text = app.get_text("/metrics").await;
+    let text = app.metrics().await;
     let label = shard.label();
     for line in [
         format!("sluice_last_minute_events{{shard=\"{label}\",event=\"completed\"}} 3"),
@@ -498,7 +498,7 @@ return 1"#;
     for _ in 0..2 {
         app.admit_params(tenant, "demo.echo", json!({})).await;
     }
-    let text = app.get_text("/metrics").await;
+    let text = app.metrics().await;
     let line = "sluice_tenant_executions{tenant=\"acme\",state=\"queued\"} 2";
     assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
 }

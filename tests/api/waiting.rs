@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sluice::Application;
 use sluice::domain::ExecutionId;
 
-use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker, problem_code};
+use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, METRICS_TOKEN, TestApp, TestWorker, problem_code};
 
 /// One thing read off an event stream.
 #[derive(Debug)]
@@ -422,7 +422,7 @@ async fn many_waiters_on_one_execution_cost_redis_nothing_while_they_wait() {
         );
     }
     until_waiters(&app, 50).await;
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     assert!(metrics.contains("sluice_waiters 50\n"), "{metrics}");
     assert!(
         metrics.contains("sluice_waiters_listening 1\n"),
@@ -818,6 +818,7 @@ async fn until_waiters_at(app: &TestApp, base: std::net::SocketAddr, n: usize) {
         let text = app
             .client
             .get(format!("http://{base}/metrics"))
+            .bearer_auth(METRICS_TOKEN)
             .send()
             .await
             .unwrap()

@@ -495,7 +495,7 @@ async fn stale_queue_members_are_dropped_once_and_evictions_are_counted() {
         1,
         "the evicted record is counted"
     );
-    let metrics = app.get_text("/metrics").await;
+    let metrics = app.metrics().await;
     let label = shard.label();
     let evicted = format!("sluice_shard_events{{shard=\"{label}\",event=\"dlq_evicted\"}} 1");
     assert!(metrics.contains(&evicted), "{evicted} not in:\n{metrics}");

@@ -268,6 +268,9 @@ pub async fn start_serve(
                 // The sweeper would add Redis work the admission numbers should not contain.
                 .args(["--sweep-interval-secs", "0"])
                 .env("SLUICE_ADMIN_TOKEN", admin_token)
+                // The benchmark reads serve's counters from `/metrics` on loopback (a variable,
+                // not the flag: a build from before the flag, under --compare-builds, ignores it).
+                .env("SLUICE_METRICS_OPEN", "true")
                 .env("RUST_LOG", "warn"),
             scratch.path().join(format!("serve-{attempt}.log")),
         )?;

@@ -95,14 +95,18 @@ impl Metrics {
 /// shard the queue depth, the dead-letter count, the event counters kept on Redis
 /// (completed, fenced, dlq_evicted, ...) and the last complete minute of the per-minute
 /// counters (events and waiting time), read at scrape time; the same per tenant with work
-/// (its queued and running executions, and its last complete minute). With `--metrics-token` it needs
-/// `Authorization: Bearer <metrics token>`; with `--metrics-listen` it is served only on that
-/// address (and answers 404 here).
+/// (its queued and running executions, and its last complete minute). It names every tenant,
+/// so by default it needs `Authorization: Bearer <metrics token>` (`--metrics-token`; without
+/// one configured it answers 401 to everybody); with `--metrics-listen` it is served only on
+/// that address (and answers 404 here), without a token unless `--metrics-token` is set;
+/// `--metrics-open` serves it to anyone. The platform admin token does not open it.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses(
         (status = 200, description = "The metrics", body = String,
             content_type = "application/openmetrics-text"),
-        (status = 401, description = "`--metrics-token` is set and the request does not carry it",
+        (status = 401, description = "`unauthorized`: the request does not carry the metrics \
+            token (`--metrics-token`), or none is configured and `/metrics` was not opened \
+            (`--metrics-open`, `--metrics-listen`)",
             body = Problem, content_type = "application/problem+json",
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 404, description = "Served on another address (`--metrics-listen`)",
@@ -110,9 +114,11 @@ impl Metrics {
     ),
     security((), ("metrics_bearer" = [])))]
 pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(token) = &state.auth.metrics_token
-        && !bearer_is(&headers, token)
-    {
+    let allowed = match &state.auth.metrics_token {
+        Some(token) => bearer_is(&headers, token),
+        None => state.auth.metrics_open,
+    };
+    if !allowed {
         return ApiError::Unauthorized.into_response();
     }
     let m = &state.metrics;

@@ -20,6 +20,10 @@ use super::TestRedis;
 /// The platform admin token every `TestApp` is configured with.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
+/// The token `/metrics` needs on every `TestApp` (`--metrics-token`), as a deployment's
+/// scraper would have it.
+pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
+
 /// The real application on a free port, with its own Redis.
 pub struct TestApp {
     pub addr: SocketAddr,
@@ -55,6 +59,7 @@ impl TestApp {
         let mut api = ApiSettings::defaults();
         api.listen = "127.0.0.1:0".parse().unwrap();
         api.admin_token = Some(ADMIN_TOKEN.into());
+        api.metrics_token = Some(METRICS_TOKEN.into());
         // Generous bounds: the suite runs many servers and workers at once on a small
         // machine, and a test of something else must not fail on a slow moment. Tests of
         // time-outs set their own.
@@ -130,7 +135,7 @@ impl TestApp {
             .header("X-Tenant-Id", tenant)
     }
 
-    /// The body of `GET path` as text (no credential: metrics, the console's files, ...).
+    /// The body of `GET path` as text (no credential: the console's files, ...).
     pub async fn get_text(&self, path: &str) -> String {
         self.client
             .get(self.url(path))
@@ -140,6 +145,19 @@ impl TestApp {
             .text()
             .await
             .unwrap()
+    }
+
+    /// `/metrics` as a scraper with the metrics token reads it.
+    pub async fn metrics(&self) -> String {
+        let res = self
+            .client
+            .get(self.url("/metrics"))
+            .bearer_auth(METRICS_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "GET /metrics");
+        res.text().await.unwrap()
     }
 
     /// GET `path` and parse the JSON answer: as the platform admin acting for `tenant`, or
