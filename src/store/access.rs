@@ -122,6 +122,8 @@ impl Store {
             max_concurrent_per_key: super::Change::Reset,
             rate_limit: super::Change::Reset,
             rate_limit_per_key: super::Change::Reset,
+            max_bytes: super::Change::Reset,
+            max_retained: super::Change::Reset,
         };
         self.set_limits_in(shard, tenant, &defaults).await?;
         // Its webhook goes, with the events it had not delivered yet.

@@ -161,6 +161,9 @@ pub enum SweepMode {
     Reach,
     /// One status index (of the tenant, or of one of its flows).
     Index,
+    /// The tenant's storage counters, recounted in one call when it has few enough queued
+    /// and running executions (see `sweep.lua`).
+    Usage,
 }
 
 impl SweepMode {
@@ -171,6 +174,7 @@ impl SweepMode {
             SweepMode::Waiting => "waiting",
             SweepMode::Reach => "reach",
             SweepMode::Index => "index",
+            SweepMode::Usage => "usage",
         }
     }
 }
@@ -186,8 +190,9 @@ pub struct SweepStep {
 }
 
 impl SweepTarget {
-    /// Every walk this tenant needs: slots, queue, reachability of its queued executions, and
-    /// each status index with and without flow.
+    /// Every walk this tenant needs: slots, queue, reachability of its queued executions,
+    /// each status index with and without flow, and (after those, so it counts what they
+    /// repaired) its storage counters.
     pub fn steps(&self) -> Vec<SweepStep> {
         let step = |mode, status, flow| SweepStep {
             shard: self.shard,
@@ -207,6 +212,7 @@ impl SweepTarget {
                 v.push(step(SweepMode::Index, Some(status), Some(f.clone())));
             }
         }
+        v.push(step(SweepMode::Usage, None, None));
         v
     }
 }
