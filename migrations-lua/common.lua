@@ -496,7 +496,7 @@ end
 -- The hash holds at most RETAINED_BUCKETS + 1 buckets per retention in force.
 --
 -- A call collects its changes (usage_of()) and writes them at its end (flush_usage()): per
--- tenant at most two HINCRBYs and one read and write per bucket touched, however many
+-- tenant one HSET of its counters and one read and write per bucket touched, however many
 -- executions the call changed (a group of admissions, or of reports, shares them). Every
 -- script that can collect one calls flush_usage() (a unit test checks it).
 local ROW_BYTES = 512
@@ -514,7 +514,7 @@ local function usage_of(t)
     limits(t)
     local v = LIMITS_READ[t]
     u = { bytes = tonumber(v[12]) or 0, rows = tonumber(v[13]) or 0, d_bytes = 0, d_rows = 0,
-      buckets = {}, drained = {}, next = tonumber(v[14]), was = v[14] }
+      buckets = {}, drained = {}, next = tonumber(v[14]), was = v[14] or nil }
     USAGE[t] = u
   end
   return u
@@ -602,17 +602,29 @@ local function storage_refusal(t, size, rows, now, max_bytes, max_retained, whol
   return nil
 end
 
--- Writes what this call collected (see usage_of()). A counter that comes to 0 is deleted, so a
--- tenant with nothing counted keeps no field of it.
+-- Writes what this call collected (see usage_of()): the counters as they are now (read in this
+-- call, so one HSET writes them all), each bucket changed. A counter that comes to 0 is
+-- deleted, so a tenant with nothing counted keeps no field of it.
 local function flush_usage()
   for t, u in pairs(USAGE) do
     local cfg, ret = K.cfg(t), K.retained(t)
-    if u.d_bytes ~= 0 and redis.call('HINCRBY', cfg, 'u_bytes', u.d_bytes) == 0 then
-      redis.call('HDEL', cfg, 'u_bytes')
+    local set, gone = {}, {}
+    local function put(field, changed, value)
+      if not changed then return end
+      if value then
+        table.insert(set, field)
+        table.insert(set, value)
+      else
+        table.insert(gone, field)
+      end
     end
-    if u.d_rows ~= 0 and redis.call('HINCRBY', cfg, 'u_rows', u.d_rows) == 0 then
-      redis.call('HDEL', cfg, 'u_rows')
-    end
+    local bytes, rows = u.bytes + u.d_bytes, u.rows + u.d_rows
+    put('u_bytes', u.d_bytes ~= 0, bytes ~= 0 and string.format('%d', bytes) or nil)
+    put('u_rows', u.d_rows ~= 0, rows ~= 0 and string.format('%d', rows) or nil)
+    local next = u.next and string.format('%d', u.next) or nil
+    put('u_next', next ~= u.was, next)
+    if #set > 0 then redis.call('HSET', cfg, unpack(set)) end
+    if #gone > 0 then redis.call('HDEL', cfg, unpack(gone)) end
     if #u.drained > 0 then redis.call('HDEL', ret, unpack(u.drained)) end
     for e, d in pairs(u.buckets) do
       local field = string.format('%d', e)
@@ -622,14 +634,6 @@ local function flush_usage()
         redis.call('HDEL', ret, field)
       else
         redis.call('HSET', ret, field, string.format('%d:%d', b, r))
-      end
-    end
-    local next = u.next and string.format('%d', u.next) or nil
-    if next ~= u.was then
-      if next then
-        redis.call('HSET', cfg, 'u_next', next)
-      else
-        redis.call('HDEL', cfg, 'u_next')
       end
     end
   end
