@@ -19,11 +19,14 @@
 --   +7 flows: its set of flows
 --   +8 dedup: the dedup mapping (only with a dedup key)
 -- (Also written, names built inside from the prefix since Redis's clock picks the day: the
--- trends counters and the shard's busy set, see the trends block of common.lua; and with a
--- concurrency key, the key's queue and the tenant's blocked keys, see "Concurrency keys".)
+-- trends counters and the shard's busy set, see the trends block of common.lua; with a
+-- concurrency key, the key's queue and the tenant's blocked keys, see "Concurrency keys"; and
+-- the tenant's expiry buckets when some have ended, see "Storage".)
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  count: the number of admissions, 1..100
--- ARGV[7..] admissions: for each admission in order, 16 values:
+-- ARGV[7]  max_bytes: the server's max_bytes (for tenants without their own, see "Storage")
+-- ARGV[8]  max_retained: the server's max_retained (likewise)
+-- ARGV[9..] admissions: for each admission in order, 16 values:
 --   +0  tenant: tenant id (validated: no braces, colons or spaces)
 --   +1  id: new execution id (32 lowercase hex, minted by the caller)
 --   +2  flow: flow id (validated key-safe)
@@ -53,6 +56,13 @@
 --   {'disabled'}        the tenant is disabled; nothing written
 --   {'deleting'}        the tenant is being deleted (tenant_drop.lua); nothing written
 --   {'full', queued}    the tenant has max_queued executions queued; nothing written
+--   {'too_large', size, max_bytes}
+--                       the execution's logical size (see "Storage" in common.lua) is over
+--                       the tenant's max_bytes: it can never fit; nothing written
+--   {'storage_full', bound, count, limit, wait_ms}
+--                       the tenant keeps `limit` logical bytes ('bytes', with this one) or
+--                       retained rows ('retained'); its next expiry bucket drains in
+--                       wait_ms (-1: none); nothing written
 --   {'moved', n}        the tenant is pinned to dedicated shard n (pin.lua; the quota decision
 --                       of place() finds it): nothing written
 --   {'error', message}  this admission raised an error (a bug, or data sluice did not write);
@@ -71,6 +81,8 @@ local TENANTS = KEYS[2]
 -- true when it is in the runnable set (more work never takes it out), the slots it holds (an
 -- admission takes none), and the registry members and busy marks written already.
 local QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {}
+-- The server's storage bounds (ARGV[7], ARGV[8]), for tenants without their own.
+local MAX_BYTES, MAX_RETAINED
 -- Whether any admission of the call has a void marker (one EXISTS for the call; see below).
 local ANY_VOID = true
 
@@ -105,13 +117,16 @@ local function admit_one(k, a)
     if refusal == 'full' then QUEUED[tenant] = queued end
     return { refusal, queued }
   end
+  local size = ROW_BYTES + #params
+  local full = storage_refusal(tenant, size, 0, now, MAX_BYTES, MAX_RETAINED, true)
+  if full then return full end
   local due = run_at or (delay and now + delay)
   if due and due <= now then due = nil end
 
   -- Decided; from here on only writes.
   local row = { 'tenant', tenant, 'flow', flow, 'params', params, 'status', 'queued',
     'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now,
-    'priority', priority }
+    'priority', priority, 'sz', size }
   if version ~= '' then table.insert(row, 'version'); table.insert(row, version) end
   if dedup ~= '' then
     for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
@@ -147,6 +162,7 @@ local function admit_one(k, a)
     BUSY[tenant] = true
   end
   tally(tenant, 'admitted', now)
+  count_bytes(tenant, size)
   -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
   if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
   if due then return { 'new', 'scheduled', now, due } end
@@ -157,7 +173,8 @@ local function admit_one(k, a)
 end
 
 local n = tonumber(ARGV[6])
-if not n or n < 1 or n > 100 or #ARGV ~= 6 + 16 * n then
+MAX_BYTES, MAX_RETAINED = ARGV[7], ARGV[8]
+if not n or n < 1 or n > 100 or #ARGV ~= 8 + 16 * n then
   return redis.error_reply('ERR sluice admit: ' .. tostring(ARGV[6]) .. ' admissions with ' ..
     #ARGV .. ' values')
 end
@@ -166,7 +183,7 @@ end
 local want, voids = 4, {}
 for i = 0, n - 1 do
   voids[i + 1] = KEYS[want + 2]
-  want = want + (ARGV[13 + 16 * i] ~= '' and 9 or 8)
+  want = want + (ARGV[15 + 16 * i] ~= '' and 9 or 8)
 end
 if want ~= #KEYS then
   return redis.error_reply('ERR sluice admit: ' .. #KEYS .. ' keys for ' .. n ..
@@ -175,7 +192,7 @@ end
 -- Void markers are rare (abandon.lua writes one for a call whose answer was lost): one EXISTS
 -- of them all, and only when one exists does each admission look for its own.
 ANY_VOID = redis.call('EXISTS', unpack(voids)) > 0
-local replies, k, a = {}, 5, 7
+local replies, k, a = {}, 5, 9
 for i = 1, n do
   local ok, reply = pcall(admit_one, k, a)
   if ok then
@@ -186,6 +203,8 @@ for i = 1, n do
   k = k + (ARGV[a + 6] ~= '' and 9 or 8)
   a = a + 16
 end
--- The per-minute counters of every admission of the call, in one write per key.
+-- The per-minute counters of every admission of the call, and its tenants' storage counters,
+-- in one write per key.
 flush_trends()
+flush_usage()
 return replies

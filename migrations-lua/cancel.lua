@@ -16,8 +16,8 @@
 -- KEYS[8]  runnable: the shard's runnable tenants
 -- KEYS[9]  delayed: its timer set
 -- KEYS[10] stats: its counters
--- (A cancel also counts in the trends counters, and goes to the tenant's webhook outbox:
--- names built inside, see common.lua.)
+-- (A cancel also counts in the trends counters, goes to the tenant's webhook outbox, and
+-- retains the row in the tenant's storage counters: names built inside, see common.lua.)
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: the caller's tenant id
 -- ARGV[7]  id: execution id
@@ -31,7 +31,7 @@ local CANCELLED_IDX = declared(7, K.status_idx(tenant, 'cancelled'))
 declared(8, K.runnable()); declared(9, K.delayed())
 local STATS = declared(10, K.stats())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow',
-  'deleted', 'ckh')
+  'deleted', 'ckh', 'sz')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
 
@@ -45,7 +45,11 @@ if status == 'queued' then
   redis.call('HSET', ROW, 'status', 'cancelled', 'cancel', 1, 'finished', now,
     'updated', now)
   redis.call('HDEL', ROW, 'qstate', 'entry')
-  settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'))
+  -- Retained with its logical size (see "Storage" in common.lua): an error message of an
+  -- earlier attempt stays in the row.
+  local size = tonumber(row[8])
+  if size then size = size + redis.call('HSTRLEN', ROW, 'err_msg') end
+  settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'), size)
   outbox(tenant, id, 'cancelled', now,
     { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'attempt') or '0' })
   redis.call('HINCRBY', STATS, 'cancelled', 1)
@@ -59,4 +63,5 @@ elseif status == 'running' then
 end
 notify(id, now)
 flush_trends()
+flush_usage()
 return { 'ok', id, view(id) }

@@ -65,6 +65,7 @@ function K.delivery_log(t) return P .. 't:' .. t .. ':whlog' end
 function K.delivery_lock(t) return P .. 't:' .. t .. ':whlock' end
 function K.batch_lock(t) return P .. 't:' .. t .. ':batch' end
 function K.reaping() return P .. 'reaping' end
+function K.retained(t) return P .. 't:' .. t .. ':ret' end
 
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
@@ -113,13 +114,16 @@ local LIMITS_READ = {}
 local function limits(t)
   local v = LIMITS_READ[t]
   if not v then
+    -- Fields 10 to 14 are the storage bounds and counters (see "Storage" below), read here so
+    -- that they cost no call of their own; the 15th is the deletion mark.
     v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
-      'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'deleting')
+      'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'max_bytes',
+      'max_retained', 'u_bytes', 'u_rows', 'u_next', 'deleting')
     LIMITS_READ[t] = v
   end
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
     v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6]), v[7] or nil, v[8] or nil,
-    v[9] or nil, v[10] or nil
+    v[9] or nil, v[15] or nil
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -474,6 +478,175 @@ local function position(t, id, h)
   return redis.call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit, false
 end
 
+-- ------------------------------------------------------------------------------------------
+-- Storage: what a tenant keeps on Redis, bounded per tenant (docs/DESIGN.md, "Storage
+-- bounds"). An execution's logical size is ROW_BYTES + its params + its output + its error
+-- message, in bytes as stored: a documented measure, not MEMORY USAGE, so that a later layout
+-- keeps its meaning. Its row keeps `sz` = ROW_BYTES + #params from its admission (the part
+-- that never changes); a row without it was admitted by an older build and is counted
+-- nowhere, then or later. Fields of the tenant's cfg hash, read with its limits (limits():
+-- no call of their own):
+--   u_bytes   logical bytes of its queued, running and retained terminal executions
+--   u_rows    its terminal rows retained
+--   u_next    the end (Unix s) of its earliest expiry bucket: a decision after it drains
+--   max_bytes, max_retained   its own bounds (absent: the server's, an argument of the scripts
+--             that decide: admit.lua, retry.lua, dry_admit.lua)
+-- A terminal row expires RETENTION_SECS after its terminal change, silently, so its size and
+-- its row are also kept in K.retained(t), a hash of expiry buckets: field = the bucket's end
+-- (Unix s, a multiple of its width: RETENTION_SECS / RETAINED_BUCKETS rounded down, at least
+-- 1 s; an hour at 30 days), value '<bytes>:<rows>'. Every row of a bucket has expired at its
+-- end; the tenant's next decision after it (an admission, a retry, the sweeper's recount)
+-- takes the bucket off the counters and deletes it ("drains" it), so the counts fall within
+-- one bucket width of the rows' expiry without a listing or a sweep meeting the rows. A retry
+-- or force delete of a terminal row takes it out of its bucket at once, the bucket found
+-- from the row's own expiry (PEXPIRETIME, exact: settle_terminal() sets it with PEXPIREAT).
+-- The hash holds at most RETAINED_BUCKETS + 1 buckets per retention in force.
+--
+-- A call collects its changes (usage_of()) and writes them at its end (flush_usage()): per
+-- tenant one HSET of its counters and one read and write per bucket touched, however many
+-- executions the call changed (a group of admissions, or of reports, shares them). Every
+-- script that can collect one calls flush_usage() (a unit test checks it).
+local ROW_BYTES = 512
+local RETAINED_BUCKETS = 720
+
+-- The changes this call collected, by tenant (see usage_of()).
+local USAGE = {}
+
+-- Tenant t's storage counters in this call: `bytes` and `rows` as stored, the changes to
+-- them (`d_bytes`, `d_rows`), the changes of buckets (`buckets`: end -> {bytes, rows}), the
+-- buckets drained (`drained`: fields), and `next`, what u_next will be (`was`: as stored).
+local function usage_of(t)
+  local u = USAGE[t]
+  if not u then
+    limits(t)
+    local v = LIMITS_READ[t]
+    u = { bytes = tonumber(v[12]) or 0, rows = tonumber(v[13]) or 0, d_bytes = 0, d_rows = 0,
+      buckets = {}, drained = {}, next = tonumber(v[14]), was = v[14] or nil }
+    USAGE[t] = u
+  end
+  return u
+end
+
+-- Adds `bytes` (negative: takes them off) to tenant t's logical bytes.
+local function count_bytes(t, bytes)
+  local u = usage_of(t)
+  u.d_bytes = u.d_bytes + bytes
+end
+
+-- A terminal row of tenant t of `size` logical bytes (counted already) that expires at
+-- `expire_at` (ms) is retained (n = 1), or leaves its bucket before it expired (n = -1: a
+-- retry, a force delete).
+local function retain(t, size, expire_at, n)
+  local u = usage_of(t)
+  local width = math.max(1, math.floor(RETENTION_SECS / RETAINED_BUCKETS))
+  local e = math.ceil(expire_at / 1000 / width) * width
+  u.d_rows = u.d_rows + n
+  local d = u.buckets[e]
+  if not d then
+    d = { 0, 0 }
+    u.buckets[e] = d
+  end
+  d[1], d[2] = d[1] + n * size, d[2] + n
+  if not u.next or e < u.next then u.next = e end
+end
+
+-- Tenant t's bytes and retained rows after every bucket that ended by `now` (ms) is drained:
+-- their rows have expired. Reads the buckets only when u_next says one has ended, then the
+-- hash whole (bounded, see above): once per bucket width at most. Writes nothing itself:
+-- flush_usage() does (a dry run never calls it). Returns usage_of(t).
+local function drain(t, now)
+  local u = usage_of(t)
+  if not u.next or u.next * 1000 > now then return u end
+  local next = nil
+  local all = redis.call('HGETALL', K.retained(t))
+  for i = 1, #all, 2 do
+    local e = tonumber(all[i])
+    local b, r = string.match(all[i + 1], '^(-?%d+):(-?%d+)$')
+    if e and b and e * 1000 <= now then
+      u.d_bytes, u.d_rows = u.d_bytes - tonumber(b), u.d_rows - tonumber(r)
+      table.insert(u.drained, all[i])
+    elseif e and (not next or e < next) then
+      next = e
+    end
+  end
+  -- Changes this call made to buckets (only of rows that had not expired yet, so of buckets
+  -- that have not ended, but a bucket is a bucket).
+  for e, d in pairs(u.buckets) do
+    if e * 1000 <= now then
+      u.d_bytes, u.d_rows = u.d_bytes - d[1], u.d_rows - d[2]
+      u.buckets[e] = nil
+      table.insert(u.drained, string.format('%d', e))
+    elseif not next or e < next then
+      next = e
+    end
+  end
+  u.next = next
+  return u
+end
+
+-- The storage decision of an admission (and of a retry): whether tenant t may keep `size`
+-- more logical bytes (an admission: its whole size; a retry: what it frees, negative) with
+-- `rows` more retained rows (a retry takes its own out: -1), under its bounds (its own, else
+-- the server's `max_bytes` and `max_retained`). Drains what expired first. Returns nil, or the
+-- refusal as a reply: {'too_large', size, max_bytes} when `whole` (an admission larger than
+-- max_bytes, which can never fit); {'storage_full', 'bytes' | 'retained', count, bound, wait}
+-- with `wait` the ms until its next bucket drains (-1: none). Writes nothing.
+local function storage_refusal(t, size, rows, now, max_bytes, max_retained, whole)
+  local u = drain(t, now)
+  local v = LIMITS_READ[t]
+  max_bytes = tonumber(v[10]) or tonumber(max_bytes)
+  max_retained = tonumber(v[11]) or tonumber(max_retained)
+  if whole and size > max_bytes then return { 'too_large', size, max_bytes } end
+  local wait = u.next and math.max(0, u.next * 1000 - now) or -1
+  local bytes = math.max(0, u.bytes + u.d_bytes)
+  if bytes + size > max_bytes then
+    return { 'storage_full', 'bytes', bytes, max_bytes, wait }
+  end
+  local kept = math.max(0, u.rows + u.d_rows)
+  if kept + rows >= max_retained then
+    return { 'storage_full', 'retained', kept, max_retained, wait }
+  end
+  return nil
+end
+
+-- Writes what this call collected (see usage_of()): the counters as they are now (read in this
+-- call, so one HSET writes them all), each bucket changed. A counter that comes to 0 is
+-- deleted, so a tenant with nothing counted keeps no field of it.
+local function flush_usage()
+  for t, u in pairs(USAGE) do
+    local cfg, ret = K.cfg(t), K.retained(t)
+    local set, gone = {}, {}
+    local function put(field, changed, value)
+      if not changed then return end
+      if value then
+        table.insert(set, field)
+        table.insert(set, value)
+      else
+        table.insert(gone, field)
+      end
+    end
+    local bytes, rows = u.bytes + u.d_bytes, u.rows + u.d_rows
+    put('u_bytes', u.d_bytes ~= 0, bytes ~= 0 and string.format('%d', bytes) or nil)
+    put('u_rows', u.d_rows ~= 0, rows ~= 0 and string.format('%d', rows) or nil)
+    local next = u.next and string.format('%d', u.next) or nil
+    put('u_next', next ~= u.was, next)
+    if #set > 0 then redis.call('HSET', cfg, unpack(set)) end
+    if #gone > 0 then redis.call('HDEL', cfg, unpack(gone)) end
+    if #u.drained > 0 then redis.call('HDEL', ret, unpack(u.drained)) end
+    for e, d in pairs(u.buckets) do
+      local field = string.format('%d', e)
+      local b, r = string.match(redis.call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
+      b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
+      if b == 0 and r == 0 then
+        redis.call('HDEL', ret, field)
+      else
+        redis.call('HSET', ret, field, string.format('%d:%d', b, r))
+      end
+    end
+  end
+  USAGE = {}
+end
+
 -- The live execution a dedup mapping (key `mapping`) names, and the request fingerprint it was
 -- admitted with; nil when the key is free. A mapping always has its row (both are written by
 -- admit.lua and removed together); a missing row can only mean its retention ran out first,
@@ -676,10 +849,33 @@ local function outbox(t, id, kind, now, fields)
   end
 end
 
+-- A running execution's row gets its output or error message (`extra` sets fields, `drop`
+-- removes them; a run has no output before it ends): counts the bytes that changes for a
+-- counted row and returns its logical size after, nil for a row not counted. `run` holds
+-- RUN_FIELDS (its `sz` and `err_msg`).
+local function resize(t, run, extra, drop)
+  local sz = tonumber(run[14])
+  if not sz then return nil end
+  local old = run[15] or ''
+  local err = record_field(extra, 'err_msg')
+  if not err then
+    err = old
+    for _, f in ipairs(drop or {}) do
+      if f == 'err_msg' then err = '' end
+    end
+  end
+  local output = record_field(extra, 'output') or ''
+  count_bytes(t, #output + #err - #old)
+  return sz + #output + #err
+end
+
 -- A row became terminal: its dedup key (if it still maps to it) now lives DEDUP_TTL_SECS more
 -- and the row itself RETENTION_SECS. Until this moment neither expires. `digest` is the row's
--- `ddh` field (nil for none), which the caller has read already.
-local function settle_terminal(t, id, digest)
+-- `ddh` field (nil for none), which the caller has read already. `size` is the row's logical
+-- size (nil for a row not counted, see "Storage"): it is retained until it expires. The expiry
+-- is set as a time (PEXPIREAT), so that PEXPIRETIME reads back exactly the instant its bucket
+-- was chosen by.
+local function settle_terminal(t, id, digest, size)
   if digest then
     local key = K.dedup(t, digest)
     local mapped = redis.call('GET', key)
@@ -687,7 +883,9 @@ local function settle_terminal(t, id, digest)
       redis.call('EXPIRE', key, DEDUP_TTL_SECS)
     end
   end
-  redis.call('EXPIRE', K.row(id), RETENTION_SECS)
+  local expire_at = now_ms() + RETENTION_SECS * 1000
+  redis.call('PEXPIREAT', K.row(id), expire_at)
+  if size then retain(t, size, expire_at, 1) end
 end
 
 -- The increments of the shard's counters (K.stats()) of ended runs this call collected, by
@@ -700,14 +898,15 @@ local ENDED = {}
 -- the caller read them; `extra` holds fields to set besides the status and times; `drop` names
 -- fields to remove besides the lease's; `dead` says a failure is dead-lettered (for the
 -- webhook's event). The hot path of every completion: the caller's one read, one write and
--- one delete of the row, whatever the outcome.
+-- one delete of the row, whatever the outcome. The row's output or error message is counted
+-- in its tenant's bytes, and the row retained (resize(), settle_terminal()).
 local function finish(t, flow, id, run, status, now, extra, drop, dead)
   index_move(t, flow, 'running', status, id)
   redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now,
     unpack(extra))
   end_lease(t, id, run[9], drop, run[13])
   announce(id, run[11], status, now)
-  settle_terminal(t, id, run[12])
+  settle_terminal(t, id, run[12], resize(t, run, extra, drop))
   if status == 'failed' then
     outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
       'err_kind', record_field(extra, 'err_kind') or '',
@@ -728,9 +927,11 @@ local function bury(t, id, owner, h)
   redis.call('DEL', K.row(id))
 end
 
--- Fields recover(), finish() and complete.lua read from a running row, in this order.
+-- Fields recover(), finish() and complete.lua read from a running row, in this order. The
+-- last two are for the storage counters (resize()): the row's base size, and its error
+-- message of an earlier attempt, which a new outcome replaces or drops.
 local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'flow', 'entry',
-  'cancel', 'lease_owner', 'deleted', 'watch', 'ddh', 'ckh' }
+  'cancel', 'lease_owner', 'deleted', 'watch', 'ddh', 'ckh', 'sz', 'err_msg' }
 
 -- What happens to a running execution whose run ended without a result (its lease expired, or
 -- its worker could no longer renew it): a cancelled one ends cancelled, a force-deleted one is

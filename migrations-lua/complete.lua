@@ -13,6 +13,10 @@
 -- A cancel requested while the run went on is final: whatever the outcome, the execution ends
 -- cancelled, never re-queued or retried.
 --
+-- The output and error message a report writes count in its tenant's logical bytes, and a
+-- terminal row is retained until it expires (see "Storage" in common.lua); the tenant's
+-- counters and expiry buckets are written once per call (flush_usage()).
+--
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
 -- KEYS[2]  runnable: the shard's runnable tenants
 -- KEYS[3]  leases: its lease index
@@ -118,6 +122,8 @@ local function record(ROW, a)
   local exhausted = tonumber(row[3]) >= tonumber(row[4])
   if backoff ~= '' and not exhausted then
     local due = now + tonumber(backoff)
+    -- Its error message stays with it while it waits: counted in its tenant's bytes.
+    resize(tenant, row, { 'err_msg', err_msg })
     end_lease(tenant, id, consumer, nil, row[13])
     index_move(tenant, flow, 'running', 'queued', id)
     schedule(tenant, flow, id, due, { 'status', 'queued', 'updated', now,
@@ -165,6 +171,7 @@ for r = 1, n do
   replies[r] = { what, detail, more, started }
 end
 flush_trends()
+flush_usage()
 local due, weight = wait or next_due(now), eligible_weight()
 for r = 1, n do
   local reply = replies[r]

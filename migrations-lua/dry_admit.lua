@@ -1,8 +1,10 @@
 #!lua flags=no-writes
 -- dry_admit.lua: what admit.lua would do with this request now, writing nothing (the
--- `no-writes` flag makes Redis refuse any write): the dedup check, the quota decision, and
--- where the execution would stand. With one admission (ARGV[6] is 1; ARGV[8], the id, is
--- unused). A snapshot: the real admission decides again, atomically, when it is made.
+-- `no-writes` flag makes Redis refuse any write): the dedup check, the quota decision, the
+-- storage decision (on the counters as a drain would leave them: see "Storage" in
+-- common.lua), and where the execution would stand. With one admission (count 1; its id,
+-- the 10th value, is unused). A snapshot: the real admission decides again, atomically, when
+-- it is made.
 --
 -- KEYS and ARGV: as admit.lua
 --
@@ -10,6 +12,7 @@
 --   {'duplicate', id, row}  the dedup key maps to live execution id, same request (its view)
 --   {'conflict', id}        the dedup key maps to id, another request
 --   {'disabled'} | {'deleting'} | {'full', queued} | {'moved', n}   as admit.lua
+--   {'too_large', ...} | {'storage_full', ...}                    as admit.lua
 --   {'schedule', due}       it would be scheduled for `due` (ms)
 --   {'admit' | 'wait', reason, tpos, kpos, klimit}
 --                           it would be runnable: 'admit' when it would be `ready` (reason
@@ -18,10 +21,10 @@
 --                           its tenant's rate ('tenant_throttled') or its key's rate
 --                           ('key_throttled');
 --                           its position as position() in common.lua gives it ('' where none)
-local tenant, flow = ARGV[7], ARGV[9]
-local dedup, fingerprint = ARGV[13], ARGV[15]
-local priority, run_at, delay = ARGV[16], tonumber(ARGV[17]), tonumber(ARGV[18])
-local ckh = ARGV[20] or ''
+local tenant, flow, params = ARGV[9], ARGV[11], ARGV[13]
+local dedup, fingerprint = ARGV[15], ARGV[17]
+local priority, run_at, delay = ARGV[18], tonumber(ARGV[19]), tonumber(ARGV[20])
+local ckh = ARGV[22] or ''
 
 if dedup ~= '' then
   local holder, holder_fp = dedup_holder(KEYS[13])
@@ -34,6 +37,8 @@ end
 local now = now_ms()
 local ok, refusal, queued = place(tenant)
 if not ok then return { refusal, queued } end
+local full = storage_refusal(tenant, ROW_BYTES + #params, 0, now, ARGV[7], ARGV[8], true)
+if full then return full end
 local due = run_at or (delay and now + delay)
 if due and due > now then return { 'schedule', due } end
 

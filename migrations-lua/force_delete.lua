@@ -19,7 +19,11 @@
 -- KEYS[7]  runnable: the shard's runnable tenants
 -- KEYS[8]  delayed: its timer set
 -- KEYS[9]  leases: its lease index
--- (The tenant's webhook outbox, if it has a webhook, is named inside: see common.lua.)
+-- The execution's logical bytes leave its tenant's count at once, and a terminal one leaves
+-- its expiry bucket (see "Storage" in common.lua); a running one's row, kept hidden until its
+-- handler stops, is counted no more.
+-- (The tenant's webhook outbox, if it has a webhook, and its expiry buckets are named inside:
+-- see common.lua.)
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: the caller's tenant id
 -- ARGV[7]  id: execution id
@@ -32,11 +36,20 @@ local DELETING = declared(6, K.deleting(tenant))
 declared(7, K.runnable()); declared(8, K.delayed())
 local LEASES = declared(9, K.leases())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow', 'ddh',
-  'deleted', 'ckh')
+  'deleted', 'ckh', 'sz')
 if row[1] ~= tenant or row[7] then return { 'not_found' } end
 local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[6]
 
 local now = now_ms()
+local sz = tonumber(row[9])
+if sz then
+  local size = sz + redis.call('HSTRLEN', ROW, 'output') + redis.call('HSTRLEN', ROW, 'err_msg')
+  count_bytes(tenant, -size)
+  if status ~= 'queued' and status ~= 'running' then
+    local expire_at = redis.call('PEXPIRETIME', ROW)
+    if expire_at > 0 then retain(tenant, size, expire_at, -1) end
+  end
+end
 notify_deleted(id, now)
 outbox(tenant, id, 'deleted', now,
   { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'attempt') or '0', 'was', status })
@@ -50,6 +63,7 @@ if status == 'running' then
   redis.call('HSET', ROW, 'deleted', 1, 'updated', now)
   redis.call('SADD', DELETING, id)
   tell_holder(redis.call('HGET', ROW, 'lease_owner'), id)
+  flush_usage()
   return { 'deleted' }
 end
 if status == 'queued' then
@@ -60,4 +74,5 @@ else
 end
 redis.call('ZREM', LEASES, id)
 redis.call('DEL', ROW)
+flush_usage()
 return { 'deleted' }

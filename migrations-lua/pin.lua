@@ -22,7 +22,8 @@
 --
 -- Reply, one of:
 --   {'pinned', n, max_concurrent, max_queued, enabled, weight, max_concurrent_per_key, rate,
---    key_rate, wh_url, wh_secret, wh_at, overrides...}       pinned to shard n (now, or
+--    key_rate, wh_url, wh_secret, wh_at, max_bytes, max_retained, overrides...}
+--                        pinned to shard n (now, or
 --                        before); the tenant's own limits and webhook ('' where it has none)
 --                        and its concurrency keys' overrides (field, value pairs of
 --                        K.key_limits), to copy there. Overrides and webhook leave this shard.
@@ -43,11 +44,11 @@ end
 held = held + redis.call('XLEN', K.outbox(tenant))
 local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
   'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'wh_secret', 'wh_at',
-  'deleting')
-if v[12] then held = held + 1 end
+  'max_bytes', 'max_retained', 'deleting')
+if v[14] then held = held + 1 end
 local function reply(n)
   local out = { 'pinned', n, v[2] or '', v[3] or '', v[4] or '', v[5] or '', v[6] or '',
-    v[7] or '', v[8] or '', v[9] or '', v[10] or '', v[11] or '' }
+    v[7] or '', v[8] or '', v[9] or '', v[10] or '', v[11] or '', v[12] or '', v[13] or '' }
   for _, x in ipairs(redis.call('HGETALL', K.key_limits(tenant))) do table.insert(out, x) end
   return out
 end

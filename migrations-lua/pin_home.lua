@@ -19,7 +19,9 @@
 -- ARGV[14] webhook: its webhook's address ('' = no webhook)
 -- ARGV[15] secret: its webhook's secret
 -- ARGV[16] webhook_set: when its webhook was set
--- ARGV[17..] overrides: the concurrency keys' overrides, field and value pairs of
+-- ARGV[17] max_bytes: '' = none of its own: the server default (see "Storage" in common.lua)
+-- ARGV[18] max_retained: likewise
+-- ARGV[19..] overrides: the concurrency keys' overrides, field and value pairs of
 --          K.key_limits (they replace any here)
 --
 -- Reply: 1
@@ -31,7 +33,7 @@ redis.call('HSET', CFG, 'configured', 1)
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
   weight = ARGV[10], max_concurrent_per_key = ARGV[11] or '', rate = ARGV[12] or '',
   key_rate = ARGV[13] or '', wh_url = ARGV[14] or '', wh_secret = ARGV[15] or '',
-  wh_at = ARGV[16] or '' }
+  wh_at = ARGV[16] or '', max_bytes = ARGV[17] or '', max_retained = ARGV[18] or '' }
 for field, value in pairs(values) do
   if value == '' then redis.call('HDEL', CFG, field) else redis.call('HSET', CFG, field, value) end
 end
@@ -41,5 +43,5 @@ else
   redis.call('SREM', K.webhooks(), tenant)
 end
 redis.call('DEL', K.key_limits(tenant))
-for i = 17, #ARGV, 2 do redis.call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
+for i = 19, #ARGV, 2 do redis.call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
 return 1

@@ -13,6 +13,9 @@
 -- tenant gets its doorbell set again (its marker may have been taken by a worker that died or
 -- stalled before starting), so no lost wake-up strands work for longer than one scan interval.
 --
+-- An orphan that ends (cancelled, dead-lettered) is retained in its tenant's storage counters,
+-- as complete.lua does (names built inside: the tenant's cfg and expiry buckets).
+--
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
 -- KEYS[2]  leases: the shard's lease index
 -- KEYS[3]  runnable: its runnable tenants
@@ -46,6 +49,7 @@ for _, id in ipairs(expired) do
   end
 end
 flush_trends()
+flush_usage()
 local wait = promote_due(now, batch)
 local unread = 0
 if redis.call('EXISTS', K.runnable()) == 1 then

@@ -5,6 +5,12 @@
 -- terminal again. `attempt` starts over; the fence does not (the next start takes the next
 -- fence), so a worker still holding a run from before the retry can never pass for the new one.
 --
+-- Storage (see "Storage" in common.lua): the row leaves the retained rows and its expiry
+-- bucket, and its output and error message leave its tenant's bytes; it adds nothing. So the
+-- storage decision is an admission's on what is left after that: a retry is refused only
+-- while the tenant is over a bound even so (a bound lowered under its usage). A row an older
+-- build admitted (no `sz`) is counted from its retry on, and adds its size.
+--
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
 -- KEYS[2]  row: the execution's row
 -- KEYS[3]  cfg: the tenant's limits
@@ -12,13 +18,17 @@
 -- KEYS[5]  waiting: its queue
 -- KEYS[6]  queued: its 'queued' status index
 -- KEYS[7]  runnable: the shard's runnable tenants
--- (The tenant goes back in the shard's busy set, built inside: common.lua, trends.)
+-- (The tenant goes back in the shard's busy set, and its expiry buckets change: names built
+-- inside, see common.lua.)
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: the caller's tenant id
 -- ARGV[7]  id: execution id
+-- ARGV[8]  max_bytes: the server's max_bytes (for a tenant without its own)
+-- ARGV[9]  max_retained: the server's max_retained (likewise)
 --
 -- Reply: {'not_found'} | {'not_retryable', status} | {'disabled'} | {'deleting'}
 --      | {'full', queued}
+--      | {'storage_full', bound, count, limit, wait_ms} (see storage_refusal() in common.lua)
 --      | {'ok', id, row}
 local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))
@@ -26,7 +36,7 @@ declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(
 local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
 declared(7, K.runnable())
 local row = redis.call('HMGET', ROW, 'tenant', 'status', 'flow', 'ddh', 'deleted', 'priority',
-  'ckh')
+  'ckh', 'sz')
 if row[1] ~= tenant or row[5] then return { 'not_found' } end
 local status, flow, digest = row[2], row[3], row[4]
 if status ~= 'failed' and status ~= 'cancelled' then return { 'not_retryable', status } end
@@ -34,6 +44,21 @@ if status ~= 'failed' and status ~= 'cancelled' then return { 'not_retryable', s
 local now = now_ms()
 local ok, refusal, queued = place(tenant)
 if not ok then return { refusal, queued } end
+-- What the retry frees (a counted row) or adds (a row not counted yet).
+local sz, size, grow, expire_at = tonumber(row[8]), nil, 0, -1
+local fields = { 'status', 'queued', 'attempt', 0, 'updated', now }
+if sz then
+  local dropped = redis.call('HSTRLEN', ROW, 'output') + redis.call('HSTRLEN', ROW, 'err_msg')
+  size, grow = sz + dropped, -dropped
+  expire_at = redis.call('PEXPIRETIME', ROW)
+else
+  sz = ROW_BYTES + redis.call('HSTRLEN', ROW, 'params')
+  grow = sz
+  table.insert(fields, 'sz')
+  table.insert(fields, sz)
+end
+local full = storage_refusal(tenant, grow, expire_at > 0 and -1 or 0, now, ARGV[8], ARGV[9])
+if full then return full end
 
 redis.call('PERSIST', ROW)
 if digest then
@@ -46,8 +71,10 @@ redis.call('HDEL', ROW, 'started', 'finished', 'output', 'err_kind', 'err_msg', 
 index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)
-make_runnable(tenant, id, now, row[6], { 'status', 'queued', 'attempt', 0, 'updated', now },
-  row[7])
+make_runnable(tenant, id, now, row[6], fields, row[7])
 mark_busy(tenant)
+count_bytes(tenant, grow)
+if size and expire_at > 0 then retain(tenant, size, expire_at, -1) end
+flush_usage()
 notify(id, now)
 return { 'ok', id, view(id) }

@@ -24,6 +24,8 @@
 -- ARGV[12] rate: '<starts>:<per ms>:<burst>', '' to keep, 'default' for none (see "Rate
 --          limits" in common.lua)
 -- ARGV[13] key_rate: the same for each concurrency key
+-- ARGV[14] max_bytes: as max_concurrent (see "Storage" in common.lua)
+-- ARGV[15] max_retained: likewise
 --
 -- Reply: 0; 1 when the tenant is being deleted (tenant_drop.lua; registered again only once
 -- tenant_reap.lua is done): nothing written; -1 - n when the tenant is pinned to dedicated
@@ -36,7 +38,7 @@ if state[1] then return -1 - tonumber(state[1]) end
 if state[2] then return 1 end
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
   weight = ARGV[10], max_concurrent_per_key = ARGV[11], rate = ARGV[12],
-  key_rate = ARGV[13] }
+  key_rate = ARGV[13], max_bytes = ARGV[14], max_retained = ARGV[15] }
 local _, _, _, _, old_weight = limits(tenant)
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
 redis.call('HSET', CFG, 'configured', 1)

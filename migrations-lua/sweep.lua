@@ -14,11 +14,19 @@
 --                  queue otherwise; one that is not (e.g. left on a ready stream by a process
 --                  of the stream-model build) is put back where its row says
 --   mode 'index'   status/flow index members whose row expired or moved on: removed
+--   mode 'usage'   the tenant's storage counters (see "Storage" in common.lua) recounted in
+--                  this one call: the logical bytes of its queued and running executions read
+--                  from their rows, plus its expiry buckets after a drain; a repair when they
+--                  had drifted (an execution ended by a process of an older build, a
+--                  configuration deleted with its counters). Only for a tenant with at most
+--                  `batch` queued and running executions (bounded work; the others keep
+--                  their counters until a pass finds them so small)
 -- Every mode ends by putting the tenant in or out of the runnable set as its state says, and
 -- in or out of the shard's busy set (out when it has nothing queued or running). A tenant
 -- being deleted (tenant_drop.lua) is not swept: tenant_reap.lua removes what it holds, and a
 -- repair would put some of it back.
--- (Also written, its name built inside from the prefix: the shard's busy set.)
+-- (Also written, names built inside from the prefix: the shard's busy set, the tenant's
+-- expiry buckets.)
 --
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
 -- KEYS[2]  stats: the shard's counters
@@ -132,6 +140,41 @@ elseif mode == 'reach' then
     end
   end
   return counted({ r[1], repaired })
+elseif mode == 'usage' then
+  local indexes = { queued = K.status_idx(tenant, 'queued'),
+    running = K.status_idx(tenant, 'running') }
+  if redis.call('ZCARD', indexes.queued) + redis.call('ZCARD', indexes.running)
+    > tonumber(count) then
+    return counted({ '0', 0 })
+  end
+  local live = 0
+  for state, idx in pairs(indexes) do
+    for _, id in ipairs(redis.call('ZRANGE', idx, 0, -1)) do
+      -- Counted once, from the index of its status (a stale member elsewhere is not it).
+      local r = redis.call('HMGET', K.row(id), 'sz', 'tenant', 'status', 'err_msg', 'deleted')
+      if r[1] and r[2] == tenant and r[3] == state and not r[5] then
+        live = live + tonumber(r[1]) + #(r[4] or '')
+      end
+    end
+  end
+  local u = drain(tenant, now_ms())
+  local drained = {}
+  for _, f in ipairs(u.drained) do drained[f] = true end
+  local bytes, rows = live, 0
+  local all = redis.call('HGETALL', K.retained(tenant))
+  for i = 1, #all, 2 do
+    local b, r = string.match(all[i + 1], '^(-?%d+):(-?%d+)$')
+    if b and not drained[all[i]] then
+      bytes, rows = bytes + tonumber(b), rows + tonumber(r)
+    end
+  end
+  local had_bytes, had_rows = u.bytes + u.d_bytes, u.rows + u.d_rows
+  if bytes ~= had_bytes or rows ~= had_rows then
+    u.d_bytes, u.d_rows = u.d_bytes + bytes - had_bytes, u.d_rows + rows - had_rows
+    repaired = 1
+  end
+  flush_usage()
+  return counted({ '0', repaired })
 else
   local idx
   if flow == '' then idx = K.status_idx(tenant, status) else idx = K.flow_idx(tenant, flow, status) end

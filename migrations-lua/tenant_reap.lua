@@ -19,7 +19,7 @@
 -- per-flow indexes (walked through the flows set), its queue, slots, concurrency keys and
 -- their overrides, its dead-letter index and records (and its records from before that index,
 -- found below `dlq_indexed`), its rate state, its outbox and delivery log, its batch mark, its
--- trend counters and burst mark (the forecast's), and its places in the shard's sets (runnable, tenants, busy, webhooks, the
+-- trend counters and burst mark (the forecast's), its storage buckets, and its places in the shard's sets (runnable, tenants, busy, webhooks, the
 -- fair share's bookkeeping, throttle wake-ups on the timer set). A delivery round that holds
 -- the tenant's delivery lock is waited for (its end writes the delivery log and counts): the
 -- answer is then 'held' with the lock's time left.
@@ -211,7 +211,8 @@ end
 -- delivery log by about 200).
 local day = math.floor(now / 86400000)
 redis.call('DEL', K.outbox(tenant), K.delivery_log(tenant), K.batch_lock(tenant), K.tat(tenant),
-  K.trends(tenant, day), K.trends(tenant, day - 1), K.trends(tenant, day - 2), K.burst(tenant))
+  K.trends(tenant, day), K.trends(tenant, day - 1), K.trends(tenant, day - 2), K.burst(tenant),
+  K.retained(tenant))
 redis.call('ZREM', K.delayed(), 'rt:' .. tenant)
 local vt = redis.call('ZSCORE', K.runnable(), tenant)
 if vt then leave(tenant, tonumber(vt), select(5, limits(tenant))) end

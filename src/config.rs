@@ -364,9 +364,24 @@ pub struct ApiSettings {
     /// max_attempts of executions that do not say.
     #[arg(long, env = "SLUICE_DEFAULT_MAX_ATTEMPTS", default_value_t = 5)]
     pub default_max_attempts: u32,
+    /// Logical bytes a tenant without its own `max_bytes` may keep: its queued, running and
+    /// retained terminal executions, each counted as 512 + its params + its output + its error
+    /// message. An admission over it answers 429 `tenant_storage_full` (413
+    /// `execution_too_large` if it alone is larger).
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_BYTES", default_value_t = 1 << 30)]
+    pub default_max_bytes: u64,
+    /// Terminal executions a tenant without its own `max_retained` may keep (until they
+    /// expire after the retention); at the bound its admissions answer 429
+    /// `tenant_storage_full`.
+    #[arg(long, env = "SLUICE_DEFAULT_MAX_RETAINED", default_value_t = 1_000_000)]
+    pub default_max_retained: u64,
     /// How long terminal executions stay readable, in days.
     #[arg(long, env = "SLUICE_RETENTION_DAYS", default_value_t = 30)]
     pub retention_days: u64,
+    /// How long terminal executions stay readable, in seconds, in place of --retention-days
+    /// (short-lived deployments, demos and tests).
+    #[arg(long, env = "SLUICE_RETENTION_SECS")]
+    pub retention_secs: Option<u64>,
     /// How long a dedup key keeps mapping to its execution after that became terminal, in
     /// hours (while it is queued or running the mapping never expires).
     #[arg(long, env = "SLUICE_DEDUP_TTL_HOURS", default_value_t = 7 * 24)]
@@ -700,7 +715,12 @@ impl RedisSettings {
             dedicated_shards: self.dedicated_shards,
             default_max_concurrent: api.default_max_concurrent,
             default_max_queued: api.default_max_queued,
-            retention: Duration::from_secs(api.retention_days * 86_400),
+            default_max_bytes: api.default_max_bytes,
+            default_max_retained: api.default_max_retained,
+            retention: Duration::from_secs(
+                api.retention_secs
+                    .unwrap_or(api.retention_days.saturating_mul(86_400)),
+            ),
             dedup_ttl: Duration::from_secs(api.dedup_ttl_hours * 3_600),
             dlq_cap: api.dlq_cap,
         }

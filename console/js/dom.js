@@ -155,3 +155,13 @@ export function field(label, control, hint) {
 export function num(n) {
   return typeof n === 'number' ? n.toLocaleString('en-US') : String(n ?? '—');
 }
+
+/** Bytes in the largest binary unit that keeps a whole part: `1.5 GiB`, `640 KiB`, `12 B`. */
+export function fmtBytes(n) {
+  if (typeof n !== 'number') return String(n ?? '—');
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+  let i = 0;
+  let v = n;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return i === 0 ? `${num(n)} B` : `${v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
+}

@@ -37,6 +37,11 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("the tenant's queue is full ({waiting} waiting); retry later")]
     QueueFull { waiting: u64, retry_after: u64 },
+    /// The tenant keeps what a storage bound (`max_bytes`, `max_retained`) allows: retry
+    /// once its oldest retained executions have expired (`retry_after`), or after its bound
+    /// was raised.
+    #[error("{detail}")]
+    StorageFull { detail: String, retry_after: u64 },
     #[error("storage is unavailable; retry later")]
     Unavailable(String),
     /// An admission whose outcome is unknown: `execution_id` may exist now or appear later.
@@ -143,7 +148,9 @@ impl ApiError {
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::IdempotencyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueFull { .. } | ApiError::StorageFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Unavailable(_)
             | ApiError::OutcomeUnknown { .. }
             | ApiError::Timeout
@@ -171,6 +178,7 @@ impl ApiError {
             ApiError::IdempotencyConflict { .. } => "idempotency_key_conflict",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::QueueFull { .. } => "tenant_queue_full",
+            ApiError::StorageFull { .. } => "tenant_storage_full",
             ApiError::Unavailable(_) => "redis_unavailable",
             ApiError::OutcomeUnknown { .. } | ApiError::BatchOutcomeUnknown => {
                 "admission_outcome_unknown"
@@ -182,9 +190,11 @@ impl ApiError {
         }
     }
 
-    fn retry_after(&self) -> Option<u64> {
+    /// The `Retry-After` this error answers with, in seconds.
+    pub fn retry_after(&self) -> Option<u64> {
         match self {
             ApiError::QueueFull { retry_after, .. }
+            | ApiError::StorageFull { retry_after, .. }
             | ApiError::Busy { retry_after, .. }
             | ApiError::Later { retry_after, .. } => Some(*retry_after),
             ApiError::Unavailable(_)

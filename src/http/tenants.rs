@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Caller;
 use super::error::{ApiError, Problem, TENANT_DELETING_RETRY_AFTER};
-use super::extract::{JsonBody, Path, QueryLater, WholeU32};
+use super::extract::{JsonBody, Path, QueryLater, WholeU32, WholeU64};
 use crate::domain::{ConcurrencyKey, TenantId};
 use crate::http::actions::Action;
 use crate::store::{
@@ -200,6 +200,19 @@ pub struct TenantSettings {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<RateLimitSetting>, nullable)]
     pub rate_limit_per_key: Option<Option<RateLimitSetting>>,
+    /// Logical bytes the tenant may keep: its queued, running and retained terminal
+    /// executions, each counted as 512 + its params + its output + its error message (as
+    /// stored). An admission that would pass it answers 429 `tenant_storage_full`, one larger
+    /// than it alone 413 `execution_too_large`. `null`: the server's `--default-max-bytes`.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, nullable, minimum = 1, maximum = 9007199254740991_u64)]
+    pub max_bytes: Option<Option<WholeU64>>,
+    /// Terminal executions the tenant may keep until they expire (`--retention-days`); at
+    /// the bound its admissions answer 429 `tenant_storage_full`. `null`: the server's
+    /// `--default-max-retained`.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, nullable, minimum = 1, maximum = 9007199254740991_u64)]
+    pub max_retained: Option<Option<WholeU64>>,
 }
 
 /// A rate limit: at most `starts` starts per `per`, `burst` of them at once. Any window of
@@ -330,6 +343,23 @@ pub struct TenantUsage {
     pub scheduled: u64,
 }
 
+/// What a tenant keeps on Redis, against its `max_bytes` and `max_retained`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantStorageUsage {
+    /// Logical bytes of its queued, running and retained terminal executions (512 each + its
+    /// params + output + error message, as stored), counted against `max_bytes`. Executions
+    /// admitted by a build before these counters are not counted.
+    #[schema(format = Int64, maximum = 9007199254740991_u64)]
+    pub bytes: u64,
+    /// Terminal executions kept until they expire, counted against `max_retained`.
+    #[schema(format = Int64, maximum = 9007199254740991_u64)]
+    pub retained: u64,
+    /// When the oldest retained executions have expired and leave `bytes` and `retained`
+    /// (within an hour of their expiry at the default retention); null: none retained.
+    #[schema(format = DateTime)]
+    pub next_expiry: Option<String>,
+}
+
 /// A tenant's concurrency keys at a glance (`/api/tenants/{tenant}/concurrency-keys` lists
 /// the overrides).
 #[derive(Debug, Serialize, ToSchema)]
@@ -350,7 +380,10 @@ pub struct TenantKeys {
     "enabled": true,
     "weight": 1,
     "max_concurrent_per_key": 2,
+    "max_bytes": 1073741824_u64,
+    "max_retained": 1000000,
     "usage": {"running": 3, "waiting": 42, "scheduled": 7},
+    "storage": {"bytes": 1843200, "retained": 3400, "next_expiry": "2026-12-29T10:00:00.000Z"},
     "concurrency_keys": {"overrides": 1, "blocked": 4},
     "deleting": false
 }))]
@@ -372,7 +405,15 @@ pub struct Tenant {
     pub rate_limit: Option<RateLimitView>,
     /// Each of its concurrency keys' rate limit; null: none.
     pub rate_limit_per_key: Option<RateLimitView>,
+    /// Logical bytes it may keep (see `TenantSettings.max_bytes`); `storage.bytes` is what it
+    /// keeps.
+    #[schema(format = Int64, minimum = 1, maximum = 9007199254740991_u64)]
+    pub max_bytes: u64,
+    /// Terminal executions it may keep; `storage.retained` is how many it keeps.
+    #[schema(format = Int64, minimum = 1, maximum = 9007199254740991_u64)]
+    pub max_retained: u64,
     pub usage: TenantUsage,
+    pub storage: TenantStorageUsage,
     pub concurrency_keys: TenantKeys,
     /// True while the tenant is being deleted (`DELETE /api/tenants/{tenant}`): it admits
     /// nothing, its keys are revoked, what it still holds (counted in `usage`) is being
@@ -391,10 +432,20 @@ impl Tenant {
             max_concurrent_per_key: s.max_concurrent_per_key,
             rate_limit: s.rate_limit.map(Into::into),
             rate_limit_per_key: s.rate_limit_per_key.map(Into::into),
+            max_bytes: s.storage.max_bytes,
+            max_retained: s.storage.max_retained,
             usage: TenantUsage {
                 running: s.running,
                 waiting: s.waiting,
                 scheduled: s.scheduled,
+            },
+            storage: TenantStorageUsage {
+                bytes: s.storage.bytes,
+                retained: s.storage.retained,
+                next_expiry: s
+                    .storage
+                    .next_drain_ms
+                    .and_then(|ms| crate::domain::rfc3339_from_ms(&ms.to_string())),
             },
             concurrency_keys: TenantKeys {
                 overrides: s.key_overrides,
@@ -411,9 +462,11 @@ impl Tenant {
 /// the body names: an absent field keeps its value, `null` restores the server default.
 /// Raising `max_concurrent` lets waiting executions start as workers pick them, in the
 /// tenant's order; `weight` sets its share of starts; `enabled: false` makes admissions answer 403 `tenant_disabled` without
-/// touching work already admitted. A tenant being deleted is registered again only once
-/// nothing of it is left (409 `tenant_deleting` with `Retry-After` until then): it then starts
-/// empty, from the server defaults.
+/// touching work already admitted. `max_bytes` and `max_retained` bound what it keeps on Redis
+/// (see the tenant's `usage`): lowered under its usage, they refuse its admissions until
+/// enough of what it retains has expired; nothing is deleted. A tenant being deleted is
+/// registered again only once nothing of it is left (409 `tenant_deleting` with `Retry-After`
+/// until then): it then starts empty, from the server defaults.
 #[utoipa::path(
     put,
     path = "/api/tenants/{tenant}",
@@ -422,7 +475,7 @@ impl Tenant {
     request_body = TenantSettings,
     responses(
         (status = 200, description = "The tenant after the change", body = Tenant),
-        (status = 400, description = "Invalid tenant id or body", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid tenant id or body (`invalid_storage_bound`: a `max_bytes` or `max_retained` of 0)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the platform admin", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`tenant_deleting`: the tenant is being deleted; nothing was changed or registered", body = Problem, content_type = "application/problem+json",
@@ -448,7 +501,22 @@ pub async fn put_tenant(
         max_concurrent_per_key: change(body.max_concurrent_per_key).map(|w| w.0),
         rate_limit: rate_change(body.rate_limit, "rate_limit")?,
         rate_limit_per_key: rate_change(body.rate_limit_per_key, "rate_limit_per_key")?,
+        max_bytes: change(body.max_bytes).map(|w| w.0),
+        max_retained: change(body.max_retained).map(|w| w.0),
     };
+    for (field, value) in [
+        ("max_bytes", limits.max_bytes),
+        ("max_retained", limits.max_retained),
+    ] {
+        if value == Change::Set(0) {
+            return Err(ApiError::BadRequest {
+                code: "invalid_storage_bound",
+                detail: format!(
+                    "{field} must be at least 1 (null for the server's default; to stop admissions, set enabled to false)"
+                ),
+            });
+        }
+    }
     if limits.max_concurrent_per_key == Change::Set(0) {
         return Err(ApiError::BadRequest {
             code: "invalid_max_concurrent_per_key",

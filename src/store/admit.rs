@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use super::call::{script_call, script_group};
 use super::commit::{Item, Outcome, Sender};
 use super::row::{execution_from, first, from_fields, split_tag, string_at};
+use super::storage::{self, Refused};
 use super::ticket::Ticket;
-use super::{Shard, Store, StoreError};
+use super::{Shard, StorageFull, Store, StoreError};
 use crate::domain::{
     AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, Status,
     TenantId,
@@ -64,6 +65,11 @@ pub enum Admission {
     Deleting,
     /// The tenant has no free slot and its waiting set is full; nothing was written.
     QueueFull { waiting: u64 },
+    /// The execution alone is larger (`size`, logical bytes) than the tenant's `max_bytes`:
+    /// it can never be admitted; nothing was written.
+    TooLarge { size: u64, max_bytes: u64 },
+    /// The tenant keeps what a storage bound allows (see `storage`); nothing was written.
+    StorageFull(StorageFull),
 }
 
 impl Store {
@@ -187,7 +193,13 @@ impl Store {
                 waiting: redis::from_redis_value(first(&rest)?.clone())?,
             }),
             "moved" => return Ok(None),
-            other => Err(StoreError::Corrupt(format!("admit replied {other}"))),
+            other => match storage::refused(other, &rest)? {
+                Some(Refused::TooLarge { size, max_bytes }) => {
+                    Ok(Admission::TooLarge { size, max_bytes })
+                }
+                Some(Refused::Full(full)) => Ok(Admission::StorageFull(full)),
+                None => Err(StoreError::Corrupt(format!("admit replied {other}"))),
+            },
         };
         admission.map(Some)
     }

@@ -424,6 +424,8 @@ pub(super) fn invocation<'a>(
                 runnable: shard.runnable(),
                 delayed: shard.delayed(),
                 count: items.len(),
+                max_bytes: policy.max_bytes.load(Ordering::Relaxed),
+                max_retained: policy.max_retained.load(Ordering::Relaxed),
                 admissions: items,
             },
         ),
@@ -450,7 +452,7 @@ script_call! {
     /// `migrations-lua/admit.lua`: a group of admissions of one shard, in arrival order.
     pub(super) struct AdmitCall<'a> {
         keys { tenants, runnable, delayed }
-        args { count: usize }
+        args { count: usize, max_bytes: u64, max_retained: u64 }
         items { admissions: super::admit::AdmitItem<'static> }
     }
 }
@@ -459,7 +461,7 @@ script_call! {
     /// `migrations-lua/dry_admit.lua`: takes exactly what `admit.lua` takes, with one item.
     pub(super) struct DryAdmitCall<'a> {
         keys { tenants, runnable, delayed }
-        args { count: usize }
+        args { count: usize, max_bytes: u64, max_retained: u64 }
         items { admissions: super::admit::AdmitItem<'static> }
     }
 }

@@ -2,12 +2,14 @@
 //! attempts) and reading the shards' dead-letter streams, newest first.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use redis::Value;
 
 use super::call::script_call;
 use super::row::{execution_from, split_tag};
-use super::{Shard, Store, StoreError};
+use super::storage::{self, Refused};
+use super::{Shard, StorageFull, Store, StoreError};
 use crate::domain::{Execution, ExecutionId, Status, TenantId};
 
 /// What `Store::retry` did.
@@ -25,6 +27,9 @@ pub enum Retry {
     Deleting,
     /// The tenant has no free slot and its waiting set is full; nothing changed.
     QueueFull { waiting: u64 },
+    /// The tenant is over a storage bound even with what the retry frees (a bound lowered
+    /// under its usage); nothing changed.
+    StorageFull(StorageFull),
 }
 
 /// One dead-letter record.
@@ -77,11 +82,16 @@ impl Store {
                 runnable: shard.runnable(),
                 tenant: tenant.as_str(),
                 id: id.as_str(),
+                max_bytes: self.policy.max_bytes.load(Ordering::Relaxed),
+                max_retained: self.policy.max_retained.load(Ordering::Relaxed),
             },
         );
         let mut c = self.conn();
         let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         let (tag, rest) = split_tag(reply)?;
+        if let Some(Refused::Full(full)) = storage::refused(&tag, &rest)? {
+            return Ok(Retry::StorageFull(full));
+        }
         Ok(match tag.as_str() {
             "not_found" => Retry::NotFound,
             "not_retryable" => {
@@ -334,7 +344,7 @@ script_call! {
     /// `migrations-lua/retry.lua`: re-queues a failed or cancelled execution.
     pub(super) struct RetryCall<'a> {
         keys { row, cfg, slots, waiting, queued, runnable }
-        args { tenant: &'a str, id: &'a str }
+        args { tenant: &'a str, id: &'a str, max_bytes: u64, max_retained: u64 }
     }
 }
 

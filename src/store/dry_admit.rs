@@ -3,12 +3,15 @@
 //! Apart from `admit.rs` because it shares the request's encoding and nothing of the rules
 //! for a lost answer: a dry run that fails is simply asked again.
 
+use std::sync::atomic::Ordering;
+
 use redis::Value;
 
 use super::admit::admission_item;
 use super::commit::DryAdmitCall;
 use super::row::{execution_from, split_tag, string_at};
-use super::{Store, StoreError};
+use super::storage::{self, Refused};
+use super::{StorageFull, Store, StoreError};
 use crate::domain::{AdmitRequest, Execution, ExecutionId, QueuePosition, QueueState, TenantId};
 
 /// What an admission would do (`Store::dry_admit`).
@@ -24,7 +27,8 @@ pub enum Decision {
     Duplicate,
     /// The dedup key names a live execution admitted with another request.
     Conflict,
-    /// Refused (the tenant is disabled or being deleted, or its queue is full).
+    /// Refused (the tenant is disabled or being deleted, its queue is full, a storage bound is
+    /// reached, or the execution is larger than its `max_bytes`).
     Refuse,
 }
 
@@ -48,7 +52,7 @@ pub struct DryRun {
     pub decision: Decision,
     /// Why, in a word: `ready`, `tenant_at_max_concurrent`, `key_at_limit`, `scheduled`,
     /// `same_request`, `idempotency_key_conflict`, `tenant_disabled`, `tenant_deleting`,
-    /// `tenant_queue_full`.
+    /// `tenant_queue_full`, `tenant_storage_full`, `execution_too_large`.
     pub reason: String,
     pub queue_position: Option<QueuePosition>,
     pub estimated_start: Option<crate::domain::EstimatedStart>,
@@ -58,6 +62,8 @@ pub struct DryRun {
     pub run_at_ms: Option<u64>,
     /// The tenant's queued executions (refused as full).
     pub queued: Option<u64>,
+    /// The storage bound reached (refused as `tenant_storage_full`).
+    pub storage_full: Option<StorageFull>,
 }
 
 impl Store {
@@ -80,6 +86,8 @@ impl Store {
                     runnable: shard.runnable(),
                     delayed: shard.delayed(),
                     count: 1,
+                    max_bytes: self.policy.max_bytes.load(Ordering::Relaxed),
+                    max_retained: self.policy.max_retained.load(Ordering::Relaxed),
                     admissions: &[&item],
                 },
             );
@@ -95,6 +103,7 @@ impl Store {
                 execution_id: None,
                 run_at_ms: None,
                 queued: None,
+                storage_full: None,
             };
             match tag.as_str() {
                 "duplicate" | "conflict" => {
@@ -158,7 +167,20 @@ impl Store {
                     self.forecast(&mut e).await;
                     run.estimated_start = e.estimated_start;
                 }
-                other => return Err(StoreError::Corrupt(format!("dry_admit replied {other}"))),
+                other => match storage::refused(other, &rest)? {
+                    Some(Refused::TooLarge { .. }) => {
+                        run.decision = Decision::Refuse;
+                        run.reason = "execution_too_large".into();
+                    }
+                    Some(Refused::Full(full)) => {
+                        run.decision = Decision::Refuse;
+                        run.reason = "tenant_storage_full".into();
+                        run.storage_full = Some(full);
+                    }
+                    None => {
+                        return Err(StoreError::Corrupt(format!("dry_admit replied {other}")));
+                    }
+                },
             }
             return Ok(run);
         }

@@ -385,6 +385,13 @@ impl Shard {
         format!("{}webhooks", self.prefix())
     }
 
+    /// A tenant's retained terminal executions by expiry bucket (hash: the bucket's end, Unix
+    /// seconds -> `<logical bytes>:<rows>`), drained from its storage counters when a bucket
+    /// ends (see "Storage" in `migrations-lua/common.lua`).
+    pub fn retained(self, t: &TenantId) -> String {
+        format!("{}t:{t}:ret", self.prefix())
+    }
+
     /// A tenant's force-deleted executions whose handlers still run (set): hidden from every
     /// read, still holding their slots, counted as running in the tenant's usage.
     pub fn deleting(self, t: &TenantId) -> String {
@@ -617,6 +624,8 @@ pub enum KeyKind {
     Webhooks,
     /// The shard's tenants being deleted (`Shard::reaping`).
     Reaping,
+    /// A tenant's retained executions by expiry bucket (`Shard::retained`).
+    Retained,
     /// Anything under the `{acl}` tag (key records, key sets, the registry, its marker).
     Access,
     /// Anything under the `{meta}` tag.
@@ -725,6 +734,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         "wh" => KeyKind::Outbox,
         "whlog" => KeyKind::DeliveryLog,
         "whlock" => KeyKind::DeliveryLock,
+        "ret" => KeyKind::Retained,
         _ if tail.starts_with("k:") && tail.ends_with(":tat") => KeyKind::KeyTat,
         _ if tail.starts_with("k:") && tail.ends_with(":q") => KeyKind::KeyQueue,
         _ if tail.starts_with("k:") && tail.ends_with(":run") => KeyKind::KeyRunning,
@@ -913,6 +923,7 @@ mod tests {
             (s.outbox(&t), KeyKind::Outbox),
             (s.delivery_log(&t), KeyKind::DeliveryLog),
             (s.delivery_lock(&t), KeyKind::DeliveryLock),
+            (s.retained(&t), KeyKind::Retained),
         ];
         for (k, kind) in tenant_keys {
             let n = parse(&k).unwrap_or_else(|| panic!("{k}"));

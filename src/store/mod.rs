@@ -15,8 +15,10 @@
 //! the settling of a lost answer; `commit` groups a shard's admissions into one call;
 //! `dry_admit` asks what one would do), `cancel` (cancel, force delete), `lease` (the worker's
 //! side: start, adopt, heartbeat, complete, reclaim), `dead_letters` (retry, dead-letter
-//! listing), `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `access`
-//! (API keys, tenant registry), `reap` (deleting a tenant and reaping what it held), `list` (reading executions), `stats` (queue statistics),
+//! listing), `sweep` (the sweeper's turn and repairs), `tenants` (limits and usage), `storage`
+//! (the logical bytes and retained rows a tenant keeps, and their bounds' refusals), `access`
+//! (API keys, tenant registry), `reap` (deleting a tenant and reaping what it held), `list`
+//! (reading executions), `stats` (queue statistics),
 //! `freeze` (the markers that stop a shard's scripts during a slot move), `wake` (the blocking
 //! doorbell connections and stop messages that wake workers), `watch` (the start of a wait on
 //! an execution, and the Pub/Sub connection its changes are announced on), `trends` (the
@@ -50,6 +52,7 @@ mod row;
 mod schema;
 mod scripts;
 mod stats;
+mod storage;
 mod sweep;
 mod tenants;
 mod ticket;
@@ -87,6 +90,7 @@ pub use schema::{Migration, SCHEMA};
 use scripts::{Scripts, ShardScript, TagScript};
 pub use scripts::{composed_source, operation};
 pub use stats::{ShardReport, ShardStats};
+pub use storage::{ROW_BYTES, StorageBound, StorageFull, TenantStorage};
 pub use sweep::{SweepMode, SweepStep, SweepTarget};
 pub use tenants::{Change, MAX_KEY_OVERRIDES, MAX_WEIGHT, RateLimit, TenantLimits, TenantState};
 pub use ticket::{CloseOnDrop, Ticket, Withdrawal};
@@ -182,6 +186,10 @@ pub struct StoreConfig {
     pub dedicated_shards: u16,
     pub default_max_concurrent: u32,
     pub default_max_queued: u32,
+    /// Logical bytes a tenant without its own `max_bytes` may keep (see `storage`).
+    pub default_max_bytes: u64,
+    /// Terminal rows a tenant without its own `max_retained` may keep (see `storage`).
+    pub default_max_retained: u64,
     /// How long terminal rows are kept.
     pub retention: Duration,
     /// How long a dedup key keeps mapping to its execution once that is terminal (while it is
@@ -217,6 +225,10 @@ pub struct Store {
 struct Policy {
     max_concurrent: AtomicU32,
     max_queued: AtomicU32,
+    /// The storage bounds of tenants without their own: arguments of the scripts that decide
+    /// an admission (`admit.lua`, `retry.lua`, `dry_admit.lua`), not of every script.
+    max_bytes: AtomicU64,
+    max_retained: AtomicU64,
     retention_secs: AtomicU64,
     dedup_ttl_secs: AtomicU64,
     dlq_cap: AtomicU64,
@@ -265,6 +277,8 @@ impl Store {
         let policy = Policy {
             max_concurrent: AtomicU32::new(config.default_max_concurrent),
             max_queued: AtomicU32::new(config.default_max_queued),
+            max_bytes: AtomicU64::new(config.default_max_bytes),
+            max_retained: AtomicU64::new(config.default_max_retained),
             retention_secs: AtomicU64::new(config.retention.as_secs().max(1)),
             dedup_ttl_secs: AtomicU64::new(config.dedup_ttl.as_secs().max(1)),
             dlq_cap: AtomicU64::new(config.dlq_cap.max(1)),

@@ -58,7 +58,8 @@ enum Moved {
     Busy(u64),
     /// It moved to this shard number, with its limits (`max_concurrent`, `max_queued`,
     /// `enabled`, `weight`, `max_concurrent_per_key`, `rate`, `key_rate`, '' for none of its
-    /// own), its webhook (address, secret, when set; '' for none), then its concurrency keys'
+    /// own), its webhook (address, secret, when set; '' for none), its storage bounds
+    /// (`max_bytes`, `max_retained`, '' for the server's), then its concurrency keys'
     /// overrides as field, value pairs, to be set there.
     To(u16, Vec<String>),
 }
@@ -267,8 +268,9 @@ impl Store {
                     .parse()
                     .map_err(|_| StoreError::Corrupt("pin reply: bad shard".into()))?;
                 let limits = (1..rest.len()).map(text).collect::<Result<Vec<_>, _>>()?;
-                // Ten fixed values (limits and webhook), then field and value pairs.
-                if limits.len() < 10 || limits.len() % 2 == 1 {
+                // Twelve fixed values (limits, webhook, storage bounds), then field and value
+                // pairs.
+                if limits.len() < 12 || limits.len() % 2 == 1 {
                     return Err(StoreError::Corrupt("pin reply: bad limits".into()));
                 }
                 Ok(Moved::To(number, limits))
@@ -296,6 +298,8 @@ impl Store {
             webhook,
             secret,
             webhook_set,
+            max_bytes,
+            max_retained,
             overrides @ ..,
         ] = limits.as_slice()
         else {
@@ -317,6 +321,8 @@ impl Store {
                 webhook,
                 secret,
                 webhook_set,
+                max_bytes,
+                max_retained,
                 overrides,
             },
         );
@@ -372,6 +378,8 @@ script_call! {
             webhook: &'a str,
             secret: &'a str,
             webhook_set: &'a str,
+            max_bytes: &'a str,
+            max_retained: &'a str,
         }
         arg_tail { overrides: &'a [String] }
     }

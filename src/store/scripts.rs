@@ -289,6 +289,16 @@ mod tests {
                     "{op} can count trends but never writes them (flush_trends)"
                 );
             }
+            // Likewise the storage counters (see "Storage" in common.lua): a script that can
+            // change them must write them. (A dry run reads them and cannot change them.)
+            if composed.contains("\nlocal function count_bytes(")
+                || composed.contains("\nlocal function retain(")
+            {
+                assert!(
+                    text.contains("flush_usage()\n"),
+                    "{op} can change storage counters but never writes them (flush_usage)"
+                );
+            }
         }
         // Every operation file in the folder is one of the above (or an include).
         let mut files: Vec<String> = std::fs::read_dir(dir)

@@ -190,6 +190,9 @@ pub enum SweepMode {
     Index,
     /// A tenant being deleted: one step of reaping it (`Store::reap_step`).
     Reap,
+    /// The tenant's storage counters, recounted in one call when it has few enough queued
+    /// and running executions (see `sweep.lua`).
+    Usage,
 }
 
 impl SweepMode {
@@ -201,6 +204,7 @@ impl SweepMode {
             SweepMode::Reach => "reach",
             SweepMode::Index => "index",
             SweepMode::Reap => "reap",
+            SweepMode::Usage => "usage",
         }
     }
 }
@@ -216,8 +220,9 @@ pub struct SweepStep {
 }
 
 impl SweepTarget {
-    /// Every walk this tenant needs: slots, queue, reachability of its queued executions, and
-    /// each status index with and without flow; for a tenant being deleted, its reap alone.
+    /// Every walk this tenant needs: slots, queue, reachability of its queued executions,
+    /// each status index with and without flow, and (after those, so it counts what they
+    /// repaired) its storage counters; for a tenant being deleted, its reap alone.
     pub fn steps(&self) -> Vec<SweepStep> {
         let step = |mode, status, flow| SweepStep {
             shard: self.shard,
@@ -240,6 +245,7 @@ impl SweepTarget {
                 v.push(step(SweepMode::Index, Some(status), Some(f.clone())));
             }
         }
+        v.push(step(SweepMode::Usage, None, None));
         v
     }
 }

@@ -3,13 +3,15 @@
 //! (plain pipelines, one per shard). The registry of tenants and their API keys live under the
 //! `{acl}` tag instead (`access.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
 use super::call::script_call;
-use super::{Shard, Store, StoreError};
+use super::storage::Counters;
+use super::{Shard, Store, StoreError, TenantStorage};
 use crate::domain::{Status, TenantId};
 
 /// The most per-key limit overrides a tenant may have (`PUT .../concurrency-keys/{key}`).
@@ -100,6 +102,10 @@ pub struct TenantLimits {
     pub rate_limit: Change<RateLimit>,
     /// Each of its concurrency keys' starts' rate limit (`Reset`: none).
     pub rate_limit_per_key: Change<RateLimit>,
+    /// The logical bytes it may keep (see `storage`; `Reset`: the server's).
+    pub max_bytes: Change<u64>,
+    /// The terminal executions it may keep until they expire (`Reset`: the server's).
+    pub max_retained: Change<u64>,
 }
 
 /// A tenant's effective limits and live usage.
@@ -126,10 +132,12 @@ pub struct TenantState {
     /// It is being deleted (`Store::delete_tenant`): what it still holds is being reaped, it
     /// admits nothing and cannot be registered again until that is done.
     pub deleting: bool,
+    /// Its storage bounds and what it keeps.
+    pub storage: TenantStorage,
 }
 
 /// Commands `tenant_reads` adds per tenant.
-const TENANT_READS: usize = 16;
+const TENANT_READS: usize = 21;
 
 /// What the reads of `tenant_reads` found for one tenant, in their order.
 struct TenantReads {
@@ -156,6 +164,11 @@ struct TenantReads {
     indexes: u64,
     /// When its deletion began (ms), while it is being deleted.
     deletion_since: Option<u64>,
+    /// Its own storage bounds, where it has them.
+    max_bytes: Option<u64>,
+    max_retained: Option<u64>,
+    /// Its storage counters as stored.
+    counters: Counters,
 }
 
 impl redis::FromRedisValue for TenantReads {
@@ -178,6 +191,11 @@ impl redis::FromRedisValue for TenantReads {
             blocked_keys,
             indexes,
             deletion_since,
+            max_bytes,
+            max_retained,
+            u_bytes,
+            u_rows,
+            u_next,
         ]: [Value; TENANT_READS] = items.try_into().map_err(|_| {
             redis::ParsingError::from("tenant reads: wrong number of replies".to_owned())
         })?;
@@ -201,6 +219,13 @@ impl redis::FromRedisValue for TenantReads {
             blocked_keys: read(blocked_keys)?,
             indexes: read(indexes)?,
             deletion_since: read(deletion_since)?,
+            max_bytes: read(max_bytes)?,
+            max_retained: read(max_retained)?,
+            counters: Counters {
+                bytes: read::<Option<i64>>(u_bytes)?.unwrap_or(0),
+                rows: read::<Option<i64>>(u_rows)?.unwrap_or(0),
+                next: read(u_next)?,
+            },
         })
     }
 }
@@ -273,6 +298,8 @@ impl Store {
                 max_concurrent_per_key: limits.max_concurrent_per_key.arg(),
                 rate: limits.rate_limit.arg(),
                 key_rate: limits.rate_limit_per_key.arg(),
+                max_bytes: limits.max_bytes.arg(),
+                max_retained: limits.max_retained.arg(),
             },
         );
         let mut c = self.conn();
@@ -316,11 +343,13 @@ impl Store {
     /// A tenant's effective limits and usage; `None` for a tenant never configured and without
     /// executions.
     pub async fn get_tenant(&self, tenant: &TenantId) -> Result<Option<TenantState>, StoreError> {
+        let shard = self.shard_of(tenant);
         let mut p = redis::pipe();
-        tenant_reads(&mut p, self.shard_of(tenant), tenant);
+        tenant_reads(&mut p, shard, tenant);
         let mut c = self.conn();
         let reply: TenantReads = self.bounded(p.query_async(&mut c)).await?;
-        Ok(self.tenant_state(reply))
+        let mut states = self.states_of(shard, &[tenant], vec![reply]).await?;
+        Ok(states.pop().flatten())
     }
 
     /// Several tenants' limits and usage (as `get_tenant`), in the order asked: one pipeline
@@ -374,21 +403,64 @@ impl Store {
             return Err(StoreError::Corrupt("short tenant reply".into()));
         }
         let mut replies = replies.into_iter();
-        let mut out = Vec::with_capacity(members.len());
+        let mut reads = Vec::with_capacity(members.len());
         for _ in members {
             let one: Vec<Value> = replies.by_ref().take(TENANT_READS).collect();
-            let reply: TenantReads = redis::from_redis_value(Value::Array(one))?;
-            out.push(self.tenant_state(reply));
+            reads.push(redis::from_redis_value(Value::Array(one))?);
         }
-        Ok(out)
+        let of: Vec<&TenantId> = members.iter().map(|&i| &tenants[i]).collect();
+        self.states_of(shard, &of, reads).await
     }
 
-    /// The state the reads of `tenant_reads` describe.
-    fn tenant_state(&self, r: TenantReads) -> Option<TenantState> {
+    /// The states `reads` (of `tenants`, in order, all of `shard`) describe. A tenant whose
+    /// earliest expiry bucket has ended has its buckets read (one more round trip for all such
+    /// tenants of the shard), so its usage shows what its next decision will count, not what
+    /// the counters held at its last one.
+    async fn states_of(
+        &self,
+        shard: Shard,
+        tenants: &[&TenantId],
+        reads: Vec<TenantReads>,
+    ) -> Result<Vec<Option<TenantState>>, StoreError> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let due: Vec<usize> = (0..reads.len())
+            .filter(|&i| reads[i].counters.due(now_ms))
+            .collect();
+        let mut buckets: HashMap<usize, HashMap<String, String>> = HashMap::new();
+        if !due.is_empty() {
+            let mut p = redis::pipe();
+            for &i in &due {
+                p.hgetall(shard.retained(tenants[i]));
+            }
+            let mut c = self.conn();
+            let replies: Vec<HashMap<String, String>> = self.bounded(p.query_async(&mut c)).await?;
+            buckets.extend(due.into_iter().zip(replies));
+        }
+        Ok(reads
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| self.tenant_state(r, buckets.get(&i), now_ms))
+            .collect())
+    }
+
+    /// The state the reads of `tenant_reads` describe, its storage drained of the buckets of
+    /// `buckets` (the tenant's expiry hash, when it was read) that ended by `now_ms`.
+    fn tenant_state(
+        &self,
+        r: TenantReads,
+        buckets: Option<&HashMap<String, String>>,
+        now_ms: u64,
+    ) -> Option<TenantState> {
         if !r.configured && r.indexes == 0 {
             return None;
         }
         let running = r.running + r.deleting;
+        let (bytes, retained, next_drain_ms) = match buckets {
+            Some(b) => r.counters.drained(b, now_ms),
+            None => r.counters.as_stored(),
+        };
         Some(TenantState {
             max_concurrent: r
                 .max_concurrent
@@ -407,6 +479,17 @@ impl Store {
             waiting: r.queued.saturating_sub(r.scheduled),
             scheduled: r.scheduled,
             deleting: r.deletion_since.is_some(),
+            storage: TenantStorage {
+                max_bytes: r
+                    .max_bytes
+                    .unwrap_or(self.policy.max_bytes.load(Ordering::Relaxed)),
+                max_retained: r
+                    .max_retained
+                    .unwrap_or(self.policy.max_retained.load(Ordering::Relaxed)),
+                bytes,
+                retained,
+                next_drain_ms,
+            },
         })
     }
 }
@@ -425,6 +508,8 @@ script_call! {
             max_concurrent_per_key: String,
             rate: String,
             key_rate: String,
+            max_bytes: String,
+            max_retained: String,
         }
     }
 }
@@ -460,5 +545,10 @@ fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
         .map(|s| shard.status_index(tenant, s))
         .collect();
     p.exists(indexes)
-        .hget(shard.tenant_config(tenant), "deleting");
+        .hget(shard.tenant_config(tenant), "deleting")
+        .hget(shard.tenant_config(tenant), "max_bytes")
+        .hget(shard.tenant_config(tenant), "max_retained")
+        .hget(shard.tenant_config(tenant), "u_bytes")
+        .hget(shard.tenant_config(tenant), "u_rows")
+        .hget(shard.tenant_config(tenant), "u_next");
 }

@@ -471,9 +471,9 @@ async fn nonces(app: &TestApp, tenant: &str) -> std::collections::HashMap<String
     panic!("more pages than a test admits");
 }
 
-/// Redis is slow but answers (writes held in short pauses, each shorter than a call's
-/// time-out), so a batch of 1,000 cannot be admitted within the request's bound. The request
-/// is not answered 503 as a whole: it answers 200 with one result per item, the admitted ones
+/// Redis is slow but answers (kept busy by other clients' 25 ms scripts, far shorter than a
+/// call's time-out), so a batch of 1,000 cannot be admitted within the request's bound. The
+/// request is not answered 503 as a whole: it answers 200 with one result per item, the admitted ones
 /// 201, the ones never sent 503 `not_admitted` (nothing of them on Redis), and its
 /// `batch_in_flight` mark is given back, so the same batch sent again at once is admitted (the
 /// first part as replays), not refused with 409. Before, the whole batch answered 503 although
@@ -493,34 +493,34 @@ async fn a_batch_cut_by_the_request_bound_answers_each_item_and_gives_back_its_m
         })
         .collect();
     let body = json!({ "items": items });
-    // Writes held for 100 ms of every 200 ms: each call waits (Redis ends a pause on its next
-    // tick, so up to about 200 ms), none as long as its time-out.
+    // Redis kept busy: on every master, one client after the other runs a script that spins
+    // for 25 ms. Redis serves its clients in turn, so each call of the batch waits for about
+    // one of them: slow, never as slow as its time-out, whatever the machine's load.
     let slow = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let pauser = {
+    let mut spinners = Vec::new();
+    for i in 0..app.redis.masters() {
         let slow = slow.clone();
-        let mut nodes = Vec::new();
-        for i in 0..app.redis.masters() {
-            nodes.push(app.redis.node_conn(i).await);
-        }
-        tokio::spawn(async move {
+        let mut c = app.redis.node_conn(i).await;
+        spinners.push(tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(60);
+            let spin = "local t = redis.call('TIME') \
+                        local start = t[1] * 1000000 + t[2] \
+                        repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= 25000";
             while slow.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
-                for c in nodes.iter_mut() {
-                    let () = redis::cmd("CLIENT")
-                        .arg("PAUSE")
-                        .arg(100)
-                        .arg("WRITE")
-                        .query_async(c)
-                        .await
-                        .unwrap();
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                let () = redis::cmd("EVAL")
+                    .arg(spin)
+                    .arg(0)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
             }
-        })
-    };
+        }));
+    }
     let (status, answer) = batch(&app, "acme", &body).await;
     slow.store(false, std::sync::atomic::Ordering::Relaxed);
-    pauser.await.unwrap();
+    for s in spinners {
+        s.await.unwrap();
+    }
     assert_eq!(status, StatusCode::OK, "{answer}");
     let first = results(&answer);
     assert_eq!(first.len(), 1_000);

@@ -57,7 +57,7 @@ local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delay
   K.trends(t, 20423), K.shard_trends(20423), K.busy(), K.key_queue(t, h), K.key_running(t, h),
   K.key_limits(t), K.key_blocked(t), K.tat(t), K.key_tat(t, h), K.outbox(t), K.webhooks(),
   WEBHOOK_CHANNEL, K.delivery_log(t), K.delivery_lock(t), K.batch_lock(t), K.reaping(),
-  K.burst(t) }
+  K.burst(t), K.retained(t) }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -119,6 +119,7 @@ return out";
             s.batch_lock(&t),
             s.reaping(),
             s.burst(&t),
+            s.retained(&t),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));
@@ -188,6 +189,9 @@ pub(crate) fn admit_call(
     args.extend(
         [
             "1",
+            // The server's storage bounds.
+            "1073741824",
+            "1000000",
             "acme",
             id.as_str(),
             "demo.echo",
@@ -489,6 +493,8 @@ async fn admit_declares_the_keys_it_writes() {
         s.sched(),
         s.dedup(&t, &digest),
         s.bell(),
+        // Its logical bytes, counted in its configuration (see "Storage" in common.lua).
+        s.tenant_config(&t),
     ];
     // The admission is counted in the tenant's and the shard's per-minute records of the day
     // it was admitted on (Redis's clock), and the tenant is listed as having work.

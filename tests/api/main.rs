@@ -34,6 +34,7 @@ mod redis_trouble;
 mod shards;
 mod spans;
 mod stalls;
+mod storage;
 mod throttle;
 mod trends;
 mod waiting;

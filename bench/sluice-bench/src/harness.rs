@@ -190,6 +190,8 @@ pub(crate) fn store_config(args: &Args, target: RedisTarget) -> StoreConfig {
     let mut api = ApiSettings::defaults();
     api.default_max_concurrent = UNLIMITED;
     api.default_max_queued = UNLIMITED;
+    api.default_max_bytes = crate::UNLIMITED_BYTES;
+    api.default_max_retained = crate::UNLIMITED_BYTES;
     redis_settings.store_config(&api)
 }
 

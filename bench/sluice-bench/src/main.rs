@@ -80,6 +80,8 @@ use report::{Comparison, Report};
 
 /// Quotas high enough that admission never rejects: every execution is dispatched at once.
 const UNLIMITED: u32 = 1_000_000_000;
+/// The storage bounds (`max_bytes`, `max_retained`) no run reaches: 2^50.
+const UNLIMITED_BYTES: u64 = 1 << 50;
 /// The platform admin token of the benchmark's own server (loopback only, never exposed).
 const ADMIN_TOKEN: &str = "sluice-bench-admin-token";
 

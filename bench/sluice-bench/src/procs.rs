@@ -13,6 +13,7 @@ use sluice::redis_server::{self, Persistence};
 use sluice::store::RedisTarget;
 use tokio::process::{Child, Command};
 
+use crate::UNLIMITED_BYTES;
 use crate::load::Conn;
 
 /// A temporary folder removed on drop (the logs of the children and Redis's working folder).
@@ -267,6 +268,10 @@ pub async fn start_serve(
                 .args(["--default-max-queued", &max_queued.to_string()])
                 // The sweeper would add Redis work the admission numbers should not contain.
                 .args(["--sweep-interval-secs", "0"])
+                // No storage bound stops a long run. As variables, not flags: a build from
+                // before the bounds (`--compare-builds`) ignores them.
+                .env("SLUICE_DEFAULT_MAX_BYTES", UNLIMITED_BYTES.to_string())
+                .env("SLUICE_DEFAULT_MAX_RETAINED", UNLIMITED_BYTES.to_string())
                 .env("SLUICE_ADMIN_TOKEN", admin_token)
                 // The benchmark reads serve's counters from `/metrics` on loopback (a variable,
                 // not the flag: a build from before the flag, under --compare-builds, ignores it).

@@ -1,6 +1,8 @@
 // Tenants (platform admin): the registry with limits, weight, live usage (running, waiting,
-// scheduled) and concurrency keys (overrides, blocked keys), register a tenant, edit its limits
-// (`max_concurrent`, `max_queued`, `max_concurrent_per_key`), its rate limits (`rate_limit`,
+// scheduled), storage (logical bytes and retained executions against `max_bytes` and
+// `max_retained`) and concurrency keys (overrides, blocked keys), register a tenant, edit its
+// limits (`max_concurrent`, `max_queued`, `max_concurrent_per_key`, `max_bytes`,
+// `max_retained`), its rate limits (`rate_limit`,
 // `rate_limit_per_key`: starts per period, burst), its weight (its share of starts against the
 // other tenants with runnable work) and `enabled`, delete it (typed confirmation; DELETE answers
 // 204 when nothing of it is left, 202 while the rest is removed in the background). PUT changes
@@ -10,7 +12,7 @@
 // delete one.
 
 import { call, query } from '../api.js';
-import { h, replace, toast, confirmDialog, field, num } from '../dom.js';
+import { h, replace, toast, confirmDialog, field, num, fmtBytes, fmtTime } from '../dom.js';
 
 /**
  * The API path of one concurrency key, or null for `.` and `..`: a browser's URL parser drops
@@ -19,6 +21,18 @@ import { h, replace, toast, confirmDialog, field, num } from '../dom.js';
 function keyPath(tenant, key) {
   if (key === '.' || key === '..') return null;
   return `/api/tenants/${encodeURIComponent(tenant)}/concurrency-keys/${encodeURIComponent(key)}`;
+}
+
+/**
+ * A tenant's storage as the page shows it: what it keeps against each bound, with the share
+ * used, and when its oldest retained executions expire.
+ */
+export function storageText(t) {
+  const s = t.storage;
+  const pct = (n, of) => (of > 0 ? ` (${Math.floor((100 * n) / of)} %)` : '');
+  const expiry = s.next_expiry ? `; oldest expire by ${fmtTime(s.next_expiry)}` : '';
+  return `${fmtBytes(s.bytes)} of ${fmtBytes(t.max_bytes)}${pct(s.bytes, t.max_bytes)}, ` +
+    `${num(s.retained)} of ${num(t.max_retained)} retained${pct(s.retained, t.max_retained)}${expiry}`;
 }
 
 /** A rate limit as the page shows it: `100 / 1m, burst 10`, or `—` for none. */
@@ -61,6 +75,8 @@ export async function render(ctx) {
   const mqIn = h('input', { id: 'new-tenant-max-queued', type: 'number', min: 0, placeholder: 'server default' });
   const pkIn = h('input', { id: 'new-tenant-max-per-key', type: 'number', min: 1, placeholder: 'none', title: 'Executions of one concurrency key running at once, for every key without an override' });
   const wtIn = h('input', { id: 'new-tenant-weight', type: 'number', min: 1, max: 1000, placeholder: '1 (of 1–1000)', title: 'Share of starts against the other tenants with runnable work' });
+  const mbIn = h('input', { id: 'new-tenant-max-bytes', type: 'number', min: 1, placeholder: 'server default', title: 'Logical bytes it may keep: 512 per execution + params + output + error message, until its terminal executions expire' });
+  const mrIn = h('input', { id: 'new-tenant-max-retained', type: 'number', min: 1, placeholder: 'server default', title: 'Terminal executions it may keep until they expire' });
   const enIn = h('input', { id: 'new-tenant-enabled', type: 'checkbox', checked: true });
   const register = h('form', {
     id: 'register-tenant', class: 'inline-form',
@@ -72,15 +88,19 @@ export async function render(ctx) {
       if (mqIn.value !== '') body.max_queued = Number(mqIn.value);
       if (pkIn.value !== '') body.max_concurrent_per_key = Number(pkIn.value);
       if (wtIn.value !== '') body.weight = Number(wtIn.value);
+      if (mbIn.value !== '') body.max_bytes = Number(mbIn.value);
+      if (mrIn.value !== '') body.max_retained = Number(mrIn.value);
       try {
         await call('PUT', `/api/tenants/${encodeURIComponent(id)}`, { body });
         toast(`Tenant ${id} saved.`);
         idIn.value = ''; mcIn.value = ''; mqIn.value = ''; pkIn.value = ''; wtIn.value = '';
+        mbIn.value = ''; mrIn.value = '';
         await load();
       } catch (err) { if (err.status !== 401) toast(`Not saved: ${err.message}`, 'error'); }
     },
   }, field('Tenant id', idIn), field('max_concurrent', mcIn), field('max_queued', mqIn),
-  field('max_concurrent_per_key', pkIn), field('Weight', wtIn), field('Enabled', enIn),
+  field('max_concurrent_per_key', pkIn), field('Weight', wtIn), field('max_bytes', mbIn),
+  field('max_retained', mrIn), field('Enabled', enIn),
   h('button', { type: 'submit', class: 'primary', id: 'register-submit' }, 'Register'));
 
   const keys = keysOf ? keysPanel(keysOf) : null;
@@ -96,7 +116,9 @@ export async function render(ctx) {
         h('th', { title: 'Starts per period, of the tenant and of each of its concurrency keys: over the rate, executions wait in order (none is refused)' }, 'Rate limits'),
         h('th', { title: 'Share of starts against the other tenants with runnable work in its shard (1–1000; empty: 1)' }, 'Weight'),
         h('th', {}, 'Enabled'),
-        h('th', {}, 'Usage'), h('th', {}, 'Concurrency keys'), h('th', {}, ''))),
+        h('th', {}, 'Usage'),
+        h('th', { title: 'Logical bytes (512 per execution + params + output + error message) of its queued, running and retained executions against max_bytes, and its terminal executions kept until they expire against max_retained; at either bound its admissions answer 429 tenant_storage_full' }, 'Storage'),
+        h('th', {}, 'Concurrency keys'), h('th', {}, ''))),
       tbody)));
 
   function row(t) {
@@ -106,6 +128,8 @@ export async function render(ctx) {
     const pk = h('input', { type: 'number', min: 1, class: 'edit-max-per-key', value: String(t.max_concurrent_per_key ?? ''), placeholder: 'none', 'aria-label': `max_concurrent_per_key of ${t.tenant_id}` });
     const wt = h('input', { type: 'number', min: 1, max: 1000, class: 'edit-weight', value: String(t.weight), placeholder: '1', 'aria-label': `weight of ${t.tenant_id}` });
     const en = h('input', { type: 'checkbox', class: 'edit-enabled', checked: t.enabled, 'aria-label': `enabled ${t.tenant_id}` });
+    const mb = h('input', { type: 'number', min: 1, class: 'edit-max-bytes', value: String(t.max_bytes), 'aria-label': `max_bytes of ${t.tenant_id}` });
+    const mr = h('input', { type: 'number', min: 1, class: 'edit-max-retained', value: String(t.max_retained), 'aria-label': `max_retained of ${t.tenant_id}` });
     const rate = rateBoxes('rate', 'rate_limit', t.tenant_id, t.rate_limit);
     const keyRate = rateBoxes('key-rate', 'rate_limit_per_key', t.tenant_id, t.rate_limit_per_key);
     const save = async () => {
@@ -120,6 +144,8 @@ export async function render(ctx) {
         rate_limit: rateIs.setting,
         rate_limit_per_key: keyRateIs.setting,
         weight: wt.value === '' ? null : Number(wt.value),
+        max_bytes: mb.value === '' ? null : Number(mb.value),
+        max_retained: mr.value === '' ? null : Number(mr.value),
         enabled: en.checked,
       };
       try {
@@ -158,6 +184,13 @@ export async function render(ctx) {
             h('span', { class: 'hint' }, 'starts / period (250ms, 30s, 1m, 1h, 1d), burst (empty: 1); starts and period empty: none. Save applies.')))),
       h('td', {}, wt), h('td', {}, en),
       h('td', { class: 'usage' }, `running ${num(t.usage.running)}, waiting ${num(t.usage.waiting)}, scheduled ${num(t.usage.scheduled)}`),
+      h('td', { class: 'storage', dataset: { bytes: String(t.storage.bytes), retained: String(t.storage.retained) } },
+        h('div', { class: 'storage-usage' }, storageText(t)),
+        h('details', { class: 'storage-edit' }, h('summary', { class: 'edit-storage' }, 'Edit'),
+          h('div', { class: 'rate-fields' },
+            h('span', { class: 'field-label' }, 'max_bytes'), mb,
+            h('span', { class: 'field-label' }, 'max_retained'), mr,
+            h('span', { class: 'hint' }, 'Empty: the server default. Save applies.')))),
       h('td', { class: 'ckey-counts', dataset: { overrides: String(ck.overrides), blocked: String(ck.blocked) } },
         h('a', { href: hashWith(t.tenant_id), class: 'show-ckeys', title: 'Its concurrency keys: the overrides, set or delete one' },
           `${num(ck.overrides)} ${ck.overrides === 1 ? 'override' : 'overrides'}`),
@@ -253,7 +286,7 @@ export async function render(ctx) {
 
   async function loadTenants() {
     const { data } = await call('GET', `/api/tenants${query({ limit: 50, cursor })}`);
-    replace(tbody, data.tenants.length === 0 ? h('tr', {}, h('td', { colspan: 10, class: 'empty' }, 'No registered tenants.')) : data.tenants.map(row));
+    replace(tbody, data.tenants.length === 0 ? h('tr', {}, h('td', { colspan: 11, class: 'empty' }, 'No registered tenants.')) : data.tenants.map(row));
     replace(pager,
       cursor ? h('a', { href: `#/tenants${query({ keys: keysOf })}`, class: 'button' }, 'First page') : null,
       data.next_cursor ? h('a', { href: `#/tenants${query({ cursor: data.next_cursor, keys: keysOf })}`, class: 'button', id: 'page-next' }, 'Next page') : null);
@@ -264,7 +297,7 @@ export async function render(ctx) {
     await Promise.all([loadTenants(), keys ? keys.load() : null]);
   }
 
-  try { await loadTenants(); } catch (e) { if (e.status !== 401) replace(tbody, h('tr', {}, h('td', { colspan: 10, class: 'error' }, e.message))); }
+  try { await loadTenants(); } catch (e) { if (e.status !== 401) replace(tbody, h('tr', {}, h('td', { colspan: 11, class: 'error' }, e.message))); }
   if (keys) {
     try { await keys.load(); } catch (e) { if (e.status !== 401) replace(keys.body, h('tr', {}, h('td', { colspan: 5, class: 'error' }, e.message))); }
   }

@@ -28,7 +28,10 @@ use crate::domain::{
     AdmitRequest, DedupKey, ExecutionId, FlowId, QueueState, Status, TenantId, TraceContext,
 };
 use crate::http::actions::Action;
-use crate::store::{Admission, Decision, ListQuery, Reschedule, Retry, StoreError, Ticket};
+use crate::store::{
+    Admission, Decision, ListQuery, ROW_BYTES, Reschedule, Retry, StorageBound, StorageFull,
+    StoreError, Ticket,
+};
 use wire::{
     BatchAnswer, BatchResult, DryRunAnswer, Execution, ExecutionPage, NewBatch, NewExecution,
 };
@@ -99,12 +102,12 @@ pub const BATCH_ROUTE: &str = "/api/executions/batch";
         (status = 400, description = "Invalid request; `dry_run_moved`: `?dry_run=true` (the dry run is `POST /api/executions/dry-run`)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body exceeds `--body-limit`. `params_too_large`: `params` exceed `--max-params-bytes`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body exceeds `--body-limit`. `params_too_large`: `params` exceed `--max-params-bytes`. `execution_too_large`: the execution's logical size (512 + its params) exceeds the tenant's `max_bytes`, so it can never be admitted", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`tenant_deleting`: the tenant is being deleted; nothing was admitted", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 422, description = "Dedup key already used with a different flow, version or params", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "`tenant_queue_full`: the tenant has `max_queued` executions queued. `tenant_storage_full`: it keeps `max_bytes` logical bytes or `max_retained` terminal executions; `Retry-After` says when its oldest retained ones have expired (at most an hour). Nothing was admitted", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "`redis_unavailable`, `request_timeout`: nothing was admitted. `admission_outcome_unknown`: Redis stopped answering after the admission was sent; the problem's `execution_id` may exist now or later (look it up, or repeat with the same Idempotency-Key)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
@@ -155,6 +158,8 @@ pub async fn create_execution(
             Ok(Admission::Disabled) => span.end("tenant_disabled", None),
             Ok(Admission::Deleting) => span.end("tenant_deleting", None),
             Ok(Admission::QueueFull { .. }) => span.end("tenant_queue_full", None),
+            Ok(Admission::StorageFull(_)) => span.end("tenant_storage_full", None),
+            Ok(Admission::TooLarge { .. }) => span.end("execution_too_large", None),
             Err(_) => span.end("error", None),
         }
     }
@@ -168,6 +173,8 @@ pub async fn create_execution(
             Admission::Disabled => AdmissionOutcome::Disabled,
             Admission::Deleting => AdmissionOutcome::Deleting,
             Admission::QueueFull { .. } => AdmissionOutcome::QueueFull,
+            Admission::StorageFull(_) => AdmissionOutcome::StorageFull,
+            Admission::TooLarge { .. } => AdmissionOutcome::TooLarge,
         },
     );
     match admission {
@@ -233,6 +240,10 @@ pub async fn dry_run_execution(
         Decision::Refuse if run.reason == "tenant_queue_full" => {
             Some(queue_full_retry_after(&state, tenant).await)
         }
+        Decision::Refuse => run
+            .storage_full
+            .as_ref()
+            .and_then(|f| storage_full(f).retry_after()),
         _ => None,
     };
     Ok(axum::Json(DryRunAnswer::new(run, retry_after)).into_response())
@@ -414,6 +425,8 @@ pub async fn create_batch(
                             Admission::Conflict { .. } => AdmissionOutcome::Conflict,
                             Admission::Disabled => AdmissionOutcome::Disabled,
                             Admission::Deleting => AdmissionOutcome::Deleting,
+                            Admission::StorageFull(_) => AdmissionOutcome::StorageFull,
+                            Admission::TooLarge { .. } => AdmissionOutcome::TooLarge,
                             _ => AdmissionOutcome::QueueFull,
                         },
                     );
@@ -534,10 +547,54 @@ async fn refusal(
             waiting,
             retry_after,
         },
+        Admission::StorageFull(full) => storage_full(&full),
+        Admission::TooLarge { size, max_bytes } => ApiError::Status {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "execution_too_large",
+            detail: format!(
+                "the execution takes {size} logical bytes ({ROW_BYTES} + its params), more than \
+                 the tenant's max_bytes of {max_bytes}: it can never be admitted"
+            ),
+        },
         Admission::Created(e) | Admission::Replayed(e) => ApiError::Internal(format!(
             "execution {} was admitted but reported as refused",
             e.execution_id
         )),
+    }
+}
+
+/// The 429 of a storage bound: `Retry-After` is when the tenant's oldest retained executions
+/// have expired and its next decision takes them off (at most an hour: look again then, a
+/// bound may have been raised meanwhile); an hour when it retains nothing that could.
+pub(crate) fn storage_full(full: &StorageFull) -> ApiError {
+    let retry_after = full.drains_in.map_or(MAX_QUEUE_FULL_RETRY_AFTER, |d| {
+        d.as_millis()
+            .div_ceil(1000)
+            .clamp(1, u128::from(MAX_QUEUE_FULL_RETRY_AFTER)) as u64
+    });
+    let what = match full.bound {
+        StorageBound::Bytes => format!(
+            "the tenant keeps {} logical bytes of executions (queued, running and retained) of \
+             its max_bytes of {}: no room for this one",
+            full.count, full.limit
+        ),
+        StorageBound::Retained => format!(
+            "the tenant keeps {} terminal executions, its max_retained of {}",
+            full.count, full.limit
+        ),
+    };
+    let when = match full.drains_in {
+        Some(d) => format!(
+            "its oldest retained executions expire within {} s",
+            d.as_millis().div_ceil(1000)
+        ),
+        None => "none of its executions expires before its queued and running ones end and \
+                 their retention passes"
+            .to_owned(),
+    };
+    ApiError::StorageFull {
+        detail: format!("{what}; {when}"),
+        retry_after,
     }
 }
 
@@ -989,7 +1046,10 @@ pub async fn delete_execution(
 /// Same id, fresh attempts (`attempt` back to 0), through the same quota decision as an
 /// admission (behind the tenant's waiting executions); its dedup key still maps to it and
 /// stops expiring until it is terminal again. A worker still holding a run from before the
-/// retry can neither renew its lease nor report a result: every run has its own fence.
+/// retry can neither renew its lease nor report a result: every run has its own fence. A retry
+/// adds nothing to what the tenant stores (its row stops being a retained one, its output and
+/// error message go), so the storage bounds refuse it only while the tenant is over one even
+/// so.
 ///
 /// The body is optional and, when sent, an empty object: a retry changes nothing else, and a
 /// member is refused (400 `invalid_body`) rather than ignored.
@@ -1006,7 +1066,8 @@ pub async fn delete_execution(
         (status = 403, description = "Tenant disabled or role too weak", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such execution for this tenant", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`not_retryable`: not failed or cancelled; `tenant_deleting`: the tenant is being deleted (with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Tenant queue full", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`tenant_queue_full`; or `tenant_storage_full` when the tenant is over `max_bytes` or `max_retained` even without what the retry frees (its output, error message and retained row)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "Redis unavailable", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -1037,6 +1098,7 @@ pub async fn retry_execution(
         Retry::QueueFull { waiting } => {
             Err(refusal(&state, tenant, Admission::QueueFull { waiting }, deadline).await)
         }
+        Retry::StorageFull(full) => Err(storage_full(&full)),
     }
 }
 

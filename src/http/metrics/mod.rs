@@ -3,8 +3,8 @@
 //! app has its own numbers.
 //!
 //! - `sluice_admissions_total{tenant,outcome}`: `admitted`, `deduplicated`, `conflict`;
-//! - `sluice_admissions_rejected_total{tenant,reason}`: `queue_full`, `tenant_disabled`,
-//!   `invalid`;
+//! - `sluice_admissions_rejected_total{tenant,reason}`: `queue_full`, `storage_full`,
+//!   `too_large`, `tenant_disabled`, `invalid`;
 //! - `sluice_http_request_duration_seconds{method,route,status}`: a histogram; `route` is the
 //!   route template (`/api/executions/{id}`, `unmatched` for none), so ids do not multiply
 //!   series, and `method` is one of the methods the API knows or `other` — any token is a
@@ -136,7 +136,13 @@ pub struct Metrics {
 
 /// Every admission outcome and rejection reason, to remove a tenant's series.
 const OUTCOMES: [&str; 3] = ["admitted", "deduplicated", "conflict"];
-const REASONS: [&str; 3] = ["queue_full", "tenant_disabled", "invalid"];
+const REASONS: [&str; 5] = [
+    "queue_full",
+    "storage_full",
+    "too_large",
+    "tenant_disabled",
+    "invalid",
+];
 
 /// How an admission ended, for the per-tenant counters.
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +151,10 @@ pub enum AdmissionOutcome {
     Deduplicated,
     Conflict,
     QueueFull,
+    /// Refused by a storage bound (`tenant_storage_full`).
+    StorageFull,
+    /// Larger than the tenant's `max_bytes` (`execution_too_large`).
+    TooLarge,
     Disabled,
     /// Refused: the tenant is being deleted.
     Deleting,
@@ -496,6 +506,8 @@ impl Metrics {
             AdmissionOutcome::Deduplicated => (Some("deduplicated"), None),
             AdmissionOutcome::Conflict => (Some("conflict"), None),
             AdmissionOutcome::QueueFull => (None, Some("queue_full")),
+            AdmissionOutcome::StorageFull => (None, Some("storage_full")),
+            AdmissionOutcome::TooLarge => (None, Some("too_large")),
             AdmissionOutcome::Disabled => (None, Some("tenant_disabled")),
             AdmissionOutcome::Deleting => (None, Some("tenant_deleting")),
             AdmissionOutcome::Invalid => (None, Some("invalid")),
