@@ -69,7 +69,7 @@ use call::Call;
 pub use cancel::Reschedule;
 pub use commit::{BATCH_CALL_ITEMS, GroupCommitCounts};
 pub use conn::{Conn, RedisTarget};
-pub use dead_letters::{DeadLetter, Retry};
+pub use dead_letters::{DeadLetter, DeadLetterPage, Reindexed, Retry};
 pub use dry_admit::{Decision, DryRun};
 pub use forecast::{Pace, estimate};
 pub use key_limits::{KeyLimitChange, KeyState};
@@ -177,8 +177,12 @@ pub struct StoreConfig {
     /// How long a dedup key keeps mapping to its execution once that is terminal (while it is
     /// queued or running the mapping does not expire).
     pub dedup_ttl: Duration,
-    /// Most records a shard's dead-letter stream keeps (older ones are evicted and counted).
+    /// Most records a shard's dead-letter stream keeps in all: when it is hit, the tenant
+    /// holding the most loses its oldest (evictions are counted).
     pub dlq_cap: u64,
+    /// Most dead-letter records one tenant keeps in its shard (its own oldest go first; never
+    /// more than `dlq_cap`).
+    pub dlq_tenant_cap: u64,
 }
 
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
@@ -210,6 +214,7 @@ struct Policy {
     retention_secs: AtomicU64,
     dedup_ttl_secs: AtomicU64,
     dlq_cap: AtomicU64,
+    dlq_tenant_cap: AtomicU64,
 }
 
 /// A shard script's invocation: the shard's freeze marker, the call's keys, the shard prefix
@@ -258,6 +263,7 @@ impl Store {
             retention_secs: AtomicU64::new(config.retention.as_secs().max(1)),
             dedup_ttl_secs: AtomicU64::new(config.dedup_ttl.as_secs().max(1)),
             dlq_cap: AtomicU64::new(config.dlq_cap.max(1)),
+            dlq_tenant_cap: AtomicU64::new(config.dlq_tenant_cap.max(1)),
         };
         let policy = std::sync::Arc::new(policy);
         let scripts = Scripts::new();
@@ -296,6 +302,7 @@ impl Store {
         store.shards = shards;
         store.refresh_pins().await?;
         store.ensure_schema(fresh).await?;
+        store.ensure_dead_letter_counts().await;
         Ok(store)
     }
 
@@ -371,6 +378,15 @@ impl Store {
         self.policy.dlq_cap.load(Ordering::Relaxed)
     }
 
+    /// The most dead-letter records one tenant keeps, as the scripts apply it: never above
+    /// the shard's cap. Public for the listing, which tells a tenant its cap.
+    pub fn dlq_tenant_cap(&self) -> u64 {
+        self.policy
+            .dlq_tenant_cap
+            .load(Ordering::Relaxed)
+            .min(self.dlq_cap())
+    }
+
     /// Records this process's data policy on Redis for workers to follow (`serve` does this).
     pub async fn publish_defaults(&self) -> Result<(), StoreError> {
         let mut c = self.conn();
@@ -389,6 +405,8 @@ impl Store {
                     .arg(p.dedup_ttl_secs.load(Ordering::Relaxed))
                     .arg("dlq_cap")
                     .arg(p.dlq_cap.load(Ordering::Relaxed))
+                    .arg("dlq_tenant_cap")
+                    .arg(p.dlq_tenant_cap.load(Ordering::Relaxed))
                     .query_async(&mut c),
             )
             .await?;
@@ -404,8 +422,9 @@ impl Store {
             Option<u64>,
             Option<u64>,
             Option<u64>,
+            Option<u64>,
         );
-        let (mc, mq, ret, dedup, cap): Published = self
+        let (mc, mq, ret, dedup, cap, tenant_cap): Published = self
             .bounded(
                 redis::cmd("HMGET")
                     .arg(keys::meta())
@@ -414,6 +433,7 @@ impl Store {
                     .arg("retention_secs")
                     .arg("dedup_ttl_secs")
                     .arg("dlq_cap")
+                    .arg("dlq_tenant_cap")
                     .query_async(&mut c),
             )
             .await?;
@@ -432,6 +452,9 @@ impl Store {
         }
         if let Some(v) = cap {
             p.dlq_cap.store(v.max(1), Ordering::Relaxed);
+        }
+        if let Some(v) = tenant_cap {
+            p.dlq_tenant_cap.store(v.max(1), Ordering::Relaxed);
         }
         Ok(())
     }
