@@ -89,8 +89,9 @@ pub struct DeadLetterPage {
     /// Records kept now: the tenant's, or every tenant's (and poison records) in the platform
     /// admin's listing of every tenant.
     pub total: u64,
-    /// Records of these holders that the caps evicted so far: the tenant's own (by its cap,
-    /// or as the shard's largest holder when the shard was full), or every shard's.
+    /// How many of the tenant's records the caps evicted so far (by its own cap, or as the
+    /// shard's largest holder when the shard was full); every shard's evictions in the
+    /// listing of every tenant.
     pub evicted: u64,
     /// The most records the tenant keeps (`--dlq-tenant-cap`); beyond it its oldest are
     /// evicted. Null in the listing of every tenant.

@@ -185,8 +185,11 @@ async fn at_the_shard_cap_the_tenant_holding_the_most_loses_its_oldest() {
 
     // x holds as many as y, the largest: x's own oldest goes, not y's.
     xs.extend(dead_lettered(&app, &x, 1, "x").await);
+    assert_eq!(kept_of(&app, &x, &xs[1..]).await, 1, "x lost x0");
+    assert_eq!(kept_of(&app, &y, &ys).await, 0, "y lost nothing yet");
     // z holds fewer than the largest (y, 4): y's oldest goes.
     zs.extend(dead_lettered(&app, &z, 1, "z").await);
+    assert_eq!(kept_of(&app, &y, &ys[1..]).await, 1, "y lost y0");
     // Now x holds the most (4 against 3 and 3): x's oldest goes.
     zs.extend(dead_lettered(&app, &z, 1, "z").await);
 
