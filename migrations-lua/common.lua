@@ -51,6 +51,7 @@ function K.dlq_indexed() return P .. 'dlq_indexed' end
 function K.dlq_holders() return P .. 'dlq_holders' end
 function K.dlq_poison() return P .. 'dlq_poison' end
 function K.dlq_rebuilt() return P .. 'dlq_rebuilt' end
+function K.dlq_evicted() return P .. 'dlq_evicted' end
 function K.stats() return P .. 'stats' end
 function K.void(id) return P .. 'void:' .. id end
 function K.frozen() return P .. 'frozen' end
@@ -599,8 +600,8 @@ end
 -- Two caps bound the stream: a holder keeps at most `caps.tenant` records (its own oldest go
 -- first: a tenant's flood evicts only its own), and the shard at most `caps.shard` in all
 -- (when that is hit, the holder with the most records loses its oldest; the new record's own
--- holder when it holds as many). Every record evicted is counted: the shard's `dlq_evicted`,
--- and the tenant's own `dlq_evicted` in its cfg hash.
+-- holder when it holds as many). Every record evicted is counted: the shard's `dlq_evicted`
+-- (in K.stats()), and its holder's in K.dlq_evicted() (a hash: holder -> records evicted).
 
 -- Most records one call evicts; more are over a cap only after the cap was lowered, and each
 -- later record evicts up to this many again until the stream is back under its caps.
@@ -638,7 +639,7 @@ local function dlq_evict_oldest(holder)
   end
   dlq_unhold(holder, oldest[1])
   local gone = redis.call('XDEL', K.dlq(), oldest[1])
-  if gone > 0 and holder ~= '' then redis.call('HINCRBY', K.cfg(holder), 'dlq_evicted', gone) end
+  if gone > 0 then redis.call('HINCRBY', K.dlq_evicted(), holder, gone) end
   return gone
 end
 

@@ -2,8 +2,7 @@
 -- dlq_list.lua: one page of a shard's dead-letter records, newest first, older than a record
 -- id when given: one tenant's (read through its index of record ids, so its shard neighbours'
 -- records are never read), or every record of the shard (the platform admin's listing). The
--- work is bounded by the page, never by the stream: at most `limit` ids and records per
--- round, and at most DLQ_LIST_ROUNDS rounds when index entries name records that are gone.
+-- work is bounded by the page, never by the stream: at most `limit` ids or records.
 --
 -- Redis 7.0's XREVRANGE walks the whole stream when its end lies below the stream's first
 -- node (it then starts from the last one): so the first id is read first (XRANGE - + COUNT 1,
@@ -13,22 +12,24 @@
 -- KEYS[2]  dead_letters: the shard's dead-letter stream
 -- KEYS[3]  dead_letter_holders: its dead-letter counts by holder
 -- KEYS[4]  stats: its counters
+-- KEYS[5]  dead_letters_evicted: its records evicted by holder
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: the tenant whose records are listed; '' for every record of the shard
 -- ARGV[7]  before: only records older than this id (<ms>-<seq>, canonical numbers as Redis
 --          writes them); '' for no bound
 -- ARGV[8]  limit: the most records to return, 0..200 (0: the counts alone)
 --
--- Reply: {held, evicted, id, fields, id, fields, ...}: `held` the records the tenant holds
--- now (the shard's records for ''), `evicted` those of its records the caps evicted so far
--- (the shard's `dlq_evicted` for ''); then the page, each record as XRANGE gives it.
+-- Reply: {held, evicted, ...}: `held` the records the tenant holds now (the shard's records
+-- for ''), `evicted` those of its records the caps evicted so far (the shard's `dlq_evicted`
+-- for ''); then, for a tenant, the ids of the page (its index's, at most `limit`: the caller
+-- reads their records, natively, which costs Redis a fraction of what reading them here and
+-- converting them to Lua and back would), or for '' the page's records, each as XRANGE gives
+-- it (id, fields).
 local DLQ = declared(2, K.dlq())
 local HOLDERS = declared(3, K.dlq_holders())
 local STATS = declared(4, K.stats())
+local EVICTED = declared(5, K.dlq_evicted())
 local tenant, before, limit = ARGV[6], ARGV[7], tonumber(ARGV[8])
-
--- Rounds of index ids read when some name records that are gone (a page stays bounded).
-local DLQ_LIST_ROUNDS = 4
 
 -- Whether decimal a < b (canonical digits: no leading zeros).
 local function less(a, b)
@@ -66,20 +67,8 @@ if tenant == '' then
 end
 
 out = { tonumber(redis.call('ZSCORE', HOLDERS, tenant)) or 0,
-  tonumber(redis.call('HGET', K.cfg(tenant), 'dlq_evicted')) or 0 }
-local index, bound, found = K.tenant_dlq(tenant), before, 0
-for _ = 1, DLQ_LIST_ROUNDS do
-  local asked = limit - found
-  local ids = older(index, bound, asked)
-  for _, entry in ipairs(ids) do
-    local record = redis.call('XRANGE', DLQ, entry[1], entry[1])[1]
-    if record and record_field(record[2], 'tenant_id') == tenant then
-      table.insert(out, record[1])
-      table.insert(out, record[2])
-      found = found + 1
-    end
-  end
-  if found >= limit or #ids < asked then break end
-  bound = ids[#ids][1]
+  tonumber(redis.call('HGET', EVICTED, tenant)) or 0 }
+for _, entry in ipairs(older(K.tenant_dlq(tenant), before, limit)) do
+  table.insert(out, entry[1])
 end
 return out

@@ -83,7 +83,8 @@ impl From<store::DeadLetter> for DeadLetter {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeadLetterPage {
     pub dead_letters: Vec<DeadLetter>,
-    /// Pass as `before` for older records; null when this page was not full.
+    /// Pass as `before` for older records; null when there are none (a page cut short by a
+    /// record dismissed meanwhile may still have one).
     #[schema(pattern = "^[0-9]{1,20}-[0-9]{1,20}$")]
     pub next_before: Option<String>,
     /// Records kept now: the tenant's, or every tenant's (and poison records) in the platform
@@ -154,13 +155,9 @@ pub async fn list_dead_letters(
         .store
         .dead_letters(tenant, before, limit as usize)
         .await?;
-    let records = page.records;
-    let next_before = (records.len() == limit as usize)
-        .then(|| records.last().map(|r| r.entry_id.clone()))
-        .flatten();
     Ok(axum::Json(DeadLetterPage {
-        dead_letters: records.into_iter().map(Into::into).collect(),
-        next_before,
+        dead_letters: page.records.into_iter().map(Into::into).collect(),
+        next_before: page.next,
         total: page.held,
         evicted: page.evicted,
         cap: tenant.map(|_| state.store.dlq_tenant_cap()),

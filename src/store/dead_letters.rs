@@ -37,6 +37,8 @@ pub struct DeadLetterPage {
     pub held: u64,
     /// Records of theirs the caps evicted so far (the tenant's, or every shard's).
     pub evicted: u64,
+    /// The `before` of the next page when more may follow: the last id this page read.
+    pub next: Option<String>,
 }
 
 /// What `Store::reindex_dead_letters` did.
@@ -135,10 +137,10 @@ impl Store {
     }
 
     /// The newest dead letters, newest first, older than the record id `before` (`(ms, seq)`)
-    /// when given. With `tenant`, only that tenant's records (of its shard), read through its
-    /// index; otherwise every shard's. Either way one script call per shard read
-    /// (`migrations-lua/dlq_list.lua`), whose Redis work is bounded by the page, whatever the
-    /// shard holds.
+    /// when given. With `tenant`, only that tenant's records (of its shard): the ids of its
+    /// index (`migrations-lua/dlq_list.lua`), then their records in one pipeline; otherwise
+    /// every shard's, one script call per shard. The Redis work is bounded by the page,
+    /// whatever the shard holds.
     pub async fn dead_letters(
         &self,
         tenant: Option<&TenantId>,
@@ -166,11 +168,17 @@ impl Store {
             page.held += part.held;
             page.evicted += part.evicted;
             page.records.extend(part.records);
+            page.next = part.next;
         }
-        // Record ids are "<ms>-<seq>": newest first across shards.
-        page.records
-            .sort_by_key(|d| std::cmp::Reverse(stream_id_key(&d.entry_id)));
-        page.records.truncate(limit);
+        if tenant.is_none() {
+            // Record ids are "<ms>-<seq>": newest first across shards.
+            page.records
+                .sort_by_key(|d| std::cmp::Reverse(stream_id_key(&d.entry_id)));
+            page.records.truncate(limit);
+            page.next = (limit > 0 && page.records.len() == limit)
+                .then(|| page.records.last().map(|r| r.entry_id.clone()))
+                .flatten();
+        }
         Ok(page)
     }
 
@@ -216,6 +224,7 @@ impl Store {
                 dead_letters: shard.dead_letters(),
                 dead_letter_holders: shard.dead_letter_holders(),
                 stats: shard.stats(),
+                dead_letters_evicted: shard.dead_letters_evicted(),
                 tenant: tenant.map(TenantId::as_str).unwrap_or(""),
                 before,
                 limit,
@@ -232,15 +241,46 @@ impl Store {
         };
         let (held, evicted) = (count("held")?, count("evicted")?);
         let mut records = Vec::new();
-        while let (Some(id), Some(fields)) = (items.next(), items.next()) {
-            let id: String = redis::from_redis_value(id)?;
-            let fields: HashMap<String, String> = redis::from_redis_value(fields)?;
-            records.push(dead_letter_of(shard.number(), id, fields));
+        let Some(tenant) = tenant else {
+            while let (Some(id), Some(fields)) = (items.next(), items.next()) {
+                let id: String = redis::from_redis_value(id)?;
+                let fields: HashMap<String, String> = redis::from_redis_value(fields)?;
+                records.push(dead_letter_of(shard.number(), id, fields));
+            }
+            return Ok(DeadLetterPage {
+                records,
+                held,
+                evicted,
+                next: None,
+            });
+        };
+        // A tenant's page: the ids its index gave, then their records in one pipeline (read
+        // natively, not through Lua). A record gone meanwhile (dismissed, evicted) is left
+        // out; the cursor still follows the ids read, so the next page goes on from there.
+        let ids: Vec<String> = items
+            .map(redis::from_redis_value)
+            .collect::<Result<_, _>>()?;
+        if !ids.is_empty() {
+            let mut p = redis::pipe();
+            for id in &ids {
+                p.cmd("XRANGE").arg(shard.dead_letters()).arg(id).arg(id);
+            }
+            let found: Vec<Vec<(String, HashMap<String, String>)>> =
+                self.bounded(p.query_async(&mut c)).await?;
+            for (entry_id, f) in found.into_iter().flatten() {
+                if f.get("tenant_id").map(String::as_str) == Some(tenant.as_str()) {
+                    records.push(dead_letter_of(shard.number(), entry_id, f));
+                }
+            }
         }
+        let next = (limit > 0 && ids.len() == limit)
+            .then(|| ids.last().cloned())
+            .flatten();
         Ok(DeadLetterPage {
             records,
             held,
             evicted,
+            next,
         })
     }
 
@@ -341,7 +381,7 @@ script_call! {
 script_call! {
     /// `migrations-lua/dlq_list.lua`: one page of a shard's dead letters (of one tenant).
     pub(super) struct DlqListCall<'a> {
-        keys { dead_letters, dead_letter_holders, stats }
+        keys { dead_letters, dead_letter_holders, stats, dead_letters_evicted }
         args { tenant: &'a str, before: &'a str, limit: usize }
     }
 }

@@ -292,6 +292,12 @@ impl Shard {
         format!("{}dlq_holders", self.prefix())
     }
 
+    /// How many dead-letter records of each holder (a tenant, or `""`) the caps evicted: a
+    /// hash, a field only for a holder that lost one, so a tenant can be told.
+    pub fn dead_letters_evicted(self) -> String {
+        format!("{}dlq_evicted", self.prefix())
+    }
+
     /// The holders a rebuild of the shard's dead-letter indexes has met so far (see
     /// `dead_letters_indexed`); deleted with the marker when the rebuild ends.
     pub fn dead_letters_rebuilt(self) -> String {
@@ -588,6 +594,8 @@ pub enum KeyKind {
     DeadLetterHolders,
     /// The holders a dead-letter rebuild met (`Shard::dead_letters_rebuilt`).
     DeadLettersRebuilt,
+    /// Dead-letter records evicted per holder (`Shard::dead_letters_evicted`).
+    DeadLettersEvicted,
     Stats,
     Tenants,
     TenantConfig,
@@ -711,6 +719,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             "dlq_poison" => at(KeyKind::PoisonDeadLetters),
             "dlq_holders" => at(KeyKind::DeadLetterHolders),
             "dlq_rebuilt" => at(KeyKind::DeadLettersRebuilt),
+            "dlq_evicted" => at(KeyKind::DeadLettersEvicted),
             "stats" => at(KeyKind::Stats),
             "tenants" => at(KeyKind::Tenants),
             "busy" => at(KeyKind::Busy),
@@ -841,6 +850,7 @@ mod tests {
             s.poison_dead_letters(),
             s.dead_letter_holders(),
             s.dead_letters_rebuilt(),
+            s.dead_letters_evicted(),
             s.tenant_dead_letters(&t),
             s.stats(),
             s.tenants(),
@@ -949,6 +959,7 @@ mod tests {
             (s.poison_dead_letters(), KeyKind::PoisonDeadLetters),
             (s.dead_letter_holders(), KeyKind::DeadLetterHolders),
             (s.dead_letters_rebuilt(), KeyKind::DeadLettersRebuilt),
+            (s.dead_letters_evicted(), KeyKind::DeadLettersEvicted),
             (s.stats(), KeyKind::Stats),
             (s.tenants(), KeyKind::Tenants),
             (s.shard_trends(20_423), KeyKind::ShardTrends),

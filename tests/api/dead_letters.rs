@@ -234,10 +234,10 @@ async fn commands_of(app: &TestApp, request: impl std::future::Future<Output = V
 /// Issue 38, defect 6: once the shard's cap had evicted the first record a tenant index was
 /// started with, every tenant's `GET /api/dlq` ended in an XREVRANGE of the shard's whole
 /// stream (Redis 7.0 walks all of it when the range's end lies below the first entry): 2 ms of
-/// Redis for an empty answer. Now a listing is one script call whose commands are the page's:
-/// the same commands at 40 and at 120 records of the neighbours, no XREVRANGE at all when
-/// nothing is older than the bound (an empty tenant, the end of the pages), and as many record
-/// reads as the page has records.
+/// Redis for an empty answer. Now a tenant's listing is one script call (its counts, and the
+/// page's ids from its index) and one read per record of the page: the same commands at 40 and
+/// at 120 records of the neighbours, no XREVRANGE at all when nothing is older than the bound
+/// (an empty tenant, the end of the pages). The platform admin's page: one call per shard.
 #[tokio::test]
 async fn a_dead_letter_listing_costs_the_page_not_the_shard() {
     let app = TestApp::spawn_with(|c| {
