@@ -56,8 +56,9 @@ impl Conn {
         self.exchange(req).await
     }
 
-    /// `method path` as the platform admin acting for `tenant`, with a JSON `body` (empty for
-    /// none); status and body. For the phases that follow single executions (cancel).
+    /// `method path` as the platform admin acting for `tenant` (empty: for no tenant), with a
+    /// JSON `body` (empty for none); status and body. For the phases that follow single
+    /// executions (cancel).
     pub async fn call(
         &mut self,
         method: hyper::Method,
@@ -70,8 +71,11 @@ impl Conn {
             .method(method)
             .uri(path)
             .header("host", &self.host)
-            .header("authorization", format!("Bearer {admin_token}"))
-            .header("x-tenant-id", tenant);
+            .header("authorization", format!("Bearer {admin_token}"));
+        // No tenant: the platform admin for every tenant.
+        if !tenant.is_empty() {
+            req = req.header("x-tenant-id", tenant);
+        }
         if !body.is_empty() {
             req = req.header("content-type", "application/json");
         }
