@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- dlq_reindex.lua: (re)builds a shard's dead-letter indexes and counts from its stream, one
--- bounded batch of records per call, oldest first. Run at connect for every shard (see
+-- bounded batch of records per call, oldest first. Run by `serve` at start for every shard (see
 -- Store::reindex_dead_letters); a shard needs it when
 --   - `dead_letters_indexed` exists: an older build left it, naming the first record it
 --     indexed; the records below it are in no index, and no record is counted by holder; or

@@ -1,7 +1,7 @@
 //! Executions that failed for good: retrying one (`migrations-lua/retry.lua`, same id, fresh
 //! attempts), reading the shards' dead-letter records newest first (`dlq_list.lua`: bounded by
 //! the page), dismissing one (`dlq_dismiss.lua`), and rebuilding the indexes and counts an
-//! older build left behind (`dlq_reindex.lua`, at connect). The caps that bound the records
+//! older build left behind (`dlq_reindex.lua`, when `serve` starts). The caps that bound the records
 //! are applied by the scripts that write them (`dead_letter` in `migrations-lua/common.lua`).
 
 use std::collections::HashMap;
@@ -285,7 +285,7 @@ impl Store {
     }
 
     /// Brings every shard's dead-letter indexes and counts in line with its stream where an
-    /// older build left them behind (`migrations-lua/dlq_reindex.lua`): run at connect, one
+    /// older build left them behind (`migrations-lua/dlq_reindex.lua`): run when `serve` starts, one
     /// call per shard when there is nothing to do, else bounded batches of `batch` records,
     /// at most `max_calls` calls in all (tests interrupt it with a small number). Safe to run
     /// again, also from several processes at once. A shard that cannot be reached (its master

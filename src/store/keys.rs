@@ -266,7 +266,7 @@ impl Shard {
     }
 
     /// The marker of a shard whose dead-letter indexes and counts are being rebuilt from its
-    /// stream (`migrations-lua/dlq_reindex.lua`, run at connect). An older build set it to the
+    /// stream (`migrations-lua/dlq_reindex.lua`, run when `serve` starts). An older build set it to the
     /// first record it indexed: the records below it were in no index.
     pub fn dead_letters_indexed(self) -> String {
         format!("{}dlq_indexed", self.prefix())

@@ -302,7 +302,6 @@ impl Store {
         store.shards = shards;
         store.refresh_pins().await?;
         store.ensure_schema(fresh).await?;
-        store.ensure_dead_letter_counts().await;
         Ok(store)
     }
 

@@ -117,9 +117,11 @@ impl Store {
     }
 
     /// Dead letters an older build indexed only in part, and counted by holder not at all
-    /// (see `reindex_dead_letters`; one call per shard when there is nothing to do). Never
-    /// fails the connect: a shard it cannot reach is left for the next one.
-    pub(super) async fn ensure_dead_letter_counts(&self) {
+    /// (see `reindex_dead_letters`; one call per shard when there is nothing to do): what
+    /// `serve` does at start, before it lists any. Never fails: a shard it cannot reach is
+    /// left for the next start (a worker meanwhile writes records as usual; until then a full
+    /// shard with no holder counted evicts its oldest record).
+    pub async fn ensure_dead_letter_counts(&self) {
         let done = self.reindex_dead_letters(1_000, usize::MAX).await;
         if done.indexed > 0 {
             tracing::info!(

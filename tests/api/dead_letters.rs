@@ -1,7 +1,7 @@
 //! Dead letters against real `sluice worker` processes and a real Redis: what the caps evict
 //! (a tenant's flood only its own records; at the shard's cap the tenant holding the most),
 //! what a listing costs Redis (the page, never the shard), and the indexes and counts an older
-//! build left behind, rebuilt at connect.
+//! build left behind, rebuilt when `serve` starts.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -386,7 +386,7 @@ async fn legacy_index(redis: &TestRedis, shard: Shard, tenant: &str, id: &str) {
 /// too; the marker goes. The rebuild, run again, interrupted after a few calls and then run
 /// by two stores at once, ends in the same state.
 #[tokio::test]
-async fn dead_letters_an_older_build_left_are_indexed_and_counted_at_connect() {
+async fn dead_letters_an_older_build_left_are_indexed_and_counted_when_serve_starts() {
     let redis = TestRedis::start().await;
     let mates = shard_mates("mine", "theirs", 2);
     let (mine, theirs) = (mates[0].as_str(), mates[1].as_str());
@@ -513,7 +513,7 @@ async fn dead_letters_an_older_build_left_are_indexed_and_counted_at_connect() {
 /// `GET /api/dlq` of a tenant used to scan its shard's whole dead-letter stream, reading the
 /// neighbours' records to find its own (#19: 2 MB read for 382 bytes returned). Now a tenant's
 /// listing goes through its own index of record ids: with a neighbour's 60 records of 8 KB on
-/// the shard, listing the tenant's 3 (and one record an older build wrote, indexed at connect)
+/// the shard, listing the tenant's 3 (and one record an older build wrote, indexed when the app started)
 /// costs Redis well under one neighbour record per returned one. Paging and dismissal keep the
 /// index in step.
 #[tokio::test]

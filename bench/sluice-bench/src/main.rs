@@ -47,7 +47,7 @@
 //!
 //! 15. **dead-letter listing**: a shard filled to its dead-letter cap by neighbour tenants;
 //!     what `GET /api/dlq` of an empty tenant, of a tenant's page and of every tenant costs
-//!     Redis per call, also with an older build's marker and after the rebuild at connect.
+//!     Redis per call, also with an older build's marker and after the rebuild a new `serve` makes at start.
 //!
 //! `--dlq-only` runs only 15, `--skip-dlq` leaves it out; `--admission-keys N` gives
 //! the admission phase (2) a `concurrency_key` on every request. `--compare-builds BEFORE

@@ -1,7 +1,7 @@
 //! What the dead-letter phase reads and writes on Redis itself: the shards' `dead_lettered`
 //! counters, one shard's records and counts by holder, the marker an older build left (set by
-//! hand to recreate its state), a new `Store` connecting (which rebuilds what that marker
-//! names), and the time and calls of each command since the last reset.
+//! hand to recreate its state), a new `Store` connecting and rebuilding what that marker names
+//! (as `serve` does at start), and the time and calls of each command since the last reset.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -78,11 +78,12 @@ impl Direct {
         Ok(first.into_iter().next().map(|(id, _)| id))
     }
 
-    /// Connects a new `Store` as a new process would (which rebuilds the dead-letter indexes
-    /// and counts a marker names); how long the connect took.
+    /// Connects a new `Store` and rebuilds the dead-letter indexes and counts a marker names,
+    /// as a new `sluice serve` does at start; how long that took.
     pub async fn connect_again(&mut self) -> anyhow::Result<Duration> {
         let started = Instant::now();
         let store = Store::connect(self.config.clone()).await?;
+        store.ensure_dead_letter_counts().await;
         let took = started.elapsed();
         self.store = std::sync::Arc::new(store);
         Ok(took)
