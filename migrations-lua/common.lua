@@ -18,7 +18,7 @@
 -- Lua has no rollback: every script decides first and writes after.
 --
 -- Long on purpose: one library, in marked sections (key builders and the quota decision, then
--- Rate limits, Dispatch, Webhooks, Waiters, Trends). src/store/compose.rs gives each script
+-- Rate limits, Dispatch, Dead letters, Webhooks, Waiters, Trends). src/store/compose.rs gives each script
 -- only the definitions it reaches, so its length costs no script anything, and the sections
 -- call each other (a start throttles, dispatches, tells waiters and counts trends in one step).
 
@@ -48,6 +48,10 @@ function K.delayed() return P .. 'delayed' end
 function K.dlq() return P .. 'dlq' end
 function K.tenant_dlq(t) return P .. 't:' .. t .. ':dlq' end
 function K.dlq_indexed() return P .. 'dlq_indexed' end
+function K.dlq_holders() return P .. 'dlq_holders' end
+function K.dlq_poison() return P .. 'dlq_poison' end
+function K.dlq_rebuilt() return P .. 'dlq_rebuilt' end
+function K.dlq_evicted() return P .. 'dlq_evicted' end
 function K.stats() return P .. 'stats' end
 function K.void(id) return P .. 'void:' .. id end
 function K.frozen() return P .. 'frozen' end
@@ -766,41 +770,108 @@ local function record_field(fields, name)
   return nil
 end
 
--- Most records one call evicts by hand (each leaving its tenant's index too); more are only
--- over the cap after the cap was lowered, and XADD's own trim takes those.
+-- ------------------------------------------------------------------------------------------
+-- Dead letters. The shard's stream K.dlq() holds every record; each record also has a
+-- *holder*: its tenant, or '' for a record of no tenant (a poison record of schema 1, which
+-- named no execution). A holder's record ids are indexed in a stream of its own (same ids, no
+-- data): the tenant's K.tenant_dlq(t), the shard's K.dlq_poison() for ''. K.dlq_holders()
+-- counts each holder's records (a sorted set, score = the length of its index), so the holder
+-- with the most is found in O(log n). Every add, eviction and dismissal keeps the three in
+-- step in the same script; an index that becomes empty is deleted, and so is its count.
+--
+-- Two caps bound the stream: a holder keeps at most `caps.tenant` records (its own oldest go
+-- first: a tenant's flood evicts only its own), and the shard at most `caps.shard` in all
+-- (when that is hit, the holder with the most records loses its oldest; the new record's own
+-- holder when it holds as many). Every record evicted is counted: the shard's `dlq_evicted`
+-- (in K.stats()), and its holder's in K.dlq_evicted() (a hash: holder -> records evicted).
+
+-- Most records one call evicts; more are over a cap only after the cap was lowered, and each
+-- later record evicts up to this many again until the stream is back under its caps.
 local DLQ_EVICT_BUDGET = 100
 
--- Appends a record to the shard's dead-letter stream, capped at `cap` entries (exact trim, so
--- the number evicted is known and counted: nothing leaves silently). A tenant's record is
--- also indexed in the tenant's own stream of record ids (same ids, `K.tenant_dlq`), so that
--- listing one tenant's dead letters reads only its own records, not its shard neighbours'; an
--- evicted record leaves its tenant's index in the same step. `K.dlq_indexed` keeps the first
--- record id written with the index: older records (from a build without it) are found by
--- scanning below it.
-local function dead_letter(record, cap)
+-- The index stream of `holder`'s record ids.
+local function dlq_index(holder)
+  if holder == '' then return K.dlq_poison() end
+  return K.tenant_dlq(holder)
+end
+
+-- Takes record `id` out of `holder`'s index and count (the record itself is the caller's).
+-- Returns 1 when the index held it, else 0.
+local function dlq_unhold(holder, id)
+  local index = dlq_index(holder)
+  if redis.call('XDEL', index, id) == 0 then return 0 end
+  local left = redis.call('XLEN', index)
+  if left == 0 then
+    redis.call('DEL', index)
+    redis.call('ZREM', K.dlq_holders(), holder)
+  else
+    redis.call('ZADD', K.dlq_holders(), left, holder)
+  end
+  return 1
+end
+
+-- Evicts `holder`'s oldest record from the stream and its index. Returns the records that
+-- left the stream (0 or 1). A count with no index behind it is dropped (a repair) and
+-- evicts nothing.
+local function dlq_evict_oldest(holder)
+  local oldest = redis.call('XRANGE', dlq_index(holder), '-', '+', 'COUNT', 1)[1]
+  if not oldest then
+    redis.call('ZREM', K.dlq_holders(), holder)
+    return 0
+  end
+  dlq_unhold(holder, oldest[1])
+  local gone = redis.call('XDEL', K.dlq(), oldest[1])
+  if gone > 0 then redis.call('HINCRBY', K.dlq_evicted(), holder, gone) end
+  return gone
+end
+
+-- The caps of a script's ARGV: the shard's total and a holder's own (never above the total).
+local function dlq_caps(shard, tenant)
+  local total = math.max(tonumber(shard), 1)
+  return { shard = total, tenant = math.min(math.max(tonumber(tenant), 1), total) }
+end
+
+-- Appends a record to the shard's dead-letter stream and its holder's index, after making
+-- room under the caps (see above). Never trims by XADD's MAXLEN: every record that leaves
+-- leaves its index and count too.
+local function dead_letter(record, caps)
   local dlq = K.dlq()
-  local before = redis.call('XLEN', dlq)
-  local over = math.min(before + 1 - cap, DLQ_EVICT_BUDGET)
-  if over > 0 then
-    for _, old in ipairs(redis.call('XRANGE', dlq, '-', '+', 'COUNT', over)) do
-      local owner = record_field(old[2], 'tenant_id')
-      if owner and owner ~= '' then redis.call('XDEL', K.tenant_dlq(owner), old[1]) end
-      redis.call('XDEL', dlq, old[1])
-    end
+  local holder = record_field(record, 'tenant_id') or ''
+  local index = dlq_index(holder)
+  local evicted, budget = 0, DLQ_EVICT_BUDGET
+  local own = redis.call('XLEN', index)
+  while own >= caps.tenant and budget > 0 do
+    evicted = evicted + dlq_evict_oldest(holder)
+    own, budget = redis.call('XLEN', index), budget - 1
   end
-  local id = redis.call('XADD', dlq, 'MAXLEN', cap, '*', unpack(record))
-  redis.call('SET', K.dlq_indexed(), id, 'NX')
-  local tenant = record_field(record, 'tenant_id')
-  if tenant and tenant ~= '' then
-    -- Ids only grow in a stream; one that cannot follow the index's last (a shard stream
-    -- deleted by hand, then a clock set back) is left out and counted rather than fail the
-    -- call that dead-letters.
-    local added = redis.pcall('XADD', K.tenant_dlq(tenant), 'MAXLEN', cap, id, 'r', '1')
-    if type(added) == 'table' and added.err then
-      redis.call('HINCRBY', K.stats(), 'dlq_unindexed', 1)
+  local total = redis.call('XLEN', dlq)
+  while total >= caps.shard and budget > 0 do
+    local top = redis.call('ZREVRANGE', K.dlq_holders(), 0, 0, 'WITHSCORES')
+    if top[1] then
+      local victim = top[1]
+      if own > 0 and own >= tonumber(top[2]) then victim = holder end
+      evicted = evicted + dlq_evict_oldest(victim)
+      if victim == holder then own = redis.call('XLEN', index) end
+    else
+      -- No holder counted (records written before the counts, see dlq_reindex.lua): the
+      -- shard's oldest record goes.
+      local oldest = redis.call('XRANGE', dlq, '-', '+', 'COUNT', 1)[1]
+      if not oldest then break end
+      dlq_unhold(record_field(oldest[2], 'tenant_id') or '', oldest[1])
+      evicted = evicted + redis.call('XDEL', dlq, oldest[1])
     end
+    total, budget = redis.call('XLEN', dlq), budget - 1
   end
-  local evicted = before + 1 - redis.call('XLEN', dlq)
+  local id = redis.call('XADD', dlq, '*', unpack(record))
+  -- Ids only grow in a stream; one that cannot follow its index's last (the shard's stream
+  -- deleted by hand, then a clock set back) is left out and counted rather than fail the call
+  -- that dead-letters.
+  local added = redis.pcall('XADD', index, id, 'r', '1')
+  if type(added) == 'table' and added.err then
+    redis.call('HINCRBY', K.stats(), 'dlq_unindexed', 1)
+  else
+    redis.call('ZADD', K.dlq_holders(), own + 1, holder)
+  end
   if evicted > 0 then redis.call('HINCRBY', K.stats(), 'dlq_evicted', evicted) end
   redis.call('HINCRBY', K.stats(), 'dead_lettered', 1)
 end
@@ -808,9 +879,9 @@ end
 -- Dead-letters a run that failed for good (complete.lua) or lost its last lease (recover()):
 -- the record names the execution, why and after how many attempts, and the stream entry it ran
 -- from.
-local function dead_letter_run(id, t, flow, reason, attempts, entry, now, message, cap)
+local function dead_letter_run(id, t, flow, reason, attempts, entry, now, message, caps)
   dead_letter({ 'execution_id', id, 'tenant_id', t, 'flow_id', flow, 'reason', reason,
-    'attempts', attempts, 'source_entry', entry or '', 'at', now, 'message', message }, cap)
+    'attempts', attempts, 'source_entry', entry or '', 'at', now, 'message', message }, caps)
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -938,7 +1009,7 @@ local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'fl
 -- buried, one with attempts left goes back in its tenant's order where it stood (the lost run
 -- counted as an attempt), the rest are dead-lettered as 'lease_lost'. `row` holds RUN_FIELDS.
 -- Returns 'requeued', 'dead_lettered', 'cancelled' or 'buried'.
-local function recover(id, row, now, cap)
+local function recover(id, row, now, caps)
   local tenant, flow, owner = row[5], row[6], row[9]
   if row[10] == '1' then
     bury(tenant, id, owner, row[13])
@@ -953,7 +1024,7 @@ local function recover(id, row, now, cap)
     local msg = 'lease expired on attempt ' .. attempt .. ' of ' .. max_attempts
     finish(tenant, flow, id, row, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg },
       {}, true)
-    dead_letter_run(id, tenant, flow, 'lease_lost', attempt, row[7], now, msg, cap)
+    dead_letter_run(id, tenant, flow, 'lease_lost', attempt, row[7], now, msg, caps)
     return 'dead_lettered'
   end
   requeue(tenant, flow, id, now, attempt, owner, row[13])

@@ -23,14 +23,15 @@
 -- KEYS[4]  delayed: its timer set
 -- KEYS[5]  dead_letters: its dead-letter stream
 -- KEYS[6]  stats: its counters
--- KEYS[7]  dead_letters_indexed: its dead-letter index start (see dead_letter in common.lua)
+-- KEYS[7]  dead_letter_holders: its dead-letter counts by holder (see dead_letter in common.lua)
 -- KEYS[8..] reports: for each report in order, 2 keys:
 --   +0 row: the execution's row
 --   +1 adopted: the worker's adoption barrier (K.adopted(consumer))
 -- ARGV[1..5] common: see common.lua
--- ARGV[6]  dlq_cap: the dead-letter stream's cap
--- ARGV[7]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
--- ARGV[8..] reports: for each report in order, 12 values:
+-- ARGV[6]  dlq_cap: the most dead-letter records the shard keeps
+-- ARGV[7]  dlq_tenant_cap: the most one tenant keeps (see dead_letter in common.lua)
+-- ARGV[8]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
+-- ARGV[9..] reports: for each report in order, 12 values:
 --   +0  id: execution id
 --   +1  fence: the fence of the run the worker held
 --   +2  consumer: the worker's consumer name
@@ -63,7 +64,10 @@
 --   'stale', ''             the run is not current; nothing changed (counted in stats)
 --   'repeat', ''            this run's report was applied before; nothing changed
 --   'done', status          terminal now: completed, failed or cancelled
---   'dead_lettered', ''     failed with attempts exhausted: terminal failed + dead-letter record
+--   'dead_lettered', ''     failed with attempts exhausted (a failure that may be retried, on
+--                           its last attempt): terminal failed + dead-letter record
+--   ('done', 'failed' is a failure that may not be retried: terminal failed at once, no
+--    dead-letter record)
 --   'retrying', due_ms      failed, attempts left: scheduled again after the backoff (its
 --                           slot is free meanwhile)
 --   'released', ''          back in its tenant's order for another worker
@@ -72,8 +76,8 @@
 declared(2, K.runnable()); declared(3, K.leases())
 declared(4, K.delayed())
 local STATS = declared(6, K.stats())
-declared(5, K.dlq()); declared(7, K.dlq_indexed())
-local cap, n = tonumber(ARGV[6]), tonumber(ARGV[7])
+declared(5, K.dlq()); declared(7, K.dlq_holders())
+local caps, n = dlq_caps(ARGV[6], ARGV[7]), tonumber(ARGV[8])
 local now = now_ms()
 
 -- Records one report (its values are ARGV[a..], its row is ROW); returns what happened and
@@ -96,7 +100,7 @@ local function record(ROW, a)
     return 'deleted', ''
   end
   if outcome == 'abandoned' then
-    local how = recover(id, row, now, cap)
+    local how = recover(id, row, now, caps)
     redis.call('HSET', ROW, 'reported', fence)
     return 'recovered', how
   end
@@ -134,7 +138,7 @@ local function record(ROW, a)
   finish(tenant, flow, id, row, 'failed', now,
     { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {}, backoff ~= '')
   if backoff ~= '' then
-    dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, cap)
+    dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, caps)
     return 'dead_lettered', ''
   end
   return 'done', 'failed'
@@ -143,7 +147,7 @@ end
 -- Every report's keys are checked before anything is written.
 local rows = {}
 for r = 1, n do
-  local a, k = 8 + (r - 1) * 12, 7 + (r - 1) * 2
+  local a, k = 9 + (r - 1) * 12, 7 + (r - 1) * 2
   rows[r] = declared(k + 1, K.row(ARGV[a]))
   declared(k + 2, K.adopted(ARGV[a + 2]))
 end
@@ -153,7 +157,7 @@ local replies = {}
 -- changed after it (a retry scheduled, a start throttled): then next_due() reads it again.
 local wait, promoted = nil, false
 for r = 1, n do
-  local a = 8 + (r - 1) * 12
+  local a = 9 + (r - 1) * 12
   local consumer = ARGV[a + 2]
   local chain, ttl = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
   local what, detail = record(rows[r], a)
@@ -164,7 +168,7 @@ for r = 1, n do
     if not promoted then
       wait, promoted = promote_due(now, 100), true
     end
-    more, started = start_entries(consumer, chain, ttl, cap, now)
+    more, started = start_entries(consumer, chain, ttl, caps, now)
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end
   end

@@ -22,18 +22,19 @@
 -- KEYS[4]  dead_letters: its dead-letter stream
 -- KEYS[5]  stats: its counters
 -- KEYS[6]  delayed: its timer set
--- KEYS[7]  dead_letters_indexed: its dead-letter index start (see dead_letter in common.lua)
+-- KEYS[7]  dead_letter_holders: its dead-letter counts by holder (see dead_letter in common.lua)
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  batch: the most orphans to handle in this call
--- ARGV[7]  dlq_cap: the dead-letter stream's cap
+-- ARGV[7]  dlq_cap: the most dead-letter records the shard keeps
+-- ARGV[8]  dlq_tenant_cap: the most one tenant keeps (see dead_letter in common.lua)
 --
 -- Reply: {requeued, dead_lettered, unread, next_due}
 --   unread    1 when a tenant of the shard can start something now (after this call)
 --   next_due  milliseconds until the shard's earliest due time, -1 for none (see start.lua)
 local LEASES = declared(2, K.leases())
 declared(3, K.runnable()); declared(4, K.dlq()); declared(5, K.stats()); declared(6, K.delayed())
-declared(7, K.dlq_indexed())
-local batch, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
+declared(7, K.dlq_holders())
+local batch, caps = tonumber(ARGV[6]), dlq_caps(ARGV[7], ARGV[8])
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, batch)
 local requeued, dead = 0, 0
@@ -43,7 +44,7 @@ for _, id in ipairs(expired) do
     -- Finished or deleted without its lease entry going (repair): nothing to recover.
     redis.call('ZREM', LEASES, id)
   else
-    local how = recover(id, row, now, cap)
+    local how = recover(id, row, now, caps)
     if how == 'requeued' then requeued = requeued + 1 end
     if how == 'dead_lettered' then dead = dead + 1 end
   end

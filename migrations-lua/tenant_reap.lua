@@ -6,7 +6,7 @@
 -- answers 'empty', then removes the tenant from the registry again (a registration that
 -- raced the deletion goes too) and calls once more with `finish` to drop the mark. Nothing
 -- is kept between calls but what Redis holds (every member handled leaves its structure; the
--- walk of the dead-letter records from before the tenant index keeps its place in the cfg's
+-- walk of the dead-letter records outside the tenant index keeps its place in the cfg's
 -- `reap_dlq`), so any number of servers may reap the same tenant, and an interrupted reap is
 -- finished by the next call.
 --
@@ -17,10 +17,11 @@
 -- writes nothing; the holder is told now, see tell_holder()), its dedup mapping freed, its
 -- waiters told it is gone. Then every other key of the tenant, by the builders of common.lua:
 -- per-flow indexes (walked through the flows set), its queue, slots, concurrency keys and
--- their overrides, its dead-letter index and records (and its records from before that index,
--- found below `dlq_indexed`), its rate state, its outbox and delivery log, its batch mark, its
--- trend counters and burst mark (the forecast's), its storage buckets, and its places in the shard's sets (runnable, tenants, busy, webhooks, the
--- fair share's bookkeeping, throttle wake-ups on the timer set). A delivery round that holds
+-- their overrides, its dead-letter index, records, count and evictions (and, while the shard's
+-- older records are still being indexed, its records outside the index), its rate state, its
+-- outbox and delivery log, its batch mark, its trend counters and burst mark (the forecast's),
+-- its storage buckets, and its places in the shard's sets (runnable, tenants, busy, webhooks,
+-- the fair share's bookkeeping, throttle wake-ups on the timer set). A delivery round that holds
 -- the tenant's delivery lock is waited for (its end writes the delivery log and counts): the
 -- answer is then 'held' with the lock's time left.
 --
@@ -176,8 +177,8 @@ repeat
   end
 until cursor == '0'
 
--- 4. Dead letters: the records its index names (and the index), then its records from before
--- the index existed, below the first indexed one.
+-- 4. Dead letters: the records its index names (and the index, its count, its evictions),
+-- then, while the shard's older records are being indexed, its records outside the index.
 local INDEX, DLQ = K.tenant_dlq(tenant), K.dlq()
 if left < 1 then return MORE end
 local asked = left
@@ -190,12 +191,17 @@ for _, e in ipairs(ids) do
 end
 if #ids >= asked then return MORE end
 redis.call('DEL', INDEX)
+redis.call('ZREM', K.dlq_holders(), tenant)
+redis.call('HDEL', K.dlq_evicted(), tenant)
 local from = redis.call('HGET', CFG, 'reap_dlq') or '-'
+-- Without the marker every record is indexed (dlq_reindex.lua deletes it once it has indexed
+-- the older ones); with it, the shard is still being rebuilt, and any record may be outside
+-- its index: the whole stream is walked, a bounded page per call.
+if from ~= 'done' and redis.call('EXISTS', K.dlq_indexed()) == 0 then from = 'done' end
 if from ~= 'done' then
   if left < 1 then return MORE end
-  local first = redis.call('GET', K.dlq_indexed())
   asked = left
-  local page = redis.call('XRANGE', DLQ, from, first and ('(' .. first) or '+', 'COUNT', asked)
+  local page = redis.call('XRANGE', DLQ, from, '+', 'COUNT', asked)
   for _, rec in ipairs(page) do
     if record_field(rec[2], 'tenant_id') == tenant then redis.call('XDEL', DLQ, rec[1]) end
     left = left - 1

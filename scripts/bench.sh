@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds sluice and its benchmark in release mode and runs the benchmark (arguments are passed
 # on: --json, --smoke, --cluster, --compare-standalone, --push-only, --fairness-only,
-# --skip-fairness, --limits-only, --skip-limits, --compare-builds BEFORE AFTER,
+# --skip-fairness, --limits-only, --skip-limits, --dlq-only, --skip-dlq,
+# --compare-builds BEFORE AFTER,
 # --compare-keyed, --admission-secs 20, ...; see `sluice-bench --help`). The benchmark starts
 # its own redis-server (with --cluster, the masters of a local Redis Cluster) and sluice
 # processes on loopback; nothing else is needed.
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 ensure_redis
 target="${CARGO_TARGET_DIR:-target}"
 case " $* " in
-  *" --skip-bullmq "* | *" --compare-builds "* | *" --compare-keyed "* | *" --limits-only "*) ;;
+  *" --skip-bullmq "* | *" --compare-builds "* | *" --compare-keyed "* | *" --limits-only "* | *" --dlq-only "*) ;;
   *)
     if ensure_node && ensure_npm_project bench/bullmq "$target/bench-bullmq"; then
       SLUICE_BENCH_BULLMQ_DIR="$(cd "$target/bench-bullmq" && pwd)"

@@ -925,6 +925,8 @@ def run(ui, api, base, dev_base, screenshots):
     ui.el(rec, "its dead letter listed")
     check("handler_error" in ui.text(f"{rec} .reason") and "<b>bold</b>" in ui.text(f"{rec} .message"),
           "the dead letter shows its reason, the message as text")
+    check("of at most 1000 records kept; 0 evicted" in ui.text("#dead-letters-kept"),
+          "the page says how many records the tenant keeps, of its cap, and evictions")
     shot("dead-letters.png")
     ui.go(f"#/t/acme/executions/{failing}")
     ui.el("#detail-dead-letters", "the execution's page lists its dead letter")

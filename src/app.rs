@@ -74,6 +74,9 @@ impl Application {
         );
         // Workers follow the data policy (limit defaults, retention) of the API servers.
         store.publish_defaults().await?;
+        // Dead letters an older build left unindexed or uncounted: the listing this server
+        // answers reads only indexes (workers need none of it to write).
+        store.ensure_dead_letter_counts().await;
         let metrics = Arc::new(Metrics::new(config.api.metrics_tenant_limit));
         let stop = tokio_util::sync::CancellationToken::new();
         let revocations =

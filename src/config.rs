@@ -390,9 +390,15 @@ pub struct ApiSettings {
     /// `serve` process sweeps at a time.
     #[arg(long, env = "SLUICE_SWEEP_INTERVAL_SECS", default_value_t = 60)]
     pub sweep_interval_secs: u64,
-    /// Most records each shard's dead-letter stream keeps; older ones are evicted and counted.
+    /// Most records each shard's dead-letter stream keeps in all. When it is hit, the tenant
+    /// holding the most records in the shard loses its oldest; every eviction is counted.
     #[arg(long, env = "SLUICE_DLQ_CAP", default_value_t = 10_000)]
     pub dlq_cap: u64,
+    /// Most dead-letter records one tenant keeps (in its shard); beyond it the tenant's own
+    /// oldest are evicted and counted, so one tenant's flood of failures pushes out no other
+    /// tenant's records. At most --dlq-cap (a larger value acts as --dlq-cap).
+    #[arg(long, env = "SLUICE_DLQ_TENANT_CAP", default_value_t = 1_000)]
+    pub dlq_tenant_cap: u64,
     /// How often this server looks for expired leases (of pull workers, and of any worker
     /// that died) in each shard, in milliseconds (0 = never: leave it to `sluice worker`s).
     #[arg(long, env = "SLUICE_ORPHAN_SCAN_MS", default_value_t = 5_000)]
@@ -723,6 +729,7 @@ impl RedisSettings {
             ),
             dedup_ttl: Duration::from_secs(api.dedup_ttl_hours * 3_600),
             dlq_cap: api.dlq_cap,
+            dlq_tenant_cap: api.dlq_tenant_cap,
         }
     }
 }

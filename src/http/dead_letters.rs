@@ -1,6 +1,7 @@
 //! Dead letters: the executions that ran out of attempts or could not be recovered, listed
 //! per tenant or for every tenant (`/api/dlq`), and dismissing one record once it is dealt
-//! with.
+//! with. What bounds them (a cap per tenant, and one per shard that evicts from the tenant
+//! holding the most) is the scripts' (`dead_letter` in `migrations-lua/common.lua`).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -78,13 +79,24 @@ impl From<store::DeadLetter> for DeadLetter {
     }
 }
 
-/// A page of dead letters, newest first.
+/// A page of dead letters, newest first, with what the listing covers.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeadLetterPage {
     pub dead_letters: Vec<DeadLetter>,
-    /// Pass as `before` for older records; null when this page was not full.
+    /// Pass as `before` for older records; null when there are none (a page cut short by a
+    /// record dismissed meanwhile may still have one).
     #[schema(pattern = "^[0-9]{1,20}-[0-9]{1,20}$")]
     pub next_before: Option<String>,
+    /// Records kept now: the tenant's, or every tenant's (and poison records) in the platform
+    /// admin's listing of every tenant.
+    pub total: u64,
+    /// How many of the tenant's records the caps evicted so far (by its own cap, or as the
+    /// shard's largest holder when the shard was full); every shard's evictions in the
+    /// listing of every tenant.
+    pub evicted: u64,
+    /// The most records the tenant keeps (`--dlq-tenant-cap`); beyond it its oldest are
+    /// evicted. Null in the listing of every tenant.
+    pub cap: Option<u64>,
 }
 
 /// List dead letters, newest first.
@@ -92,7 +104,9 @@ pub struct DeadLetterPage {
 /// With a tenant (`X-Tenant-Id` or a tenant credential) only that tenant's records, read
 /// through the tenant's own index (its shard neighbours' records are not read); the platform
 /// admin without `X-Tenant-Id` sees every tenant's (and poison records, which belong to no
-/// tenant).
+/// tenant). The Redis work of a call is bounded by the page, however many records the shards
+/// hold. The page also says how many records the listing covers (`total`), how many of its
+/// records the caps evicted (`evicted`) and, for a tenant, its cap (`cap`).
 #[utoipa::path(
     get,
     path = "/api/dlq",
@@ -137,16 +151,16 @@ pub async fn list_dead_letters(
         })
         .transpose()?
         .flatten();
-    let records = state
+    let page = state
         .store
         .dead_letters(tenant, before, limit as usize)
         .await?;
-    let next_before = (records.len() == limit as usize)
-        .then(|| records.last().map(|r| r.entry_id.clone()))
-        .flatten();
     Ok(axum::Json(DeadLetterPage {
-        dead_letters: records.into_iter().map(Into::into).collect(),
-        next_before,
+        dead_letters: page.records.into_iter().map(Into::into).collect(),
+        next_before: page.next,
+        total: page.held,
+        evicted: page.evicted,
+        cap: tenant.map(|_| state.store.dlq_tenant_cap()),
     }))
 }
 

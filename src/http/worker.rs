@@ -828,8 +828,10 @@ pub struct CompleteRequest {
     /// Why a `failed` run failed.
     #[serde(default)]
     pub error: Option<RunError>,
-    /// For `failed`: another attempt may follow (default false: the failure is final and the
-    /// execution is dead-lettered).
+    /// For `failed`: another attempt may follow (default false). A failure that may be
+    /// retried gets another attempt after the backoff while attempts are left, and on the last
+    /// one ends `failed` with a dead-letter record (`dead_lettered`); one that may not (false)
+    /// ends `failed` at once, with no dead-letter record (`failed`).
     #[serde(default)]
     pub retryable: Option<bool>,
 }
@@ -842,7 +844,9 @@ pub enum CompletionResult {
     Completed,
     /// Now `cancelled`.
     Cancelled,
-    /// Failed with no attempt left, or not retryable: `failed`, and dead-lettered.
+    /// Failed and not retryable: now `failed`, at once and with no dead-letter record.
+    Failed,
+    /// Failed (retryable) on its last attempt: now `failed`, with a dead-letter record.
     DeadLettered,
     /// Failed; another attempt starts after `retry_in_ms`.
     Retrying,
@@ -964,7 +968,7 @@ pub async fn complete(
         Completion::Retrying => CompletionResult::Retrying,
         Completion::DeadLettered => CompletionResult::DeadLettered,
         Completion::Done(crate::domain::Status::Cancelled) => CompletionResult::Cancelled,
-        Completion::Done(crate::domain::Status::Failed) => CompletionResult::DeadLettered,
+        Completion::Done(crate::domain::Status::Failed) => CompletionResult::Failed,
         Completion::Done(_) => CompletionResult::Completed,
         // Only an `abandoned` report recovers; the pull API sends none.
         Completion::Recovered => CompletionResult::Released,

@@ -439,8 +439,9 @@ pub(super) fn invocation<'a>(
                 delayed: shard.delayed(),
                 dead_letters: shard.dead_letters(),
                 stats: shard.stats(),
-                dead_letters_indexed: shard.dead_letters_indexed(),
+                dead_letter_holders: shard.dead_letter_holders(),
                 dlq_cap: policy.dlq_cap.load(Ordering::Relaxed),
+                dlq_tenant_cap: policy.dlq_tenant_cap.load(Ordering::Relaxed),
                 count: items.len(),
                 reports: items,
             },
@@ -469,8 +470,8 @@ script_call! {
 script_call! {
     /// `migrations-lua/complete.lua`: a group of reports of ended runs of one shard.
     pub(super) struct CompleteCall<'a> {
-        keys { runnable, leases, delayed, dead_letters, stats, dead_letters_indexed }
-        args { dlq_cap: u64, count: usize }
+        keys { runnable, leases, delayed, dead_letters, stats, dead_letter_holders }
+        args { dlq_cap: u64, dlq_tenant_cap: u64, count: usize }
         items { reports: super::lease::ReportItem<'static> }
     }
 }

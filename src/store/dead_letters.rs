@@ -1,5 +1,8 @@
 //! Executions that failed for good: retrying one (`migrations-lua/retry.lua`, same id, fresh
-//! attempts) and reading the shards' dead-letter streams, newest first.
+//! attempts), reading the shards' dead-letter records newest first (`dlq_list.lua`: bounded by
+//! the page), dismissing one (`dlq_dismiss.lua`), and rebuilding the indexes and counts an
+//! older build left behind (`dlq_reindex.lua`, when `serve` starts). The caps that bound the records
+//! are applied by the scripts that write them (`dead_letter` in `migrations-lua/common.lua`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -30,6 +33,28 @@ pub enum Retry {
     /// The tenant is over a storage bound even with what the retry frees (a bound lowered
     /// under its usage); nothing changed.
     StorageFull(StorageFull),
+}
+
+/// A page of dead letters, with what the listing covers.
+#[derive(Debug, Clone, Default)]
+pub struct DeadLetterPage {
+    /// Newest first.
+    pub records: Vec<DeadLetter>,
+    /// The records held now: the tenant's in its shard, or every shard's.
+    pub held: u64,
+    /// Records of theirs the caps evicted so far (the tenant's, or every shard's).
+    pub evicted: u64,
+    /// The `before` of the next page when more may follow: the last id this page read.
+    pub next: Option<String>,
+}
+
+/// What `Store::reindex_dead_letters` did.
+#[derive(Debug, Clone, Default)]
+pub struct Reindexed {
+    /// Record ids appended to an index (records an older build left unindexed or uncounted).
+    pub indexed: u64,
+    /// Shards not done: unreachable, frozen, or beyond the calls allowed.
+    pub unfinished: Vec<u16>,
 }
 
 /// One dead-letter record.
@@ -125,48 +150,49 @@ impl Store {
     }
 
     /// The newest dead letters, newest first, older than the record id `before` (`(ms, seq)`)
-    /// when given. With `tenant`, only that tenant's records (of its shard); otherwise every
-    /// shard's.
+    /// when given. With `tenant`, only that tenant's records (of its shard): the ids of its
+    /// index (`migrations-lua/dlq_list.lua`), then their records in one pipeline; otherwise
+    /// every shard's, one script call per shard. The Redis work is bounded by the page,
+    /// whatever the shard holds.
     pub async fn dead_letters(
         &self,
         tenant: Option<&TenantId>,
         before: Option<(u64, u64)>,
         limit: usize,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        // Nothing is older than the smallest id (and Redis refuses an exclusive range below it).
-        if before == Some((0, 0)) {
-            return Ok(Vec::new());
-        }
+    ) -> Result<DeadLetterPage, StoreError> {
         let shards: Vec<Shard> = match tenant {
             Some(t) => vec![self.shard_of(t)],
             None => self.shards.all().collect(),
         };
-        let max = before
-            .map(|(ms, seq)| format!("({ms}-{seq}"))
-            .unwrap_or_else(|| "+".into());
+        // Nothing is older than the smallest id: the counts alone are read.
+        let limit = if before == Some((0, 0)) { 0 } else { limit };
+        let before = before
+            .map(|(ms, seq)| format!("{ms}-{seq}"))
+            .unwrap_or_default();
         // Every shard at the same time: a slow master delays the answer by its own time only.
         // A shard that fails fails the page (records left out would be skipped for good by the
         // `before` cursor).
-        let reads = shards.into_iter().map(|shard| {
-            let max = max.clone();
-            async move {
-                match tenant {
-                    Some(t) => {
-                        self.tenant_dead_letters(shard, t, before, &max, limit)
-                            .await
-                    }
-                    None => self.shard_dead_letters(shard, None, &max, limit).await,
-                }
-            }
-        });
-        let mut out = Vec::new();
-        for page in futures_util::future::join_all(reads).await {
-            out.extend(page?);
+        let reads = shards
+            .into_iter()
+            .map(|shard| self.dead_letters_in(shard, tenant, &before, limit));
+        let mut page = DeadLetterPage::default();
+        for part in futures_util::future::join_all(reads).await {
+            let part = part?;
+            page.held += part.held;
+            page.evicted += part.evicted;
+            page.records.extend(part.records);
+            page.next = part.next;
         }
-        // Record ids are "<ms>-<seq>": newest first across shards.
-        out.sort_by_key(|d| std::cmp::Reverse(stream_id_key(&d.entry_id)));
-        out.truncate(limit);
-        Ok(out)
+        if tenant.is_none() {
+            // Record ids are "<ms>-<seq>": newest first across shards.
+            page.records
+                .sort_by_key(|d| std::cmp::Reverse(stream_id_key(&d.entry_id)));
+            page.records.truncate(limit);
+            page.next = (limit > 0 && page.records.len() == limit)
+                .then(|| page.records.last().map(|r| r.entry_id.clone()))
+                .flatten();
+        }
+        Ok(page)
     }
 
     /// Removes one dead-letter record of shard `shard` (`migrations-lua/dlq_dismiss.lua`),
@@ -186,6 +212,7 @@ impl Store {
             &DlqDismissCall {
                 dead_letters: shard.dead_letters(),
                 stats: shard.stats(),
+                dead_letter_holders: shard.dead_letter_holders(),
                 record: format!("{}-{}", record.0, record.1),
                 tenant: tenant.map(TenantId::as_str).unwrap_or(""),
             },
@@ -195,124 +222,132 @@ impl Store {
         Ok(removed == 1)
     }
 
-    /// Up to `limit` dead letters of `tenant` in its shard, newest first, below `max` (an
-    /// XREVRANGE bound; `before` is the same bound as numbers). Read through the tenant's index
-    /// (`Shard::tenant_dead_letters`): a page of ids, then their records in one pipeline — what
-    /// is read is the tenant's own, however many records its shard neighbours have. Ids whose
-    /// record is gone are skipped (at most a few index pages per call). Records older than
-    /// the index (`Shard::dead_letters_indexed`) are found by the scan of a build without it.
-    async fn tenant_dead_letters(
-        &self,
-        shard: Shard,
-        tenant: &TenantId,
-        before: Option<(u64, u64)>,
-        max: &str,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        let mut c = self.conn();
-        let index = shard.tenant_dead_letters(tenant);
-        let first: Option<String> = self
-            .bounded(
-                redis::cmd("GET")
-                    .arg(shard.dead_letters_indexed())
-                    .query_async(&mut c),
-            )
-            .await?;
-        let mut out = Vec::new();
-        let mut upper = max.to_owned();
-        if first.is_some() {
-            for _ in 0..8 {
-                let ids: Vec<(String, Value)> = self
-                    .bounded(
-                        redis::cmd("XREVRANGE")
-                            .arg(&index)
-                            .arg(&upper)
-                            .arg("-")
-                            .arg("COUNT")
-                            .arg(limit - out.len())
-                            .query_async(&mut c),
-                    )
-                    .await?;
-                let Some((last, _)) = ids.last() else { break };
-                upper = format!("({last}");
-                let asked = limit - out.len();
-                let mut p = redis::pipe();
-                for (id, _) in &ids {
-                    p.cmd("XRANGE").arg(shard.dead_letters()).arg(id).arg(id);
-                }
-                let records: Vec<Vec<(String, HashMap<String, String>)>> =
-                    self.bounded(p.query_async(&mut c)).await?;
-                for (entry_id, f) in records.into_iter().flatten() {
-                    if f.get("tenant_id").map(String::as_str) == Some(tenant.as_str()) {
-                        out.push(dead_letter_of(shard.number(), entry_id, f));
-                    }
-                }
-                if out.len() >= limit || ids.len() < asked {
-                    break;
-                }
-            }
-        }
-        if out.len() >= limit {
-            return Ok(out);
-        }
-        // Records from before the index: below its first id (and below `before`).
-        let legacy_max = match &first {
-            None => max.to_owned(),
-            Some(first) if before.is_some_and(|b| b <= stream_id_key(first)) => max.to_owned(),
-            Some(first) => format!("({first}"),
-        };
-        out.extend(
-            self.shard_dead_letters(shard, Some(tenant), &legacy_max, limit - out.len())
-                .await?,
-        );
-        Ok(out)
-    }
-
-    /// Up to `limit` dead letters of one shard (of `tenant` only, when given), newest first,
-    /// below `max` (an XREVRANGE bound), by scanning the shard's stream: every shard's for the
-    /// platform admin, and a tenant's records written before its index existed.
-    async fn shard_dead_letters(
+    /// One shard's part of `dead_letters` (`migrations-lua/dlq_list.lua`): up to `limit`
+    /// records older than `before` (`""`: no bound), of `tenant` when given, and the counts.
+    async fn dead_letters_in(
         &self,
         shard: Shard,
         tenant: Option<&TenantId>,
-        max: &str,
+        before: &str,
         limit: usize,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        let mut out = Vec::new();
+    ) -> Result<DeadLetterPage, StoreError> {
+        let inv = self.shard_call(
+            shard,
+            &DlqListCall {
+                dead_letters: shard.dead_letters(),
+                dead_letter_holders: shard.dead_letter_holders(),
+                stats: shard.stats(),
+                dead_letters_evicted: shard.dead_letters_evicted(),
+                tenant: tenant.map(TenantId::as_str).unwrap_or(""),
+                before,
+                limit,
+            },
+        );
         let mut c = self.conn();
-        // A tenant's records are mixed with its shard neighbours': read in bounded pages
-        // until `limit` of its own are found or the stream is exhausted.
-        let mut upper = max.to_owned();
-        let mut found = 0;
-        for _ in 0..64 {
-            let page: Vec<(String, HashMap<String, String>)> = self
-                .bounded(
-                    redis::cmd("XREVRANGE")
-                        .arg(shard.dead_letters())
-                        .arg(&upper)
-                        .arg("-")
-                        .arg("COUNT")
-                        .arg(limit.max(1) * 4)
-                        .query_async(&mut c),
-                )
-                .await?;
-            let Some((last, _)) = page.last() else { break };
-            upper = format!("({last}");
-            let n = page.len();
-            for (entry_id, f) in page {
-                if let Some(t) = tenant
-                    && f.get("tenant_id").map(String::as_str) != Some(t.as_str())
-                {
-                    continue;
-                }
-                out.push(dead_letter_of(shard.number(), entry_id, f));
-                found += 1;
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let mut items = reply.into_iter();
+        let mut count = |what: &str| -> Result<u64, StoreError> {
+            let v = items
+                .next()
+                .ok_or_else(|| StoreError::Corrupt(format!("dlq_list replied no {what}")))?;
+            Ok(redis::from_redis_value(v)?)
+        };
+        let (held, evicted) = (count("held")?, count("evicted")?);
+        let mut records = Vec::new();
+        let Some(tenant) = tenant else {
+            while let (Some(id), Some(fields)) = (items.next(), items.next()) {
+                let id: String = redis::from_redis_value(id)?;
+                let fields: HashMap<String, String> = redis::from_redis_value(fields)?;
+                records.push(dead_letter_of(shard.number(), id, fields));
             }
-            if found >= limit || n < limit.max(1) * 4 {
-                break;
+            return Ok(DeadLetterPage {
+                records,
+                held,
+                evicted,
+                next: None,
+            });
+        };
+        // A tenant's page: the ids its index gave, then their records in one pipeline (read
+        // natively, not through Lua). A record gone meanwhile (dismissed, evicted) is left
+        // out; the cursor still follows the ids read, so the next page goes on from there.
+        let ids: Vec<String> = items
+            .map(redis::from_redis_value)
+            .collect::<Result<_, _>>()?;
+        if !ids.is_empty() {
+            let mut p = redis::pipe();
+            for id in &ids {
+                p.cmd("XRANGE").arg(shard.dead_letters()).arg(id).arg(id);
+            }
+            let found: Vec<Vec<(String, HashMap<String, String>)>> =
+                self.bounded(p.query_async(&mut c)).await?;
+            for (entry_id, f) in found.into_iter().flatten() {
+                if f.get("tenant_id").map(String::as_str) == Some(tenant.as_str()) {
+                    records.push(dead_letter_of(shard.number(), entry_id, f));
+                }
             }
         }
-        Ok(out)
+        let next = (limit > 0 && ids.len() == limit)
+            .then(|| ids.last().cloned())
+            .flatten();
+        Ok(DeadLetterPage {
+            records,
+            held,
+            evicted,
+            next,
+        })
+    }
+
+    /// Brings every shard's dead-letter indexes and counts in line with its stream where an
+    /// older build left them behind (`migrations-lua/dlq_reindex.lua`): run when `serve` starts, one
+    /// call per shard when there is nothing to do, else bounded batches of `batch` records,
+    /// at most `max_calls` calls in all (tests interrupt it with a small number). Safe to run
+    /// again, also from several processes at once. A shard that cannot be reached (its master
+    /// down, frozen for a slot move) is left for the next connect and never fails this one.
+    /// Returns the shards done or left alone, and the record ids indexed on the way.
+    pub async fn reindex_dead_letters(&self, batch: usize, max_calls: usize) -> Reindexed {
+        let mut out = Reindexed::default();
+        let mut calls = 0usize;
+        'shards: for shard in self.shards.all() {
+            let mut cursor = String::new();
+            loop {
+                if calls >= max_calls {
+                    out.unfinished.push(shard.number());
+                    continue 'shards;
+                }
+                calls += 1;
+                let inv = self.shard_call(
+                    shard,
+                    &DlqReindexCall {
+                        dead_letters: shard.dead_letters(),
+                        dead_letters_indexed: shard.dead_letters_indexed(),
+                        dead_letter_holders: shard.dead_letter_holders(),
+                        dead_letters_rebuilt: shard.dead_letters_rebuilt(),
+                        cursor: &cursor,
+                        batch: batch.max(1),
+                    },
+                );
+                let mut c = self.conn();
+                let reply: Result<(String, u64), _> = self.bounded(inv.invoke_async(&mut c)).await;
+                let (next, n) = match reply {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(
+                            shard = shard.number(),
+                            error = %e,
+                            "dead-letter records not reindexed now (left for the next start)"
+                        );
+                        out.unfinished.push(shard.number());
+                        continue 'shards;
+                    }
+                };
+                out.indexed += n;
+                if next == "done" {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        out
     }
 }
 
@@ -351,7 +386,23 @@ script_call! {
 script_call! {
     /// `migrations-lua/dlq_dismiss.lua`: removes one dead-letter record.
     pub(super) struct DlqDismissCall<'a> {
-        keys { dead_letters, stats }
+        keys { dead_letters, stats, dead_letter_holders }
         args { record: String, tenant: &'a str }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/dlq_list.lua`: one page of a shard's dead letters (of one tenant).
+    pub(super) struct DlqListCall<'a> {
+        keys { dead_letters, dead_letter_holders, stats, dead_letters_evicted }
+        args { tenant: &'a str, before: &'a str, limit: usize }
+    }
+}
+
+script_call! {
+    /// `migrations-lua/dlq_reindex.lua`: one batch of a shard's dead-letter rebuild.
+    pub(super) struct DlqReindexCall<'a> {
+        keys { dead_letters, dead_letters_indexed, dead_letter_holders, dead_letters_rebuilt }
+        args { cursor: &'a str, batch: usize }
     }
 }

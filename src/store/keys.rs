@@ -265,17 +265,43 @@ impl Shard {
         format!("{}dlq", self.prefix())
     }
 
-    /// The id of the first dead-letter record written together with its tenant's index
-    /// (`tenant_dead_letters`): records below it come from a build without the index and are
-    /// found by scanning.
+    /// The marker of a shard whose dead-letter indexes and counts are being rebuilt from its
+    /// stream (`migrations-lua/dlq_reindex.lua`, run when `serve` starts). An older build set it to the
+    /// first record it indexed: the records below it were in no index.
     pub fn dead_letters_indexed(self) -> String {
         format!("{}dlq_indexed", self.prefix())
     }
 
     /// A tenant's dead-letter index: a stream holding the ids of its records in the shard's
-    /// dead-letter stream (same ids, no data), so its listing reads only its own records.
+    /// dead-letter stream (same ids, no data), so its listing reads only its own records, and
+    /// its oldest record (the first an eviction takes) is found at once.
     pub fn tenant_dead_letters(self, t: &TenantId) -> String {
         format!("{}t:{t}:dlq", self.prefix())
+    }
+
+    /// The ids of the shard's dead-letter records that belong to no tenant (poison records
+    /// of schema 1): their holder's index, as `tenant_dead_letters` is a tenant's.
+    pub fn poison_dead_letters(self) -> String {
+        format!("{}dlq_poison", self.prefix())
+    }
+
+    /// How many dead-letter records each holder (a tenant, or `""` for the records of no
+    /// tenant) has in the shard's stream: a sorted set, so that the holder with the most — the
+    /// one that loses its oldest when the shard's cap is hit — is found in O(log n).
+    pub fn dead_letter_holders(self) -> String {
+        format!("{}dlq_holders", self.prefix())
+    }
+
+    /// How many dead-letter records of each holder (a tenant, or `""`) the caps evicted: a
+    /// hash, a field only for a holder that lost one, so a tenant can be told.
+    pub fn dead_letters_evicted(self) -> String {
+        format!("{}dlq_evicted", self.prefix())
+    }
+
+    /// The holders a rebuild of the shard's dead-letter indexes has met so far (see
+    /// `dead_letters_indexed`); deleted with the marker when the rebuild ends.
+    pub fn dead_letters_rebuilt(self) -> String {
+        format!("{}dlq_rebuilt", self.prefix())
     }
 
     /// Counters of what happened in this shard (completed, fenced, reclaimed, dlq_evicted, ...).
@@ -582,7 +608,16 @@ pub enum KeyKind {
     Leases,
     Delayed,
     DeadLetters,
+    /// The marker of a dead-letter rebuild (`Shard::dead_letters_indexed`).
     DeadLettersIndexed,
+    /// The ids of the records of no tenant (`Shard::poison_dead_letters`).
+    PoisonDeadLetters,
+    /// Dead-letter records per holder (`Shard::dead_letter_holders`).
+    DeadLetterHolders,
+    /// The holders a dead-letter rebuild met (`Shard::dead_letters_rebuilt`).
+    DeadLettersRebuilt,
+    /// Dead-letter records evicted per holder (`Shard::dead_letters_evicted`).
+    DeadLettersEvicted,
     Stats,
     Tenants,
     TenantConfig,
@@ -709,6 +744,10 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
             "delayed" => at(KeyKind::Delayed),
             "dlq" => at(KeyKind::DeadLetters),
             "dlq_indexed" => at(KeyKind::DeadLettersIndexed),
+            "dlq_poison" => at(KeyKind::PoisonDeadLetters),
+            "dlq_holders" => at(KeyKind::DeadLetterHolders),
+            "dlq_rebuilt" => at(KeyKind::DeadLettersRebuilt),
+            "dlq_evicted" => at(KeyKind::DeadLettersEvicted),
             "stats" => at(KeyKind::Stats),
             "tenants" => at(KeyKind::Tenants),
             "busy" => at(KeyKind::Busy),
@@ -838,6 +877,12 @@ mod tests {
             s.leases(),
             s.delayed(),
             s.dead_letters(),
+            s.dead_letters_indexed(),
+            s.poison_dead_letters(),
+            s.dead_letter_holders(),
+            s.dead_letters_rebuilt(),
+            s.dead_letters_evicted(),
+            s.tenant_dead_letters(&t),
             s.stats(),
             s.tenants(),
             s.flows(&t),
@@ -946,6 +991,10 @@ mod tests {
             (s.delayed(), KeyKind::Delayed),
             (s.dead_letters(), KeyKind::DeadLetters),
             (s.dead_letters_indexed(), KeyKind::DeadLettersIndexed),
+            (s.poison_dead_letters(), KeyKind::PoisonDeadLetters),
+            (s.dead_letter_holders(), KeyKind::DeadLetterHolders),
+            (s.dead_letters_rebuilt(), KeyKind::DeadLettersRebuilt),
+            (s.dead_letters_evicted(), KeyKind::DeadLettersEvicted),
             (s.stats(), KeyKind::Stats),
             (s.tenants(), KeyKind::Tenants),
             (s.shard_trends(20_423), KeyKind::ShardTrends),

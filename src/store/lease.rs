@@ -426,9 +426,10 @@ impl Store {
                 dead_letters: shard.dead_letters(),
                 stats: shard.stats(),
                 delayed: shard.delayed(),
-                dead_letters_indexed: shard.dead_letters_indexed(),
+                dead_letter_holders: shard.dead_letter_holders(),
                 batch: batch.max(1),
                 dlq_cap: self.dlq_cap(),
+                dlq_tenant_cap: self.dlq_tenant_cap(),
             },
         );
         let mut c = self.conn();
@@ -558,8 +559,8 @@ script_call! {
 script_call! {
     /// `migrations-lua/reclaim.lua`: recovers runs of one shard whose lease expired.
     pub(super) struct ReclaimCall {
-        keys { leases, runnable, dead_letters, stats, delayed, dead_letters_indexed }
-        args { batch: usize, dlq_cap: u64 }
+        keys { leases, runnable, dead_letters, stats, delayed, dead_letter_holders }
+        args { batch: usize, dlq_cap: u64, dlq_tenant_cap: u64 }
     }
 }
 

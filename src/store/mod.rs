@@ -75,7 +75,7 @@ use call::Call;
 pub use cancel::Reschedule;
 pub use commit::{BATCH_CALL_ITEMS, GroupCommitCounts};
 pub use conn::{Conn, RedisTarget};
-pub use dead_letters::{DeadLetter, Retry};
+pub use dead_letters::{DeadLetter, DeadLetterPage, Reindexed, Retry};
 pub use dry_admit::{Decision, DryRun};
 pub use forecast::{Pace, estimate};
 pub use key_limits::{KeyLimitChange, KeyState};
@@ -195,8 +195,12 @@ pub struct StoreConfig {
     /// How long a dedup key keeps mapping to its execution once that is terminal (while it is
     /// queued or running the mapping does not expire).
     pub dedup_ttl: Duration,
-    /// Most records a shard's dead-letter stream keeps (older ones are evicted and counted).
+    /// Most records a shard's dead-letter stream keeps in all: when it is hit, the tenant
+    /// holding the most loses its oldest (evictions are counted).
     pub dlq_cap: u64,
+    /// Most dead-letter records one tenant keeps in its shard (its own oldest go first; never
+    /// more than `dlq_cap`).
+    pub dlq_tenant_cap: u64,
 }
 
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
@@ -232,6 +236,7 @@ struct Policy {
     retention_secs: AtomicU64,
     dedup_ttl_secs: AtomicU64,
     dlq_cap: AtomicU64,
+    dlq_tenant_cap: AtomicU64,
 }
 
 /// A shard script's invocation: the shard's freeze marker, the call's keys, the shard prefix
@@ -282,6 +287,7 @@ impl Store {
             retention_secs: AtomicU64::new(config.retention.as_secs().max(1)),
             dedup_ttl_secs: AtomicU64::new(config.dedup_ttl.as_secs().max(1)),
             dlq_cap: AtomicU64::new(config.dlq_cap.max(1)),
+            dlq_tenant_cap: AtomicU64::new(config.dlq_tenant_cap.max(1)),
         };
         let policy = std::sync::Arc::new(policy);
         let scripts = Scripts::new();
@@ -395,6 +401,15 @@ impl Store {
         self.policy.dlq_cap.load(Ordering::Relaxed)
     }
 
+    /// The most dead-letter records one tenant keeps, as the scripts apply it: never above
+    /// the shard's cap. Public for the listing, which tells a tenant its cap.
+    pub fn dlq_tenant_cap(&self) -> u64 {
+        self.policy
+            .dlq_tenant_cap
+            .load(Ordering::Relaxed)
+            .min(self.dlq_cap())
+    }
+
     /// Records this process's data policy on Redis for workers to follow (`serve` does this).
     pub async fn publish_defaults(&self) -> Result<(), StoreError> {
         let mut c = self.conn();
@@ -413,6 +428,8 @@ impl Store {
                     .arg(p.dedup_ttl_secs.load(Ordering::Relaxed))
                     .arg("dlq_cap")
                     .arg(p.dlq_cap.load(Ordering::Relaxed))
+                    .arg("dlq_tenant_cap")
+                    .arg(p.dlq_tenant_cap.load(Ordering::Relaxed))
                     .query_async(&mut c),
             )
             .await?;
@@ -428,8 +445,9 @@ impl Store {
             Option<u64>,
             Option<u64>,
             Option<u64>,
+            Option<u64>,
         );
-        let (mc, mq, ret, dedup, cap): Published = self
+        let (mc, mq, ret, dedup, cap, tenant_cap): Published = self
             .bounded(
                 redis::cmd("HMGET")
                     .arg(keys::meta())
@@ -438,6 +456,7 @@ impl Store {
                     .arg("retention_secs")
                     .arg("dedup_ttl_secs")
                     .arg("dlq_cap")
+                    .arg("dlq_tenant_cap")
                     .query_async(&mut c),
             )
             .await?;
@@ -456,6 +475,9 @@ impl Store {
         }
         if let Some(v) = cap {
             p.dlq_cap.store(v.max(1), Ordering::Relaxed);
+        }
+        if let Some(v) = tenant_cap {
+            p.dlq_tenant_cap.store(v.max(1), Ordering::Relaxed);
         }
         Ok(())
     }

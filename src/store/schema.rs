@@ -116,6 +116,21 @@ impl Store {
         }
     }
 
+    /// Dead letters an older build indexed only in part, and counted by holder not at all
+    /// (see `reindex_dead_letters`; one call per shard when there is nothing to do): what
+    /// `serve` does at start, before it lists any. Never fails: a shard it cannot reach is
+    /// left for the next start (a worker meanwhile writes records as usual; until then a full
+    /// shard with no holder counted evicts its oldest record).
+    pub async fn ensure_dead_letter_counts(&self) {
+        let done = self.reindex_dead_letters(1_000, usize::MAX).await;
+        if done.indexed > 0 {
+            tracing::info!(
+                indexed = done.indexed,
+                "dead-letter records indexed and counted by tenant (left by an older build)"
+            );
+        }
+    }
+
     /// Schema migration 2 (`migrations-lua/migrate_dispatch.lua`): every shard in bounded
     /// atomic batches of `batch` members, at most `max_calls` calls in all (tests interrupt it
     /// with a small number). Once every shard is done the meta record says schema 2. Safe to

@@ -233,6 +233,8 @@ scripts! {
     sweeper_unlock: Meta "sweeper_unlock.lua" => sweep::SweeperUnlockCall<'_>,
     watch: Shard "watch.lua" => watch::WatchCall<'_>,
     dlq_dismiss: Shard "dlq_dismiss.lua" => dead_letters::DlqDismissCall<'_>,
+    dlq_list: Shard "dlq_list.lua" => dead_letters::DlqListCall<'_>,
+    dlq_reindex: Shard "dlq_reindex.lua" => dead_letters::DlqReindexCall<'_>,
     reschedule: Shard "reschedule.lua" => cancel::RescheduleCall<'_>,
     migrate_dispatch: Shard "migrate_dispatch.lua" => schema::MigrateDispatchCall,
     ring: Shard "ring.lua" => wake::RingCall,

@@ -7,7 +7,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_TOKEN, TestApp, problem_code};
+use crate::helpers::{ADMIN_TOKEN, TestApp, TestRedis, problem_code};
 
 struct Case {
     name: &'static str,
@@ -427,12 +427,14 @@ async fn params_are_bounded_in_bytes_below_the_body_limit() {
 
 #[tokio::test]
 async fn dead_letter_cursors_are_checked_before_redis_sees_them() {
-    let app = TestApp::spawn().await;
-    // Two records of acme's shard, with ids chosen to sit at the edges.
-    let key = app.shard("acme").dead_letters();
+    // Two records of acme's shard, with ids chosen to sit at the edges, written by hand before
+    // the app connects (it indexes them then, as records an older build left).
+    let redis = TestRedis::start().await;
+    let key = sluice::store::ShardMap::new(16, sluice::store::Layout::CURRENT)
+        .shard_of(&sluice::domain::TenantId::parse("acme").unwrap())
+        .dead_letters();
     for id in ["1-1", "5-0"] {
-        let _: String = app
-            .redis
+        let _: String = redis
             .query(
                 redis::cmd("XADD")
                     .arg(&key)
@@ -450,6 +452,7 @@ async fn dead_letter_cursors_are_checked_before_redis_sees_them() {
             )
             .await;
     }
+    let app = TestApp::spawn_on(redis, |_| {}).await;
     let page = |before: &'static str| {
         app.as_tenant(
             reqwest::Method::GET,

@@ -144,7 +144,7 @@ async fn until_gone(app: &TestApp, tenant: &str, limit: Duration) {
 /// of the tenant (shard keys under `t:<tenant>:`, its key set under `{acl}`), rows of it, key
 /// records of it, and its places in the shard's sets (tenants, busy, webhooks, reaping,
 /// runnable, the fair share's bookkeeping, the timer set, the leases, held sets) and in its
-/// dead-letter stream and the registry.
+/// dead-letter stream, dead-letter counts and the registry.
 async fn leftovers(app: &TestApp, tenant: &str, ids: &BTreeSet<String>) -> Vec<String> {
     let shard = app.shard(tenant);
     let mut found = Vec::new();
@@ -187,6 +187,25 @@ async fn leftovers(app: &TestApp, tenant: &str, ids: &BTreeSet<String>) -> Vec<S
         if member {
             found.push(format!("{tenant} in {set}"));
         }
+    }
+    let holding: Option<f64> = app
+        .redis
+        .query(
+            redis::cmd("ZSCORE")
+                .arg(shard.dead_letter_holders())
+                .arg(tenant),
+        )
+        .await;
+    let evicted: bool = app
+        .redis
+        .query(
+            redis::cmd("HEXISTS")
+                .arg(shard.dead_letters_evicted())
+                .arg(tenant),
+        )
+        .await;
+    if holding.is_some() || evicted {
+        found.push(format!("{tenant}'s dead-letter count"));
     }
     let registered: Option<f64> = app
         .redis

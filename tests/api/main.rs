@@ -11,6 +11,7 @@ mod cluster;
 mod config;
 mod connections;
 mod console;
+mod dead_letters;
 mod deletion;
 mod deployment;
 mod dev;

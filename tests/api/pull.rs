@@ -13,7 +13,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::helpers::{ADMIN_TOKEN, TestApp, cluster_mode, problem_code, sluice_bin};
+use crate::helpers::{
+    ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker, cluster_mode, problem_code, sluice_bin,
+};
 
 /// A pull worker as a test drives it: its key and its id.
 #[derive(Clone)]
@@ -273,6 +275,109 @@ async fn only_the_holder_of_the_current_run_is_heard() {
         .post("/api/worker/lease?wait=2h", json!({"worker_id": "a"}))
         .await;
     assert_eq!(problem_code(res).await, "invalid_wait");
+}
+
+/// Issue 38, contract point 9: the pull API answered `dead_lettered` to a failure its worker
+/// marked not retryable, though nothing was dead-lettered (the answer had no `failed`), while
+/// `sluice worker` ended the same failure `failed` without a record. One rule now, for both
+/// kinds of worker, and the answer says what the store did: a failure that may not be retried
+/// ends `failed` at once (attempts left or not) with no dead-letter record, answered
+/// `failed`; a retryable failure on the last attempt ends `failed` with a record, answered
+/// `dead_lettered`.
+#[tokio::test]
+async fn a_final_failure_ends_alike_through_the_pull_api_and_sluice_worker() {
+    let app = TestApp::spawn().await;
+    let w = Puller::new(&app, "acme", "py-1").await;
+    let refused = app
+        .admit_with("acme", json!({"flow_id": "py.fail", "max_attempts": 3}))
+        .await;
+    let unsaid = app
+        .admit_with("acme", json!({"flow_id": "py.fail", "max_attempts": 3}))
+        .await;
+    let exhausted = app
+        .admit_with("acme", json!({"flow_id": "py.fail", "max_attempts": 1}))
+        .await;
+    let runs = w.lease("", json!({"max": 3})).await;
+    let fence = |id: &str| {
+        fence_of(
+            runs.iter()
+                .find(|r| id_of(r) == id)
+                .unwrap_or_else(|| panic!("{id} not leased: {runs:?}")),
+        )
+    };
+    for (id, report, answer) in [
+        (
+            &refused,
+            json!({"outcome": "failed", "retryable": false,
+                   "error": {"kind": "bad_input", "message": "no such customer"}}),
+            "failed",
+        ),
+        (
+            &unsaid,
+            json!({"outcome": "failed", "error": {"message": "no retry asked"}}),
+            "failed",
+        ),
+        (
+            &exhausted,
+            json!({"outcome": "failed", "retryable": true,
+                   "error": {"kind": "timeout", "message": "gave up"}}),
+            "dead_lettered",
+        ),
+    ] {
+        let res = w.complete(id, fence(id), report).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            res.json::<Value>().await.unwrap(),
+            json!({"result": answer})
+        );
+        let e = app.execution("acme", id).await;
+        assert_eq!(
+            (&e["status"], &e["attempt"]),
+            (&json!("failed"), &json!(1)),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        app.execution("acme", &refused).await["error"],
+        json!({"kind": "bad_input", "message": "no such customer"})
+    );
+    let dlq = app.get_json(Some("acme"), "/api/dlq").await;
+    let records = dlq["dead_letters"].as_array().unwrap();
+    assert_eq!(records.len(), 1, "{dlq}");
+    assert_eq!(records[0]["execution_id"], exhausted.as_str());
+    assert_eq!(records[0]["reason"], "timeout");
+
+    // The same two failures through `sluice worker`'s demo.fail.
+    let _worker = TestWorker::spawn(&app.redis, FAST_WORKER);
+    let permanent = app
+        .admit_with(
+            "globex",
+            json!({"flow_id": "demo.fail", "max_attempts": 3,
+                   "params": {"retryable": false, "message": "no"}}),
+        )
+        .await;
+    let last = app
+        .admit_with(
+            "globex",
+            json!({"flow_id": "demo.fail", "max_attempts": 1, "params": {"message": "gone"}}),
+        )
+        .await;
+    for id in [&permanent, &last] {
+        let e = app
+            .wait_terminal("globex", id, Duration::from_secs(15))
+            .await;
+        assert_eq!(
+            (&e["status"], &e["attempt"]),
+            (&json!("failed"), &json!(1)),
+            "{e}"
+        );
+    }
+    let dlq = app.get_json(Some("globex"), "/api/dlq").await;
+    let records = dlq["dead_letters"].as_array().unwrap();
+    assert_eq!(records.len(), 1, "{dlq}");
+    assert_eq!(records[0]["execution_id"], last.as_str());
+    assert_eq!(records[0]["reason"], "handler_error");
+    assert_eq!(app.counter("dead_lettered").await, 2);
 }
 
 #[tokio::test]

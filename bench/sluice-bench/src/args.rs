@@ -268,6 +268,25 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     pub(crate) admission_key_limit: u32,
 
+    // The dead-letter group (`dead_letters.rs`): what `GET /api/dlq` costs Redis at a full
+    // shard.
+    /// Run only the dead-letter group, none of the other phases.
+    #[arg(long, conflicts_with_all = ["push_only", "fairness_only", "limits_only", "skip_dlq"])]
+    pub(crate) dlq_only: bool,
+    /// Skip the dead-letter group.
+    #[arg(long)]
+    pub(crate) skip_dlq: bool,
+    /// Executions of the neighbour tenants dead-lettered in the probe tenant's shard (more
+    /// than `--dlq-cap`, 10 000 by default, so the shard is full).
+    #[arg(long, default_value_t = 10_500)]
+    pub(crate) dlq_records: u64,
+    /// Records of the tenant whose page is listed, and the page size.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) dlq_page: u64,
+    /// Calls of each listing measured.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) dlq_calls: u64,
+
     /// Instead of the phases: compare two builds of `sluice` (each a program, or a folder
     /// holding `sluice`), BEFORE then AFTER: HTTP admission and end-to-end, `--compare-runs`
     /// alternating runs per build, medians of throughput and of Redis's script time per call.
@@ -338,6 +357,10 @@ impl Args {
             self.key_isolation_backlog = self.key_isolation_backlog.min(100);
             self.key_isolation_samples = self.key_isolation_samples.min(4);
             self.key_isolation_rate = self.key_isolation_rate.max(20.0);
+            // 300 dead letters of 1 neighbour and 5 of the page tenant, 20 calls per listing.
+            self.dlq_records = self.dlq_records.min(300);
+            self.dlq_page = self.dlq_page.min(5);
+            self.dlq_calls = self.dlq_calls.min(20);
             self.compare_secs = 1;
         }
         self

@@ -42,7 +42,14 @@
 //!     `demo.sleep` executions, key B admits 10/s beside it: B's pickup, and A never more than
 //!     one at a time.
 //!
-//! `--limits-only` runs only 13–14, `--skip-limits` leaves them out; `--admission-keys N` gives
+//! `--limits-only` runs only 13–14, `--skip-limits` leaves them out. Then the dead-letter
+//! group (`dead_letters.rs`, issue 38):
+//!
+//! 15. **dead-letter listing**: a shard filled to its dead-letter cap by neighbour tenants;
+//!     what `GET /api/dlq` of an empty tenant, of a tenant's page and of every tenant costs
+//!     Redis per call, also with an older build's marker and after the rebuild a new `serve` makes at start.
+//!
+//! `--dlq-only` runs only 15, `--skip-dlq` leaves it out; `--admission-keys N` gives
 //! the admission phase (2) a `concurrency_key` on every request. `--compare-builds BEFORE
 //! AFTER` runs none of the above: it measures two builds of `sluice` against each other
 //! (`compare.rs`: HTTP admission and end-to-end, alternating runs, medians); `--compare-keyed`
@@ -59,6 +66,7 @@
 mod args;
 mod bullmq;
 mod compare;
+mod dead_letters;
 mod direct;
 mod e2e;
 mod fairness;

@@ -72,7 +72,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
     let pids = Pids::of(&redis_and(&redis, &serve));
     let clients = args.clients.max(1);
 
-    if !args.push_only && !args.fairness_only && !args.limits_only {
+    if !args.push_only && !args.fairness_only && !args.limits_only && !args.dlq_only {
         // 1. Ceiling.
         direct.reset().await?;
         let (r, cpu) = phase("ceiling", &pids, |p| {
@@ -375,7 +375,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         tenants: &tenants,
         others: redis_and(&redis, &serve),
     };
-    let push_phases = !args.fairness_only && !args.limits_only;
+    let push_phases = !args.fairness_only && !args.limits_only && !args.dlq_only;
     if push_phases && !args.skip_pickup {
         crate::pickup::pickup_phase(&ctx, &mut direct, &mut report).await?;
     }
@@ -385,7 +385,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         report.cancel = Some(c);
     }
     // Issue 20's fairness group, against the same server and Redis.
-    if !args.push_only && !args.limits_only && !args.skip_fairness {
+    if !args.push_only && !args.limits_only && !args.dlq_only && !args.skip_fairness {
         let mut f = report::Fairness::default();
         let (noisy, checks) = fairness::noisy(&ctx, &mut direct).await?;
         report.checks.extend(checks);
@@ -399,7 +399,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         report.fairness = Some(f);
     }
     // The limits group (concurrency keys, rate limits), against the same server and Redis.
-    if !args.push_only && !args.fairness_only && !args.skip_limits {
+    if !args.push_only && !args.fairness_only && !args.dlq_only && !args.skip_limits {
         let mut l = report::Limits::default();
         let (throttle, check) = limits::throttle(&ctx, &mut direct).await?;
         report.checks.push(check);
@@ -408,6 +408,12 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         report.checks.push(check);
         l.key_isolation = Some(isolation);
         report.limits = Some(l);
+    }
+    // The dead-letter group, against the same server and Redis.
+    if !args.push_only && !args.fairness_only && !args.limits_only && !args.skip_dlq {
+        let (d, check) = crate::dead_letters::listing(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        report.dead_letters = Some(d);
     }
     serve.ensure_running()?;
     serve.kill().await;

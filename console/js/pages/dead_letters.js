@@ -18,12 +18,15 @@ export async function render(ctx) {
 
   const tbody = h('tbody', { id: 'dead-letters-body' });
   const pager = h('span', { class: 'pager' });
+  // What the listing covers: records kept, the cap (a tenant's), and evictions by the caps.
+  const kept = h('p', { class: 'muted', id: 'dead-letters-kept' });
   const replayBtn = can.retry ? h('button', { id: 'dlq-replay', type: 'button', disabled: true, onclick: replay }, 'Replay selected') : null;
   const dismissBtn = can.dismiss ? h('button', { id: 'dlq-dismiss', type: 'button', disabled: true, onclick: dismiss }, 'Dismiss selected') : null;
   const checkable = !!(replayBtn || dismissBtn);
   replace(main,
     h('div', { class: 'page-head' }, h('h1', {}, 'Dead letters'), h('span', { class: 'muted' }, tenant ? ` tenant ${tenant}` : ' every tenant')),
-    h('p', { class: 'muted' }, 'Executions that failed for good: attempts used up (handler_error, lease_lost) or a poison entry. Replay re-queues the execution with fresh attempts; dismiss removes the record once it is dealt with (the execution stays as it is).'),
+    h('p', { class: 'muted' }, 'Executions that failed for good: attempts used up (handler_error, lease_lost) or a poison entry. A failure the handler marked not retryable ends failed without a record. Replay re-queues the execution with fresh attempts; dismiss removes the record once it is dealt with (the execution stays as it is).'),
+    kept,
     h('div', { class: 'toolbar' }, pager, h('div', { class: 'spacer' }), replayBtn, dismissBtn),
     h('div', { class: 'table-wrap' }, h('table', { class: 'grid', id: 'dead-letters-table' },
       h('thead', {}, h('tr', {}, checkable ? h('th', { class: 'check' }) : null, h('th', {}, 'When'), tenant ? null : h('th', {}, 'Tenant'),
@@ -57,6 +60,9 @@ export async function render(ctx) {
   async function load() {
     const { data } = await call('GET', `/api/dlq${query({ limit: PAGE, before })}`, { tenant: tenant || undefined });
     records = data.dead_letters;
+    replace(kept, data.cap == null
+      ? `${data.total} records in all; ${data.evicted} evicted by the caps.`
+      : `${data.total} of at most ${data.cap} records kept; ${data.evicted} evicted (its oldest, beyond its cap or as the shard's largest holder).`);
     replace(pager,
       before ? h('a', { href: base, class: 'button', id: 'page-first' }, 'Newest') : null,
       data.next_before ? h('a', { href: `${base}${query({ before: data.next_before })}`, class: 'button', id: 'page-next' }, 'Older') : null);

@@ -23,6 +23,7 @@ use sluice::store::{Admission, Conn, Shard, Store, StoreConfig};
 use tokio::task::JoinSet;
 
 mod census;
+mod dlq;
 
 pub use census::{Census, RowTimes};
 

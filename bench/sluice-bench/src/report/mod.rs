@@ -7,6 +7,7 @@
 //! `finish` judges; the records of each group, and the text for people, live beside it.
 
 mod comparison;
+mod dead_letters;
 mod fairness;
 mod human;
 mod limits;
@@ -14,6 +15,7 @@ mod phases;
 mod push;
 
 pub use comparison::Comparison;
+pub use dead_letters::{DeadLetters, ListingCost};
 pub use fairness::{Fairness, Lateness, NoisyNeighbour, NoisySide, WeightedShare};
 pub use limits::{KeyIsolation, Limits, Throttle};
 pub use phases::{
@@ -128,6 +130,9 @@ pub struct Report {
     /// The limits group (concurrency keys, rate limits).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// The dead-letter group (listing cost at a full shard).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_letters: Option<DeadLetters>,
     pub targets: Vec<Target>,
     pub checks: Vec<Check>,
     /// Every check passed.
@@ -179,6 +184,7 @@ impl Report {
             idle: None,
             fairness: None,
             limits: None,
+            dead_letters: None,
             targets: Vec::new(),
             checks: Vec::new(),
             correct: false,
@@ -266,6 +272,7 @@ impl Report {
         self.push_targets(&mut t);
         self.fairness_targets(&mut t);
         self.limits_targets(&mut t);
+        self.dead_letter_targets(&mut t);
         self.targets_met = t.iter().all(|t| t.pass);
         self.targets = t;
         self.correct = !self.checks.is_empty() && self.checks.iter().all(|c| c.ok);
