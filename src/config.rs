@@ -256,10 +256,10 @@ pub struct ApiSettings {
     #[arg(long, env = "SLUICE_BATCH_BODY_LIMIT", default_value_t = 16 * 1024 * 1024)]
     pub batch_body_limit: usize,
     /// Memory the batch admissions being processed on this server may hold at once, in
-    /// bytes. Each batch reserves, before its body is read, its `Content-Length` plus 1 KiB
+    /// bytes. Each batch reserves, before its body is read, its `Content-Length` plus 2 KiB
     /// for each item it could hold (at most 1,000), and holds what its items keep until its
     /// answer is written; a batch that does not fit is answered 429 `batch_memory_full`
-    /// (nothing read or admitted). Default: four full batches, 4 × (--batch-body-limit + 1,000
+    /// (nothing read or admitted). Default: four full batches, 4 × (--batch-body-limit + 2,000
     /// KiB); at least one.
     #[arg(long, env = "SLUICE_BATCH_MEMORY_LIMIT")]
     pub batch_memory_limit: Option<usize>,

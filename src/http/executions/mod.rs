@@ -6,7 +6,6 @@
 //! and docs (over a quarter of the lines), so the contract of a route sits beside its code.
 
 pub mod batch;
-pub mod batch_scan;
 pub mod waiting;
 pub mod wire;
 

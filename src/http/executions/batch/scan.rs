@@ -4,8 +4,8 @@
 //! on its way. No tree of the whole document is ever built, and only the item being read is
 //! held: its bytes without the whitespace around its tokens.
 //!
-//! The scanner knows JSON's grammar, not the items' fields; `batch` turns each item into an
-//! admission request and bounds what the batch may hold.
+//! The scanner knows JSON's grammar, not the items' fields; the batch module turns each item
+//! into an admission request and bounds what the batch may hold.
 
 /// How deep containers may nest: the body and its `items` array, then what serde_json parses
 /// in one item (its recursion limit is 128).
