@@ -42,6 +42,15 @@
 //!     `demo.sleep` executions, key B admits 10/s beside it: B's pickup, and A never more than
 //!     one at a time.
 //!
+//! Then the batch-memory phase (`batch_memory.rs`, issue 38):
+//!
+//! 15. **batch memory**: on a `serve` of its own, four tenants send a batch body at
+//!     `--batch-body-limit` each at once (eight million tiny elements; 1,000 items of string
+//!     params; 1,000 of number arrays; one item of it all), round after round, while another
+//!     tenant's `GET /api/me` and single admissions are timed: serve's peak RSS rise against
+//!     4 × the limit, and the other tenant's p99s against 5 ms.
+//!
+//! `--batch-memory-only` runs only 15, `--skip-batch-memory` leaves it out;
 //! `--limits-only` runs only 13–14, `--skip-limits` leaves them out; `--admission-keys N` gives
 //! the admission phase (2) a `concurrency_key` on every request. `--compare-builds BEFORE
 //! AFTER` runs none of the above: it measures two builds of `sluice` against each other
@@ -57,6 +66,7 @@
 //! in CI so it cannot rot.
 
 mod args;
+mod batch_memory;
 mod bullmq;
 mod compare;
 mod direct;

@@ -242,6 +242,7 @@ impl Report {
         self.human_push(&mut o);
         self.human_fairness(&mut o);
         self.human_limits(&mut o);
+        self.human_batch_memory(&mut o);
 
         self.human_cpu(&mut o);
         self.human_targets_and_checks(&mut o);

@@ -6,6 +6,7 @@
 //! This file holds the report itself, its settings, targets and checks, and the ratios
 //! `finish` judges; the records of each group, and the text for people, live beside it.
 
+mod batch_memory;
 mod comparison;
 mod fairness;
 mod human;
@@ -13,6 +14,7 @@ mod limits;
 mod phases;
 mod push;
 
+pub use batch_memory::{BatchMemory, BatchMemoryShape};
 pub use comparison::Comparison;
 pub use fairness::{Fairness, Lateness, NoisyNeighbour, NoisySide, WeightedShare};
 pub use limits::{KeyIsolation, Limits, Throttle};
@@ -128,6 +130,9 @@ pub struct Report {
     /// The limits group (concurrency keys, rate limits).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// Issue 38's batch-memory phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_memory: Option<BatchMemory>,
     pub targets: Vec<Target>,
     pub checks: Vec<Check>,
     /// Every check passed.
@@ -179,6 +184,7 @@ impl Report {
             idle: None,
             fairness: None,
             limits: None,
+            batch_memory: None,
             targets: Vec::new(),
             checks: Vec::new(),
             correct: false,
@@ -266,6 +272,7 @@ impl Report {
         self.push_targets(&mut t);
         self.fairness_targets(&mut t);
         self.limits_targets(&mut t);
+        self.batch_memory_targets(&mut t);
         self.targets_met = t.iter().all(|t| t.pass);
         self.targets = t;
         self.correct = !self.checks.is_empty() && self.checks.iter().all(|c| c.ok);
