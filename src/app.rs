@@ -141,6 +141,11 @@ impl Application {
             max_params_bytes: config.api.max_params_bytes,
             batch_body_limit: config.api.batch_body_limit,
             batch_hold: config.api.request_timeout(),
+            batch_budget: http::executions::batch::BatchBudget::new(
+                config.api.batch_memory_limit,
+                config.api.batch_body_limit,
+            )
+            .map_err(anyhow::Error::msg)?,
             max_page_bytes: config.api.max_page_bytes,
             max_api_keys: config.api.max_api_keys_per_tenant,
             metrics: metrics.clone(),

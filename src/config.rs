@@ -255,6 +255,14 @@ pub struct ApiSettings {
     /// executions), in bytes.
     #[arg(long, env = "SLUICE_BATCH_BODY_LIMIT", default_value_t = 16 * 1024 * 1024)]
     pub batch_body_limit: usize,
+    /// Memory the batch admissions being processed on this server may hold at once, in
+    /// bytes. Each batch reserves, before its body is read, its `Content-Length` plus 2 KiB
+    /// for each item it could hold (at most 1,000), and holds what its items keep until its
+    /// answer is written; a batch that does not fit is answered 429 `batch_memory_full`
+    /// (nothing read or admitted). Default: four full batches, 4 × (--batch-body-limit + 2,000
+    /// KiB); at least one.
+    #[arg(long, env = "SLUICE_BATCH_MEMORY_LIMIT")]
+    pub batch_memory_limit: Option<usize>,
     /// How long a connection may take to deliver a request's headers, in milliseconds,
     /// counted from its accept and from the end of its previous answer (HTTP/1 and HTTP/2): a
     /// client slower than this (slowloris), silent, or idle that long is disconnected.

@@ -132,7 +132,8 @@ pub struct Execution {
     pub tenant_id: String,
     pub flow_id: String,
     pub version: Option<String>,
-    pub params: Value,
+    /// Its params as stored (canonical JSON text), shared, not parsed.
+    pub params: super::JsonText,
     pub status: Status,
     /// Set only while `queued`.
     pub queue_state: Option<QueueState>,
@@ -187,7 +188,7 @@ impl Execution {
             tenant_id: tenant.to_owned(),
             flow_id: req.flow.to_string(),
             version: req.version.as_ref().map(|v| v.to_string()),
-            params: req.params_value.clone(),
+            params: req.params.clone(),
             status: Status::Queued,
             queue_state: Some(queue_state),
             queue_position,
@@ -244,7 +245,7 @@ impl Execution {
                 .parse()
                 .map_err(|_| format!("row {id} has a non-numeric priority"))?,
         };
-        let params = serde_json::from_str(need("params")?)
+        let params = super::JsonText::parse(need("params")?.to_owned())
             .map_err(|e| format!("row {id} has unreadable params: {e}"))?;
         let output = get("output")
             .map(serde_json::from_str)

@@ -4,6 +4,7 @@
 
 mod execution;
 mod ids;
+mod json_text;
 mod request;
 mod trace;
 
@@ -13,6 +14,7 @@ pub use execution::{
 pub use ids::{
     ConcurrencyKey, DedupKey, ExecutionId, FlowId, InvalidInput, TenantId, Version, is_hidden_char,
 };
+pub use json_text::JsonText;
 pub use request::{
     AdmitInput, AdmitRequest, DEFAULT_PRIORITY, Fingerprint, MAX_ATTEMPTS_LIMIT,
     MAX_SCHEDULE_AHEAD_MS, Schedule, parse_delay, schedule_of,

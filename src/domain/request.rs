@@ -1,10 +1,11 @@
 //! A request to start an execution: its fields as a client gave them, and the parsed form the
 //! store admits. (The JSON body itself is `http::executions::wire::NewExecution`.)
 
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::ids::{ConcurrencyKey, DedupKey, FlowId, InvalidInput, Version};
+use super::json_text::JsonText;
 use super::trace::TraceContext;
 
 /// Upper bound on `max_attempts`; more is almost always a mistake in the client.
@@ -30,8 +31,9 @@ pub enum Schedule {
 pub struct AdmitInput {
     pub flow_id: String,
     pub version: Option<String>,
-    /// Must be a JSON object; `None` and `null` mean `{}`.
-    pub params: Option<Value>,
+    /// Must be a JSON object; `None` and `null` mean `{}`. Kept as the client's text: it is
+    /// made canonical without being parsed into a tree (`JsonText::canonical`).
+    pub params: Option<Box<RawValue>>,
     pub dedup_key: Option<String>,
     pub max_attempts: Option<u32>,
     pub priority: Option<u32>,
@@ -61,10 +63,9 @@ impl Fingerprint {
 pub struct AdmitRequest {
     pub flow: FlowId,
     pub version: Option<Version>,
-    /// The params as canonical JSON text (object keys sorted), stored as given to workers.
-    pub params: String,
-    /// The same params as a value, for the answer to a new admission.
-    pub params_value: Value,
+    /// The params as canonical JSON text (object keys sorted), stored as given to workers and
+    /// shared with the answer to a new admission (no parsed copy is kept).
+    pub params: JsonText,
     pub dedup: Option<DedupKey>,
     pub max_attempts: u32,
     pub fingerprint: Fingerprint,
@@ -90,9 +91,9 @@ impl AdmitRequest {
     ) -> Result<Self, InvalidInput> {
         let flow = FlowId::parse(&body.flow_id)?;
         let version = body.version.as_deref().map(Version::parse).transpose()?;
-        let params = match body.params {
-            None | Some(Value::Null) => Value::Object(Map::new()),
-            Some(v @ Value::Object(_)) => v,
+        let params = match body.params.as_deref().map(RawValue::get) {
+            None | Some("null") => "{}",
+            Some(raw) if raw.starts_with('{') => raw,
             Some(_) => {
                 return Err(InvalidInput {
                     code: "invalid_params",
@@ -133,15 +134,16 @@ impl AdmitRequest {
             .as_deref()
             .map(ConcurrencyKey::parse)
             .transpose()?;
-        // serde_json's map is ordered by key, so this text is canonical for equal params.
-        let params_value = params;
-        let params = params_value.to_string();
+        // Keys sorted, the form serde_json's map writes: equal params have equal text.
+        let params = JsonText::canonical(params).map_err(|e| InvalidInput {
+            code: "invalid_params",
+            detail: format!("params are not valid JSON: {e}"),
+        })?;
         let fingerprint = fingerprint(&flow, version.as_ref(), &params, concurrency_key.as_ref());
         Ok(Self {
             flow,
             version,
             params,
-            params_value,
             dedup,
             max_attempts,
             fingerprint,
@@ -240,14 +242,16 @@ fn fingerprint(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn body(v: Value) -> AdmitInput {
         let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
         AdmitInput {
             flow_id: text("flow_id").unwrap_or_default(),
             version: text("version"),
-            params: v.get("params").cloned(),
+            params: v
+                .get("params")
+                .map(|p| serde_json::value::to_raw_value(p).unwrap()),
             dedup_key: text("dedup_key"),
             max_attempts: v
                 .get("max_attempts")

@@ -59,41 +59,6 @@ impl<T: DeserializeOwned> JsonBody<T> {
         Ok(body)
     }
 
-    /// The same with a size limit of the route's own instead of `--body-limit` (the batch
-    /// admission's `--batch-body-limit`), with the same answers.
-    pub async fn parse_within(self, limit: usize) -> Result<T, ApiError> {
-        let is_json = self
-            .req
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| {
-                v.split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_ascii_lowercase()
-            })
-            .is_some_and(|essence| {
-                essence == "application/json"
-                    || (essence.starts_with("application/") && essence.ends_with("+json"))
-            });
-        if !is_json {
-            return Err(ApiError::UnsupportedMediaType(
-                "request body must be JSON with Content-Type: application/json".into(),
-            ));
-        }
-        let bytes = axum::body::to_bytes(self.req.into_body(), limit)
-            .await
-            .map_err(|_| ApiError::Status {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                code: "payload_too_large",
-                detail: "the request body exceeds the server's limit".into(),
-            })?;
-        let axum::Json(ObjectOnly(body)) = axum::Json::<ObjectOnly<T>>::from_bytes(&bytes)?;
-        Ok(body)
-    }
-
     /// [`parse`](Self::parse) for a route whose body is optional: no body at all (whatever
     /// its `Content-Type`, or none) is `None`; anything else must be what `parse` takes, with
     /// the same answers (415, 400 `malformed_json` or `invalid_body`, 413).
@@ -127,6 +92,25 @@ impl<T: DeserializeOwned> JsonBody<T> {
         .await
         .map(Some)
     }
+}
+
+/// Whether `headers` name a JSON body (`application/json` or `application/*+json`), as
+/// `Json` requires.
+pub fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .is_some_and(|essence| {
+            essence == "application/json"
+                || (essence.starts_with("application/") && essence.ends_with("+json"))
+        })
 }
 
 /// A struct read from a JSON object only. Serde's derived structs also accept an array of

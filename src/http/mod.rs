@@ -62,6 +62,8 @@ pub struct AppState {
     /// How long a tenant's batch admission may hold its right to be the only one (the
     /// request's own bound).
     pub batch_hold: Duration,
+    /// The memory batch admissions being processed may hold at once (`--batch-memory-limit`).
+    pub batch_budget: Arc<executions::batch::BatchBudget>,
     /// Byte budget of one listing page.
     pub max_page_bytes: usize,
     /// Live API keys a tenant may have.

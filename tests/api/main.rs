@@ -5,6 +5,7 @@ mod access;
 mod admission;
 mod bad_input;
 mod batch;
+mod batch_memory;
 mod chaining;
 mod citations;
 mod cluster;

@@ -222,6 +222,25 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub(crate) lateness_lead_ms: u64,
 
+    // The batch-memory phase (`batch_memory.rs`, issue 38): four batch bodies at the limit at
+    // once, serve's peak RSS and another tenant's latency beside them.
+    /// Run only the batch-memory phase, none of the others.
+    #[arg(long, conflicts_with_all = ["push_only", "fairness_only", "limits_only", "dlq_only", "skip_batch_memory"])]
+    pub(crate) batch_memory_only: bool,
+    /// Skip the batch-memory phase.
+    #[arg(long)]
+    pub(crate) skip_batch_memory: bool,
+    /// The `--batch-body-limit` of the phase's own `serve`, and the size of each of its four
+    /// bodies, in bytes.
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    pub(crate) batch_memory_body_limit: usize,
+    /// Seconds of rounds of four bodies (at least one round).
+    #[arg(long, default_value_t = 4.0)]
+    pub(crate) batch_memory_secs: f64,
+    /// The other tenant's `GET /api/me` and single admissions meanwhile, each per second.
+    #[arg(long, default_value_t = 200.0)]
+    pub(crate) batch_memory_rate: f64,
+
     // The limits group (concurrency keys and rate limits, `limits.rs`): throttle accuracy and
     // key isolation; and `--compare-keyed`.
     /// Run only the limits group (throttle accuracy, key isolation), none of the other phases.
@@ -362,6 +381,9 @@ impl Args {
             self.dlq_page = self.dlq_page.min(5);
             self.dlq_calls = self.dlq_calls.min(20);
             self.compare_secs = 1;
+            // Four bodies of 256 KiB (1,000 items of about 260 bytes), one round or two.
+            self.batch_memory_body_limit = self.batch_memory_body_limit.min(256 * 1024);
+            self.batch_memory_secs = self.batch_memory_secs.min(0.5);
         }
         self
     }

@@ -47,9 +47,19 @@
 //!
 //! 15. **dead-letter listing**: a shard filled to its dead-letter cap by neighbour tenants;
 //!     what `GET /api/dlq` of an empty tenant, of a tenant's page and of every tenant costs
-//!     Redis per call, also with an older build's marker and after the rebuild a new `serve` makes at start.
+//!     Redis per call, also with an older build's marker and after the rebuild a new `serve`
+//!     makes at start.
 //!
-//! `--dlq-only` runs only 15, `--skip-dlq` leaves it out; `--admission-keys N` gives
+//! Then the batch-memory phase (`batch_memory.rs`, issue 38):
+//!
+//! 16. **batch memory**: on a `serve` of its own, four tenants send a batch body at
+//!     `--batch-body-limit` each at once (eight million tiny elements; 1,000 items of string
+//!     params; 1,000 of number arrays; one item of it all), round after round, while another
+//!     tenant's `GET /api/me` and single admissions are timed: serve's peak RSS rise against
+//!     4 × the limit, and the other tenant's p99s against 5 ms.
+//!
+//! `--dlq-only` runs only 15, `--skip-dlq` leaves it out; `--batch-memory-only` runs only 16,
+//! `--skip-batch-memory` leaves it out; `--admission-keys N` gives
 //! the admission phase (2) a `concurrency_key` on every request. `--compare-builds BEFORE
 //! AFTER` runs none of the above: it measures two builds of `sluice` against each other
 //! (`compare.rs`: HTTP admission and end-to-end, alternating runs, medians); `--compare-keyed`
@@ -64,6 +74,7 @@
 //! in CI so it cannot rot.
 
 mod args;
+mod batch_memory;
 mod bullmq;
 mod compare;
 mod dead_letters;

@@ -254,13 +254,36 @@ pub async fn start_serve(
     max_concurrent: u32,
     max_queued: u32,
 ) -> anyhow::Result<(Proc, SocketAddr)> {
+    start_serve_as(
+        "serve",
+        &[],
+        s,
+        scratch,
+        admin_token,
+        max_concurrent,
+        max_queued,
+    )
+    .await
+}
+
+/// The same, named `name` (its log `<name>-<attempt>.log`), with `extra` arguments.
+pub async fn start_serve_as(
+    name: &str,
+    extra: &[String],
+    s: &SluiceCmd,
+    scratch: &Scratch,
+    admin_token: &str,
+    max_concurrent: u32,
+    max_queued: u32,
+) -> anyhow::Result<(Proc, SocketAddr)> {
     for attempt in 0..3 {
         let addr: SocketAddr =
             format!("127.0.0.1:{}", sluice::redis_server::free_port()?).parse()?;
         let mut proc = Proc::spawn(
-            "serve",
+            name,
             runtime_threads(&mut Command::new(&s.program), s.serve_threads)
                 .arg("serve")
+                .args(extra)
                 .args(["--listen", &addr.to_string()])
                 .args(s.redis_args())
                 .args(["--redis-connections", &s.redis_connections.to_string()])
@@ -277,7 +300,7 @@ pub async fn start_serve(
                 // not the flag: a build from before the flag, under --compare-builds, ignores it).
                 .env("SLUICE_METRICS_OPEN", "true")
                 .env("RUST_LOG", "warn"),
-            scratch.path().join(format!("serve-{attempt}.log")),
+            scratch.path().join(format!("{name}-{attempt}.log")),
         )?;
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {

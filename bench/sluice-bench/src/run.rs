@@ -72,7 +72,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
     let pids = Pids::of(&redis_and(&redis, &serve));
     let clients = args.clients.max(1);
 
-    if !args.push_only && !args.fairness_only && !args.limits_only && !args.dlq_only {
+    let others = !args.batch_memory_only;
+    if others && !args.push_only && !args.fairness_only && !args.limits_only && !args.dlq_only {
         // 1. Ceiling.
         direct.reset().await?;
         let (r, cpu) = phase("ceiling", &pids, |p| {
@@ -375,7 +376,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         tenants: &tenants,
         others: redis_and(&redis, &serve),
     };
-    let push_phases = !args.fairness_only && !args.limits_only && !args.dlq_only;
+    let push_phases = others && !args.fairness_only && !args.limits_only && !args.dlq_only;
     if push_phases && !args.skip_pickup {
         crate::pickup::pickup_phase(&ctx, &mut direct, &mut report).await?;
     }
@@ -385,7 +386,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         report.cancel = Some(c);
     }
     // Issue 20's fairness group, against the same server and Redis.
-    if !args.push_only && !args.limits_only && !args.dlq_only && !args.skip_fairness {
+    if others && !args.push_only && !args.limits_only && !args.dlq_only && !args.skip_fairness {
         let mut f = report::Fairness::default();
         let (noisy, checks) = fairness::noisy(&ctx, &mut direct).await?;
         report.checks.extend(checks);
@@ -399,7 +400,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         report.fairness = Some(f);
     }
     // The limits group (concurrency keys, rate limits), against the same server and Redis.
-    if !args.push_only && !args.fairness_only && !args.dlq_only && !args.skip_limits {
+    if others && !args.push_only && !args.fairness_only && !args.dlq_only && !args.skip_limits {
         let mut l = report::Limits::default();
         let (throttle, check) = limits::throttle(&ctx, &mut direct).await?;
         report.checks.push(check);
@@ -410,10 +411,22 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         report.limits = Some(l);
     }
     // The dead-letter group, against the same server and Redis.
-    if !args.push_only && !args.fairness_only && !args.limits_only && !args.skip_dlq {
+    if others && !args.push_only && !args.fairness_only && !args.limits_only && !args.skip_dlq {
         let (d, check) = crate::dead_letters::listing(&ctx, &mut direct).await?;
         report.checks.push(check);
         report.dead_letters = Some(d);
+    }
+    // Issue 38's batch-memory phase, on a `serve` of its own beside the same Redis.
+    let batch_memory_phase = args.batch_memory_only
+        || (!args.push_only
+            && !args.fairness_only
+            && !args.limits_only
+            && !args.dlq_only
+            && !args.skip_batch_memory);
+    if batch_memory_phase {
+        let (m, check) = crate::batch_memory::batch_memory(&ctx, &mut direct).await?;
+        report.checks.push(check);
+        report.batch_memory = Some(m);
     }
     serve.ensure_running()?;
     serve.kill().await;

@@ -5,6 +5,7 @@
 //! Long on purpose: one handler per route of the resource, each with its OpenAPI annotation
 //! and docs (over a quarter of the lines), so the contract of a route sits beside its code.
 
+pub mod batch;
 pub mod waiting;
 pub mod wire;
 
@@ -299,9 +300,11 @@ fn ticket_of(state: &AppState, ticket: Option<Extension<Arc<Ticket>>>) -> Arc<Ti
 /// each item is atomic, **the batch is not**: a failure part-way (503 on some items) leaves
 /// the items before it admitted, and repeating the batch with the same dedup keys admits the
 /// rest without doubling any. One batch per tenant at a time (409 `batch_in_flight`
-/// meanwhile). The body may be up to `--batch-body-limit` bytes; the trace context headers,
-/// when given, apply to every item; an `Idempotency-Key` header is refused (each item has its
-/// own `dedup_key`).
+/// meanwhile, answered before the body is read). The body may be up to `--batch-body-limit`
+/// bytes; it is read and parsed item by item as it arrives, within the server's memory for
+/// batches (`--batch-memory-limit`; 429 `batch_memory_full` with `Retry-After` when other
+/// batches hold it, before anything is read). The trace context headers, when given, apply
+/// to every item; an `Idempotency-Key` header is refused (each item has its own `dedup_key`).
 #[utoipa::path(
     post,
     path = "/api/executions/batch",
@@ -315,12 +318,14 @@ fn ticket_of(state: &AppState, ticket: Option<Extension<Arc<Ticket>>>) -> Arc<Ti
     ),
     responses(
         (status = 200, description = "One result per item, in order", body = BatchAnswer),
-        (status = 400, description = "`invalid_batch`: no items, more than 1,000, or an `Idempotency-Key` header; `malformed_json`, `invalid_body`: the body itself", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid_batch`: no items, more than 1,000 (refused as the 1,001st begins, the rest unread), or an `Idempotency-Key` header; `malformed_json`, `invalid_body`: the body itself", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid credentials", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Role too weak", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`batch_in_flight`: another batch of this tenant is being admitted", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body exceeds `--batch-body-limit`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`batch_in_flight`: another batch of this tenant is being admitted (the body is not read)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body exceeds `--batch-body-limit` (by its `Content-Length`: not read)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`batch_memory_full`: the server's memory for batches (`--batch-memory-limit`) is held by other batches now; nothing was read or admitted, send it again after `Retry-After`", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "Redis is unavailable before any item was sent: nothing was admitted", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
@@ -331,10 +336,9 @@ pub async fn create_batch(
     caller: Caller,
     headers: HeaderMap,
     ticket: Option<Extension<Arc<Ticket>>>,
-    body: JsonBody<NewBatch>,
+    body: batch::BatchBody,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_for(Action::Admit)?;
-    let batch = body.parse_within(state.batch_body_limit).await?;
     if headers.contains_key("idempotency-key") {
         return Err(ApiError::BadRequest {
             code: "invalid_batch",
@@ -342,15 +346,22 @@ pub async fn create_batch(
                 .into(),
         });
     }
-    if batch.items.is_empty() || batch.items.len() > MAX_BATCH {
-        return Err(ApiError::BadRequest {
-            code: "invalid_batch",
-            detail: format!(
-                "a batch holds 1 to {MAX_BATCH} items, not {}",
-                batch.items.len()
-            ),
-        });
-    }
+    // What the headers tell and the server's memory for batches first, then the tenant's
+    // mark; only then is the body read, item by item, within the memory reserved for it.
+    let limits = batch::BatchLimits {
+        body_limit: state.batch_body_limit,
+        max_params_bytes: state.max_params_bytes,
+        default_max_attempts: state.default_max_attempts,
+    };
+    let pending = body.start(&state.batch_budget, &limits)?;
+    let mark = batch::BatchMark::take(&state.store, tenant, state.batch_hold).await?;
+    let batch = match pending.read(limits).await {
+        Ok(batch) => batch,
+        Err(e) => {
+            mark.release().await;
+            return Err(e);
+        }
+    };
     let caller_trace = TraceContext::from_headers(
         headers.get("traceparent").and_then(|v| v.to_str().ok()),
         headers.get("tracestate").and_then(|v| v.to_str().ok()),
@@ -365,7 +376,10 @@ pub async fn create_batch(
     let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(batch.items.len());
     let (mut reqs, mut at) = (Vec::new(), Vec::new());
     for (i, item) in batch.items.into_iter().enumerate() {
-        match batch_item(&state, item, &trace) {
+        match item.map(|req| AdmitRequest {
+            trace: trace.clone(),
+            ..req
+        }) {
             Ok(req) => {
                 at.push(i);
                 reqs.push(req);
@@ -378,26 +392,9 @@ pub async fn create_batch(
         }
     }
     if !reqs.is_empty() {
-        let holder = ExecutionId::new().to_string();
-        if !state
-            .store
-            .hold_batch(tenant, &holder, state.batch_hold)
-            .await?
-        {
-            return Err(ApiError::Status {
-                status: StatusCode::CONFLICT,
-                code: "batch_in_flight",
-                detail: "another batch of this tenant is being admitted; send this one after it"
-                    .into(),
-            });
-        }
         let ticket = ticket_of(&state, ticket);
         let deadline = ticket.deadline();
         let admissions = state.store.admit_batch(tenant.clone(), reqs, ticket).await;
-        if let Err(e) = state.store.release_batch(tenant, &holder).await {
-            // It lapses on its own at the end of the request's bound.
-            tracing::warn!(%tenant, error = %e, "batch right not given back");
-        }
         for (i, admission) in at.into_iter().zip(admissions) {
             let result = match admission {
                 Ok(Admission::Created(e)) => {
@@ -437,6 +434,7 @@ pub async fn create_batch(
             results[i] = Some(result);
         }
     }
+    mark.release().await;
     let results: Vec<BatchResult> = results
         .into_iter()
         .map(|r| {
@@ -455,33 +453,7 @@ pub async fn create_batch(
         let (admitted, replayed) = (count(StatusCode::CREATED), count(StatusCode::OK));
         span.end_batch(admitted, replayed, results.len() - admitted - replayed);
     }
-    Ok(axum::Json(BatchAnswer { results }).into_response())
-}
-
-/// One item of a batch, checked as the body of a single admission is.
-fn batch_item(
-    state: &AppState,
-    item: serde_json::Value,
-    trace: &Option<TraceContext>,
-) -> Result<AdmitRequest, ApiError> {
-    if !item.is_object() {
-        return Err(ApiError::BadRequest {
-            code: "invalid_body",
-            detail: "each item must be a JSON object".into(),
-        });
-    }
-    let body: NewExecution = serde_json::from_value(item).map_err(|e| ApiError::BadRequest {
-        code: "invalid_body",
-        detail: e.to_string(),
-    })?;
-    let req = AdmitRequest::parse(body.into(), None, state.default_max_attempts)?;
-    params_within(
-        AdmitRequest {
-            trace: trace.clone(),
-            ..req
-        },
-        state.max_params_bytes,
-    )
+    Ok(batch::answer(results, batch.held))
 }
 
 /// An item's result for an error: its status and problem.
@@ -500,7 +472,7 @@ fn problem_result(e: ApiError) -> BatchResult {
 
 /// Refuses params larger than the server allows (measured as the canonical JSON the store
 /// keeps, so the limit means the same whatever the client's formatting).
-fn params_within(req: AdmitRequest, max: usize) -> Result<AdmitRequest, ApiError> {
+pub(crate) fn params_within(req: AdmitRequest, max: usize) -> Result<AdmitRequest, ApiError> {
     if req.params.len() > max {
         return Err(ApiError::Status {
             status: StatusCode::PAYLOAD_TOO_LARGE,

@@ -235,7 +235,7 @@ pub struct Execution {
     #[schema(min_length = 1, max_length = 64)]
     pub version: Option<String>,
     #[schema(schema_with = free_form_object)]
-    pub params: Value,
+    pub params: domain::JsonText,
     pub status: Status,
     /// Set only while `queued`.
     pub queue_state: Option<QueueState>,
@@ -360,7 +360,7 @@ pub struct NewExecution {
     /// (64 KiB by default) as canonical JSON, else 413 `params_too_large`.
     #[serde(default)]
     #[schema(schema_with = free_form_object_or_null)]
-    pub params: Option<Value>,
+    pub params: Option<Box<serde_json::value::RawValue>>,
     /// Idempotency key: 1–256 bytes of UTF-8 without control characters or invisible
     /// formatting ones (zero-width, bidirectional overrides and isolates: they would make two
     /// keys that look alike differ); may instead come from the `Idempotency-Key` header.

@@ -237,7 +237,7 @@ impl Direct {
                     let body = AdmitInput {
                         flow_id: "demo.echo".into(),
                         version: None,
-                        params: Some(json!({ "n": i })),
+                        params: serde_json::value::to_raw_value(&json!({ "n": i })).ok(),
                         dedup_key: None,
                         max_attempts: None,
                         priority: None,

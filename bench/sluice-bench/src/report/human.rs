@@ -243,6 +243,7 @@ impl Report {
         self.human_fairness(&mut o);
         self.human_limits(&mut o);
         self.human_dead_letters(&mut o);
+        self.human_batch_memory(&mut o);
 
         self.human_cpu(&mut o);
         self.human_targets_and_checks(&mut o);

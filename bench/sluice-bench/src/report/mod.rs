@@ -6,6 +6,7 @@
 //! This file holds the report itself, its settings, targets and checks, and the ratios
 //! `finish` judges; the records of each group, and the text for people, live beside it.
 
+mod batch_memory;
 mod comparison;
 mod dead_letters;
 mod fairness;
@@ -14,6 +15,7 @@ mod limits;
 mod phases;
 mod push;
 
+pub use batch_memory::{BatchMemory, BatchMemoryShape};
 pub use comparison::Comparison;
 pub use dead_letters::{DeadLetters, ListingCost};
 pub use fairness::{Fairness, Lateness, NoisyNeighbour, NoisySide, WeightedShare};
@@ -133,6 +135,9 @@ pub struct Report {
     /// The dead-letter group (listing cost at a full shard).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_letters: Option<DeadLetters>,
+    /// Issue 38's batch-memory phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_memory: Option<BatchMemory>,
     pub targets: Vec<Target>,
     pub checks: Vec<Check>,
     /// Every check passed.
@@ -185,6 +190,7 @@ impl Report {
             fairness: None,
             limits: None,
             dead_letters: None,
+            batch_memory: None,
             targets: Vec::new(),
             checks: Vec::new(),
             correct: false,
@@ -273,6 +279,7 @@ impl Report {
         self.fairness_targets(&mut t);
         self.limits_targets(&mut t);
         self.dead_letter_targets(&mut t);
+        self.batch_memory_targets(&mut t);
         self.targets_met = t.iter().all(|t| t.pass);
         self.targets = t;
         self.correct = !self.checks.is_empty() && self.checks.iter().all(|c| c.ok);
