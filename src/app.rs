@@ -391,8 +391,8 @@ fn connection_cap(wanted: usize, listeners: u64) -> usize {
 }
 
 /// Raises the soft open-file limit to the hard one (as Go and nginx do) and returns the limit
-/// in force; `None` where it cannot be read. The crate's only unsafe code: two libc calls
-/// with no safe wrapper in the stack (the workspace denies `unsafe_code` elsewhere).
+/// in force; `None` where it cannot be read. Two libc calls with no safe wrapper in the stack
+/// (the workspace denies `unsafe_code` elsewhere; see Cargo.toml for the others).
 #[cfg(unix)]
 #[allow(unsafe_code)]
 fn raise_open_file_limit() -> Option<u64> {

@@ -218,7 +218,8 @@ impl Store {
     }
 
     /// Admits `reqs` (one tenant's batch) in order, in calls of at most `BATCH_CALL_ITEMS`
-    /// (or `--redis-admission-group`, if fewer) admissions and about 1 MiB, one call after the
+    /// (or `--redis-admission-group`, if fewer) admissions and about `BATCH_CALL_BYTES`, one
+    /// call after the
     /// other, each after the single admissions that came meanwhile (see
     /// `GroupCommit::yield_to_singles`): each admission decided as `admit` would (a dedup key
     /// repeated in the batch is a replay of its first), each with its own answer. Not atomic
@@ -284,7 +285,7 @@ impl Store {
             while next + items.len() < reqs.len() && items.len() < most {
                 let i = next + items.len();
                 let item = admission_item(shard, tenant, &ids[i], &reqs[i]);
-                if !items.is_empty() && bytes + item.bytes() > super::commit::GROUP_BYTES {
+                if !items.is_empty() && bytes + item.bytes() > super::commit::BATCH_CALL_BYTES {
                     break;
                 }
                 bytes += item.bytes();

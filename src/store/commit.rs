@@ -60,6 +60,13 @@ pub(super) const GROUP_BYTES: usize = 1 << 20;
 /// (68–74 µs), and its rate the same.
 pub const BATCH_CALL_ITEMS: usize = 16;
 
+/// About the most bytes of keys and arguments one call of a batch carries (one admission
+/// alone may be more). Large params cost Redis by their bytes: 16 items of 16 KB held it for
+/// about 1.7 ms a call, and another tenant's admission waited behind two of them (its p99 7
+/// to 10 ms beside four batch bodies of 16 MiB, the benchmark's batch-memory phase); calls of
+/// at most 64 KiB keep a batch's call near the millisecond of 16 small items.
+pub const BATCH_CALL_BYTES: usize = 64 * 1024;
+
 /// The most reports one `complete.lua` call carries. Each may chain starts, so a call's work
 /// is this times (1 + the worker's free slots) at the most; 32 keeps it near what a call of
 /// `start.lua` for a busy worker does.

@@ -21,7 +21,27 @@ pub fn answer(results: Vec<BatchResult>, held: Reservation) -> Response {
         opened: false,
         held: Some(held),
     };
-    let mut res = Response::new(Body::from_stream(futures_util::stream::iter(pieces)));
+    // Each piece is made on the parsing thread (`parser.rs`), below the runtime's priority:
+    // made on the runtime, the connection would take piece after piece while its socket has
+    // room (a loopback one takes megabytes), holding a runtime thread while other requests
+    // wait for it.
+    let stream = futures_util::stream::unfold(Some(pieces), |pieces| async move {
+        let mut pieces = pieces?;
+        match super::parser::run(move || {
+            let piece = pieces.next();
+            (pieces, piece)
+        })
+        .await
+        {
+            Some((pieces, Some(piece))) => Some((piece, Some(pieces))),
+            Some((_, None)) => None,
+            None => Some((
+                Err(std::io::Error::other("the answer could not be made")),
+                None,
+            )),
+        }
+    });
+    let mut res = Response::new(Body::from_stream(stream));
     res.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -37,7 +57,7 @@ struct AnswerPieces {
 }
 
 impl Iterator for AnswerPieces {
-    type Item = Result<Bytes, serde_json::Error>;
+    type Item = Result<Bytes, std::io::Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
         self.held.as_ref()?;
@@ -58,7 +78,7 @@ impl Iterator for AnswerPieces {
             self.opened = true;
             if let Err(e) = serde_json::to_writer(&mut piece, &result) {
                 self.held = None;
-                return Some(Err(e));
+                return Some(Err(e.into()));
             }
         }
         Some(Ok(Bytes::from(piece)))
