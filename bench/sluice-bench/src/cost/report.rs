@@ -517,3 +517,90 @@ fn pass(ok: bool) -> Verdict {
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::callgrind::E2eInstructions;
+
+    fn blank() -> CostReport {
+        CostReport {
+            settings: CostSettings {
+                build: "release",
+                cpus: 2,
+                smoke: false,
+                clients: 64,
+                tenants: 8,
+                count: 100_000,
+                completed_count: 20_000,
+                rounds: 5,
+                backlog: 20_000,
+                callgrind_count: 4_000,
+                callgrind_rate: 25.0,
+                replays: 2_000,
+                cluster_masters: None,
+            },
+            peer_versions: None,
+            peer_note: None,
+            bytes: Vec::new(),
+            cpu: None,
+            instructions: None,
+            overhead: None,
+            targets: Vec::new(),
+            checks: Vec::new(),
+            correct: false,
+            targets_met: false,
+        }
+    }
+
+    fn side(system: &str, ir: f64, completed: u64) -> E2eInstructions {
+        E2eInstructions {
+            system: system.into(),
+            admitted: completed,
+            completed,
+            errors: 0,
+            void: None,
+            window_ir: 0,
+            window_secs: 0.0,
+            idle_ir_per_sec: 0.0,
+            ir_per_execution: ir,
+            script_calls_per_execution: 0.0,
+            commands_per_execution: 0.0,
+            top_functions: Vec::new(),
+        }
+    }
+
+    fn verdict_of(r: &CostReport) -> Verdict {
+        r.instruction_target().verdict
+    }
+
+    #[test]
+    fn instructions_pass_only_when_both_sides_were_counted_in_full() {
+        let mut r = blank();
+        // No valgrind: NOT RUN, never a pass, and the target set is not met.
+        r.instructions = Some(Instructions {
+            not_run: Some("`valgrind` does not run".into()),
+            ..Instructions::default()
+        });
+        assert_eq!(verdict_of(&r), Verdict::NotRun);
+        r.finish();
+        assert!(!r.targets_met);
+
+        let counted = |s: f64, b: f64, n: u64| Instructions {
+            sides: vec![side(SLUICE, s, n), side(BULLMQ, b, n)],
+            ..Instructions::default()
+        };
+        r.instructions = Some(counted(1_090.0, 1_000.0, 4_000));
+        assert_eq!(verdict_of(&r), Verdict::Pass);
+        r.instructions = Some(counted(1_200.0, 1_000.0, 4_000));
+        assert_eq!(verdict_of(&r), Verdict::Fail);
+        // Too few executions to judge.
+        r.instructions = Some(counted(1_000.0, 1_000.0, 3_999));
+        assert_eq!(verdict_of(&r), Verdict::NotRun);
+        // A 503 voids the run, however good its figure.
+        let mut i = counted(900.0, 1_000.0, 4_000);
+        i.sides[0].void = Some("1 admission answered other than 201".into());
+        r.instructions = Some(i);
+        assert_eq!(verdict_of(&r), Verdict::Void);
+    }
+}
