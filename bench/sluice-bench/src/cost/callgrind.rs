@@ -231,8 +231,8 @@ fn parse_summary(text: &str) -> Option<u64> {
 }
 
 /// The first `n` function lines of `callgrind_annotate`'s table (`1,234 (12.3%)  file:fn`);
-/// none when one line holds everything (a redis-server without symbols, as Debian ships it:
-/// its instructions all land in the program's entry).
+/// none when one line holds everything (after `callgrind_control` zeroed the counters,
+/// `callgrind_annotate` puts a dumped window's whole cost on the program's entry).
 fn top_lines(text: &str, n: usize) -> Vec<String> {
     let lines: Vec<String> = text
         .lines()
