@@ -13,6 +13,9 @@
 //! time-outs here (`--redis-timeout-ms 30000`); an admission answered other than 201 (a 503),
 //! a worker call that timed out or an execution not completed makes the run VOID, and the
 //! report says why.
+//!
+//! Long on purpose: the callgrind handle (start, zero, dump, shutdown) and the two sides' runs
+//! that use it; the unit tests close the file.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

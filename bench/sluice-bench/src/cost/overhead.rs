@@ -12,6 +12,9 @@
 //!
 //! Without callgrind (a smoke run, no valgrind) the capture and both replays still run on a
 //! plain redis-server and are checked, and the instruction figures are NOT RUN.
+//!
+//! Long on purpose: the capture, the `MONITOR` parser and the bare script that is built from
+//! what it parsed belong together; the unit tests close the file.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

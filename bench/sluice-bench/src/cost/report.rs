@@ -1,6 +1,9 @@
 //! The cost report: every figure of the four measurements, the targets with a verdict
 //! (PASS, FAIL, NOT RUN when a figure could not be taken, VOID when its run does not count),
 //! and the correctness checks; for people, or as JSON.
+//!
+//! Long on purpose: each target's verdict and the text that prints it read best beside the
+//! records they judge; the unit tests close the file.
 
 use std::fmt::Write;
 
