@@ -3,7 +3,7 @@
 # on: --json, --smoke, --cluster, --compare-standalone, --push-only, --fairness-only,
 # --skip-fairness, --limits-only, --skip-limits, --dlq-only, --skip-dlq,
 # --compare-builds BEFORE AFTER,
-# --compare-keyed, --admission-secs 20, ...; see `sluice-bench --help`). The benchmark starts
+# --compare-keyed, --cost, --admission-secs 20, ...; see `sluice-bench --help`). The benchmark starts
 # its own redis-server (with --cluster, the masters of a local Redis Cluster) and sluice
 # processes on loopback; nothing else is needed.
 # The BullMQ peer of the pickup and noisy-neighbour phases (bench/bullmq) is installed with
@@ -23,6 +23,15 @@ case " $* " in
     else
       echo "WARNING: the BullMQ peer could not be installed; the benchmark runs without it" >&2
     fi
+    ;;
+esac
+# `--cost` counts redis-server's instructions with valgrind's callgrind (Debian's package
+# `valgrind`, installed with apt-get when missing); without it those figures say NOT RUN.
+case " $* " in
+  *" --cost "*)
+    ensure_installed "valgrind (the instruction counts of --cost)" \
+      'command -v valgrind >/dev/null 2>&1 && command -v callgrind_control >/dev/null 2>&1' valgrind ||
+      echo "WARNING: valgrind could not be installed; --cost's instruction counts say NOT RUN" >&2
     ;;
 esac
 # Both packages of the workspace: the server (`sluice`) and the benchmark (bench/sluice-bench).

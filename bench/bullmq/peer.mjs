@@ -40,6 +40,23 @@
 // prints `{"listening": <port>, "bullmq", "node"}` once every process listens, and lives until
 // it is killed (its processes exit when it goes).
 //
+// `--role fill --port P --queues A,B,... --count N --tag T --data-bytes B` is the cost
+// benchmark's filler (sluice-bench --cost, bytes per queued job): `Queue.add(name, data,
+// { jobId })` of N jobs, job k into queue k mod Q with jobId `T-k` and data
+// `{"n": k, "p": "xx..."}` padded to B bytes of JSON (as sluice-bench pads sluice's params),
+// 256 adds in flight; BullMQ's defaults otherwise (`removeOnComplete` is false by default, so
+// a completed job is kept, as sluice keeps its row). It prints
+//   {"bullmq", "node", "added", "errors"}
+// and exits, so none of its connections is left on Redis when sluice-bench reads its memory.
+//
+// `--role drain --port P --queues A,B,... --concurrency C --expect N --timeout-secs S` runs a
+// `Worker` per queue (concurrency C each, a no-op processor, BullMQ's defaults otherwise)
+// until N jobs completed in all (counted from the workers' `completed` events: no Redis call
+// of its own) or S seconds passed, closes them and prints
+//   {"bullmq", "node", "completed", "failed", "ms"}
+// Before it starts it prints `{"ready": true}` once every worker is connected, so the caller
+// can start admitting while it runs (the end-to-end shape) or after (a backlog).
+//
 // `--role worker --port P --queue Q [--concurrency N]` is the child: it runs the Worker until
 // its parent kills it, and says `{"ready": true}` over the IPC channel once the worker is
 // connected.
@@ -66,6 +83,12 @@ const { values: opts } = parseArgs({
     'drain-secs': { type: 'string', default: '30' },
     'settle-ms': { type: 'string', default: '1000' },
     'http-workers': { type: 'string' },
+    queues: { type: 'string' },
+    count: { type: 'string' },
+    tag: { type: 'string', default: 'job' },
+    'data-bytes': { type: 'string', default: '30' },
+    expect: { type: 'string' },
+    'timeout-secs': { type: 'string', default: '600' },
   },
 });
 
@@ -402,7 +425,91 @@ async function runHttp() {
   process.on('disconnect', () => process.exit(0));
 }
 
-if (opts.role === 'worker') {
+/** `{"n": k, "p": "xx..."}` padded to `bytes` of JSON (no shorter than with an empty `p`):
+ * the same data sluice-bench gives sluice's executions as params. */
+function paddedData(k, bytes) {
+  const bare = JSON.stringify({ n: k, p: '' }).length;
+  return { n: k, p: 'x'.repeat(Math.max(0, bytes - bare)) };
+}
+
+function queueNames() {
+  const names = String(opts.queues ?? '').split(',').filter((q) => q.length > 0);
+  if (names.length === 0) throw new Error('--queues is required');
+  return names;
+}
+
+/** The cost benchmark's filler (see the header). */
+async function runFill() {
+  const names = queueNames();
+  const count = Number(opts.count ?? 0);
+  const bytes = Number(opts['data-bytes']);
+  const queues = names.map((name) => new Queue(name, { connection }));
+  await Promise.all(queues.map((q) => q.waitUntilReady()));
+  let next = 0;
+  let added = 0;
+  let errors = 0;
+  // 256 adds in flight, each lane taking the next job when its last one answered. Bounded:
+  // every lane ends when `count` jobs were taken.
+  const lane = async () => {
+    for (let k = next++; k < count; k = next++) {
+      try {
+        await queues[k % queues.length].add('echo', paddedData(k, bytes), { jobId: `${opts.tag}-${k}` });
+        added += 1;
+      } catch {
+        errors += 1;
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(256, Math.max(1, count)) }, lane));
+  await Promise.all(queues.map((q) => q.close()));
+  const line = { bullmq: bullmqVersion(), node: process.version, added, errors };
+  await new Promise((resolve) => process.stdout.write(`${JSON.stringify(line)}\n`, resolve));
+}
+
+/** The cost benchmark's drain (see the header). */
+async function runDrain() {
+  const names = queueNames();
+  const expect = Number(opts.expect ?? 0);
+  const concurrency = Number(opts.concurrency ?? 256);
+  const started = Date.now();
+  let completed = 0;
+  let failed = 0;
+  let done;
+  const finished = new Promise((resolve) => {
+    done = resolve;
+  });
+  const workers = names.map((name) => {
+    const w = new Worker(name, async () => {}, { connection, concurrency });
+    w.on('completed', () => {
+      completed += 1;
+      if (completed + failed >= expect) done();
+    });
+    w.on('failed', () => {
+      failed += 1;
+      if (completed + failed >= expect) done();
+    });
+    w.on('error', (e) => process.stderr.write(`[bullmq drain] ${e}\n`));
+    return w;
+  });
+  await Promise.all(workers.map((w) => w.waitUntilReady()));
+  process.stdout.write(`${JSON.stringify({ ready: true })}\n`);
+  if (expect <= 0) done();
+  const timer = setTimeout(done, Number(opts['timeout-secs']) * 1000);
+  await finished;
+  clearTimeout(timer);
+  const ms = Date.now() - started;
+  await Promise.all(workers.map((w) => w.close()));
+  const line = { bullmq: bullmqVersion(), node: process.version, completed, failed, ms };
+  await new Promise((resolve) => process.stdout.write(`${JSON.stringify(line)}\n`, resolve));
+}
+
+if (opts.role === 'fill') {
+  await runFill();
+  process.exit(0);
+} else if (opts.role === 'drain') {
+  await runDrain();
+  process.exit(0);
+} else if (opts.role === 'worker') {
   await runWorker();
 } else if (opts.role === 'http') {
   await runHttp();

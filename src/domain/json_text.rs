@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 pub struct JsonText(Arc<RawValue>);
 
 impl JsonText {
-    /// The canonical text of the JSON value `raw` (see [`canonical_text`]).
+    /// The canonical text of the JSON value `raw` (see `canonical_text` below).
     pub fn canonical(raw: &str) -> Result<Self, serde_json::Error> {
         let text = String::from_utf8(canonical_text(raw)?).map_err(de::Error::custom)?;
         Self::parse(text)

@@ -323,6 +323,51 @@ pub struct Args {
     /// 0.85).
     #[arg(long, conflicts_with_all = ["compare_standalone", "cluster", "compare_builds"])]
     pub(crate) compare_keyed: bool,
+    /// Instead of the phases: what one execution costs Redis, sluice beside its BullMQ peer in
+    /// one run (issue 39; `cost/`): bytes by structure, Redis CPU and calls per execution
+    /// (`--cost-rounds` alternating rounds), redis-server instructions per execution and the
+    /// per-call overhead under callgrind (`--valgrind`; NOT RUN without it), and sluice on a
+    /// local cluster of `--cluster-masters` beside; PASS/FAIL against the issue's targets.
+    #[arg(long, conflicts_with_all = ["compare_standalone", "cluster", "compare_builds", "compare_keyed"])]
+    pub(crate) cost: bool,
+    /// `--cost`: executions queued for each bytes figure (after 8 warm-up admissions).
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) cost_count: u64,
+    /// `--cost`: executions completed (and kept) for the bytes per retained completed one.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) cost_completed_count: u64,
+    /// `--cost`: rounds of the Redis CPU measurement, each side on a fresh redis-server per
+    /// round, in the order A B, B A, ...; the medians are compared.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) cost_rounds: usize,
+    /// `--cost`: executions each CPU round admits over HTTP as a backlog before draining it.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) cost_backlog: u64,
+    /// `--cost`: executions of each side's end-to-end run under callgrind (at least 4,000 for
+    /// the issue's target to be judged).
+    #[arg(long, default_value_t = 4_000)]
+    pub(crate) cost_callgrind_count: u64,
+    /// `--cost`: admissions per second of the callgrind run (open loop): low enough that no
+    /// call times out against a Redis ~50 times slower.
+    #[arg(long, default_value_t = 25.0)]
+    pub(crate) cost_callgrind_rate: f64,
+    /// `--cost`: seconds of the idle window measured under callgrind before the executions
+    /// (its instructions per second are subtracted from the executions' window).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) cost_idle_secs: u64,
+    /// `--cost`: replays of each captured call, and of its bare script, under callgrind.
+    #[arg(long, default_value_t = 2_000)]
+    pub(crate) cost_replays: u64,
+    /// `--cost`: most seconds a drain (workers completing what was admitted) may take.
+    #[arg(long, default_value_t = 180)]
+    pub(crate) cost_drain_secs: u64,
+    /// `--cost`: leave out sluice's figures on a local Redis Cluster.
+    #[arg(long)]
+    pub(crate) cost_skip_cluster: bool,
+    /// The valgrind program (`--cost`'s instruction counts; Debian's package `valgrind`).
+    #[arg(long, default_value = "valgrind")]
+    pub(crate) valgrind: PathBuf,
+
     /// Runs per build of `--compare-builds` (per side of `--compare-keyed`).
     #[arg(long, default_value_t = 5)]
     pub(crate) compare_runs: usize,
@@ -384,6 +429,13 @@ impl Args {
             // Four bodies of 256 KiB (1,000 items of about 260 bytes), one round or two.
             self.batch_memory_body_limit = self.batch_memory_body_limit.min(256 * 1024);
             self.batch_memory_secs = self.batch_memory_secs.min(0.5);
+            // The cost measurement at tiny counts and without callgrind (see `cost`).
+            self.cost_count = self.cost_count.min(500);
+            self.cost_completed_count = self.cost_completed_count.min(200);
+            self.cost_rounds = self.cost_rounds.min(1);
+            self.cost_backlog = self.cost_backlog.min(300);
+            self.cost_replays = self.cost_replays.min(20);
+            self.cost_drain_secs = self.cost_drain_secs.min(30);
         }
         self
     }

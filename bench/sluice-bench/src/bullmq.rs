@@ -80,7 +80,7 @@ pub async fn run(args: &Args, scratch: &Scratch, rates: &[(f64, f64)]) -> Result
 }
 
 /// The peer's `peer.mjs`, when it is installed and `node` runs.
-async fn locate(args: &Args) -> Result<PathBuf, NoPeer> {
+pub(crate) async fn locate(args: &Args) -> Result<PathBuf, NoPeer> {
     let Some(dir) = peer_dir(args) else {
         return Err(NoPeer::Skipped("no folder for the BullMQ peer".into()));
     };
@@ -364,22 +364,28 @@ struct Listening {
     node: String,
 }
 
-async fn measure_http(
+/// A running HTTP admission peer (`peer.mjs --role http`); killed when dropped.
+pub(crate) struct HttpPeer {
+    /// Held so the peer lives as long as this handle (`kill_on_drop`).
+    _child: tokio::process::Child,
+    /// Where it listens (loopback).
+    pub addr: std::net::SocketAddr,
+    pub versions: PeerVersions,
+}
+
+/// Starts the HTTP admission peer against the `redis-server` on loopback `port` and waits
+/// (at most 30 s) until every one of its processes listens.
+pub(crate) async fn start_http_peer(
     args: &Args,
-    scratch: &Scratch,
     script: &Path,
-    workload: &Workload,
-    clients: usize,
-    secs: u64,
-) -> anyhow::Result<PeerAdmission> {
+    port: &str,
+) -> anyhow::Result<HttpPeer> {
     use tokio::io::AsyncBufReadExt;
 
-    let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
-    let port = port_of(&redis)?;
     eprintln!("[bullmq http] peer: {} --role http", script.display());
     let mut child = Command::new(&args.node)
         .arg(script)
-        .args(["--role", "http", "--port", &port])
+        .args(["--role", "http", "--port", port])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -393,8 +399,29 @@ async fn measure_http(
         .context("the BullMQ HTTP peer did not listen within 30 s")??
         .context("the BullMQ HTTP peer exited before it listened")?;
     let up: Listening = serde_json::from_str(&first).context("the HTTP peer's first line")?;
+    Ok(HttpPeer {
+        _child: child,
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], up.listening)),
+        versions: PeerVersions {
+            bullmq: up.bullmq,
+            node: up.node,
+        },
+    })
+}
+
+async fn measure_http(
+    args: &Args,
+    scratch: &Scratch,
+    script: &Path,
+    workload: &Workload,
+    clients: usize,
+    secs: u64,
+) -> anyhow::Result<PeerAdmission> {
+    let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
+    let port = port_of(&redis)?;
+    let peer = start_http_peer(args, script, &port).await?;
     let mut w = workload.clone();
-    w.addr = std::net::SocketAddr::from(([127, 0, 0, 1], up.listening));
+    w.addr = peer.addr;
     let progress = std::sync::Arc::new(crate::load::Progress::default());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ticker = crate::load::progress("admission, BullMQ peer", progress.clone(), stop.clone());
@@ -413,15 +440,13 @@ async fn measure_http(
             .await?;
         jobs += n;
     }
-    let _ = child.kill().await;
+    let versions = peer.versions.clone();
+    drop(peer);
     redis.kill().await;
     let o = &load.outcomes;
     let ok = o.errors == 0 && o.replay_anomalies == 0 && jobs == o.created && o.created > 0;
     Ok(PeerAdmission {
-        versions: PeerVersions {
-            bullmq: up.bullmq,
-            node: up.node,
-        },
+        versions,
         check: Check {
             phase: "admission, BullMQ peer".into(),
             ok,
@@ -435,7 +460,7 @@ async fn measure_http(
 }
 
 /// The port of the peer's own `redis-server` (its one URL ends in it).
-fn port_of(redis: &procs::Redis) -> anyhow::Result<String> {
+pub(crate) fn port_of(redis: &procs::Redis) -> anyhow::Result<String> {
     Ok(redis.urls[0]
         .rsplit(':')
         .next()

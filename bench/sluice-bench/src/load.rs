@@ -84,7 +84,10 @@ impl Conn {
 
     /// Sends one request and reads the whole answer. After an error the connection is
     /// replaced, so the caller can go on.
-    async fn exchange(&mut self, req: Request<Full<Bytes>>) -> anyhow::Result<(u16, Bytes)> {
+    pub(crate) async fn exchange(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> anyhow::Result<(u16, Bytes)> {
         let result = tokio::time::timeout(EXCHANGE_TIMEOUT, async {
             self.sender.ready().await?;
             let res = self.sender.send_request(req).await?;
@@ -144,7 +147,13 @@ impl Workload {
         (tenant, key, body)
     }
 
-    fn post(&self, conn: &Conn, tenant: &str, key: &str, body: String) -> Request<Full<Bytes>> {
+    pub(crate) fn post(
+        &self,
+        conn: &Conn,
+        tenant: &str,
+        key: &str,
+        body: String,
+    ) -> Request<Full<Bytes>> {
         let own = self
             .tenants
             .iter()
@@ -294,6 +303,50 @@ pub async fn closed_loop(
                 if !(200..300).contains(&status) {
                     progress.errors.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            (out, lat)
+        });
+    }
+    collect(set, start).await
+}
+
+/// Closed loop bounded by count: `clients` connections send requests `0..total` (request `k`
+/// is `w.request(0, k)`: tenants round robin, every key new), each connection its next as soon
+/// as its previous one answered, until all were sent or `limit` passed (the rest are then
+/// never sent, and the caller sees fewer answers than `total`). For a backlog of a known size.
+pub async fn closed_loop_count(
+    w: &Workload,
+    clients: usize,
+    total: u64,
+    limit: Duration,
+    progress: Arc<Progress>,
+) -> anyhow::Result<LoadResult> {
+    let start = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut set = JoinSet::new();
+    for _ in 0..clients.max(1) {
+        let (w, progress, next) = (w.clone(), progress.clone(), next.clone());
+        let mut conn = Conn::connect(w.addr).await?;
+        set.spawn(async move {
+            let mut out = Outcomes::default();
+            let mut lat = Vec::with_capacity(4096);
+            loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                if k >= total || start.elapsed() > limit {
+                    break;
+                }
+                let (tenant, key, body) = w.request(0, k);
+                let req = w.post(&conn, tenant, &key, body);
+                let t = Instant::now();
+                let status = conn.exchange(req).await.map(|(s, _)| s).unwrap_or(0);
+                lat.push(micros(t.elapsed()));
+                if status == 201 {
+                    out.created += 1;
+                } else {
+                    out.errors += 1;
+                    progress.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                progress.done.fetch_add(1, Ordering::Relaxed);
             }
             (out, lat)
         });

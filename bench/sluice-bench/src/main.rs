@@ -66,6 +66,11 @@
 //! neither: it measures HTTP admission on this build without and with concurrency keys
 //! (`limits.rs`: alternating runs, medians, keyed / plain).
 //!
+//! `--cost` runs none of the phases either: it measures what one execution costs Redis, sluice
+//! beside its BullMQ peer (`cost/`: bytes by structure, Redis CPU, calls and callgrind
+//! instructions per execution, the per-call overhead of a script), against issue 39's targets;
+//! a `--smoke` run also runs it at tiny counts, without callgrind.
+//!
 //! After every phase it checks what Redis holds against what the clients were told; the
 //! report says so and the exit status is non-zero when a check fails. On a cluster the report
 //! adds each master's admissions/s and script CPU; `--compare-standalone` runs the standalone
@@ -77,6 +82,7 @@ mod args;
 mod batch_memory;
 mod bullmq;
 mod compare;
+mod cost;
 mod dead_letters;
 mod direct;
 mod e2e;
@@ -167,6 +173,26 @@ async fn bench_main(args: Args) -> ExitCode {
                     },
                     c.correct,
                 ),
+                Outcome::Cost(c) => (
+                    if args.json {
+                        serde_json::to_string_pretty(c).map(|t| t + "\n")
+                    } else {
+                        Ok(c.human())
+                    },
+                    c.correct && (!args.strict || c.targets_met),
+                ),
+                Outcome::WithCost(r, c) => (
+                    if args.json {
+                        serde_json::to_string_pretty(&serde_json::json!({
+                            "report": r,
+                            "cost": c,
+                        }))
+                        .map(|t| t + "\n")
+                    } else {
+                        Ok(r.human() + &c.human())
+                    },
+                    passed(r) && c.correct && (!args.strict || c.targets_met),
+                ),
                 Outcome::Keyed(c) => (
                     if args.json {
                         serde_json::to_string_pretty(c).map(|t| t + "\n")
@@ -197,12 +223,17 @@ async fn bench_main(args: Args) -> ExitCode {
 }
 
 /// One report, or a standalone and a cluster one (`--compare-standalone`), or two builds
-/// (`--compare-builds`), or admission without and with keys (`--compare-keyed`).
+/// (`--compare-builds`), or admission without and with keys (`--compare-keyed`), or the cost
+/// per execution (`--cost`, and after a smoke run's report).
 enum Outcome {
     One(Box<Report>),
     Compared(Box<Comparison>),
     Builds(Box<compare::BuildComparison>),
     Keyed(Box<limits::KeyedComparison>),
+    /// `--cost`: what an execution costs Redis, beside BullMQ.
+    Cost(Box<cost::CostReport>),
+    /// A smoke run: the phases, then the cost measurement at tiny counts.
+    WithCost(Box<Report>, Box<cost::CostReport>),
 }
 
 /// The run the flags ask for: one, or standalone then cluster, or two builds, or plain and
@@ -218,8 +249,23 @@ async fn run_all(args: Args) -> anyhow::Result<Outcome> {
             limits::compare_keyed(&args).await?,
         )));
     }
+    if args.cost {
+        return Ok(Outcome::Cost(Box::new(cost::run(&args).await?)));
+    }
     if !args.compare_standalone {
-        return Ok(Outcome::One(Box::new(run::run(args).await?)));
+        // The smoke run also covers the cost measurement (tiny counts, no callgrind), so it
+        // cannot rot; not beside a group run alone or on a cluster (it starts its own).
+        let with_cost = args.smoke
+            && !args.cluster
+            && !args.push_only
+            && !args.fairness_only
+            && !args.limits_only;
+        let report = run::run(args.clone()).await?;
+        if with_cost {
+            let cost = cost::run(&args).await?;
+            return Ok(Outcome::WithCost(Box::new(report), Box::new(cost)));
+        }
+        return Ok(Outcome::One(Box::new(report)));
     }
     eprintln!(
         "sluice-bench: standalone first, then a cluster of {} masters",

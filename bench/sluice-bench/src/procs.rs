@@ -88,14 +88,39 @@ impl Proc {
         std::fs::read_to_string(&self.log).is_ok_and(|t| t.contains(needle))
     }
 
+    /// The first line of its log that contains any of `needles` (a warning, an error).
+    pub fn first_log_line(&self, needles: &[&str]) -> Option<String> {
+        let text = std::fs::read_to_string(&self.log).ok()?;
+        text.lines()
+            .find(|l| needles.iter().any(|n| l.contains(n)))
+            .map(str::to_owned)
+    }
+
     /// Kills (SIGKILL) and reaps the process.
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
+    }
+
+    /// Waits at most `limit` for the process to exit by itself (a redis-server told to
+    /// `SHUTDOWN`, whose callgrind writes its file on the way out); killed after that.
+    pub async fn wait_exit(mut self, limit: Duration) -> anyhow::Result<()> {
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => {
+                status?;
+                Ok(())
+            }
+            Err(_) => {
+                let _ = self.child.kill().await;
+                bail!("{} did not exit within {limit:?}", self.name)
+            }
+        }
     }
 }
 
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
+    // An error's backtrace would push the error itself out of the last lines.
+    let text = text.split("\nStack backtrace:").next().unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
@@ -183,6 +208,37 @@ pub async fn start_cluster(
     })
 }
 
+/// Starts a `redis-server` named `name` like `start_redis_named`, but run by `valgrind
+/// --tool=callgrind` (its dumps go to `out`, `out.1`, `out.2`, ...; `callgrind_control` zeroes
+/// and dumps it by the process id). Its start is ~50 times slower: it gets two minutes.
+pub async fn start_redis_callgrind(
+    valgrind: &Path,
+    program: &Path,
+    scratch: &Scratch,
+    name: &str,
+    out: &Path,
+) -> anyhow::Result<Redis> {
+    let wrap = Wrapper {
+        program: valgrind.to_owned(),
+        args: vec![
+            "--tool=callgrind".into(),
+            format!("--callgrind-out-file={}", out.display()),
+        ],
+    };
+    let (proc, url) = start_node_as(program, scratch, name, &[], Some(&wrap)).await?;
+    Ok(Redis {
+        nodes: vec![proc],
+        urls: vec![url],
+        cluster: false,
+    })
+}
+
+/// A program that runs redis-server (valgrind), with its own arguments before redis-server's.
+struct Wrapper {
+    program: PathBuf,
+    args: Vec<String>,
+}
+
 /// Starts one `redis-server` named `name` (its folder and log in the scratch folder) on a free
 /// loopback port without persistence, with `extra` arguments, and waits for PING
 /// (`sluice::redis_server`, the launcher `sluice dev` and the tests use too).
@@ -192,11 +248,35 @@ async fn start_node(
     name: &str,
     extra: &[String],
 ) -> anyhow::Result<(Proc, String)> {
+    start_node_as(program, scratch, name, extra, None).await
+}
+
+/// `start_node`, run by `wrapper` when given.
+async fn start_node_as(
+    program: &Path,
+    scratch: &Scratch,
+    name: &str,
+    extra: &[String],
+    wrapper: Option<&Wrapper>,
+) -> anyhow::Result<(Proc, String)> {
     let dir = scratch.path().join(name);
+    // A fresh folder: a cluster node would otherwise load the `nodes.conf` of an earlier node
+    // of the same name (the cost measurement starts several clusters in one run).
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let log = scratch.path().join(format!("{name}.log"));
     let spawn = |port: u16| {
-        let mut cmd = Command::from(redis_server::command(program, port, &dir, Persistence::Off));
+        let plain = redis_server::command(program, port, &dir, Persistence::Off);
+        let mut cmd = match wrapper {
+            None => Command::from(plain),
+            Some(w) => {
+                let mut cmd = Command::new(&w.program);
+                cmd.args(&w.args)
+                    .arg(plain.get_program())
+                    .args(plain.get_args());
+                cmd
+            }
+        };
         cmd.args(extra);
         Proc::spawn(name, &mut cmd, log.clone()).map_err(|e| {
             e.context(format!(
@@ -205,12 +285,10 @@ async fn start_node(
             ))
         })
     };
-    let (proc, port) = redis_server::start_on_free_port(
-        spawn,
-        |p: &mut Proc| p.ensure_running().is_err(),
-        Duration::from_secs(10),
-    )
-    .await?;
+    let limit = Duration::from_secs(if wrapper.is_some() { 120 } else { 10 });
+    let (proc, port) =
+        redis_server::start_on_free_port(spawn, |p: &mut Proc| p.ensure_running().is_err(), limit)
+            .await?;
     Ok((proc, format!("redis://127.0.0.1:{port}")))
 }
 
@@ -266,7 +344,30 @@ pub async fn start_serve(
     .await
 }
 
-/// The same, named `name` (its log `<name>-<attempt>.log`), with `extra` arguments.
+/// `start_serve` with `extra` arguments (the cost benchmark's longer Redis time-outs for a
+/// Redis under callgrind); it then waits up to 120 s for `/readyz`.
+pub async fn start_serve_with(
+    s: &SluiceCmd,
+    scratch: &Scratch,
+    admin_token: &str,
+    max_concurrent: u32,
+    max_queued: u32,
+    extra: &[String],
+) -> anyhow::Result<(Proc, SocketAddr)> {
+    start_serve_as(
+        "serve",
+        extra,
+        s,
+        scratch,
+        admin_token,
+        max_concurrent,
+        max_queued,
+    )
+    .await
+}
+
+/// The same, named `name` (its log `<name>-<attempt>.log`), with `extra` arguments (with any,
+/// it waits up to 120 s for `/readyz`).
 pub async fn start_serve_as(
     name: &str,
     extra: &[String],
@@ -302,7 +403,8 @@ pub async fn start_serve_as(
                 .env("RUST_LOG", "warn"),
             scratch.path().join(format!("{name}-{attempt}.log")),
         )?;
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let ready_within = if extra.is_empty() { 15 } else { 120 };
+        let deadline = Instant::now() + Duration::from_secs(ready_within);
         while Instant::now() < deadline {
             if let Err(e) = proc.ensure_running() {
                 if attempt == 2 {
@@ -348,7 +450,12 @@ pub fn start_worker(
 /// Waits until every worker's log says "worker started" (at most 15 s), failing when one
 /// exits.
 pub async fn wait_started(workers: &mut [Proc]) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    wait_started_within(workers, Duration::from_secs(15)).await
+}
+
+/// `wait_started` with another bound (a worker of a Redis under callgrind starts slowly).
+pub async fn wait_started_within(workers: &mut [Proc], limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
     while !workers.iter().all(|wk| wk.log_contains("worker started")) {
         for wk in workers.iter_mut() {
             wk.ensure_running()?;

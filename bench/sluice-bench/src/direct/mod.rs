@@ -75,10 +75,14 @@ impl Direct {
             .await?
             .remove(0);
         let mut node_conns = Vec::with_capacity(nodes.len());
+        // As patient as the store's own calls (the cost measurement's Redis may run under
+        // callgrind, where a whole-keyspace read takes seconds).
+        let patient = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(config.op_timeout.max(Duration::from_secs(10))));
         for url in nodes {
             node_conns.push(
                 redis::Client::open(url.as_str())?
-                    .get_multiplexed_async_connection()
+                    .get_multiplexed_async_connection_with_config(&patient)
                     .await?,
             );
         }
@@ -213,6 +217,21 @@ impl Direct {
         dedup: bool,
         progress: Arc<Progress>,
     ) -> anyhow::Result<LoadResult> {
+        self.admit_sized(clients, until, tag, dedup, None, progress)
+            .await
+    }
+
+    /// `admit_loop` with params of `params_bytes` bytes of JSON (`padded_params`) when given,
+    /// `{"n":i}` otherwise.
+    pub async fn admit_sized(
+        &self,
+        clients: usize,
+        until: Until,
+        tag: &str,
+        dedup: bool,
+        params_bytes: Option<usize>,
+        progress: Arc<Progress>,
+    ) -> anyhow::Result<LoadResult> {
         let start = Instant::now();
         let next = Arc::new(AtomicU64::new(0));
         let mut set = JoinSet::new();
@@ -237,7 +256,11 @@ impl Direct {
                     let body = AdmitInput {
                         flow_id: "demo.echo".into(),
                         version: None,
-                        params: serde_json::value::to_raw_value(&json!({ "n": i })).ok(),
+                        params: serde_json::value::to_raw_value(&match params_bytes {
+                            Some(b) => padded_params(i, b),
+                            None => json!({ "n": i }),
+                        })
+                        .ok(),
                         dedup_key: None,
                         max_attempts: None,
                         priority: None,
@@ -284,6 +307,34 @@ impl Direct {
             latencies: Latencies::new(all),
             elapsed: start.elapsed(),
         })
+    }
+
+    /// Every node's connection (the server, or each master), for what acts on a node's whole
+    /// keyspace or its statistics.
+    pub fn nodes_mut(&mut self) -> &mut [MultiplexedConnection] {
+        &mut self.nodes
+    }
+
+    /// `CONFIG RESETSTAT` on every node: `INFO commandstats` counts from here.
+    pub async fn reset_stats(&mut self) -> anyhow::Result<()> {
+        for node in &mut self.nodes {
+            let () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(node)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The CPU seconds redis-server has used so far (`used_cpu_user + used_cpu_sys` of `INFO
+    /// cpu`, every thread of the process), summed over the nodes.
+    pub async fn used_cpu(&mut self) -> anyhow::Result<f64> {
+        let mut sum = 0.0;
+        for node in &mut self.nodes {
+            let info: String = redis::cmd("INFO").arg("cpu").query_async(node).await?;
+            sum += used_cpu(&info)?;
+        }
+        Ok(sum)
     }
 
     /// Redis's `used_memory`, bytes, summed over the nodes.
@@ -455,6 +506,25 @@ impl Direct {
         }
         Ok(out)
     }
+}
+
+/// `used_cpu_user + used_cpu_sys` of an `INFO cpu` text, seconds.
+pub fn used_cpu(info: &str) -> anyhow::Result<f64> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .with_context(|| format!("INFO cpu has no {name}"))
+    };
+    Ok(field("used_cpu_user:")? + field("used_cpu_sys:")?)
+}
+
+/// `{"n":i,"p":"xx..."}` padded with `x` to `bytes` bytes of JSON (never shorter than with an
+/// empty `p`): params of a chosen size, the same data the BullMQ peer gives its jobs
+/// (`paddedData` in `bench/bullmq/peer.mjs`).
+pub fn padded_params(i: u64, bytes: usize) -> serde_json::Value {
+    let bare = format!(r#"{{"n":{i},"p":""}}"#).len();
+    json!({ "n": i, "p": "x".repeat(bytes.saturating_sub(bare)) })
 }
 
 /// The kind of a sluice key, as the keys module reads it back.
