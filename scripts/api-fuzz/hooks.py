@@ -6,8 +6,8 @@ descriptions; nothing here loosens a check.
   (in the admission's body and in the listing's filter).
 - The listing's time filters name dates that exist (the pattern alone allows February 30).
 - The `Idempotency-Key` header and the body's `dedup_key`, when both are sent, must be equal
-  (else 400 `dedup_key_mismatch`).
-- A schedule (`run_at` or `delay`, on admission and on `.../reschedule`) is at most a year
+  (else 400 `dedup_key_mismatch`), on an admission and on its dry run.
+- A schedule (`run_at` or `delay`, on admission, its dry run and `.../reschedule`) is at most a year
   ahead; an admission names at most one of the two, a reschedule exactly one.
 
 And one rule of the run itself: a valid `wait` on `GET /api/executions/{id}` holds the request
@@ -95,7 +95,8 @@ def filter_case(context, case):
     if case.operation.method.upper() == "POST" and case.operation.path.endswith("/reschedule"):
         body = case.body if isinstance(case.body, dict) else {}
         return _valid_schedule(body, exactly_one=True)
-    if case.operation.method.upper() != "POST" or case.operation.path != "/api/executions":
+    admissions = ("/api/executions", "/api/executions/dry-run")
+    if case.operation.method.upper() != "POST" or case.operation.path not in admissions:
         return True
     body = case.body if isinstance(case.body, dict) else {}
     if not _valid_schedule(body, exactly_one=False):

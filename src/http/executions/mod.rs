@@ -586,9 +586,24 @@ async fn queue_full_retry_after(state: &AppState, tenant: &TenantId) -> u64 {
 #[into_params(parameter_in = Query)]
 pub struct CreateParams {
     /// Deprecated: the dry run is `POST /api/executions/dry-run`. `true` is refused with 400
-    /// `dry_run_moved`; `false` changes nothing.
+    /// `dry_run_moved`; `false` changes nothing. The schema says so: only `false` is valid.
     #[deprecated = "use POST /api/executions/dry-run"]
+    #[param(schema_with = dry_run_false)]
     pub dry_run: Option<bool>,
+}
+
+/// The schema of the old `dry_run` query: `false` alone, so a generated client never sends the
+/// `true` the server refuses.
+fn dry_run_false() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Boolean)
+        .enum_values(Some([false]))
+        .description(Some(
+            "Deprecated: the dry run is `POST /api/executions/dry-run`; `true` answers 400 \
+             `dry_run_moved`.",
+        ))
+        .build()
 }
 
 /// `?wait=` on GET of one execution.
