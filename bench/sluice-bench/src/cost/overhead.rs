@@ -380,7 +380,7 @@ fn find_call(lines: &[String], from: &str, to: &str, name: &str) -> Option<Call>
         let verb = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
         let script = match verb.as_str() {
             "evalsha" | "evalsha_ro" => script_name(&String::from_utf8_lossy(&args[1])),
-            "fcall" | "fcall_ro" => String::from_utf8_lossy(&args[1]).into_owned(),
+            "fcall" | "fcall_ro" => function_file(&String::from_utf8_lossy(&args[1])),
             _ => continue,
         };
         if !script.contains(name) {
@@ -398,6 +398,17 @@ fn find_call(lines: &[String], from: &str, to: &str, name: &str) -> Option<Call>
         });
     }
     None
+}
+
+/// The operation file of a function of this build's library (`sluice_<hash>_admit` →
+/// `admit.lua`), else the function's name.
+fn function_file(function: &str) -> String {
+    function
+        .strip_prefix(sluice::store::library_name())
+        .and_then(|rest| rest.strip_prefix('_'))
+        .map(|op| format!("{op}.lua"))
+        .filter(|file| sluice::store::operation(file).is_some())
+        .unwrap_or_else(|| function.to_owned())
 }
 
 /// The file of sluice's script with this SHA1 (as the store composes it), else the SHA1.
