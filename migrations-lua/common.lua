@@ -22,10 +22,8 @@
 -- only the definitions it reaches, so its length costs no script anything, and the sections
 -- call each other (a start throttles, dispatches, tells waiters and counts trends in one step).
 
-local DEFAULT_MAX_CONCURRENT = tonumber(ARGV[2])
-local DEFAULT_MAX_QUEUED = tonumber(ARGV[3])
-local RETENTION_SECS = tonumber(ARGV[4])
-local DEDUP_TTL_SECS = tonumber(ARGV[5])
+-- ARGV[2..5], read by begin_call() at the start of every call (see the end of this file).
+local DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_QUEUED, RETENTION_SECS, DEDUP_TTL_SECS
 
 local K = {}
 function K.ready() return P .. 'ready' end
@@ -1405,4 +1403,26 @@ end
 -- member: the sweeper takes out only tenants with none, and puts back any it finds with some).
 mark_busy = function(t)
   redis.call('SADD', K.busy(), t)
+end
+
+-- ------------------------------------------------------------------------------------------
+-- Per-call state. The library (src/store/compose.rs) defines everything above once per load,
+-- so its locals outlive a call: begin_call() runs before each shard function's own first line
+-- and sets afresh every local above that a call may change, and the policy values of
+-- ARGV[2..5]. A call never sees what the call before it left (an error half-way included).
+-- `scripts::tests::every_local_a_call_changes_is_reset_by_begin_call` checks the list.
+local function begin_call()
+  DEFAULT_MAX_CONCURRENT = tonumber(ARGV[2])
+  DEFAULT_MAX_QUEUED = tonumber(ARGV[3])
+  RETENTION_SECS = tonumber(ARGV[4])
+  DEDUP_TTL_SECS = tonumber(ARGV[5])
+  NOW = nil
+  LIMITS_READ = {}
+  WOKE = false
+  RUNG = false
+  USAGE = {}
+  ENDED = {}
+  BARRIERS = {}
+  TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
+  TREND_FIRST = {}
 end

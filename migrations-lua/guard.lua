@@ -20,7 +20,7 @@
 --   2. KEYS[1] is exactly the prefix's freeze marker.
 --   3. While the marker exists (a slot move is under way) the script refuses with a TRYAGAIN
 --      error and has touched nothing: the caller treats it as "did not run, retry later".
-local P = ARGV[1]
+P = ARGV[1]
 if type(P) ~= 'string' or not string.find(P, '^sluice:{[^{}]+}:$') then
   return redis.error_reply('ERR sluice fence: ARGV[1] is not a key prefix: ' .. tostring(P))
 end

@@ -188,6 +188,12 @@ impl Cluster {
         if source.id != target.id {
             let mut src = self.node(&source.host, source.port).await?;
             let mut tgt = self.node(&target.host, target.port).await?;
+            // 0. The target gets this build's Lua library before any of the slot is its own
+            // (a cluster does not copy libraries between masters; a master added for this
+            // move has none): the first call routed there finds it. Idempotent.
+            crate::store::load_library(&mut tgt)
+                .await
+                .with_context(|| format!("cannot load the Lua library on {}", target.address()))?;
             // 1. Open the slot on the target (idempotent; nothing is redirected to it before
             // the source is MIGRATING), so the target can be asked whether it already holds
             // the marker. A run interrupted after handing the slot to the target finds the

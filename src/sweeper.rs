@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Shard, Store, StoreError, SweepStep};
+use crate::store::{ANNOUNCE_EVERY, LIBRARY_GRACE, Shard, Store, StoreError, SweepStep};
 
 /// Members checked per script call: keeps each call short.
 const BATCH: usize = 200;
@@ -218,10 +218,16 @@ pub async fn run(store: Arc<Store>, interval: Duration, stop: CancellationToken)
     // The first sweep waits one interval: a fresh process has nothing to repair yet.
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When this process last looked for other builds' Lua libraries to delete.
+    let mut retired: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
+        }
+        // This build's library is in use (at most once per ANNOUNCE_EVERY).
+        if let Err(e) = store.announce_library(false).await {
+            tracing::warn!(error = %e, "cannot record that this build's Lua library is in use");
         }
         // The turn is held at most one interval (a stuck process cannot keep it) and given
         // back when done, so the next interval's turn is free for whoever comes first.
@@ -236,6 +242,12 @@ pub async fn run(store: Arc<Store>, interval: Duration, stop: CancellationToken)
         let turn = sweeper.advance(CALLS_PER_TURN).await;
         log(&turn.repairs);
         log_failures(&turn.failed);
+        if retired.is_none_or(|at| at.elapsed() >= ANNOUNCE_EVERY) {
+            retired = Some(tokio::time::Instant::now());
+            if let Err(e) = store.retire_libraries(LIBRARY_GRACE).await {
+                tracing::warn!(error = %e, "cannot delete the Lua libraries of older builds");
+            }
+        }
         if let Err(e) = store.end_sweeper_turn(&owner).await {
             tracing::warn!(error = %e, "sweeper cannot give back its turn");
         }

@@ -26,7 +26,7 @@
 //! The first key (the freeze marker) and the first values (the prefix and, for a shard script,
 //! the policy) come from the caller's `Store` (`shard_call`, `tag_call`), not from the struct.
 
-use redis::ScriptInvocation;
+use super::function::Invocation;
 
 /// The names a call gives its script's own positions, after the common ones.
 #[cfg_attr(not(test), allow(dead_code, reason = "read by the header check only"))]
@@ -57,9 +57,9 @@ pub(crate) trait Call {
     #[cfg_attr(not(test), allow(dead_code, reason = "read by the header check only"))]
     const SHAPE: Shape;
     /// Appends the keys after the freeze marker.
-    fn keys(&self, inv: &mut ScriptInvocation<'_>);
+    fn keys(&self, inv: &mut Invocation<'_>);
     /// Appends the values after the common ones.
-    fn args(&self, inv: &mut ScriptInvocation<'_>);
+    fn args(&self, inv: &mut Invocation<'_>);
 }
 
 /// A group that repeats in a call's tails (one admission of `admit.lua`, one report of
@@ -117,13 +117,13 @@ macro_rules! script_call {
             };
 
             #[allow(unused_variables)]
-            fn keys(&self, inv: &mut redis::ScriptInvocation<'_>) {
+            fn keys(&self, inv: &mut $crate::store::function::Invocation<'_>) {
                 $(inv.key(&self.$key);)*
                 $(inv.key(&self.$ktail);)?
             }
 
             #[allow(unused_variables)]
-            fn args(&self, inv: &mut redis::ScriptInvocation<'_>) {
+            fn args(&self, inv: &mut $crate::store::function::Invocation<'_>) {
                 $(inv.arg(&self.$arg);)*
                 $(inv.arg(&self.$atail);)?
             }
@@ -159,14 +159,14 @@ macro_rules! script_call {
                 ),
             };
 
-            fn keys(&self, inv: &mut redis::ScriptInvocation<'_>) {
+            fn keys(&self, inv: &mut $crate::store::function::Invocation<'_>) {
                 $(inv.key(&self.$key);)*
                 for item in self.$items {
                     inv.key(&item.keys);
                 }
             }
 
-            fn args(&self, inv: &mut redis::ScriptInvocation<'_>) {
+            fn args(&self, inv: &mut $crate::store::function::Invocation<'_>) {
                 $(inv.arg(&self.$arg);)*
                 for item in self.$items {
                     for a in &item.args {

@@ -43,6 +43,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::call::script_call;
 use super::conn::Conn;
+use super::function::{Function, Invocation};
 use super::keys::Shard;
 use super::ticket::Ticket;
 use super::{Policy, StoreError, compose, is_lost, shard_invocation};
@@ -143,7 +144,7 @@ pub(super) struct GroupCommit {
     lanes: Mutex<HashMap<Shard, Lane>>,
     conns: Vec<Conn>,
     next: Arc<AtomicUsize>,
-    script: redis::Script,
+    script: Function,
     policy: Arc<Policy>,
     op_timeout: Duration,
     /// The most items one call carries.
@@ -192,7 +193,7 @@ impl GroupCommit {
         kind: Batched,
         conns: Vec<Conn>,
         next: Arc<AtomicUsize>,
-        script: redis::Script,
+        script: Function,
         policy: Arc<Policy>,
         op_timeout: Duration,
         group_max: usize,
@@ -385,7 +386,7 @@ impl GroupCommit {
             ));
             return all(&|| Outcome::Failed(e.clone()));
         }
-        let (sha, name) = (self.script.get_hash(), self.kind.name());
+        let (sha, name) = (self.script.name(), self.kind.name());
         replies
             .into_iter()
             .map(|reply| match redis::from_redis_value::<Vec<Value>>(reply) {
@@ -416,11 +417,11 @@ fn is_error(reply: &[Value]) -> bool {
 /// dead-letter cap), then each item's keys and values.
 pub(super) fn invocation<'a>(
     kind: Batched,
-    script: &'a redis::Script,
+    script: &'a Function,
     shard: Shard,
     policy: &Policy,
     items: &[&Item],
-) -> redis::ScriptInvocation<'a> {
+) -> Invocation<'a> {
     match kind {
         Batched::Admit => shard_invocation(
             script,

@@ -1,18 +1,26 @@
-//! How a script of `migrations-lua/` is put together from its parts, and how a Lua error is
-//! traced back to the file and line it came from.
+//! How the Lua of `migrations-lua/` is put together: as one Redis Functions library (`library`,
+//! what the store loads and calls), or one operation as a script of its own (`compose`, for
+//! the tests that drive an operation by EVAL and the benchmark's bare comparison); and how a
+//! Lua error is traced back to the file and line it came from.
 //!
-//! An operation (`admit.lua`, ...) runs after `guard.lua` and with the helpers of a library
-//! (`common.lua` for the shard scripts, `acl_keys.lua` for the access scripts). Redis runs a
-//! script's whole chunk on every call, and every helper it defines is a closure built anew
-//! each time (about a thousand instructions each, measured with callgrind on Redis 7.0): so a
-//! script gets only the helpers its body can reach, in the library's order. A library is read
-//! as a list of top-level definitions (`local function f`, `function K.f`, `local X = ...`,
-//! `local a, b`, `a = function`), each with the comment above it; a definition is included when
-//! the operation, or a definition already included, names it.
+//! The library: `#!lua name=...`, the calling convention's locals (`KEYS`, `ARGV`, `P`), the
+//! helper files whole (each definition made once per load), then one `redis.register_function`
+//! per operation whose callback sets `KEYS` and `ARGV`, runs `guard.lua`, calls `begin_call()`
+//! (shard operations: the per-call state, see the end of `common.lua`) and then the
+//! operation's body.
 //!
-//! The composed text has lines from several files, so Redis's `user_script:N` in an error is
-//! not a line of any of them. Every composed script records where each of its lines came from,
-//! under its SHA1 (which Redis names in the error), and `locate` rewrites the reference to
+//! A script of its own: Redis runs a script's whole chunk on every call, so every helper it
+//! defines is a closure built anew each time (about a thousand instructions each, measured
+//! with callgrind on Redis 7.0), and a script gets only the helpers its body can reach, in the
+//! library file's order. A library file is read as a list of top-level definitions (`local
+//! function f`, `function K.f`, `local X = ...`, `local a, b`, `a = function`), each with the
+//! comment above it; a definition is included when the operation, or a definition already
+//! included, names it.
+//!
+//! Both have lines from several files, so Redis's `user_script:N` / `user_function:N` in an
+//! error is not a line of any of them. Each records where each of its lines came from, under
+//! its SHA1 (a script) or its name (the library; a function's error names the function,
+//! whose name starts with the library's), and `locate` rewrites the reference to
 //! `complete.lua:N` (or `common.lua:N`, ...).
 
 use std::collections::{BTreeSet, HashMap};
@@ -169,6 +177,8 @@ pub fn compose(
         out.origins.push(origin);
     };
     push(shebang, (file, 1));
+    // The prefix sets P (guard.lua), which a library declares once for all its functions.
+    push("local P", (COMPOSED, 1));
     for (name, text) in prefix {
         for (i, line) in text.lines().enumerate() {
             push(line, (name, i + 1));
@@ -181,14 +191,111 @@ pub fn compose(
             code.push('\n');
             code.push_str(text);
         }
+        // A library with per-call state sets it before the operation's first line.
+        let begins = lib
+            .units
+            .iter()
+            .any(|u| u.defines.iter().any(|d| d == BEGIN));
+        if begins {
+            code.push('\n');
+            code.push_str(BEGIN);
+        }
         for u in lib.needed_by(&code) {
             for (i, line) in u.lines.iter().enumerate() {
                 push(line, (lib.file, u.first_line + i));
             }
         }
+        if begins {
+            push("begin_call()", (COMPOSED, 2));
+        }
     }
     for (i, line) in body.lines().enumerate() {
         push(line, (file, i + 2));
+    }
+    out
+}
+
+/// What lines written by the composer itself (not taken from a file) are attributed to.
+const COMPOSED: &str = "(composed)";
+
+/// The function of a library file that sets a call's state afresh (common.lua's).
+const BEGIN: &str = "begin_call";
+
+/// One operation of a library: its file, its text (shebang first) and whether it starts with
+/// the shard helpers' `begin_call()`.
+pub struct LibraryOp {
+    pub file: &'static str,
+    pub text: &'static str,
+    pub begins: bool,
+}
+
+/// The name every library is built under before its hash is known (`scripts::library`
+/// replaces it).
+pub const NAME_PLACEHOLDER: &str = "sluice_@@@@@@@@@@@@";
+
+/// Builds sluice's Lua as one Redis Functions library named `name`: the helper files whole
+/// (each definition made once, when the library loads), then one function per operation,
+/// registered as `<name>_<operation>` with the flags of its shebang line. A function's body is
+/// the convention's set-up (`KEYS`, `ARGV`, shared by the helpers as the library's locals),
+/// `guard`, `begin_call()` for a shard operation, then the operation's own lines. Panics on an
+/// operation without a `#!lua` first line (they are compiled in; the unit tests build it).
+pub fn library(
+    name: &str,
+    helpers: &[(&'static str, &'static str)],
+    guard: (&'static str, &'static str),
+    ops: &[LibraryOp],
+) -> Composed {
+    let mut out = Composed {
+        source: String::new(),
+        origins: Vec::new(),
+    };
+    let mut push = |line: &str, origin: (&'static str, usize)| {
+        out.source.push_str(line);
+        out.source.push('\n');
+        out.origins.push(origin);
+    };
+    push(&format!("#!lua name={name}"), (COMPOSED, 1));
+    // The calling convention, as locals every helper and function shares (one call at a time
+    // runs on a Redis, and each function sets them first).
+    push("local KEYS, ARGV, P", (COMPOSED, 2));
+    for (file, text) in helpers {
+        for (i, line) in text.lines().enumerate() {
+            push(line, (file, i + 1));
+        }
+    }
+    for op in ops {
+        let (shebang, body) = op.text.split_once('\n').unwrap_or((op.text, ""));
+        let flags = shebang
+            .strip_prefix("#!lua")
+            .unwrap_or_else(|| panic!("{} must open with a #!lua line", op.file))
+            .trim()
+            .strip_prefix("flags=")
+            .map(|f| {
+                f.split(',')
+                    .map(|f| format!("'{}'", f.trim()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let stem = op.file.trim_end_matches(".lua");
+        push(
+            &format!(
+                "redis.register_function{{function_name = '{name}_{stem}', flags = {{ {flags} }}, \
+                 callback = function(keys, args)"
+            ),
+            (op.file, 1),
+        );
+        push("KEYS, ARGV = keys, args", (COMPOSED, 3));
+        for (i, line) in guard.1.lines().enumerate() {
+            push(line, (guard.0, i + 1));
+        }
+        if op.begins {
+            push("begin_call()", (COMPOSED, 4));
+        }
+        for (i, line) in body.lines().enumerate() {
+            push(line, (op.file, i + 2));
+        }
+        push("end }", (COMPOSED, 5));
     }
     out
 }
@@ -202,7 +309,11 @@ fn registry() -> &'static Mutex<HashMap<String, Origins>> {
     ORIGINS.get_or_init(Default::default)
 }
 
-/// Remembers `c`'s line origins under `sha` (the script's SHA1, as Redis names it).
+/// The registry's entry for the library this process loads, for errors of `FUNCTION LOAD`.
+pub const LOADING: &str = "(loading)";
+
+/// Remembers `c`'s line origins under `sha` (the script's SHA1, as Redis names it), or under
+/// a library's name (its functions' names start with it).
 pub fn register(sha: &str, c: &Composed) {
     registry()
         .lock()
@@ -214,28 +325,40 @@ pub fn register(sha: &str, c: &Composed) {
 /// Rewrites Redis's `user_script:N` in a script error to the file and line it came from, when
 /// the message names a script composed here (`script: <sha1>`); other messages are returned
 /// as they are.
+///
+/// A function's error names the function (`script: sluice_<hash>_admit`) and its line in the
+/// whole library (`user_function:N`): the library registered under the longest name the
+/// function's starts with gives the file and line. An error of `FUNCTION LOAD` names no
+/// function: it is located in the library registered last under [`LOADING`].
 pub fn locate(message: &str) -> String {
-    let Some(sha) = message
-        .split("script: ")
-        .nth(1)
-        .map(|rest| {
-            rest.chars()
-                .take_while(char::is_ascii_hexdigit)
-                .collect::<String>()
-        })
-        .filter(|s| s.len() == 40)
-    else {
-        return message.to_owned();
-    };
+    let named = message.split("script: ").nth(1).map(|rest| {
+        rest.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect::<String>()
+    });
     let map = registry().lock().expect("script registry");
-    let Some(origins) = map.get(&sha) else {
+    let origins = match named {
+        Some(sha) if sha.len() == 40 && sha.chars().all(|c| c.is_ascii_hexdigit()) => map.get(&sha),
+        Some(function) => map
+            .iter()
+            .filter(|(lib, _)| function.starts_with(&format!("{lib}_")))
+            .max_by_key(|(lib, _)| lib.len())
+            .map(|(_, o)| o),
+        None if message.contains("user_function:") => map.get(LOADING),
+        None => None,
+    };
+    let Some(origins) = origins else {
         return message.to_owned();
     };
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
-    while let Some(at) = rest.find("user_script:") {
+    while let Some((at, tag)) = ["user_script:", "user_function:"]
+        .iter()
+        .filter_map(|t| rest.find(t).map(|at| (at, *t)))
+        .min()
+    {
         out.push_str(&rest[..at]);
-        let after = &rest[at + "user_script:".len()..];
+        let after = &rest[at + tag.len()..];
         let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
         match digits
             .parse::<usize>()
@@ -243,7 +366,7 @@ pub fn locate(message: &str) -> String {
             .and_then(|n| origins.get(n.checked_sub(1)?))
         {
             Some((file, line)) => out.push_str(&format!("{file}:{line}")),
-            None => out.push_str(&format!("user_script:{digits}")),
+            None => out.push_str(&format!("{tag}{digits}")),
         }
         rest = &after[digits.len()..];
     }
@@ -433,6 +556,9 @@ notify = function() announce() end
         let lines: Vec<&str> = c.source.lines().collect();
         assert_eq!(lines.len(), c.origins.len());
         for (text, (file, line)) in lines.iter().zip(&c.origins) {
+            if *file == COMPOSED {
+                continue; // a line of the composer's own ("local P")
+            }
             let original = match *file {
                 "op.lua" => op,
                 "guard.lua" => guard,

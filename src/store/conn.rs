@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::replica_acks::{ReplicaAcks, ScriptCall, Short, acknowledging_replicas};
@@ -228,6 +230,21 @@ impl Conn {
                 ErrorKind::Client,
                 "a cluster command needs a route",
             ))),
+        }
+    }
+
+    /// Sends `cmd` to every master and gives each one's answer (an error answer as a
+    /// `Value::ServerError`); on one server, its one answer.
+    pub async fn on_every_master(&mut self, cmd: &Cmd) -> Result<Vec<Value>, RedisError> {
+        match self {
+            Conn::Standalone { conn, .. } => Ok(vec![conn.req_packed_command(cmd).await?]),
+            Conn::Cluster { conn, .. } => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                match conn.route_command(cmd.clone(), routing).await? {
+                    Value::Map(answers) => Ok(answers.into_iter().map(|(_, v)| v).collect()),
+                    other => Ok(vec![other]),
+                }
+            }
         }
     }
 

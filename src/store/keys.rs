@@ -40,6 +40,12 @@ pub fn pins() -> &'static str {
     "sluice:{meta}:pins"
 }
 
+/// The Lua libraries of the builds that run (a hash: library name → when a process of that
+/// build last said it runs, ms on Redis's clock; see `Store::retire_libraries`).
+pub fn libraries() -> &'static str {
+    "sluice:{meta}:libraries"
+}
+
 /// The lock that makes one sweeper run at a time across all `serve` processes.
 pub fn sweeper_lock() -> &'static str {
     "sluice:{meta}:sweeper"
@@ -933,7 +939,7 @@ mod tests {
             assert_eq!(cluster_slot(&k), acl, "{k}");
         }
         let meta_slot = cluster_slot("meta");
-        for k in [meta(), sweeper_lock(), meta_frozen()] {
+        for k in [meta(), sweeper_lock(), meta_frozen(), libraries()] {
             assert!(k.starts_with(meta_prefix()), "{k}");
             assert_eq!(cluster_slot(k), meta_slot, "{k}");
         }

@@ -40,10 +40,12 @@ mod dead_letters;
 mod dry_admit;
 mod forecast;
 mod freeze;
+mod function;
 mod key_limits;
 pub mod keys;
 mod layout;
 mod lease;
+mod libraries;
 mod list;
 mod pin;
 mod reap;
@@ -78,10 +80,13 @@ pub use conn::{Conn, RedisTarget};
 pub use dead_letters::{DeadLetter, DeadLetterPage, Reindexed, Retry};
 pub use dry_admit::{Decision, DryRun};
 pub use forecast::{Pace, estimate};
+use function::{Function, Invocation};
 pub use key_limits::{KeyLimitChange, KeyState};
 pub use keys::{Shard, ShardMap, WORKER_GROUP};
 pub use layout::{Layout, slot_of_tag};
 pub use lease::{Completion, LeaseState, Outcome, Reclaimed, StartBatch, Started};
+use libraries::lists_library;
+pub use libraries::{ANNOUNCE_EVERY, LIBRARY_GRACE};
 pub use list::{ListQuery, Page};
 pub use pin::{Pin, Unpin};
 pub use reap::{Deletion, REAP_BATCH, REAP_INLINE_CALLS, Reaped};
@@ -221,6 +226,11 @@ pub struct Store {
     completions: std::sync::Arc<commit::GroupCommit>,
     /// Tenants' start rates, read lately (the forecast's input, see `forecast`).
     paces: forecast::PaceCache,
+    /// When this store was made: the clock of `announced`.
+    clock: std::time::Instant,
+    /// When this process last said its build's library is in use (ms after `clock`, 0:
+    /// never; see `libraries.rs`).
+    announced: AtomicU64,
 }
 
 /// The data policy scripts apply (tenant limit defaults, retention, dead-letter cap). `serve`
@@ -243,11 +253,11 @@ struct Policy {
 /// and `policy`, the call's values. `Store::shard_call` and group commit (which holds its
 /// script apart from the store) both build calls with it.
 fn shard_invocation<'s, C: Call>(
-    script: &'s redis::Script,
+    script: &'s Function,
     shard: Shard,
     policy: &Policy,
     call: &C,
-) -> redis::ScriptInvocation<'s> {
+) -> Invocation<'s> {
     let mut inv = script.key(shard.frozen());
     call.keys(&mut inv);
     policy.common_args(&mut inv, shard);
@@ -255,10 +265,23 @@ fn shard_invocation<'s, C: Call>(
     inv
 }
 
+/// The name of this build's Lua library (`sluice_<12 hex>`): its functions' names start with
+/// it, and the libraries of other builds have other names.
+pub fn library_name() -> &'static str {
+    &scripts::library().name
+}
+
+/// Loads this build's Lua library on the node `conn` reaches (`FUNCTION LOAD REPLACE`):
+/// for a master that is about to be given a slot (`reshard.rs`). On a cluster connection it
+/// reaches every master.
+pub async fn load_library<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis::RedisResult<()> {
+    function::load(conn, &scripts::library().source).await
+}
+
 impl Policy {
     /// ARGV[1..5] of a shard script (see `migrations-lua/common.lua`): the shard's prefix and
     /// this policy.
-    fn common_args(&self, inv: &mut redis::ScriptInvocation<'_>, shard: Shard) {
+    fn common_args(&self, inv: &mut Invocation<'_>, shard: Shard) {
         inv.arg(shard.prefix())
             .arg(self.max_concurrent.load(Ordering::Relaxed))
             .arg(self.max_queued.load(Ordering::Relaxed))
@@ -321,6 +344,8 @@ impl Store {
             commits,
             completions,
             paces: Default::default(),
+            clock: std::time::Instant::now(),
+            announced: AtomicU64::new(0),
         };
         let (shards, fresh) = store.init_meta().await?;
         store.shards = shards;
@@ -339,30 +364,25 @@ impl Store {
         self.shards
     }
 
-    /// Loads every script (also after `SCRIPT FLUSH`); calls fall back on their own anyway.
+    /// Loads this build's library on every master (also after `FUNCTION FLUSH`); a call that
+    /// finds it missing loads it on its own anyway (`function.rs`).
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
         let mut c = self.conn();
-        for s in self.scripts.all() {
-            self.bounded(s.load_async(&mut c)).await?;
-        }
-        Ok(())
+        self.bounded(function::load(&mut c, &scripts::library().source))
+            .await
     }
 
-    /// Readiness: Redis answers and every script of `Scripts::all` (shard, access and `{meta}`
-    /// scripts alike) is in its cache — on a cluster, `SCRIPT EXISTS` is asked of every master
-    /// and the answers are and-ed — reloaded if one was flushed.
+    /// Readiness: Redis answers and this build's library is loaded — on a cluster,
+    /// `FUNCTION LIST` is asked of every master and every one must have it — loaded where a
+    /// master lacks it. Also how a store loads it at connect: a master that has it is not sent
+    /// it again (a load is written to the AOF and to replicas, and every process starts).
     pub async fn ready(&self) -> Result<(), StoreError> {
         let mut c = self.conn();
-        let hashes: Vec<&str> = self.scripts.all().iter().map(|s| s.get_hash()).collect();
-        let loaded: Vec<bool> = self
-            .bounded(
-                redis::cmd("SCRIPT")
-                    .arg("EXISTS")
-                    .arg(&hashes)
-                    .query_async(&mut c),
-            )
-            .await?;
-        if loaded.iter().all(|l| *l) {
+        let name = &scripts::library().name;
+        let mut list = redis::cmd("FUNCTION");
+        list.arg("LIST").arg("LIBRARYNAME").arg(name);
+        let loaded = self.bounded(c.on_every_master(&list)).await?;
+        if loaded.iter().all(|v| lists_library(v, name)) {
             Ok(())
         } else {
             self.load_scripts().await
@@ -372,13 +392,13 @@ impl Store {
     /// A call of a shard script in the calling convention of `migrations-lua/guard.lua` and
     /// `common.lua`: KEYS = the shard's freeze marker, then the call's keys; ARGV = the shard
     /// prefix and the data policy, then the call's values (see `call.rs`).
-    fn shard_call<C: ShardScript>(&self, shard: Shard, call: &C) -> redis::ScriptInvocation<'_> {
+    fn shard_call<C: ShardScript>(&self, shard: Shard, call: &C) -> Invocation<'_> {
         shard_invocation(C::script(&self.scripts), shard, &self.policy, call)
     }
 
     /// A call of an `{acl}` or `{meta}` script: KEYS = the tag's freeze marker, then the
     /// call's keys; ARGV = the tag's prefix, then the call's values.
-    fn tag_call<C: TagScript>(&self, call: &C) -> redis::ScriptInvocation<'_> {
+    fn tag_call<C: TagScript>(&self, call: &C) -> Invocation<'_> {
         let mut inv = C::script(&self.scripts).key(C::frozen());
         call.keys(&mut inv);
         inv.arg(C::prefix());

@@ -174,7 +174,8 @@ pub(super) fn acknowledging_replicas(info: &str) -> usize {
         .count()
 }
 
-/// An `EVALSHA` / `EVAL` call (read-only variants excluded) and its first key, if any.
+/// An `FCALL`, `EVALSHA` or `EVAL` call (read-only variants excluded) and its first key, if
+/// any.
 pub(super) struct ScriptCall<'a> {
     pub(super) first_key: Option<&'a [u8]>,
 }
@@ -185,7 +186,10 @@ impl<'a> ScriptCall<'a> {
         let Some(Arg::Simple(name)) = args.next() else {
             return None;
         };
-        if !(name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL")) {
+        if !(name.eq_ignore_ascii_case(b"FCALL")
+            || name.eq_ignore_ascii_case(b"EVALSHA")
+            || name.eq_ignore_ascii_case(b"EVAL"))
+        {
             return None;
         }
         let _script = args.next();

@@ -65,7 +65,8 @@ impl Store {
                 "shard count is fixed at first start; using the recorded value"
             );
         }
-        self.load_scripts().await?;
+        self.ready().await?;
+        self.announce_library(true).await?;
         Ok((
             ShardMap::with_dedicated(shards, dedicated.unwrap_or(0), layout),
             created == 1,

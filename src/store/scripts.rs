@@ -1,59 +1,56 @@
-//! The Lua operations of `migrations-lua/`, compiled into the binary, and how each is composed
-//! (`compose.rs` does the composing):
+//! The Lua operations of `migrations-lua/`, compiled into the binary, and the one Redis
+//! Functions library they are loaded as (`compose.rs` builds it, `function.rs` calls it):
 //!
 //! ```text
-//! <the operation's shebang line>   first line: `#!lua`, with the operation's flags
-//! guard.lua                        prefix/KEYS check, freeze marker (every script)
-//! what it uses of common.lua       shard helpers (shard scripts)
-//!   or of acl_keys.lua             access key builders (access scripts)
-//! <the operation's body>
+//! #!lua name=sluice_<12 hex of the library's SHA-256>
+//! common.lua, acl_keys.lua         the helpers, whole: defined once, when the library loads
+//! per operation: a function sluice_<hash>_<operation> with the flags of its shebang line:
+//!   guard.lua                      prefix/KEYS check, freeze marker (every function)
+//!   begin_call()                   the shard helpers' per-call state, set afresh
+//!   <the operation's body>
 //! ```
 //!
-//! The shebang makes Redis 7 treat the source as a script with declared keys: on a cluster
-//! a key in another slot than the declared ones is refused. Flags, chosen per operation:
-//! no flag (refused while Redis is over `maxmemory`) for what only adds data — admit, retry,
-//! API key creation; `allow-oom` for everything that ends, moves or cleans up (so a full
-//! Redis can still drain); `no-writes` for the read-only key lookup.
+//! Flags, chosen per operation: none (refused while Redis is over `maxmemory`) for what only
+//! adds data — admit, retry, API key creation; `allow-oom` for everything that ends, moves or
+//! cleans up (so a full Redis can still drain); `no-writes` for the reads (called with
+//! `FCALL_RO`). Never `no-cluster`: on a cluster Redis refuses a key in another slot than the
+//! declared ones.
 //!
-//! They run as cached scripts (EVALSHA): `redis::Script` falls back to loading the source on
-//! NOSCRIPT, so a `SCRIPT FLUSH` or a Redis restart costs one extra round trip on the next call
-//! and nothing else. Redis Functions were the alternative: a library's helpers are defined once
-//! per load instead of once per call, which would save about a third of a small script's cost;
-//! they would also need loading on every primary (and again after a restart without
-//! persistence). A script gets only the helpers it reaches instead, which halves that cost for
-//! the hot ones.
+//! Why one library: a script's chunk runs whole on every call, so the helpers it defines were
+//! closures built anew on every call (140–240 k instructions of a call's overhead on the hot
+//! paths); a library's chunk runs once per load. The price is loading: on every master, at
+//! connect, before a shard move, and again on "Function not found" (`function.rs`).
+//!
+//! Each operation can still be composed as a script of its own (`composed_source`): its
+//! shebang, guard.lua, the helpers it reaches and its body, as the tests that drive one
+//! operation by EVAL (the fences, the key builders) and the benchmark's bare-script
+//! comparison use it.
 
 use std::sync::OnceLock;
 
 use redis::Script;
+use sha2::{Digest, Sha256};
 
 use super::call::Call;
-use super::compose::{self, Composed, Library};
+use super::compose::{self, Composed, Library, LibraryOp};
+use super::function::Function;
 use super::{access, admit, cancel, commit, dead_letters, key_limits, keys, lease, list, pin};
 use super::{reap, schema, sweep, tenants, wake, watch, webhooks};
 
 const GUARD: &str = include_str!("../../migrations-lua/guard.lua");
+const COMMON: &str = include_str!("../../migrations-lua/common.lua");
+const ACL_KEYS: &str = include_str!("../../migrations-lua/acl_keys.lua");
 
 /// The shard helpers, split into definitions once per process.
 fn common() -> &'static Library {
     static LIB: OnceLock<Library> = OnceLock::new();
-    LIB.get_or_init(|| {
-        Library::parse(
-            "common.lua",
-            include_str!("../../migrations-lua/common.lua"),
-        )
-    })
+    LIB.get_or_init(|| Library::parse("common.lua", COMMON))
 }
 
 /// The access key builders, split into definitions once per process.
 fn acl_keys() -> &'static Library {
     static LIB: OnceLock<Library> = OnceLock::new();
-    LIB.get_or_init(|| {
-        Library::parse(
-            "acl_keys.lua",
-            include_str!("../../migrations-lua/acl_keys.lua"),
-        )
-    })
+    LIB.get_or_init(|| Library::parse("acl_keys.lua", ACL_KEYS))
 }
 
 /// Which helpers a script is composed with (and which common positions it takes).
@@ -76,21 +73,67 @@ fn composed(kind: Kind, file: &'static str, op: &'static str) -> Composed {
     compose::compose(file, op, &[("guard.lua", GUARD)], library)
 }
 
-/// A script handle for a composed operation; its line origins are registered under its SHA1
-/// so that an error it raises names the right file and line (`compose::locate`).
-fn script(kind: Kind, file: &'static str, op: &'static str) -> Script {
-    let c = composed(kind, file, op);
-    let s = Script::new(&c.source);
-    compose::register(s.get_hash(), &c);
-    s
+/// This build's library: its name (`sluice_` and the first 12 hex digits of the SHA-256 of its
+/// text) and its `FUNCTION LOAD` text, built once per process. Its line origins are
+/// registered under its name, so that a function's error names the file and line.
+pub struct Built {
+    /// `sluice_<12 hex>`: the library's name, and the prefix of its functions' names.
+    pub name: String,
+    /// The text `FUNCTION LOAD` gets.
+    pub source: String,
 }
 
-/// The composed source of a script of `migrations-lua/` by file name, exactly as the store
-/// loads it; `op` may also be an operation of the caller's own (`kind` then says which
+/// The prefix of every sluice library's name (`Store::retire_libraries` looks only at those).
+pub const LIBRARY_PREFIX: &str = "sluice_";
+
+/// This build's library (see [`Built`]).
+pub fn library() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let ops: Vec<LibraryOp> = TABLE
+            .iter()
+            .map(|&(file, kind, text)| LibraryOp {
+                file,
+                text,
+                begins: matches!(kind, Kind::Shard),
+            })
+            .collect();
+        let helpers = [("common.lua", COMMON), ("acl_keys.lua", ACL_KEYS)];
+        let draft = compose::library(
+            compose::NAME_PLACEHOLDER,
+            &helpers,
+            ("guard.lua", GUARD),
+            &ops,
+        );
+        let hash = hex::encode(Sha256::digest(draft.source.as_bytes()));
+        let name = format!("{LIBRARY_PREFIX}{}", &hash[..12]);
+        let built = compose::library(&name, &helpers, ("guard.lua", GUARD), &ops);
+        compose::register(&name, &built);
+        compose::register(compose::LOADING, &built);
+        Built {
+            name,
+            source: built.source,
+        }
+    })
+}
+
+/// The function of operation `file` in this build's library; `FCALL_RO` for a `no-writes` one.
+fn function(file: &'static str, op: &'static str) -> Function {
+    let lib = library();
+    let read_only = op.lines().next().is_some_and(|l| l.contains("no-writes"));
+    Function::new(
+        format!("{}_{}", lib.name, file.trim_end_matches(".lua")),
+        read_only,
+        &lib.source,
+    )
+}
+
+/// The composed source of a script of `migrations-lua/` by file name, as a script of its own
+/// (EVAL); `op` may also be an operation of the caller's own (`kind` then says which
 /// includes it gets: "shard", "acl" or "meta"; its second line, `-- <name>.lua: ...`, names
 /// it in errors). Its line origins are registered, so errors it raises name the right line.
-/// For tests that drive the scripts directly (the fences, the key builders); not part of the
-/// API.
+/// For tests that drive the scripts directly (the fences, the key builders) and the
+/// benchmark; the store itself calls the library's functions. Not part of the API.
 #[doc(hidden)]
 pub fn composed_source(kind: &str, op: &str) -> String {
     let kind = match kind {
@@ -119,10 +162,10 @@ pub fn composed_source(kind: &str, op: &str) -> String {
 /// only be sent to the script it names.
 macro_rules! scripts {
     ($($name:ident: $kind:ident $file:literal => $call:ty,)*) => {
-        /// The loaded-once script handles (each knows its SHA1). Private: a script is
-        /// reached only through its typed call (`ShardScript::script`, `TagScript::script`).
+        /// The library's functions, one per operation. Private: a function is reached only
+        /// through its typed call (`ShardScript::script`, `TagScript::script`).
         pub struct Scripts {
-            $($name: Script,)*
+            $($name: Function,)*
         }
 
         /// Every operation file: its name, the helpers it is composed with, and its text as
@@ -142,16 +185,16 @@ macro_rules! scripts {
         impl Scripts {
             pub fn new() -> Self {
                 Self {
-                    $($name: script(
-                        Kind::$kind,
+                    $($name: function(
                         $file,
                         include_str!(concat!("../../migrations-lua/", $file)),
                     ),)*
                 }
             }
 
-            /// Every script, for loading and readiness checks.
-            pub fn all(&self) -> Vec<&Script> {
+            /// Every function (the tests count them).
+            #[cfg(test)]
+            pub fn all(&self) -> Vec<&Function> {
                 vec![$(&self.$name,)*]
             }
         }
@@ -161,13 +204,13 @@ macro_rules! scripts {
 /// A call bound to a script of the shard's tag: the caller adds the shard's freeze marker
 /// and common values (`Store::shard_call`).
 pub(super) trait ShardScript: Call {
-    fn script(scripts: &Scripts) -> &Script;
+    fn script(scripts: &Scripts) -> &Function;
 }
 
 /// A call bound to a script of the `{acl}` or `{meta}` tag: the caller adds the tag's freeze
 /// marker and prefix (`Store::tag_call`).
 pub(super) trait TagScript: Call {
-    fn script(scripts: &Scripts) -> &Script;
+    fn script(scripts: &Scripts) -> &Function;
     fn frozen() -> String;
     fn prefix() -> &'static str;
 }
@@ -176,14 +219,14 @@ pub(super) trait TagScript: Call {
 macro_rules! bind {
     (Shard, $name:ident, $call:ty) => {
         impl ShardScript for $call {
-            fn script(scripts: &Scripts) -> &Script {
+            fn script(scripts: &Scripts) -> &Function {
                 &scripts.$name
             }
         }
     };
     (Acl, $name:ident, $call:ty) => {
         impl TagScript for $call {
-            fn script(scripts: &Scripts) -> &Script {
+            fn script(scripts: &Scripts) -> &Function {
                 &scripts.$name
             }
             fn frozen() -> String {
@@ -196,7 +239,7 @@ macro_rules! bind {
     };
     (Meta, $name:ident, $call:ty) => {
         impl TagScript for $call {
-            fn script(scripts: &Scripts) -> &Script {
+            fn script(scripts: &Scripts) -> &Function {
                 &scripts.$name
             }
             fn frozen() -> String {
@@ -314,6 +357,202 @@ mod tests {
         listed.sort();
         assert_eq!(files, listed);
         assert_eq!(Scripts::new().all().len(), TABLE.len());
+    }
+
+    /// The names common.lua declares at its top level that are not functions.
+    fn top_level_values(text: &str) -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("local "))
+            .filter(|l| !l.starts_with("function "))
+            .flat_map(|l| {
+                l.split('=')
+                    .next()
+                    .unwrap_or(l)
+                    .split(',')
+                    .map(|n| n.trim().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|n| !n.is_empty())
+            .collect()
+    }
+
+    /// Whether `line` changes `name` (assigns it, one of its fields, or inserts into it).
+    fn changes(line: &str, name: &str) -> bool {
+        let code = line.split("--").next().unwrap_or("");
+        let t = code.trim_start();
+        if t.starts_with("local ") {
+            return false;
+        }
+        let is_name = |s: &str| s.chars().all(|c| c.is_alphanumeric() || c == '_');
+        // `NAME = `, `A, NAME = `, `NAME[x] = `
+        if let Some((lhs, rhs)) = t.split_once('=')
+            && !rhs.starts_with('=')
+            && !lhs.ends_with(['~', '<', '>', '='])
+        {
+            let hit = lhs.split(',').any(|target| {
+                let target = target.trim();
+                let base = target.split('[').next().unwrap_or(target);
+                base == name && is_name(base)
+            });
+            if hit {
+                return true;
+            }
+        }
+        ["table.insert(", "table.remove("]
+            .iter()
+            .any(|f| t.contains(&format!("{f}{name},")) || t.contains(&format!("{f}{name})")))
+    }
+
+    #[test]
+    fn every_local_a_call_changes_is_reset_by_begin_call() {
+        // A library's top-level locals live as long as the library: whatever a call changes
+        // (in a helper, or in an operation's body) must be set afresh before the next call.
+        let values = top_level_values(COMMON);
+        assert!(values.contains(&"LIMITS_READ".to_owned()), "{values:?}");
+        let begin = COMMON
+            .split("\nlocal function begin_call()\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\nend").next())
+            .expect("common.lua defines begin_call()");
+        let resets: Vec<String> = begin
+            .lines()
+            .flat_map(|l| {
+                l.split('=')
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .map(|n| n.trim().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut sources: Vec<(&str, &str, bool)> = vec![("common.lua", COMMON, true)];
+        sources.extend(TABLE.iter().map(|&(f, _, t)| (f, t, false)));
+        let mut missing = Vec::new();
+        for (file, text, helpers) in sources {
+            for (n, line) in text.lines().enumerate() {
+                // A helper file's own top level runs once, at load; an operation's runs per
+                // call, like the inside of every function.
+                if helpers && !line.starts_with([' ', '\t']) {
+                    continue;
+                }
+                if helpers && begin.contains(line) {
+                    continue;
+                }
+                for name in &values {
+                    if changes(line, name) && !resets.contains(name) {
+                        missing.push(format!("{file}:{}: {name}", n + 1));
+                    }
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "changed by a call but not reset by begin_call(): {missing:?}"
+        );
+    }
+
+    #[test]
+    fn the_library_registers_one_function_per_operation_with_its_flags() {
+        let lib = library();
+        assert!(lib.name.starts_with(LIBRARY_PREFIX) && lib.name.len() == 7 + 12);
+        assert!(
+            lib.source
+                .starts_with(&format!("#!lua name={}\n", lib.name))
+        );
+        for &(file, _, text) in TABLE {
+            let stem = file.trim_end_matches(".lua");
+            let flags = text
+                .lines()
+                .next()
+                .unwrap()
+                .strip_prefix("#!lua")
+                .unwrap()
+                .trim()
+                .strip_prefix("flags=")
+                .unwrap_or("");
+            assert!(!flags.contains("no-cluster"), "{file}");
+            let quoted: Vec<String> = flags
+                .split(',')
+                .filter(|f| !f.is_empty())
+                .map(|f| format!("'{f}'"))
+                .collect();
+            let line = format!(
+                "redis.register_function{{function_name = '{}_{stem}', flags = {{ {} }}, ",
+                lib.name,
+                quoted.join(", ")
+            );
+            assert_eq!(lib.source.matches(&line).count(), 1, "{file}: {line}");
+        }
+        assert_eq!(
+            lib.source.matches("redis.register_function{").count(),
+            TABLE.len()
+        );
+        // The same text, the same name: a build calls its own library and nobody else's.
+        assert_eq!(
+            compose::library(
+                &lib.name,
+                &[("common.lua", COMMON), ("acl_keys.lua", ACL_KEYS)],
+                ("guard.lua", GUARD),
+                &TABLE
+                    .iter()
+                    .map(|&(file, kind, text)| LibraryOp {
+                        file,
+                        text,
+                        begins: matches!(kind, Kind::Shard),
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .source,
+            lib.source
+        );
+    }
+
+    #[test]
+    fn a_library_error_names_the_operation_file_and_line() {
+        let lib = library();
+        // The line of watch.lua that reads the row, wherever the library put it (in watch's
+        // function: other operations have the same line).
+        let name = format!("{}_watch", lib.name);
+        let opens = lib
+            .source
+            .lines()
+            .position(|l| l.contains(&format!("'{name}'")))
+            .unwrap();
+        let at = opens
+            + lib
+                .source
+                .lines()
+                .skip(opens)
+                .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 'tenant'"))
+                .unwrap()
+            + 1;
+        let in_file = operation("watch.lua")
+            .unwrap()
+            .lines()
+            .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 'tenant'"))
+            .unwrap()
+            + 1;
+        let msg = format!("ERR user_function:{at}: boom script: {name}, on @user_function:{at}.");
+        assert_eq!(
+            compose::locate(&msg),
+            format!("ERR watch.lua:{in_file}: boom script: {name}, on @watch.lua:{in_file}.")
+        );
+        // A helper's line: the first key builder of common.lua.
+        let k = lib
+            .source
+            .lines()
+            .position(|l| l.starts_with("function K.ready()"))
+            .unwrap()
+            + 1;
+        let k_file = COMMON
+            .lines()
+            .position(|l| l.starts_with("function K.ready()"))
+            .unwrap()
+            + 1;
+        assert_eq!(
+            compose::locate(&format!("ERR user_function:{k}: x script: {name}")),
+            format!("ERR common.lua:{k_file}: x script: {name}")
+        );
     }
 
     #[test]

@@ -29,6 +29,11 @@ pub(super) async fn reclaim_loop(
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
+        // This build's library is in use (at most once per ANNOUNCE_EVERY, whichever shard's
+        // loop comes first).
+        if let Err(e) = store.announce_library(false).await {
+            tracing::debug!(error = %e, "cannot record that this build's Lua library is in use");
+        }
         // Bounded: at most 100 batches per tick.
         for _ in 0..100 {
             match store.reclaim(shard, BATCH).await {

@@ -20,7 +20,7 @@ async fn script_calls(app: &TestApp) -> u64 {
         .command_calls()
         .await
         .into_iter()
-        .find(|(c, _)| c == "evalsha")
+        .find(|(c, _)| c == "fcall")
         .map_or(0, |(_, n)| n)
 }
 

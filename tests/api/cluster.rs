@@ -948,3 +948,48 @@ async fn a_move_interrupted_in_its_hand_over_is_finished_by_running_it_again() {
     move_shard(&app, shard, to, 100);
     served_after_move(&app, &tenant, to, &ids).await;
 }
+
+/// A master added for a move holds no slot, so the cluster client's `FUNCTION LOAD` at
+/// connect (sent to the masters it knows from the slot table) never reached it, and a cluster
+/// does not copy libraries between masters: `move-shard` loads this build's library on its
+/// target before the slot moves, so the target has it when the move ends — before any call
+/// reaches it — and the moved tenant's executions are served there.
+#[tokio::test]
+async fn a_shard_moved_to_a_new_master_finds_the_library_there() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let mut app = TestApp::spawn().await;
+    let tenant = "newcomer";
+    let ids = five_queued(&app, tenant).await;
+    let to = app.redis.add_master().await;
+    assert_eq!(
+        libraries_on(&app, to).await,
+        0,
+        "a new master starts without it"
+    );
+    move_shard(&app, app.shard(tenant), to, 100);
+    assert_eq!(
+        libraries_on(&app, to).await,
+        1,
+        "the move left the target without the library"
+    );
+    served_after_move(&app, tenant, to, &ids).await;
+}
+
+/// How many libraries of this build's name node `i` holds (0 or 1).
+async fn libraries_on(app: &TestApp, i: usize) -> usize {
+    let mut c = app.redis.node_conn(i).await;
+    let list: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(sluice::store::library_name())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    match list {
+        redis::Value::Array(libs) => libs.len(),
+        other => panic!("FUNCTION LIST answered {other:?}"),
+    }
+}

@@ -261,7 +261,7 @@ async fn a_dead_letter_listing_costs_the_page_not_the_shard() {
     assert_eq!(small[0]["answer"]["dead_letters"], json!([]));
     assert_eq!(
         small[0]["calls"],
-        json!({"evalsha": 1, "exists": 1, "zscore": 1, "hget": 1, "xrange": 1}),
+        json!({"fcall_ro": 1, "exists": 1, "zscore": 1, "hget": 1, "xrange": 1}),
         "{}",
         small[0]
     );
@@ -303,7 +303,7 @@ async fn a_dead_letter_listing_costs_the_page_not_the_shard() {
     let every = commands_of(&app, dlq_page(&app, None, "?limit=5")).await;
     let shards = app.store().await.shards().all().count() as u64;
     assert_eq!(listed(&every["answer"]).len(), 5);
-    assert_eq!(every["calls"]["evalsha"], shards, "{every}");
+    assert_eq!(every["calls"]["fcall_ro"], shards, "{every}");
     assert_eq!(
         every["calls"]["xrevrange"], 1,
         "only one shard holds records: {every}"

@@ -20,6 +20,7 @@ mod dispatch;
 mod faults;
 mod fences;
 mod forecast;
+mod functions;
 mod group_commit;
 mod guarantees;
 mod handlers;

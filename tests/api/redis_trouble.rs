@@ -201,14 +201,14 @@ async fn a_503_never_admits_when_the_stalled_script_runs_later() {
 }
 
 #[tokio::test]
-async fn admission_survives_script_flush() {
+async fn admission_survives_function_flush() {
     let app = TestApp::spawn().await;
     app.admit("acme", "demo.echo").await;
-    let _: () = app.redis.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
+    let _: () = app.redis.query(redis::cmd("FUNCTION").arg("FLUSH")).await;
     let e = app.admit("acme", "demo.echo").await;
     let id = e["execution_id"].as_str().unwrap();
     assert_eq!(app.cancel("acme", id).await.status(), StatusCode::OK);
-    let _: () = app.redis.query(redis::cmd("SCRIPT").arg("FLUSH")).await;
+    let _: () = app.redis.query(redis::cmd("FUNCTION").arg("FLUSH")).await;
     let res = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let page = app.page("acme", "").await;

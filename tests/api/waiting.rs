@@ -430,7 +430,7 @@ async fn many_waiters_on_one_execution_cost_redis_nothing_while_they_wait() {
     );
     // Let the long polls' first reads land before counting.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while redis_calls(&app, Some("evalsha")).await < 50 + 1 {
+    while redis_calls(&app, Some("fcall")).await < 50 + 1 {
         assert!(
             Instant::now() < deadline,
             "the waiters' first reads never came"

@@ -83,9 +83,9 @@ async fn an_idle_worker_sends_nothing_but_one_orphan_scan_per_shard_per_interval
     // Scans: one per shard every 500 ms (the first tick of a window may add one per shard).
     let scans = shards * (window.as_millis() as u64 / 500 + 1);
     assert!(
-        of("evalsha") + of("eval") <= scans,
+        of("fcall") + of("fcall_ro") <= scans,
         "{} script calls in {window:?} from an idle worker over {shards} shards: {calls:?}",
-        of("evalsha") + of("eval")
+        of("fcall") + of("fcall_ro")
     );
     // (Redis counts the commands a script runs too: those are the scans' own.) No start call
     // (start.lua always reads the shard's eligible weight with HGET, which the orphan scan

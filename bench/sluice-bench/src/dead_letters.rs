@@ -93,7 +93,8 @@ async fn listing_cost(
     }
     let cpu = direct.redis_cpu_seconds().await? - cpu_before;
     let stats = direct.command_stats().await?;
-    let script = stats.get("evalsha").copied().unwrap_or_default();
+    // The listing is a read: `dlq_list` is called with FCALL_RO.
+    let script = stats.get("fcall_ro").copied().unwrap_or_default();
     let ours = |name: &str| !name.starts_with("config") && !name.starts_with("info");
     // Every command's time: the script's (which includes what it ran) and each command's own,
     // those a script ran counted again. An upper bound of Redis's time.
@@ -104,7 +105,7 @@ async fn listing_cost(
         .sum();
     let others: u64 = stats
         .iter()
-        .filter(|(name, _)| name.as_str() != "evalsha" && ours(name))
+        .filter(|(name, _)| name.as_str() != "fcall_ro" && ours(name))
         .map(|(_, s)| s.calls)
         .sum();
     let n = calls.max(1) as f64;

@@ -165,6 +165,59 @@ impl TestRedis {
         }
     }
 
+    /// Adds an empty master (no slots) to a cluster without replicas, as an operator adds a
+    /// node before moving shards to it; waits until every node knows it. Its index.
+    pub async fn add_master(&mut self) -> usize {
+        assert!(
+            self.cluster && self.masters == self.nodes.len(),
+            "a cluster without replicas"
+        );
+        let node = TestNode::start(&sluice::redis_server::cluster_node_args(2_000)).await;
+        let port = node.port;
+        let mut seed = self.nodes[0].direct().await.expect("redis connection");
+        let () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(port)
+            .query_async(&mut seed)
+            .await
+            .unwrap();
+        self.nodes.push(node);
+        self.masters += 1;
+        // Every node lists every other as connected and serves (bounded: gossip takes about a
+        // second).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut known = true;
+            for n in &self.nodes {
+                let mut c = n.direct().await.expect("redis connection");
+                let text: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                let connected = text
+                    .lines()
+                    .filter(|l| l.contains("master") && l.contains(" connected"))
+                    .count();
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                known &= connected == self.nodes.len() && info.contains("cluster_state:ok");
+            }
+            if known {
+                return self.nodes.len() - 1;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cluster never learned of the new master"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Whether this is a cluster.
     pub fn is_cluster(&self) -> bool {
         self.cluster
@@ -358,7 +411,7 @@ impl TestRedis {
     }
 
     /// Calls per command over every master since the last `reset_stats` (from `INFO
-    /// commandstats`: also the commands scripts run, and each script call as `evalsha`).
+    /// commandstats`: also the commands scripts run, and each function call as `fcall` or `fcall_ro`).
     pub async fn command_calls(&self) -> Vec<(String, u64)> {
         let text = self.info("commandstats").await;
         let mut out: Vec<(String, u64)> = Vec::new();

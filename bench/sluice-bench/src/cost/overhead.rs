@@ -52,8 +52,12 @@ pub struct CallOverhead {
     pub call_ir: Option<f64>,
     pub bare_ir: Option<f64>,
     pub overhead_ir: Option<f64>,
-    /// Replies that were errors (real, bare).
-    pub reply_errors: (u64, u64),
+    /// Instructions per call of the same operation composed as a script of its own (shebang,
+    /// guard, only the helpers it reaches: how the build before the Functions library ran it,
+    /// by EVALSHA) with the same keys and arguments; the library's gain is the difference.
+    pub composed_ir: Option<f64>,
+    /// Replies that were errors (real, bare, composed).
+    pub reply_errors: (u64, u64, u64),
 }
 
 /// Both paths, or why not.
@@ -116,17 +120,36 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
         let mut bare_cmd = call.args.clone();
         bare_cmd[0] = b"EVALSHA".to_vec();
         bare_cmd[1] = bare_sha.into_bytes();
+        // The same operation as a script of its own (the two paths are shard operations).
+        let composed_cmd = match sluice::store::operation(&call.script) {
+            Some(op) => {
+                let sha: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(sluice::store::composed_source("shard", op))
+                    .query_async(&mut own)
+                    .await?;
+                let mut cmd = call.args.clone();
+                cmd[0] = b"EVALSHA".to_vec();
+                cmd[1] = sha.into_bytes();
+                Some(cmd)
+            }
+            None => None,
+        };
         eprintln!("[cost] per call, {path}: {replays} replays, real and bare");
         let (real_ir, real_errors) = replay(&mut own, counted.as_mut(), &real_cmd, replays).await?;
         let (bare_ir, bare_errors) = replay(&mut own, counted.as_mut(), &bare_cmd, replays).await?;
+        let (composed_ir, composed_errors) = match &composed_cmd {
+            Some(cmd) => replay(&mut own, counted.as_mut(), cmd, replays).await?,
+            None => (None, 0),
+        };
         let per = |ir: Option<f64>| ir.map(|v| (v / replays as f64).round());
-        let (call_ir, bare_per) = (per(real_ir), per(bare_ir));
+        let (call_ir, bare_per, composed_per) = (per(real_ir), per(bare_ir), per(composed_ir));
         report.checks.push(Check {
             phase: format!("per call: {path}"),
-            ok: bare_errors == 0,
+            ok: bare_errors == 0 && composed_errors == real_errors,
             detail: format!(
                 "{} replays of {} ({} commands): {real_errors} error replies; bare script: \
-                 {bare_errors}",
+                 {bare_errors}; composed script: {composed_errors}",
                 replays,
                 call.script,
                 call.commands.len()
@@ -145,7 +168,8 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
             call_ir,
             bare_ir: bare_per,
             overhead_ir: call_ir.zip(bare_per).map(|(a, b)| a - b),
-            reply_errors: (real_errors, bare_errors),
+            composed_ir: composed_per,
+            reply_errors: (real_errors, bare_errors, composed_errors),
         });
     }
     drop(own);
@@ -380,7 +404,7 @@ fn find_call(lines: &[String], from: &str, to: &str, name: &str) -> Option<Call>
         let verb = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
         let script = match verb.as_str() {
             "evalsha" | "evalsha_ro" => script_name(&String::from_utf8_lossy(&args[1])),
-            "fcall" | "fcall_ro" => String::from_utf8_lossy(&args[1]).into_owned(),
+            "fcall" | "fcall_ro" => function_file(&String::from_utf8_lossy(&args[1])),
             _ => continue,
         };
         if !script.contains(name) {
@@ -398,6 +422,17 @@ fn find_call(lines: &[String], from: &str, to: &str, name: &str) -> Option<Call>
         });
     }
     None
+}
+
+/// The operation file of a function of this build's library (`sluice_<hash>_admit` →
+/// `admit.lua`), else the function's name.
+fn function_file(function: &str) -> String {
+    function
+        .strip_prefix(sluice::store::library_name())
+        .and_then(|rest| rest.strip_prefix('_'))
+        .map(|op| format!("{op}.lua"))
+        .filter(|file| sluice::store::operation(file).is_some())
+        .unwrap_or_else(|| function.to_owned())
 }
 
 /// The file of sluice's script with this SHA1 (as the store composes it), else the SHA1.

@@ -499,7 +499,8 @@ impl CostReport {
             let n = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
             let _ = writeln!(
                 o,
-                "  {:<20} {} ({} args, {} commands: {}): {} per call, bare {}, overhead {}",
+                "  {:<20} {} ({} args, {} commands: {}): {} per call, bare {}, overhead {}; \
+                 as a composed script (EVALSHA) {}, overhead {}",
                 p.path,
                 p.script,
                 p.call_args,
@@ -507,7 +508,9 @@ impl CostReport {
                 p.commands.join(" "),
                 n(p.call_ir),
                 n(p.bare_ir),
-                n(p.overhead_ir)
+                n(p.overhead_ir),
+                n(p.composed_ir),
+                n(p.composed_ir.zip(p.bare_ir).map(|(a, b)| a - b))
             );
         }
     }

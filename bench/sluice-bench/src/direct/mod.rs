@@ -183,7 +183,8 @@ impl Direct {
         Ok(out)
     }
 
-    /// Microseconds each node spent running scripts (EVALSHA, EVAL) since the last `reset`, by
+    /// Microseconds each node spent running scripts and functions (EVAL*, FCALL*) since the
+    /// last `reset`, by
     /// its own `INFO commandstats`: Redis's CPU cost of the phase's work, unaffected by how
     /// busy the rest of the machine is.
     pub async fn script_usec(&mut self) -> anyhow::Result<Vec<u64>> {
@@ -195,7 +196,7 @@ impl Direct {
                 .await?;
             out.push(
                 info.lines()
-                    .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                    .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_fcall"))
                     .filter_map(|l| {
                         l.split(',')
                             .find_map(|f| f.strip_prefix("usec="))
@@ -463,7 +464,7 @@ impl Direct {
         Ok(secs * 1000 + micros / 1000)
     }
 
-    /// `INFO commandstats` of every node, summed: calls per command (`evalsha`,
+    /// `INFO commandstats` of every node, summed: calls per command (`fcall`,
     /// `config|resetstat`, ...). Commands that scripts run inside Redis are counted too (Redis
     /// counts them like any other).
     pub async fn command_calls(&mut self) -> anyhow::Result<BTreeMap<String, u64>> {

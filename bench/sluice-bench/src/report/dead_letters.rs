@@ -29,7 +29,7 @@ pub struct ListingCost {
     /// commands a script ran count twice, and a tenant page's record reads (a pipeline, not
     /// in the script) count once. What the target judges.
     pub redis_us_per_call: f64,
-    /// The script call's time alone (`evalsha`).
+    /// The function call's time alone (`fcall_ro`).
     pub script_us_per_call: f64,
     /// redis-server's main-thread CPU time per call (`INFO cpu`; also its own background
     /// work meanwhile), which a busy machine does not inflate as it does the time above.
