@@ -506,36 +506,6 @@ async fn a_frozen_replica_does_not_block_the_connection_every_probe() {
     }
 }
 
-/// Every admission of `tenant` on Redis, by the `nonce` in its params: how many executions
-/// carry each nonce, and their ids.
-async fn admitted_by_nonce(
-    app: &TestApp,
-    tenant: &str,
-) -> std::collections::HashMap<String, Vec<String>> {
-    let mut found: std::collections::HashMap<String, Vec<String>> = Default::default();
-    let mut cursor: Option<String> = None;
-    for _ in 0..1_000 {
-        let q = match &cursor {
-            Some(c) => format!("limit=200&cursor={c}"),
-            None => "limit=200".into(),
-        };
-        let page = app.page(tenant, &q).await;
-        for e in page["executions"].as_array().unwrap() {
-            if let Some(nonce) = e["params"]["nonce"].as_str() {
-                found
-                    .entry(nonce.to_owned())
-                    .or_default()
-                    .push(e["execution_id"].as_str().unwrap().to_owned());
-            }
-        }
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_owned()),
-            None => return found,
-        }
-    }
-    panic!("more pages than a test admits");
-}
-
 /// Many clients admit while Redis stalls again and again, longer than a call's time-out and
 /// than the request's bound: admissions queue behind a stalled call of their shard, calls lose
 /// their answers, requests run out of time. Whatever each client was told is true of what Redis
@@ -601,7 +571,7 @@ async fn every_answer_under_repeated_stalls_says_what_was_admitted() {
     }
     // Writes go through again: every call sent during a stall has run by now.
     admit_when_back(&app, Duration::from_secs(15)).await;
-    let found = admitted_by_nonce(&app, "acme").await;
+    let found = app.admitted_by_nonce("acme").await;
     let mut count = std::collections::BTreeMap::<String, usize>::new();
     let mut untrue = Vec::new();
     for (nonce, status, body) in &answers {

@@ -217,6 +217,36 @@ impl TestApp {
         self.list(tenant, query).await.json().await.unwrap()
     }
 
+    /// Every execution of `tenant` on Redis, by the `nonce` in its params: the ids of the
+    /// executions that carry each nonce (a test that admits with nonces counts them here).
+    pub async fn admitted_by_nonce(
+        &self,
+        tenant: &str,
+    ) -> std::collections::HashMap<String, Vec<String>> {
+        let mut found: std::collections::HashMap<String, Vec<String>> = Default::default();
+        let mut cursor: Option<String> = None;
+        for _ in 0..1_000 {
+            let q = match &cursor {
+                Some(c) => format!("limit=200&cursor={c}"),
+                None => "limit=200".into(),
+            };
+            let page = self.page(tenant, &q).await;
+            for e in page["executions"].as_array().unwrap() {
+                if let Some(nonce) = e["params"]["nonce"].as_str() {
+                    found
+                        .entry(nonce.to_owned())
+                        .or_default()
+                        .push(e["execution_id"].as_str().unwrap().to_owned());
+                }
+            }
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => return found,
+            }
+        }
+        panic!("more pages than a test admits");
+    }
+
     pub async fn list(&self, tenant: &str, query: &str) -> Response {
         self.as_tenant(
             reqwest::Method::GET,
