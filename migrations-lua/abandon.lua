@@ -17,6 +17,6 @@
 -- Reply: {'admitted', row} the admission happened (row as HGETALL) | {'void'} it never will
 local tenant, id, ttl = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local ROW, VOID = declared(2, K.row(id)), declared(3, K.void(id))
-if redis.call('HGET', ROW, 'tenant') == tenant then return { 'admitted', view(id) } end
+if redis.call('HGET', ROW, 't') == tenant then return { 'admitted', view(id) } end
 redis.call('SET', VOID, 1, 'EX', ttl)
 return { 'void' }

@@ -124,22 +124,26 @@ local function admit_one(k, a)
   if due and due <= now then due = nil end
 
   -- Decided; from here on only writes.
-  local row = { 'tenant', tenant, 'flow', flow, 'params', params, 'status', 'queued',
-    'attempt', 0, 'max_attempts', max_attempts, 'created', now, 'updated', now,
-    'priority', priority, 'sz', size }
-  if version ~= '' then table.insert(row, 'version'); table.insert(row, version) end
+  -- A new row leaves out what equals its default (see "Rows" in common.lua): attempt 0,
+  -- `u` (updated) equal to `c` (created), the default priority.
+  local row = { 't', tenant, 'f', flow, 'p', params, 's', 'queued', 'm', max_attempts,
+    'c', now, 'z', size }
+  if priority ~= DEFAULT_PRIORITY then
+    table.insert(row, 'pr'); table.insert(row, priority)
+  end
+  if version ~= '' then table.insert(row, 'v'); table.insert(row, version) end
   if dedup ~= '' then
-    for _, v in ipairs({ 'dedup', dedup, 'ddh', dedup_hash }) do table.insert(row, v) end
+    for _, v in ipairs({ 'd', dedup, 'dh', dedup_hash }) do table.insert(row, v) end
   end
   if ckh ~= '' then
-    for _, v in ipairs({ 'ckey', ckey, 'ckh', ckh }) do table.insert(row, v) end
+    for _, v in ipairs({ 'k', ckey, 'kh', ckh }) do table.insert(row, v) end
   else
     ckh = nil
   end
   if traceparent ~= '' then
     for _, v in ipairs({ 'tp', traceparent }) do table.insert(row, v) end
     if tracestate ~= '' then
-      for _, v in ipairs({ 'tst', tracestate }) do table.insert(row, v) end
+      for _, v in ipairs({ 'ts', tracestate }) do table.insert(row, v) end
     end
   end
   QUEUED[tenant] = nil

@@ -45,11 +45,11 @@ end
 local now = now_ms()
 local held = {}
 for _, id in ipairs(redis.call('SMEMBERS', HELD)) do
-  local row = redis.call('HMGET', K.row(id), 'status', 'lease_owner', 'deleted', 'tenant')
+  local row = redis.call('HMGET', K.row(id), 's', 'lo', 'dl', 't')
   if row[1] == 'running' and row[2] == consumer and not row[3] then
     if #held < count and (not only or only[row[4]]) then
       redis.call('ZADD', LEASES, now + ttl, id)
-      redis.call('HSET', K.row(id), 'lease_until', now + ttl)
+      redis.call('HSET', K.row(id), 'lu', now + ttl)
       table.insert(held, run_of(id))
     end
   else

@@ -30,8 +30,8 @@ local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
 local CANCELLED_IDX = declared(7, K.status_idx(tenant, 'cancelled'))
 declared(8, K.runnable()); declared(9, K.delayed())
 local STATS = declared(10, K.stats())
-local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow',
-  'deleted', 'ckh', 'sz')
+local row = redis.call('HMGET', ROW, 't', 's', 'q', 'e', 'f',
+  'dl', 'kh', 'z')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
 
@@ -42,22 +42,22 @@ if status == 'queued' then
   redis.call('ZREM', K.flow_idx(tenant, flow, 'queued'), id)
   redis.call('ZADD', CANCELLED_IDX, 0, id)
   redis.call('ZADD', K.flow_idx(tenant, flow, 'cancelled'), 0, id)
-  redis.call('HSET', ROW, 'status', 'cancelled', 'cancel', 1, 'finished', now,
-    'updated', now)
-  redis.call('HDEL', ROW, 'qstate', 'entry')
+  redis.call('HSET', ROW, 's', 'cancelled', 'x', 1, 'fi', now,
+    'u', now)
+  redis.call('HDEL', ROW, 'q', 'e')
   -- Retained with its logical size (see "Storage" in common.lua): an error message of an
   -- earlier attempt stays in the row.
   local size = tonumber(row[8])
-  if size then size = size + redis.call('HSTRLEN', ROW, 'err_msg') end
-  settle_terminal(tenant, id, redis.call('HGET', ROW, 'ddh'), size)
+  if size then size = size + redis.call('HSTRLEN', ROW, 'em') end
+  settle_terminal(tenant, id, redis.call('HGET', ROW, 'dh'), size)
   outbox(tenant, id, 'cancelled', now,
-    { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'attempt') or '0' })
+    { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'a') or '0' })
   redis.call('HINCRBY', STATS, 'cancelled', 1)
   tally(tenant, 'cancelled', now)
 elseif status == 'running' then
-  local run = redis.call('HMGET', ROW, 'cancel', 'lease_owner')
+  local run = redis.call('HMGET', ROW, 'x', 'lo')
   if run[1] ~= '1' then
-    redis.call('HSET', ROW, 'cancel', 1, 'updated', now)
+    redis.call('HSET', ROW, 'x', 1, 'u', now)
     tell_holder(run[2], id)
   end
 end

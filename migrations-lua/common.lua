@@ -69,6 +69,43 @@ function K.batch_lock(t) return P .. 't:' .. t .. ':batch' end
 function K.reaping() return P .. 'reaping' end
 function K.retained(t) return P .. 't:' .. t .. ':ret' end
 
+-- Rows (layout 3, compact). An execution's row is the hash K.row(id); its field names are
+-- short because each is stored once per execution (a row is a listpack whose bytes are
+-- mostly names and values). This table is the one declaration of them; src/domain/row.rs
+-- holds the same table for the Rust readers, and the test `rows::` checks the two against
+-- each other and against what the scripts write and read. Numbers are decimal text.
+-- A field equal to its default is not stored; the reader supplies it (marked *).
+--   name  meaning                                   written by
+--   t     tenant                                    admit
+--   f     flow id                                   admit
+--   v     flow version (absent: none)               admit
+--   p     params (JSON text)                        admit
+--   s     status: queued|running|completed|failed|cancelled
+--   m     max_attempts                              admit
+--   a     attempt, starts of the current run (*0)   start, requeue, retry
+--   c     created, ms                               admit
+--   u     updated, ms (*= c)                        every later change
+--   pr    priority 1..5 (*DEFAULT_PRIORITY)         admit
+--   z     logical base size (ROW_BYTES + #params; see "Storage")
+--   d     dedup key as given; dh its digest         admit
+--   k     concurrency key as given; kh its digest   admit
+--   tp    traceparent; ts tracestate                admit
+--   q     queue state: queued|scheduled (kept while it runs, see start_entries())
+--   r     ready_at, ms: when it became runnable (*= c)
+--   ra    run_at, ms: its due time while scheduled
+--   e     stream entry (schema 1, read by migrate_dispatch only)
+--   lo    lease owner (consumer); lu lease until, ms
+--   fe    fence: the token of the current start, never repeats
+--   x     cancel requested ('1')
+--   dl    force-deleted while running ('1')
+--   w     somebody waits on it until (ms, see "Waiters")
+--   ws    webhook sequence number (see "Webhooks")
+--   st    started, ms; fi finished, ms
+--   o     output (JSON text); ek error kind; em error message
+--   rp    fence of the run whose report was taken (complete.lua's repeat check)
+-- Replies may append fields no row holds: qs, qpt, qpk, qkl (see view()).
+local DEFAULT_PRIORITY = '3'
+
 -- KEYS[i], which the caller must have declared as `expected` (the builders' name for it).
 -- Called at the top of a script, before any write.
 local function declared(i, expected)
@@ -386,7 +423,7 @@ local function make_runnable(t, id, ready_at, priority, fields, h, runnable)
   else
     redis.call('ZADD', K.waiting(t), at, id)
   end
-  redis.call('HSET', K.row(id), 'qstate', 'queued', 'ready_at', ready_at, unpack(fields or {}))
+  redis.call('HSET', K.row(id), 'q', 'queued', 'r', ready_at, unpack(fields or {}))
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
   if runnable or redis.call('ZSCORE', K.runnable(), t) then return true end
@@ -401,7 +438,7 @@ local function schedule(t, flow, id, due, fields)
   local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
   redis.call('ZADD', K.delayed(), due, id)
   index_add(t, flow, 'scheduled', id)
-  redis.call('HSET', K.row(id), 'qstate', 'scheduled', 'run_at', due, unpack(fields or {}))
+  redis.call('HSET', K.row(id), 'q', 'scheduled', 'ra', due, unpack(fields or {}))
   if #first == 0 or tonumber(first[2]) > due then ring() end
 end
 
@@ -434,8 +471,8 @@ local function promote_due(now, most)
       local t, h = string.match(id, '^rk:([^:]+):(.+)$')
       if t and key_offer(t, h) then refresh(t) end
     else
-      row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant', 'flow', 'priority',
-        'ckh')
+      row = redis.call('HMGET', K.row(id), 's', 'q', 't', 'f', 'pr',
+        'kh')
     end
     if row[1] == 'queued' and row[2] == 'scheduled' then
       redis.call('ZREM', K.status_idx(row[3], 'scheduled'), id)
@@ -735,7 +772,7 @@ end
 local function end_lease(t, id, owner, drop, h)
   redis.call('ZREM', K.leases(), id)
   if owner and owner ~= '' then redis.call('SREM', K.held(owner), id) end
-  redis.call('HDEL', K.row(id), 'entry', 'lease_owner', 'lease_until', 'qstate',
+  redis.call('HDEL', K.row(id), 'e', 'lo', 'lu', 'q',
     unpack(drop or {}))
   release_slot(t, id, h)
 end
@@ -747,9 +784,9 @@ end
 local function requeue(t, flow, id, now, attempt, owner, h)
   end_lease(t, id, owner, nil, h)
   index_move(t, flow, 'running', 'queued', id)
-  local r = redis.call('HMGET', K.row(id), 'ready_at', 'created', 'priority')
+  local r = redis.call('HMGET', K.row(id), 'r', 'c', 'pr')
   make_runnable(t, id, tonumber(r[1] or r[2]), r[3],
-    { 'status', 'queued', 'attempt', attempt, 'updated', now }, h)
+    { 's', 'queued', 'a', attempt, 'u', now }, h)
   notify(id, now)
 end
 
@@ -908,7 +945,7 @@ local function outbox(t, id, kind, now, fields)
   if not select(9, limits(t)) then return end
   local box = K.outbox(t)
   local before = redis.call('XLEN', box)
-  local seq = redis.call('HINCRBY', K.row(id), 'whseq', 1)
+  local seq = redis.call('HINCRBY', K.row(id), 'ws', 1)
   redis.call('XADD', box, 'MAXLEN', WEBHOOK_OUTBOX_CAP, '*', 'type', kind, 'id', id, 'seq', seq,
     'at', now, unpack(fields))
   if before >= WEBHOOK_OUTBOX_CAP then
@@ -926,14 +963,14 @@ local function resize(t, run, extra, drop)
   local sz = tonumber(run[14])
   if not sz then return nil end
   local old = run[15] or ''
-  local err = record_field(extra, 'err_msg')
+  local err = record_field(extra, 'em')
   if not err then
     err = old
     for _, f in ipairs(drop or {}) do
-      if f == 'err_msg' then err = '' end
+      if f == 'em' then err = '' end
     end
   end
-  local output = record_field(extra, 'output') or ''
+  local output = record_field(extra, 'o') or ''
   count_bytes(t, #output + #err - #old)
   return sz + #output + #err
 end
@@ -971,15 +1008,15 @@ local ENDED = {}
 -- in its tenant's bytes, and the row retained (resize(), settle_terminal()).
 local function finish(t, flow, id, run, status, now, extra, drop, dead)
   index_move(t, flow, 'running', status, id)
-  redis.call('HSET', K.row(id), 'status', status, 'finished', now, 'updated', now,
+  redis.call('HSET', K.row(id), 's', status, 'fi', now, 'u', now,
     unpack(extra))
   end_lease(t, id, run[9], drop, run[13])
   announce(id, run[11], status, now)
   settle_terminal(t, id, run[12], resize(t, run, extra, drop))
   if status == 'failed' then
     outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
-      'err_kind', record_field(extra, 'err_kind') or '',
-      'err_msg', record_field(extra, 'err_msg') or '', 'dead', dead and '1' or '0' })
+      'err_kind', record_field(extra, 'ek') or '',
+      'err_msg', record_field(extra, 'em') or '', 'dead', dead and '1' or '0' })
   else
     outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] })
   end
@@ -999,8 +1036,8 @@ end
 -- Fields recover(), finish() and complete.lua read from a running row, in this order. The
 -- last two are for the storage counters (resize()): the row's base size, and its error
 -- message of an earlier attempt, which a new outcome replaces or drops.
-local RUN_FIELDS = { 'status', 'fence', 'attempt', 'max_attempts', 'tenant', 'flow', 'entry',
-  'cancel', 'lease_owner', 'deleted', 'watch', 'ddh', 'ckh', 'sz', 'err_msg' }
+local RUN_FIELDS = { 's', 'fe', 'a', 'm', 't', 'f', 'e',
+  'x', 'lo', 'dl', 'w', 'dh', 'kh', 'z', 'em' }
 
 -- What happens to a running execution whose run ended without a result (its lease expired, or
 -- its worker could no longer renew it): a cancelled one ends cancelled, a force-deleted one is
@@ -1020,7 +1057,7 @@ local function recover(id, row, now, caps)
   local attempt, max_attempts = tonumber(row[3]), tonumber(row[4])
   if attempt >= max_attempts then
     local msg = 'lease expired on attempt ' .. attempt .. ' of ' .. max_attempts
-    finish(tenant, flow, id, row, 'failed', now, { 'err_kind', 'lease_lost', 'err_msg', msg },
+    finish(tenant, flow, id, row, 'failed', now, { 'ek', 'lease_lost', 'em', msg },
       {}, true)
     dead_letter_run(id, tenant, flow, 'lease_lost', attempt, row[7], now, msg, caps)
     return 'dead_lettered'
@@ -1033,8 +1070,8 @@ end
 -- A started run as start.lua and adopt.lua report it: {id, fence, attempt, tenant, flow,
 -- version or '', params, max_attempts, traceparent or '', tracestate or ''}.
 local function run_of(id)
-  local r = redis.call('HMGET', K.row(id), 'fence', 'attempt', 'tenant', 'flow', 'version',
-    'params', 'max_attempts', 'tp', 'tst')
+  local r = redis.call('HMGET', K.row(id), 'fe', 'a', 't', 'f', 'v',
+    'p', 'm', 'tp', 'ts')
   return { id, r[1], r[2], r[3], r[4], r[5] or '', r[6], r[7], r[8] or '', r[9] or '' }
 end
 
@@ -1104,9 +1141,9 @@ local function start_entries(consumer, count, ttl, cap, now, only)
     local id = popped[1]
     local row = nil
     if id then
-      row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'attempt', 'max_attempts',
-        'tenant', 'flow', 'cancel', 'fence', 'version', 'params', 'watch', 'ready_at',
-        'created', 'ckh', 'tp', 'tst')
+      row = redis.call('HMGET', K.row(id), 's', 'q', 'a', 'm',
+        't', 'f', 'x', 'fe', 'v', 'p', 'w', 'r',
+        'c', 'kh', 'tp', 'ts')
     end
     local key = row and row[14]
     if not id or row[1] ~= 'queued' or row[2] == 'scheduled' or row[5] ~= tenant then
@@ -1141,14 +1178,14 @@ local function start_entries(consumer, count, ttl, cap, now, only)
         leave(tenant, next_vt, weight)
         left = nil
       end
-      local attempt = tonumber(row[3]) + 1
+      local attempt = (tonumber(row[3]) or 0) + 1
       local fence = (tonumber(row[8]) or 0) + 1
       index_move(tenant, flow, 'queued', 'running', id)
       -- The row keeps its `qstate` field while it runs (one HDEL less per start): it is read
       -- only while the status is 'queued', whatever queues the execution again writes it,
       -- and end_lease() drops it with the lease fields.
-      redis.call('HSET', K.row(id), 'status', 'running', 'attempt', attempt, 'fence', fence,
-        'started', now, 'updated', now, 'lease_owner', consumer, 'lease_until', now + ttl)
+      redis.call('HSET', K.row(id), 's', 'running', 'a', attempt, 'fe', fence,
+        'st', now, 'u', now, 'lo', consumer, 'lu', now + ttl)
       redis.call('ZADD', K.leases(), now + ttl, id)
       redis.call('SADD', K.held(consumer), id)
       -- As run_of() reports a run, from what was read above (no second read).
@@ -1194,10 +1231,10 @@ local function view(id)
   local status, tenant, qstate, h = nil, nil, nil, nil
   for i = 1, #row, 2 do
     local f = row[i]
-    if f == 'status' then status = row[i + 1]
-    elseif f == 'tenant' then tenant = row[i + 1]
-    elseif f == 'qstate' then qstate = row[i + 1]
-    elseif f == 'ckh' then h = row[i + 1] end
+    if f == 's' then status = row[i + 1]
+    elseif f == 't' then tenant = row[i + 1]
+    elseif f == 'q' then qstate = row[i + 1]
+    elseif f == 'kh' then h = row[i + 1] end
   end
   if status == 'queued' and tenant then
     local rank = nil
@@ -1239,13 +1276,13 @@ end
 
 -- After a change of execution id's row: tells its waiters, if it has any.
 notify = function(id, now)
-  local row = redis.call('HMGET', K.row(id), 'watch', 'status')
+  local row = redis.call('HMGET', K.row(id), 'w', 's')
   announce(id, row[1], row[2], now)
 end
 
 -- Before execution id's row is deleted (or hidden as deleted): tells its waiters it is gone.
 local function notify_deleted(id, now)
-  announce(id, redis.call('HGET', K.row(id), 'watch'), 'deleted', now)
+  announce(id, redis.call('HGET', K.row(id), 'w'), 'deleted', now)
 end
 
 -- ------------------------------------------------------------------------------------------

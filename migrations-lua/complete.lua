@@ -89,7 +89,7 @@ local function record(ROW, a)
   local want = ARGV[a + 11]
   if want ~= '' and row[5] and row[5] ~= want then return 'stale', '' end
   if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
-    if redis.call('HGET', ROW, 'reported') == fence then return 'repeat', '' end
+    if redis.call('HGET', ROW, 'rp') == fence then return 'repeat', '' end
     redis.call('HINCRBY', STATS, 'fenced', 1)
     return 'stale', ''
   end
@@ -101,7 +101,7 @@ local function record(ROW, a)
   end
   if outcome == 'abandoned' then
     local how = recover(id, row, now, caps)
-    redis.call('HSET', ROW, 'reported', fence)
+    redis.call('HSET', ROW, 'rp', fence)
     return 'recovered', how
   end
 
@@ -109,15 +109,15 @@ local function record(ROW, a)
   -- repeat (`reported`, written with the outcome).
 
   if row[8] == '1' or outcome == 'cancelled' then
-    finish(tenant, flow, id, row, 'cancelled', now, { 'reported', fence }, {})
+    finish(tenant, flow, id, row, 'cancelled', now, { 'rp', fence }, {})
     return 'done', 'cancelled'
   elseif outcome == 'completed' then
     -- An error of an earlier attempt does not describe a success.
-    finish(tenant, flow, id, row, 'completed', now, { 'output', output, 'reported', fence },
-      { 'err_kind', 'err_msg' })
+    finish(tenant, flow, id, row, 'completed', now, { 'o', output, 'rp', fence },
+      { 'ek', 'em' })
     return 'done', 'completed'
   elseif outcome == 'released' then
-    redis.call('HSET', ROW, 'reported', fence)
+    redis.call('HSET', ROW, 'rp', fence)
     requeue(tenant, flow, id, now, tonumber(row[3]) - 1, consumer, row[13])
     return 'released', ''
   end
@@ -127,16 +127,16 @@ local function record(ROW, a)
   if backoff ~= '' and not exhausted then
     local due = now + tonumber(backoff)
     -- Its error message stays with it while it waits: counted in its tenant's bytes.
-    resize(tenant, row, { 'err_msg', err_msg })
+    resize(tenant, row, { 'em', err_msg })
     end_lease(tenant, id, consumer, nil, row[13])
     index_move(tenant, flow, 'running', 'queued', id)
-    schedule(tenant, flow, id, due, { 'status', 'queued', 'updated', now,
-      'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence })
+    schedule(tenant, flow, id, due, { 's', 'queued', 'u', now,
+      'ek', err_kind, 'em', err_msg, 'rp', fence })
     notify(id, now)
     return 'retrying', due
   end
   finish(tenant, flow, id, row, 'failed', now,
-    { 'err_kind', err_kind, 'err_msg', err_msg, 'reported', fence }, {}, backoff ~= '')
+    { 'ek', err_kind, 'em', err_msg, 'rp', fence }, {}, backoff ~= '')
   if backoff ~= '' then
     dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, caps)
     return 'dead_lettered', ''

@@ -35,15 +35,15 @@ declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(
 local DELETING = declared(6, K.deleting(tenant))
 declared(7, K.runnable()); declared(8, K.delayed())
 local LEASES = declared(9, K.leases())
-local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'entry', 'flow', 'ddh',
-  'deleted', 'ckh', 'sz')
+local row = redis.call('HMGET', ROW, 't', 's', 'q', 'e', 'f', 'dh',
+  'dl', 'kh', 'z')
 if row[1] ~= tenant or row[7] then return { 'not_found' } end
 local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[6]
 
 local now = now_ms()
 local sz = tonumber(row[9])
 if sz then
-  local size = sz + redis.call('HSTRLEN', ROW, 'output') + redis.call('HSTRLEN', ROW, 'err_msg')
+  local size = sz + redis.call('HSTRLEN', ROW, 'o') + redis.call('HSTRLEN', ROW, 'em')
   count_bytes(tenant, -size)
   if status ~= 'queued' and status ~= 'running' then
     local expire_at = redis.call('PEXPIRETIME', ROW)
@@ -52,7 +52,7 @@ if sz then
 end
 notify_deleted(id, now)
 outbox(tenant, id, 'deleted', now,
-  { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'attempt') or '0', 'was', status })
+  { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'a') or '0', 'was', status })
 index_remove(tenant, flow, status, id)
 if digest then
   local key = K.dedup(tenant, digest)
@@ -60,9 +60,9 @@ if digest then
   if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('DEL', key) end
 end
 if status == 'running' then
-  redis.call('HSET', ROW, 'deleted', 1, 'updated', now)
+  redis.call('HSET', ROW, 'dl', 1, 'u', now)
   redis.call('SADD', DELETING, id)
-  tell_holder(redis.call('HGET', ROW, 'lease_owner'), id)
+  tell_holder(redis.call('HGET', ROW, 'lo'), id)
   flush_usage()
   return { 'deleted' }
 end

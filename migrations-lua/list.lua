@@ -61,7 +61,7 @@ if dedup ~= '' then
   -- passes the other filters (its status and flow by index membership, its age by its id).
   local mapped = redis.call('GET', mapping)
   local id = mapped and string.match(mapped, '^([0-9a-f]+):')
-  if id and redis.call('HGET', K.row(id), 'dedup') == dedup
+  if id and redis.call('HGET', K.row(id), 'd') == dedup
     and (lower == '' or id >= lower) and (upper == '' or id < upper) then
     for _, s in ipairs(statuses) do
       local idx = status_idx[s]
@@ -101,7 +101,7 @@ for i = 1, math.min(limit, #candidates) do
   local id = candidates[i]
   local row, gone = view(id), false
   if source[id] == 'scheduled' and #row > 0
-    and redis.call('HGET', K.row(id), 'qstate') ~= 'scheduled' then
+    and redis.call('HGET', K.row(id), 'q') ~= 'scheduled' then
     -- Became runnable or ended without leaving the index (repair): not listed.
     redis.call('ZREM', status_idx.scheduled, id)
     if flow ~= '' then redis.call('ZREM', flow_idx.scheduled, id) end

@@ -48,16 +48,16 @@ if phase == 'stream' then
       if fields[i] == 'id' then id = fields[i + 1] end
     end
     if id then
-      local row = redis.call('HMGET', K.row(id), 'status', 'entry', 'tenant', 'lease_owner',
-        'created', 'priority')
+      local row = redis.call('HMGET', K.row(id), 's', 'e', 't', 'lo',
+        'c', 'pr')
       if row[2] == entry and row[1] == 'queued' then
         redis.call('SREM', K.slots(row[3]), id)
-        redis.call('HDEL', K.row(id), 'entry')
+        redis.call('HDEL', K.row(id), 'e')
         make_runnable(row[3], id, tonumber(row[5]) or now, row[6])
         moved = moved + 1
       elseif row[2] == entry and row[1] == 'running' then
         if row[4] and row[4] ~= '' then redis.call('SADD', K.held(row[4]), id) end
-        redis.call('HDEL', K.row(id), 'entry')
+        redis.call('HDEL', K.row(id), 'e')
         moved = moved + 1
       end
     end
@@ -68,11 +68,11 @@ elseif phase == 'delayed' then
   local r = redis.call('ZSCAN', DELAYED, cursor, 'COUNT', batch)
   for i = 1, #r[2], 2 do
     local id, due = r[2][i], tonumber(r[2][i + 1])
-    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant', 'flow')
+    local row = redis.call('HMGET', K.row(id), 's', 'q', 't', 'f')
     if row[1] == 'queued' and row[2] == 'dispatched' then
       redis.call('SREM', K.slots(row[3]), id)
       index_add(row[3], row[4], 'scheduled', id)
-      redis.call('HSET', K.row(id), 'qstate', 'scheduled', 'run_at', due)
+      redis.call('HSET', K.row(id), 'q', 'scheduled', 'ra', due)
       moved = moved + 1
     end
   end

@@ -18,8 +18,8 @@
 local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))
 local DELAYED = declared(3, K.delayed())
-local row = redis.call('HMGET', ROW, 'tenant', 'status', 'qstate', 'flow', 'priority',
-  'deleted', 'ckh')
+local row = redis.call('HMGET', ROW, 't', 's', 'q', 'f', 'pr',
+  'dl', 'kh')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 if row[2] ~= 'queued' or row[3] ~= 'scheduled' then
   local qs = ''
@@ -31,11 +31,11 @@ local due = tonumber(ARGV[8]) or (now + tonumber(ARGV[9]))
 redis.call('ZREM', DELAYED, id)
 if due <= now then
   index_remove(tenant, row[4], 'scheduled', id)
-  redis.call('HDEL', ROW, 'run_at')
-  make_runnable(tenant, id, now, row[5], { 'updated', now }, row[7])
+  redis.call('HDEL', ROW, 'ra')
+  make_runnable(tenant, id, now, row[5], { 'u', now }, row[7])
 else
   redis.call('ZREM', K.status_idx(tenant, 'scheduled'), id)
-  schedule(tenant, row[4], id, due, { 'updated', now })
+  schedule(tenant, row[4], id, due, { 'u', now })
 end
 notify(id, now)
 return { 'ok', id, view(id) }

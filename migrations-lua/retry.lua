@@ -35,8 +35,8 @@ local ROW = declared(2, K.row(id))
 declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
 local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
 declared(7, K.runnable())
-local row = redis.call('HMGET', ROW, 'tenant', 'status', 'flow', 'ddh', 'deleted', 'priority',
-  'ckh', 'sz')
+local row = redis.call('HMGET', ROW, 't', 's', 'f', 'dh', 'dl', 'pr',
+  'kh', 'z')
 if row[1] ~= tenant or row[5] then return { 'not_found' } end
 local status, flow, digest = row[2], row[3], row[4]
 if status ~= 'failed' and status ~= 'cancelled' then return { 'not_retryable', status } end
@@ -46,15 +46,15 @@ local ok, refusal, queued = place(tenant)
 if not ok then return { refusal, queued } end
 -- What the retry frees (a counted row) or adds (a row not counted yet).
 local sz, size, grow, expire_at = tonumber(row[8]), nil, 0, -1
-local fields = { 'status', 'queued', 'attempt', 0, 'updated', now }
+local fields = { 's', 'queued', 'a', 0, 'u', now }
 if sz then
-  local dropped = redis.call('HSTRLEN', ROW, 'output') + redis.call('HSTRLEN', ROW, 'err_msg')
+  local dropped = redis.call('HSTRLEN', ROW, 'o') + redis.call('HSTRLEN', ROW, 'em')
   size, grow = sz + dropped, -dropped
   expire_at = redis.call('PEXPIRETIME', ROW)
 else
-  sz = ROW_BYTES + redis.call('HSTRLEN', ROW, 'params')
+  sz = ROW_BYTES + redis.call('HSTRLEN', ROW, 'p')
   grow = sz
-  table.insert(fields, 'sz')
+  table.insert(fields, 'z')
   table.insert(fields, sz)
 end
 local full = storage_refusal(tenant, grow, expire_at > 0 and -1 or 0, now, ARGV[8], ARGV[9])
@@ -66,8 +66,8 @@ if digest then
   local mapped = redis.call('GET', key)
   if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('PERSIST', key) end
 end
-redis.call('HDEL', ROW, 'started', 'finished', 'output', 'err_kind', 'err_msg', 'cancel',
-  'run_at')
+redis.call('HDEL', ROW, 'st', 'fi', 'o', 'ek', 'em', 'x',
+  'ra')
 index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)

@@ -74,7 +74,7 @@ end
 if mode == 'slots' then
   local r = redis.call('SSCAN', SLOTS, cursor, 'COUNT', count)
   for _, id in ipairs(r[2]) do
-    if redis.call('HGET', K.row(id), 'status') ~= 'running' then
+    if redis.call('HGET', K.row(id), 's') ~= 'running' then
       redis.call('SREM', SLOTS, id)
       repaired = repaired + 1
     end
@@ -83,7 +83,7 @@ if mode == 'slots' then
     -- Blocked keys, a bounded number per walk (the rest at the next).
     for _, h in ipairs(redis.call('SRANDMEMBER', K.key_blocked(tenant), 100)) do
       for _, id in ipairs(redis.call('SMEMBERS', K.key_running(tenant, h))) do
-        if redis.call('HGET', K.row(id), 'status') ~= 'running' then
+        if redis.call('HGET', K.row(id), 's') ~= 'running' then
           redis.call('SREM', K.key_running(tenant, h), id)
           repaired = repaired + 1
         end
@@ -96,7 +96,7 @@ elseif mode == 'waiting' then
   local r = redis.call('ZSCAN', WAITING, cursor, 'COUNT', count)
   for i = 1, #r[2], 2 do
     local id = r[2][i]
-    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'tenant')
+    local row = redis.call('HMGET', K.row(id), 's', 'q', 't')
     if row[1] ~= 'queued' or row[2] == 'scheduled' or row[3] ~= tenant then
       redis.call('ZREM', WAITING, id)
       repaired = repaired + 1
@@ -108,8 +108,8 @@ elseif mode == 'reach' then
   local r = redis.call('ZSCAN', K.status_idx(tenant, 'queued'), cursor, 'COUNT', count)
   for i = 1, #r[2], 2 do
     local id = r[2][i]
-    local row = redis.call('HMGET', K.row(id), 'status', 'qstate', 'flow', 'run_at',
-      'ready_at', 'created', 'priority', 'tenant', 'ckh')
+    local row = redis.call('HMGET', K.row(id), 's', 'q', 'f', 'ra',
+      'r', 'c', 'pr', 't', 'kh')
     local key = row[9]
     if row[1] == 'queued' and row[8] == tenant then
       local scheduled = row[2] == 'scheduled' or redis.call('ZSCORE', K.delayed(), id)
@@ -118,7 +118,7 @@ elseif mode == 'reach' then
           local due = tonumber(redis.call('ZSCORE', K.delayed(), id)) or tonumber(row[4]) or now
           redis.call('ZREM', K.waiting(tenant), id)
           if key then redis.call('ZREM', K.key_queue(tenant, key), id) end
-          schedule(tenant, row[3], id, due, { 'updated', now })
+          schedule(tenant, row[3], id, due, { 'u', now })
           repaired = repaired + 1
         end
       elseif key then
@@ -133,7 +133,7 @@ elseif mode == 'reach' then
         end
       elseif not redis.call('ZSCORE', WAITING, id) then
         -- 'queued', 'waiting' (its old name), or a stream-model 'dispatched'.
-        redis.call('HDEL', K.row(id), 'entry')
+        redis.call('HDEL', K.row(id), 'e')
         make_runnable(tenant, id, tonumber(row[5] or row[6]) or now, row[7])
         repaired = repaired + 1
       end
@@ -151,7 +151,7 @@ elseif mode == 'usage' then
   for state, idx in pairs(indexes) do
     for _, id in ipairs(redis.call('ZRANGE', idx, 0, -1)) do
       -- Counted once, from the index of its status (a stale member elsewhere is not it).
-      local r = redis.call('HMGET', K.row(id), 'sz', 'tenant', 'status', 'err_msg', 'deleted')
+      local r = redis.call('HMGET', K.row(id), 'z', 't', 's', 'em', 'dl')
       if r[1] and r[2] == tenant and r[3] == state and not r[5] then
         live = live + tonumber(r[1]) + #(r[4] or '')
       end
@@ -182,7 +182,7 @@ else
   local r = redis.call('ZSCAN', idx, cursor, 'COUNT', count)
   for i = 1, #r[2], 2 do
     local id = r[2][i]
-    if redis.call('HGET', K.row(id), 'status') ~= status then
+    if redis.call('HGET', K.row(id), 's') ~= status then
       redis.call('ZREM', idx, id)
       repaired = repaired + 1
     end

@@ -62,8 +62,8 @@ local now = now_ms()
 -- removed from follows from its state, so a terminal one (most of a big tenant) costs five
 -- commands; a member that drifted elsewhere is met by the drain of that structure.
 local function reap(id)
-  local row = redis.call('HMGET', K.row(id), 'tenant', 'status', 'flow', 'ckh', 'ddh',
-    'lease_owner', 'watch', 'qstate')
+  local row = redis.call('HMGET', K.row(id), 't', 's', 'f', 'kh', 'dh',
+    'lo', 'w', 'q')
   if row[1] ~= tenant then return end
   local status, flow, h, digest, owner = row[2], row[3], row[4], row[5], row[6]
   announce(id, row[7], 'deleted', now)

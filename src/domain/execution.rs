@@ -219,47 +219,56 @@ impl Execution {
         fields: HashMap<String, String>,
         deduplicated: bool,
     ) -> Result<Self, String> {
+        use super::row as f;
+        // A row of layout 1 or 2 (its shard's conversion is under way): read by its old names.
+        let fields = f::normalize(fields);
         let get = |k: &str| fields.get(k).map(String::as_str);
         let need = |k: &str| get(k).ok_or_else(|| format!("row {id} lacks field {k}"));
         let time_of = |k: &str| -> Result<Option<String>, String> {
             get(k).map(|v| rfc3339_from_ms_of(v, id)).transpose()
         };
-        let number = |k: &str| -> Result<u32, String> {
-            need(k)?
-                .parse()
-                .map_err(|_| format!("row {id} has a non-numeric {k}"))
+        let number = |k: &str, default: Option<u32>| -> Result<u32, String> {
+            match (get(k), default) {
+                (None, Some(d)) => Ok(d),
+                (v, _) => v
+                    .ok_or_else(|| format!("row {id} lacks field {k}"))?
+                    .parse()
+                    .map_err(|_| format!("row {id} has a non-numeric {k}")),
+            }
         };
-        let status = Status::parse(need("status")?)
+        let status = Status::parse(need(f::STATUS)?)
             .ok_or_else(|| format!("row {id} has an unknown status"))?;
         // `qs` is the state a script computed for the answer (it needs the tenant's queue);
         // a plain read of the row knows only whether it is scheduled.
-        let queue_state = match (status, get("qs"), get("qstate")) {
+        let queue_state = match (status, get("qs"), get(f::QSTATE)) {
             (Status::Queued, Some(qs), _) => QueueState::parse(qs),
             (Status::Queued, None, Some("scheduled")) => Some(QueueState::Scheduled),
             (Status::Queued, None, _) => Some(QueueState::Waiting),
             _ => None,
         };
-        let priority = match get("priority") {
+        let priority = match get(f::PRIORITY) {
             None => super::request::DEFAULT_PRIORITY,
             Some(p) => p
                 .parse()
                 .map_err(|_| format!("row {id} has a non-numeric priority"))?,
         };
-        let params = super::JsonText::parse(need("params")?.to_owned())
+        let params = super::JsonText::parse(need(f::PARAMS)?.to_owned())
             .map_err(|e| format!("row {id} has unreadable params: {e}"))?;
-        let output = get("output")
+        let output = get(f::OUTPUT)
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| format!("row {id} has unreadable output: {e}"))?;
-        let error = get("err_kind").map(|kind| ErrorInfo {
+        let error = get(f::ERR_KIND).map(|kind| ErrorInfo {
             kind: kind.to_owned(),
-            message: get("err_msg").unwrap_or_default().to_owned(),
+            message: get(f::ERR_MSG).unwrap_or_default().to_owned(),
         });
+        let created_at =
+            time_of(f::CREATED)?.ok_or_else(|| format!("row {id} lacks field {}", f::CREATED))?;
         Ok(Self {
             execution_id: id.to_owned(),
-            tenant_id: need("tenant")?.to_owned(),
-            flow_id: need("flow")?.to_owned(),
-            version: get("version").map(str::to_owned),
+            tenant_id: need(f::TENANT)?.to_owned(),
+            flow_id: need(f::FLOW)?.to_owned(),
+            version: get(f::VERSION).map(str::to_owned),
             params,
             status,
             queue_position: match queue_state {
@@ -269,19 +278,19 @@ impl Execution {
             estimated_start: None,
             queue_state,
             priority,
-            run_at: time_of("run_at")?,
-            dedup_key: get("dedup").map(str::to_owned),
-            concurrency_key: get("ckey").map(str::to_owned),
-            traceparent: get("tp").map(str::to_owned),
-            tracestate: get("tst").map(str::to_owned),
+            run_at: time_of(f::RUN_AT)?,
+            dedup_key: get(f::DEDUP).map(str::to_owned),
+            concurrency_key: get(f::CONCURRENCY_KEY).map(str::to_owned),
+            traceparent: get(f::TRACEPARENT).map(str::to_owned),
+            tracestate: get(f::TRACESTATE).map(str::to_owned),
             deduplicated,
-            attempt: number("attempt")?,
-            max_attempts: number("max_attempts")?,
-            cancel_requested: get("cancel") == Some("1"),
-            created_at: time_of("created")?.ok_or_else(|| format!("row {id} lacks created"))?,
-            started_at: time_of("started")?,
-            finished_at: time_of("finished")?,
-            updated_at: time_of("updated")?.ok_or_else(|| format!("row {id} lacks updated"))?,
+            attempt: number(f::ATTEMPT, Some(0))?,
+            max_attempts: number(f::MAX_ATTEMPTS, None)?,
+            cancel_requested: get(f::CANCEL) == Some("1"),
+            updated_at: time_of(f::UPDATED)?.unwrap_or_else(|| created_at.clone()),
+            created_at,
+            started_at: time_of(f::STARTED)?,
+            finished_at: time_of(f::FINISHED)?,
             output,
             error,
         })

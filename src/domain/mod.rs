@@ -6,6 +6,7 @@ mod execution;
 mod ids;
 mod json_text;
 mod request;
+pub mod row;
 mod trace;
 
 pub use execution::{

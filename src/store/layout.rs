@@ -11,7 +11,8 @@
 //! The tags are found by a short deterministic search (the first `s<NN>.<k>` whose slot is
 //! within the window), so every process and build computes the same ones; a test pins them.
 
-/// A key layout: how shard tags are named. Recorded in the meta record at first start.
+/// A key layout: how shard tags are named, and (from 3 on) how rows name their fields.
+/// Recorded in the meta record at first start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     /// `{s07}`: the first layout, kept readable for deployments that started with it (see
@@ -19,19 +20,29 @@ pub enum Layout {
     Legacy = 1,
     /// `{s07.<k>}`: slot-aligned tags (this module's comment).
     SlotAligned = 2,
+    /// The tags of layout 2, and compact rows: short field names, defaults not stored (see
+    /// `domain::row`). Reached from 1 or 2 by `sluice migrate-layout`, which converts each
+    /// shard's rows.
+    Compact = 3,
 }
 
 impl Layout {
     /// The layout new deployments get.
-    pub const CURRENT: Layout = Layout::SlotAligned;
+    pub const CURRENT: Layout = Layout::Compact;
 
     /// The layout recorded as `number`, if this build knows it.
     pub fn from_number(number: u32) -> Option<Self> {
         match number {
             1 => Some(Layout::Legacy),
             2 => Some(Layout::SlotAligned),
+            3 => Some(Layout::Compact),
             _ => None,
         }
+    }
+
+    /// Whether this layout's shard tags are those of layout 2 (so a move to 3 renames no key).
+    pub fn slot_aligned(self) -> bool {
+        self != Layout::Legacy
     }
 
     /// The number recorded in the meta record.
@@ -44,8 +55,8 @@ impl Layout {
     pub fn tag(self, n: u16, count: u16) -> String {
         match self {
             Layout::Legacy => format!("s{n:02}"),
-            Layout::SlotAligned if n < count => aligned_tag(n, count),
-            Layout::SlotAligned => dedicated_tag(n, count),
+            Layout::SlotAligned | Layout::Compact if n < count => aligned_tag(n, count),
+            Layout::SlotAligned | Layout::Compact => dedicated_tag(n, count),
         }
     }
 }

@@ -9,7 +9,7 @@ use redis::Value;
 use super::call::script_call;
 use super::row::{from_fields, row_to_execution};
 use super::{Shard, Store, StoreError};
-use crate::domain::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId};
+use crate::domain::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId, row};
 
 /// A page of a tenant's executions, newest first.
 #[derive(Debug)]
@@ -79,14 +79,16 @@ impl Store {
                     .query_async(&mut c),
             )
             .await?;
+        // A row of an older layout (its shard's conversion is under way) reads the same.
+        fields = row::normalize(fields);
         // A force-deleted row still running is kept only to hold its slot: gone for readers.
-        if fields.get("tenant").map(String::as_str) != Some(tenant.as_str())
-            || fields.contains_key("deleted")
+        if fields.get(row::TENANT).map(String::as_str) != Some(tenant.as_str())
+            || fields.contains_key(row::DELETED)
         {
             return Ok(None);
         }
-        if fields.get("status").map(String::as_str) == Some("queued")
-            && fields.get("qstate").map(String::as_str) != Some("scheduled")
+        if fields.get(row::STATUS).map(String::as_str) == Some("queued")
+            && fields.get(row::QSTATE).map(String::as_str) != Some("scheduled")
         {
             let max = max_concurrent
                 .unwrap_or_else(|| u64::from(self.policy.max_concurrent.load(Ordering::Relaxed)));
@@ -112,7 +114,7 @@ impl Store {
         rank: Option<u64>,
         fields: &mut HashMap<String, String>,
     ) -> Result<(), StoreError> {
-        let Some(h) = fields.get("ckh").cloned() else {
+        let Some(h) = fields.get(row::CONCURRENCY_DIGEST).cloned() else {
             if let Some(r) = rank {
                 fields.insert("qpt".into(), r.to_string());
             }
@@ -120,10 +122,10 @@ impl Store {
         };
         // Its order key, as order_key() in common.lua computes it.
         let number = |k: &str| fields.get(k).and_then(|v| v.parse::<i64>().ok());
-        let ready_at = number("ready_at")
-            .or_else(|| number("created"))
+        let ready_at = number(row::READY_AT)
+            .or_else(|| number(row::CREATED))
             .unwrap_or(0);
-        let at = ready_at + (number("priority").unwrap_or(3) - 3) * 60_000;
+        let at = ready_at + (number(row::PRIORITY).unwrap_or(3) - 3) * 60_000;
         let mut c = self.conn();
         let (own, per_key, key_rank, ahead): (Option<String>, Option<i64>, Option<u64>, u64) = self
             .bounded(

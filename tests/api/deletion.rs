@@ -156,7 +156,7 @@ async fn leftovers(app: &TestApp, tenant: &str, ids: &BTreeSet<String>) -> Vec<S
         }
         let kind = keys::parse(&k).map(|n| n.kind);
         let owner_field = match kind {
-            Some(KeyKind::Row) => Some("tenant"),
+            Some(KeyKind::Row) => Some(sluice::domain::row::TENANT),
             Some(KeyKind::Access) if k.contains("}:key:") => Some("tenant"),
             _ => None,
         };

@@ -468,18 +468,20 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
         cmd.arg(s.row(id));
         for (k, v) in [
             ("tenant", "acme".to_owned()),
-            ("flow", "demo.echo".to_owned()),
-            ("params", "{}".to_owned()),
-            ("status", "queued".to_owned()),
-            ("attempt", "0".to_owned()),
-            ("max_attempts", "3".to_owned()),
-            ("created", now.to_string()),
-            ("updated", now.to_string()),
+            (sluice::domain::row::FLOW, "demo.echo".to_owned()),
+            (sluice::domain::row::PARAMS, "{}".to_owned()),
+            (sluice::domain::row::STATUS, "queued".to_owned()),
+            (sluice::domain::row::ATTEMPT, "0".to_owned()),
+            (sluice::domain::row::MAX_ATTEMPTS, "3".to_owned()),
+            (sluice::domain::row::CREATED, now.to_string()),
+            (sluice::domain::row::UPDATED, now.to_string()),
         ]
         .into_iter()
         .chain(extra.iter().map(|(k, v)| (*k, v.clone())))
         {
-            cmd.arg(k).arg(v);
+            // Written by the old names (as that build did), stored by this layout's.
+            cmd.arg(sluice::domain::row::compact_name(k).unwrap_or(k))
+                .arg(v);
         }
         cmd
     };
@@ -527,7 +529,7 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
             .unwrap();
         let _: i64 = row(
             &id,
-            &[("qstate", "dispatched".into()), ("entry", entry.clone())],
+            &[(sluice::domain::row::QSTATE, "dispatched".into()), (sluice::domain::row::ENTRY, entry.clone())],
         )
         .query_async(&mut c)
         .await
@@ -546,7 +548,7 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
     }
     // One waiting (FIFO set scored by admission time).
     let waiting = mint();
-    let _: i64 = row(&waiting, &[("qstate", "waiting".into())])
+    let _: i64 = row(&waiting, &[(sluice::domain::row::QSTATE, "waiting".into())])
         .query_async(&mut c)
         .await
         .unwrap();
@@ -567,7 +569,7 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
     let _: i64 = row(
         &retry,
         &[
-            ("qstate", "dispatched".into()),
+            (sluice::domain::row::QSTATE, "dispatched".into()),
             ("attempt", "1".into()),
             ("fence", "1".into()),
         ],

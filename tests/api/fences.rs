@@ -505,7 +505,7 @@ async fn admit_declares_the_keys_it_writes() {
     // it was admitted on (Redis's clock), and the tenant is listed as having work.
     let created: u64 = app
         .redis
-        .query(redis::cmd("HGET").arg(s.row(&eid)).arg("created"))
+        .query(redis::cmd("HGET").arg(s.row(&eid)).arg(sluice::domain::row::CREATED))
         .await;
     let day = created / 86_400_000;
     expected.extend([s.trends(&t, day), s.shard_trends(day), s.busy()]);
@@ -541,7 +541,7 @@ async fn admit_declares_the_keys_it_writes() {
     }
     let tenant: Option<String> = app
         .redis
-        .query(redis::cmd("HGET").arg(s.row(&eid)).arg("tenant"))
+        .query(redis::cmd("HGET").arg(s.row(&eid)).arg(sluice::domain::row::TENANT))
         .await;
     assert_eq!(tenant.as_deref(), Some("acme"));
     let mapping: String = app

@@ -52,7 +52,7 @@ async fn start_all(app: &TestApp, store: &Store, worker: &str) -> Vec<String> {
 async fn fence_of(app: &TestApp, id: &str) -> u64 {
     let row = app.shard("acme").row(&ExecutionId::parse(id).unwrap());
     app.redis
-        .query(redis::cmd("HGET").arg(row).arg("fence"))
+        .query(redis::cmd("HGET").arg(row).arg(sluice::domain::row::FENCE))
         .await
 }
 

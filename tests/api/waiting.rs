@@ -174,7 +174,7 @@ async fn until_watched(app: &TestApp, tenant: &str, id: &str) {
     loop {
         let watch: Option<u64> = app
             .redis
-            .query(redis::cmd("HGET").arg(&key).arg("watch"))
+            .query(redis::cmd("HGET").arg(&key).arg(sluice::domain::row::WATCH))
             .await;
         if watch.is_some() {
             return;
@@ -307,7 +307,7 @@ async fn bad_waits_are_refused_and_other_tenants_executions_are_not_found() {
         .query(
             redis::cmd("HGET")
                 .arg(app.shard("acme").row(&ExecutionId::parse(&id).unwrap()))
-                .arg("watch"),
+                .arg(sluice::domain::row::WATCH),
         )
         .await;
     assert_eq!(watch, None);

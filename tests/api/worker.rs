@@ -36,7 +36,7 @@ async fn pending(app: &TestApp) -> (u64, u64) {
             let row = shard.row(&sluice::domain::ExecutionId::parse(&id).unwrap());
             let fence: Option<u64> = redis::cmd("HGET")
                 .arg(row)
-                .arg("fence")
+                .arg(sluice::domain::row::FENCE)
                 .query_async(&mut c)
                 .await
                 .unwrap();

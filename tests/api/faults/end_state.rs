@@ -163,7 +163,7 @@ pub(super) async fn final_state(api: &Api, redis_url: &str) -> Final {
             }
             let tenant: Option<String> = redis::cmd("HGET")
                 .arg(&key)
-                .arg("tenant")
+                .arg(sluice::domain::row::TENANT)
                 .query_async(&mut conn)
                 .await
                 .expect("HGET");

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
-use sluice::domain::TenantId;
+use sluice::domain::{TenantId, row};
 use sluice::store::keys::{self, KeyKind};
 use sluice::store::{Shard, ShardMap, WORKER_GROUP};
 
@@ -159,7 +159,7 @@ impl Direct {
             // Every key found is on this node, so one pipeline per page reads them.
             for keys in row_keys(node).await?.chunks(ROW_PAGE) {
                 let rows: Vec<(Option<String>, Option<u64>, Option<u64>)> =
-                    rows_page(keys, &["status", "created", "finished"])
+                    rows_page(keys, &[row::STATUS, row::CREATED, row::FINISHED])
                         .query_async(node)
                         .await?;
                 for (status, created, finished) in rows {
@@ -203,7 +203,13 @@ impl Direct {
                     Option<u64>,
                 );
                 let fields = [
-                    "status", "created", "started", "finished", "tenant", "ready_at", "run_at",
+                    row::STATUS,
+                    row::CREATED,
+                    row::STARTED,
+                    row::FINISHED,
+                    row::TENANT,
+                    row::READY_AT,
+                    row::RUN_AT,
                 ];
                 let rows: Vec<Row> = rows_page(keys, &fields).query_async(node).await?;
                 for (k, (status, created, started, finished, tenant, ready_at, run_at)) in
