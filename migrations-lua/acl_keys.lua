@@ -6,4 +6,4 @@ local A = {}
 function A.key(id) return P .. 'key:' .. id end
 function A.tenant_keys(t) return P .. 't:' .. t .. ':keys' end
 function A.tenants() return P .. 'tenants' end
-function A.frozen() return P .. 'frozen' end
+function A.frozen() return P .. 'hold' end

@@ -125,7 +125,8 @@ local function admit_one(k, a)
 
   -- Decided; from here on only writes.
   -- A new row leaves out what equals its default (see "Rows" in common.lua): attempt 0,
-  -- `u` (updated) equal to `c` (created), the default priority.
+  -- `u` (updated) equal to `c` (created), the default priority, and (make_runnable()) its
+  -- queue state `queued` and ready_at equal to `c`.
   local row = { 't', tenant, 'f', flow, 'p', params, 's', 'queued', 'm', max_attempts,
     'c', now, 'z', size }
   if priority ~= DEFAULT_PRIORITY then

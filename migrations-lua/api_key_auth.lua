@@ -4,7 +4,7 @@
 -- in any way (revoked, tenant deleted) never authenticates. The caller compares the secret's
 -- hash in constant time. Read-only (`no-writes`: it also runs while Redis is over maxmemory).
 --
--- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:frozen (see guard.lua)
+-- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:hold (see guard.lua)
 -- KEYS[2]  record: the key record, sluice:{acl}:key:<key id>
 -- KEYS[3]  tenants: the tenant registry, sluice:{acl}:tenants
 -- ARGV[1]  prefix: the access prefix, sluice:{acl}: (the tenant's key set is built from it)

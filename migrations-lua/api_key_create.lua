@@ -4,7 +4,7 @@
 -- Access data lives under its own hash tag `{acl}` (see src/store/keys.rs), not in a shard.
 -- Refused while Redis is over maxmemory (no allow-oom flag): it only adds data.
 --
--- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:frozen (see guard.lua)
+-- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:hold (see guard.lua)
 -- KEYS[2]  record: the key record, sluice:{acl}:key:<key id>
 -- KEYS[3]  keyset: the tenant's key set, sluice:{acl}:t:<tenant>:keys
 -- KEYS[4]  tenants: the tenant registry, sluice:{acl}:tenants

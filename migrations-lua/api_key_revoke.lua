@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- api_key_revoke.lua: delete one API key of a tenant. The next request with it is a 401.
 --
--- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:frozen (see guard.lua)
+-- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:hold (see guard.lua)
 -- KEYS[2]  record: the key record, sluice:{acl}:key:<key id>
 -- KEYS[3]  keyset: the tenant's key set, sluice:{acl}:t:<tenant>:keys
 -- ARGV[1]  prefix: the access prefix, sluice:{acl}:

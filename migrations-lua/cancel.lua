@@ -50,8 +50,8 @@ if status == 'queued' then
   local size = tonumber(row[8])
   if size then size = size + redis.call('HSTRLEN', ROW, 'em') end
   settle_terminal(tenant, id, redis.call('HGET', ROW, 'dh'), size)
-  outbox(tenant, id, 'cancelled', now,
-    { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'a') or '0' })
+  local attempt = redis.call('HGET', ROW, 'a') or '0'
+  outbox(tenant, id, 'cancelled', now, { 'flow', flow, 'attempt', attempt })
   redis.call('HINCRBY', STATS, 'cancelled', 1)
   tally(tenant, 'cancelled', now)
 elseif status == 'running' then

@@ -52,7 +52,7 @@ function K.dlq_rebuilt() return P .. 'dlq_rebuilt' end
 function K.dlq_evicted() return P .. 'dlq_evicted' end
 function K.stats() return P .. 'stats' end
 function K.void(id) return P .. 'void:' .. id end
-function K.frozen() return P .. 'frozen' end
+function K.frozen() return P .. 'hold' end
 function K.bell() return P .. 'bell' end
 function K.adopted(consumer) return P .. 'adopted:' .. consumer end
 function K.key_queue(t, h) return P .. 't:' .. t .. ':k:' .. h .. ':q' end
@@ -74,34 +74,42 @@ function K.retained(t) return P .. 't:' .. t .. ':ret' end
 -- mostly names and values). This table is the one declaration of them; src/domain/row.rs
 -- holds the same table for the Rust readers, and the test `rows::` checks the two against
 -- each other and against what the scripts write and read. Numbers are decimal text.
--- A field equal to its default is not stored; the reader supplies it (marked *).
---   name  meaning                                   written by
---   t     tenant                                    admit
---   f     flow id                                   admit
---   v     flow version (absent: none)               admit
---   p     params (JSON text)                        admit
---   s     status: queued|running|completed|failed|cancelled
---   m     max_attempts                              admit
---   a     attempt, starts of the current run (*0)   start, requeue, retry
---   c     created, ms                               admit
---   u     updated, ms (*= c)                        every later change
---   pr    priority 1..5 (*DEFAULT_PRIORITY)         admit
---   z     logical base size (ROW_BYTES + #params; see "Storage")
---   d     dedup key as given; dh its digest         admit
---   k     concurrency key as given; kh its digest   admit
---   tp    traceparent; ts tracestate                admit
---   q     queue state: queued|scheduled (kept while it runs, see start_entries())
---   r     ready_at, ms: when it became runnable (*= c)
+-- A field equal to its default is not stored; the reader supplies it (marked *). One name a
+-- line (the test reads this table).
+--   name  meaning
+--   t     tenant
+--   f     flow id
+--   v     flow version (absent: none)
+--   p     params (JSON text)
+--   s     status: queued | running | completed | failed | cancelled
+--   m     max_attempts
+--   a     attempt: starts of the current run (*0)
+--   c     created, ms
+--   u     updated, ms (*equal to c)
+--   pr    priority 1..5 (*DEFAULT_PRIORITY)
+--   z     logical base size, ROW_BYTES + #params (see "Storage")
+--   d     dedup key as given
+--   dh    the dedup key's digest
+--   k     concurrency key as given
+--   kh    the concurrency key's digest
+--   tp    traceparent
+--   ts    tracestate
+--   q     queue state: queued | scheduled (*queued; kept while it runs, see start_entries())
+--   r     ready_at, ms: when it became runnable (*equal to c)
 --   ra    run_at, ms: its due time while scheduled
---   e     stream entry (schema 1, read by migrate_dispatch only)
---   lo    lease owner (consumer); lu lease until, ms
+--   e     stream entry (schema 1; migrate_dispatch reads it)
+--   lo    lease owner (the worker's consumer name)
+--   lu    lease until, ms
 --   fe    fence: the token of the current start, never repeats
 --   x     cancel requested ('1')
 --   dl    force-deleted while running ('1')
---   w     somebody waits on it until (ms, see "Waiters")
+--   w     somebody waits on it until, ms (see "Waiters")
 --   ws    webhook sequence number (see "Webhooks")
---   st    started, ms; fi finished, ms
---   o     output (JSON text); ek error kind; em error message
+--   st    started, ms
+--   fi    finished, ms
+--   o     output (JSON text)
+--   ek    error kind
+--   em    error message
 --   rp    fence of the run whose report was taken (complete.lua's repeat check)
 -- Replies may append fields no row holds: qs, qpt, qpk, qkl (see view()).
 local DEFAULT_PRIORITY = '3'
@@ -408,8 +416,9 @@ end
 -- first (see "Concurrency keys" above). Returns true when the tenant was in the runnable set
 -- already (so it had queued work before this one). `runnable` true says the caller knows it is
 -- (admit.lua, for a tenant's later admissions in one call: more work never takes a tenant out
--- of the set), and spares the read.
-local function make_runnable(t, id, ready_at, priority, fields, h, runnable)
+-- of the set), and spares the read. `fresh` says the row is new (admit.lua): its queue state
+-- and ready_at are the defaults (queued, created), so neither is written (see "Rows").
+local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fresh)
   local at = order_key(ready_at, priority)
   if h and h ~= '' then
     local queue = K.key_queue(t, h)
@@ -423,7 +432,11 @@ local function make_runnable(t, id, ready_at, priority, fields, h, runnable)
   else
     redis.call('ZADD', K.waiting(t), at, id)
   end
-  redis.call('HSET', K.row(id), 'q', 'queued', 'r', ready_at, unpack(fields or {}))
+  if fresh then
+    redis.call('HSET', K.row(id), unpack(fields))
+  else
+    redis.call('HSET', K.row(id), 'q', 'queued', 'r', ready_at, unpack(fields or {}))
+  end
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
   if runnable or redis.call('ZSCORE', K.runnable(), t) then return true end
@@ -725,7 +738,7 @@ local function enqueue(t, flow, id, now, priority, due, fields, h, runnable)
     schedule(t, flow, id, due, fields)
     return false
   end
-  return make_runnable(t, id, now, priority, fields, h, runnable)
+  return make_runnable(t, id, now, priority, fields, h, runnable, true)
 end
 
 -- Releases the slot id holds (if any), and its concurrency key's (h: its digest, nil or ''

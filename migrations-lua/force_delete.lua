@@ -51,8 +51,8 @@ if sz then
   end
 end
 notify_deleted(id, now)
-outbox(tenant, id, 'deleted', now,
-  { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'a') or '0', 'was', status })
+local attempt = redis.call('HGET', ROW, 'a') or '0'
+outbox(tenant, id, 'deleted', now, { 'flow', flow, 'attempt', attempt, 'was', status })
 index_remove(tenant, flow, status, id)
 if digest then
   local key = K.dedup(tenant, digest)

@@ -8,7 +8,8 @@
 -- Calling convention shared by every script:
 --   ARGV[1]  the key prefix of the one hash tag the call works in: a shard ("sluice:{s07.19}:"),
 --            or the access data ("sluice:{acl}:").
---   KEYS[1]  the freeze marker under that prefix, <prefix>frozen
+--   KEYS[1]  the freeze marker under that prefix, <prefix>hold (builds of layouts 1 and 2
+--            checked <prefix>frozen: `sluice migrate-layout` sets that one to stop them)
 --   KEYS[2..] every other key whose name follows from the call's arguments (each script's
 --            header lists them); keys found only in data read inside (ids popped from a set or
 --            read from a stream, a row's flow or status) are built from ARGV[1].
@@ -31,8 +32,8 @@ for i = 1, #KEYS do
       ' is outside the prefix ' .. P)
   end
 end
-if KEYS[1] ~= P .. 'frozen' then
-  return redis.error_reply('ERR sluice fence: KEYS[1] must be ' .. P .. 'frozen, not ' ..
+if KEYS[1] ~= P .. 'hold' then
+  return redis.error_reply('ERR sluice fence: KEYS[1] must be ' .. P .. 'hold, not ' ..
     tostring(KEYS[1]))
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then

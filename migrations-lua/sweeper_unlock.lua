@@ -3,7 +3,7 @@
 -- (after a turn longer than the lock's hold, another process may hold it by now).
 -- Composed after guard.lua only (no shard helpers).
 --
--- KEYS[1]  frozen: the freeze marker of the {meta} tag, sluice:{meta}:frozen (see guard.lua)
+-- KEYS[1]  frozen: the freeze marker of the {meta} tag, sluice:{meta}:hold (see guard.lua)
 -- KEYS[2]  lock: the sweeper lock, sluice:{meta}:sweeper
 -- ARGV[1]  prefix: the {meta} prefix, sluice:{meta}:
 -- ARGV[2]  owner: the owner name this process took the lock with

@@ -2,7 +2,7 @@
 -- tenant_delete.lua: remove a tenant from the registry and revoke all its API keys, in one
 -- step. Its executions and limits live in its shard and are handled by the caller.
 --
--- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:frozen (see guard.lua)
+-- KEYS[1]  frozen: the access freeze marker, sluice:{acl}:hold (see guard.lua)
 -- KEYS[2]  tenants: the tenant registry, sluice:{acl}:tenants
 -- KEYS[3]  keyset: the tenant's key set, sluice:{acl}:t:<tenant>:keys
 -- ARGV[1]  prefix: the access prefix, sluice:{acl}: (key records are built from it)

@@ -1,71 +1,287 @@
-//! `sluice migrate-layout`: moves a Redis written with an older key layout to the current one.
+//! `sluice migrate-layout`: moves a Redis written with an older key layout to the current one
+//! (layout 3), shard by shard, while processes of the older build keep serving the shards not
+//! converted yet.
 //!
 //! Layout 1 named shards `{s00}`..`{s15}`, which crowd some masters of a Redis Cluster (see
-//! `store::layout`). The migration renames every shard key to its layout-2 name:
+//! `store::layout`); layout 2 gave them slot-aligned tags; layout 3 keeps those tags and gives
+//! rows compact field names (`domain::row`). Builds of layouts 1 and 2 refuse a shard's
+//! scripts while `<prefix>frozen` exists; this build checks `<prefix>hold` instead. So a move
+//! can stop each build where it must not run:
 //!
-//! 1. every old shard is frozen (its scripts refuse, retryably, from now on);
-//! 2. each key of each old shard is copied to its new name (`DUMP` + `RESTORE`, which keeps
-//!    its TTL, and for streams their consumer groups and pending entries), then deleted — on a
-//!    cluster the new name usually lives on another master;
-//! 3. the meta record is set to the new layout.
+//! 1. every shard not converted yet is held (this build's processes refuse it, 503), then
+//!    the meta record says a move to 3 is under way (`layout_to`): this build's `serve` and
+//!    `worker` may start from now on and serve the converted shards;
+//! 2. from layout 1 only: every old shard is frozen and its keys renamed to the new tags
+//!    (`DUMP` + `RESTORE ... ABSTTL`, which keeps each key's expiry time to the millisecond,
+//!    and streams' groups and pending entries), as the move 1 → 2 did (below);
+//! 3. per shard: its old marker is set (processes of the older build refuse it from now on,
+//!    for good: they must be stopped), the conversion `STEPS` run over it in bounded batches,
+//!    the shard is recorded as converted and its hold removed (this build serves it);
+//! 4. the meta record says layout 3.
 //!
-//! Processes still running with the old layout keep answering 503 (their shards stay frozen:
-//! the old markers are left in place for them); restarted, they read the new layout. An
-//! interrupted migration is finished by running it again: the old shards stay frozen, a key
-//! already copied and deleted is not seen again, and an old key whose new name exists already
-//! is deleted without being copied. That decision is made per key by Redis itself (`RESTORE`
-//! without `REPLACE` refuses with `BUSYKEY`): the new name is the record that the key was
-//! copied. Nothing writes new names before the meta record names the new layout, and the
-//! frozen old shard changes only through writers that do not check the marker — older builds
-//! that bring an empty ready stream or a doorbell back under the old name (this build creates
-//! its consumer groups and rings its doorbells through scripts, which refuse while frozen). So
-//! the copy is always the one to keep; copying the old key over it would replace a ready
-//! stream full of queued executions with an empty one.
+//! So a shard is refused by both builds only while its own conversion runs — provided
+//! processes of both builds run during the move; a deployment that stopped its old processes
+//! first has the unconverted shards refused until their turn. An interrupted move is finished
+//! by running the command again: converted shards stay converted (the `{meta}` set of
+//! converted shards), a shard half converted is held still and converted again (each step is
+//! safe to repeat), and the renames of layout 1 are decided per key by Redis, as below.
+//!
+//! The renames of layout 1. An interrupted rename is finished by running it again: the old
+//! shards stay frozen, a key already copied and deleted is not seen again, and an old key
+//! whose new name exists already is deleted without being copied. That decision is made per
+//! key by Redis itself (`RESTORE` without `REPLACE` refuses with `BUSYKEY`): the new name is
+//! the record that the key was copied. The frozen old shard changes only through writers that
+//! do not check the marker — older builds that bring an empty ready stream or a doorbell back
+//! under the old name — so the copy is always the one to keep.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 
+use crate::domain::row;
 use crate::reshard::Cluster;
-use crate::store::{Conn, Layout, RedisTarget, ShardMap, Store, StoreConfig, keys};
+use crate::store::{Conn, Layout, RedisTarget, Shard, ShardMap, Store, StoreConfig, keys};
 
 /// What a migration did.
 #[derive(Debug, Clone)]
 pub struct Migrated {
     pub from: Layout,
     pub to: Layout,
-    /// Keys copied to their new name.
+    /// Keys copied to their new name (a move from layout 1).
     pub keys: usize,
     /// Old keys whose new name an earlier, interrupted run had written already: deleted, the
     /// copy kept.
     pub kept: usize,
+    /// What the conversion steps changed (rows given compact names, ...), all shards.
+    pub converted: u64,
+    /// Shards converted by this run (an earlier, interrupted run may have done others).
+    pub shards: usize,
+    /// The longest a shard was refused by both builds (its own conversion).
+    pub longest_freeze: Duration,
     pub took: Duration,
+    /// False when `Limits::max_batches` stopped it first (tests): run it again.
+    pub done: bool,
 }
+
+/// Bounds of one run (tests interrupt it; the command uses the defaults).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Keys a conversion batch looks at (one SCAN and one script call each).
+    pub batch: usize,
+    /// Stop after this many conversion batches in all (`None`: run to the end).
+    pub max_batches: Option<usize>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            batch: 1_000,
+            max_batches: None,
+        }
+    }
+}
+
+/// One step of a shard's conversion to layout 3: `(shard, cursor) -> (next cursor,
+/// converted)`, run in bounded batches from cursor 0 until the next cursor is 0 again, while
+/// the shard is held by both builds. Every step must be safe to repeat (a run interrupted
+/// mid-shard converts the shard again). A conversion that another part of layout 3 needs (a
+/// structure that changes shape) is one more variant here, run by `run_step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Rows get their compact names (`migrations-lua/layout/3_compact_rows.lua`), found by
+    /// SCAN of the shard's rows on the node holding it.
+    Rows,
+}
+
+/// The steps of a shard's conversion, in order.
+pub const STEPS: &[Step] = &[Step::Rows];
 
 /// Migrates the Redis `config` names to the current layout; `None` when it already has it.
 pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrated>> {
+    migrate_layout_with(config, Limits::default()).await
+}
+
+/// `migrate_layout` within `limits`.
+pub async fn migrate_layout_with(
+    config: StoreConfig,
+    limits: Limits,
+) -> anyhow::Result<Option<Migrated>> {
     let began = Instant::now();
-    let store = Store::connect(config.clone())
+    let store = Store::connect_for_migration(config.clone())
         .await
         .with_context(|| format!("cannot use redis at {}", config.redis))?;
     let old = store.shards();
-    if old.layout() == Layout::CURRENT {
-        return Ok(None);
-    }
-    let new = ShardMap::with_dedicated(old.count(), old.dedicated(), Layout::CURRENT);
-    for shard in old.all() {
-        store.freeze_shard(shard).await?;
-    }
-    let mut nodes = node_connections(&config).await?;
     let mut conn = Conn::open(&config.redis, 1, config.op_timeout, 0)
         .await?
         .remove(0);
+    let layout_to: Option<u32> = redis::cmd("HGET")
+        .arg(keys::meta())
+        .arg("layout_to")
+        .query_async(&mut conn)
+        .await?;
+    if old.layout() == Layout::CURRENT && layout_to.is_none() {
+        return Ok(None);
+    }
+    let new = ShardMap::with_dedicated(old.count(), old.dedicated(), Layout::CURRENT);
+    let converted: Vec<u16> = redis::cmd("SMEMBERS")
+        .arg(keys::layout_converted())
+        .query_async(&mut conn)
+        .await?;
+    // 1. Hold what this build must not serve yet, then say that a move is under way.
+    for shard in new.all().filter(|s| !converted.contains(&s.number())) {
+        store.freeze_shard(shard).await?;
+    }
+    let () = redis::cmd("HSET")
+        .arg(keys::meta())
+        .arg("layout_to")
+        .arg(Layout::CURRENT.number())
+        .query_async(&mut conn)
+        .await?;
+    let mut nodes = node_connections(&config).await?;
+    let mut out = Migrated {
+        from: old.layout(),
+        to: Layout::CURRENT,
+        keys: 0,
+        kept: 0,
+        converted: 0,
+        shards: 0,
+        longest_freeze: Duration::ZERO,
+        took: Duration::ZERO,
+        done: false,
+    };
+    // 2. The renames of layout 1.
+    if !old.layout().slot_aligned() {
+        for shard in old.all() {
+            set_key(&mut conn, &shard.old_frozen()).await?;
+        }
+        (out.keys, out.kept) = rename(&old, &new, &mut nodes, &mut conn).await?;
+    }
+    // 3. Shard by shard.
+    let mut batches = 0usize;
+    for shard in new.all().filter(|s| !converted.contains(&s.number())) {
+        let frozen_at = Instant::now();
+        set_key(&mut conn, &shard.old_frozen()).await?;
+        let node = node_of(&mut nodes, shard);
+        for &step in STEPS {
+            let mut cursor = 0u64;
+            // Bounded: a step's cursor returns to 0 (a held shard does not grow).
+            for _ in 0..100_000_000u64 {
+                if limits.max_batches.is_some_and(|m| batches >= m) {
+                    out.took = began.elapsed();
+                    return Ok(Some(out));
+                }
+                batches += 1;
+                let (next, n) = run_step(step, node, shard, cursor, limits.batch).await?;
+                out.converted += n;
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        let () = redis::cmd("SADD")
+            .arg(keys::layout_converted())
+            .arg(shard.number())
+            .query_async(&mut conn)
+            .await
+            .map(|_: i64| ())?;
+        store.unfreeze_shard(shard).await?;
+        out.shards += 1;
+        out.longest_freeze = out.longest_freeze.max(frozen_at.elapsed());
+    }
+    // 4. Done.
+    let () = redis::pipe()
+        .cmd("HSET")
+        .arg(keys::meta())
+        .arg("layout")
+        .arg(Layout::CURRENT.number())
+        .ignore()
+        .cmd("HDEL")
+        .arg(keys::meta())
+        .arg("layout_to")
+        .ignore()
+        .cmd("DEL")
+        .arg(keys::layout_converted())
+        .ignore()
+        .query_async(&mut conn)
+        .await?;
+    out.took = began.elapsed();
+    out.done = true;
+    Ok(Some(out))
+}
+
+/// The conversion script (see `Step::Rows`).
+fn compact_rows() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        redis::Script::new(include_str!("../migrations-lua/layout/3_compact_rows.lua"))
+    })
+}
+
+/// One batch of `step` in `shard` from `cursor`, on the node that holds the shard.
+async fn run_step(
+    step: Step,
+    node: &mut MultiplexedConnection,
+    shard: Shard,
+    cursor: u64,
+    batch: usize,
+) -> anyhow::Result<(u64, u64)> {
+    match step {
+        Step::Rows => {
+            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}exec:*", shard.prefix()))
+                .arg("COUNT")
+                .arg(batch.max(1))
+                .query_async(node)
+                .await?;
+            if found.is_empty() {
+                return Ok((next, 0));
+            }
+            let mut inv = compact_rows().prepare_invoke();
+            for key in &found {
+                inv.key(key);
+            }
+            for (legacy, compact) in row::LEGACY {
+                inv.arg(legacy).arg(compact);
+            }
+            let n: u64 = inv.invoke_async(node).await?;
+            Ok((next, n))
+        }
+    }
+}
+
+/// The node holding `shard`'s slot (the only node of a standalone Redis).
+fn node_of(nodes: &mut [Node], shard: Shard) -> &mut MultiplexedConnection {
+    let slot = crate::store::slot_of_tag(shard.tag());
+    let i = nodes
+        .iter()
+        .position(|n| n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .unwrap_or(0);
+    &mut nodes[i].conn
+}
+
+async fn set_key(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> anyhow::Result<()> {
+    let () = redis::cmd("SET").arg(key).arg(1).query_async(conn).await?;
+    Ok(())
+}
+
+/// Renames every key of layout `old` (1) to its name in `new`: keys copied, and old keys
+/// whose copy an earlier run made.
+async fn rename(
+    old: &ShardMap,
+    new: &ShardMap,
+    nodes: &mut [Node],
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> anyhow::Result<(usize, usize)> {
     let (mut moved, mut kept) = (0, 0);
     for shard in old.all() {
         let (from, to) = (shard.prefix(), new.shard(shard.number()).prefix());
-        let marker = shard.frozen();
-        for node in &mut nodes {
+        let markers = [shard.old_frozen(), shard.frozen()];
+        for node in nodes.iter_mut() {
+            let node = &mut node.conn;
             let mut cursor = 0u64;
             // Bounded: SCAN ends when the cursor returns to 0 (a frozen shard does not grow).
             for _ in 0..10_000_000 {
@@ -77,14 +293,16 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
                     .arg(1_000)
                     .query_async(node)
                     .await?;
-                for key in found.into_iter().filter(|k| *k != marker) {
+                for key in found.into_iter().filter(|k| !markers.contains(k)) {
                     let Some(rest) = key.strip_prefix(&from) else {
                         continue;
                     };
-                    let (dump, ttl): (Option<Vec<u8>>, i64) = redis::pipe()
+                    // The expiry as a time (PEXPIRETIME, RESTORE ... ABSTTL), not a TTL: a
+                    // terminal row's retention bucket is found from its exact expiry.
+                    let (dump, at): (Option<Vec<u8>>, i64) = redis::pipe()
                         .cmd("DUMP")
                         .arg(&key)
-                        .cmd("PTTL")
+                        .cmd("PEXPIRETIME")
                         .arg(&key)
                         .query_async(node)
                         .await?;
@@ -93,9 +311,10 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
                     // Never REPLACE: a new name that exists was copied by an earlier run.
                     let restored: redis::RedisResult<()> = redis::cmd("RESTORE")
                         .arg(format!("{to}{rest}"))
-                        .arg(ttl.max(0))
+                        .arg(at.max(0))
                         .arg(dump)
-                        .query_async(&mut conn)
+                        .arg("ABSTTL")
+                        .query_async(conn)
                         .await;
                     match restored {
                         Ok(()) => moved += 1,
@@ -111,34 +330,32 @@ pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrat
             }
         }
     }
-    let () = redis::cmd("HSET")
-        .arg(keys::meta())
-        .arg("layout")
-        .arg(Layout::CURRENT.number())
-        .query_async(&mut conn)
-        .await?;
-    Ok(Some(Migrated {
-        from: old.layout(),
-        to: Layout::CURRENT,
-        keys: moved,
-        kept,
-        took: began.elapsed(),
-    }))
+    Ok((moved, kept))
+}
+
+/// A direct connection to a node holding data, and the slots it serves.
+struct Node {
+    conn: MultiplexedConnection,
+    slots: Vec<(u16, u16)>,
 }
 
 /// A direct connection to every node holding data: the server, or each cluster master.
-async fn node_connections(config: &StoreConfig) -> anyhow::Result<Vec<MultiplexedConnection>> {
+async fn node_connections(config: &StoreConfig) -> anyhow::Result<Vec<Node>> {
     match &config.redis {
-        RedisTarget::Standalone(url) => Ok(vec![
-            redis::Client::open(url.as_str())?
+        RedisTarget::Standalone(url) => Ok(vec![Node {
+            conn: redis::Client::open(url.as_str())?
                 .get_multiplexed_async_connection()
                 .await?,
-        ]),
+            slots: vec![(0, u16::MAX)],
+        }]),
         RedisTarget::Cluster(_) => {
-            let cluster = Cluster::connect(config.clone()).await?;
+            let cluster = Cluster::connect_for_migration(config.clone()).await?;
             let mut out = Vec::new();
             for m in cluster.masters().await? {
-                out.push(cluster.node(&m.host, m.port).await?);
+                out.push(Node {
+                    conn: cluster.node(&m.host, m.port).await?,
+                    slots: m.slots.clone(),
+                });
             }
             Ok(out)
         }

@@ -73,6 +73,16 @@ pub struct Cluster {
 impl Cluster {
     /// Connects to the cluster `config` names (it must name one).
     pub async fn connect(config: StoreConfig) -> anyhow::Result<Self> {
+        Self::open(config, false).await
+    }
+
+    /// Connects as `sluice migrate-layout` does: on whatever layout the data has (see
+    /// `Store::connect_for_migration`).
+    pub async fn connect_for_migration(config: StoreConfig) -> anyhow::Result<Self> {
+        Self::open(config, true).await
+    }
+
+    async fn open(config: StoreConfig, migrating: bool) -> anyhow::Result<Self> {
         let RedisTarget::Cluster(seeds) = &config.redis else {
             bail!("shards move between the masters of a Redis Cluster: pass --redis-cluster");
         };
@@ -82,9 +92,12 @@ impl Cluster {
             .as_str()
             .into_connection_info()
             .context("bad seed node address")?;
-        let store = Store::connect(config.clone())
-            .await
-            .context("cannot use the cluster")?;
+        let store = if migrating {
+            Store::connect_for_migration(config.clone()).await
+        } else {
+            Store::connect(config.clone()).await
+        }
+        .context("cannot use the cluster")?;
         Ok(Self { store, seed })
     }
 

@@ -46,7 +46,7 @@ pub const CONCURRENCY_DIGEST: &str = "kh";
 pub const TRACEPARENT: &str = "tp";
 /// W3C `tracestate`.
 pub const TRACESTATE: &str = "ts";
-/// Queue state while queued: `queued` or `scheduled`.
+/// Queue state while queued: `queued` or `scheduled`; absent: `queued`.
 pub const QSTATE: &str = "q";
 /// When it became runnable, Unix ms; absent: equal to `CREATED`.
 pub const READY_AT: &str = "r";

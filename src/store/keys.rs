@@ -31,7 +31,7 @@ pub fn meta_prefix() -> &'static str {
 
 /// The freeze marker of the `{meta}` tag (see `Shard::frozen`).
 pub fn meta_frozen() -> &'static str {
-    "sluice:{meta}:frozen"
+    "sluice:{meta}:hold"
 }
 
 /// The tenants pinned to dedicated shards (a hash: `t:<tenant>` → shard number, and
@@ -119,6 +119,12 @@ pub fn meta() -> &'static str {
     "sluice:{meta}:config"
 }
 
+/// The shards `sluice migrate-layout` has converted to layout 3 while a move is under way (a
+/// set of shard numbers; gone once the meta record says layout 3).
+pub fn layout_converted() -> &'static str {
+    "sluice:{meta}:converted"
+}
+
 /// A glob (`SCAN ... MATCH`) matching every execution row of every shard.
 pub fn row_pattern() -> &'static str {
     "sluice:{s*}:exec:*"
@@ -141,7 +147,7 @@ pub fn acl_prefix() -> &'static str {
 
 /// The freeze marker of the access data (see `Shard::frozen`).
 pub fn acl_frozen() -> String {
-    format!("{ACL_PREFIX}frozen")
+    format!("{ACL_PREFIX}hold")
 }
 
 /// An API key's record (a hash: tenant, role, name, created, SHA-256 of the secret). `key_id`
@@ -194,7 +200,17 @@ impl Shard {
     /// The freeze marker: while it exists every script of the shard refuses to run (with a
     /// TRYAGAIN error, before touching anything), so the shard's slot can be moved between
     /// cluster nodes without a script running half on each side.
+    ///
+    /// Named `hold` since layout 3: builds of layouts 1 and 2 check `frozen` (`old_frozen`),
+    /// so `sluice migrate-layout` can stop them in a shard and let this build serve it, or
+    /// the other way round.
     pub fn frozen(self) -> String {
+        format!("{}hold", self.prefix())
+    }
+
+    /// The freeze marker builds of layouts 1 and 2 check (see `frozen`): `sluice
+    /// migrate-layout` sets it when it converts the shard, and leaves it for them.
+    pub fn old_frozen(self) -> String {
         format!("{}frozen", self.prefix())
     }
 
@@ -740,7 +756,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
     }
     let Some(per_tenant) = rest.strip_prefix("t:") else {
         return match rest {
-            "frozen" => at(KeyKind::Frozen),
+            "hold" | "frozen" => at(KeyKind::Frozen),
             "ready" => at(KeyKind::Ready),
             "runnable" => at(KeyKind::Runnable),
             "sched" => at(KeyKind::Sched),

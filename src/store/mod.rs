@@ -293,7 +293,22 @@ impl Policy {
 impl Store {
     /// Connects, and reads (or records, on first start) the shard count and layout version.
     /// Fails when Redis cannot be reached: a server should not start blind.
+    ///
+    /// A Redis on an older key layout is refused (the error names `sluice migrate-layout`),
+    /// unless a move to this build's layout is under way: then the store uses the new
+    /// layout's names, and shards not converted yet refuse with 503 (their hold marker).
     pub async fn connect(config: StoreConfig) -> Result<Self, StoreError> {
+        Self::open(config, false).await
+    }
+
+    /// A store on whatever layout the meta record names, for `sluice migrate-layout`: the
+    /// shard map is the recorded (old) one and no data schema migration runs (it reads rows
+    /// by this build's names, which an old layout's rows do not have yet).
+    pub async fn connect_for_migration(config: StoreConfig) -> Result<Self, StoreError> {
+        Self::open(config, true).await
+    }
+
+    async fn open(config: StoreConfig, migrating: bool) -> Result<Self, StoreError> {
         let conns = Conn::open(
             &config.redis,
             config.connections,
@@ -347,10 +362,12 @@ impl Store {
             clock: std::time::Instant::now(),
             announced: AtomicU64::new(0),
         };
-        let (shards, fresh) = store.init_meta().await?;
+        let (shards, fresh) = store.init_meta(migrating).await?;
         store.shards = shards;
         store.refresh_pins().await?;
-        store.ensure_schema(fresh).await?;
+        if !migrating {
+            store.ensure_schema(fresh).await?;
+        }
         Ok(store)
     }
 

@@ -24,11 +24,22 @@ pub struct Migration {
 }
 
 impl Store {
-    /// Reads (or records, on first start: then `true`) the shard count and layout.
-    pub(super) async fn init_meta(&self) -> Result<(ShardMap, bool), StoreError> {
+    /// Reads (or records, on first start: then `true`) the shard count and layout. An older
+    /// layout is refused unless `migrating` (the store of `sluice migrate-layout`, which gets
+    /// the recorded layout) or a move to this build's layout is under way (`layout_to` in
+    /// the meta record: then this build's layout, whose unconverted shards hold).
+    pub(super) async fn init_meta(&self, migrating: bool) -> Result<(ShardMap, bool), StoreError> {
         let mut c = self.conn();
-        type Meta = (i64, Value, Value, Option<u16>, Option<u32>, Option<u16>);
-        let (created, _, _, shards, layout, dedicated): Meta = self
+        type Meta = (
+            i64,
+            Value,
+            Value,
+            Option<u16>,
+            Option<u32>,
+            Option<u16>,
+            Option<u32>,
+        );
+        let (created, _, _, shards, layout, dedicated, layout_to): Meta = self
             .bounded(
                 redis::pipe()
                     .hset_nx(keys::meta(), "shards", self.config.shards)
@@ -37,6 +48,7 @@ impl Store {
                     .hget(keys::meta(), "shards")
                     .hget(keys::meta(), "layout")
                     .hget(keys::meta(), "dedicated")
+                    .hget(keys::meta(), "layout_to")
                     .query_async(&mut c),
             )
             .await?;
@@ -51,13 +63,27 @@ impl Store {
                 Layout::CURRENT.number()
             )));
         };
-        if layout != Layout::CURRENT {
-            tracing::warn!(
-                layout = layout.number(),
-                "this Redis uses an older key layout (shards crowd some cluster masters); \
-                 `sluice migrate-layout` moves it to the current one"
-            );
-        }
+        let moving = layout_to == Some(Layout::CURRENT.number());
+        let layout = match layout {
+            l if l == Layout::CURRENT || migrating => l,
+            l if moving => {
+                tracing::warn!(
+                    from = l.number(),
+                    to = Layout::CURRENT.number(),
+                    "`sluice migrate-layout` is under way: shards not converted yet answer 503 \
+                     here until their turn (processes of the older build serve them meanwhile)"
+                );
+                Layout::CURRENT
+            }
+            l => {
+                return Err(StoreError::Corrupt(format!(
+                    "redis holds key layout {}, this build reads layout {}: run `sluice \
+                     migrate-layout` (see the upgrade notes in docs/operations.md)",
+                    l.number(),
+                    Layout::CURRENT.number()
+                )));
+            }
+        };
         if shards != self.config.shards {
             tracing::warn!(
                 recorded = shards,

@@ -529,7 +529,10 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
             .unwrap();
         let _: i64 = row(
             &id,
-            &[(sluice::domain::row::QSTATE, "dispatched".into()), (sluice::domain::row::ENTRY, entry.clone())],
+            &[
+                (sluice::domain::row::QSTATE, "dispatched".into()),
+                (sluice::domain::row::ENTRY, entry.clone()),
+            ],
         )
         .query_async(&mut c)
         .await

@@ -299,7 +299,7 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_standalone_redis() {
     let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
     assert!(
         e.to_string().contains(&format!(
-            "KEYS[1] must be {}frozen",
+            "KEYS[1] must be {}hold",
             crate::helpers::shard_no(3).prefix()
         )),
         "{e}"
@@ -505,7 +505,11 @@ async fn admit_declares_the_keys_it_writes() {
     // it was admitted on (Redis's clock), and the tenant is listed as having work.
     let created: u64 = app
         .redis
-        .query(redis::cmd("HGET").arg(s.row(&eid)).arg(sluice::domain::row::CREATED))
+        .query(
+            redis::cmd("HGET")
+                .arg(s.row(&eid))
+                .arg(sluice::domain::row::CREATED),
+        )
         .await;
     let day = created / 86_400_000;
     expected.extend([s.trends(&t, day), s.shard_trends(day), s.busy()]);
@@ -541,7 +545,11 @@ async fn admit_declares_the_keys_it_writes() {
     }
     let tenant: Option<String> = app
         .redis
-        .query(redis::cmd("HGET").arg(s.row(&eid)).arg(sluice::domain::row::TENANT))
+        .query(
+            redis::cmd("HGET")
+                .arg(s.row(&eid))
+                .arg(sluice::domain::row::TENANT),
+        )
         .await;
     assert_eq!(tenant.as_deref(), Some("acme"));
     let mapping: String = app

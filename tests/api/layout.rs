@@ -1,264 +1,334 @@
-//! Key layouts: a Redis written with layout 1 (`{s07}` tags, which crowd some cluster masters)
-//! keeps working, and `sluice migrate-layout` moves it to the current layout without losing an
-//! execution, a dedup key, a waiting position or a stream entry. Runs on both suite modes.
+//! Key layouts: `sluice migrate-layout` moves a deployment of layout 2 (rows with long field
+//! names) or 1 (also the old shard tags) to layout 3 (compact rows), shard by shard, losing
+//! nothing: every execution, listing, total, dedup key, dead letter and row TTL reads the same
+//! after it; an interrupted move is finished by running it again; while one runs, converted
+//! shards serve and the others answer 503. Runs on both suite modes.
+//!
+//! No build of layout 2 is at hand, so a deployment of it is made from this build's data:
+//! `downgrade` rewrites every row with the names builds of layouts 1 and 2 wrote, spelled out
+//! below (not taken from `domain::row`, so a wrong pair there fails the round trip), and the
+//! meta record's layout.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use sluice::domain::ExecutionId;
+use sluice::migrate::{Limits, migrate_layout_with};
+use sluice::store::{Layout, Outcome, ShardMap, keys};
 
-use crate::helpers::{TestApp, TestRedis, TestWorker, sluice_bin};
+use crate::helpers::{TestApp, TestWorker, problem_code, sluice_bin};
 
-#[tokio::test]
-async fn migrate_layout_moves_every_key_and_old_processes_stop_writing() {
-    let redis = TestRedis::start().await;
-    // A Redis first written by a build of layout 1.
-    let _: () = redis
-        .query(
-            redis::cmd("HSET")
-                .arg(sluice::store::keys::meta())
-                .arg("shards")
-                .arg(16)
-                .arg("layout")
-                .arg(1),
-        )
-        .await;
-    let mut app = TestApp::spawn_on(redis, |_| {}).await;
-    assert_eq!(app.shard("acme").prefix(), "sluice:{s15}:");
+/// Row field names of layouts 1 and 2, by their layout-3 name.
+const OLD_NAMES: &[(&str, &str)] = &[
+    ("t", "tenant"),
+    ("f", "flow"),
+    ("v", "version"),
+    ("p", "params"),
+    ("s", "status"),
+    ("m", "max_attempts"),
+    ("a", "attempt"),
+    ("c", "created"),
+    ("u", "updated"),
+    ("pr", "priority"),
+    ("z", "sz"),
+    ("d", "dedup"),
+    ("dh", "ddh"),
+    ("k", "ckey"),
+    ("kh", "ckh"),
+    ("tp", "tp"),
+    ("ts", "tst"),
+    ("q", "qstate"),
+    ("r", "ready_at"),
+    ("ra", "run_at"),
+    ("e", "entry"),
+    ("lo", "lease_owner"),
+    ("lu", "lease_until"),
+    ("fe", "fence"),
+    ("x", "cancel"),
+    ("dl", "deleted"),
+    ("w", "watch"),
+    ("ws", "whseq"),
+    ("st", "started"),
+    ("fi", "finished"),
+    ("o", "output"),
+    ("ek", "err_kind"),
+    ("em", "err_msg"),
+    ("rp", "reported"),
+];
 
-    // beta has one completed execution and (below) one dispatched; acme may run one at a
-    // time: one dispatched, one waiting behind it (with a dedup key). The worker that completes
-    // beta's first is gone before acme's are admitted, so nothing of theirs has started.
-    let done = app.admit("beta", "demo.echo").await["execution_id"].clone();
-    {
-        let mut worker = TestWorker::spawn(&app.redis, &["--concurrency", "1"]);
-        app.wait_terminal("beta", done.as_str().unwrap(), Duration::from_secs(15))
-            .await;
-        worker.signal("TERM");
-        assert!(worker.wait_exit(Duration::from_secs(15)).success());
-    }
-    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
-    let first = app.admit("acme", "demo.echo").await["execution_id"].clone();
-    let res = app
-        .post_with_key("acme", "order-7", &json!({"flow_id": "demo.echo"}))
-        .await;
-    assert_eq!(res.status(), StatusCode::CREATED);
-    let waiting: Value = res.json().await.unwrap();
-    assert_eq!(waiting["queue_state"], "waiting");
-    let queued = app.admit("beta", "demo.echo").await["execution_id"].clone();
-    let old_keys = app.redis.keys().await;
+/// Rewrites one row as a build of layout 2 wrote it: its old names, and the fields that build
+/// always stored (attempt, priority, updated; a queued row's queue state and ready_at). Keeps
+/// the row's expiry time.
+const TO_OLD_ROW: &str = r#"
+local row = redis.call('HGETALL', KEYS[1])
+if #row == 0 then return 0 end
+local old = {}
+for i = 1, #ARGV, 2 do old[ARGV[i]] = ARGV[i + 1] end
+local have = {}
+for i = 1, #row, 2 do have[old[row[i]] or row[i]] = row[i + 1] end
+have.attempt = have.attempt or '0'
+have.priority = have.priority or '3'
+have.updated = have.updated or have.created
+if have.status == 'queued' and not have.qstate then
+  have.qstate = 'queued'
+  have.ready_at = have.ready_at or have.created
+end
+local out = {}
+for n, v in pairs(have) do
+  out[#out + 1] = n
+  out[#out + 1] = v
+end
+local at = redis.call('PEXPIRETIME', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(out))
+if at > 0 then redis.call('PEXPIREAT', KEYS[1], at) end
+return 1
+"#;
 
-    let out = std::process::Command::new(sluice_bin())
-        .arg("migrate-layout")
-        .args(app.redis.args())
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{}", String::from_utf8_lossy(&out.stdout).trim());
-
-    // The server still running with the old layout refuses (its shards are frozen).
-    let res = app
-        .post_execution("acme", &json!({"flow_id": "demo.echo"}))
-        .await;
-    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    // Nothing is left under the old tags but their markers, and every key moved.
-    let new_keys = app.redis.keys().await;
-    let legacy: Vec<&String> = new_keys
-        .iter()
-        .filter(|k| k.starts_with("sluice:{s") && !k.contains('.'))
-        .collect();
-    assert!(legacy.iter().all(|k| k.ends_with(":frozen")), "{legacy:?}");
-    assert_eq!(
-        new_keys.len(),
-        old_keys.len() + legacy.len(),
-        "every key has its new name (plus the old markers)"
-    );
-
-    // A restarted server reads the new layout and finds everything where it was.
-    app.addr = app.spawn_beside(|_| {}).await;
-    let restarted = app.store().await;
-    assert_eq!(
-        restarted.shards().layout(),
-        sluice::store::Layout::CURRENT,
-        "the meta record names the new layout"
-    );
-    assert_ne!(
-        restarted
-            .shards()
-            .shard_of(&sluice::domain::TenantId::parse("acme").unwrap())
-            .prefix(),
-        "sluice:{s15}:"
-    );
-    let replay = app
-        .post_with_key("acme", "order-7", &json!({"flow_id": "demo.echo"}))
-        .await;
-    assert_eq!(replay.status(), StatusCode::OK);
-    let replay: Value = replay.json().await.unwrap();
-    assert_eq!(replay["execution_id"], waiting["execution_id"]);
-    assert_eq!(
-        app.execution("beta", done.as_str().unwrap()).await["status"],
-        "completed"
-    );
-    // The queue moved with its consumer group: a worker runs what was waiting, in order.
-    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
-    for (t, id) in [
-        ("acme", &first),
-        ("acme", &waiting["execution_id"]),
-        ("beta", &queued),
-    ] {
-        let e = app
-            .wait_terminal(t, id.as_str().unwrap(), Duration::from_secs(15))
-            .await;
-        assert_eq!(e["status"], "completed", "{e}");
-    }
-    let fresh = app.admit("acme", "demo.echo").await;
-    assert_eq!(fresh["status"], "queued");
-}
-
-/// A deployment still on key layout 1 (16 shards) with `n` queued executions of `acme`: the
-/// app and their ids.
-async fn on_layout_1_with(n: usize) -> (TestApp, Vec<String>) {
-    let redis = TestRedis::start().await;
-    let _: () = redis
-        .query(
-            redis::cmd("HSET")
-                .arg(sluice::store::keys::meta())
-                .arg("shards")
-                .arg(16)
-                .arg("layout")
-                .arg(1),
-        )
-        .await;
-    let app = TestApp::spawn_on(redis, |_| {}).await;
-    let mut ids = Vec::new();
-    for _ in 0..n {
-        ids.push(
-            app.admit_with("acme", json!({"flow_id": "demo.echo"}))
-                .await,
-        );
-    }
-    (app, ids)
-}
-
-/// A migration interrupted half-way — one row copied but its original not yet deleted,
-/// another copied and deleted, the rest untouched — is finished by running it again: every
-/// execution is found once under its new name, and runs.
-#[tokio::test]
-async fn an_interrupted_migration_is_finished_by_running_it_again() {
-    use sluice::store::{Layout, ShardMap};
-    let (mut app, ids) = on_layout_1_with(3).await;
-    // What a first run had done when it stopped.
-    let old = app.shard("acme");
-    let new = ShardMap::with_dedicated(16, 2, Layout::CURRENT).shard(old.number());
-    app.store().await.freeze_shard(old).await.unwrap();
-    for (i, id) in ids.iter().take(2).enumerate() {
-        let id = sluice::domain::ExecutionId::parse(id).unwrap();
-        let dump: Vec<u8> = app.redis.query(redis::cmd("DUMP").arg(old.row(&id))).await;
-        let () = app
-            .redis
-            .query(redis::cmd("RESTORE").arg(new.row(&id)).arg(0).arg(dump))
-            .await;
-        if i == 1 {
-            let _: u64 = app.redis.query(redis::cmd("DEL").arg(old.row(&id))).await;
+/// `n` tenant names whose shards are all different, the first in shard `first` when given.
+pub(crate) fn tenants_in_distinct_shards(
+    app: &TestApp,
+    n: usize,
+    first: Option<u16>,
+) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut shards = BTreeSet::new();
+    for i in 0..100_000 {
+        let t = format!("t{i}");
+        let s = app.shard(&t).number();
+        if out.is_empty() && first.is_some_and(|f| f != s) {
+            continue;
+        }
+        if shards.insert(s) {
+            out.push(t);
+        }
+        if out.len() == n {
+            return out;
         }
     }
-
-    let out = std::process::Command::new(sluice_bin())
-        .arg("migrate-layout")
-        .args(app.redis.args())
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let keys = app.redis.keys().await;
-    let stale: Vec<&String> = keys
-        .iter()
-        .filter(|k| k.starts_with(&old.prefix()) && **k != old.frozen())
-        .collect();
-    assert!(stale.is_empty(), "{stale:?}");
-    app.addr = app.spawn_beside(|_| {}).await;
-    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
-    for id in &ids {
-        let e = app.wait_terminal("acme", id, Duration::from_secs(15)).await;
-        assert_eq!(e["status"], "completed", "{e}");
-    }
-    let page = app.get_json(Some("acme"), "/api/executions?limit=10").await;
-    assert_eq!(page["total"], 3, "{page}");
+    panic!("no {n} tenants in distinct shards");
 }
 
-/// An interrupted migration run again while processes of the old layout still run (#19): the
-/// first run had moved acme's queue (five queued executions) when it stopped; then an old
-/// worker starts and an old server answers `GET /api/queues`. (With the stream model both used
-/// to create the old ready stream again, empty, and the second run copied that empty stream
-/// over the real one: the five never ran.) The old processes write nothing under the frozen
-/// old names, and even an old key brought back (as an older build would) is not copied over a
-/// key the first run moved. The five run, once each.
-#[tokio::test]
-async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() {
-    use sluice::store::{Layout, ShardMap};
-    let (mut app, ids) = on_layout_1_with(5).await;
-    // What a first run had done when it stopped: every old shard frozen, acme's queue copied
-    // to its new name and deleted.
-    let old_map = app.store().await.shards();
-    let new_map = ShardMap::with_dedicated(16, old_map.dedicated(), Layout::CURRENT);
-    let old = app.shard("acme");
-    let new = new_map.shard(old.number());
+/// A tenant other than `other` in the same shard.
+fn tenant_beside(app: &TestApp, other: &str) -> String {
+    let shard = app.shard(other).number();
+    (0..100_000)
+        .map(|i| format!("b{i}"))
+        .find(|t| app.shard(t).number() == shard)
+        .expect("a tenant in the same shard")
+}
+
+/// Executions of each tenant in every state, with nothing running a worker process (the test
+/// ends runs by hand): completed (with a dedup key, priority 1 and a version), failed and
+/// dead-lettered, running, force-deleted while running, cancelled, retried, scheduled, and
+/// waiting behind the tenant's limit (one with a concurrency key and a trace context). The
+/// (tenant, id) of each.
+pub(crate) async fn populate(app: &TestApp, tenants: &[String]) -> Vec<(String, String)> {
     let store = app.store().await;
-    for shard in old_map.all() {
-        store.freeze_shard(shard).await.unwrap();
+    let mut ids = Vec::new();
+    for t in tenants {
+        let t = t.as_str();
+        app.put_tenant(t, &json!({"max_concurrent": 4})).await;
+        let done = app
+            .admit_with(
+                t,
+                json!({"flow_id": "demo.echo", "version": "v1", "params": {"n": 1},
+                       "priority": 1, "dedup_key": format!("{t}-done")}),
+            )
+            .await;
+        let failed = app
+            .admit_with(t, json!({"flow_id": "demo.fail", "max_attempts": 1}))
+            .await;
+        let retried = app
+            .admit_with(t, json!({"flow_id": "demo.fail", "max_attempts": 2}))
+            .await;
+        let running = app
+            .admit_with(t, json!({"flow_id": "demo.sleep", "params": {"ms": 1}}))
+            .await;
+        let runs = app.start_by_hand(t, 4).await.started;
+        assert_eq!(runs.len(), 4, "{t}: four started");
+        let shard = app.shard(t);
+        for run in &runs {
+            let outcome = match run.id.as_str() {
+                id if id == done => Outcome::Completed(json!({"ok": true, "n": 1})),
+                id if id == failed || id == retried => Outcome::Failed {
+                    kind: "handler".into(),
+                    message: "it broke".into(),
+                    retry_after: Some(Duration::from_secs(1)),
+                },
+                _ => continue,
+            };
+            store
+                .complete(shard, &run.id, run.fence, "w", &outcome)
+                .await
+                .unwrap();
+        }
+        let failed_now = app.execution(t, &failed).await;
+        assert_eq!(failed_now["status"], "failed", "{failed_now}");
+        // `retried` waits out its backoff as queued (attempt 1 of 2): cancel it, then retry.
+        assert_eq!(app.cancel(t, &retried).await.status(), StatusCode::OK);
+        assert_eq!(app.retry(t, &retried).await.status(), StatusCode::OK);
+        let deleted = app.admit_with(t, json!({"flow_id": "demo.sleep"})).await;
+        let started = app.start_by_hand(t, 2).await.started;
+        assert!(
+            started.iter().any(|r| r.id.as_str() == deleted),
+            "{t}: the one to delete started"
+        );
+        assert_eq!(
+            app.delete(t, &deleted, true).await.status(),
+            StatusCode::NO_CONTENT
+        );
+        let cancelled = app.admit_with(t, json!({"flow_id": "demo.echo"})).await;
+        assert_eq!(app.cancel(t, &cancelled).await.status(), StatusCode::OK);
+        let scheduled = app
+            .admit_with(t, json!({"flow_id": "demo.echo", "delay": "1h"}))
+            .await;
+        app.put_tenant(t, &json!({"max_concurrent": 1})).await;
+        let keyed = app
+            .as_tenant(reqwest::Method::POST, "/api/executions", t)
+            .header(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            )
+            .json(&json!({"flow_id": "demo.echo", "concurrency_key": "k1",
+                          "dedup_key": format!("{t}-keyed")}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(keyed.status(), StatusCode::CREATED);
+        let keyed: Value = keyed.json().await.unwrap();
+        let waiting = app.admit_with(t, json!({"flow_id": "demo.echo"})).await;
+        for id in [
+            done,
+            failed,
+            retried,
+            running,
+            deleted,
+            cancelled,
+            scheduled,
+            keyed["execution_id"].as_str().unwrap().to_owned(),
+            waiting,
+        ] {
+            ids.push((t.to_owned(), id));
+        }
     }
-    let acme = sluice::domain::TenantId::parse("acme").unwrap();
-    let dump: Vec<u8> = app
-        .redis
-        .query(redis::cmd("DUMP").arg(old.waiting(&acme)))
-        .await;
+    ids
+}
+
+/// What a client reads of `ids` and their tenants (every execution, listings by status and
+/// queue state with totals, dead letters), and each row's expiry time. `estimated_start` is
+/// left out: it follows the clock.
+pub(crate) async fn snapshot(app: &TestApp, ids: &[(String, String)]) -> BTreeMap<String, Value> {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.remove("estimated_start");
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut out = BTreeMap::new();
+    let tenants: BTreeSet<&String> = ids.iter().map(|(t, _)| t).collect();
+    for (t, id) in ids {
+        let res = app.get_execution(t, id).await;
+        let status = res.status().as_u16();
+        let mut body: Value = res.json().await.unwrap_or(Value::Null);
+        strip(&mut body);
+        out.insert(format!("GET {t}/{id}"), json!([status, body]));
+        let row = app.shard(t).row(&ExecutionId::parse(id).unwrap());
+        let at: i64 = app.redis.query(redis::cmd("PEXPIRETIME").arg(row)).await;
+        out.insert(format!("expiry {t}/{id}"), json!(at));
+    }
+    for t in tenants {
+        for q in [
+            "limit=200",
+            "status=queued&limit=200",
+            "status=running&limit=200",
+            "status=completed&limit=200",
+            "status=failed&limit=200",
+            "status=cancelled&limit=200",
+            "queue_state=scheduled&limit=200",
+            "queue_state=waiting&limit=200",
+            "flow_id=demo.echo&limit=200",
+        ] {
+            let mut page = app.page(t, q).await;
+            strip(&mut page);
+            out.insert(format!("list {t}?{q}"), page);
+        }
+        out.insert(format!("usage {t}"), app.usage(t).await);
+    }
+    let mut dlq = Value::Array(app.dead_letters().await);
+    strip(&mut dlq);
+    out.insert("dlq".into(), dlq);
+    out
+}
+
+/// Every execution row's name.
+async fn row_keys(app: &TestApp) -> BTreeSet<String> {
+    app.redis
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| k.contains(":exec:"))
+        .collect()
+}
+
+/// Turns this build's data into what a build of layout `to` (1 or 2) would have written (see
+/// the module's comment). Every shard is held first: the test's own server (this build) must
+/// not run a script on rows it cannot read, as no process of this build would.
+async fn downgrade(app: &TestApp, to: u32) {
+    let store = app.store().await;
+    let map = store.shards();
+    for s in map.all() {
+        store.freeze_shard(s).await.unwrap();
+    }
+    for key in row_keys(app).await {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(TO_OLD_ROW).arg(1).arg(&key);
+        for (new, old) in OLD_NAMES {
+            cmd.arg(new).arg(old);
+        }
+        let _: i64 = app.redis.query(&mut cmd).await;
+    }
+    if to == 1 {
+        let legacy = ShardMap::with_dedicated(map.count(), map.dedicated(), Layout::Legacy);
+        for s in map.all() {
+            let (from, into) = (s.prefix(), legacy.shard(s.number()).prefix());
+            for key in app.redis.keys().await {
+                let Some(rest) = key.strip_prefix(&from) else {
+                    continue;
+                };
+                if key == s.frozen() {
+                    continue;
+                }
+                let dump: Vec<u8> = app.redis.query(redis::cmd("DUMP").arg(&key)).await;
+                let at: i64 = app.redis.query(redis::cmd("PEXPIRETIME").arg(&key)).await;
+                let () = app
+                    .redis
+                    .query(
+                        redis::cmd("RESTORE")
+                            .arg(format!("{into}{rest}"))
+                            .arg(at.max(0))
+                            .arg(dump)
+                            .arg("ABSTTL"),
+                    )
+                    .await;
+                let _: i64 = app.redis.query(redis::cmd("DEL").arg(&key)).await;
+            }
+        }
+    }
     let () = app
         .redis
-        .query(
-            redis::cmd("RESTORE")
-                .arg(new.waiting(&acme))
-                .arg(0)
-                .arg(dump),
-        )
+        .query(redis::cmd("HSET").arg(keys::meta()).arg("layout").arg(to))
         .await;
-    let _: u64 = app
-        .redis
-        .query(redis::cmd("DEL").arg(old.waiting(&acme)))
-        .await;
+}
 
-    // Old processes go on: a worker starts (it creates its groups) and the server is asked for
-    // the queue statistics (which creates a missing group).
-    let mut old_worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
-    let stats = app.get_json(None, "/api/queues").await;
-    assert!(stats["shards"].is_array(), "{stats}");
-    let old_queue: u64 = app
-        .redis
-        .query(redis::cmd("EXISTS").arg(old.waiting(&acme)))
-        .await;
-    assert_eq!(
-        old_queue, 0,
-        "an old process wrote the frozen shard's queue"
-    );
-    // A writer without the freeze check could bring the old key back all the same.
-    let _: u64 = app
-        .redis
-        .query(
-            redis::cmd("ZADD")
-                .arg(old.waiting(&acme))
-                .arg(0)
-                .arg("0123456789abcdef0123456789abcdef"),
-        )
-        .await;
-
+/// `sluice migrate-layout` on the app's Redis, to the end; its output.
+fn migrate_cli(app: &TestApp) -> String {
     let out = std::process::Command::new(sluice_bin())
         .arg("migrate-layout")
         .args(app.redis.args())
@@ -270,26 +340,306 @@ async fn an_interrupted_migration_rerun_while_old_processes_run_loses_nothing() 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let len: u64 = app
-        .redis
-        .query(redis::cmd("ZCARD").arg(new.waiting(&acme)))
-        .await;
-    assert_eq!(len, 5, "the migrated queue lost its entries");
-    let keys = app.redis.keys().await;
-    let stale: Vec<&String> = keys
-        .iter()
-        .filter(|k| k.starts_with("sluice:{s") && !k.contains('.') && !k.ends_with(":frozen"))
-        .collect();
-    assert!(stale.is_empty(), "{stale:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
 
-    // The old processes are restarted (docs/operations.md, Upgrades): everything runs, once.
-    old_worker.signal("TERM");
-    assert!(old_worker.wait_exit(Duration::from_secs(15)).success());
-    app.addr = app.spawn_beside(|_| {}).await;
-    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
-    for id in &ids {
-        let e = app.wait_terminal("acme", id, Duration::from_secs(15)).await;
-        assert_eq!(e["status"], "completed", "{e}");
-        assert_eq!(e["attempt"], 1, "{e}");
+/// The differences between two snapshots, one line each.
+fn differences(a: &BTreeMap<String, Value>, b: &BTreeMap<String, Value>) -> Vec<String> {
+    let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    names
+        .into_iter()
+        .filter(|n| a.get(*n) != b.get(*n))
+        .map(|n| format!("{n}:\n  before {:?}\n  after  {:?}", a.get(n), b.get(n)))
+        .collect()
+}
+
+/// After a finished move: the meta record says 3, no move is under way, every shard carries
+/// the marker older builds check (they must be stopped) and none this build's hold, and every
+/// row has only compact names.
+async fn assert_moved(app: &TestApp) {
+    let meta: BTreeMap<String, String> = app
+        .redis
+        .query(redis::cmd("HGETALL").arg(keys::meta()))
+        .await;
+    assert_eq!(
+        meta.get("layout").map(String::as_str),
+        Some("3"),
+        "{meta:?}"
+    );
+    assert!(!meta.contains_key("layout_to"), "{meta:?}");
+    let all = app.redis.keys().await;
+    for s in app.store().await.shards().all() {
+        assert!(
+            all.contains(&s.old_frozen()),
+            "{} lacks its old marker",
+            s.label()
+        );
+        assert!(!all.contains(&s.frozen()), "{} is still held", s.label());
     }
+    assert!(!all.contains(keys::layout_converted()));
+    for key in row_keys(app).await {
+        let fields: BTreeMap<String, String> =
+            app.redis.query(redis::cmd("HGETALL").arg(&key)).await;
+        let old: Vec<&String> = fields
+            .keys()
+            .filter(|f| sluice::domain::row::compact_name(f).is_some_and(|c| c != f.as_str()))
+            .collect();
+        assert!(old.is_empty(), "{key} keeps old names {old:?}");
+    }
+}
+
+/// 2 → 3: everything a client reads is the same after the move (and every row's expiry), the
+/// rows are the same rows, a build of layout 3 refuses to start before the move, and what
+/// waited runs afterwards.
+#[tokio::test]
+async fn migrate_layout_2_to_3_converts_every_row_and_the_api_answers_the_same() {
+    let app = TestApp::spawn().await;
+    let tenants = tenants_in_distinct_shards(&app, 3, None);
+    let ids = populate(&app, &tenants).await;
+    let before = snapshot(&app, &ids).await;
+    let rows = row_keys(&app).await;
+    downgrade(&app, 2).await;
+
+    // This build will not serve a layout it does not read.
+    let refused = app
+        .try_spawn_beside()
+        .await
+        .err()
+        .expect("serve refuses layout 2");
+    assert!(
+        format!("{refused:#}").contains("sluice migrate-layout"),
+        "{refused:#}"
+    );
+
+    println!("{}", migrate_cli(&app));
+    assert_moved(&app).await;
+    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
+    let after = snapshot(&app, &ids).await;
+    let diff = differences(&before, &after);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    // A second run has nothing to do.
+    assert!(migrate_cli(&app).contains("nothing to do"));
+    // A restarted server reads layout 3; dedup keys map as before; the queue runs.
+    let app2 = app
+        .try_spawn_beside()
+        .await
+        .expect("serve starts on layout 3");
+    assert_ne!(app2.port(), 0);
+    let t = &tenants[0];
+    let replay = app
+        .post_with_key(
+            t,
+            &format!("{t}-keyed"),
+            &json!({"flow_id": "demo.echo",
+            "concurrency_key": "k1"}),
+        )
+        .await;
+    assert_eq!(replay.status(), StatusCode::OK);
+    app.put_tenant(t, &json!({"max_concurrent": 8})).await;
+    let _worker = TestWorker::spawn(&app.redis, &["--concurrency", "4"]);
+    for (x, id) in ids.iter().filter(|(x, _)| x == t) {
+        let before = before[&format!("GET {x}/{id}")][1].clone();
+        if before["status"] == "queued" && before["queue_state"] != "scheduled" {
+            let e = app.wait_terminal(x, id, Duration::from_secs(20)).await;
+            assert!(e["status"] == "completed" || e["status"] == "failed", "{e}");
+        }
+    }
+}
+
+/// 1 → 3: the renames of layout 1, then the conversion; the same checks.
+#[tokio::test]
+async fn migrate_layout_1_to_3_renames_and_converts_and_loses_nothing() {
+    let app = TestApp::spawn().await;
+    let tenants = tenants_in_distinct_shards(&app, 2, None);
+    let ids = populate(&app, &tenants).await;
+    let before = snapshot(&app, &ids).await;
+    let rows = row_keys(&app).await;
+    downgrade(&app, 1).await;
+    assert!(
+        row_keys(&app).await.iter().all(|k| !k.contains('.')),
+        "rows carry layout-1 tags"
+    );
+
+    println!("{}", migrate_cli(&app));
+    assert_moved(&app).await;
+    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
+    let after = snapshot(&app, &ids).await;
+    let diff = differences(&before, &after);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+}
+
+/// A move interrupted after k batches, again and again (k doubling), until the first shard is
+/// converted: then a server of this build starts (a move is under way), the converted shard
+/// serves, a shard not converted answers 503 with Retry-After (its executions still read
+/// the same), and a run to the end finishes with nothing lost or doubled.
+#[tokio::test]
+async fn an_interrupted_migration_serves_converted_shards_and_a_rerun_finishes_it() {
+    let mut app = TestApp::spawn().await;
+    let tenants = tenants_in_distinct_shards(&app, 2, Some(0));
+    let last = tenants[1].clone();
+    let probe = tenant_beside(&app, &tenants[0]);
+    let ids = populate(&app, &tenants).await;
+    let before = snapshot(&app, &ids).await;
+    let rows = row_keys(&app).await;
+    let config = app.store().await.config().clone();
+    downgrade(&app, 2).await;
+
+    let limits = |n| Limits {
+        batch: 4,
+        max_batches: Some(n),
+    };
+    let mut n = 1;
+    let converted = loop {
+        let m = migrate_layout_with(config.clone(), limits(n))
+            .await
+            .unwrap()
+            .expect("a move");
+        let converted: BTreeSet<u16> = app
+            .redis
+            .query(redis::cmd("SMEMBERS").arg(keys::layout_converted()))
+            .await;
+        if converted.contains(&0) {
+            assert!(!m.done, "interrupted");
+            break converted;
+        }
+        n *= 2;
+        assert!(n < 1 << 20, "shard 0 never converted");
+    };
+    println!("shard 0 converted after runs of up to {n} batches: {converted:?}");
+    let last_shard = app.shard(&last).number();
+    assert!(!converted.contains(&last_shard), "{converted:?}");
+
+    // A server of this build starts while the move is under way.
+    app.addr = app.try_spawn_beside().await.expect("serve starts");
+    let res = app
+        .post_execution(&probe, &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(
+        res.status(),
+        StatusCode::CREATED,
+        "a converted shard serves"
+    );
+    let probe_id = res.json::<Value>().await.unwrap()["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let res = app
+        .post_execution(&last, &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(problem_code(res).await, "redis_unavailable");
+    // Its executions read as before (plain reads of rows not converted yet).
+    for (t, id) in ids.iter().filter(|(t, _)| *t == last) {
+        let key = format!("GET {t}/{id}");
+        let res = app.get_execution(t, id).await;
+        let status = res.status().as_u16();
+        let mut body: Value = res.json().await.unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut body {
+            m.remove("estimated_start");
+        }
+        assert_eq!(json!([status, body]), before[&key], "{key}");
+    }
+
+    println!("{}", migrate_cli(&app));
+    assert_moved(&app).await;
+    let mut rows_now = row_keys(&app).await;
+    let probe_row = app
+        .shard(&probe)
+        .row(&ExecutionId::parse(&probe_id).unwrap());
+    assert!(rows_now.remove(&probe_row));
+    assert_eq!(rows_now, rows, "rows lost or added");
+    let after = snapshot(&app, &ids).await;
+    let diff = differences(&before, &after);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+}
+
+/// The conversion rate and the longest freeze on 1,000,000 executions' rows (a dedup key each,
+/// as a queued execution has), in layout-2 form, on the suite's Redis: run once by hand,
+/// `cargo test --test api layout::conversion_rate -- --ignored --nocapture` (the work is
+/// Redis's: a debug build measures the same).
+#[tokio::test]
+#[ignore]
+async fn conversion_rate_on_a_million_rows() {
+    let app = TestApp::spawn().await;
+    let store = app.store().await;
+    let map = store.shards();
+    for s in map.all() {
+        store.freeze_shard(s).await.unwrap();
+    }
+    let n: u64 = std::env::var("SLUICE_CONVERSION_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    // Rows as a layout-2 build wrote a queued execution's, 30-byte params, spread over the
+    // shards; written by a script per shard and 10,000 rows.
+    const FILL: &str = r#"
+local p = ARGV[1]
+for i = tonumber(ARGV[2]), tonumber(ARGV[3]) - 1 do
+  local id = string.format('%032x', i)
+  redis.call('HSET', p .. 'exec:' .. id, 'tenant', 'bench-t1', 'flow', 'demo.echo',
+    'params', '{"payload":"xxxxxxxxxxxxxxxx"}', 'status', 'queued', 'attempt', '0',
+    'max_attempts', '5', 'created', '1765000000000', 'updated', '1765000000000',
+    'priority', '3', 'sz', '542', 'dedup', 'order-' .. i, 'ddh', string.rep('a', 64),
+    'qstate', 'queued', 'ready_at', '1765000000000')
+  redis.call('SET', p .. 't:bench-t1:dd:' .. string.format('%064x', i), id .. ':fp')
+end
+return 1
+"#;
+    let shards: Vec<_> = map.all().take(usize::from(map.count())).collect();
+    let per = n / shards.len() as u64;
+    let began = std::time::Instant::now();
+    for (k, s) in shards.iter().enumerate() {
+        let base = k as u64 * per;
+        let mut i = 0;
+        while i < per {
+            let to = (i + 10_000).min(per);
+            let _: i64 = app
+                .redis
+                .query(
+                    redis::cmd("EVAL")
+                        .arg(FILL)
+                        .arg(1)
+                        .arg(s.frozen())
+                        .arg(s.prefix())
+                        .arg(base + i)
+                        .arg(base + to),
+                )
+                .await;
+            i = to;
+        }
+    }
+    println!(
+        "filled {} rows in {:?}",
+        per * shards.len() as u64,
+        began.elapsed()
+    );
+    let used: String = app.redis.info("memory").await;
+    let () = app
+        .redis
+        .query(redis::cmd("HSET").arg(keys::meta()).arg("layout").arg(2))
+        .await;
+    let config = store.config().clone();
+    let m = migrate_layout_with(config, Limits::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(m.done);
+    assert_eq!(m.converted, per * shards.len() as u64);
+    println!(
+        "converted {} rows of {} shards in {:?}: {:.0} rows/s; longest freeze of a shard {:?}",
+        m.converted,
+        m.shards,
+        m.took,
+        m.converted as f64 / m.took.as_secs_f64(),
+        m.longest_freeze
+    );
+    let after: String = app.redis.info("memory").await;
+    let line = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("used_memory:"))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    println!("before: {}, after: {}", line(&used), line(&after));
 }

@@ -34,6 +34,7 @@ mod pinning;
 mod pull;
 mod quota;
 mod redis_trouble;
+mod rows;
 mod shards;
 mod spans;
 mod stalls;

@@ -364,6 +364,10 @@ pub struct Args {
     /// `--cost`: leave out sluice's figures on a local Redis Cluster.
     #[arg(long)]
     pub(crate) cost_skip_cluster: bool,
+    /// `--cost`: only the bytes by structure (no CPU rounds, no callgrind): seconds instead of
+    /// minutes, for checking a storage change.
+    #[arg(long)]
+    pub(crate) cost_bytes_only: bool,
     /// The valgrind program (`--cost`'s instruction counts; Debian's package `valgrind`).
     #[arg(long, default_value = "valgrind")]
     pub(crate) valgrind: PathBuf,

@@ -111,6 +111,15 @@ impl TestApp {
         addr
     }
 
+    /// Builds another server on the same Redis with this app's settings (as a second
+    /// process would start), or the error its start ends with; it serves until the test ends.
+    pub async fn try_spawn_beside(&self) -> anyhow::Result<SocketAddr> {
+        let app = Application::build(self.config.clone()).await?;
+        let addr = app.address();
+        tokio::spawn(app.run_until_stopped(std::future::pending()));
+        Ok(addr)
+    }
+
     /// A second store handle on the app's Redis (as another process would have).
     pub async fn store(&self) -> sluice::store::Store {
         sluice::store::Store::connect(self.config.store())

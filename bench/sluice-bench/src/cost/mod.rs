@@ -106,6 +106,10 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<CostReport> {
         "[cost] bytes done after {:.0} s",
         started.elapsed().as_secs_f64()
     );
+    if args.cost_bytes_only {
+        report.finish();
+        return Ok(report);
+    }
     rounds::measure(&ctx, &mut report).await?;
     eprintln!(
         "[cost] CPU rounds done after {:.0} s",
