@@ -21,13 +21,15 @@ pub async fn migrate_layout(redis: RedisSettings) -> anyhow::Result<()> {
     match crate::migrate::migrate_layout(redis.store_config(&ApiSettings::defaults())).await? {
         None => println!("already on the current key layout; nothing to do"),
         Some(m) => println!(
-            "key layout {} -> {}: {} shards converted ({} rows and other records), {} keys \
-             renamed ({} copied by an earlier run kept), longest freeze of a shard {:?}, in \
-             {:?}. Stop every process of the older build: they answer 503 for every shard.",
+            "key layout {} -> {}: {} shards converted ({} rows and other records; {} rows no \
+             index named), {} keys renamed ({} copied by an earlier run kept), longest freeze \
+             of a shard {:?}, in {:?}. Stop every process of the older build: they answer 503 \
+             for every shard.",
             m.from.number(),
             m.to.number(),
             m.shards,
             m.converted,
+            m.stragglers,
             m.keys,
             m.kept,
             m.longest_freeze,

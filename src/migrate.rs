@@ -17,7 +17,8 @@
 //! 3. per shard: its old marker is set (processes of the older build refuse it from now on,
 //!    for good: they must be stopped), the conversion `STEPS` run over it in bounded batches,
 //!    the shard is recorded as converted and its hold removed (this build serves it);
-//! 4. the meta record says layout 3.
+//! 4. a SCAN of every node converts rows no index named (none, unless a crash or a bug left
+//!    one), then the meta record says layout 3.
 //!
 //! So a shard is refused by both builds only while its own conversion runs — provided
 //! processes of both builds run during the move; a deployment that stopped its old processes
@@ -39,7 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 
-use crate::domain::row;
+use crate::domain::{Status, TenantId, row};
 use crate::reshard::Cluster;
 use crate::store::{Conn, Layout, RedisTarget, Shard, ShardMap, Store, StoreConfig, keys};
 
@@ -57,6 +58,9 @@ pub struct Migrated {
     pub converted: u64,
     /// Shards converted by this run (an earlier, interrupted run may have done others).
     pub shards: usize,
+    /// Rows no index named, converted by the SCAN after the shards (0 unless a bug or a crash
+    /// left one).
+    pub stragglers: u64,
     /// The longest a shard was refused by both builds (its own conversion).
     pub longest_freeze: Duration,
     pub took: Duration,
@@ -67,7 +71,7 @@ pub struct Migrated {
 /// Bounds of one run (tests interrupt it; the command uses the defaults).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Keys a conversion batch looks at (one SCAN and one script call each).
+    /// Rows a conversion batch converts at most (one script call each).
     pub batch: usize,
     /// Stop after this many conversion batches in all (`None`: run to the end).
     pub max_batches: Option<usize>,
@@ -83,14 +87,17 @@ impl Default for Limits {
 }
 
 /// One step of a shard's conversion to layout 3: `(shard, cursor) -> (next cursor,
-/// converted)`, run in bounded batches from cursor 0 until the next cursor is 0 again, while
-/// the shard is held by both builds. Every step must be safe to repeat (a run interrupted
-/// mid-shard converts the shard again). A conversion that another part of layout 3 needs (a
-/// structure that changes shape) is one more variant here, run by `run_step`.
+/// converted)`, run in bounded batches from the empty cursor until the next cursor is empty
+/// again, while the shard is held by both builds. Every step must be safe to repeat (a run
+/// interrupted mid-shard converts the shard again). A conversion that another part of layout
+/// 3 needs (a structure that changes shape) is one more variant here, run by `run_step`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// Rows get their compact names (`migrations-lua/layout/3_compact_rows.lua`), found by
-    /// SCAN of the shard's rows on the node holding it.
+    /// Rows get their compact names (`migrations-lua/layout/3_compact_rows.lua`), found
+    /// through the shard's own indexes: its tenants (registered and being reaped), each one's
+    /// five status indexes and its force-deleted runs. That costs the shard's rows, not the
+    /// node's keys (a SCAN of a node holding many shards would read them all for each one);
+    /// a row no index names is found by the SCAN that follows every shard (`stragglers`).
     Rows,
 }
 
@@ -146,6 +153,7 @@ pub async fn migrate_layout_with(
         kept: 0,
         converted: 0,
         shards: 0,
+        stragglers: 0,
         longest_freeze: Duration::ZERO,
         took: Duration::ZERO,
         done: false,
@@ -164,18 +172,18 @@ pub async fn migrate_layout_with(
         set_key(&mut conn, &shard.old_frozen()).await?;
         let node = node_of(&mut nodes, shard);
         for &step in STEPS {
-            let mut cursor = 0u64;
-            // Bounded: a step's cursor returns to 0 (a held shard does not grow).
+            let mut cursor = String::new();
+            // Bounded: a step walks a held shard, which does not grow.
             for _ in 0..100_000_000u64 {
                 if limits.max_batches.is_some_and(|m| batches >= m) {
                     out.took = began.elapsed();
                     return Ok(Some(out));
                 }
                 batches += 1;
-                let (next, n) = run_step(step, node, shard, cursor, limits.batch).await?;
+                let (next, n) = run_step(step, node, shard, &cursor, limits.batch).await?;
                 out.converted += n;
                 cursor = next;
-                if cursor == 0 {
+                if cursor.is_empty() {
                     break;
                 }
             }
@@ -190,6 +198,10 @@ pub async fn migrate_layout_with(
         out.shards += 1;
         out.longest_freeze = out.longest_freeze.max(frozen_at.elapsed());
     }
+    // Rows no index named (none, unless a bug or a crash left one): every shard serves again,
+    // and each row is converted atomically on its own.
+    out.stragglers = stragglers(&new, &mut nodes).await?;
+    out.converted += out.stragglers;
     // 4. Done.
     let () = redis::pipe()
         .cmd("HSET")
@@ -219,38 +231,106 @@ fn compact_rows() -> &'static redis::Script {
     })
 }
 
+/// The pairs of names the conversion script takes (`ARGV[5..]`).
+fn name_pairs(inv: &mut redis::ScriptInvocation<'_>) {
+    for (legacy, compact) in row::LEGACY {
+        inv.arg(legacy).arg(compact);
+    }
+}
+
+/// The indexes a shard's rows are found through, for the tenants of `tenants`: each one's
+/// five status indexes, then its force-deleted runs.
+const INDEXES_PER_TENANT: usize = Status::ALL.len() + 1;
+
 /// One batch of `step` in `shard` from `cursor`, on the node that holds the shard.
 async fn run_step(
     step: Step,
     node: &mut MultiplexedConnection,
     shard: Shard,
-    cursor: u64,
+    cursor: &str,
     batch: usize,
-) -> anyhow::Result<(u64, u64)> {
+) -> anyhow::Result<(String, u64)> {
     match step {
         Step::Rows => {
-            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{}exec:*", shard.prefix()))
-                .arg("COUNT")
-                .arg(batch.max(1))
+            // The cursor: "<tenant>:<index>:<rank>" into the sorted tenants (registered and
+            // being reaped) and each one's indexes.
+            let mut tenants: Vec<String> = redis::cmd("SUNION")
+                .arg(shard.tenants())
+                .arg(shard.reaping())
                 .query_async(node)
                 .await?;
-            if found.is_empty() {
-                return Ok((next, 0));
-            }
+            tenants.sort();
+            let mut at = cursor.split(':').map(|n| n.parse::<usize>().unwrap_or(0));
+            let (t, i, rank) = (
+                at.next().unwrap_or(0),
+                at.next().unwrap_or(0),
+                at.next().unwrap_or(0),
+            );
+            let Some(tenant) = tenants.get(t) else {
+                return Ok((String::new(), 0));
+            };
+            let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{}", e.detail))?;
+            let index = match Status::ALL.get(i) {
+                Some(&s) => shard.status_index(&tenant, s),
+                None => shard.deleting(&tenant),
+            };
             let mut inv = compact_rows().prepare_invoke();
-            for key in &found {
-                inv.key(key);
-            }
-            for (legacy, compact) in row::LEGACY {
-                inv.arg(legacy).arg(compact);
-            }
-            let n: u64 = inv.invoke_async(node).await?;
+            inv.key(index)
+                .arg("index")
+                .arg(shard.prefix())
+                .arg(rank)
+                .arg(batch.max(1));
+            name_pairs(&mut inv);
+            let (done, n): (u8, u64) = inv.invoke_async(node).await?;
+            let next = match (done == 1, i + 1 < INDEXES_PER_TENANT) {
+                (false, _) => format!("{t}:{i}:{}", rank + batch.max(1)),
+                (true, true) => format!("{t}:{}:0", i + 1),
+                (true, false) if t + 1 < tenants.len() => format!("{}:0:0", t + 1),
+                (true, false) => String::new(),
+            };
             Ok((next, n))
         }
     }
+}
+
+/// Rows of an older layout that no index named, found by SCAN of every node and converted:
+/// the number. Bounded: SCAN ends when its cursor returns to 0.
+async fn stragglers(map: &ShardMap, nodes: &mut [Node]) -> anyhow::Result<u64> {
+    let mut converted = 0;
+    for node in nodes.iter_mut() {
+        let node = &mut node.conn;
+        let mut cursor = 0u64;
+        for _ in 0..100_000_000u64 {
+            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(keys::row_pattern())
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(node)
+                .await?;
+            for shard in map.all() {
+                let prefix = shard.prefix();
+                let mine: Vec<&String> = found.iter().filter(|k| k.starts_with(&prefix)).collect();
+                if mine.is_empty() {
+                    continue;
+                }
+                let mut inv = compact_rows().prepare_invoke();
+                for k in mine {
+                    inv.key(k);
+                }
+                inv.arg("keys").arg("").arg(0).arg(0);
+                name_pairs(&mut inv);
+                let (_, n): (u8, u64) = inv.invoke_async(node).await?;
+                converted += n;
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(converted)
 }
 
 /// The node holding `shard`'s slot (the only node of a standalone Redis).
