@@ -404,8 +404,7 @@ async fn migrate_layout_2_to_3_converts_every_row_and_the_api_answers_the_same()
     let refused = app
         .try_spawn_beside()
         .await
-        .err()
-        .expect("serve refuses layout 2");
+        .expect_err("serve refuses layout 2");
     assert!(
         format!("{refused:#}").contains("sluice migrate-layout"),
         "{refused:#}"
