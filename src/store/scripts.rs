@@ -523,13 +523,13 @@ mod tests {
                 .source
                 .lines()
                 .skip(opens)
-                .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 'tenant'"))
+                .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 't'"))
                 .unwrap()
             + 1;
         let in_file = operation("watch.lua")
             .unwrap()
             .lines()
-            .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 'tenant'"))
+            .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 't'"))
             .unwrap()
             + 1;
         let msg = format!("ERR user_function:{at}: boom script: {name}, on @user_function:{at}.");
