@@ -73,34 +73,30 @@
 -- this shard; the one caller (`Store::admit`) lists them in this order, and the test
 -- `fences::admit_declares_the_keys_it_writes` checks that list against what the script writes.
 -- The row (+0) is written by enqueue() (K.row(id) is that name).
-local TENANTS = KEYS[2]
+-- What the admissions of a call share, and admit_one(), are made once, when the library loads
+-- (src/store/compose.rs, split_once); each call sets them afresh below "Per call".
+local TENANTS
 
 -- What this call learnt of each tenant, so that its later admissions in the call skip the
 -- reads (about a third of an admission's Redis calls; only this call's own admissions change
 -- these, and it keeps them up to date): its queued count (nil once a write of it failed),
 -- true when it is in the runnable set (more work never takes it out), the slots it holds (an
 -- admission takes none), and the registry members and busy marks written already.
-local QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {}
+-- Made by the first admission that gets past the dedup check (a replayed admission, the
+-- commonest repeat, needs none: about a thousand instructions each, callgrind on Redis 7.0).
+local QUEUED, RUNNABLE, HELD, LISTED, BUSY
 -- The server's storage bounds (ARGV[7], ARGV[8]), for tenants without their own.
 local MAX_BYTES, MAX_RETAINED
 -- Whether any admission of the call has a void marker (one EXISTS for the call; see below).
-local ANY_VOID = true
+local ANY_VOID
 
 -- One admission: its keys from KEYS[k], its values from ARGV[a].
 local function admit_one(k, a)
-  local tenant, id, flow, version, params = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4]
-  local max_attempts, dedup, dedup_hash, fingerprint = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7],
-    ARGV[a + 8]
-  local priority, run_at, delay = ARGV[a + 9], tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
-  local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
-  local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
-  local VOID, QUEUED_IDX, FLOW_QUEUED_IDX, FLOWS = KEYS[k + 1], KEYS[k + 5], KEYS[k + 6],
-    KEYS[k + 7]
-
   -- The caller gave up on this admission and was told nothing happened: keep it that way.
-  if ANY_VOID and redis.call('EXISTS', VOID) == 1 then return { 'void' } end
+  if ANY_VOID and redis.call('EXISTS', KEYS[k + 1]) == 1 then return { 'void' } end
 
+  -- A replay is answered before the rest of the admission's values are read.
+  local dedup, fingerprint = ARGV[a + 6], ARGV[a + 8]
   local dedup_key = nil
   if dedup ~= '' then
     dedup_key = KEYS[k + 8]
@@ -110,6 +106,15 @@ local function admit_one(k, a)
       return { 'dup', holder, view(holder) }
     end
   end
+
+  local tenant, id, flow, version, params = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4]
+  local max_attempts, dedup_hash = ARGV[a + 5], ARGV[a + 7]
+  local priority, run_at, delay = ARGV[a + 9], tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
+  local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
+  local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
+  local QUEUED_IDX, FLOW_QUEUED_IDX, FLOWS = KEYS[k + 5], KEYS[k + 6], KEYS[k + 7]
+  if not QUEUED then QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {} end
 
   local now = now_ms()
   local ok, refusal, queued = place(tenant, QUEUED[tenant])
@@ -177,6 +182,9 @@ local function admit_one(k, a)
     kpos or '', klimit or '' }
 end
 
+-- Per call: the state admit_one() shares within a call, set afresh (ANY_VOID below).
+TENANTS = KEYS[2]
+QUEUED, RUNNABLE, HELD, LISTED, BUSY = nil, nil, nil, nil, nil
 local n = tonumber(ARGV[6])
 MAX_BYTES, MAX_RETAINED = ARGV[7], ARGV[8]
 if not n or n < 1 or n > 100 or #ARGV ~= 8 + 16 * n then
@@ -185,9 +193,8 @@ if not n or n < 1 or n > 100 or #ARGV ~= 8 + 16 * n then
 end
 -- Every admission's keys are where the header says, or nothing is done. Its void marker is
 -- its second key.
-local want, voids = 4, {}
+local want = 4
 for i = 0, n - 1 do
-  voids[i + 1] = KEYS[want + 2]
   want = want + (ARGV[15 + 16 * i] ~= '' and 9 or 8)
 end
 if want ~= #KEYS then
@@ -195,8 +202,18 @@ if want ~= #KEYS then
     ' admissions, not ' .. want)
 end
 -- Void markers are rare (abandon.lua writes one for a call whose answer was lost): one EXISTS
--- of them all, and only when one exists does each admission look for its own.
-ANY_VOID = redis.call('EXISTS', unpack(voids)) > 0
+-- of them all, and only when one exists does each admission look for its own. One admission
+-- (the commonest call) names its marker without a table.
+if n == 1 then
+  ANY_VOID = redis.call('EXISTS', KEYS[6]) > 0
+else
+  local voids, at = {}, 5
+  for i = 0, n - 1 do
+    voids[i + 1] = KEYS[at + 1]
+    at = at + (ARGV[15 + 16 * i] ~= '' and 9 or 8)
+  end
+  ANY_VOID = redis.call('EXISTS', unpack(voids)) > 0
+end
 local replies, k, a = {}, 5, 9
 for i = 1, n do
   local ok, reply = pcall(admit_one, k, a)

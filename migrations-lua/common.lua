@@ -123,6 +123,22 @@ local function declared(i, expected)
   return KEYS[i]
 end
 
+-- The same for a shard key (a builder without arguments, such as K.runnable) on a hot path:
+-- each key found to be builder() is remembered (FENCE_BUILT[key] = builder, a table read
+-- instead of a call and a concatenation next time). Sound because guard.lua has checked that
+-- every KEYS[i] starts with this call's prefix, and a key starts with one prefix only (its
+-- tag ends at the first '}'): a key found to be builder() under one prefix is builder() under
+-- every prefix it starts with. Bounded with the guard's memory (FENCE_LIMIT).
+local function declared_shard(i, builder)
+  local key = KEYS[i]
+  if FENCE_BUILT[key] ~= builder then
+    declared(i, builder())
+    FENCE_BUILT[key] = builder
+    FENCE_COUNT = FENCE_COUNT + 1
+  end
+  return key
+end
+
 local STATUSES = { 'queued', 'running', 'completed', 'failed', 'cancelled' }
 
 -- Now on Redis's clock (ms), read once per call: every time one call writes or compares (a
@@ -130,8 +146,11 @@ local STATUSES = { 'queued', 'running', 'completed', 'failed', 'cancelled' }
 local NOW = nil
 local function now_ms()
   if not NOW then
+    -- Arithmetic converts the strings itself: no tonumber() or math.floor() call (each C
+    -- function call costs about a thousand instructions).
     local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local us = t[2] + 0
+    NOW = t[1] * 1000 + (us - us % 1000) / 1000
   end
   return NOW
 end
@@ -149,6 +168,9 @@ local tally, tally_start, mark_busy, flush_trends
 -- The limits read so far in this call, by tenant (see limits()). A script that writes a
 -- tenant's configuration forgets its entry (set_limits.lua).
 local LIMITS_READ = {}
+-- Whether a call put something in it (begin_call() makes a new one only then; the same for
+-- each per-call table below: its *_KEPT is set where it is written).
+local LIMITS_KEPT = false
 
 -- The tenant's effective limits: its own values where set, else the server defaults.
 -- Also whether the tenant is pinned to another shard (pin.lua): then its number; its
@@ -167,6 +189,7 @@ local function limits(t)
       'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'max_bytes',
       'max_retained', 'u_bytes', 'u_rows', 'u_next', 'deleting')
     LIMITS_READ[t] = v
+    LIMITS_KEPT = true
   end
   return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
     v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6]), v[7] or nil, v[8] or nil,
@@ -459,7 +482,8 @@ end
 local function next_due(now)
   local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
   if #first == 0 then return -1 end
-  return math.max(0, tonumber(first[2]) - now)
+  local wait = first[2] - now
+  return wait > 0 and wait or 0
 end
 
 -- Makes runnable the scheduled executions whose time has come (at most `most`), each in its
@@ -563,6 +587,7 @@ local RETAINED_BUCKETS = 720
 
 -- The changes this call collected, by tenant (see usage_of()).
 local USAGE = {}
+local USAGE_KEPT = false
 
 -- Tenant t's storage counters in this call: `bytes` and `rows` as stored, the changes to
 -- them (`d_bytes`, `d_rows`), the changes of buckets (`buckets`: end -> {bytes, rows}), the
@@ -575,6 +600,7 @@ local function usage_of(t)
     u = { bytes = tonumber(v[12]) or 0, rows = tonumber(v[13]) or 0, d_bytes = 0, d_rows = 0,
       buckets = {}, drained = {}, next = tonumber(v[14]), was = v[14] or nil }
     USAGE[t] = u
+    USAGE_KEPT = true
   end
   return u
 end
@@ -665,6 +691,8 @@ end
 -- call, so one HSET writes them all), each bucket changed. A counter that comes to 0 is
 -- deleted, so a tenant with nothing counted keeps no field of it.
 local function flush_usage()
+  -- Most calls collect nothing: then no new table either.
+  if not USAGE_KEPT then return end
   for t, u in pairs(USAGE) do
     local cfg, ret = K.cfg(t), K.retained(t)
     local set, gone = {}, {}
@@ -697,6 +725,7 @@ local function flush_usage()
     end
   end
   USAGE = {}
+  USAGE_KEPT = false
 end
 
 -- The live execution a dedup mapping (key `mapping`) names, and the request fingerprint it was
@@ -1011,6 +1040,7 @@ end
 -- field: flush_trends() writes them at the call's end, one HINCRBY per field, so a call that
 -- ends a group of runs (complete.lua) counts them once.
 local ENDED = {}
+local ENDED_KEPT = false
 
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
 -- (its tenant may start the next), retention and dedup TTLs. `run` is the row's RUN_FIELDS as
@@ -1034,6 +1064,7 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
     outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] })
   end
   ENDED[status] = (ENDED[status] or 0) + 1
+  ENDED_KEPT = true
   tally(t, status, now)
 end
 
@@ -1093,12 +1124,14 @@ end
 -- after the worker asked what it holds, so it must start nothing (nobody would run it).
 -- The barrier is read once per call and worker (complete.lua asks once per report).
 local BARRIERS = {}
+local BARRIERS_KEPT = false
 local function barred(consumer, call)
   if call == 0 then return false end
   local barrier = BARRIERS[consumer]
   if not barrier then
     barrier = tonumber(redis.call('GET', K.adopted(consumer))) or 0
     BARRIERS[consumer] = barrier
+    BARRIERS_KEPT = true
   end
   return call <= barrier
 end
@@ -1227,7 +1260,9 @@ end
 -- share of the shard should follow, whatever the shard's other tenants wait with.
 local function eligible_weight(only)
   if not only then
-    return tonumber(redis.call('HGET', K.sched(), 'weight')) or 0
+    -- (Arithmetic converts the string: no tonumber() call.)
+    local weight = redis.call('HGET', K.sched(), 'weight')
+    return weight and weight + 0 or 0
   end
   local sum = 0
   for i, score in ipairs(redis.call('ZMSCORE', K.runnable(), unpack(only))) do
@@ -1356,6 +1391,7 @@ local TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
 -- TREND_FIRST[key]: for a tenant's day key, the first start this call counts in it: its
 -- tenant, day, minute of the day, time and the position of its counter's n in TREND_ARGS[key].
 local TREND_FIRST = {}
+local TRENDS_KEPT = false
 local BURST_TTL_MS = 600000
 
 -- Collects one increment of the counter at `field` (an offset within a record) of the minute
@@ -1370,6 +1406,7 @@ local function trend_add(t, now, field)
     if not args then
       args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
       TREND_ARGS[key], TREND_SLOT[key] = args, {}
+      TRENDS_KEPT = true
       TREND_KEYS[#TREND_KEYS + 1] = key
       TREND_EXPIRY[key] = (day + 1) * 86400 + 25 * 3600
     end
@@ -1407,23 +1444,30 @@ end
 -- that creates the key, and not by every write after it. Also writes the shard's counters of
 -- the runs the call ended (ENDED, see finish()).
 flush_trends = function()
-  for _, key in ipairs(TREND_KEYS) do
-    local args = TREND_ARGS[key]
-    local replies = redis.call(unpack(args))
-    for i, v in ipairs(replies) do
-      if v == args[4 + 4 * i] then
-        redis.call('EXPIREAT', key, TREND_EXPIRY[key])
-        break
+  -- A call that counted nothing (a repeated report, a replayed admission) makes no new tables.
+  if TREND_KEYS[1] then
+    for _, key in ipairs(TREND_KEYS) do
+      local args = TREND_ARGS[key]
+      local replies = redis.call(unpack(args))
+      for i, v in ipairs(replies) do
+        if v == args[4 + 4 * i] then
+          redis.call('EXPIREAT', key, TREND_EXPIRY[key])
+          break
+        end
       end
+      note_burst(key, args, replies)
     end
-    note_burst(key, args, replies)
+    TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY, TREND_FIRST = {}, {}, {}, {}, {}
+    TRENDS_KEPT = false
   end
-  TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY, TREND_FIRST = {}, {}, {}, {}, {}
   -- The shard's counters of ended runs (see finish()).
-  for field, n in pairs(ENDED) do
-    redis.call('HINCRBY', K.stats(), field, n)
+  if ENDED_KEPT then
+    for field, n in pairs(ENDED) do
+      redis.call('HINCRBY', K.stats(), field, n)
+    end
+    ENDED = {}
+    ENDED_KEPT = false
   end
-  ENDED = {}
 end
 
 -- Counts one event of tenant t at `now`: 'admitted', 'completed', 'failed' or 'cancelled'
@@ -1461,18 +1505,37 @@ end
 -- and sets afresh every local above that a call may change, and the policy values of
 -- ARGV[2..5]. A call never sees what the call before it left (an error half-way included).
 -- `scripts::tests::every_local_a_call_changes_is_reset_by_begin_call` checks the list.
+-- A table is replaced only when the call before put something in it (its *_KEPT flag, set
+-- beside the one line that writes it): most calls leave most of them empty (flush_trends()
+-- and flush_usage() empty theirs), and a new table costs about a thousand instructions with
+-- its collection, as does a call of next() to look inside (callgrind, Redis 7.0).
 local function begin_call()
-  DEFAULT_MAX_CONCURRENT = tonumber(ARGV[2])
-  DEFAULT_MAX_QUEUED = tonumber(ARGV[3])
-  RETENTION_SECS = tonumber(ARGV[4])
-  DEDUP_TTL_SECS = tonumber(ARGV[5])
+  DEFAULT_MAX_CONCURRENT = ARGV[2] + 0
+  DEFAULT_MAX_QUEUED = ARGV[3] + 0
+  RETENTION_SECS = ARGV[4] + 0
+  DEDUP_TTL_SECS = ARGV[5] + 0
   NOW = nil
-  LIMITS_READ = {}
   WOKE = false
   RUNG = false
-  USAGE = {}
-  ENDED = {}
-  BARRIERS = {}
-  TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
-  TREND_FIRST = {}
+  if LIMITS_KEPT then
+    LIMITS_READ = {}
+    LIMITS_KEPT = false
+  end
+  if USAGE_KEPT then
+    USAGE = {}
+    USAGE_KEPT = false
+  end
+  if ENDED_KEPT then
+    ENDED = {}
+    ENDED_KEPT = false
+  end
+  if BARRIERS_KEPT then
+    BARRIERS = {}
+    BARRIERS_KEPT = false
+  end
+  if TRENDS_KEPT then
+    TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
+    TREND_FIRST = {}
+    TRENDS_KEPT = false
+  end
 end

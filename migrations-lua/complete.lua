@@ -73,12 +73,10 @@
 --   'released', ''          back in its tenant's order for another worker
 --   'recovered', how        abandoned: how recover() handled it
 --   'deleted', ''           the execution was force-deleted while it ran; its slot is free now
-declared(2, K.runnable()); declared(3, K.leases())
-declared(4, K.delayed())
-local STATS = declared(6, K.stats())
-declared(5, K.dlq()); declared(7, K.dlq_holders())
-local caps, n = dlq_caps(ARGV[6], ARGV[7]), tonumber(ARGV[8])
-local now = now_ms()
+-- What record() uses, and record() itself, are made once, when the library loads
+-- (src/store/compose.rs, split_once); each call sets them afresh below "Per call". The
+-- dead-letter caps are read only when a report dead-letters or starts runs (most do not).
+local STATS, caps, now
 
 -- Records one report (its values are ARGV[a..], its row is ROW); returns what happened and
 -- its detail (see Reply).
@@ -100,6 +98,7 @@ local function record(ROW, a)
     return 'deleted', ''
   end
   if outcome == 'abandoned' then
+    caps = caps or dlq_caps(ARGV[6], ARGV[7])
     local how = recover(id, row, now, caps)
     redis.call('HSET', ROW, 'rp', fence)
     return 'recovered', how
@@ -138,11 +137,21 @@ local function record(ROW, a)
   finish(tenant, flow, id, row, 'failed', now,
     { 'ek', err_kind, 'em', err_msg, 'rp', fence }, {}, backoff ~= '')
   if backoff ~= '' then
+    caps = caps or dlq_caps(ARGV[6], ARGV[7])
     dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, caps)
     return 'dead_lettered', ''
   end
   return 'done', 'failed'
 end
+
+-- Per call: what record() shares, set afresh.
+-- (The hot path: the shard's keys through the guard's memory, see declared_shard().)
+declared_shard(2, K.runnable); declared_shard(3, K.leases)
+declared_shard(4, K.delayed)
+STATS = declared_shard(6, K.stats)
+declared_shard(5, K.dlq); declared_shard(7, K.dlq_holders)
+caps, now = nil, now_ms()
+local n = tonumber(ARGV[8])
 
 -- Every report's keys are checked before anything is written.
 local rows = {}
@@ -159,7 +168,7 @@ local wait, promoted = nil, false
 for r = 1, n do
   local a = 9 + (r - 1) * 12
   local consumer = ARGV[a + 2]
-  local chain, ttl = tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  local chain, ttl = ARGV[a + 8] + 0, ARGV[a + 9] + 0
   local what, detail = record(rows[r], a)
   if what == 'retrying' then wait = nil end
   local more, started = 0, {}
@@ -168,6 +177,7 @@ for r = 1, n do
     if not promoted then
       wait, promoted = promote_due(now, 100), true
     end
+    caps = caps or dlq_caps(ARGV[6], ARGV[7])
     more, started = start_entries(consumer, chain, ttl, caps, now)
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end

@@ -177,8 +177,10 @@ pub fn compose(
         out.origins.push(origin);
     };
     push(shebang, (file, 1));
-    // The prefix sets P (guard.lua), which a library declares once for all its functions.
+    // The prefix sets P (guard.lua), which a library declares once for all its functions, and
+    // uses what the guard remembers (here for one call only).
     push("local P", (COMPOSED, 1));
+    push(FENCE_STATE, (COMPOSED, 6));
     for (name, text) in prefix {
         for (i, line) in text.lines().enumerate() {
             push(line, (name, i + 1));
@@ -215,6 +217,13 @@ pub fn compose(
     out
 }
 
+/// The guard's memory of the checks that passed (see guard.lua): the keys found under a
+/// prefix, the freeze marker of each prefix of the right shape, the shard keys found where a
+/// call declares them (`declared_shard()` in common.lua), how many names the three hold, and
+/// how many they may hold before all are dropped.
+const FENCE_STATE: &str = "local FENCE_OK, FENCE_FROZEN, FENCE_BUILT, FENCE_COUNT, FENCE_LIMIT = \
+                           {}, {}, {}, 0, 1024";
+
 /// What lines written by the composer itself (not taken from a file) are attributed to.
 const COMPOSED: &str = "(composed)";
 
@@ -237,7 +246,8 @@ pub const NAME_PLACEHOLDER: &str = "sluice_@@@@@@@@@@@@";
 /// (each definition made once, when the library loads), then one function per operation,
 /// registered as `<name>_<operation>` with the flags of its shebang line. A function's body is
 /// the convention's set-up (`KEYS`, `ARGV`, shared by the helpers as the library's locals),
-/// `guard`, `begin_call()` for a shard operation, then the operation's own lines. Panics on an
+/// `guard`, `begin_call()` for a shard operation, then the operation's own lines (those of its
+/// per-call part: what comes before it is made once, see [`split_once`]). Panics on an
 /// operation without a `#!lua` first line (they are compiled in; the unit tests build it).
 pub fn library(
     name: &str,
@@ -258,6 +268,8 @@ pub fn library(
     // The calling convention, as locals every helper and function shares (one call at a time
     // runs on a Redis, and each function sets them first).
     push("local KEYS, ARGV, P", (COMPOSED, 2));
+    // What guard.lua remembers of the keys it passed, for as long as the library lives.
+    push(FENCE_STATE, (COMPOSED, 6));
     for (file, text) in helpers {
         for (i, line) in text.lines().enumerate() {
             push(line, (file, i + 1));
@@ -278,6 +290,15 @@ pub fn library(
             })
             .unwrap_or_default();
         let stem = op.file.trim_end_matches(".lua");
+        // The once-per-load part and the register call share a block: its locals are the
+        // function's upvalues, and no other operation's.
+        let (once, per_call) = split_once(body);
+        if !once.is_empty() {
+            push("do", (COMPOSED, 7));
+            for (i, line) in &once {
+                push(line, (op.file, *i));
+            }
+        }
         push(
             &format!(
                 "redis.register_function{{function_name = '{name}_{stem}', flags = {{ {flags} }}, \
@@ -292,12 +313,37 @@ pub fn library(
         if op.begins {
             push("begin_call()", (COMPOSED, 4));
         }
-        for (i, line) in body.lines().enumerate() {
-            push(line, (op.file, i + 2));
+        for (i, line) in per_call {
+            push(line, (op.file, i));
         }
         push("end }", (COMPOSED, 5));
+        if !once.is_empty() {
+            push("end", (COMPOSED, 8));
+        }
     }
     out
+}
+
+/// Lines of an operation's file, each with its 1-based number.
+pub type Lines<'a> = Vec<(usize, &'a str)>;
+
+/// The line that ends an operation's once-per-load part (see [`split_once`]).
+pub const PER_CALL: &str = "-- Per call";
+
+/// An operation's body (its lines after the shebang, numbered from 2) split at its line that
+/// starts with [`PER_CALL`]: the lines before it define what the operation's calls share
+/// (its helpers, and the locals they use), made once when the library loads; the rest runs on
+/// every call, and sets afresh every one of those locals a call changes (a unit test checks
+/// it). Without that line everything runs on every call. A helper defined inside the function
+/// would be a closure built on every call, several thousand instructions with its upvalues
+/// (callgrind, Redis 7.0). A script of its own (`compose`) runs both parts on every call, in
+/// order: the same thing.
+pub fn split_once(body: &str) -> (Lines<'_>, Lines<'_>) {
+    let lines: Lines<'_> = body.lines().enumerate().map(|(i, l)| (i + 2, l)).collect();
+    match lines.iter().position(|(_, l)| l.starts_with(PER_CALL)) {
+        Some(at) => (lines[..at].to_vec(), lines[at..].to_vec()),
+        None => (Vec::new(), lines),
+    }
 }
 
 /// (file, 1-based line) of each line of a composed script.

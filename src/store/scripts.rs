@@ -452,6 +452,41 @@ mod tests {
     }
 
     #[test]
+    fn what_an_operation_makes_once_is_set_afresh_by_each_call() {
+        // An operation's part before its "-- Per call" line runs once, when the library loads
+        // (compose::split_once): a local it declares that a call changes (in the part's
+        // helpers or per call) keeps its value into the next call unless the per-call part
+        // assigns it, as begin_call() does for common.lua's.
+        let mut missing = Vec::new();
+        let mut with_once = 0;
+        for &(file, _, text) in TABLE {
+            let body = text.split_once('\n').map_or("", |(_, b)| b);
+            let (once, per_call) = compose::split_once(body);
+            if once.is_empty() {
+                continue;
+            }
+            with_once += 1;
+            let declared =
+                top_level_values(&once.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("\n"));
+            for name in declared {
+                let changed = body.lines().any(|l| changes(l, &name));
+                let reset = per_call.iter().any(|(_, l)| changes(l, &name));
+                if changed && !reset {
+                    missing.push(format!("{file}: {name}"));
+                }
+            }
+        }
+        assert!(
+            with_once >= 2,
+            "admit.lua and complete.lua make their helpers once"
+        );
+        assert!(
+            missing.is_empty(),
+            "changed by a call but not set by its per-call part: {missing:?}"
+        );
+    }
+
+    #[test]
     fn the_library_registers_one_function_per_operation_with_its_flags() {
         let lib = library();
         assert!(lib.name.starts_with(LIBRARY_PREFIX) && lib.name.len() == 7 + 12);

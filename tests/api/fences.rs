@@ -584,3 +584,77 @@ async fn admit_declares_the_keys_it_writes() {
     expected.sort();
     assert_eq!(written, expected);
 }
+
+/// FCALL of this build's library function `op` (loaded with `FUNCTION LOAD REPLACE` first by
+/// the caller); Redis's own answer.
+async fn fcall(
+    redis: &TestRedis,
+    op: &str,
+    keys: &[String],
+    args: &[String],
+) -> redis::RedisResult<RedisValue> {
+    let mut c = redis.conn().await;
+    redis::cmd("FCALL")
+        .arg(format!("{}_{op}", sluice::store::library_name()))
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .query_async(&mut c)
+        .await
+}
+
+/// The tag of the first entry of an `admit` reply.
+fn admit_tag(reply: RedisValue) -> String {
+    let entries: Vec<RedisValue> = redis::from_redis_value(reply).unwrap();
+    let first: Vec<RedisValue> = redis::from_redis_value(entries[0].clone()).unwrap();
+    redis::from_redis_value(first[0].clone()).unwrap()
+}
+
+#[tokio::test]
+async fn a_key_the_library_passed_under_one_prefix_is_refused_under_another() {
+    // The library's guard remembers the keys it found under a prefix (guard.lua: a key met again
+    // costs a table read, not a string search). What it remembers is "this key under this
+    // prefix": a key of shard 4, passed by a call of shard 4, is still refused in a call of
+    // shard 3, on a standalone Redis where nothing else would stop it.
+    let redis = TestRedis::start_standalone().await;
+    let mut c = redis.conn().await;
+    sluice::store::load_library(&mut c).await.unwrap();
+    let (s3, s4) = (crate::helpers::shard_no(3), crate::helpers::shard_no(4));
+    let id = ExecutionId::new();
+    // Every key of shard 4's call is remembered under shard 4's prefix.
+    let (k4, a4) = admit_call(s4, s4, &id);
+    assert_eq!(
+        admit_tag(fcall(&redis, "admit", &k4, &a4).await.unwrap()),
+        "new"
+    );
+    // Shard 3's own call passes (and is remembered) too: the harness is sound.
+    let (k3, a3) = admit_call(s3, s3, &ExecutionId::new());
+    assert_eq!(
+        admit_tag(fcall(&redis, "admit", &k3, &a3).await.unwrap()),
+        "new"
+    );
+    let before = redis.keys().await;
+
+    // Shard 3's call again, with shard 4's queued index (remembered, but under shard 4).
+    let (mut k, a) = admit_call(s3, s3, &ExecutionId::new());
+    k[9] = k4[9].clone();
+    let e = fcall(&redis, "admit", &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("KEYS[10] {}", s4.prefix()))
+            && e.to_string().contains("outside the prefix"),
+        "{e}"
+    );
+    // All of shard 4's keys (each remembered) with shard 3's prefix: refused at the first key,
+    // not let through to the freeze marker's check.
+    let (k, mut a) = admit_call(s4, s4, &id);
+    a[0] = s3.prefix();
+    let e = fcall(&redis, "admit", &k, &a).await.unwrap_err();
+    assert!(
+        e.to_string().contains(&format!(
+            "KEYS[1] {}frozen is outside the prefix",
+            s4.prefix()
+        )),
+        "{e}"
+    );
+    assert_eq!(redis.keys().await, before, "a refused call wrote something");
+}

@@ -236,3 +236,49 @@ async fn a_library_of_another_build_is_left_alone_while_in_use() {
     let e = app.admit("after", "demo.echo").await;
     assert_eq!(e["status"], "queued");
 }
+
+#[tokio::test]
+async fn a_call_reads_the_limits_written_since_the_call_before() {
+    // The library's locals outlive a call; begin_call() sets the per-call ones afresh (lazily:
+    // a table only when the call before left something in it). An admission remembers its
+    // tenant's limits for the rest of its call; the next call must read them again.
+    let redis = crate::helpers::TestRedis::start_standalone().await;
+    let mut c = redis.conn().await;
+    sluice::store::load_library(&mut c).await.unwrap();
+    let admit = format!("{}_admit", sluice::store::library_name());
+    let s = crate::helpers::shard_no(2);
+    let tag = |reply: redis::Value| -> String {
+        let entries: Vec<redis::Value> = redis::from_redis_value(reply).unwrap();
+        let first: Vec<redis::Value> = redis::from_redis_value(entries[0].clone()).unwrap();
+        redis::from_redis_value(first[0].clone()).unwrap()
+    };
+    let call = |id: sluice::domain::ExecutionId| {
+        let (k, a) = crate::fences::admit_call(s, s, &id);
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&admit).arg(k.len()).arg(k).arg(a);
+        cmd
+    };
+    let first: redis::Value = call(sluice::domain::ExecutionId::new())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(tag(first), "new");
+    // Another writer lowers the tenant's max_queued to the one it has queued.
+    let cfg = s.tenant_config(&sluice::domain::TenantId::parse("acme").unwrap());
+    let () = redis::cmd("HSET")
+        .arg(&cfg)
+        .arg("max_queued")
+        .arg(1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let second: redis::Value = call(sluice::domain::ExecutionId::new())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        tag(second),
+        "full",
+        "the call used the limits of the call before"
+    );
+}

@@ -368,6 +368,11 @@ pub struct Args {
     /// minutes, for checking a storage change.
     #[arg(long)]
     pub(crate) cost_bytes_only: bool,
+    /// `--cost`: measure only the per-call overhead (the replayed admission and the repeated
+    /// completion under callgrind), not bytes, Redis CPU or instructions per execution, and
+    /// without the BullMQ peer: a minute or two, for working on the Lua.
+    #[arg(long)]
+    pub(crate) cost_overhead_only: bool,
     /// The valgrind program (`--cost`'s instruction counts; Debian's package `valgrind`).
     #[arg(long, default_value = "valgrind")]
     pub(crate) valgrind: PathBuf,

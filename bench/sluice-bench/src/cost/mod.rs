@@ -78,10 +78,14 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<CostReport> {
     } else {
         callgrind::Valgrind::find(&args.valgrind).await
     };
-    let peer = match crate::bullmq::locate(args).await {
-        Ok(p) => Ok(p),
-        Err(crate::bullmq::NoPeer::Skipped(note)) => Err(note),
-        Err(crate::bullmq::NoPeer::Failed(e)) => Err(format!("{e:#}")),
+    let peer = if args.cost_overhead_only {
+        Err("--cost-overhead-only: the peer is not run".to_owned())
+    } else {
+        match crate::bullmq::locate(args).await {
+            Ok(p) => Ok(p),
+            Err(crate::bullmq::NoPeer::Skipped(note)) => Err(note),
+            Err(crate::bullmq::NoPeer::Failed(e)) => Err(format!("{e:#}")),
+        }
     };
     if let Err(note) = &peer {
         eprintln!("sluice-bench: WARNING: the BullMQ peer cannot run: {note}");
@@ -101,6 +105,12 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<CostReport> {
     };
     let mut report = CostReport::new(&ctx);
     let started = Instant::now();
+    if args.cost_overhead_only {
+        overhead::measure(&ctx, &mut report).await?;
+        eprintln!("[cost] done after {:.0} s", started.elapsed().as_secs_f64());
+        report.finish();
+        return Ok(report);
+    }
     bytes::measure(&ctx, &mut report).await?;
     eprintln!(
         "[cost] bytes done after {:.0} s",

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Where a call's per-call overhead goes (issue 39; bench/README.md, "Cost per execution").
+
+The benchmark's overhead part (`sluice-bench --cost --cost-overhead-only`) gives one figure per
+path: a captured call replayed under callgrind minus a bare script of the same commands. This
+splits it. It replays the same captured call against *probes*: copies of the library whose
+function returns early at a point (after the guard, after begin_call(), ...), and against bare
+scripts of the call's first k commands; a part's overhead is the growth between two probes
+minus the growth of the bare scripts over the commands that part ran.
+
+    probe.py capture target/release/sluice   # a redis-server and `sluice serve`: admit, the
+                                             # same again, lease, complete, complete again
+    probe.py probes                          # the probe libraries, from the captured one
+    probe.py measure 300                     # each probe and bare prefix, 300 replays each
+
+Python's standard library only; needs redis-server, valgrind and callgrind_control. Files go
+to $PROBE_DIR (default target/overhead-probe). The probes' points are lines of admit.lua and
+complete.lua (PROBES below): a moved line needs its probe moved.
+"""
+
+import json, os, socket, subprocess, sys, time, urllib.request, threading, re
+
+OUT = os.environ.get('PROBE_DIR', 'target/overhead-probe')
+
+def free_port():
+    s = socket.socket(); s.bind(('127.0.0.1', 0)); p = s.getsockname()[1]; s.close(); return p
+
+class R:
+    def __init__(self, port, timeout=300):
+        self.s = socket.create_connection(('127.0.0.1', port), timeout=timeout)
+        self.f = self.s.makefile('rb')
+    def send(self, *args):
+        out = [b'*%d\r\n' % len(args)]
+        for a in args:
+            if isinstance(a, str): a = a.encode()
+            if isinstance(a, int): a = str(a).encode()
+            out.append(b'$%d\r\n%s\r\n' % (len(a), a))
+        self.s.sendall(b''.join(out))
+    def read(self):
+        line = self.f.readline()
+        t, rest = line[:1], line[1:-2]
+        if t == b'+': return rest.decode()
+        if t == b'-': return Exception(rest.decode())
+        if t == b':': return int(rest)
+        if t == b'$':
+            n = int(rest)
+            if n < 0: return None
+            d = self.f.read(n + 2)[:-2]; return d
+        if t == b'*':
+            n = int(rest)
+            if n < 0: return None
+            return [self.read() for _ in range(n)]
+        raise RuntimeError(line)
+    def call(self, *args):
+        self.send(*args); r = self.read()
+        if isinstance(r, Exception): raise r
+        return r
+
+def wait_port(port, secs=120):
+    end = time.time() + secs
+    while time.time() < end:
+        try:
+            r = R(port); r.call('PING'); return
+        except Exception: time.sleep(0.2)
+    raise RuntimeError('redis did not start')
+
+def http(method, url, body=None, headers=None):
+    req = urllib.request.Request(url, data=body.encode() if body else None, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r: return r.status, r.read()
+    except urllib.error.HTTPError as e: return e.code, e.read()
+
+def parse_monitor(line):
+    m = re.match(r'^\+[\d.]+ \[\d+ ([^\]]+)\] (.*)$', line)
+    if not m: return None
+    client, rest = m.group(1), m.group(2)
+    args, i, b = [], 0, rest.encode('latin-1')
+    while i < len(b):
+        if b[i:i+1] != b'"': i += 1; continue
+        i += 1; a = bytearray()
+        while i < len(b) and b[i:i+1] != b'"':
+            if b[i:i+1] == b'\\' and i + 1 < len(b):
+                i += 1; c = b[i:i+1]
+                if c == b'n': a += b'\n'
+                elif c == b'r': a += b'\r'
+                elif c == b't': a += b'\t'
+                elif c == b'a': a += b'\x07'
+                elif c == b'b': a += b'\x08'
+                elif c == b'x': a.append(int(b[i+1:i+3], 16)); i += 2
+                else: a += c
+            else: a += b[i:i+1]
+            i += 1
+        i += 1; args.append(bytes(a))
+    return client, args
+
+def capture(sluice, out):
+    port = free_port(); work = os.path.join(out, 'cap'); os.makedirs(work, exist_ok=True)
+    for f in os.listdir(work): os.remove(os.path.join(work, f))
+    rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work, '--dbfilename', 'dump.rdb'], stdout=subprocess.DEVNULL)
+    wait_port(port)
+    hp = free_port(); tok = 'prof-admin-token-0123456789abcdef'
+    env = dict(os.environ, SLUICE_ADMIN_TOKEN=tok, RUST_LOG='warn', SLUICE_DEFAULT_MAX_BYTES='1000000000000', SLUICE_DEFAULT_MAX_RETAINED='1000000000000')
+    sv = subprocess.Popen([sluice, 'serve', '--listen', '127.0.0.1:%d' % hp, '--redis-url', 'redis://127.0.0.1:%d' % port, '--sweep-interval-secs', '0', '--default-max-concurrent', '1000000', '--default-max-queued', '1000000'], env=env, stdout=open(os.path.join(work, 'serve.log'), 'w'), stderr=subprocess.STDOUT)
+    base = 'http://127.0.0.1:%d' % hp
+    for _ in range(150):
+        try:
+            if http('GET', base + '/readyz')[0] == 200: break
+        except Exception: pass
+        time.sleep(0.2)
+    mon = R(port); mon.send('MONITOR'); assert mon.f.readline().startswith(b'+OK')
+    lines = []
+    def reader():
+        while True:
+            l = mon.f.readline()
+            if not l: return
+            lines.append(l.decode('latin-1').rstrip('\r\n'))
+            if 'cost-mark:end' in lines[-1]: return
+    th = threading.Thread(target=reader, daemon=True); th.start()
+    own = R(port)
+    h = {'Authorization': 'Bearer ' + tok, 'X-Tenant-Id': 'bench-t0', 'Content-Type': 'application/json', 'Idempotency-Key': 'calls-0-0'}
+    body = json.dumps({'flow_id': 'demo.echo', 'params': {'n': 0, 'p': 'x' * 14}})
+    s1 = http('POST', base + '/api/executions', body, h)[0]
+    own.call('ECHO', 'cost-mark:replay')
+    s2, b2 = http('POST', base + '/api/executions', body, h)
+    own.call('ECHO', 'cost-mark:lease')
+    hl = dict(h); del hl['Idempotency-Key']
+    st, lb = http('POST', base + '/api/worker/lease?wait=5s', json.dumps({'worker_id': 'cost', 'max': 1, 'tenants': ['bench-t0'], 'lease': '30s'}), hl)
+    run = json.loads(lb)['runs'][0]
+    comp = json.dumps({'worker_id': 'cost', 'fence': run['fence'], 'outcome': 'completed', 'output': run['params']})
+    s3 = http('POST', base + '/api/worker/runs/%s/complete' % run['execution_id'], comp, hl)[0]
+    own.call('ECHO', 'cost-mark:repeat')
+    s4 = http('POST', base + '/api/worker/runs/%s/complete' % run['execution_id'], comp, hl)[0]
+    own.call('ECHO', 'cost-mark:end')
+    th.join(30)
+    print('statuses', s1, s2, st, s3, s4, file=sys.stderr)
+    sv.terminate(); sv.wait()
+    parsed = [p for p in map(parse_monitor, lines) if p]
+    def find(frm, to, name):
+        st = [i for i, (c, a) in enumerate(parsed) if len(a) == 2 and a[0].lower() == b'echo' and a[1] == ('cost-mark:' + frm).encode()][0]
+        en = [i for i, (c, a) in enumerate(parsed) if len(a) == 2 and a[0].lower() == b'echo' and a[1] == ('cost-mark:' + to).encode()][0]
+        for i in range(st + 1, en):
+            c, a = parsed[i]
+            if c != 'lua' and a[0].lower() == b'fcall' and a[1].decode().endswith('_' + name):
+                cmds = []
+                for c2, a2 in parsed[i + 1:en]:
+                    if c2 != 'lua': break
+                    cmds.append([x.decode('latin-1') for x in a2])
+                return {'args': [x.decode('latin-1') for x in a], 'commands': cmds}
+    calls = {'admit': find('replay', 'lease', 'admit'), 'complete': find('repeat', 'end', 'complete')}
+    lib = R(port).call('FUNCTION', 'LIST', 'WITHCODE')
+    own.call('SAVE'); own.send('SHUTDOWN', 'NOSAVE'); rs.wait()
+    code = None
+    for l in lib:
+        d = dict(zip(l[0::2], l[1::2]))
+        code = d[b'library_code'].decode('latin-1')
+    open(os.path.join(out, 'library.lua'), 'w', encoding='latin-1').write(code)
+    json.dump(calls, open(os.path.join(out, 'calls.json'), 'w'), indent=1)
+    for k, v in calls.items(): print(k, len(v['args']) - 2, 'args', [c[0] for c in v['commands']], file=sys.stderr)
+
+def lua_lit(s):
+    return '"' + ''.join(c if 0x20 <= ord(c) < 0x7f and c not in '"\\' else '\\%03d' % ord(c) for c in s) + '"'
+
+def bare(call, upto=None):
+    cmds = call['commands'] if upto is None else call['commands'][:upto]
+    return '#!lua\n' + ''.join('redis.pcall(%s)\n' % ', '.join(map(lua_lit, c)) for c in cmds) + 'return 0\n'
+
+class CG:
+    def __init__(self, out):
+        self.port = free_port(); self.out = os.path.join(out, 'cg.out'); self.dumps = 0
+        for f in os.listdir(out):
+            if f.startswith('cg.out'): os.remove(os.path.join(out, f))
+        self.p = subprocess.Popen(['valgrind', '--tool=callgrind', '--callgrind-out-file=' + self.out, 'redis-server', '--port', str(self.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', os.path.join(out, 'cap'), '--dbfilename', 'dump.rdb'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, 300)
+        self.r = R(self.port)
+    def ctl(self, flag):
+        subprocess.run(['callgrind_control', flag, str(self.p.pid)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def window(self, fn):
+        self.ctl('-z'); t = time.time(); fn(); self.ctl('-d'); secs = time.time() - t
+        self.dumps += 1
+        text = open('%s.%d' % (self.out, self.dumps)).read()
+        ir = int(re.search(r'^summary: (\d+)', text, re.M).group(1))
+        return ir, secs
+    def replay(self, cmd, n):
+        def go():
+            done = 0
+            while done < n:
+                b = min(50, n - done)
+                for _ in range(b): self.r.send(*cmd)
+                for _ in range(b):
+                    x = self.r.read()
+                    if isinstance(x, Exception): raise x
+                done += b
+        ir, secs = self.window(go)
+        return ir / n, secs
+    def idle(self, secs=2.0):
+        ir, s = self.window(lambda: time.sleep(secs)); return ir / s
+    def stop(self):
+        try: self.r.send('SHUTDOWN', 'NOSAVE'); self.r.read()
+        except Exception: pass
+        self.p.wait()
+
+def measure(out, variants, n, which):
+    calls = json.load(open(os.path.join(out, 'calls.json')))
+    cg = CG(out)
+    try:
+        rate = cg.idle(2.0)
+        res = {}
+        for path in which:
+            call = calls[path]
+            sha = cg.r.call('SCRIPT', 'LOAD', bare(call)).decode()
+            bcmd = ['EVALSHA', sha] + call['args'][2:]
+            def run(cmd):
+                ir, secs = cg.replay(cmd, n)
+                return round(ir - rate * secs / n)
+            b = run(bcmd)
+            res[(path, 'bare')] = b
+            print('%-9s %-28s %8d' % (path, 'bare', b), flush=True)
+            for k in range(len(call['commands'])):
+                sk = cg.r.call('SCRIPT', 'LOAD', bare(call, k)).decode()
+                x = run(['EVALSHA', sk] + call['args'][2:])
+                print('%-9s %-28s %8d' % (path, 'bare:%d' % k, x), flush=True)
+            for v in variants:
+                name = os.path.basename(v)
+                if not name.startswith(path[0]): continue
+                cg.r.call('FUNCTION', 'LOAD', 'REPLACE', open(v, encoding='latin-1').read())
+                x = run(call['args'])
+                res[(path, name)] = x
+                print('%-9s %-28s %8d  overhead %8d' % (path, name, x, x - b), flush=True)
+    finally:
+        cg.stop()
+
+# (name, path, the line a probe returns before; or the reply replaced by 0)
+PROBES = [
+    ('a0_empty', 'admit', 'P = ARGV[1]'),
+    ('a1_guard', 'admit', 'begin_call()'),
+    ('a2_begin', 'admit', '-- Per call'),
+    ('a3_resets', 'admit', 'local n = tonumber(ARGV[6])'),
+    ('a4_checks', 'admit', 'local replies, k, a = {}, 5, 9'),
+    ('a5_noreply', 'admit', None),
+    ('a9_full', 'admit', ''),
+    ('c0_empty', 'complete', 'P = ARGV[1]'),
+    ('c1_guard', 'complete', 'begin_call()'),
+    ('c2_begin', 'complete', '-- Per call'),
+    ('c3_top', 'complete', 'local n = tonumber(ARGV[8])'),
+    ('c4_rows', 'complete', 'local replies = {}'),
+    ('c5_report', 'complete', 'flush_trends()'),
+    ('c6_noreply', 'complete', None),
+    ('c9_full', 'complete', ''),
+]
+
+def probes(out):
+    lib = open(os.path.join(out, 'library.lua'), encoding='latin-1').read().split('\n')
+    os.makedirs(os.path.join(out, 'probes'), exist_ok=True)
+    for name, stem, before in PROBES:
+        s = [i for i, l in enumerate(lib) if l.startswith('redis.register_function') and "_%s'" % stem in l][0]
+        e = [i for i in range(s + 1, len(lib)) if lib[i] == 'end }'][0]
+        text = list(lib)
+        if before is None:
+            at = [i for i in range(s, e) if text[i].strip() == 'return replies'][-1]
+            text[at] = 'return 0'
+        elif before:
+            at = [i for i in range(s, e) if text[i].startswith(before)][0]
+            text.insert(at, 'do return 0 end')
+        open(os.path.join(out, 'probes', name), 'w', encoding='latin-1').write('\n'.join(text))
+
+if __name__ == '__main__':
+    os.makedirs(OUT, exist_ok=True)
+    if sys.argv[1] == 'capture':
+        capture(sys.argv[2], OUT)
+    elif sys.argv[1] == 'probes':
+        probes(OUT)
+    elif sys.argv[1] == 'measure':
+        d = os.path.join(OUT, 'probes')
+        measure(OUT, [os.path.join(d, f) for f in sorted(os.listdir(d))], int(sys.argv[2]),
+                ['admit', 'complete'])
