@@ -651,7 +651,7 @@ async fn a_key_the_library_passed_under_one_prefix_is_refused_under_another() {
     let e = fcall(&redis, "admit", &k, &a).await.unwrap_err();
     assert!(
         e.to_string().contains(&format!(
-            "KEYS[1] {}frozen is outside the prefix",
+            "KEYS[1] {}hold is outside the prefix",
             s4.prefix()
         )),
         "{e}"
