@@ -54,11 +54,7 @@ notify_deleted(id, now)
 outbox(tenant, id, 'deleted', now,
   { 'flow', flow, 'attempt', redis.call('HGET', ROW, 'attempt') or '0', 'was', status })
 index_remove(tenant, flow, status, id)
-if digest then
-  local key = K.dedup(tenant, digest)
-  local mapped = redis.call('GET', key)
-  if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('DEL', key) end
-end
+if digest then dedup_release(tenant, id, digest) end
 if status == 'running' then
   redis.call('HSET', ROW, 'deleted', 1, 'updated', now)
   redis.call('SADD', DELETING, id)

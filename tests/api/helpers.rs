@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
-pub use self::app::{ADMIN_TOKEN, METRICS_TOKEN, TestApp};
+pub use self::app::{ADMIN_TOKEN, DedupMapping, METRICS_TOKEN, TestApp};
 pub use self::redis::{TestRedis, cluster_mode, shard_no};
 pub use self::serve::TestServe;
 pub use self::worker::{FAST_WORKER, TestWorker, flows_file};
