@@ -388,6 +388,14 @@ impl TestApp {
         self.redis.query(redis::cmd("TTL").arg(key)).await
     }
 
+    /// `super::dedup_orphans` of everything Redis holds (empty: every mapping where it
+    /// belongs).
+    pub async fn dedup_orphans(&self) -> Vec<String> {
+        let keys = self.redis.keys().await;
+        let mut c = self.redis.conn().await;
+        super::dedup_orphans(&mut c, keys).await
+    }
+
     /// Where `tenant`'s mapping of dedup key `key` is on Redis (see `DedupMapping`). Panics
     /// when it is in both places: a mapping lives in one form at a time.
     pub async fn dedup_mapping(&self, tenant: &str, key: &str) -> DedupMapping {
@@ -425,16 +433,6 @@ pub enum DedupMapping {
     Ended(String, i64),
     /// Neither: the key is free.
     Free,
-}
-
-impl DedupMapping {
-    /// The execution id it maps to, if any.
-    pub fn id(&self) -> Option<&str> {
-        match self {
-            Self::Live(v) | Self::Ended(v, _) => v.split(':').next(),
-            Self::Free => None,
-        }
-    }
 }
 
 impl TestApp {
