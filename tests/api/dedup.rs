@@ -458,6 +458,8 @@ async fn the_sweeper_settles_bucket_fields_an_older_build_left() {
         .await
         .expect("took the sweeper turn");
     assert_eq!(repairs.get("dedup"), Some(&2), "{repairs:?}");
+    // Counted for operators: `repaired_dedup` in /api/queues (and /metrics).
+    assert_eq!(app.counter("repaired_dedup").await, 2);
     assert!(ended_for(&app.dedup_mapping("acme", "left").await, &id));
     assert_eq!(app.dedup_mapping("acme", "stray").await, DedupMapping::Free);
     assert!(live_for(&app.dedup_mapping("acme", "live").await, &live));
