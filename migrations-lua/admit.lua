@@ -8,7 +8,8 @@
 -- KEYS[2]  tenants: the shard's tenant set
 -- KEYS[3]  runnable: its runnable tenants
 -- KEYS[4]  delayed: its timer set
--- KEYS[5..] admissions: for each admission in order, 8 keys, and a 9th with a dedup key:
+-- KEYS[5..] admissions: for each admission in order, 8 keys, and a 9th and 10th with a dedup
+-- key:
 --   +0 row: the new execution's row
 --   +1 void: its void marker (abandon.lua)
 --   +2 cfg: the tenant's limits
@@ -17,7 +18,10 @@
 --   +5 queued: its 'queued' status index
 --   +6 queued_flow: its 'queued' index of the flow
 --   +7 flows: its set of flows
---   +8 dedup: the dedup mapping (only with a dedup key)
+--   +8 dedup_bucket: the tenant's bucket of live dedup mappings that holds the key's
+--      (K.dedup_bucket() in common.lua; only with a dedup key)
+--   +9 dedup: the dedup mapping's string key, where it is once its execution ended (only
+--      with a dedup key)
 -- (Also written, names built inside from the prefix since Redis's clock picks the day: the
 -- trends counters and the shard's busy set, see the trends block of common.lua; with a
 -- concurrency key, the key's queue and the tenant's blocked keys, see "Concurrency keys"; and
@@ -96,11 +100,12 @@ local function admit_one(k, a)
   if ANY_VOID and redis.call('EXISTS', KEYS[k + 1]) == 1 then return { 'void' } end
 
   -- A replay is answered before the rest of the admission's values are read.
-  local dedup, fingerprint = ARGV[a + 6], ARGV[a + 8]
-  local dedup_key = nil
+  local dedup, dedup_hash, fingerprint = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
+  local bucket, stale = nil, nil
   if dedup ~= '' then
-    dedup_key = KEYS[k + 8]
-    local holder, holder_fp = dedup_holder(dedup_key)
+    bucket = KEYS[k + 8]
+    local holder, holder_fp
+    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 9], dedup_hash)
     if holder then
       if holder_fp ~= fingerprint then return { 'conflict', holder } end
       return { 'dup', holder, view(holder) }
@@ -109,7 +114,7 @@ local function admit_one(k, a)
 
   local tenant, id, flow, version, params = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4]
-  local max_attempts, dedup_hash = ARGV[a + 5], ARGV[a + 7]
+  local max_attempts = ARGV[a + 5]
   local priority, run_at, delay = ARGV[a + 9], tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
   local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
   local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
@@ -173,8 +178,12 @@ local function admit_one(k, a)
   end
   tally(tenant, 'admitted', now)
   count_bytes(tenant, size)
-  -- No TTL while the execution is not terminal: settle_terminal() sets it when it ends.
-  if dedup_key then redis.call('SET', dedup_key, id .. ':' .. fingerprint) end
+  -- A field of its bucket while the execution is live: settle_terminal() moves it to the
+  -- string key, with its TTL, when it ends. A leftover string key whose row expired goes.
+  if bucket then
+    redis.call('HSET', bucket, dedup_field(dedup_hash), id .. ':' .. fingerprint)
+    if stale then redis.call('DEL', KEYS[k + 9]) end
+  end
   if due then return { 'new', 'scheduled', now, due } end
   local tpos, kpos, klimit, rank = position(tenant, id, ckh)
   if rank and not HELD[tenant] then HELD[tenant] = redis.call('SCARD', KEYS[k + 3]) end
@@ -195,7 +204,7 @@ end
 -- its second key.
 local want = 4
 for i = 0, n - 1 do
-  want = want + (ARGV[15 + 16 * i] ~= '' and 9 or 8)
+  want = want + (ARGV[15 + 16 * i] ~= '' and 10 or 8)
 end
 if want ~= #KEYS then
   return redis.error_reply('ERR sluice admit: ' .. #KEYS .. ' keys for ' .. n ..
@@ -210,7 +219,7 @@ else
   local voids, at = {}, 5
   for i = 0, n - 1 do
     voids[i + 1] = KEYS[at + 1]
-    at = at + (ARGV[15 + 16 * i] ~= '' and 9 or 8)
+    at = at + (ARGV[15 + 16 * i] ~= '' and 10 or 8)
   end
   ANY_VOID = redis.call('EXISTS', unpack(voids)) > 0
 end
@@ -222,7 +231,7 @@ for i = 1, n do
   else
     replies[i] = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
   end
-  k = k + (ARGV[a + 6] ~= '' and 9 or 8)
+  k = k + (ARGV[a + 6] ~= '' and 10 or 8)
   a = a + 16
 end
 -- The per-minute counters of every admission of the call, and its tenants' storage counters,

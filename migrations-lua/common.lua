@@ -39,6 +39,7 @@ function K.deleting(t) return P .. 't:' .. t .. ':deleting' end
 function K.status_idx(t, s) return P .. 't:' .. t .. ':st:' .. s end
 function K.flow_idx(t, f, s) return P .. 't:' .. t .. ':fl:' .. f .. ':' .. s end
 function K.dedup(t, h) return P .. 't:' .. t .. ':dd:' .. h end
+function K.dedup_bucket(t, h) return P .. 't:' .. t .. ':ddb:' .. string.sub(h, 1, 2) end
 function K.flows(t) return P .. 't:' .. t .. ':flows' end
 function K.tenants() return P .. 'tenants' end
 function K.leases() return P .. 'leases' end
@@ -728,17 +729,77 @@ local function flush_usage()
   USAGE_KEPT = false
 end
 
--- The live execution a dedup mapping (key `mapping`) names, and the request fingerprint it was
--- admitted with; nil when the key is free. A mapping always has its row (both are written by
--- admit.lua and removed together); a missing row can only mean its retention ran out first,
--- so the key is free again. Reads only (dry_admit.lua shares it with admit.lua).
-local function dedup_holder(mapping)
-  local mapped = redis.call('GET', mapping)
-  if not mapped then return nil end
+-- Dedup mappings, `<id>:<request fingerprint>` by the dedup key's digest, live in two forms.
+-- While its execution is live (queued or running) a mapping is a field of one of its tenant's
+-- 256 hash buckets (K.dedup_bucket(): the digest's first two hex digits name the bucket,
+-- dedup_field() the field: the other 30). Buckets of at most 128 fields of short values stay
+-- listpack-encoded on Redis's default thresholds: about 80 bytes a mapping instead of a key's
+-- 184. Hash fields cannot expire on Redis 7.0, so when its execution ends the mapping moves
+-- to the string key K.dedup() with the dedup TTL (dedup_end(), in the same call); a retry
+-- moves it back (dedup_revive()). A string key without a TTL is a live mapping in the form of
+-- an older build (relayout_dedup.lua converts them): every reader still takes it.
+local function dedup_field(h) return string.sub(h, 3) end
+
+-- Whether mapping value `mapped` names execution `id`.
+local function maps_to(mapped, id)
+  return mapped ~= nil and mapped ~= false and string.sub(mapped, 1, #id + 1) == id .. ':'
+end
+
+-- The live execution the dedup mapping of digest `h` names (bucket `bucket`, string key
+-- `mapping`; the caller declared both), and the request fingerprint it was admitted with;
+-- nil when the key is free. The bucket is read first, the string key (a terminal mapping,
+-- or one an older build wrote) only on a miss. A mapping always has its row (both are written
+-- by admit.lua and removed together); a missing row can only mean its retention ran out first,
+-- so the key is free again: then the third value is true when the string key is such a
+-- leftover (admit.lua deletes it as it claims the key). Reads only (dry_admit.lua shares it).
+local function dedup_holder(bucket, mapping, h)
+  local mapped = redis.call('HGET', bucket, dedup_field(h))
+  local stale = nil
+  if not mapped then
+    mapped = redis.call('GET', mapping)
+    if not mapped then return nil end
+    stale = true
+  end
   local sep = string.find(mapped, ':', 1, true)
   local id = string.sub(mapped, 1, sep - 1)
-  if redis.call('EXISTS', K.row(id)) == 0 then return nil end
+  if redis.call('EXISTS', K.row(id)) == 0 then return nil, nil, stale end
   return id, string.sub(mapped, sep + 1)
+end
+
+-- Execution `id` (tenant t, dedup digest h) ended: its mapping, if it still names it, leaves
+-- its bucket for the string key with the dedup TTL. A mapping an older build left as a string
+-- key gets the TTL where it is.
+local function dedup_end(t, id, h)
+  local bucket, field = K.dedup_bucket(t, h), dedup_field(h)
+  local mapped = redis.call('HGET', bucket, field)
+  if mapped then
+    if maps_to(mapped, id) then
+      redis.call('HDEL', bucket, field)
+      redis.call('SET', K.dedup(t, h), mapped, 'EX', DEDUP_TTL_SECS)
+    end
+    return
+  end
+  local key = K.dedup(t, h)
+  if maps_to(redis.call('GET', key), id) then redis.call('EXPIRE', key, DEDUP_TTL_SECS) end
+end
+
+-- A terminal execution `id` is live again (retry.lua): its mapping, if it still names it,
+-- leaves the string key for its bucket and stops expiring.
+local function dedup_revive(t, id, h)
+  local key = K.dedup(t, h)
+  local mapped = redis.call('GET', key)
+  if not maps_to(mapped, id) then return end
+  redis.call('DEL', key)
+  redis.call('HSETNX', K.dedup_bucket(t, h), dedup_field(h), mapped)
+end
+
+-- Execution `id` is deleted (force_delete.lua): its mapping, in whichever form, goes if it
+-- still names it, so the same dedup key admits a new execution.
+local function dedup_release(t, id, h)
+  local bucket, field = K.dedup_bucket(t, h), dedup_field(h)
+  if maps_to(redis.call('HGET', bucket, field), id) then redis.call('HDEL', bucket, field) end
+  local key = K.dedup(t, h)
+  if maps_to(redis.call('GET', key), id) then redis.call('DEL', key) end
 end
 
 -- The admission decision (and a retry's): whether tenant t may queue one more execution.
@@ -1017,20 +1078,15 @@ local function resize(t, run, extra, drop)
   return sz + #output + #err
 end
 
--- A row became terminal: its dedup key (if it still maps to it) now lives DEDUP_TTL_SECS more
--- and the row itself RETENTION_SECS. Until this moment neither expires. `digest` is the row's
--- `ddh` field (nil for none), which the caller has read already. `size` is the row's logical
+-- A row became terminal: its dedup mapping (if it still maps to it) leaves its bucket for the
+-- string key that lives DEDUP_TTL_SECS more (dedup_end()), and the row itself RETENTION_SECS.
+-- Until this moment neither expires. `digest` is the row's `ddh` field (nil for none), which
+-- the caller has read already. `size` is the row's logical
 -- size (nil for a row not counted, see "Storage"): it is retained until it expires. The expiry
 -- is set as a time (PEXPIREAT), so that PEXPIRETIME reads back exactly the instant its bucket
 -- was chosen by.
 local function settle_terminal(t, id, digest, size)
-  if digest then
-    local key = K.dedup(t, digest)
-    local mapped = redis.call('GET', key)
-    if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then
-      redis.call('EXPIRE', key, DEDUP_TTL_SECS)
-    end
-  end
+  if digest then dedup_end(t, id, digest) end
   local expire_at = now_ms() + RETENTION_SECS * 1000
   redis.call('PEXPIREAT', K.row(id), expire_at)
   if size then retain(t, size, expire_at, 1) end

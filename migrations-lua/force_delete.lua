@@ -54,11 +54,7 @@ notify_deleted(id, now)
 local attempt = redis.call('HGET', ROW, 'a') or '0'
 outbox(tenant, id, 'deleted', now, { 'flow', flow, 'attempt', attempt, 'was', status })
 index_remove(tenant, flow, status, id)
-if digest then
-  local key = K.dedup(tenant, digest)
-  local mapped = redis.call('GET', key)
-  if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('DEL', key) end
-end
+if digest then dedup_release(tenant, id, digest) end
 if status == 'running' then
   redis.call('HSET', ROW, 'dl', 1, 'u', now)
   redis.call('SADD', DELETING, id)

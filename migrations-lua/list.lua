@@ -12,7 +12,9 @@
 --          failed, cancelled; the filter 'scheduled' reads the index of scheduled executions,
 --          queued ones on the timer set, see schedule() in common.lua); then, with a flow
 --          filter, KEYS[n+2..2n+1] the flow's index of each of those statuses, same order;
---          last, with a dedup key filter, the tenant's dedup mapping of that key
+--          last, with a dedup key filter, the tenant's bucket of live dedup mappings that
+--          holds that key's, then the key's terminal mapping (see dedup_holder() in
+--          common.lua)
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: tenant id
 -- ARGV[7]  status: the status filter, '' for all, 'scheduled' for the queued executions not
@@ -46,8 +48,11 @@ for i, s in ipairs(statuses) do
   status_idx[s] = declared(1 + i, K.status_idx(tenant, s))
   if flow ~= '' then flow_idx[s] = declared(1 + #statuses + i, K.flow_idx(tenant, flow, s)) end
 end
-local mapping = nil
-if dedup ~= '' then mapping = declared(#KEYS, K.dedup(tenant, ARGV[13])) end
+local bucket, mapping = nil, nil
+if dedup ~= '' then
+  bucket = declared(#KEYS - 1, K.dedup_bucket(tenant, ARGV[13]))
+  mapping = declared(#KEYS, K.dedup(tenant, ARGV[13]))
+end
 -- The range every index is read in: the time bounds, and below the cursor.
 local min, top = '-', '+'
 if lower ~= '' then min = '[' .. lower end
@@ -59,7 +64,8 @@ local candidates, source, total = {}, {}, 0
 if dedup ~= '' then
   -- At most one execution holds a dedup key: read it from the mapping, then check that it
   -- passes the other filters (its status and flow by index membership, its age by its id).
-  local mapped = redis.call('GET', mapping)
+  local mapped = redis.call('HGET', bucket, dedup_field(ARGV[13]))
+    or redis.call('GET', mapping)
   local id = mapped and string.match(mapped, '^([0-9a-f]+):')
   if id and redis.call('HGET', K.row(id), 'd') == dedup
     and (lower == '' or id >= lower) and (upper == '' or id < upper) then

@@ -2,7 +2,7 @@
 -- retry.lua: re-queue a failed or cancelled execution under the same id with fresh attempts,
 -- through the same quota decision as an admission (place() in common.lua), runnable at once in
 -- its tenant's order by the time of the retry and its priority. Its dedup key still maps to it and stops expiring until it is
--- terminal again. `attempt` starts over; the fence does not (the next start takes the next
+-- terminal again (its mapping back in its bucket: dedup_revive() in common.lua). `attempt` starts over; the fence does not (the next start takes the next
 -- fence), so a worker still holding a run from before the retry can never pass for the new one.
 --
 -- Storage (see "Storage" in common.lua): the row leaves the retained rows and its expiry
@@ -61,13 +61,8 @@ local full = storage_refusal(tenant, grow, expire_at > 0 and -1 or 0, now, ARGV[
 if full then return full end
 
 redis.call('PERSIST', ROW)
-if digest then
-  local key = K.dedup(tenant, digest)
-  local mapped = redis.call('GET', key)
-  if mapped and string.sub(mapped, 1, #id + 1) == id .. ':' then redis.call('PERSIST', key) end
-end
-redis.call('HDEL', ROW, 'st', 'fi', 'o', 'ek', 'em', 'x',
-  'ra')
+if digest then dedup_revive(tenant, id, digest) end
+redis.call('HDEL', ROW, 'st', 'fi', 'o', 'ek', 'em', 'x', 'ra')
 index_remove(tenant, flow, status, id)
 redis.call('ZADD', QUEUED_IDX, 0, id)
 redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)

@@ -21,6 +21,13 @@
 --                  configuration deleted with its counters). Only for a tenant with at most
 --                  `batch` queued and running executions (bounded work; the others keep
 --                  their counters until a pass finds them so small)
+--   mode 'dedup'   the tenant's buckets of live dedup mappings (K.dedup_bucket() in
+--                  common.lua), about `batch` fields a call, bucket by bucket: a field whose
+--                  execution ended (by a process of an older build, which ends only the
+--                  string-key form) moves to the string key with the dedup TTL, as
+--                  dedup_end() would have done; one whose execution is gone, deleted or not
+--                  its own is dropped. Cursor '<bucket>:<HSCAN cursor>'; a tenant without
+--                  buckets costs one EXISTS
 -- Every mode ends by putting the tenant in or out of the runnable set as its state says, and
 -- in or out of the shard's busy set (out when it has nothing queued or running). A tenant
 -- being deleted (tenant_drop.lua) is not swept: tenant_reap.lua removes what it holds, and a
@@ -175,6 +182,49 @@ elseif mode == 'usage' then
   end
   flush_usage()
   return counted({ '0', repaired })
+elseif mode == 'dedup' then
+  local b, c = 0, '0'
+  if cursor ~= '0' then
+    local bs, cs = string.match(cursor, '^(%d+):(%d+)$')
+    b, c = tonumber(bs), cs
+    if not b then return redis.error_reply('ERR sluice sweep: dedup cursor ' .. cursor) end
+  end
+  if cursor == '0' then
+    local names = {}
+    for i = 0, 255 do names[i + 1] = K.dedup_bucket(tenant, string.format('%02x', i)) end
+    if redis.call('EXISTS', unpack(names)) == 0 then return counted({ '0', 0 }) end
+  end
+  local seen, limit = 0, tonumber(count)
+  while true do
+    local h = string.format('%02x', b)
+    local bucket = K.dedup_bucket(tenant, h)
+    local r = redis.call('HSCAN', bucket, c, 'COUNT', limit)
+    for i = 1, #r[2], 2 do
+      local field, mapped = r[2][i], r[2][i + 1]
+      local digest = h .. field
+      local id = string.match(mapped, '^([0-9a-f]+):')
+      local row = redis.call('HMGET', K.row(id or ''), 'status', 'tenant', 'ddh', 'deleted')
+      if not id or row[2] ~= tenant or row[3] ~= digest or row[4] then
+        redis.call('HDEL', bucket, field)
+        repaired = repaired + 1
+      elseif row[1] ~= 'queued' and row[1] ~= 'running' then
+        redis.call('HDEL', bucket, field)
+        local key = K.dedup(tenant, digest)
+        local there = redis.call('GET', key)
+        if not there or maps_to(there, id) then
+          redis.call('SET', key, mapped, 'EX', DEDUP_TTL_SECS)
+        end
+        repaired = repaired + 1
+      end
+      seen = seen + 1
+    end
+    c = r[1]
+    if c == '0' then
+      if b == 255 then return counted({ '0', repaired }) end
+      b = b + 1
+    end
+    if seen >= limit then return counted({ b .. ':' .. c, repaired }) end
+  end
 else
   local idx
   if flow == '' then idx = K.status_idx(tenant, status) else idx = K.flow_idx(tenant, flow, status) end

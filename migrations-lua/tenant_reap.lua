@@ -20,7 +20,7 @@
 -- their overrides, its dead-letter index, records, count and evictions (and, while the shard's
 -- older records are still being indexed, its records outside the index), its rate state, its
 -- outbox and delivery log, its batch mark, its trend counters and burst mark (the forecast's),
--- its storage buckets, and its places in the shard's sets (runnable, tenants, busy, webhooks,
+-- its storage buckets, its dedup buckets, and its places in the shard's sets (runnable, tenants, busy, webhooks,
 -- the fair share's bookkeeping, throttle wake-ups on the timer set). A delivery round that holds
 -- the tenant's delivery lock is waited for (its end writes the delivery log and counts): the
 -- answer is then 'held' with the lock's time left.
@@ -94,7 +94,10 @@ local function reap(id)
     redis.call('DEL', K.key_tat(tenant, h))
     redis.call('ZREM', K.delayed(), 'rk:' .. tenant .. ':' .. h)
   end
-  if digest then redis.call('DEL', K.dedup(tenant, digest)) end
+  if digest then
+    redis.call('HDEL', K.dedup_bucket(tenant, digest), dedup_field(digest))
+    redis.call('DEL', K.dedup(tenant, digest))
+  end
   redis.call('DEL', K.row(id))
 end
 
@@ -219,6 +222,10 @@ local day = math.floor(now / 86400000)
 redis.call('DEL', K.outbox(tenant), K.delivery_log(tenant), K.batch_lock(tenant), K.tat(tenant),
   K.trends(tenant, day), K.trends(tenant, day - 1), K.trends(tenant, day - 2), K.burst(tenant),
   K.retained(tenant))
+-- Its dedup buckets: emptied by the executions above, unless a field outlived its row.
+local buckets = {}
+for b = 0, 255 do buckets[b + 1] = K.dedup_bucket(tenant, string.format('%02x', b)) end
+redis.call('DEL', unpack(buckets))
 redis.call('ZREM', K.delayed(), 'rt:' .. tenant)
 local vt = redis.call('ZSCORE', K.runnable(), tenant)
 if vt then leave(tenant, tonumber(vt), select(5, limits(tenant))) end

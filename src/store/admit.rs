@@ -502,6 +502,10 @@ pub(super) fn admission_item(
         queued: shard.status_index(tenant, Status::Queued),
         queued_flow: shard.flow_index(tenant, &req.flow, Status::Queued),
         flows: shard.flows(tenant),
+        dedup_bucket: req
+            .dedup
+            .is_some()
+            .then(|| shard.dedup_bucket(tenant, &dedup_digest)),
         dedup: req
             .dedup
             .is_some()
@@ -538,7 +542,7 @@ script_group! {
     /// One admission of an `admit.lua` call (its header's `admissions` tails).
     pub(super) struct AdmitItem<'a> {
         keys { row, void, cfg, slots, waiting, queued, queued_flow, flows }
-        optional_key { dedup }
+        optional_keys { dedup_bucket, dedup }
         args {
             tenant: &'a str,
             id: &'a str,

@@ -178,26 +178,27 @@ macro_rules! script_call {
     };
 }
 
-/// Declares a group of a call's group tail: a struct of its keys (an optional last one
-/// allowed) and values, which becomes one `commit::Item`.
+/// Declares a group of a call's group tail: a struct of its keys (optional last ones allowed,
+/// sent where present) and values, which becomes one `commit::Item`.
 macro_rules! script_group {
     (
         $(#[$meta:meta])*
         $vis:vis struct $name:ident $(<$lt:lifetime>)? {
             keys { $($(#[$kmeta:meta])* $key:ident),* $(,)? }
-            $(optional_key { $(#[$okmeta:meta])* $okey:ident $(,)? })?
+            $(optional_keys { $($(#[$okmeta:meta])* $okey:ident),+ $(,)? })?
             args { $($(#[$ameta:meta])* $arg:ident: $aty:ty),* $(,)? }
         }
     ) => {
         $(#[$meta])*
         $vis struct $name $(<$lt>)? {
             $($(#[$kmeta])* pub $key: String,)*
-            $($(#[$okmeta])* pub $okey: Option<String>,)?
+            $($($(#[$okmeta])* pub $okey: Option<String>,)+)?
             $($(#[$ameta])* pub $arg: $aty,)*
         }
 
         impl $(<$lt>)? $crate::store::call::Group for $name $(<$lt>)? {
-            const KEYS: &'static [&'static str] = &[$(stringify!($key),)* $(stringify!($okey))?];
+            const KEYS: &'static [&'static str] =
+                &[$(stringify!($key),)* $($(stringify!($okey),)+)?];
             const ARGS: &'static [&'static str] = &[$(stringify!($arg)),*];
         }
 
@@ -206,7 +207,7 @@ macro_rules! script_group {
                 use redis::ToRedisArgs;
                 #[allow(unused_mut)]
                 let mut keys = vec![$(g.$key),*];
-                $(keys.extend(g.$okey);)?
+                $($(keys.extend(g.$okey);)+)?
                 let mut args = Vec::new();
                 $(g.$arg.write_redis_args(&mut args);)*
                 $crate::store::commit::Item { keys, args }

@@ -467,9 +467,24 @@ impl Shard {
         format!("{}t:{t}:fl:{f}:{}", self.prefix(), s.as_str())
     }
 
-    /// A tenant's dedup mapping for a key digest: `<execution id>:<request fingerprint>`.
+    /// A tenant's dedup mapping for a key digest: `<execution id>:<request fingerprint>`, as a
+    /// string key once its execution ended (with the dedup TTL); a live one is a field of
+    /// `dedup_bucket` instead.
     pub fn dedup(self, t: &TenantId, digest: &str) -> String {
         format!("{}t:{t}:dd:{digest}", self.prefix())
+    }
+
+    /// The hash of a tenant's live dedup mappings that holds the one of `digest` (one of 256,
+    /// named by the digest's first two hex digits; the field is `dedup_field(digest)`). Live
+    /// mappings are fields so that they stay listpack-encoded on Redis's default thresholds
+    /// (about 80 bytes each instead of a key's 184); hash fields cannot expire on Redis 7.0,
+    /// so an ended execution's mapping moves to `dedup`.
+    pub fn dedup_bucket(self, t: &TenantId, digest: &str) -> String {
+        format!(
+            "{}t:{t}:ddb:{}",
+            self.prefix(),
+            digest.get(..2).unwrap_or(digest)
+        )
     }
 
     /// A tenant's per-minute counters of one UTC day (`day` = Unix ms / 86,400,000): a string
@@ -499,6 +514,12 @@ impl Shard {
     pub fn busy(self) -> String {
         format!("{}busy", self.prefix())
     }
+}
+
+/// The field of a live dedup mapping in its bucket (`Shard::dedup_bucket`): the digest after
+/// the two hex digits that name the bucket.
+pub fn dedup_field(digest: &str) -> &str {
+    digest.get(2..).unwrap_or("")
 }
 
 /// The one copy of each tag text: `Shard` stays `Copy` and cheap, and a process holds at most
@@ -650,7 +671,10 @@ pub enum KeyKind {
     TenantDeadLetters,
     StatusIndex,
     FlowIndex,
+    /// A dedup mapping as a string key (`Shard::dedup`): an ended execution's, with its TTL.
     Dedup,
+    /// A hash of live dedup mappings (`Shard::dedup_bucket`).
+    DedupBucket,
     /// A tenant's per-minute counters of one day (`Shard::trends`).
     TenantTrends,
     /// When a tenant's current burst of starts began (`Shard::burst`).
@@ -802,6 +826,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         _ if tail.starts_with("st:") => KeyKind::StatusIndex,
         _ if tail.starts_with("fl:") => KeyKind::FlowIndex,
         _ if tail.starts_with("dd:") => KeyKind::Dedup,
+        _ if tail.starts_with("ddb:") => KeyKind::DedupBucket,
         _ if tail.starts_with("m:") => KeyKind::TenantTrends,
         _ => return None,
     };
@@ -917,6 +942,7 @@ mod tests {
             s.status_index(&t, Status::Queued),
             s.flow_index(&t, &f, Status::Failed),
             s.dedup(&t, "ab"),
+            s.dedup_bucket(&t, "ab"),
             s.trends(&t, 20_423),
             s.burst(&t),
             s.shard_trends(20_423),
@@ -979,6 +1005,7 @@ mod tests {
             (s.status_index(&t, Status::Running), KeyKind::StatusIndex),
             (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
             (s.dedup(&t, "00ff"), KeyKind::Dedup),
+            (s.dedup_bucket(&t, "00ff"), KeyKind::DedupBucket),
             (s.trends(&t, 20_423), KeyKind::TenantTrends),
             (s.burst(&t), KeyKind::Burst),
             (s.key_queue(&t, "00ff"), KeyKind::KeyQueue),

@@ -183,6 +183,7 @@ impl Store {
         };
         let digest = q.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
         if q.dedup.is_some() {
+            indexes.push(shard.dedup_bucket(tenant, &digest));
             indexes.push(shard.dedup(tenant, &digest));
         }
         let inv = self.shard_call(

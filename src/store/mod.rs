@@ -49,6 +49,7 @@ mod libraries;
 mod list;
 mod pin;
 mod reap;
+mod relayout;
 mod replica_acks;
 mod row;
 mod schema;

@@ -35,7 +35,7 @@ use super::call::Call;
 use super::compose::{self, Composed, Library, LibraryOp};
 use super::function::Function;
 use super::{access, admit, cancel, commit, dead_letters, key_limits, keys, lease, list, pin};
-use super::{reap, schema, sweep, tenants, wake, watch, webhooks};
+use super::{reap, relayout, schema, sweep, tenants, wake, watch, webhooks};
 
 const GUARD: &str = include_str!("../../migrations-lua/guard.lua");
 const COMMON: &str = include_str!("../../migrations-lua/common.lua");
@@ -286,6 +286,7 @@ scripts! {
     webhook: Shard "webhook.lua" => webhooks::WebhookCall<'_>,
     tenant_drop: Shard "tenant_drop.lua" => reap::TenantDropCall<'_>,
     tenant_reap: Shard "tenant_reap.lua" => reap::TenantReapCall<'_>,
+    relayout_dedup: Shard "relayout_dedup.lua" => relayout::RelayoutDedupCall,
 }
 
 /// The text of an operation file of `migrations-lua/` by name (`admit.lua`, ...), as compiled

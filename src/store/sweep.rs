@@ -193,6 +193,10 @@ pub enum SweepMode {
     /// The tenant's storage counters, recounted in one call when it has few enough queued
     /// and running executions (see `sweep.lua`).
     Usage,
+    /// The tenant's buckets of live dedup mappings: a field whose execution ended or is gone
+    /// (left by a process of an older build, which knows only the string-key form) is moved
+    /// to the string key with its TTL or dropped.
+    Dedup,
 }
 
 impl SweepMode {
@@ -205,6 +209,7 @@ impl SweepMode {
             SweepMode::Index => "index",
             SweepMode::Reap => "reap",
             SweepMode::Usage => "usage",
+            SweepMode::Dedup => "dedup",
         }
     }
 }
@@ -221,7 +226,7 @@ pub struct SweepStep {
 
 impl SweepTarget {
     /// Every walk this tenant needs: slots, queue, reachability of its queued executions,
-    /// each status index with and without flow, and (after those, so it counts what they
+    /// each status index with and without flow, its dedup buckets, and (after those, so it counts what they
     /// repaired) its storage counters; for a tenant being deleted, its reap alone.
     pub fn steps(&self) -> Vec<SweepStep> {
         let step = |mode, status, flow| SweepStep {
@@ -245,6 +250,7 @@ impl SweepTarget {
                 v.push(step(SweepMode::Index, Some(status), Some(f.clone())));
             }
         }
+        v.push(step(SweepMode::Dedup, None, None));
         v.push(step(SweepMode::Usage, None, None));
         v
     }

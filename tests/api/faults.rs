@@ -107,6 +107,10 @@
 //!     of 2: on Redis's clock (its shard's start log), no second holds more than 6 of its
 //!     starts — re-runs after lost leases and retries included, since every start takes a
 //!     token.
+//! 13. **Dedup mappings where they belong.** With everything ended, no dedup bucket holds a
+//!     field and every string mapping has its TTL (`helpers::dedup_orphans`), and the
+//!     sweeper repaired none (`repaired_dedup` 0): no end of an execution, however
+//!     interrupted, left its mapping live.
 //!
 //! The report also counts admissions by answer, faults by kind, runs (by how they ended, and
 //! how many lost their lease before ending), executions by final status, dead letters by reason,

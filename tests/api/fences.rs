@@ -58,7 +58,7 @@ local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delay
   K.trends(t, 20423), K.shard_trends(20423), K.busy(), K.key_queue(t, h), K.key_running(t, h),
   K.key_limits(t), K.key_blocked(t), K.tat(t), K.key_tat(t, h), K.outbox(t), K.webhooks(),
   WEBHOOK_CHANNEL, K.delivery_log(t), K.delivery_lock(t), K.batch_lock(t), K.reaping(),
-  K.burst(t), K.retained(t) }
+  K.burst(t), K.retained(t), K.dedup_bucket(t, h), dedup_field(h) }
 for _, s in ipairs(STATUSES) do
   table.insert(out, K.status_idx(t, s))
   table.insert(out, K.flow_idx(t, f, s))
@@ -125,6 +125,8 @@ return out";
             s.reaping(),
             s.burst(&t),
             s.retained(&t),
+            s.dedup_bucket(&t, digest),
+            keys::dedup_field(digest).to_owned(),
         ];
         for st in Status::ALL {
             expected.push(s.status_index(&t, st));
@@ -496,7 +498,8 @@ async fn admit_declares_the_keys_it_writes() {
         s.waiting(&t),
         s.runnable(),
         s.sched(),
-        s.dedup(&t, &digest),
+        // A live mapping is a field of its bucket (the string key comes when it ends).
+        s.dedup_bucket(&t, &digest),
         s.bell(),
         // Its logical bytes, counted in its configuration (see "Storage" in common.lua).
         s.tenant_config(&t),
@@ -554,7 +557,11 @@ async fn admit_declares_the_keys_it_writes() {
     assert_eq!(tenant.as_deref(), Some("acme"));
     let mapping: String = app
         .redis
-        .query(redis::cmd("GET").arg(s.dedup(&t, &digest)))
+        .query(
+            redis::cmd("HGET")
+                .arg(s.dedup_bucket(&t, &digest))
+                .arg(keys::dedup_field(&digest)),
+        )
         .await;
     assert!(mapping.starts_with(&format!("{id}:")), "{mapping}");
 

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use sluice::domain::{ExecutionId, TenantId};
 use sluice::store::{Completion, LeaseState, Outcome};
 
-use crate::helpers::{ADMIN_TOKEN, FAST_WORKER, TestApp, TestWorker};
+use crate::helpers::{ADMIN_TOKEN, DedupMapping, FAST_WORKER, TestApp, TestWorker};
 
 fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     FAST_WORKER.iter().chain(extra).copied().collect()
@@ -275,12 +275,15 @@ async fn a_panicking_handler_fails_its_execution_and_the_worker_goes_on() {
 async fn a_dedup_key_expires_only_once_its_execution_is_terminal() {
     let app = TestApp::spawn().await;
     let dedup_ttl = 7 * 24 * 3600;
-    let tenant = TenantId::parse("acme").unwrap();
-    let key = app.shard("acme").dedup(
-        &tenant,
-        &sluice::domain::DedupKey::parse("order-1").unwrap().digest(),
-    );
-    let ttl = async |app: &TestApp| -> i64 { app.redis.query(redis::cmd("TTL").arg(&key)).await };
+    // While live, the mapping is a field of its bucket, which never expires; once terminal,
+    // the string key with the TTL: -1 stands for "live" below.
+    let ttl = async |app: &TestApp| -> i64 {
+        match app.dedup_mapping("acme", "order-1").await {
+            DedupMapping::Live(_) => -1,
+            DedupMapping::Ended(_, ttl) => ttl,
+            DedupMapping::Free => -2,
+        }
+    };
     let body = json!({"flow_id": "demo.sleep", "params": {"ms": 60000}});
     let res = app.post_with_key("acme", "order-1", &body).await;
     assert_eq!(res.status(), StatusCode::CREATED);

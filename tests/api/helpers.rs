@@ -7,6 +7,7 @@
 //! (`crate::helpers::TestApp`, ...) and holds the small helpers that belong to no fixture.
 
 mod app;
+mod dedup;
 mod redis;
 mod serve;
 mod worker;
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
-pub use self::app::{ADMIN_TOKEN, METRICS_TOKEN, TestApp};
+pub use self::app::{ADMIN_TOKEN, DedupMapping, METRICS_TOKEN, TestApp};
+pub use self::dedup::dedup_orphans;
 pub use self::redis::{TestRedis, cluster_mode, shard_no};
 pub use self::serve::TestServe;
 pub use self::worker::{FAST_WORKER, TestWorker, flows_file};

@@ -13,6 +13,7 @@ mod config;
 mod connections;
 mod console;
 mod dead_letters;
+mod dedup;
 mod deletion;
 mod deployment;
 mod dev;

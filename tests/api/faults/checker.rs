@@ -1,8 +1,8 @@
 //! The checker: everything the test collected (`Evidence`: the clients' requests and
 //! answers, the journal, the faults, the end state) judged against the properties listed in
-//! `faults.rs` (1–12), every violation recorded by property (`Verdict`). This file holds the
+//! `faults.rs` (1–13), every violation recorded by property (`Verdict`). This file holds the
 //! properties read from what the clients were told and what the system holds at the end
-//! (1, 2, 4, 6, 7, 11); those read from when handlers ran (3, 5, 8, 9, 10, 12) are in
+//! (1, 2, 4, 6, 7, 11, 13); those read from when handlers ran (3, 5, 8, 9, 10, 12) are in
 //! `checker/runs.rs`, with the unit tests of the overlap rule.
 
 mod runs;
@@ -60,6 +60,7 @@ const P9: &str = "9. fair share by weight (start log)";
 const P10: &str = "10. concurrency key limits hold for running handlers";
 const P11: &str = "11. no queue position for an execution that is not queued";
 const P12: &str = "12. never more starts in a window than the rate allows";
+const P13: &str = "13. dedup mappings where they belong (live: bucket field; ended: key with TTL)";
 
 /// Everything the checker reads.
 pub(super) struct Evidence<'a> {
@@ -116,6 +117,17 @@ pub(super) fn check(ev: &Evidence<'_>, report: &mut String) -> Verdict {
                 ),
             );
         }
+    }
+    for what in &ev.fin.dedup_orphans {
+        v.fail(P13, what.clone());
+    }
+    // The sweeper settles a field an end left (what a build before the buckets does); here
+    // every process is of this build, so it must have found none.
+    if let Some(n) = ev.fin.counters.get("repaired_dedup").filter(|n| **n > 0) {
+        v.fail(
+            P13,
+            format!("the sweeper settled {n} dedup mapping(s) an end of an execution left"),
+        );
     }
     for (id, e) in &ev.fin.execs {
         let (a, m) = (e["attempt"].as_u64(), e["max_attempts"].as_u64());

@@ -54,6 +54,9 @@ pub(super) struct Final {
     pub(super) usage: BTreeMap<String, Value>,
     pub(super) dead_letters: Vec<Value>,
     pub(super) counters: BTreeMap<String, u64>,
+    /// Dedup mappings out of place (`crate::helpers::dedup_orphans`): with everything ended,
+    /// a bucket field left, or a string mapping without its TTL.
+    pub(super) dedup_orphans: Vec<String>,
     /// Each shard's start log: (tenant, virtual start tag, weight) per start, oldest first.
     pub(super) start_logs: BTreeMap<String, Vec<(String, f64, f64, u64)>>,
 }
@@ -192,6 +195,25 @@ pub(super) async fn final_state(api: &Api, redis_url: &str) -> Final {
         }
     }
 
+    // Every key, for the dedup mappings' check (the suite runs on one server).
+    let mut all_keys = Vec::new();
+    let mut cursor = 0u64;
+    for _ in 0..100_000 {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .expect("SCAN");
+        all_keys.extend(keys);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    let dedup_orphans = crate::helpers::dedup_orphans(&mut conn, all_keys).await;
+
     let mut dead_letters = Vec::new();
     let mut before: Option<String> = None;
     for _ in 0..10_000 {
@@ -222,6 +244,7 @@ pub(super) async fn final_state(api: &Api, redis_url: &str) -> Final {
         usage,
         dead_letters,
         counters,
+        dedup_orphans,
         start_logs,
     }
 }

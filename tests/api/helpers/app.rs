@@ -396,6 +396,52 @@ impl TestApp {
         let key = self.shard(tenant).row(&ExecutionId::parse(id).unwrap());
         self.redis.query(redis::cmd("TTL").arg(key)).await
     }
+
+    /// `super::dedup_orphans` of everything Redis holds (empty: every mapping where it
+    /// belongs).
+    pub async fn dedup_orphans(&self) -> Vec<String> {
+        let keys = self.redis.keys().await;
+        let mut c = self.redis.conn().await;
+        super::dedup_orphans(&mut c, keys).await
+    }
+
+    /// Where `tenant`'s mapping of dedup key `key` is on Redis (see `DedupMapping`). Panics
+    /// when it is in both places: a mapping lives in one form at a time.
+    pub async fn dedup_mapping(&self, tenant: &str, key: &str) -> DedupMapping {
+        let s = self.shard(tenant);
+        let t = TenantId::parse(tenant).unwrap();
+        let digest = sluice::domain::DedupKey::parse(key).unwrap().digest();
+        let field: Option<String> = self
+            .redis
+            .query(
+                redis::cmd("HGET")
+                    .arg(s.dedup_bucket(&t, &digest))
+                    .arg(keys::dedup_field(&digest)),
+            )
+            .await;
+        let key = s.dedup(&t, &digest);
+        let value: Option<String> = self.redis.query(redis::cmd("GET").arg(&key)).await;
+        let ttl: i64 = self.redis.query(redis::cmd("TTL").arg(&key)).await;
+        match (field, value) {
+            (Some(f), None) => DedupMapping::Live(f),
+            (None, Some(v)) => DedupMapping::Ended(v, ttl),
+            (None, None) => DedupMapping::Free,
+            (Some(f), Some(v)) => {
+                panic!("{key}: a bucket field {f} and a string key {v} ({ttl} s)")
+            }
+        }
+    }
+}
+
+/// Where a dedup mapping is (`TestApp::dedup_mapping`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DedupMapping {
+    /// A field of its tenant's bucket (its execution is live): `<id>:<fingerprint>`.
+    Live(String),
+    /// The string key, with its TTL in seconds (-1: none, an older build's live form).
+    Ended(String, i64),
+    /// Neither: the key is free.
+    Free,
 }
 
 impl TestApp {

@@ -5,8 +5,10 @@
 //! `sluice::store::keys::parse`, BullMQ's from its key names), the growth per kind divided by
 //! N, and what `used_memory` grew beyond the kinds is keyspace overhead (the main dictionary's
 //! buckets, the expires table). Each kind's `OBJECT ENCODING`s are counted, and a hash or a
-//! sorted set that is not listpack is flagged: "small" when it holds at most 128 entries (so a
-//! value over 64 bytes converted it), else too big for listpack under the defaults.
+//! sorted set that is not listpack is flagged (`CONVERTED` in the report, by kind: a dedup
+//! bucket of a tenant with more live mappings than its buckets hold shows as `DedupBucket`):
+//! "small" when it holds at most Redis's default entries for listpack (512 for a hash, 128 for
+//! a sorted set; so a value over 64 bytes converted it), else too big under the defaults.
 //!
 //! Long on purpose: sluice's and BullMQ's figures share the scan, the kinds and the arithmetic,
 //! and read best side by side; the unit tests close the file.
@@ -28,8 +30,10 @@ use crate::report::Check;
 const PARAMS: [usize; 2] = [30, 200];
 /// Executions admitted before the first read: the tenants' own structures exist by then.
 const WARM_UP: u64 = 8;
-/// Redis's default `hash-max-listpack-entries` and `zset-max-listpack-entries`.
-const LISTPACK_ENTRIES: u64 = 128;
+/// Redis's default `hash-max-listpack-entries` (512) and `zset-max-listpack-entries` (128).
+fn listpack_entries(redis_type: &str) -> u64 {
+    if redis_type == "hash" { 512 } else { 128 }
+}
 
 /// One bytes figure.
 #[derive(Debug, Clone, Serialize)]
@@ -68,7 +72,8 @@ pub struct KindEncoding {
     pub encodings: BTreeMap<String, u64>,
     /// Hashes and sorted sets that are not listpack ...
     pub converted: u64,
-    /// ... of them with at most 128 entries: converted by a value over 64 bytes.
+    /// ... of them with at most the default entries (512 for a hash, 128 for a sorted set):
+    /// converted by a value over 64 bytes.
     pub converted_small: u64,
 }
 
@@ -471,19 +476,19 @@ async fn scan_page(
         };
         if let Some(cmd) = len_cmd {
             s.converted += 1;
-            converted.push((kind, cmd, k));
+            converted.push((kind, cmd, k, listpack_entries(&redis_type)));
         }
     }
     if converted.is_empty() {
         return Ok(());
     }
     let mut p = redis::pipe();
-    for (_, cmd, k) in &converted {
+    for (_, cmd, k, _) in &converted {
         p.cmd(cmd).arg(*k);
     }
     let lens: Vec<u64> = p.query_async(node).await?;
-    for ((kind, _, _), len) in converted.iter().zip(lens) {
-        if len <= LISTPACK_ENTRIES
+    for ((kind, _, _, limit), len) in converted.iter().zip(lens) {
+        if len <= *limit
             && let Some(s) = out.get_mut(kind)
         {
             s.converted_small += 1;
@@ -513,6 +518,7 @@ mod tests {
     fn sluice_keys_are_named_by_the_keys_module() {
         assert_eq!(sluice_kind("sluice:{s03.7}:exec:0123"), "Row");
         assert_eq!(sluice_kind("sluice:{s03.7}:t:acme:dd:abcd"), "Dedup");
+        assert_eq!(sluice_kind("sluice:{s03.7}:t:acme:ddb:ab"), "DedupBucket");
         assert_eq!(sluice_kind("unrelated"), "other");
     }
 

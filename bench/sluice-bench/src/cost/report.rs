@@ -384,13 +384,15 @@ impl CostReport {
                         .iter()
                         .map(|(enc, n)| format!("{enc} ×{n}"))
                         .collect();
+                    // Redis's default listpack entries: 512 for a hash, 128 for a sorted set.
+                    let max = if e.redis_type == "hash" { 512 } else { 128 };
                     let flag = if e.converted_small > 0 {
                         format!(
-                            "  CONVERTED: {} of {} with ≤128 entries (a value over 64 bytes)",
+                            "  CONVERTED: {} of {} with ≤{max} entries (a value over 64 bytes)",
                             e.converted_small, e.converted
                         )
                     } else if e.converted > 0 {
-                        format!("  not listpack: {} over 128 entries", e.converted)
+                        format!("  CONVERTED: {} over {max} entries", e.converted)
                     } else {
                         String::new()
                     };

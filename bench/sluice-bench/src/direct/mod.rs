@@ -533,6 +533,7 @@ fn key_kind(k: &str) -> &'static str {
     match keys::parse(k).map(|n| n.kind) {
         Some(KeyKind::Row) => "rows",
         Some(KeyKind::Dedup) => "dedup mappings",
+        Some(KeyKind::DedupBucket) => "dedup buckets",
         Some(KeyKind::StatusIndex) => "status indexes",
         Some(KeyKind::FlowIndex) => "flow indexes",
         Some(KeyKind::Slots) => "slot sets",
