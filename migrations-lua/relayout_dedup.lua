@@ -32,7 +32,7 @@ for _, key in ipairs(r[2]) do
   if tenant and #digest == 32 and redis.call('TTL', key) == -1 then
     local mapped = redis.call('GET', key)
     local id = mapped and string.match(mapped, '^([0-9a-f]+):')
-    local row = redis.call('HMGET', K.row(id or ''), 'status', 'tenant', 'ddh', 'deleted')
+    local row = redis.call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
     local mine = id and row[2] == tenant and row[3] == digest and not row[4]
     if mine and (row[1] == 'queued' or row[1] == 'running') then
       local bucket, field = K.dedup_bucket(tenant, digest), dedup_field(digest)

@@ -203,7 +203,7 @@ elseif mode == 'dedup' then
       local field, mapped = r[2][i], r[2][i + 1]
       local digest = h .. field
       local id = string.match(mapped, '^([0-9a-f]+):')
-      local row = redis.call('HMGET', K.row(id or ''), 'status', 'tenant', 'ddh', 'deleted')
+      local row = redis.call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
       if not id or row[2] ~= tenant or row[3] ~= digest or row[4] then
         redis.call('HDEL', bucket, field)
         repaired = repaired + 1

@@ -22,7 +22,7 @@ pub async fn migrate_layout(redis: RedisSettings) -> anyhow::Result<()> {
         None => println!("already on the current key layout; nothing to do"),
         Some(m) => println!(
             "key layout {} -> {}: {} shards converted ({} rows and other records; {} rows no \
-             index named), {} keys renamed ({} copied by an earlier run kept), longest freeze \
+             index named; {} live dedup mappings moved into buckets), {} keys renamed ({} copied by an earlier run kept), longest freeze \
              of a shard {:?}, in {:?}. Stop every process of the older build: they answer 503 \
              for every shard.",
             m.from.number(),
@@ -30,6 +30,7 @@ pub async fn migrate_layout(redis: RedisSettings) -> anyhow::Result<()> {
             m.shards,
             m.converted,
             m.stragglers,
+            m.dedup_mappings,
             m.keys,
             m.kept,
             m.longest_freeze,

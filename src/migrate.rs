@@ -17,7 +17,10 @@
 //! 3. per shard: its old marker is set (processes of the older build refuse it from now on,
 //!    for good: they must be stopped), the conversion `STEPS` run over it in bounded batches,
 //!    the shard is recorded as converted and its hold removed (this build serves it);
-//! 4. a SCAN of every node converts rows no index named (none, unless a crash or a bug left
+//! 4. shard by shard, while each serves, live dedup mappings of the older form (a string key
+//!    each) become fields of their tenants' buckets (`Store::relayout_dedup_step`; every
+//!    reader takes both forms, so this needs no hold);
+//! 5. a SCAN of every node converts rows no index named (none, unless a crash or a bug left
 //!    one), then the meta record says layout 3.
 //!
 //! So a shard is refused by both builds only while its own conversion runs — provided
@@ -56,6 +59,9 @@ pub struct Migrated {
     pub kept: usize,
     /// What the conversion steps changed (rows given compact names, ...), all shards.
     pub converted: u64,
+    /// Live dedup mappings moved from a string key each into their tenants' buckets (after
+    /// the shards' conversion, while they serve).
+    pub dedup_mappings: u64,
     /// Shards converted by this run (an earlier, interrupted run may have done others).
     pub shards: usize,
     /// Rows no index named, converted by the SCAN after the shards (0 unless a bug or a crash
@@ -152,6 +158,7 @@ pub async fn migrate_layout_with(
         keys: 0,
         kept: 0,
         converted: 0,
+        dedup_mappings: 0,
         shards: 0,
         stragglers: 0,
         longest_freeze: Duration::ZERO,
@@ -198,11 +205,34 @@ pub async fn migrate_layout_with(
         out.shards += 1;
         out.longest_freeze = out.longest_freeze.max(frozen_at.elapsed());
     }
+    // Live dedup mappings of the older form (a string key each) into their tenants' buckets,
+    // shard by shard while it serves: every reader and every end of an execution takes both
+    // forms (`dedup_holder` in common.lua), so this only gives back bytes and needs no hold.
+    // Run for every shard on every run (each batch is atomic and safe to repeat).
+    for shard in new.all() {
+        let mut cursor = 0u64;
+        // Bounded: SCAN ends when its cursor returns to 0.
+        for _ in 0..100_000_000u64 {
+            if limits.max_batches.is_some_and(|m| batches >= m) {
+                out.took = began.elapsed();
+                return Ok(Some(out));
+            }
+            batches += 1;
+            let (next, n) = store
+                .relayout_dedup_step(shard, cursor, limits.batch)
+                .await?;
+            out.dedup_mappings += n;
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
     // Rows no index named (none, unless a bug or a crash left one): every shard serves again,
     // and each row is converted atomically on its own.
     out.stragglers = stragglers(&new, &mut nodes).await?;
     out.converted += out.stragglers;
-    // 4. Done.
+    // 5. Done.
     let () = redis::pipe()
         .cmd("HSET")
         .arg(keys::meta())

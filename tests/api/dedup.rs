@@ -267,7 +267,7 @@ async fn a_bucket_past_the_listpack_limit_converts_and_keeps_every_mapping() {
 
 /// Rewrites every live mapping on Redis in the form of older builds: a string key without TTL
 /// (and no bucket field). Returns how many.
-async fn to_old_form(app: &TestApp) -> u64 {
+pub(crate) async fn to_old_form(app: &TestApp) -> u64 {
     let mut n = 0;
     for key in app.redis.keys().await {
         let Some(name) = keys::parse(&key) else {

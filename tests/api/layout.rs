@@ -286,6 +286,8 @@ async fn downgrade(app: &TestApp, to: u32) {
     for s in map.all() {
         store.freeze_shard(s).await.unwrap();
     }
+    // Live dedup mappings in the form of layouts 1 and 2: a string key each.
+    crate::dedup::to_old_form(app).await;
     for key in row_keys(app).await {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(TO_OLD_ROW).arg(1).arg(&key);
@@ -386,6 +388,10 @@ async fn assert_moved(app: &TestApp) {
             .collect();
         assert!(old.is_empty(), "{key} keeps old names {old:?}");
     }
+    // Every live dedup mapping is a field of its tenant's bucket, every ended one a string
+    // key with its TTL.
+    let orphans = app.dedup_orphans().await;
+    assert!(orphans.is_empty(), "{orphans:#?}");
 }
 
 /// 2 → 3: everything a client reads is the same after the move (and every row's expiry), the

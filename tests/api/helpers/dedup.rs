@@ -3,6 +3,7 @@
 //! its tenant's bucket, an ended one's a string key with a TTL, and nothing else.
 
 use redis::aio::ConnectionLike;
+use sluice::domain::row;
 use sluice::store::keys::{self, KeyKind};
 
 /// Every way the mappings among `keys` (all the keys Redis holds) break that rule, one line
@@ -29,7 +30,7 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
     ) {
         redis::cmd("HMGET")
             .arg(format!("{prefix}exec:{id}"))
-            .arg(&["status", "tenant", "ddh", "deleted"])
+            .arg(&[row::STATUS, row::TENANT, row::DEDUP_DIGEST, row::DELETED])
             .query_async(conn)
             .await
             .expect("HMGET row")
