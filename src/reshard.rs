@@ -177,6 +177,15 @@ impl Cluster {
             "there is no shard {number} (shards 0 to {})",
             self.store.shards().count() - 1
         );
+        // A move of the key layout holds every shard it has not converted yet; this move
+        // lifts the hold of the shard it moved (step 3 below), which would let this build run
+        // on rows not converted yet.
+        if self.store.layout_move_under_way().await? {
+            bail!(
+                "a move of the key layout is under way (`sluice migrate-layout`): run it to the \
+                 end first, then move shard {number}"
+            );
+        }
         let shard = self.store.shards().shard(number);
         let slot = self.slot_of(shard).await?;
         let masters = self.masters().await?;

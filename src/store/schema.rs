@@ -99,6 +99,21 @@ impl Store {
         ))
     }
 
+    /// Whether `sluice migrate-layout` has begun a move of the key layout and not finished it
+    /// (`layout_to` in the meta record): shards not converted yet are held meanwhile.
+    pub async fn layout_move_under_way(&self) -> Result<bool, StoreError> {
+        let mut c = self.conn();
+        let to: Option<u32> = self
+            .bounded(
+                redis::cmd("HGET")
+                    .arg(keys::meta())
+                    .arg("layout_to")
+                    .query_async(&mut c),
+            )
+            .await?;
+        Ok(to.is_some())
+    }
+
     /// Brings the data to this build's schema (`SCHEMA`) before anything uses it: a Redis
     /// written by an older build is migrated (see `migrate_dispatch`), a new one is marked.
     pub(super) async fn ensure_schema(&self, fresh: bool) -> Result<(), StoreError> {

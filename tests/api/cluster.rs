@@ -746,6 +746,61 @@ fn move_shard(app: &TestApp, shard: sluice::store::Shard, to: usize, keys_per_ca
     );
 }
 
+/// While `sluice migrate-layout` has a move under way (`layout_to` in the meta record, as it
+/// writes it), `move-shard` refuses and touches nothing: its last step lifts the shard's hold,
+/// which would let this build serve rows not converted yet.
+#[tokio::test]
+async fn move_shard_refuses_while_a_layout_move_is_under_way() {
+    if !cluster_mode() {
+        println!("cluster only (SLUICE_TEST_CLUSTER=1); skipped");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    let tenant = "layout-moving";
+    let ids = five_queued(&app, tenant).await;
+    let shard = app.shard(tenant);
+    let from = app.master_of(tenant).await;
+    let to = (from + 1) % app.redis.masters();
+    let () = app
+        .redis
+        .query(
+            redis::cmd("HSET")
+                .arg(sluice::store::keys::meta())
+                .arg("layout_to")
+                .arg(sluice::store::Layout::CURRENT.number()),
+        )
+        .await;
+    let before = app.redis.keys().await;
+    let out = std::process::Command::new(crate::helpers::sluice_bin())
+        .args([
+            "cluster",
+            "move-shard",
+            "--shard",
+            &shard.number().to_string(),
+        ])
+        .args(["--to", &app.redis.node_address(to)])
+        .args(app.redis.args())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "move-shard ran during a layout move");
+    assert!(stderr.contains("sluice migrate-layout"), "{stderr}");
+    assert_eq!(app.master_of(tenant).await, from, "the shard moved");
+    assert_eq!(app.redis.keys().await, before, "move-shard wrote something");
+    // Once the layout move is over, the same command moves it.
+    let _: i64 = app
+        .redis
+        .query(
+            redis::cmd("HDEL")
+                .arg(sluice::store::keys::meta())
+                .arg("layout_to"),
+        )
+        .await;
+    move_shard(&app, shard, to, 100);
+    served_after_move(&app, tenant, to, &ids).await;
+}
+
 /// Five `demo.echo` executions of `tenant`, queued (no worker yet).
 async fn five_queued(app: &TestApp, tenant: &str) -> Vec<String> {
     let mut ids = Vec::new();
