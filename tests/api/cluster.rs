@@ -724,9 +724,14 @@ async fn migrate_by_hand(
         .unwrap();
 }
 
-/// Runs `sluice cluster move-shard` for `shard` to master `to`; asserts it finished.
-fn move_shard(app: &TestApp, shard: sluice::store::Shard, to: usize, keys_per_call: usize) {
-    let out = std::process::Command::new(crate::helpers::sluice_bin())
+/// Runs `sluice cluster move-shard` for `shard` to master `to`; what it printed and its status.
+fn run_move_shard(
+    app: &TestApp,
+    shard: sluice::store::Shard,
+    to: usize,
+    keys_per_call: usize,
+) -> std::process::Output {
+    std::process::Command::new(crate::helpers::sluice_bin())
         .args([
             "cluster",
             "move-shard",
@@ -738,7 +743,12 @@ fn move_shard(app: &TestApp, shard: sluice::store::Shard, to: usize, keys_per_ca
         .args(app.redis.args())
         .env("RUST_LOG", "warn")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `sluice cluster move-shard` for `shard` to master `to`; asserts it finished.
+fn move_shard(app: &TestApp, shard: sluice::store::Shard, to: usize, keys_per_call: usize) {
+    let out = run_move_shard(app, shard, to, keys_per_call);
     assert!(
         out.status.success(),
         "move-shard did not finish the move: {}",
@@ -771,18 +781,7 @@ async fn move_shard_refuses_while_a_layout_move_is_under_way() {
         )
         .await;
     let before = app.redis.keys().await;
-    let out = std::process::Command::new(crate::helpers::sluice_bin())
-        .args([
-            "cluster",
-            "move-shard",
-            "--shard",
-            &shard.number().to_string(),
-        ])
-        .args(["--to", &app.redis.node_address(to)])
-        .args(app.redis.args())
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
+    let out = run_move_shard(&app, shard, to, 100);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "move-shard ran during a layout move");
     assert!(stderr.contains("sluice migrate-layout"), "{stderr}");
