@@ -394,6 +394,24 @@ async fn assert_moved(app: &TestApp) {
     assert!(orphans.is_empty(), "{orphans:#?}");
 }
 
+/// Runs `sluice migrate-layout` to the end and checks the move: every row converted (none
+/// left for the SCAN), the same row keys as `rows`, and a snapshot equal to `before`.
+async fn migrate_and_compare(
+    app: &TestApp,
+    ids: &[(String, String)],
+    before: &BTreeMap<String, Value>,
+    rows: &BTreeSet<String>,
+) {
+    let out = migrate_cli(app);
+    println!("{out}");
+    assert!(out.contains("; 0 rows no index named"), "{out}");
+    assert_moved(app).await;
+    assert_eq!(&row_keys(app).await, rows, "rows lost or added");
+    let after = snapshot(app, ids).await;
+    let diff = differences(before, &after);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+}
+
 /// 2 → 3: everything a client reads is the same after the move (and every row's expiry), the
 /// rows are the same rows, a build of layout 3 refuses to start before the move, and what
 /// waited runs afterwards.
@@ -416,14 +434,7 @@ async fn migrate_layout_2_to_3_converts_every_row_and_the_api_answers_the_same()
         "{refused:#}"
     );
 
-    let out = migrate_cli(&app);
-    println!("{out}");
-    assert!(out.contains("; 0 rows no index named"), "{out}");
-    assert_moved(&app).await;
-    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
-    let after = snapshot(&app, &ids).await;
-    let diff = differences(&before, &after);
-    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    migrate_and_compare(&app, &ids, &before, &rows).await;
     // A second run has nothing to do.
     assert!(migrate_cli(&app).contains("nothing to do"));
     // A restarted server reads layout 3; dedup keys map as before; the queue runs.
@@ -467,14 +478,7 @@ async fn migrate_layout_1_to_3_renames_and_converts_and_loses_nothing() {
         "rows carry layout-1 tags"
     );
 
-    let out = migrate_cli(&app);
-    println!("{out}");
-    assert!(out.contains("; 0 rows no index named"), "{out}");
-    assert_moved(&app).await;
-    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
-    let after = snapshot(&app, &ids).await;
-    let diff = differences(&before, &after);
-    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    migrate_and_compare(&app, &ids, &before, &rows).await;
 }
 
 /// A move interrupted after k batches, again and again (k doubling), until the first shard is
