@@ -8,19 +8,18 @@
 -- KEYS[2]  tenants: the shard's tenant set
 -- KEYS[3]  runnable: its runnable tenants
 -- KEYS[4]  delayed: its timer set
--- KEYS[5..] admissions: for each admission in order, 8 keys, and a 9th and 10th with a dedup
+-- KEYS[5..] admissions: for each admission in order, 7 keys, and an 8th and 9th with a dedup
 -- key:
 --   +0 row: the new execution's row
 --   +1 void: its void marker (abandon.lua)
 --   +2 cfg: the tenant's limits
 --   +3 slots: its slot set
 --   +4 waiting: its waiting set
---   +5 queued: its 'queued' status index
---   +6 queued_flow: its 'queued' index of the flow
---   +7 flows: its set of flows
---   +8 dedup_bucket: the tenant's bucket of live dedup mappings that holds the key's
+--   +5 listing: its listing (K.listing() in common.lua)
+--   +6 flows: its set of flows
+--   +7 dedup_bucket: the tenant's bucket of live dedup mappings that holds the key's
 --      (K.dedup_bucket() in common.lua; only with a dedup key)
---   +9 dedup: the dedup mapping's string key, where it is once its execution ended (only
+--   +8 dedup: the dedup mapping's string key, where it is once its execution ended (only
 --      with a dedup key)
 -- (Also written, names built inside from the prefix since Redis's clock picks the day: the
 -- trends counters and the shard's busy set, see the trends block of common.lua; with a
@@ -103,9 +102,9 @@ local function admit_one(k, a)
   local dedup, dedup_hash, fingerprint = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
   local bucket, stale = nil, nil
   if dedup ~= '' then
-    bucket = KEYS[k + 8]
+    bucket = KEYS[k + 7]
     local holder, holder_fp
-    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 9], dedup_hash)
+    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 8], dedup_hash)
     if holder then
       if holder_fp ~= fingerprint then return { 'conflict', holder } end
       return { 'dup', holder, view(holder) }
@@ -118,7 +117,7 @@ local function admit_one(k, a)
   local priority, run_at, delay = ARGV[a + 9], tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
   local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
   local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
-  local QUEUED_IDX, FLOW_QUEUED_IDX, FLOWS = KEYS[k + 5], KEYS[k + 6], KEYS[k + 7]
+  local LISTING, FLOWS = KEYS[k + 5], KEYS[k + 6]
   if not QUEUED then QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {} end
 
   local now = now_ms()
@@ -158,8 +157,9 @@ local function admit_one(k, a)
     end
   end
   QUEUED[tenant] = nil
-  if redis.call('ZADD', QUEUED_IDX, 0, id) == 1 then QUEUED[tenant] = queued + 1 end
-  redis.call('ZADD', FLOW_QUEUED_IDX, 0, id)
+  if redis.call('ZADD', LISTING, 0, listing_member('queued', flow, id)) == 1 then
+    QUEUED[tenant] = queued + 1
+  end
   -- Registries the sweeper walks (set members), once per call.
   if not LISTED[TENANTS .. tenant] then
     redis.call('SADD', TENANTS, tenant)
@@ -182,7 +182,7 @@ local function admit_one(k, a)
   -- string key, with its TTL, when it ends. A leftover string key whose row expired goes.
   if bucket then
     redis.call('HSET', bucket, dedup_field(dedup_hash), id .. ':' .. fingerprint)
-    if stale then redis.call('DEL', KEYS[k + 9]) end
+    if stale then redis.call('DEL', KEYS[k + 8]) end
   end
   if due then return { 'new', 'scheduled', now, due } end
   local tpos, kpos, klimit, rank = position(tenant, id, ckh)
@@ -204,7 +204,7 @@ end
 -- its second key.
 local want = 4
 for i = 0, n - 1 do
-  want = want + (ARGV[15 + 16 * i] ~= '' and 10 or 8)
+  want = want + (ARGV[15 + 16 * i] ~= '' and 9 or 7)
 end
 if want ~= #KEYS then
   return redis.error_reply('ERR sluice admit: ' .. #KEYS .. ' keys for ' .. n ..
@@ -219,7 +219,7 @@ else
   local voids, at = {}, 5
   for i = 0, n - 1 do
     voids[i + 1] = KEYS[at + 1]
-    at = at + (ARGV[15 + 16 * i] ~= '' and 10 or 8)
+    at = at + (ARGV[15 + 16 * i] ~= '' and 9 or 7)
   end
   ANY_VOID = redis.call('EXISTS', unpack(voids)) > 0
 end
@@ -231,7 +231,7 @@ for i = 1, n do
   else
     replies[i] = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
   end
-  k = k + (ARGV[a + 6] ~= '' and 10 or 8)
+  k = k + (ARGV[a + 6] ~= '' and 9 or 7)
   a = a + 16
 end
 -- The per-minute counters of every admission of the call, and its tenants' storage counters,

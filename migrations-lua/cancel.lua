@@ -11,11 +11,10 @@
 -- KEYS[3]  cfg: the tenant's limits
 -- KEYS[4]  slots: its slot set
 -- KEYS[5]  waiting: its queue
--- KEYS[6]  queued: its 'queued' status index
--- KEYS[7]  cancelled: its 'cancelled' status index
--- KEYS[8]  runnable: the shard's runnable tenants
--- KEYS[9]  delayed: its timer set
--- KEYS[10] stats: its counters
+-- KEYS[6]  listing: its listing (K.listing() in common.lua)
+-- KEYS[7]  runnable: the shard's runnable tenants
+-- KEYS[8]  delayed: its timer set
+-- KEYS[9]  stats: its counters
 -- (A cancel also counts in the trends counters, goes to the tenant's webhook outbox, and
 -- retains the row in the tenant's storage counters: names built inside, see common.lua.)
 -- ARGV[1..5] common: see common.lua
@@ -26,10 +25,9 @@
 local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))
 declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
-local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
-local CANCELLED_IDX = declared(7, K.status_idx(tenant, 'cancelled'))
-declared(8, K.runnable()); declared(9, K.delayed())
-local STATS = declared(10, K.stats())
+declared(6, K.listing(tenant))
+declared(7, K.runnable()); declared(8, K.delayed())
+local STATS = declared(9, K.stats())
 local row = redis.call('HMGET', ROW, 't', 's', 'q', 'e', 'f',
   'dl', 'kh', 'z')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
@@ -38,10 +36,7 @@ local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
 local now = now_ms()
 if status == 'queued' then
   unqueue(tenant, flow, id, qstate, row[7])
-  redis.call('ZREM', QUEUED_IDX, id)
-  redis.call('ZREM', K.flow_idx(tenant, flow, 'queued'), id)
-  redis.call('ZADD', CANCELLED_IDX, 0, id)
-  redis.call('ZADD', K.flow_idx(tenant, flow, 'cancelled'), 0, id)
+  index_move(tenant, flow, 'queued', 'cancelled', id)
   redis.call('HSET', ROW, 's', 'cancelled', 'x', 1, 'fi', now,
     'u', now)
   redis.call('HDEL', ROW, 'q', 'e')

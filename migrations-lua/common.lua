@@ -36,8 +36,7 @@ function K.cfg(t) return P .. 't:' .. t .. ':cfg' end
 function K.slots(t) return P .. 't:' .. t .. ':slots' end
 function K.waiting(t) return P .. 't:' .. t .. ':waiting' end
 function K.deleting(t) return P .. 't:' .. t .. ':deleting' end
-function K.status_idx(t, s) return P .. 't:' .. t .. ':st:' .. s end
-function K.flow_idx(t, f, s) return P .. 't:' .. t .. ':fl:' .. f .. ':' .. s end
+function K.listing(t) return P .. 't:' .. t .. ':ls' end
 function K.dedup(t, h) return P .. 't:' .. t .. ':dd:' .. h end
 function K.dedup_bucket(t, h) return P .. 't:' .. t .. ':ddb:' .. string.sub(h, 1, 2) end
 function K.flows(t) return P .. 't:' .. t .. ':flows' end
@@ -141,6 +140,45 @@ local function declared_shard(i, builder)
 end
 
 local STATUSES = { 'queued', 'running', 'completed', 'failed', 'cancelled' }
+
+-- Listing (layout 4). A tenant's executions are listed in one sorted set, K.listing(t), every
+-- member scored 0 and named `<status char><flow>\0<id>`: one member per execution (a
+-- scheduled one has a second, under 's', for the `queue_state=scheduled` filter). So the
+-- members of one status are one lexical range (its count is one ZLEXCOUNT: place() reads the
+-- queued count so), those of one status and flow another, ordered by id, which starts with
+-- the admission time in ms (time ranges and newest-first pages are BYLEX ranges within it).
+-- A flow id never holds a byte below '-' (FlowId::parse), so `\0` ends it unambiguously.
+-- src/store/keys.rs (`listing_member`) builds the same names.
+local LISTING_CHAR = { queued = 'q', running = 'r', completed = 'c', failed = 'f', cancelled = 'x', scheduled = 's' }
+
+-- The status (or 'scheduled') each member prefix stands for.
+local LISTING_STATUS = { q = 'queued', r = 'running', c = 'completed', f = 'failed', x = 'cancelled', s = 'scheduled' }
+
+-- The listing member of execution id of `flow` in `status` (or 'scheduled').
+local function listing_member(status, flow, id)
+  return LISTING_CHAR[status] .. flow .. '\0' .. id
+end
+
+-- A listing member's status (nil for a prefix sluice does not write), flow and id.
+local function listing_parse(m)
+  local z = string.find(m, '\0', 2, true)
+  if not z then return nil end
+  return LISTING_STATUS[string.sub(m, 1, 1)], string.sub(m, 2, z - 1), string.sub(m, z + 1)
+end
+
+-- The lexical bounds (inclusive min, exclusive max) of the members of `status` in a listing,
+-- optionally of one flow: for ZLEXCOUNT and ZRANGE ... BYLEX.
+local function listing_range(status, flow)
+  local c = LISTING_CHAR[status]
+  if flow then return '[' .. c .. flow .. '\0', '(' .. c .. flow .. '\1' end
+  return '[' .. c, '(' .. string.char(string.byte(c) + 1)
+end
+
+-- How many executions of tenant t are in `status` (or 'scheduled'): O(log n).
+local function listing_count(t, status)
+  local min, max = listing_range(status)
+  return redis.call('ZLEXCOUNT', K.listing(t), min, max)
+end
 
 -- Now on Redis's clock (ms), read once per call: every time one call writes or compares (a
 -- start, its lease, a rate limit's wake-up, the next due time it answers) is the same instant.
@@ -289,14 +327,14 @@ local function take_tokens(t, h)
   end
 end
 
+-- Lists execution id of `flow` in `status` (or 'scheduled') in its tenant's listing.
 local function index_add(t, flow, status, id)
-  redis.call('ZADD', K.status_idx(t, status), 0, id)
-  redis.call('ZADD', K.flow_idx(t, flow, status), 0, id)
+  redis.call('ZADD', K.listing(t), 0, listing_member(status, flow, id))
 end
 
+-- Takes it out of the listing under that status.
 local function index_remove(t, flow, status, id)
-  redis.call('ZREM', K.status_idx(t, status), id)
-  redis.call('ZREM', K.flow_idx(t, flow, status), id)
+  redis.call('ZREM', K.listing(t), listing_member(status, flow, id))
 end
 
 -- The shard's doorbell: a marker (a sorted set of one member) that a worker with a free slot
@@ -513,8 +551,7 @@ local function promote_due(now, most)
         'kh')
     end
     if row[1] == 'queued' and row[2] == 'scheduled' then
-      redis.call('ZREM', K.status_idx(row[3], 'scheduled'), id)
-      redis.call('ZREM', K.flow_idx(row[3], row[4], 'scheduled'), id)
+      index_remove(row[3], row[4], 'scheduled', id)
       make_runnable(row[3], id, at, row[5], nil, row[6])
     end
   end
@@ -814,7 +851,7 @@ local function place(t, queued)
   if pinned then return nil, 'moved', pinned end
   if deleting then return nil, 'deleting' end
   if not enabled then return nil, 'disabled' end
-  queued = queued or redis.call('ZCARD', K.status_idx(t, 'queued'))
+  queued = queued or listing_count(t, 'queued')
   if queued >= max_queued then return nil, 'full', queued end
   return true, nil, queued
 end
@@ -862,7 +899,7 @@ local function unqueue(t, flow, id, qstate, h)
   if was_in_order then refresh(t) end
 end
 
--- Moves an execution between the status indexes (and the per-flow ones).
+-- Moves an execution between statuses in its tenant's listing (two commands on one key).
 local function index_move(t, flow, from, to, id)
   index_remove(t, flow, from, id)
   index_add(t, flow, to, id)

@@ -1,20 +1,24 @@
 #!lua flags=allow-oom
 -- list.lua: one page of a tenant's executions, newest first, optionally filtered by status
--- and/or flow. Cost is proportional to the page: each status index is read from the cursor for
--- at most limit+1 ids (execution ids are time-ordered, so lexical order is age order), the
--- candidates are merged, and only the page's rows are read. The page also ends early once its
--- rows add up to the byte budget (the first row is always included, so every page makes
--- progress): one call never returns more than the budget plus one row.
+-- and/or flow. The tenant's listing (layout 4) holds one lexical range per status and flow,
+-- ordered by id (ids are time-ordered, so lexical order is age order): a page reads the
+-- ranges the filter names — one for status and flow, five (one per status) for a flow, one
+-- per flow of the tenant for a status, five per flow unfiltered — from the cursor, merges
+-- them, and reads only the page's rows. The ranges are read in rounds: first a share of the
+-- page each (at least 2 ids), then, only while some range may still hold a row of the page,
+-- those ranges again, each read twice as far as before; so a range is read at most
+-- 1 + log2(limit + 1) times and a page reads about limit + 1 ids when the flows are
+-- balanced. The page also ends early once its rows add up to the byte budget (the first row
+-- is always included, so every page makes progress): one call never returns more than the
+-- budget plus one row.
 --
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
--- KEYS[2..] indexes: KEYS[2..n+1] the tenant's status index of each of the n statuses listed
---          (the one of the filter, or all five in the order queued, running, completed,
---          failed, cancelled; the filter 'scheduled' reads the index of scheduled executions,
---          queued ones on the timer set, see schedule() in common.lua); then, with a flow
---          filter, KEYS[n+2..2n+1] the flow's index of each of those statuses, same order;
---          last, with a dedup key filter, the tenant's bucket of live dedup mappings that
+-- KEYS[2]  listing: the tenant's listing (K.listing(), see "Listing" in common.lua)
+-- KEYS[3]  flows: the tenant's set of flows (read without a flow filter: each flow's members
+--          of a status are a range of their own)
+-- KEYS[4..] mapping: with a dedup key filter, the tenant's bucket of live dedup mappings that
 --          holds that key's, then the key's terminal mapping (see dedup_holder() in
---          common.lua)
+--          common.lua); none without
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: tenant id
 -- ARGV[7]  status: the status filter, '' for all, 'scheduled' for the queued executions not
@@ -43,59 +47,93 @@ local dedup, lower, upper = ARGV[12], ARGV[14], ARGV[15]
 
 local statuses = STATUSES
 if status ~= '' then statuses = { status } end
-local status_idx, flow_idx = {}, {}
-for i, s in ipairs(statuses) do
-  status_idx[s] = declared(1 + i, K.status_idx(tenant, s))
-  if flow ~= '' then flow_idx[s] = declared(1 + #statuses + i, K.flow_idx(tenant, flow, s)) end
-end
+local LISTING = declared(2, K.listing(tenant))
+local FLOWS = declared(3, K.flows(tenant))
 local bucket, mapping = nil, nil
 if dedup ~= '' then
-  bucket = declared(#KEYS - 1, K.dedup_bucket(tenant, ARGV[13]))
-  mapping = declared(#KEYS, K.dedup(tenant, ARGV[13]))
+  bucket = declared(4, K.dedup_bucket(tenant, ARGV[13]))
+  mapping = declared(5, K.dedup(tenant, ARGV[13]))
 end
--- The range every index is read in: the time bounds, and below the cursor.
-local min, top = '-', '+'
-if lower ~= '' then min = '[' .. lower end
-if upper ~= '' then top = '(' .. upper end
-local max = top
-if cursor ~= '' and (upper == '' or cursor < upper) then max = '(' .. cursor end
+local flows = { flow }
+if flow == '' and dedup == '' then flows = redis.call('SMEMBERS', FLOWS) end
 
 local candidates, source, total = {}, {}, 0
 if dedup ~= '' then
   -- At most one execution holds a dedup key: read it from the mapping, then check that it
-  -- passes the other filters (its status and flow by index membership, its age by its id).
+  -- passes the other filters (its status and flow by its listing member, its age by its id).
   local mapped = redis.call('HGET', bucket, dedup_field(ARGV[13]))
     or redis.call('GET', mapping)
   local id = mapped and string.match(mapped, '^([0-9a-f]+):')
-  if id and redis.call('HGET', K.row(id), 'd') == dedup
+  local row = id and redis.call('HMGET', K.row(id), 'd', 'f') or {}
+  if id and row[1] == dedup and (flow == '' or row[2] == flow)
     and (lower == '' or id >= lower) and (upper == '' or id < upper) then
     for _, s in ipairs(statuses) do
-      local idx = status_idx[s]
-      if flow ~= '' then idx = flow_idx[s] end
-      if redis.call('ZSCORE', idx, id) then
+      if redis.call('ZSCORE', LISTING, listing_member(s, row[2], id)) then
         total = 1
         if cursor == '' or id < cursor then
           table.insert(candidates, id)
-          source[id] = s
+          source[id] = { s = s, f = row[2] }
         end
         break
       end
     end
   end
 else
+  -- Every (status, flow) range the filter names, within the time bounds and below the cursor.
+  local ranges = {}
   for _, s in ipairs(statuses) do
-    local idx = status_idx[s]
-    if flow ~= '' then idx = flow_idx[s] end
-    if min == '-' and top == '+' then
-      total = total + redis.call('ZCARD', idx)
-    else
-      total = total + redis.call('ZLEXCOUNT', idx, min, top)
+    for _, f in ipairs(flows) do
+      local min, max = listing_range(s, f)
+      local prefix = string.sub(min, 2)
+      if lower ~= '' then min = '[' .. prefix .. lower end
+      if upper ~= '' then max = '(' .. prefix .. upper end
+      table.insert(ranges, { s = s, f = f, prefix = prefix, min = min, max = max })
     end
-    local ids = redis.call('ZRANGE', idx, max, min, 'BYLEX', 'REV', 'LIMIT', 0, limit + 1)
-    for _, id in ipairs(ids) do
-      table.insert(candidates, id)
-      source[id] = s
+  end
+  -- Totals: one ZLEXCOUNT per status over all its flows when nothing narrows the range,
+  -- else one per range (O(log n) each).
+  if flow == '' and lower == '' and upper == '' then
+    for _, s in ipairs(statuses) do total = total + listing_count(tenant, s) end
+  else
+    for _, r in ipairs(ranges) do
+      total = total + redis.call('ZLEXCOUNT', LISTING, r.min, r.max)
     end
+  end
+  local want = limit + 1
+  local first = want
+  if #ranges > 1 then first = math.floor(2 * want / #ranges) + 2 end
+  for _, r in ipairs(ranges) do
+    r.top, r.take = r.max, first
+    if cursor ~= '' and (upper == '' or cursor < upper) then r.top = '(' .. r.prefix .. cursor end
+  end
+  -- Rounds: the ids at or above `safe` (the highest last id of a range not read to its end)
+  -- are all read; the page is known once `want` of them are.
+  for _ = 1, 64 do
+    local safe = nil
+    for _, r in ipairs(ranges) do
+      if not r.done then
+        local got = redis.call('ZRANGE', LISTING, r.top, r.min, 'BYLEX', 'REV', 'LIMIT', 0,
+          r.take)
+        local cut = #r.prefix + 1
+        for _, m in ipairs(got) do
+          local id = string.sub(m, cut)
+          table.insert(candidates, id)
+          source[id] = r
+        end
+        if #got < r.take then
+          r.done = true
+        else
+          r.top, r.last, r.take = '(' .. got[#got], string.sub(got[#got], cut), r.take * 2
+        end
+      end
+      if not r.done and (not safe or r.last > safe) then safe = r.last end
+    end
+    if not safe then break end
+    local known = 0
+    for _, id in ipairs(candidates) do
+      if id >= safe then known = known + 1 end
+    end
+    if known >= want then break end
   end
 end
 table.sort(candidates, function(a, b) return a > b end)
@@ -105,12 +143,12 @@ local reply = { '', 0 }
 local used = 0
 for i = 1, math.min(limit, #candidates) do
   local id = candidates[i]
+  local src = source[id]
   local row, gone = view(id), false
-  if source[id] == 'scheduled' and #row > 0
+  if src.s == 'scheduled' and #row > 0
     and redis.call('HGET', K.row(id), 'q') ~= 'scheduled' then
-    -- Became runnable or ended without leaving the index (repair): not listed.
-    redis.call('ZREM', status_idx.scheduled, id)
-    if flow ~= '' then redis.call('ZREM', flow_idx.scheduled, id) end
+    -- Became runnable or ended without leaving the listing (repair): not listed.
+    index_remove(tenant, src.f, 'scheduled', id)
     row, gone = {}, true
   end
   local size = #id
@@ -124,10 +162,8 @@ for i = 1, math.min(limit, #candidates) do
   if gone then
     total = total - 1
   elseif #row == 0 then
-    -- The row expired; its flow is unknown now unless filtered on, so the sweeper cleans the
-    -- flow index otherwise.
-    redis.call('ZREM', status_idx[source[id]], id)
-    if flow ~= '' then redis.call('ZREM', flow_idx[source[id]], id) end
+    -- The row expired: its member goes (the sweeper does the same in bulk).
+    index_remove(tenant, src.f, src.s, id)
     total = total - 1
   else
     table.insert(reply, id)

@@ -11,11 +11,7 @@
 -- KEYS[3]  slots: its slot set
 -- KEYS[4]  waiting: its waiting set
 -- KEYS[5]  deleting: its force-deleted, still running set
--- KEYS[6]  queued: its status index of queued executions
--- KEYS[7]  running: of running ones
--- KEYS[8]  completed: of completed ones
--- KEYS[9]  failed: of failed ones
--- KEYS[10] cancelled: of cancelled ones
+-- KEYS[6]  listing: its listing (K.listing() in common.lua)
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: tenant id
 -- ARGV[7]  to: the dedicated shard's number
@@ -37,9 +33,7 @@ local SLOTS, WAITING = declared(3, K.slots(tenant)), declared(4, K.waiting(tenan
 local DELETING = declared(5, K.deleting(tenant))
 local held = redis.call('SCARD', SLOTS) + redis.call('ZCARD', WAITING)
   + redis.call('SCARD', DELETING)
-for i, s in ipairs(STATUSES) do
-  held = held + redis.call('ZCARD', declared(5 + i, K.status_idx(tenant, s)))
-end
+  + redis.call('ZCARD', declared(6, K.listing(tenant)))
 -- Webhook events not delivered yet cannot follow either.
 held = held + redis.call('XLEN', K.outbox(tenant))
 local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',

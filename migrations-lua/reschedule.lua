@@ -34,7 +34,6 @@ if due <= now then
   redis.call('HDEL', ROW, 'ra')
   make_runnable(tenant, id, now, row[5], { 'u', now }, row[7])
 else
-  redis.call('ZREM', K.status_idx(tenant, 'scheduled'), id)
   schedule(tenant, row[4], id, due, { 'u', now })
 end
 notify(id, now)

@@ -16,7 +16,7 @@
 -- KEYS[3]  cfg: the tenant's limits
 -- KEYS[4]  slots: its slot set
 -- KEYS[5]  waiting: its queue
--- KEYS[6]  queued: its 'queued' status index
+-- KEYS[6]  listing: its listing (K.listing() in common.lua)
 -- KEYS[7]  runnable: the shard's runnable tenants
 -- (The tenant goes back in the shard's busy set, and its expiry buckets change: names built
 -- inside, see common.lua.)
@@ -33,7 +33,7 @@
 local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))
 declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
-local QUEUED_IDX = declared(6, K.status_idx(tenant, 'queued'))
+declared(6, K.listing(tenant))
 declared(7, K.runnable())
 local row = redis.call('HMGET', ROW, 't', 's', 'f', 'dh', 'dl', 'pr',
   'kh', 'z')
@@ -63,9 +63,7 @@ if full then return full end
 redis.call('PERSIST', ROW)
 if digest then dedup_revive(tenant, id, digest) end
 redis.call('HDEL', ROW, 'st', 'fi', 'o', 'ek', 'em', 'x', 'ra')
-index_remove(tenant, flow, status, id)
-redis.call('ZADD', QUEUED_IDX, 0, id)
-redis.call('ZADD', K.flow_idx(tenant, flow, 'queued'), 0, id)
+index_move(tenant, flow, status, 'queued', id)
 make_runnable(tenant, id, now, row[6], fields, row[7])
 mark_busy(tenant)
 count_bytes(tenant, grow)

@@ -9,11 +9,13 @@
 --                  stale member there would hold its key forever), each key then offered
 --                  again
 --   mode 'waiting' queue members whose execution is gone or no longer runnable: removed
---   mode 'reach'   every queued execution (its 'queued' status index) must be reachable from
+--   mode 'reach'   every queued execution (its listing's 'queued' members) must be reachable from
 --                  the shard's structures — on the timer set when scheduled, in its tenant's
 --                  queue otherwise; one that is not (e.g. left on a ready stream by a process
 --                  of the stream-model build) is put back where its row says
---   mode 'index'   status/flow index members whose row expired or moved on: removed
+--   mode 'index'   listing members (see "Listing" in common.lua) whose row expired, moved on
+--                  or is not of their status, flow and tenant: removed. Cursor: the last
+--                  member walked (the walk is lexical, in batches of `batch` members)
 --   mode 'usage'   the tenant's storage counters (see "Storage" in common.lua) recounted in
 --                  this one call: the logical bytes of its queued and running executions read
 --                  from their rows, plus its expiry buckets after a drain; a repair when they
@@ -42,14 +44,13 @@
 -- KEYS[5]  waiting: its queue
 -- KEYS[6]  runnable: the shard's runnable tenants
 -- KEYS[7]  leases: the shard's lease index
--- KEYS[8..] index: in mode 'index' only, the index walked (the tenant's status index, or
---          its flow's)
+-- KEYS[8..] index: in mode 'index' only, the tenant's listing; none otherwise
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: tenant id
 -- ARGV[7]  mode: the walk (see SweepMode in src/store/sweep.rs)
--- ARGV[8]  status: the status walked (mode 'index'), else ''
--- ARGV[9]  flow: the flow walked, '' for the status index itself (mode 'index')
--- ARGV[10] cursor: '0' to begin
+-- ARGV[8]  status: '' (unused since layout 4, whose listing is walked whole)
+-- ARGV[9]  flow: '' (likewise)
+-- ARGV[10] cursor: '0' to begin (modes 'reach' and 'index': the last listing member walked)
 -- ARGV[11] batch: batch size hint
 --
 -- Reply: {next_cursor ('0' when done), repaired}
@@ -69,8 +70,7 @@ local function counted(reply)
   -- A tenant left with nothing queued or running leaves the shard's busy set (terminal
   -- changes do not take it out: see the trends block of common.lua); one with work is in it
   -- (work an older build queued, or a member lost to a repair, is listed again).
-  if redis.call('ZCARD', K.status_idx(tenant, 'queued')) == 0
-    and redis.call('ZCARD', K.status_idx(tenant, 'running')) == 0 then
+  if listing_count(tenant, 'queued') == 0 and listing_count(tenant, 'running') == 0 then
     redis.call('SREM', K.busy(), tenant)
   else
     mark_busy(tenant)
@@ -112,10 +112,14 @@ elseif mode == 'waiting' then
   return counted({ r[1], repaired })
 elseif mode == 'reach' then
   local now = now_ms()
-  local r = redis.call('ZSCAN', K.status_idx(tenant, 'queued'), cursor, 'COUNT', count)
-  for i = 1, #r[2], 2 do
-    local id = r[2][i]
-    local row = redis.call('HMGET', K.row(id), 's', 'q', 'f', 'ra',
+  local min, max = listing_range('queued')
+  if cursor ~= '0' then min = '(' .. cursor end
+  local members = redis.call('ZRANGE', K.listing(tenant), min, max, 'BYLEX', 'LIMIT', 0, count)
+  local r = { '0' }
+  if #members >= tonumber(count) then r[1] = members[#members] end
+  for _, m in ipairs(members) do
+    local _, _, id = listing_parse(m)
+    local row = redis.call('HMGET', K.row(id or ''), 's', 'q', 'f', 'ra',
       'r', 'c', 'pr', 't', 'kh')
     local key = row[9]
     if row[1] == 'queued' and row[8] == tenant then
@@ -148,17 +152,16 @@ elseif mode == 'reach' then
   end
   return counted({ r[1], repaired })
 elseif mode == 'usage' then
-  local indexes = { queued = K.status_idx(tenant, 'queued'),
-    running = K.status_idx(tenant, 'running') }
-  if redis.call('ZCARD', indexes.queued) + redis.call('ZCARD', indexes.running)
-    > tonumber(count) then
+  if listing_count(tenant, 'queued') + listing_count(tenant, 'running') > tonumber(count) then
     return counted({ '0', 0 })
   end
   local live = 0
-  for state, idx in pairs(indexes) do
-    for _, id in ipairs(redis.call('ZRANGE', idx, 0, -1)) do
-      -- Counted once, from the index of its status (a stale member elsewhere is not it).
-      local r = redis.call('HMGET', K.row(id), 'z', 't', 's', 'em', 'dl')
+  for _, state in ipairs({ 'queued', 'running' }) do
+    local min, max = listing_range(state)
+    for _, m in ipairs(redis.call('ZRANGE', K.listing(tenant), min, max, 'BYLEX')) do
+      local _, _, id = listing_parse(m)
+      -- Counted once, from the member of its status (a stale member elsewhere is not it).
+      local r = redis.call('HMGET', K.row(id or ''), 'z', 't', 's', 'em', 'dl')
       if r[1] and r[2] == tenant and r[3] == state and not r[5] then
         live = live + tonumber(r[1]) + #(r[4] or '')
       end
@@ -226,16 +229,25 @@ elseif mode == 'dedup' then
     if seen >= limit then return counted({ b .. ':' .. c, repaired }) end
   end
 else
-  local idx
-  if flow == '' then idx = K.status_idx(tenant, status) else idx = K.flow_idx(tenant, flow, status) end
-  idx = declared(8, idx)
-  local r = redis.call('ZSCAN', idx, cursor, 'COUNT', count)
-  for i = 1, #r[2], 2 do
-    local id = r[2][i]
-    if redis.call('HGET', K.row(id), 's') ~= status then
-      redis.call('ZREM', idx, id)
+  local LISTING = declared(8, K.listing(tenant))
+  local min = '-'
+  if cursor ~= '0' then min = '(' .. cursor end
+  local members = redis.call('ZRANGE', LISTING, min, '+', 'BYLEX', 'LIMIT', 0, count)
+  for _, m in ipairs(members) do
+    local s, f, id = listing_parse(m)
+    local row = redis.call('HMGET', K.row(id or ''), 's', 'f', 't', 'q', 'dl')
+    local ok = s and row[2] == f and row[3] == tenant and not row[5]
+    if s == 'scheduled' then
+      ok = ok and row[1] == 'queued' and row[4] == 'scheduled'
+    else
+      ok = ok and row[1] == s
+    end
+    if not ok then
+      redis.call('ZREM', LISTING, m)
       repaired = repaired + 1
     end
   end
-  return counted({ r[1], repaired })
+  local next_cursor = '0'
+  if #members >= tonumber(count) then next_cursor = members[#members] end
+  return counted({ next_cursor, repaired })
 end

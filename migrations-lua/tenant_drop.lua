@@ -43,9 +43,7 @@ end
 -- Anything of it here: its settings, the flows it ever admitted, executions (the force-deleted
 -- ones included), dead letters (which outlive their rows).
 if ARGV[7] ~= '1' and redis.call('EXISTS', CFG, K.flows(tenant), K.deleting(tenant),
-  K.tenant_dlq(tenant), K.status_idx(tenant, 'queued'), K.status_idx(tenant, 'running'),
-  K.status_idx(tenant, 'completed'), K.status_idx(tenant, 'failed'),
-  K.status_idx(tenant, 'cancelled')) == 0 then
+  K.tenant_dlq(tenant), K.listing(tenant)) == 0 then
   return { 'unknown' }
 end
 

@@ -16,7 +16,7 @@
 -- next heartbeat answers 'lost' and its report is refused as stale, so a late completion
 -- writes nothing; the holder is told now, see tell_holder()), its dedup mapping freed, its
 -- waiters told it is gone. Then every other key of the tenant, by the builders of common.lua:
--- per-flow indexes (walked through the flows set), its queue, slots, concurrency keys and
+-- listing and flows set, its queue, slots, concurrency keys and
 -- their overrides, its dead-letter index, records, count and evictions (and, while the shard's
 -- older records are still being indexed, its records outside the index), its rate state, its
 -- outbox and delivery log, its batch mark, its trend counters and burst mark (the forecast's),
@@ -67,14 +67,10 @@ local function reap(id)
   if row[1] ~= tenant then return end
   local status, flow, h, digest, owner = row[2], row[3], row[4], row[5], row[6]
   announce(id, row[7], 'deleted', now)
-  if status then
-    redis.call('ZREM', K.status_idx(tenant, status), id)
-    if flow then redis.call('ZREM', K.flow_idx(tenant, flow, status), id) end
-  end
+  if status and flow then index_remove(tenant, flow, status, id) end
   if status == 'queued' and row[8] == 'scheduled' then
     redis.call('ZREM', K.delayed(), id)
-    redis.call('ZREM', K.status_idx(tenant, 'scheduled'), id)
-    if flow then redis.call('ZREM', K.flow_idx(tenant, flow, 'scheduled'), id) end
+    if flow then index_remove(tenant, flow, 'scheduled', id) end
   elseif status == 'queued' then
     redis.call('ZREM', K.waiting(tenant), id)
     if h then redis.call('ZREM', K.key_queue(tenant, h), id) end
@@ -128,29 +124,34 @@ end
 
 local MORE = { 'more' }
 
--- 1. Executions, through the indexes: the running ones first (their holders are told at
--- once), then the force-deleted ones still running, the queued, and the terminal ones.
-if not drain_zset(K.status_idx(tenant, 'running'), reap) then return MORE end
-if not drain_set(K.deleting(tenant), reap) then return MORE end
-for _, s in ipairs({ 'queued', 'scheduled', 'completed', 'failed', 'cancelled' }) do
-  if not drain_zset(K.status_idx(tenant, s), reap) then return MORE end
+-- The same for the members of the listing in `status` (the running ones, or all when nil):
+-- each member leaves the listing, its execution is handed to reap().
+local function drain_listing(status)
+  local key = K.listing(tenant)
+  local min, max = '-', '+'
+  if status then min, max = listing_range(status) end
+  if left < 1 then return redis.call('ZLEXCOUNT', key, min, max) == 0 end
+  local asked = left
+  local members = redis.call('ZRANGE', key, min, max, 'BYLEX', 'LIMIT', 0, asked)
+  for _, m in ipairs(members) do
+    redis.call('ZREM', key, m)
+    local _, _, id = listing_parse(m)
+    if id then reap(id) end
+    left = left - 1
+  end
+  return #members < asked
 end
+
+-- 1. Executions, through the listing: the running ones first (their holders are told at
+-- once), then the force-deleted ones still running, then every other member.
+if not drain_listing('running') then return MORE end
+if not drain_set(K.deleting(tenant), reap) then return MORE end
+if not drain_listing(nil) then return MORE end
 if not drain_zset(K.waiting(tenant), reap) then return MORE end
 if not drain_set(K.slots(tenant), reap) then return MORE end
 
--- 2. The per-flow indexes (entries of rows that expired are all that can be left), one flow
--- at a time through the flows set.
-local FLOWS = K.flows(tenant)
-while true do
-  local f = redis.call('SRANDMEMBER', FLOWS)
-  if not f then break end
-  for _, s in ipairs({ 'queued', 'running', 'completed', 'failed', 'cancelled', 'scheduled' }) do
-    if not drain_zset(K.flow_idx(tenant, f, s), reap) then return MORE end
-  end
-  if left < 1 then return MORE end
-  redis.call('SREM', FLOWS, f)
-  left = left - 1
-end
+-- 2. The flows set (its members name no other key now).
+if not drain_set(K.flows(tenant), nil) then return MORE end
 
 -- 3. Concurrency keys: the blocked ones' structures, then the overrides (and the rate state of
 -- each overridden key).

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use redis::aio::MultiplexedConnection;
 
-use crate::domain::{Status, TenantId, row};
+use crate::domain::{FlowId, Status, TenantId, row};
 use crate::reshard::Cluster;
 use crate::store::{Conn, Layout, RedisTarget, Shard, ShardMap, Store, StoreConfig, keys};
 
@@ -104,11 +104,29 @@ pub enum Step {
     /// five status indexes and its force-deleted runs. That costs the shard's rows, not the
     /// node's keys (a SCAN of a node holding many shards would read them all for each one);
     /// a row no index names is found by the SCAN that follows every shard (`stragglers`).
+    /// Only from layouts 1 and 2.
     Rows,
+    /// Each tenant's status and flow indexes become its listing (layout 4,
+    /// `migrations-lua/layout/4_listing.lua`): its five status indexes and its scheduled
+    /// ones' are moved into the listing batch by batch (each id listed as its row says, then
+    /// taken out of the old index, so an interrupted move goes on where it stopped), then the
+    /// flow indexes, duplicates of those, are deleted. Runs after `Rows`: it reads compact
+    /// rows.
+    Listing,
+}
+
+impl Step {
+    /// Whether a store at layout `from` needs this step.
+    pub fn applies(self, from: Layout) -> bool {
+        match self {
+            Step::Rows => from.number() < Layout::Compact.number(),
+            Step::Listing => from.number() < Layout::Listing.number(),
+        }
+    }
 }
 
 /// The steps of a shard's conversion, in order.
-pub const STEPS: &[Step] = &[Step::Rows];
+pub const STEPS: &[Step] = &[Step::Rows, Step::Listing];
 
 /// Migrates the Redis `config` names to the current layout; `None` when it already has it.
 pub async fn migrate_layout(config: StoreConfig) -> anyhow::Result<Option<Migrated>> {
@@ -178,7 +196,7 @@ pub async fn migrate_layout_with(
         let frozen_at = Instant::now();
         set_key(&mut conn, &shard.old_frozen()).await?;
         let node = node_of(&mut nodes, shard);
-        for &step in STEPS {
+        for &step in STEPS.iter().filter(|s| s.applies(out.from)) {
             let mut cursor = String::new();
             // Bounded: a step walks a held shard, which does not grow.
             for _ in 0..100_000_000u64 {
@@ -230,7 +248,9 @@ pub async fn migrate_layout_with(
     }
     // Rows no index named (none, unless a bug or a crash left one): every shard serves again,
     // and each row is converted atomically on its own.
-    out.stragglers = stragglers(&new, &mut nodes).await?;
+    if Step::Rows.applies(out.from) {
+        out.stragglers = stragglers(&new, &mut nodes).await?;
+    }
     out.converted += out.stragglers;
     // 5. Done.
     let () = redis::pipe()
@@ -261,6 +281,39 @@ fn compact_rows() -> &'static redis::Script {
     })
 }
 
+/// The listing script (see `Step::Listing`).
+fn build_listing() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT
+        .get_or_init(|| redis::Script::new(include_str!("../migrations-lua/layout/4_listing.lua")))
+}
+
+/// The old indexes a tenant's listing is built from, in order: its five status indexes,
+/// then its scheduled ones' (`None`).
+const LISTED: [Option<Status>; 6] = [
+    Some(Status::Queued),
+    Some(Status::Running),
+    Some(Status::Completed),
+    Some(Status::Failed),
+    Some(Status::Cancelled),
+    None,
+];
+
+/// The shard's tenants a conversion walks (registered and being reaped), sorted: a cursor
+/// names one by its place.
+async fn shard_tenants(
+    node: &mut MultiplexedConnection,
+    shard: Shard,
+) -> anyhow::Result<Vec<String>> {
+    let mut tenants: Vec<String> = redis::cmd("SUNION")
+        .arg(shard.tenants())
+        .arg(shard.reaping())
+        .query_async(node)
+        .await?;
+    tenants.sort();
+    Ok(tenants)
+}
+
 /// The pairs of names the conversion script takes (`ARGV[5..]`).
 fn name_pairs(inv: &mut redis::ScriptInvocation<'_>) {
     for (legacy, compact) in row::LEGACY {
@@ -284,12 +337,7 @@ async fn run_step(
         Step::Rows => {
             // The cursor: "<tenant>:<index>:<rank>" into the sorted tenants (registered and
             // being reaped) and each one's indexes.
-            let mut tenants: Vec<String> = redis::cmd("SUNION")
-                .arg(shard.tenants())
-                .arg(shard.reaping())
-                .query_async(node)
-                .await?;
-            tenants.sort();
+            let tenants = shard_tenants(node, shard).await?;
             let mut at = cursor.split(':').map(|n| n.parse::<usize>().unwrap_or(0));
             let (t, i, rank) = (
                 at.next().unwrap_or(0),
@@ -317,6 +365,63 @@ async fn run_step(
                 (true, true) => format!("{t}:{}:0", i + 1),
                 (true, false) if t + 1 < tenants.len() => format!("{}:0:0", t + 1),
                 (true, false) => String::new(),
+            };
+            Ok((next, n))
+        }
+        Step::Listing => {
+            // The cursor: "<tenant>:<index>" into the sorted tenants and `LISTED`; index 6
+            // is the deletion of the flow indexes. No rank: a batch takes its ids out of the
+            // old index.
+            let tenants = shard_tenants(node, shard).await?;
+            let mut at = cursor.split(':').map(|n| n.parse::<usize>().unwrap_or(0));
+            let (t, i) = (at.next().unwrap_or(0), at.next().unwrap_or(0));
+            let Some(tenant) = tenants.get(t) else {
+                return Ok((String::new(), 0));
+            };
+            let tenant = TenantId::parse(tenant).map_err(|e| anyhow::anyhow!("{}", e.detail))?;
+            let after = || match t + 1 < tenants.len() {
+                true => format!("{}:0", t + 1),
+                false => String::new(),
+            };
+            let Some(&status) = LISTED.get(i) else {
+                // The flow indexes (and the emptied status indexes, should a batch have
+                // left one): duplicates of the listing now.
+                let flows: Vec<String> = redis::cmd("SMEMBERS")
+                    .arg(shard.flows(&tenant))
+                    .query_async(node)
+                    .await?;
+                let mut inv = build_listing().prepare_invoke();
+                for f in flows.iter().filter_map(|f| FlowId::parse(f).ok()) {
+                    for s in Status::ALL {
+                        inv.key(shard.flow_index(&tenant, &f, s));
+                    }
+                    inv.key(shard.scheduled_flow_index(&tenant, &f));
+                }
+                for s in Status::ALL {
+                    inv.key(shard.status_index(&tenant, s));
+                }
+                inv.key(shard.scheduled_index(&tenant));
+                inv.arg("drop");
+                let (_, n): (u8, u64) = inv.invoke_async(node).await?;
+                return Ok((after(), n));
+            };
+            let index = match status {
+                Some(s) => shard.status_index(&tenant, s),
+                None => shard.scheduled_index(&tenant),
+            };
+            let mut inv = build_listing().prepare_invoke();
+            inv.key(index)
+                .key(shard.listing(&tenant))
+                .key(shard.flows(&tenant))
+                .arg("index")
+                .arg(shard.prefix())
+                .arg(tenant.as_str())
+                .arg(status.map(Status::as_str).unwrap_or("scheduled"))
+                .arg(batch.max(1));
+            let (done, n): (u8, u64) = inv.invoke_async(node).await?;
+            let next = match done == 1 {
+                false => format!("{t}:{i}"),
+                true => format!("{t}:{}", i + 1),
             };
             Ok((next, n))
         }

@@ -15,8 +15,7 @@ use super::storage::{self, Refused};
 use super::ticket::Ticket;
 use super::{Shard, StorageFull, Store, StoreError};
 use crate::domain::{
-    AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, Status,
-    TenantId,
+    AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, TenantId,
 };
 
 /// Time kept back before a request's deadline when a waiting execution's forecast is read for
@@ -499,8 +498,7 @@ pub(super) fn admission_item(
         cfg: shard.tenant_config(tenant),
         slots: shard.slots(tenant),
         waiting: shard.waiting(tenant),
-        queued: shard.status_index(tenant, Status::Queued),
-        queued_flow: shard.flow_index(tenant, &req.flow, Status::Queued),
+        listing: shard.listing(tenant),
         flows: shard.flows(tenant),
         dedup_bucket: req
             .dedup
@@ -541,7 +539,7 @@ script_call! {
 script_group! {
     /// One admission of an `admit.lua` call (its header's `admissions` tails).
     pub(super) struct AdmitItem<'a> {
-        keys { row, void, cfg, slots, waiting, queued, queued_flow, flows }
+        keys { row, void, cfg, slots, waiting, listing, flows }
         optional_keys { dedup_bucket, dedup }
         args {
             tenant: &'a str,

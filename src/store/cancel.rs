@@ -36,8 +36,7 @@ impl Store {
                 cfg: shard.tenant_config(tenant),
                 slots: shard.slots(tenant),
                 waiting: shard.waiting(tenant),
-                queued: shard.status_index(tenant, Status::Queued),
-                cancelled: shard.status_index(tenant, Status::Cancelled),
+                listing: shard.listing(tenant),
                 runnable: shard.runnable(),
                 delayed: shard.delayed(),
                 stats: shard.stats(),
@@ -179,7 +178,7 @@ impl Store {
 script_call! {
     /// `migrations-lua/cancel.lua`: cancels one execution of a tenant.
     pub(super) struct CancelCall<'a> {
-        keys { row, cfg, slots, waiting, queued, cancelled, runnable, delayed, stats }
+        keys { row, cfg, slots, waiting, listing, runnable, delayed, stats }
         args { tenant: &'a str, id: &'a str }
     }
 }

@@ -103,7 +103,7 @@ impl Store {
                 cfg: shard.tenant_config(tenant),
                 slots: shard.slots(tenant),
                 waiting: shard.waiting(tenant),
-                queued: shard.status_index(tenant, Status::Queued),
+                listing: shard.listing(tenant),
                 runnable: shard.runnable(),
                 tenant: tenant.as_str(),
                 id: id.as_str(),
@@ -378,7 +378,7 @@ fn dead_letter_of(shard: u16, entry_id: String, mut f: HashMap<String, String>) 
 script_call! {
     /// `migrations-lua/retry.lua`: re-queues a failed or cancelled execution.
     pub(super) struct RetryCall<'a> {
-        keys { row, cfg, slots, waiting, queued, runnable }
+        keys { row, cfg, slots, waiting, listing, runnable }
         args { tenant: &'a str, id: &'a str, max_bytes: u64, max_retained: u64 }
     }
 }

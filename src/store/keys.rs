@@ -46,6 +46,33 @@ pub fn libraries() -> &'static str {
     "sluice:{meta}:libraries"
 }
 
+/// The character a status's members start with in a tenant's listing (`Shard::listing`);
+/// `listing_char(None)` is the scheduled executions' second member. `LISTING_CHAR` in
+/// `migrations-lua/common.lua` holds the same (a test checks them against each other).
+pub fn listing_char(s: Option<Status>) -> char {
+    match s {
+        Some(Status::Queued) => 'q',
+        Some(Status::Running) => 'r',
+        Some(Status::Completed) => 'c',
+        Some(Status::Failed) => 'f',
+        Some(Status::Cancelled) => 'x',
+        None => 's',
+    }
+}
+
+/// An execution's member in its tenant's listing: `<status char><flow>\0<id>` (a flow id
+/// never holds a NUL, so the NUL ends it unambiguously).
+pub fn listing_member(s: Option<Status>, f: &FlowId, id: &ExecutionId) -> String {
+    format!("{}{f}\0{id}", listing_char(s))
+}
+
+/// The lexical bounds (`[min`, `(max`) of the members of one status (`None`: the scheduled
+/// ones) in a listing, all flows: for `ZLEXCOUNT` and `ZRANGE ... BYLEX`.
+pub fn listing_range(s: Option<Status>) -> (String, String) {
+    let c = listing_char(s);
+    (format!("[{c}"), format!("({}", char::from(c as u8 + 1)))
+}
+
 /// The lock that makes one sweeper run at a time across all `serve` processes.
 pub fn sweeper_lock() -> &'static str {
     "sluice:{meta}:sweeper"
@@ -446,23 +473,36 @@ impl Shard {
         format!("{}t:{t}:deleting", self.prefix())
     }
 
-    /// A tenant's executions in one status (sorted set, all scores 0, ordered by id = age).
+    /// A tenant's listing (layout 4, sorted set, all scores 0): one member per execution,
+    /// `<status char><flow>\0<id>` (`listing_member`), and a second one under `s` while it is
+    /// scheduled; so one status (of one flow) is one lexical range ordered by id, which is
+    /// age (`listing_range`). What every listing, count and repair reads; see "Listing" in
+    /// `migrations-lua/common.lua`.
+    pub fn listing(self, t: &TenantId) -> String {
+        format!("{}t:{t}:ls", self.prefix())
+    }
+
+    /// Layout 3 and older: a tenant's executions in one status (sorted set, all scores 0,
+    /// ordered by id = age). Read only by `sluice migrate-layout`, which builds the listing
+    /// from it.
     pub fn status_index(self, t: &TenantId, s: Status) -> String {
         format!("{}t:{t}:st:{}", self.prefix(), s.as_str())
     }
 
-    /// A tenant's scheduled executions (queued, on the timer set): same shape as
-    /// `status_index`, read by the `queue_state=scheduled` filter.
+    /// Layout 3 and older: a tenant's scheduled executions (queued, on the timer set), same
+    /// shape as `status_index` (read only by `sluice migrate-layout`).
     pub fn scheduled_index(self, t: &TenantId) -> String {
         format!("{}t:{t}:st:scheduled", self.prefix())
     }
 
-    /// A tenant's scheduled executions of one flow (same shape as `scheduled_index`).
+    /// Layout 3 and older: a tenant's scheduled executions of one flow (same shape as
+    /// `scheduled_index`; read only by `sluice migrate-layout`).
     pub fn scheduled_flow_index(self, t: &TenantId, f: &FlowId) -> String {
         format!("{}t:{t}:fl:{f}:scheduled", self.prefix())
     }
 
-    /// A tenant's executions of one flow in one status (same shape as `status_index`).
+    /// Layout 3 and older: a tenant's executions of one flow in one status (same shape as
+    /// `status_index`; read only by `sluice migrate-layout`).
     pub fn flow_index(self, t: &TenantId, f: &FlowId, s: Status) -> String {
         format!("{}t:{t}:fl:{f}:{}", self.prefix(), s.as_str())
     }
@@ -669,7 +709,11 @@ pub enum KeyKind {
     Deleting,
     Flows,
     TenantDeadLetters,
+    /// A tenant's listing (`Shard::listing`).
+    Listing,
+    /// Layout 3 and older: a status index (`Shard::status_index`).
     StatusIndex,
+    /// Layout 3 and older: a flow's status index (`Shard::flow_index`).
     FlowIndex,
     /// A dedup mapping as a string key (`Shard::dedup`): an ended execution's, with its TTL.
     Dedup,
@@ -820,6 +864,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
         "whlog" => KeyKind::DeliveryLog,
         "whlock" => KeyKind::DeliveryLock,
         "ret" => KeyKind::Retained,
+        "ls" => KeyKind::Listing,
         _ if tail.starts_with("k:") && tail.ends_with(":tat") => KeyKind::KeyTat,
         _ if tail.starts_with("k:") && tail.ends_with(":q") => KeyKind::KeyQueue,
         _ if tail.starts_with("k:") && tail.ends_with(":run") => KeyKind::KeyRunning,
@@ -939,6 +984,7 @@ mod tests {
             s.waiting(&t),
             s.deleting(&t),
             s.tenant_config(&t),
+            s.listing(&t),
             s.status_index(&t, Status::Queued),
             s.flow_index(&t, &f, Status::Failed),
             s.dedup(&t, "ab"),
@@ -1002,6 +1048,7 @@ mod tests {
             (s.deleting(&t), KeyKind::Deleting),
             (s.flows(&t), KeyKind::Flows),
             (s.tenant_dead_letters(&t), KeyKind::TenantDeadLetters),
+            (s.listing(&t), KeyKind::Listing),
             (s.status_index(&t, Status::Running), KeyKind::StatusIndex),
             (s.flow_index(&t, &f, Status::Queued), KeyKind::FlowIndex),
             (s.dedup(&t, "00ff"), KeyKind::Dedup),

@@ -11,7 +11,8 @@
 //! The tags are found by a short deterministic search (the first `s<NN>.<k>` whose slot is
 //! within the window), so every process and build computes the same ones; a test pins them.
 
-/// A key layout: how shard tags are named, and (from 3 on) how rows name their fields.
+/// A key layout: how shard tags are named, (from 3 on) how rows name their fields, and (from
+/// 4 on) how executions are listed.
 /// Recorded in the meta record at first start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
@@ -24,11 +25,16 @@ pub enum Layout {
     /// `domain::row`). Reached from 1 or 2 by `sluice migrate-layout`, which converts each
     /// shard's rows.
     Compact = 3,
+    /// The tags and rows of layout 3, and one listing per tenant (`Shard::listing`: one
+    /// member per execution) instead of a status index and a flow index each. Reached from
+    /// 1, 2 or 3 by `sluice migrate-layout`, which builds each tenant's listing from its old
+    /// indexes.
+    Listing = 4,
 }
 
 impl Layout {
     /// The layout new deployments get.
-    pub const CURRENT: Layout = Layout::Compact;
+    pub const CURRENT: Layout = Layout::Listing;
 
     /// The layout recorded as `number`, if this build knows it.
     pub fn from_number(number: u32) -> Option<Self> {
@@ -36,6 +42,7 @@ impl Layout {
             1 => Some(Layout::Legacy),
             2 => Some(Layout::SlotAligned),
             3 => Some(Layout::Compact),
+            4 => Some(Layout::Listing),
             _ => None,
         }
     }
@@ -55,8 +62,10 @@ impl Layout {
     pub fn tag(self, n: u16, count: u16) -> String {
         match self {
             Layout::Legacy => format!("s{n:02}"),
-            Layout::SlotAligned | Layout::Compact if n < count => aligned_tag(n, count),
-            Layout::SlotAligned | Layout::Compact => dedicated_tag(n, count),
+            Layout::SlotAligned | Layout::Compact | Layout::Listing if n < count => {
+                aligned_tag(n, count)
+            }
+            Layout::SlotAligned | Layout::Compact | Layout::Listing => dedicated_tag(n, count),
         }
     }
 }

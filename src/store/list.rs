@@ -157,39 +157,25 @@ impl Store {
     /// One page of a tenant's executions (see `migrations-lua/list.lua`).
     pub async fn list(&self, tenant: &TenantId, q: &ListQuery) -> Result<Page, StoreError> {
         let shard = self.shard_of(tenant);
-        let statuses: Vec<Status> = match q.status {
-            Some(s) => vec![s],
-            None => Status::ALL.to_vec(),
-        };
-        let mut indexes: Vec<String> = if q.scheduled {
-            vec![shard.scheduled_index(tenant)]
-        } else {
-            statuses
-                .iter()
-                .map(|s| shard.status_index(tenant, *s))
-                .collect()
-        };
-        if let Some(f) = &q.flow {
-            if q.scheduled {
-                indexes.push(shard.scheduled_flow_index(tenant, f));
-            } else {
-                indexes.extend(statuses.iter().map(|s| shard.flow_index(tenant, f, *s)));
-            }
-        }
         let status_filter = match (q.scheduled, q.status) {
             (true, _) => "scheduled",
             (false, Some(s)) => s.as_str(),
             (false, None) => "",
         };
         let digest = q.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
-        if q.dedup.is_some() {
-            indexes.push(shard.dedup_bucket(tenant, &digest));
-            indexes.push(shard.dedup(tenant, &digest));
-        }
+        let dedup_keys = match q.dedup {
+            Some(_) => vec![
+                shard.dedup_bucket(tenant, &digest),
+                shard.dedup(tenant, &digest),
+            ],
+            None => Vec::new(),
+        };
         let inv = self.shard_call(
             shard,
             &ListCall {
-                indexes,
+                listing: shard.listing(tenant),
+                flows: shard.flows(tenant),
+                mapping: dedup_keys,
                 tenant: tenant.as_str(),
                 status: status_filter,
                 flow: q.flow.as_ref().map(FlowId::as_str).unwrap_or(""),
@@ -235,8 +221,8 @@ fn id_time_bound(ms: u64) -> String {
 script_call! {
     /// `migrations-lua/list.lua`: one page of a tenant's executions.
     pub(super) struct ListCall<'a> {
-        keys {}
-        key_tail { indexes: Vec<String> }
+        keys { listing, flows }
+        key_tail { mapping: Vec<String> }
         args {
             tenant: &'a str,
             status: &'a str,

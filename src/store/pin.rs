@@ -27,7 +27,7 @@ use redis::Value;
 use super::call::script_call;
 use super::row::split_tag;
 use super::{Shard, Store, StoreError, keys};
-use crate::domain::{Status, TenantId};
+use crate::domain::TenantId;
 
 /// What pinning a tenant did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,7 +236,6 @@ impl Store {
         from: Shard,
         to: Shard,
     ) -> Result<Moved, StoreError> {
-        let index = |s| from.status_index(tenant, s);
         let inv = self.shard_call(
             from,
             &PinCall {
@@ -244,11 +243,7 @@ impl Store {
                 slots: from.slots(tenant),
                 waiting: from.waiting(tenant),
                 deleting: from.deleting(tenant),
-                queued: index(Status::Queued),
-                running: index(Status::Running),
-                completed: index(Status::Completed),
-                failed: index(Status::Failed),
-                cancelled: index(Status::Cancelled),
+                listing: from.listing(tenant),
                 tenant: tenant.as_str(),
                 to: to.number(),
             },
@@ -356,7 +351,7 @@ script_call! {
     /// `migrations-lua/pin.lua`: moves a tenant without executions here to dedicated shard
     /// `to`.
     pub(super) struct PinCall<'a> {
-        keys { cfg, slots, waiting, deleting, queued, running, completed, failed, cancelled }
+        keys { cfg, slots, waiting, deleting, listing }
         args { tenant: &'a str, to: u16 }
     }
 }

@@ -109,16 +109,7 @@ impl Store {
             };
             return Ok((next.to_owned(), 0));
         }
-        let index = match (step.mode, step.status) {
-            (SweepMode::Index, Some(status)) => {
-                Some(match step.flow.as_deref().map(FlowId::parse) {
-                    None => shard.status_index(t, status),
-                    Some(Ok(flow)) => shard.flow_index(t, &flow, status),
-                    Some(Err(e)) => return Err(StoreError::Corrupt(format!("flow {e:?}"))),
-                })
-            }
-            _ => None,
-        };
+        let index = (step.mode == SweepMode::Index).then(|| shard.listing(t));
         let inv = self.shard_call(
             shard,
             &SweepCall {
@@ -186,7 +177,7 @@ pub enum SweepMode {
     /// The tenant's queued executions: each must be reachable (on the timer set or in the
     /// queue).
     Reach,
-    /// One status index (of the tenant, or of one of its flows).
+    /// The tenant's listing (`Shard::listing`): members whose row is gone or says otherwise.
     Index,
     /// A tenant being deleted: one step of reaping it (`Store::reap_step`).
     Reap,
@@ -226,7 +217,7 @@ pub struct SweepStep {
 
 impl SweepTarget {
     /// Every walk this tenant needs: slots, queue, reachability of its queued executions,
-    /// each status index with and without flow, its dedup buckets, and (after those, so it counts what they
+    /// its listing, its dedup buckets, and (after those, so it counts what they
     /// repaired) its storage counters; for a tenant being deleted, its reap alone.
     pub fn steps(&self) -> Vec<SweepStep> {
         let step = |mode, status, flow| SweepStep {
@@ -244,12 +235,7 @@ impl SweepTarget {
             step(SweepMode::Waiting, None, None),
             step(SweepMode::Reach, None, None),
         ];
-        for status in Status::ALL {
-            v.push(step(SweepMode::Index, Some(status), None));
-            for f in &self.flows {
-                v.push(step(SweepMode::Index, Some(status), Some(f.clone())));
-            }
-        }
+        v.push(step(SweepMode::Index, None, None));
         v.push(step(SweepMode::Dedup, None, None));
         v.push(step(SweepMode::Usage, None, None));
         v

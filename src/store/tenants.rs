@@ -526,6 +526,10 @@ script_call! {
 /// Adds the reads of one tenant's limits and usage to `p` (`TENANT_READS` commands, all in
 /// the tenant's shard).
 fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
+    let listing = shard.listing(tenant);
+    let queued = super::keys::listing_range(Some(Status::Queued));
+    let scheduled = super::keys::listing_range(None);
+    let running = super::keys::listing_range(Some(Status::Running));
     p.hget(shard.tenant_config(tenant), "max_concurrent")
         .hget(shard.tenant_config(tenant), "max_queued")
         .hget(shard.tenant_config(tenant), "enabled")
@@ -534,17 +538,13 @@ fn tenant_reads(p: &mut redis::Pipeline, shard: Shard, tenant: &TenantId) {
         .hget(shard.tenant_config(tenant), "rate")
         .hget(shard.tenant_config(tenant), "key_rate")
         .exists(shard.tenant_config(tenant))
-        .zcard(shard.status_index(tenant, Status::Queued))
-        .zcard(shard.scheduled_index(tenant))
-        .zcard(shard.status_index(tenant, Status::Running))
+        .zlexcount(listing.clone(), &queued.0, &queued.1)
+        .zlexcount(listing.clone(), &scheduled.0, &scheduled.1)
+        .zlexcount(listing.clone(), &running.0, &running.1)
         .scard(shard.deleting(tenant))
         .hlen(shard.key_limits(tenant))
         .scard(shard.key_blocked(tenant));
-    let indexes: Vec<String> = Status::ALL
-        .into_iter()
-        .map(|s| shard.status_index(tenant, s))
-        .collect();
-    p.exists(indexes)
+    p.exists(listing)
         .hget(shard.tenant_config(tenant), "deleting")
         .hget(shard.tenant_config(tenant), "max_bytes")
         .hget(shard.tenant_config(tenant), "max_retained")

@@ -363,8 +363,12 @@ impl Store {
         }
         let mut p = redis::pipe();
         for t in &tenants {
-            p.zcard(shard.status_index(t, Status::Queued))
-                .zcard(shard.status_index(t, Status::Running))
+            let (queued, running) = (
+                keys::listing_range(Some(Status::Queued)),
+                keys::listing_range(Some(Status::Running)),
+            );
+            p.zlexcount(shard.listing(t), queued.0, queued.1)
+                .zlexcount(shard.listing(t), running.0, running.1)
                 .scard(shard.key_blocked(t))
                 .get(shard.tat(t))
                 .hget(shard.tenant_config(t), "rate");

@@ -487,14 +487,13 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
     };
     let index = |id: &sluice::domain::ExecutionId, status| {
         let mut p = redis::pipe();
-        p.zadd(s.status_index(&tenant, status), id.as_str(), 0);
         p.zadd(
-            s.flow_index(
-                &tenant,
+            s.listing(&tenant),
+            sluice::store::keys::listing_member(
+                Some(status),
                 &sluice::domain::FlowId::parse("demo.echo").unwrap(),
-                status,
+                id,
             ),
-            id.as_str(),
             0,
         );
         p

@@ -54,14 +54,16 @@ local out = { K.frozen(), K.ready(), K.bell(), K.adopted(h), K.leases(), K.delay
   K.tenants(), K.row(id), K.void(id), K.cfg(t), K.slots(t), K.waiting(t), K.deleting(t), K.flows(t),
   K.dedup(t, h), K.tenant_dlq(t), K.dlq_indexed(), K.dlq_poison(), K.dlq_holders(),
   K.dlq_rebuilt(), K.dlq_evicted(), EVENTS_CHANNEL .. id, K.runnable(), K.sched(),
-  K.starts(), K.held(h), K.status_idx(t, 'scheduled'), K.flow_idx(t, f, 'scheduled'),
+  K.starts(), K.held(h), K.listing(t), listing_member('scheduled', f, id),
   K.trends(t, 20423), K.shard_trends(20423), K.busy(), K.key_queue(t, h), K.key_running(t, h),
   K.key_limits(t), K.key_blocked(t), K.tat(t), K.key_tat(t, h), K.outbox(t), K.webhooks(),
   WEBHOOK_CHANNEL, K.delivery_log(t), K.delivery_lock(t), K.batch_lock(t), K.reaping(),
   K.burst(t), K.retained(t), K.dedup_bucket(t, h), dedup_field(h) }
 for _, s in ipairs(STATUSES) do
-  table.insert(out, K.status_idx(t, s))
-  table.insert(out, K.flow_idx(t, f, s))
+  table.insert(out, listing_member(s, f, id))
+  local min, max = listing_range(s)
+  table.insert(out, min)
+  table.insert(out, max)
 end
 return out";
     let source = composed_source("shard", op);
@@ -105,8 +107,8 @@ return out";
             s.sched(),
             s.starts(),
             s.held(digest),
-            s.scheduled_index(&t),
-            s.scheduled_flow_index(&t, &f),
+            s.listing(&t),
+            keys::listing_member(None, &f, &id),
             s.trends(&t, 20_423),
             s.shard_trends(20_423),
             s.busy(),
@@ -129,8 +131,9 @@ return out";
             keys::dedup_field(digest).to_owned(),
         ];
         for st in Status::ALL {
-            expected.push(s.status_index(&t, st));
-            expected.push(s.flow_index(&t, &f, st));
+            expected.push(keys::listing_member(Some(st), &f, &id));
+            let (min, max) = keys::listing_range(Some(st));
+            expected.extend([min, max]);
         }
         let mut args = common(&s.prefix());
         args.extend([tenant.into(), id.to_string(), flow.into(), digest.into()]);
@@ -176,7 +179,6 @@ pub(crate) fn admit_call(
     id: &ExecutionId,
 ) -> (Vec<String>, Vec<String>) {
     let t = TenantId::parse("acme").unwrap();
-    let f = FlowId::parse("demo.echo").unwrap();
     let s = keys_of;
     let keys = vec![
         s.frozen(),
@@ -188,8 +190,7 @@ pub(crate) fn admit_call(
         s.tenant_config(&t),
         s.slots(&t),
         s.waiting(&t),
-        s.status_index(&t, Status::Queued),
-        s.flow_index(&t, &f, Status::Queued),
+        s.listing(&t),
         s.flows(&t),
     ];
     let mut args = common(&prefix_of.prefix());
@@ -491,8 +492,7 @@ async fn admit_declares_the_keys_it_writes() {
     let digest = sluice::domain::DedupKey::parse("order-9").unwrap().digest();
     let mut expected = vec![
         s.row(&eid),
-        s.status_index(&t, Status::Queued),
-        s.flow_index(&t, &f, Status::Queued),
+        s.listing(&t),
         s.flows(&t),
         s.tenants(),
         s.waiting(&t),
@@ -537,15 +537,11 @@ async fn admit_declares_the_keys_it_writes() {
         q(redis::cmd("SMEMBERS").arg(s.flows(&t))).await,
         ["demo.echo"]
     );
-    for index in [
-        s.status_index(&t, Status::Queued),
-        s.flow_index(&t, &f, Status::Queued),
-    ] {
-        assert_eq!(
-            q(redis::cmd("ZRANGE").arg(index).arg(0).arg(-1)).await,
-            std::slice::from_ref(&id)
-        );
-    }
+    // One listing member: queued, its flow, its id.
+    assert_eq!(
+        q(redis::cmd("ZRANGE").arg(s.listing(&t)).arg(0).arg(-1)).await,
+        [keys::listing_member(Some(Status::Queued), &f, &eid)]
+    );
     let tenant: Option<String> = app
         .redis
         .query(
@@ -565,7 +561,8 @@ async fn admit_declares_the_keys_it_writes() {
         .await;
     assert!(mapping.starts_with(&format!("{id}:")), "{mapping}");
 
-    // A scheduled admission writes the timer set and the tenant's scheduled indexes instead.
+    // A scheduled admission writes the timer set instead, and a second listing member (under
+    // 's', for the scheduled filter) in the listing that exists already.
     let before = app.redis.keys().await;
     let res = app
         .post_execution("acme", &json!({"flow_id": "demo.echo", "delay": "1h"}))
@@ -582,14 +579,15 @@ async fn admit_declares_the_keys_it_writes() {
         .cloned()
         .collect();
     written.sort();
-    let mut expected = vec![
-        s.row(&later_id),
-        s.delayed(),
-        s.scheduled_index(&t),
-        s.scheduled_flow_index(&t, &f),
-    ];
+    let mut expected = vec![s.row(&later_id), s.delayed()];
     expected.sort();
     assert_eq!(written, expected);
+    let members: Vec<String> = q(redis::cmd("ZRANGE").arg(s.listing(&t)).arg(0).arg(-1)).await;
+    assert!(
+        members.contains(&keys::listing_member(None, &f, &later_id))
+            && members.contains(&keys::listing_member(Some(Status::Queued), &f, &later_id)),
+        "{members:?}"
+    );
 }
 
 /// FCALL of this build's library function `op` (loaded with `FUNCTION LOAD REPLACE` first by

@@ -176,11 +176,8 @@ async fn a_script_error_part_way_through_a_group_fails_only_its_admission() {
         .find(|t| app.shard(t) == shard)
         .expect("a tenant in acme's shard");
     app.admit(&broken, "demo.echo").await;
-    // The broken tenant's queued index is a string now: its admission fails in place().
-    let index = shard.status_index(
-        &sluice::domain::TenantId::parse(&broken).unwrap(),
-        sluice::domain::Status::Queued,
-    );
+    // The broken tenant's listing is a string now: its admission fails in place().
+    let index = shard.listing(&sluice::domain::TenantId::parse(&broken).unwrap());
     let () = app
         .redis
         .query(redis::cmd("SET").arg(&index).arg("not a sorted set"))

@@ -209,17 +209,23 @@ async fn the_sweeper_goes_on_past_a_shard_it_cannot_read_and_sweeps_it_once_repa
     let (ta, tb) = (TenantId::parse(a).unwrap(), TenantId::parse(&b).unwrap());
     app.admit_with(a, json!({"flow_id": "demo.echo"})).await;
     app.admit_with(&b, json!({"flow_id": "demo.echo"})).await;
-    let ghost = |n: u32| format!("{n:032x}");
+    let ghost = |n: u32| {
+        sluice::store::keys::listing_member(
+            Some(Status::Completed),
+            &sluice::domain::FlowId::parse("demo.echo").unwrap(),
+            &sluice::domain::ExecutionId::parse(&format!("{n:032x}")).unwrap(),
+        )
+    };
     let haunt = |shard: Shard, t: &TenantId, n: u32| {
         redis::cmd("ZADD")
-            .arg(shard.status_index(t, Status::Completed))
+            .arg(shard.listing(t))
             .arg(0)
             .arg(ghost(n))
             .clone()
     };
     let haunted = |shard: Shard, t: &TenantId, n: u32| {
         redis::cmd("ZSCORE")
-            .arg(shard.status_index(t, Status::Completed))
+            .arg(shard.listing(t))
             .arg(ghost(n))
             .clone()
     };

@@ -610,12 +610,13 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     );
     let _: i64 = app
         .redis
-        .query(
-            redis::cmd("ZADD")
-                .arg(shard.status_index(&tenant, sluice::domain::Status::Completed))
-                .arg(0)
-                .arg(ghost),
-        )
+        .query(redis::cmd("ZADD").arg(shard.listing(&tenant)).arg(0).arg(
+            sluice::store::keys::listing_member(
+                Some(sluice::domain::Status::Completed),
+                &sluice::domain::FlowId::parse("demo.echo").unwrap(),
+                &sluice::domain::ExecutionId::parse(ghost).unwrap(),
+            ),
+        ))
         .await;
     let store = std::sync::Arc::new(app.store().await);
     let repaired = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
@@ -674,12 +675,18 @@ async fn the_sweeper_resumes_where_its_budget_ran_out() {
         .await;
     // 450 ghosts in one index: three batches of 200 at least.
     let mut c = app.redis.conn().await;
-    let key = shard.status_index(&tenant, sluice::domain::Status::Completed);
+    let key = shard.listing(&tenant);
+    let flow = sluice::domain::FlowId::parse("demo.echo").unwrap();
     for i in 0..450 {
+        let ghost = sluice::domain::ExecutionId::parse(&format!("{i:032x}")).unwrap();
         let _: i64 = redis::cmd("ZADD")
             .arg(&key)
             .arg(0)
-            .arg(format!("{i:032x}"))
+            .arg(sluice::store::keys::listing_member(
+                Some(sluice::domain::Status::Completed),
+                &flow,
+                &ghost,
+            ))
             .query_async(&mut c)
             .await
             .unwrap();
@@ -701,8 +708,15 @@ async fn the_sweeper_resumes_where_its_budget_ran_out() {
         rounds >= 3,
         "one call per turn cannot check 450 members in {rounds} turns"
     );
-    let left: u64 = app.redis.query(redis::cmd("ZCARD").arg(&key)).await;
+    // The ghosts are gone; the tenant's own queued execution is still listed.
+    let (min, max) = sluice::store::keys::listing_range(Some(sluice::domain::Status::Completed));
+    let left: u64 = app
+        .redis
+        .query(redis::cmd("ZLEXCOUNT").arg(&key).arg(min).arg(max))
+        .await;
     assert_eq!(left, 0);
+    let listed: u64 = app.redis.query(redis::cmd("ZCARD").arg(&key)).await;
+    assert_eq!(listed, 1);
 }
 
 #[tokio::test]

@@ -534,6 +534,7 @@ fn key_kind(k: &str) -> &'static str {
         Some(KeyKind::Row) => "rows",
         Some(KeyKind::Dedup) => "dedup mappings",
         Some(KeyKind::DedupBucket) => "dedup buckets",
+        Some(KeyKind::Listing) => "listings",
         Some(KeyKind::StatusIndex) => "status indexes",
         Some(KeyKind::FlowIndex) => "flow indexes",
         Some(KeyKind::Slots) => "slot sets",
