@@ -5,6 +5,8 @@ use std::collections::HashSet;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use sluice::store::Outcome;
+
 use crate::helpers::{TestApp, problem_code};
 
 fn ids(page: &Value) -> Vec<String> {
@@ -365,5 +367,263 @@ async fn the_time_range_filter_bounds_executions_by_admission_time() {
         let res = app.list("acme", &format!("created_from={bad}")).await;
         assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
         assert_eq!(problem_code(res).await, "invalid_time", "{bad}");
+    }
+}
+
+/// Calls of `command` over every master since the last `reset_stats`.
+async fn calls_of(app: &TestApp, command: &str) -> u64 {
+    app.redis
+        .command_calls()
+        .await
+        .into_iter()
+        .find(|(c, _)| c == command)
+        .map_or(0, |(_, n)| n)
+}
+
+/// Every page of `query` (`limit` each), following the cursor; each page's ids and total.
+async fn walk(app: &TestApp, tenant: &str, query: &str, limit: u32) -> Vec<(Vec<String>, u64)> {
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..1_000 {
+        let q = match &cursor {
+            Some(c) => format!("{query}&limit={limit}&cursor={c}"),
+            None => format!("{query}&limit={limit}"),
+        };
+        let page = app.page(tenant, &q).await;
+        pages.push((ids(&page), page["total"].as_u64().unwrap()));
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            return pages;
+        }
+    }
+    panic!("{query}: no last page after 1000");
+}
+
+/// A tenant's listing holds one range per status and flow (layout 4), so a status-only or
+/// unfiltered page merges one range per flow. With 40 flows (names sharing prefixes, every
+/// character a flow id may hold) and executions in three statuses, every listing walks each
+/// match exactly once, newest first, with the exact total on every page; and one page's
+/// reads stay within the bound docs/api.md states: one `ZRANGE` per range and round, a range
+/// read again only while it may hold a row of the page, each time twice as far, so at most
+/// `1 + ceil(log2((limit + 1) / first + 1))` times (`first`, the first read's share), and one
+/// `ZLEXCOUNT` per range for a total.
+#[tokio::test]
+async fn many_flows_list_exactly_and_a_page_reads_a_bounded_number_of_ranges() {
+    let app = TestApp::spawn_with(|c| c.api.sweep_interval_secs = 0).await;
+    let long = format!("z{}", "9".repeat(127));
+    let mut flows: Vec<String> = vec![
+        "a".into(),
+        "a.b".into(),
+        "a-b".into(),
+        "a/b".into(),
+        "a_b".into(),
+        "a.".into(),
+        "A".into(),
+        "a0".into(),
+        long,
+    ];
+    for i in 0..31 {
+        flows.push(format!("f{i:02}/x.y-z_{i}"));
+    }
+    assert_eq!(flows.len(), 40);
+    // 320 executions, eight a flow: of each flow's eight, the first is completed by a run,
+    // the second cancelled, the other six stay queued (so a queued range outlasts a first
+    // read of a share of a small page).
+    let store = app.store().await;
+    let shard = app.shard("acme");
+    app.put_tenant("acme", &json!({"max_concurrent": 200}))
+        .await;
+    let mut all: Vec<(String, String)> = Vec::new();
+    for round in 0..8 {
+        for f in &flows {
+            let id = app.admit_with("acme", json!({"flow_id": f})).await;
+            all.push((id, format!("{f}#{round}")));
+        }
+        if round == 0 {
+            let mut runs = Vec::new();
+            for _ in 0..20 {
+                let got = app.start_by_hand("acme", 40 - runs.len()).await.started;
+                if got.is_empty() {
+                    break;
+                }
+                runs.extend(got);
+            }
+            assert_eq!(runs.len(), 40, "the first of each flow started");
+            for run in &runs {
+                store
+                    .complete(
+                        shard,
+                        &run.id,
+                        run.fence,
+                        "w",
+                        &Outcome::Completed(json!({})),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    let status_of = |tag: &str| match tag.rsplit('#').next() {
+        Some("0") => "completed",
+        Some("1") => "cancelled",
+        _ => "queued",
+    };
+    for (id, tag) in &all {
+        if status_of(tag) == "cancelled" {
+            assert_eq!(app.cancel("acme", id).await.status(), StatusCode::OK);
+        }
+    }
+    let newest_first = |keep: &dyn Fn(&(String, String)) -> bool| -> Vec<String> {
+        let mut v: Vec<String> = all
+            .iter()
+            .filter(|x| keep(x))
+            .map(|(id, _)| id.clone())
+            .collect();
+        v.sort();
+        v.reverse();
+        v
+    };
+    let flow_of = |tag: &str| tag.rsplit_once('#').unwrap().0.to_owned();
+    let cases: Vec<(String, Vec<String>)> = vec![
+        (String::new(), newest_first(&|_| true)),
+        (
+            "status=queued".into(),
+            newest_first(&|(_, t)| status_of(t) == "queued"),
+        ),
+        (
+            "status=completed".into(),
+            newest_first(&|(_, t)| status_of(t) == "completed"),
+        ),
+        (
+            "flow_id=a".into(),
+            newest_first(&|(_, t)| flow_of(t) == "a"),
+        ),
+        (
+            "flow_id=a.b&status=cancelled".into(),
+            newest_first(&|(_, t)| flow_of(t) == "a.b" && status_of(t) == "cancelled"),
+        ),
+    ];
+    for (q, expected) in &cases {
+        for limit in [1, 7, 50] {
+            let pages = walk(&app, "acme", q, limit).await;
+            let seen: Vec<String> = pages.iter().flat_map(|(p, _)| p.clone()).collect();
+            assert_eq!(&seen, expected, "{q} limit {limit}");
+            for (_, total) in &pages {
+                assert_eq!(*total, expected.len() as u64, "{q} limit {limit}");
+            }
+        }
+    }
+    // A time range across flows: from the 150th oldest execution's millisecond on.
+    let mut oldest_first: Vec<&String> = all.iter().map(|(id, _)| id).collect();
+    oldest_first.sort();
+    let from_ms = u64::from_str_radix(&oldest_first[150][..12], 16).unwrap();
+    let from = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(from_ms) * 1_000_000)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
+        .replace(':', "%3A");
+    let in_range = newest_first(&|(id, t)| {
+        status_of(t) == "queued" && u64::from_str_radix(&id[..12], 16).unwrap() >= from_ms
+    });
+    let pages = walk(
+        &app,
+        "acme",
+        &format!("status=queued&created_from={from}"),
+        7,
+    )
+    .await;
+    let seen: Vec<String> = pages.iter().flat_map(|(p, _)| p.clone()).collect();
+    assert_eq!(seen, in_range);
+    assert!(pages.iter().all(|(_, t)| *t == in_range.len() as u64));
+
+    // The reads of one page: unfiltered (5 statuses x 40 flows = 200 ranges) and by status
+    // (40 ranges), first pages and a page from a cursor, with a time range (a ZLEXCOUNT per
+    // range) and without (one per status).
+    let cursor = &newest_first(&|_| true)[30];
+    for (q, ranges) in [
+        ("limit=50".to_owned(), 200u64),
+        (format!("limit=50&cursor={cursor}"), 200),
+        ("status=queued&limit=50".to_owned(), 40),
+        (format!("status=queued&limit=7&created_from={from}"), 40),
+        ("limit=1".to_owned(), 200),
+        ("status=queued&limit=1".to_owned(), 40),
+        ("status=queued&limit=20".to_owned(), 40),
+        ("flow_id=a&status=queued&limit=3".to_owned(), 1),
+    ] {
+        let limit: u64 = q
+            .split("limit=")
+            .nth(1)
+            .unwrap()
+            .split('&')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let first = if ranges > 1 {
+            2 * (limit + 1) / ranges + 2
+        } else {
+            limit + 1
+        };
+        let mut reads_per_range = 1;
+        while first * ((1 << reads_per_range) - 1) < limit + 1 {
+            reads_per_range += 1;
+        }
+        app.redis.reset_stats().await;
+        let page = app.page("acme", &q).await;
+        assert!(page["total"].as_u64().unwrap() > 0, "{q}: {page}");
+        let (zrange, zlexcount) = (
+            calls_of(&app, "zrange").await,
+            calls_of(&app, "zlexcount").await,
+        );
+        println!(
+            "{q}: {zrange} ZRANGE over {ranges} ranges (bound {}), {zlexcount} ZLEXCOUNT",
+            ranges * reads_per_range
+        );
+        assert!(
+            zrange >= ranges,
+            "{q}: every range read once at least ({zrange})"
+        );
+        assert!(zrange <= ranges * reads_per_range, "{q}: {zrange} ZRANGE");
+        assert!(zlexcount <= ranges, "{q}: {zlexcount} ZLEXCOUNT");
+    }
+}
+
+/// Flow ids are validated at the API: no NUL (the listing's separator) or other byte outside
+/// `[A-Za-z0-9_./-]` can name a flow, so a flow whose name is another's prefix lists apart.
+#[tokio::test]
+async fn a_flow_id_cannot_hold_the_listing_separator() {
+    let app = TestApp::spawn().await;
+    for bad in ["a\u{0}b", "a b", "a:b", "\u{0}", "a\u{7f}"] {
+        let res = app.post_execution("acme", &json!({"flow_id": bad})).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(problem_code(res).await, "invalid_flow_id", "{bad:?}");
+        let res = app
+            .list(
+                "acme",
+                &format!(
+                    "flow_id={}",
+                    bad.replace('\u{0}', "%00").replace(' ', "%20")
+                ),
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+    }
+    let a = app.admit_with("acme", json!({"flow_id": "a"})).await;
+    let ab = app.admit_with("acme", json!({"flow_id": "a.b"})).await;
+    let a_dash = app.admit_with("acme", json!({"flow_id": "a-"})).await;
+    for (q, want) in [
+        ("flow_id=a", vec![a.clone()]),
+        ("flow_id=a.b", vec![ab.clone()]),
+        ("flow_id=a-", vec![a_dash.clone()]),
+        ("status=queued", vec![a_dash.clone(), ab.clone(), a.clone()]),
+    ] {
+        // Whole, and one by one through the cursor.
+        let page = app.page("acme", q).await;
+        assert_eq!(ids(&page), want, "{q}");
+        assert_eq!(page["total"], want.len(), "{q}");
+        let pages = walk(&app, "acme", q, 1).await;
+        let seen: Vec<String> = pages.iter().flat_map(|(p, _)| p.clone()).collect();
+        assert_eq!(seen, want, "{q} limit 1");
+        assert!(pages.iter().all(|(_, t)| *t == want.len() as u64), "{q}");
     }
 }
