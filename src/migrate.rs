@@ -1,15 +1,17 @@
 //! `sluice migrate-layout`: moves a Redis written with an older key layout to the current one
-//! (layout 3), shard by shard, while processes of the older build keep serving the shards not
-//! converted yet.
+//! (layout 4), shard by shard, while processes of the older build keep serving the shards not
+//! converted yet (from layouts 1 and 2; a layout-3 build checks the same marker as this one,
+//! so its processes must be stopped first: docs/operations.md, "Key layout 4").
 //!
 //! Layout 1 named shards `{s00}`..`{s15}`, which crowd some masters of a Redis Cluster (see
 //! `store::layout`); layout 2 gave them slot-aligned tags; layout 3 keeps those tags and gives
-//! rows compact field names (`domain::row`). Builds of layouts 1 and 2 refuse a shard's
+//! rows compact field names (`domain::row`); layout 4 lists each tenant's executions in one
+//! sorted set (`Shard::listing`) instead of a status index and a flow index each. Builds of layouts 1 and 2 refuse a shard's
 //! scripts while `<prefix>frozen` exists; this build checks `<prefix>hold` instead. So a move
 //! can stop each build where it must not run:
 //!
 //! 1. every shard not converted yet is held (this build's processes refuse it, 503), then
-//!    the meta record says a move to 3 is under way (`layout_to`): this build's `serve` and
+//!    the meta record says a move to 4 is under way (`layout_to`): this build's `serve` and
 //!    `worker` may start from now on and serve the converted shards;
 //! 2. from layout 1 only: every old shard is frozen and its keys renamed to the new tags
 //!    (`DUMP` + `RESTORE ... ABSTTL`, which keeps each key's expiry time to the millisecond,
@@ -21,7 +23,7 @@
 //!    each) become fields of their tenants' buckets (`Store::relayout_dedup_step`; every
 //!    reader takes both forms, so this needs no hold);
 //! 5. a SCAN of every node converts rows no index named (none, unless a crash or a bug left
-//!    one), then the meta record says layout 3.
+//!    one), then the meta record says layout 4.
 //!
 //! So a shard is refused by both builds only while its own conversion runs — provided
 //! processes of both builds run during the move; a deployment that stopped its old processes
@@ -92,7 +94,7 @@ impl Default for Limits {
     }
 }
 
-/// One step of a shard's conversion to layout 3: `(shard, cursor) -> (next cursor,
+/// One step of a shard's conversion to layout 4: `(shard, cursor) -> (next cursor,
 /// converted)`, run in bounded batches from the empty cursor until the next cursor is empty
 /// again, while the shard is held by both builds. Every step must be safe to repeat (a run
 /// interrupted mid-shard converts the shard again). A conversion that another part of layout
