@@ -14,8 +14,10 @@
 --                  queue otherwise; one that is not (e.g. left on a ready stream by a process
 --                  of the stream-model build) is put back where its row says
 --   mode 'index'   listing members (see "Listing" in common.lua) whose row expired, moved on
---                  or is not of their status, flow and tenant: removed. Cursor: the last
---                  member walked (the walk is lexical, in batches of `batch` members)
+--                  or is not of their status, flow and tenant: removed; the flow of one kept
+--                  missing from the tenant's flows set (which status-only pages read the
+--                  flows from): added. Cursor: the last member walked (the walk is lexical,
+--                  in batches of `batch` members)
 --   mode 'usage'   the tenant's storage counters (see "Storage" in common.lua) recounted in
 --                  this one call: the logical bytes of its queued and running executions read
 --                  from their rows, plus its expiry buckets after a drain; a repair when they
@@ -233,6 +235,7 @@ else
   local min = '-'
   if cursor ~= '0' then min = '(' .. cursor end
   local members = redis.call('ZRANGE', LISTING, min, '+', 'BYLEX', 'LIMIT', 0, count)
+  local flows = {}
   for _, m in ipairs(members) do
     local s, f, id = listing_parse(m)
     local row = redis.call('HMGET', K.row(id or ''), 's', 'f', 't', 'q', 'dl')
@@ -245,6 +248,9 @@ else
     if not ok then
       redis.call('ZREM', LISTING, m)
       repaired = repaired + 1
+    elseif not flows[f] then
+      flows[f] = true
+      repaired = repaired + redis.call('SADD', K.flows(tenant), f)
     end
   end
   local next_cursor = '0'
