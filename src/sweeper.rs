@@ -1,5 +1,5 @@
-//! The sweeper, run by `serve`: it walks every tenant's slot set, waiting set and status
-//! indexes and removes members whose execution is terminal, gone or elsewhere (giving freed
+//! The sweeper, run by `serve`: it walks every tenant's slot set, waiting set and listing
+//! and removes members whose execution is terminal, gone or elsewhere (giving freed
 //! slots to waiting executions). Each repair is logged and counted.
 //!
 //! One process sweeps at a time: at each interval, whichever `serve` takes the turn on Redis
