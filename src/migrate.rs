@@ -157,6 +157,16 @@ pub async fn migrate_layout_with(
         return Ok(None);
     }
     let new = ShardMap::with_dedicated(old.count(), old.dedicated(), Layout::CURRENT);
+    // A move to an older layout, interrupted (by that build's command): the shards it
+    // converted lack this layout's steps, so every shard is converted again (each step is
+    // safe to repeat, and skips what is done).
+    if layout_to.is_some_and(|to| to != Layout::CURRENT.number()) {
+        let () = redis::cmd("DEL")
+            .arg(keys::layout_converted())
+            .query_async(&mut conn)
+            .await
+            .map(|_: i64| ())?;
+    }
     let converted: Vec<u16> = redis::cmd("SMEMBERS")
         .arg(keys::layout_converted())
         .query_async(&mut conn)
