@@ -396,8 +396,10 @@ local function key_offer(t, h)
 end
 
 -- The shard's eligible weight (K.sched() field `weight`) as the last HINCRBY of it in this
--- call answered it (nil: not written in this call), so that eligible_weight() needs no read.
--- Only leave() and refresh() write it in a call that answers it (start.lua, complete.lua).
+-- call answered it, or 0 once start_entries() found the runnable set empty (nil: neither
+-- happened in this call), so that eligible_weight() needs no read. Only leave() and refresh()
+-- write the field in a call that answers it (start.lua, complete.lua), and only refresh()
+-- adds a tenant to an empty set (with its HINCRBY).
 local WEIGHT = nil
 
 -- How many slots tenant SLOTS_OF held when refresh() counted them in this call (nil: not
@@ -1336,6 +1338,8 @@ local function start_entries(consumer, count, ttl, cap, now, only)
   else
     redis.call('DEL', K.bell())
     RUNG = false
+    -- Nothing is runnable: nothing is eligible either (eligible_weight() needs no read).
+    WEIGHT = 0
   end
   return more, started
 end

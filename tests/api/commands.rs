@@ -391,3 +391,62 @@ async fn the_eligible_weight_a_call_answers_is_the_shards() {
         .unwrap();
     assert_eq!((chained.weight, weight_on_redis().await), (5, 5));
 }
+
+#[tokio::test]
+async fn a_completion_that_leaves_nothing_runnable_answers_a_weight_of_zero_unread() {
+    // A completion that looks for the next run on its slot (a busy worker's) and finds no
+    // runnable tenant knows the shard's eligible weight is 0: it answers that without a read,
+    // and a read after the call agrees.
+    use sluice::store::Outcome;
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {}}))
+        .await;
+    let store = app.store().await;
+    let ttl = Duration::from_secs(60);
+    let batch = store.start(shard, "w", 4, ttl, 0).await.unwrap();
+    assert_eq!(batch.started.len(), 1);
+    let run = &batch.started[0];
+    let rec = Recording::start(&app).await;
+    let (_, chained) = store
+        .complete_and_start(
+            shard,
+            &run.id,
+            run.fence,
+            "w",
+            &Outcome::Completed(json!({})),
+            1,
+            ttl,
+            0,
+        )
+        .await
+        .unwrap();
+    let calls = rec.finish(&app).await;
+    let done = one_call(&calls, "complete");
+    let text = listing(done);
+    assert!(chained.started.is_empty() && !chained.more);
+    let got = counts(
+        done,
+        &[
+            ("looks for a runnable tenant", "zrange", ":runnable"),
+            ("reads the schedule", "hget", ":sched"),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ("looks for a runnable tenant", 1),
+            ("reads the schedule", 0),
+        ],
+        "the completion's commands:\n{text}"
+    );
+    let on_redis: Option<u64> = app
+        .redis
+        .query(
+            redis::cmd("HGET")
+                .arg(format!("{}sched", shard.prefix()))
+                .arg("weight"),
+        )
+        .await;
+    assert_eq!((chained.weight, on_redis.unwrap_or(0)), (0, 0));
+}
