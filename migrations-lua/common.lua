@@ -1244,9 +1244,14 @@ end
 -- virtual time of all runnable tenants (the floor a returning tenant comes back at), never
 -- the larger one a filtered pick may have.
 --
+-- `call` (complete.lua's chain; nil: the caller checked already) is the call's number for
+-- barred(): the adoption barrier is read only once a runnable tenant is found, since with
+-- none nothing would start anyway (a worker's completion at a low rate finds none: one GET
+-- less). A barred call starts nothing and returns 0, {} before any write.
+--
 -- Returns more (1 when a tenant can still start something, else 0) and the started runs,
 -- each as run_of() reports it.
-local function start_entries(consumer, count, ttl, cap, now, only)
+local function start_entries(consumer, count, ttl, cap, now, only, call)
   local started = {}
   -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
   local left = nil
@@ -1256,6 +1261,10 @@ local function start_entries(consumer, count, ttl, cap, now, only)
     local top = redis.call('ZRANGE', K.runnable(), 0, 0, 'WITHSCORES')
     left = #top > 0
     if not left then break end
+    if call then
+      if barred(consumer, call) then return 0, started end
+      call = nil
+    end
     local clock_at = tonumber(top[2])
     if only then
       -- The least virtual time among the served tenants that are runnable.

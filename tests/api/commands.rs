@@ -396,7 +396,8 @@ async fn the_eligible_weight_a_call_answers_is_the_shards() {
 async fn a_completion_that_leaves_nothing_runnable_answers_a_weight_of_zero_unread() {
     // A completion that looks for the next run on its slot (a busy worker's) and finds no
     // runnable tenant knows the shard's eligible weight is 0: it answers that without a read,
-    // and a read after the call agrees.
+    // and a read after the call agrees. Nor does it read its worker's adoption barrier (which
+    // only bars starts: there is nothing to start).
     use sluice::store::Outcome;
     let app = TestApp::spawn().await;
     let shard = app.shard("acme");
@@ -417,7 +418,8 @@ async fn a_completion_that_leaves_nothing_runnable_answers_a_weight_of_zero_unre
             &Outcome::Completed(json!({})),
             1,
             ttl,
-            0,
+            // A numbered call, as `sluice worker` makes them (0 would skip the barrier).
+            1,
         )
         .await
         .unwrap();
@@ -430,6 +432,7 @@ async fn a_completion_that_leaves_nothing_runnable_answers_a_weight_of_zero_unre
         &[
             ("looks for a runnable tenant", "zrange", ":runnable"),
             ("reads the schedule", "hget", ":sched"),
+            ("reads the adoption barrier", "get", ":adopted:w"),
         ],
     );
     assert_eq!(
@@ -437,6 +440,7 @@ async fn a_completion_that_leaves_nothing_runnable_answers_a_weight_of_zero_unre
         vec![
             ("looks for a runnable tenant", 1),
             ("reads the schedule", 0),
+            ("reads the adoption barrier", 0),
         ],
         "the completion's commands:\n{text}"
     );
