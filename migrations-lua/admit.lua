@@ -186,7 +186,11 @@ local function admit_one(k, a)
   end
   if due then return { 'new', 'scheduled', now, due } end
   local tpos, kpos, klimit, rank = position(tenant, id, ckh)
-  if rank and not HELD[tenant] then HELD[tenant] = redis.call('SCARD', KEYS[k + 3]) end
+  if rank and not HELD[tenant] then
+    -- refresh() counted them when this admission made its tenant runnable (no slot set
+    -- changes in an admission call).
+    HELD[tenant] = SLOTS_OF == tenant and SLOTS_HELD or redis.call('SCARD', KEYS[k + 3])
+  end
   return { 'new', queue_state(tenant, id, 'queued', rank, HELD[tenant]), now, '', tpos or '',
     kpos or '', klimit or '' }
 end

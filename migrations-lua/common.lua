@@ -433,38 +433,67 @@ local function key_offer(t, h)
   return false
 end
 
+-- The shard's eligible weight (K.sched() field `weight`) as the last HINCRBY of it in this
+-- call answered it, or 0 once start_entries() found the runnable set empty (nil: neither
+-- happened in this call), so that eligible_weight() needs no read. Only leave() and refresh()
+-- write the field in a call that answers it (start.lua, complete.lua), and only refresh()
+-- adds a tenant to an empty set (with its HINCRBY).
+local WEIGHT = nil
+
+-- How many slots tenant SLOTS_OF held when refresh() counted them in this call (nil: not
+-- counted). Only admit.lua reads it: an admission changes no slot set, so the count stays
+-- true for the rest of its call (and spares the SCARD of its queue state).
+local SLOTS_OF, SLOTS_HELD = nil, nil
+
 -- Takes tenant t out of the runnable set (its virtual time vt), keeping vt if it is ahead of
--- the shard's clock.
-local function leave(t, vt, weight)
+-- the shard's clock. `clock` (start_entries()) is the clock the caller moves the shard to in
+-- the same step: written here with vt in one HSET, instead of a write and a read back; nil:
+-- the clock as it stands.
+local function leave(t, vt, weight, clock)
   redis.call('ZREM', K.runnable(), t)
-  redis.call('HINCRBY', K.sched(), 'weight', -weight)
-  local clock = tonumber(redis.call('HGET', K.sched(), 'clock')) or 0
-  if vt > clock then
-    redis.call('HSET', K.sched(), 'vt:' .. t, vt)
+  WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', -weight)
+  if clock then
+    if vt > clock then
+      redis.call('HSET', K.sched(), 'clock', clock, 'vt:' .. t, vt)
+      return
+    end
+    redis.call('HSET', K.sched(), 'clock', clock)
   else
-    redis.call('HDEL', K.sched(), 'vt:' .. t)
+    clock = tonumber(redis.call('HGET', K.sched(), 'clock')) or 0
+    if vt > clock then
+      redis.call('HSET', K.sched(), 'vt:' .. t, vt)
+      return
+    end
   end
+  redis.call('HDEL', K.sched(), 'vt:' .. t)
 end
 
 -- Puts tenant t in or out of the runnable set after anything changed its queue, its slots or
 -- its limits: in while its queue is not empty and it has a free slot. Rings the doorbell when
--- it comes in.
-local function refresh(t)
-  local vt = tonumber(redis.call('ZSCORE', K.runnable(), t))
+-- it comes in. A caller that has just read what a read here would tell says so, and the read
+-- is spared: `outside` true, t is not in the runnable set (make_runnable(), release_slot());
+-- `queued` true, t's order is not empty (make_runnable() has just added to it).
+local function refresh(t, outside, queued)
+  local vt = nil
+  if not outside then vt = tonumber(redis.call('ZSCORE', K.runnable(), t)) end
   local eligible, weight = false, nil
-  if redis.call('EXISTS', K.waiting(t)) == 1 then
+  if queued or redis.call('EXISTS', K.waiting(t)) == 1 then
     local max_concurrent, _, _, pinned, w, _, _, _, _, deleting = limits(t)
     weight = w
     -- A tenant being deleted starts nothing more (its queue is being reaped).
-    eligible = not pinned and not deleting and redis.call('SCARD', K.slots(t)) < max_concurrent
-      and tenant_rate_ok(t)
+    if not pinned and not deleting then
+      local held = redis.call('SCARD', K.slots(t))
+      SLOTS_OF, SLOTS_HELD = t, held
+      eligible = held < max_concurrent and tenant_rate_ok(t)
+    end
   end
   if eligible and not vt then
     local sched = redis.call('HMGET', K.sched(), 'clock', 'vt:' .. t)
     local at = math.max(tonumber(sched[1]) or 0, tonumber(sched[2]) or 0)
     redis.call('ZADD', K.runnable(), at, t)
-    redis.call('HDEL', K.sched(), 'vt:' .. t)
-    redis.call('HINCRBY', K.sched(), 'weight', weight)
+    -- Its virtual time, kept while it was out, is spent now (most tenants kept none).
+    if sched[2] then redis.call('HDEL', K.sched(), 'vt:' .. t) end
+    WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', weight)
     ring()
   elseif vt and not eligible then
     leave(t, vt, weight or select(5, limits(t)))
@@ -502,7 +531,8 @@ local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fre
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
   if runnable or redis.call('ZSCORE', K.runnable(), t) then return true end
-  refresh(t)
+  -- Outside the runnable set (just read), and with an order not empty when it joined it.
+  refresh(t, true, not (h and h ~= ''))
   return false
 end
 
@@ -878,7 +908,7 @@ local function release_slot(t, id, h)
     freed = true
   end
   if freed and not redis.call('ZSCORE', K.runnable(), t) then
-    refresh(t)
+    refresh(t, true)
   end
 end
 
@@ -1251,9 +1281,14 @@ end
 -- virtual time of all runnable tenants (the floor a returning tenant comes back at), never
 -- the larger one a filtered pick may have.
 --
+-- `call` (complete.lua's chain; nil: the caller checked already) is the call's number for
+-- barred(): the adoption barrier is read only once a runnable tenant is found, since with
+-- none nothing would start anyway (a worker's completion at a low rate finds none: one GET
+-- less). A barred call starts nothing and returns 0, {} before any write.
+--
 -- Returns more (1 when a tenant can still start something, else 0) and the started runs,
 -- each as run_of() reports it.
-local function start_entries(consumer, count, ttl, cap, now, only)
+local function start_entries(consumer, count, ttl, cap, now, only, call)
   local started = {}
   -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
   local left = nil
@@ -1263,6 +1298,10 @@ local function start_entries(consumer, count, ttl, cap, now, only)
     local top = redis.call('ZRANGE', K.runnable(), 0, 0, 'WITHSCORES')
     left = #top > 0
     if not left then break end
+    if call then
+      if barred(consumer, call) then return 0, started end
+      call = nil
+    end
     local clock_at = tonumber(top[2])
     if only then
       -- The least virtual time among the served tenants that are runnable.
@@ -1306,15 +1345,17 @@ local function start_entries(consumer, count, ttl, cap, now, only)
         redis.call('SADD', K.key_running(tenant, key), id)
         key_offer(tenant, key)
       end
-      redis.call('HSET', K.sched(), 'clock', clock_at)
       redis.call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant, 'vt', vt,
         'w', weight)
       local next_vt = vt + QUANTUM / weight
+      -- The shard's clock moves to clock_at: in the same HSET as the tenant's kept virtual
+      -- time when it leaves the set.
       if redis.call('EXISTS', K.waiting(tenant)) == 1
         and redis.call('SCARD', K.slots(tenant)) < max_concurrent and tenant_rate_ok(tenant) then
         redis.call('ZADD', K.runnable(), next_vt, tenant)
+        redis.call('HSET', K.sched(), 'clock', clock_at)
       else
-        leave(tenant, next_vt, weight)
+        leave(tenant, next_vt, weight, clock_at)
         left = nil
       end
       local attempt = (tonumber(row[3]) or 0) + 1
@@ -1343,6 +1384,8 @@ local function start_entries(consumer, count, ttl, cap, now, only)
   else
     redis.call('DEL', K.bell())
     RUNG = false
+    -- Nothing is runnable: nothing is eligible either (eligible_weight() needs no read).
+    WEIGHT = 0
   end
   return more, started
 end
@@ -1353,6 +1396,8 @@ end
 -- share of the shard should follow, whatever the shard's other tenants wait with.
 local function eligible_weight(only)
   if not only then
+    -- Written in this call already: its HINCRBY answered it.
+    if WEIGHT then return WEIGHT end
     -- (Arithmetic converts the string: no tonumber() call.)
     local weight = redis.call('HGET', K.sched(), 'weight')
     return weight and weight + 0 or 0
@@ -1610,6 +1655,8 @@ local function begin_call()
   NOW = nil
   WOKE = false
   RUNG = false
+  WEIGHT = nil
+  SLOTS_OF, SLOTS_HELD = nil, nil
   if LIMITS_KEPT then
     LIMITS_READ = {}
     LIMITS_KEPT = false

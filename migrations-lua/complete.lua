@@ -172,13 +172,14 @@ for r = 1, n do
   local what, detail = record(rows[r], a)
   if what == 'retrying' then wait = nil end
   local more, started = 0, {}
-  if chain > 0 and what ~= 'stale' and what ~= 'repeat'
-    and not barred(consumer, tonumber(ARGV[a + 10])) then
+  if chain > 0 and what ~= 'stale' and what ~= 'repeat' then
     if not promoted then
       wait, promoted = promote_due(now, 100), true
     end
     caps = caps or dlq_caps(ARGV[6], ARGV[7])
-    more, started = start_entries(consumer, chain, ttl, caps, now)
+    -- The adoption barrier is checked by start_entries() once it finds something to start.
+    more, started = start_entries(consumer, chain, ttl, caps, now, nil,
+      tonumber(ARGV[a + 10]))
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end
   end

@@ -9,6 +9,7 @@ mod batch_memory;
 mod chaining;
 mod citations;
 mod cluster;
+mod commands;
 mod config;
 mod connections;
 mod console;

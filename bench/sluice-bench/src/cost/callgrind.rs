@@ -17,6 +17,7 @@
 //! Long on purpose: the callgrind handle (start, zero, dump, shutdown) and the two sides' runs
 //! that use it; the unit tests close the file.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,9 @@ use serde::Serialize;
 use tokio::process::Command;
 
 use super::rounds::{BULLMQ, SLUICE};
-use super::{CostReport, Ctx, command_calls, connect, info, peer, split_calls, wait_completed};
+use super::{
+    CostReport, Ctx, calls_by_name, command_calls, connect, info, peer, split_calls, wait_completed,
+};
 use crate::direct::Direct;
 use crate::harness::{sluice_cmd, store_config};
 use crate::load::{self, Workload};
@@ -267,6 +270,13 @@ pub struct E2eInstructions {
     pub ir_per_execution: f64,
     pub script_calls_per_execution: f64,
     pub commands_per_execution: f64,
+    /// Of those, what the idle rate adds at this run's rate: the commands of the idle window
+    /// per second (orphan scans, safety polls: what runs whatever the load) times the
+    /// window's length, per execution. Unlike the instructions, the command counts keep it.
+    pub idle_commands_per_execution: f64,
+    /// Calls per execution by command name (script calls and the commands they ran, as
+    /// `INFO commandstats` names them), largest first.
+    pub commands_by_name: Vec<(String, f64)>,
     /// Where the instructions went (`callgrind_annotate`, self cost).
     pub top_functions: Vec<String>,
 }
@@ -358,7 +368,9 @@ async fn sluice_e2e(ctx: &Ctx<'_>, vg: &Valgrind) -> anyhow::Result<E2eInstructi
         "[cost] callgrind, {SLUICE}: idle for {} s",
         args.cost_idle_secs
     );
+    direct.reset_stats().await?;
     let idle = cg.idle_rate(args.cost_idle_secs as f64).await?;
+    let idle_calls = direct.command_calls().await?;
     direct.reset_stats().await?;
     let w = workload(ctx, addr);
     let limit = Duration::from_secs(args.cost_drain_secs);
@@ -395,8 +407,8 @@ async fn sluice_e2e(ctx: &Ctx<'_>, vg: &Valgrind) -> anyhow::Result<E2eInstructi
         &r.outcomes,
         completed,
         &win,
-        idle,
-        split_calls(&calls, own),
+        (idle, idle_commands_per_sec(&idle_calls, args)),
+        (&calls, own),
         void,
         top,
     ))
@@ -418,7 +430,12 @@ async fn bullmq_e2e(ctx: &Ctx<'_>, vg: &Valgrind) -> anyhow::Result<E2eInstructi
         "[cost] callgrind, {BULLMQ}: idle for {} s",
         args.cost_idle_secs
     );
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await?;
     let idle = cg.idle_rate(args.cost_idle_secs as f64).await?;
+    let idle_calls = command_calls(&info(&mut conn, "commandstats").await?);
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(&mut conn)
@@ -455,8 +472,8 @@ async fn bullmq_e2e(ctx: &Ctx<'_>, vg: &Valgrind) -> anyhow::Result<E2eInstructi
         &r.outcomes,
         completed,
         &win,
-        idle,
-        split_calls(&calls, 0),
+        (idle, idle_commands_per_sec(&idle_calls, args)),
+        (&calls, 0),
         None,
         top,
     ))
@@ -474,18 +491,26 @@ fn slow_args(serve: bool) -> Vec<String> {
     v
 }
 
+/// The commands (script calls left out) per second of an idle window's `INFO commandstats`.
+fn idle_commands_per_sec(calls: &BTreeMap<String, u64>, args: &crate::Args) -> f64 {
+    split_calls(calls, 0).1 as f64 / (args.cost_idle_secs as f64).max(1.0)
+}
+
+/// One side's record. `idle` is the idle window's instructions and commands per second;
+/// `calls` the run's `INFO commandstats` and the benchmark's own `HGET`s in it.
 #[allow(clippy::too_many_arguments)]
 fn side(
     system: &str,
     o: &load::Outcomes,
     completed: u64,
     win: &Window,
-    idle_per_sec: f64,
-    (scripts, commands): (u64, u64),
+    (idle_per_sec, idle_commands_per_sec): (f64, f64),
+    (calls, own_hgets): (&BTreeMap<String, u64>, u64),
     void: Option<String>,
     top_functions: Vec<String>,
 ) -> E2eInstructions {
     let n = completed.max(1) as f64;
+    let (scripts, commands) = split_calls(calls, own_hgets);
     let net = win.ir as f64 - idle_per_sec * win.secs;
     let void = if o.errors > 0 {
         Some(format!(
@@ -509,6 +534,8 @@ fn side(
         ir_per_execution: (net / n).round(),
         script_calls_per_execution: (scripts as f64 / n * 100.0).round() / 100.0,
         commands_per_execution: (commands as f64 / n * 100.0).round() / 100.0,
+        idle_commands_per_execution: (idle_commands_per_sec * win.secs / n * 100.0).round() / 100.0,
+        commands_by_name: calls_by_name(calls, own_hgets, n),
         top_functions,
     }
 }

@@ -210,6 +210,31 @@ pub(crate) fn split_calls(calls: &BTreeMap<String, u64>, own_hgets: u64) -> (u64
     (scripts, commands)
 }
 
+/// Calls per command name in `calls` (script calls under their own names, `fcall` or
+/// `evalsha`, beside the commands they ran), divided by `n`, largest first: what
+/// `split_calls` sums, by name, with the same things left out.
+pub(crate) fn calls_by_name(
+    calls: &BTreeMap<String, u64>,
+    own_hgets: u64,
+    n: f64,
+) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = calls
+        .iter()
+        .filter(|(name, _)| *name != "info" && !name.starts_with("config"))
+        .map(|(name, &c)| {
+            let c = if name == "hget" {
+                c.saturating_sub(own_hgets)
+            } else {
+                c
+            };
+            (name.clone(), c as f64 / n.max(1.0))
+        })
+        .filter(|(_, per)| *per > 0.0)
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
 /// `INFO <section>` of one connection.
 pub(crate) async fn info(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -248,5 +273,16 @@ mod tests {
         assert_eq!(calls["config|resetstat"], 1);
         // 18 of the HGETs were the benchmark's polls.
         assert_eq!(split_calls(&calls, 18), (12, 40 - 18 + 7));
+        // By name, per execution (10 of them), largest first, the same left out.
+        let by_name = calls_by_name(&calls, 18, 10.0);
+        assert_eq!(
+            by_name,
+            vec![
+                ("hget".to_owned(), 2.2),
+                ("evalsha".to_owned(), 1.0),
+                ("zadd".to_owned(), 0.7),
+                ("fcall".to_owned(), 0.2),
+            ]
+        );
     }
 }

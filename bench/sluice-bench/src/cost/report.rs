@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::Ctx;
 use super::bytes::BytesPoint;
-use super::callgrind::Instructions;
+use super::callgrind::{E2eInstructions, Instructions};
 use super::overhead::Overhead;
 use super::rounds::{BULLMQ, CpuRounds, SLUICE};
 use crate::report::{Check, PeerVersions, write_checks};
@@ -485,6 +485,53 @@ impl CostReport {
                 let _ = writeln!(o, "           {f}");
             }
         }
+        Self::human_commands_by_name(o, &i.sides);
+    }
+
+    /// The end-to-end run's commands per execution by name, the sides side by side (script
+    /// calls under their own names beside the commands they ran).
+    fn human_commands_by_name(o: &mut String, sides: &[E2eInstructions]) {
+        if sides.is_empty() {
+            return;
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for s in sides {
+            for (name, _) in &s.commands_by_name {
+                if !names.contains(&name.as_str()) {
+                    names.push(name);
+                }
+            }
+        }
+        let _ = write!(
+            o,
+            "  commands per execution by name:\n    {:<18}",
+            "command"
+        );
+        for s in sides {
+            let _ = write!(o, " {:>10}", s.system);
+        }
+        let _ = writeln!(o);
+        for name in names {
+            let _ = write!(o, "    {name:<18}");
+            for s in sides {
+                let per = s
+                    .commands_by_name
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or(0.0, |(_, v)| *v);
+                let _ = write!(o, " {per:>10.2}");
+            }
+            let _ = writeln!(o);
+        }
+        let _ = write!(o, "    {:<18}", "(idle share)");
+        for s in sides {
+            let _ = write!(o, " {:>10.2}", s.idle_commands_per_execution);
+        }
+        let _ = writeln!(
+            o,
+            "\n    (the idle share: the idle window's commands per second times the run's length, \
+             per execution; counted in the commands above, taken out of the instructions)"
+        );
     }
 
     fn human_overhead(&self, o: &mut String) {
@@ -529,7 +576,6 @@ fn round2(v: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::callgrind::E2eInstructions;
 
     fn blank() -> CostReport {
         CostReport {
@@ -574,8 +620,38 @@ mod tests {
             ir_per_execution: ir,
             script_calls_per_execution: 0.0,
             commands_per_execution: 0.0,
+            idle_commands_per_execution: 0.0,
+            commands_by_name: Vec::new(),
             top_functions: Vec::new(),
         }
+    }
+
+    #[test]
+    fn commands_by_name_stand_side_by_side() {
+        let mut a = side(SLUICE, 1.0, 10);
+        a.commands_by_name = vec![("fcall".into(), 3.0), ("zadd".into(), 5.5)];
+        a.idle_commands_per_execution = 1.5;
+        let mut b = side(BULLMQ, 1.0, 10);
+        b.commands_by_name = vec![("evalsha".into(), 5.0), ("zadd".into(), 2.0)];
+        let mut o = String::new();
+        CostReport::human_commands_by_name(&mut o, &[a, b]);
+        let lines: Vec<&str> = o.lines().map(str::trim_end).collect();
+        assert!(
+            lines.contains(&"    fcall                    3.00       0.00"),
+            "{o}"
+        );
+        assert!(
+            lines.contains(&"    zadd                     5.50       2.00"),
+            "{o}"
+        );
+        assert!(
+            lines.contains(&"    evalsha                  0.00       5.00"),
+            "{o}"
+        );
+        assert!(
+            lines.contains(&"    (idle share)             1.50       0.00"),
+            "{o}"
+        );
     }
 
     fn verdict_of(r: &CostReport) -> Verdict {

@@ -1,0 +1,456 @@
+//! What an execution's script calls ask Redis, command by command (issue 39: Redis work per
+//! execution). Each call reads what it does not know yet once: a fact a call has just read
+//! or written (its tenant is outside the runnable set, its order is not empty, how many slots
+//! it holds, the shard's clock and eligible weight) is not asked for again in the same call.
+//! The commands come from `MONITOR` on every master (its `lua` lines follow the `fcall` that
+//! ran them), so each test sees exactly what one operation's call ran.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+use crate::helpers::TestApp;
+
+/// The marker that ends a recording (an `ECHO` on every master).
+const END: &str = "sluice-commands-end";
+
+/// `MONITOR` on every master, from `start` until `finish`.
+struct Recording {
+    readers: Vec<JoinHandle<Vec<String>>>,
+}
+
+impl Recording {
+    /// Starts recording; returns once every master has acknowledged `MONITOR`.
+    async fn start(app: &TestApp) -> Self {
+        let mut readers = Vec::new();
+        for i in 0..app.redis.masters() {
+            let mut stream = TcpStream::connect(app.redis.node_address(i)).await.unwrap();
+            stream.write_all(b"MONITOR\r\n").await.unwrap();
+            let mut lines = BufReader::new(stream).lines();
+            let ok = lines.next_line().await.unwrap().unwrap();
+            assert_eq!(ok, "+OK");
+            readers.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                // Bounded: the marker comes within seconds, and no test records 100 000 lines.
+                while out.len() < 100_000 {
+                    let Ok(Ok(Some(line))) =
+                        tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await
+                    else {
+                        panic!("MONITOR ended without the end marker");
+                    };
+                    if line.contains(END) {
+                        break;
+                    }
+                    out.push(line);
+                }
+                out
+            }));
+        }
+        Recording { readers }
+    }
+
+    /// Ends the recording: every call each master ran meanwhile, as (operation, commands).
+    async fn finish(self, app: &TestApp) -> Vec<(String, Vec<Vec<String>>)> {
+        for i in 0..app.redis.masters() {
+            let mut c = app.redis.node_conn(i).await;
+            let _: String = redis::cmd("ECHO")
+                .arg(END)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+        let mut calls = Vec::new();
+        for r in self.readers {
+            calls.extend(script_calls(&r.await.unwrap()));
+        }
+        calls
+    }
+}
+
+/// A `MONITOR` line's client (`lua` for a command a script ran) and arguments.
+fn parse(line: &str) -> Option<(String, Vec<String>)> {
+    let (_, rest) = line.split_once(" [")?;
+    let (client, mut rest) = rest.split_once("] ")?;
+    let client = client.split_once(' ').map_or(client, |(_, c)| c).to_owned();
+    let mut args = Vec::new();
+    while let Some(start) = rest.find('"') {
+        let mut arg = String::new();
+        let mut chars = rest[start + 1..].char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, e)) = chars.next() {
+                        arg.push(e);
+                    }
+                }
+                '"' => {
+                    end = Some(start + 1 + i + 1);
+                    break;
+                }
+                c => arg.push(c),
+            }
+        }
+        args.push(arg);
+        rest = &rest[end?..];
+    }
+    Some((client, args))
+}
+
+/// The script calls of one master's lines, in order: each `fcall`'s operation (the library
+/// function's name without its library prefix) and the commands it ran (lower-case names).
+fn script_calls(lines: &[String]) -> Vec<(String, Vec<Vec<String>>)> {
+    let mut calls: Vec<(String, Vec<Vec<String>>)> = Vec::new();
+    let mut open = false;
+    for line in lines {
+        let Some((client, mut args)) = parse(line) else {
+            continue;
+        };
+        if args.is_empty() {
+            continue;
+        }
+        args[0] = args[0].to_lowercase();
+        if client == "lua" {
+            if open {
+                calls.last_mut().unwrap().1.push(args);
+            }
+        } else if args[0].starts_with("fcall") && args.len() > 1 {
+            let op = args[1].rsplit('_').next().unwrap().to_owned();
+            calls.push((op, Vec::new()));
+            open = true;
+        } else {
+            open = false;
+        }
+    }
+    calls
+}
+
+/// The commands of the one call of `op` in `calls`.
+fn one_call<'a>(calls: &'a [(String, Vec<Vec<String>>)], op: &str) -> &'a [Vec<String>] {
+    let found: Vec<_> = calls.iter().filter(|(o, _)| o == op).collect();
+    assert_eq!(found.len(), 1, "calls of {op}: {calls:?}");
+    &found[0].1
+}
+
+/// How many of `commands` are `name` on a key ending in `key_suffix`.
+fn count(commands: &[Vec<String>], name: &str, key_suffix: &str) -> usize {
+    commands
+        .iter()
+        .filter(|c| c[0] == name && c.get(1).is_some_and(|k| k.ends_with(key_suffix)))
+        .count()
+}
+
+/// `(what, how many)` of each `(what, name, key suffix)` in `commands`: one assertion compares
+/// them all, so a failure shows every count that moved.
+fn counts(
+    commands: &[Vec<String>],
+    wanted: &[(&'static str, &str, &str)],
+) -> Vec<(&'static str, usize)> {
+    wanted
+        .iter()
+        .map(|&(what, name, suffix)| (what, count(commands, name, suffix)))
+        .collect()
+}
+
+/// The commands as text, one per line, for a failure's message.
+fn listing(commands: &[Vec<String>]) -> String {
+    commands
+        .iter()
+        .map(|c| c.join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Leases up to `max` runs of `tenant` through the pull API (worker `ops`): (id, fence).
+async fn lease(app: &TestApp, tenant: &str, max: usize) -> Vec<(String, u64)> {
+    let res = app
+        .as_tenant(Method::POST, "/api/worker/lease", tenant)
+        .json(&json!({"worker_id": "ops", "max": max, "tenants": [tenant], "lease": "60s"}))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    let answer: Value = res.json().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    answer["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["execution_id"].as_str().unwrap().to_owned(),
+                r["fence"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Reports run `(id, fence)` of worker `ops` completed.
+async fn complete(app: &TestApp, tenant: &str, run: &(String, u64)) {
+    let res = app
+        .as_tenant(
+            Method::POST,
+            &format!("/api/worker/runs/{}/complete", run.0),
+            tenant,
+        )
+        .json(&json!({"worker_id": "ops", "fence": run.1, "outcome": "completed", "output": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "{}",
+        res.text().await.unwrap()
+    );
+}
+
+#[tokio::test]
+async fn an_admission_that_makes_its_tenant_runnable_asks_each_thing_once() {
+    let app = TestApp::spawn().await;
+    let rec = Recording::start(&app).await;
+    let res = app
+        .post_execution(
+            "acme",
+            &json!({"flow_id": "demo.echo", "params": {}, "dedup_key": "k-1"}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let answer: Value = res.json().await.unwrap();
+    let calls = rec.finish(&app).await;
+    let admit = one_call(&calls, "admit");
+    let text = listing(admit);
+    // It put the tenant in the runnable set: whether it was there is read once, its order is
+    // known not to be empty (the admission has just joined it), and the slots it holds are
+    // counted once, for its eligibility and its queue state both.
+    let got = counts(
+        admit,
+        &[
+            ("joins the runnable set", "zadd", ":runnable"),
+            ("reads whether it is in it", "zscore", ":runnable"),
+            (
+                "asks whether its order is empty",
+                "exists",
+                ":t:acme:waiting",
+            ),
+            ("counts its slots", "scard", ":t:acme:slots"),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ("joins the runnable set", 1),
+            ("reads whether it is in it", 1),
+            ("asks whether its order is empty", 0),
+            ("counts its slots", 1),
+        ],
+        "the admission's commands:\n{text}"
+    );
+    // And its answer (from the slot count it took once) still says where it stands: ready,
+    // first of its tenant.
+    assert_eq!(answer["queue_state"], "ready", "{answer}");
+    assert_eq!(answer["queue_position"]["tenant"], 0, "{answer}");
+}
+
+#[tokio::test]
+async fn a_start_that_empties_its_tenant_writes_the_schedule_once() {
+    let app = TestApp::spawn().await;
+    let id = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "params": {}}))
+        .await;
+    let rec = Recording::start(&app).await;
+    let runs = lease(&app, "acme", 1).await;
+    let calls = rec.finish(&app).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].0, id);
+    let start = one_call(&calls, "start");
+    let text = listing(start);
+    // The tenant leaves the runnable set with nothing left: the shard's clock and the
+    // tenant's virtual time go in one write, and the clock is not read back.
+    let got = counts(
+        start,
+        &[
+            ("leaves the runnable set", "zrem", ":runnable"),
+            ("reads the schedule", "hget", ":sched"),
+            ("writes the schedule", "hset", ":sched"),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ("leaves the runnable set", 1),
+            ("reads the schedule", 0),
+            ("writes the schedule", 1),
+        ],
+        "the start's commands:\n{text}"
+    );
+    let writes: Vec<_> = start
+        .iter()
+        .filter(|c| c[0] == "hset" && c[1].ends_with(":sched"))
+        .collect();
+    assert!(
+        writes[0].contains(&"clock".to_owned()) && writes[0].contains(&"vt:acme".to_owned()),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_completion_that_frees_a_slot_asks_each_thing_once() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    let first = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 1}}))
+        .await;
+    let second = app
+        .admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 2}}))
+        .await;
+    let runs = lease(&app, "acme", 2).await;
+    assert_eq!(runs.len(), 1, "max_concurrent 1 starts one");
+    assert_eq!(runs[0].0, first);
+    let rec = Recording::start(&app).await;
+    complete(&app, "acme", &runs[0]).await;
+    let calls = rec.finish(&app).await;
+    let done = one_call(&calls, "complete");
+    let text = listing(done);
+    // The freed slot makes the waiting tenant runnable again: whether it was runnable is read
+    // once, and the eligible weight the call answers is the one its own write returned.
+    let got = counts(
+        done,
+        &[
+            ("joins the runnable set", "zadd", ":runnable"),
+            ("reads whether it is in it", "zscore", ":runnable"),
+            ("adds to the eligible weight", "hincrby", ":sched"),
+            ("reads the schedule", "hget", ":sched"),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ("joins the runnable set", 1),
+            ("reads whether it is in it", 1),
+            ("adds to the eligible weight", 1),
+            ("reads the schedule", 0),
+        ],
+        "the completion's commands:\n{text}"
+    );
+    // The second one starts next.
+    let next = lease(&app, "acme", 1).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].0, second);
+}
+
+#[tokio::test]
+async fn the_eligible_weight_a_call_answers_is_the_shards() {
+    // A start and a completion answer the shard's eligible weight (the worker shares its
+    // slots between shards by it) from their own write of it, not from a read: it must be
+    // what a read after the call finds.
+    use sluice::store::Outcome;
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_concurrent": 1, "weight": 5}))
+        .await;
+    let shard = app.shard("acme");
+    for n in 0..2 {
+        app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": n}}))
+            .await;
+    }
+    let store = app.store().await;
+    let weight_on_redis = || async {
+        let w: Option<u64> = app
+            .redis
+            .query(
+                redis::cmd("HGET")
+                    .arg(format!("{}sched", shard.prefix()))
+                    .arg("weight"),
+            )
+            .await;
+        w.unwrap_or(0)
+    };
+    let ttl = Duration::from_secs(60);
+    // The start takes its one slot: the tenant leaves the runnable set, its weight with it.
+    let batch = store.start(shard, "w", 4, ttl, 0).await.unwrap();
+    assert_eq!(batch.started.len(), 1);
+    assert_eq!((batch.weight, weight_on_redis().await), (0, 0));
+    // The completion frees it: the tenant, with its second execution, is back.
+    let run = &batch.started[0];
+    let (_, chained) = store
+        .complete_and_start(
+            shard,
+            &run.id,
+            run.fence,
+            "w",
+            &Outcome::Completed(json!({})),
+            0,
+            ttl,
+            0,
+        )
+        .await
+        .unwrap();
+    assert_eq!((chained.weight, weight_on_redis().await), (5, 5));
+}
+
+#[tokio::test]
+async fn a_completion_that_leaves_nothing_runnable_answers_a_weight_of_zero_unread() {
+    // A completion that looks for the next run on its slot (a busy worker's) and finds no
+    // runnable tenant knows the shard's eligible weight is 0: it answers that without a read,
+    // and a read after the call agrees. Nor does it read its worker's adoption barrier (which
+    // only bars starts: there is nothing to start).
+    use sluice::store::Outcome;
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {}}))
+        .await;
+    let store = app.store().await;
+    let ttl = Duration::from_secs(60);
+    let batch = store.start(shard, "w", 4, ttl, 0).await.unwrap();
+    assert_eq!(batch.started.len(), 1);
+    let run = &batch.started[0];
+    let rec = Recording::start(&app).await;
+    let (_, chained) = store
+        .complete_and_start(
+            shard,
+            &run.id,
+            run.fence,
+            "w",
+            &Outcome::Completed(json!({})),
+            1,
+            ttl,
+            // A numbered call, as `sluice worker` makes them (0 would skip the barrier).
+            1,
+        )
+        .await
+        .unwrap();
+    let calls = rec.finish(&app).await;
+    let done = one_call(&calls, "complete");
+    let text = listing(done);
+    assert!(chained.started.is_empty() && !chained.more);
+    let got = counts(
+        done,
+        &[
+            ("looks for a runnable tenant", "zrange", ":runnable"),
+            ("reads the schedule", "hget", ":sched"),
+            ("reads the adoption barrier", "get", ":adopted:w"),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ("looks for a runnable tenant", 1),
+            ("reads the schedule", 0),
+            ("reads the adoption barrier", 0),
+        ],
+        "the completion's commands:\n{text}"
+    );
+    let on_redis: Option<u64> = app
+        .redis
+        .query(
+            redis::cmd("HGET")
+                .arg(format!("{}sched", shard.prefix()))
+                .arg("weight"),
+        )
+        .await;
+    assert_eq!((chained.weight, on_redis.unwrap_or(0)), (0, 0));
+}
