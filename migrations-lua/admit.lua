@@ -55,7 +55,11 @@
 --                       when not scheduled; when runnable, its position (position() in
 --                       common.lua; '' where none); the caller knows the rest of the row
 --   {'dup', id}         the dedup key maps to execution id, admitted with the same request;
---                       nothing written. The caller reads the execution itself (one pipeline
+--                       nothing written; alone in its call, the whole reply is the string
+--                       'dup:<id>' instead (Redis turns each Lua table of a reply into its
+--                       answer at a cost of thousands of instructions, a string at a fraction:
+--                       `short_reply` in src/store/commit.rs reads it back as {'dup', id}).
+--                       The caller reads the execution itself (one pipeline
 --                       of plain commands, as GET does: `Store::replayed` in
 --                       src/store/admit.rs): a reply element costs Redis about a thousand
 --                       instructions when Lua builds it, and the whole row was ~34 of them,
@@ -245,4 +249,6 @@ end
 -- in one write per key.
 flush_trends()
 flush_usage()
+-- A replay alone in its call answers one string, 'dup:<id>' (see Reply).
+if n == 1 and replies[1][1] == 'dup' then return 'dup:' .. replies[1][2] end
 return replies

@@ -60,8 +60,10 @@
 -- weight}; the last four as start.lua's (more 0 and started {} when nothing was asked for, or
 -- when the report was stale or a repeat: then nothing starts); next_due and weight are the
 -- same in every entry: the shard's after the whole call. Except: a call of one report that
--- changes nothing (a repeat, or a run of another tenant than ARGV[+11] names) answers
--- {{'repeat'}} or {{'stale'}} alone, with no time, due time or weight (see "Per call").
+-- changes nothing (a repeat, or a run of another tenant than ARGV[+11] names) answers the
+-- string 'repeat' or 'stale' alone, with no time, due time or weight (see "Per call"; a
+-- string costs Redis a fraction of a table: `short_reply` in src/store/commit.rs reads it
+-- back as {what}).
 -- Nothing of those is needed then: the worker learns the shard's due time and weight from
 -- its next start, and sets the timer of a retry it reported itself (src/worker/launch.rs).
 -- what, detail:
@@ -184,7 +186,7 @@ local first = nil
 if n == 1 then
   first = redis.call('HMGET', declared(8, K.row(ARGV[9])), unpack(REPORT_FIELDS))
   local what = quiet(first, 9)
-  if what then return { { what } } end
+  if what then return what end
 end
 
 -- (The hot path: the shard's keys through the guard's memory, see declared_shard().)
