@@ -54,8 +54,8 @@ const REPLAY_TRIES: u32 = 4;
 
 /// What `answer` made of an `admit.lua` reply.
 enum Answered {
-    /// The admission's outcome.
-    Done(Admission),
+    /// The admission's outcome (boxed: the other two are empty).
+    Done(Box<Admission>),
     /// The tenant is pinned to another shard since this process last read the pins: nothing
     /// written; send it there.
     Moved,
@@ -155,7 +155,7 @@ impl Store {
                 .answer(shard, tenant, &id, req, reply, forecast_by)
                 .await?
             {
-                Answered::Done(admission) => return Ok(admission),
+                Answered::Done(admission) => return Ok(*admission),
                 Answered::Moved if moves == 0 => {
                     moves += 1;
                     self.refresh_pins().await?;
@@ -246,7 +246,7 @@ impl Store {
                 None => Err(StoreError::Corrupt(format!("admit replied {other}"))),
             },
         };
-        admission.map(Answered::Done)
+        admission.map(|a| Answered::Done(Box::new(a)))
     }
 
     /// The forecast of `e` (see `forecast`), if it can be read by `until`: an admission's
@@ -352,7 +352,7 @@ impl Store {
                             .answer(shard, tenant, &ids[i], &reqs[i], reply, forecast_by)
                             .await
                         {
-                            Ok(Answered::Done(a)) => Some(Ok(a)),
+                            Ok(Answered::Done(a)) => Some(Ok(*a)),
                             Ok(Answered::Moved) => {
                                 moved.push(i);
                                 None
