@@ -53,7 +53,18 @@
 --                       'waiting' (see queue_state() in common.lua), due time in ms or ''
 --                       when not scheduled; when runnable, its position (position() in
 --                       common.lua; '' where none); the caller knows the rest of the row
---   {'dup', id, row}    the dedup key maps to live execution id, admitted with the same request
+--   {'dup', id}         the dedup key maps to execution id, admitted with the same request;
+--                       nothing written; alone in its call, the whole reply is the string
+--                       'dup:<id>' instead (Redis turns each Lua table of a reply into its
+--                       answer at a cost of thousands of instructions, a string at a fraction:
+--                       `short_reply` in src/store/commit.rs reads it back as {'dup', id}).
+--                       The caller reads the execution itself (one pipeline
+--                       of plain commands, as GET does: `Store::replayed` in
+--                       src/store/admit.rs): a reply element costs Redis about a thousand
+--                       instructions when Lua builds it, and the whole row was ~34 of them,
+--                       most of a replay's cost (bench/README.md, "Per-call overhead, round
+--                       two"). The row may change or go between the two; the caller answers
+--                       what it reads, and admits again (bounded) when the row is gone.
 --   {'conflict', id}    the dedup key maps to id, admitted with a different request
 --   {'void'}            this id was declared abandoned (abandon.lua ran first); nothing written
 --   {'disabled'}        the tenant is disabled; nothing written
@@ -107,7 +118,7 @@ local function admit_one(k, a)
     holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 8], dedup_hash)
     if holder then
       if holder_fp ~= fingerprint then return { 'conflict', holder } end
-      return { 'dup', holder, view(holder) }
+      return { 'dup', holder }
     end
   end
 
@@ -242,4 +253,6 @@ end
 -- in one write per key.
 flush_trends()
 flush_usage()
+-- A replay alone in its call answers one string, 'dup:<id>' (see Reply).
+if n == 1 and replies[1][1] == 'dup' then return 'dup:' .. replies[1][2] end
 return replies

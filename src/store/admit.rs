@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::call::{script_call, script_group};
 use super::commit::{Item, Outcome, Sender};
-use super::row::{execution_from, first, from_fields, split_tag, string_at};
+use super::row::{first, from_fields, split_tag, string_at};
 use super::storage::{self, Refused};
 use super::ticket::Ticket;
 use super::{Shard, StorageFull, Store, StoreError};
@@ -44,6 +44,24 @@ fn not_sent(ticket: &Ticket) -> StoreError {
 const SETTLE_TRIES: u32 = 8;
 const SETTLE_PAUSE: Duration = Duration::from_millis(25);
 const SETTLE_TRY_MIN: Duration = Duration::from_millis(50);
+
+/// Most times one admission is decided when each time its dedup key names an execution that
+/// is gone before it is read (force-deleted or expired between `admit.lua` and the read). A
+/// replay writes nothing, so deciding again is safe; a key whose executions keep going this
+/// fast answers 503 rather than loop.
+const REPLAY_TRIES: u32 = 4;
+
+/// What `answer` made of an `admit.lua` reply.
+enum Answered {
+    /// The admission's outcome (boxed: the other two are empty).
+    Done(Box<Admission>),
+    /// The tenant is pinned to another shard since this process last read the pins: nothing
+    /// written; send it there.
+    Moved,
+    /// A replay whose execution was gone when it was read: nothing written, and the dedup key
+    /// may be free now; decide it again.
+    Gone,
+}
 
 /// How long the marker of an abandoned admission lives: far longer than a call can stay in
 /// flight (a Redis stalled for a day has bigger problems).
@@ -107,8 +125,10 @@ impl Store {
         ticket: &Arc<Ticket>,
     ) -> Result<Admission, StoreError> {
         let id = ExecutionId::new();
-        // Twice at most: a tenant pinned since this process last read the pins is sent on.
-        for _ in 0..2 {
+        // A tenant pinned since this process last read the pins is sent on (once at most); a
+        // replay whose execution went before it was read is admitted again (see `Answered`).
+        let (mut moves, mut gone) = (0, 0);
+        loop {
             let shard = self.shard_of(tenant);
             let item = admission_item(shard, tenant, &id, req);
             let sender = Sender {
@@ -130,27 +150,43 @@ impl Store {
                 .deadline()
                 .checked_sub(FORECAST_MARGIN)
                 .unwrap_or(ticket.deadline());
-            match self.answer(tenant, &id, req, reply, forecast_by).await? {
-                Some(admission) => return Ok(admission),
-                None => self.refresh_pins().await?,
+            match self
+                .answer(shard, tenant, &id, req, reply, forecast_by)
+                .await?
+            {
+                Answered::Done(admission) => return Ok(*admission),
+                Answered::Moved if moves == 0 => {
+                    moves += 1;
+                    self.refresh_pins().await?;
+                }
+                Answered::Moved => {
+                    return Err(StoreError::Corrupt(format!(
+                        "tenant {tenant} was sent on twice"
+                    )));
+                }
+                Answered::Gone if gone + 1 < REPLAY_TRIES => gone += 1,
+                Answered::Gone => {
+                    return Err(StoreError::Unavailable(format!(
+                        "the execution its dedup key named went away before it could be \
+                         read, {REPLAY_TRIES} times (nothing was admitted)"
+                    )));
+                }
             }
         }
-        Err(StoreError::Corrupt(format!(
-            "tenant {tenant} was sent on twice"
-        )))
     }
 
-    /// What `admit.lua` answered for the admission of `req` as `id`: the admission, or `None`
-    /// when its tenant was pinned to another shard since this process last read the pins. A
-    /// waiting execution's forecast is added if it can be read by `forecast_by`.
+    /// What `admit.lua` answered for the admission of `req` as `id` in `shard` (see
+    /// `Answered`). A replay's execution is read here (`view_in`, as GET reads it). A waiting
+    /// execution's forecast is added if it can be read by `forecast_by`.
     async fn answer(
         &self,
+        shard: Shard,
         tenant: &TenantId,
         id: &ExecutionId,
         req: &AdmitRequest,
         reply: Vec<Value>,
         forecast_by: Instant,
-    ) -> Result<Option<Admission>, StoreError> {
+    ) -> Result<Answered, StoreError> {
         let (tag, rest) = split_tag(reply)?;
         let admission = match tag.as_str() {
             "new" => {
@@ -177,7 +213,16 @@ impl Store {
                 Ok(Admission::Created(e))
             }
             "dup" => {
-                let mut e = execution_from(rest, true)?;
+                // The script wrote nothing and named the execution; its row is read now, with
+                // plain commands. Between the two it may have changed (answered as it is now,
+                // as a GET just after would) or gone (force-deleted, expired): the key may be
+                // free, and the admission is decided again.
+                let existing = ExecutionId::parse(&string_at(&rest, 0)?)
+                    .map_err(|e| StoreError::Corrupt(format!("admit: dup reply: {}", e.detail)))?;
+                let Some(mut e) = self.view_in(shard, tenant, &existing, true).await? else {
+                    tracing::debug!(%existing, "replayed execution went before it was read");
+                    return Ok(Answered::Gone);
+                };
                 self.forecast_by(&mut e, forecast_by).await;
                 Ok(Admission::Replayed(e))
             }
@@ -191,7 +236,7 @@ impl Store {
             "full" => Ok(Admission::QueueFull {
                 waiting: redis::from_redis_value(first(&rest)?.clone())?,
             }),
-            "moved" => return Ok(None),
+            "moved" => return Ok(Answered::Moved),
             other => match storage::refused(other, &rest)? {
                 Some(Refused::TooLarge { size, max_bytes }) => {
                     Ok(Admission::TooLarge { size, max_bytes })
@@ -200,7 +245,7 @@ impl Store {
                 None => Err(StoreError::Corrupt(format!("admit replied {other}"))),
             },
         };
-        admission.map(Some)
+        admission.map(|a| Answered::Done(Box::new(a)))
     }
 
     /// The forecast of `e` (see `forecast`), if it can be read by `until`: an admission's
@@ -256,6 +301,8 @@ impl Store {
         let mut out: Vec<Option<Result<Admission, StoreError>>> =
             reqs.iter().map(|_| None).collect();
         let mut moved = Vec::new();
+        // Replays whose execution went before it was read: admitted again, alone.
+        let mut again = Vec::new();
         let most = self.commits.group_max.min(super::commit::BATCH_CALL_ITEMS);
         let op_timeout = self.config.op_timeout;
         let forecast_by = ticket
@@ -301,12 +348,16 @@ impl Store {
                 out[i] = match outcome {
                     Outcome::Reply(reply) => {
                         match self
-                            .answer(tenant, &ids[i], &reqs[i], reply, forecast_by)
+                            .answer(shard, tenant, &ids[i], &reqs[i], reply, forecast_by)
                             .await
                         {
-                            Ok(Some(a)) => Some(Ok(a)),
-                            Ok(None) => {
+                            Ok(Answered::Done(a)) => Some(Ok(*a)),
+                            Ok(Answered::Moved) => {
                                 moved.push(i);
+                                None
+                            }
+                            Ok(Answered::Gone) => {
+                                again.push(i);
                                 None
                             }
                             Err(e) => Some(Err(e)),
@@ -345,6 +396,9 @@ impl Store {
                 }
                 break;
             }
+        }
+        for i in again {
+            out[i] = Some(self.admit_in_time(tenant, &reqs[i], ticket).await);
         }
         // A tenant pinned elsewhere meanwhile: what the old shard sent on, alone, in order.
         if !moved.is_empty() {

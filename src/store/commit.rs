@@ -354,7 +354,16 @@ impl GroupCommit {
         let all = |f: &dyn Fn() -> Outcome| items.iter().map(|_| f()).collect();
         let replies: Vec<Value> =
             match tokio::time::timeout(self.op_timeout, inv.invoke_async(&mut c)).await {
-                Ok(Ok(replies)) => replies,
+                Ok(Ok(Value::Array(replies))) => replies,
+                // A call of one item may answer that item's reply as one string (see
+                // `short_reply`).
+                Ok(Ok(Value::BulkString(short))) if items.len() == 1 => {
+                    vec![short_reply(&short)]
+                }
+                Ok(Ok(other)) => {
+                    let e = StoreError::Corrupt(format!("{} answered {other:?}", self.kind.name()));
+                    return all(&|| Outcome::Failed(e.clone()));
+                }
                 // Refused at connect: the call never left this process.
                 Ok(Err(e)) if e.is_connection_refusal() => {
                     let e = StoreError::from(e);
@@ -404,6 +413,21 @@ impl GroupCommit {
             })
             .collect()
     }
+}
+
+/// An item's reply given as one string, `<tag>` or `<tag>:<value>`, as the list
+/// `{tag[, value]}` it stands for. A script answers a call of one item so when the answer is
+/// that short (a replayed admission's `dup:<id>`, a repeated report's `repeat`): Redis turns
+/// each Lua table of a reply into its answer at a cost of some thousands of instructions, a
+/// string at a fraction of it (bench/README.md, "Per-call overhead, round two").
+fn short_reply(short: &[u8]) -> Value {
+    let mut parts = short.splitn(2, |&b| b == b':');
+    Value::Array(
+        parts
+            .by_ref()
+            .map(|p| Value::BulkString(p.to_vec()))
+            .collect(),
+    )
 }
 
 /// Whether an item's reply is the script's `{'error', message}` (admissions only: a report of

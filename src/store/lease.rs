@@ -380,6 +380,17 @@ impl Store {
                 return Err(StoreError::Corrupt("a report was withdrawn".into()));
             }
         };
+        // A report that changed nothing, alone in its call, is answered by its outcome alone
+        // (`migrations-lua/complete.lua`): nothing started, and nothing said of the shard.
+        if let [what] = reply.as_slice() {
+            let what: String = redis::from_redis_value(what.clone())?;
+            let done = match what.as_str() {
+                "stale" => Completion::Stale,
+                "repeat" => Completion::Repeat,
+                other => return Err(StoreError::Corrupt(format!("complete replied {other}"))),
+            };
+            return Ok((done, StartBatch::default()));
+        }
         let (what, detail, more, runs, next_due, weight): (
             String,
             String,

@@ -61,6 +61,26 @@ impl Store {
         tenant: &TenantId,
         id: &ExecutionId,
     ) -> Result<Option<Execution>, StoreError> {
+        let Some(mut e) = self.view_in(shard, tenant, id, false).await? else {
+            return Ok(None);
+        };
+        self.forecast(&mut e).await;
+        Ok(Some(e))
+    }
+
+    /// Execution `id` of `tenant` as it is in `shard` now, without its forecast (`None` when
+    /// missing, another tenant's or force-deleted): what `view()` in
+    /// `migrations-lua/common.lua` answers, read with plain commands in one round trip (two
+    /// for a row with a concurrency key). GET reads it, and a replayed admission
+    /// (`Store::admit`, `deduplicated` set): plain commands' replies cost Redis far less than
+    /// a script's table of the same values.
+    pub(super) async fn view_in(
+        &self,
+        shard: Shard,
+        tenant: &TenantId,
+        id: &ExecutionId,
+        deduplicated: bool,
+    ) -> Result<Option<Execution>, StoreError> {
         let mut c = self.conn();
         // The row, and what its queue state is read from (a queued row's rank in its tenant's
         // queue against the tenant's free slots), in one round trip.
@@ -98,9 +118,7 @@ impl Store {
             self.position_fields(shard, tenant, id, rank, &mut fields)
                 .await?;
         }
-        let mut e = from_fields(id.as_str(), fields, false)?;
-        self.forecast(&mut e).await;
-        Ok(Some(e))
+        from_fields(id.as_str(), fields, deduplicated).map(Some)
     }
 
     /// Adds a runnable row's position to its fields as `view()` in

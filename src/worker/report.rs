@@ -74,6 +74,17 @@ pub(super) async fn report(
                     learned: None,
                 };
             }
+            // A repeat's answer says nothing of the shard (`complete.lua` answers it from the
+            // row alone): the next start call tells its due time and weight, and a retry this
+            // run reported sets its own timer (`launch.rs`).
+            Ok((Completion::Repeat, _)) => {
+                tracing::debug!(%id, fence, "execution reported (a repeat of a report taken)");
+                return Reported {
+                    reported: true,
+                    started: Vec::new(),
+                    learned: None,
+                };
+            }
             Ok((done, batch)) => {
                 tracing::debug!(%id, fence, ?done, "execution reported");
                 return Reported {

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use sluice::domain::{DedupKey, ExecutionId, TenantId};
 use sluice::store::Outcome;
 use sluice::store::keys::{self, KeyKind};
+use tokio::sync::Barrier;
 
 use crate::helpers::{DedupMapping, TestApp, problem_code};
 
@@ -469,4 +470,291 @@ async fn the_sweeper_settles_bucket_fields_an_older_build_left() {
         .await
         .expect("took the sweeper turn");
     assert_eq!(repairs.get("dedup"), None, "{repairs:?}");
+}
+
+/// What a replay answers beside a GET of the same execution: the body without
+/// `deduplicated` (a replay's is true, a GET's false) and `estimated_start` (computed at the
+/// moment of each answer from the measured start rate).
+fn comparable(mut e: Value) -> Value {
+    let o = e.as_object_mut().unwrap();
+    o.remove("deduplicated");
+    o.remove("estimated_start");
+    e
+}
+
+/// Replays `body` with dedup key `key` and checks the answer: 200, marked replayed, the
+/// execution `id` exactly as a GET answers it just after (no worker runs, nothing changes in
+/// between), and as the first answer when given. Returns the replay's body.
+async fn replay_is_get(
+    app: &TestApp,
+    key: &str,
+    body: &Value,
+    id: &str,
+    state: &str,
+    first: Option<&Value>,
+) -> Value {
+    let res = app.post_with_key("acme", key, body).await;
+    assert_eq!(res.status(), StatusCode::OK, "{state}");
+    assert_eq!(
+        res.headers()
+            .get("Idempotent-Replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true"),
+        "{state}"
+    );
+    let replay: Value = res.json().await.unwrap();
+    assert_eq!(replay["deduplicated"], true, "{state}: {replay}");
+    assert_eq!(id_of(&replay), id, "{state}");
+    let get = app.execution("acme", id).await;
+    assert_eq!(get["deduplicated"], false, "{state}: {get}");
+    assert_eq!(
+        comparable(replay.clone()),
+        comparable(get),
+        "{state}: the replay answers what GET does"
+    );
+    if let Some(first) = first {
+        assert_eq!(
+            comparable(replay.clone()),
+            comparable(first.clone()),
+            "{state}: the replay answers what the first admission did"
+        );
+    }
+    replay
+}
+
+/// A replayed admission answers the whole execution (`admit.lua` names it, the server reads
+/// it: `Store::view_in`), field for field what GET answers, in every state an execution with
+/// a dedup key passes through: queued ready, waiting behind the tenant's limit, waiting
+/// behind its concurrency key, scheduled, running, completed, failed, cancelled and queued
+/// again after a retry; and right after its admission, what the 201 answered.
+#[tokio::test]
+async fn a_replay_answers_the_execution_as_get_does_in_every_state() {
+    let app = TestApp::spawn().await;
+    let store = app.store().await;
+    let shard = app.shard("acme");
+    app.put_tenant(
+        "acme",
+        &json!({"max_concurrent": 2, "max_concurrent_per_key": 1}),
+    )
+    .await;
+    let body_of = |k: &str, extra: Value| {
+        let mut b = json!({"flow_id": "demo.echo", "version": "v2", "params": {"k": k, "n": [1, 2.5, "x"]}});
+        if let (Some(b), Some(e)) = (b.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        b
+    };
+    let specs = [
+        ("run", json!({"priority": 2})),
+        (
+            "keyed-a",
+            json!({"concurrency_key": "gpu", "max_attempts": 1}),
+        ),
+        ("keyed-b", json!({"concurrency_key": "gpu"})),
+        ("behind", json!({"priority": 4})),
+        ("later", json!({"delay": "1h"})),
+    ];
+    let mut ids = std::collections::HashMap::new();
+    for (k, extra) in &specs {
+        let body = body_of(k, extra.clone());
+        let res = app.post_with_key("acme", k, &body).await;
+        assert_eq!(res.status(), StatusCode::CREATED, "{k}");
+        let first: Value = res.json().await.unwrap();
+        let id = id_of(&first);
+        ids.insert(*k, (id.clone(), body.clone()));
+        // Right after its admission, before anything else happened to its tenant's order.
+        if *k == "run" || *k == "later" {
+            replay_is_get(&app, k, &body, &id, &format!("{k}: admitted"), Some(&first)).await;
+        }
+    }
+    let replay = async |k: &str, state: &str| {
+        let (id, body) = &ids[k];
+        replay_is_get(&app, k, body, id, state, None).await
+    };
+    // Queued: ready, waiting behind the key's limit, waiting behind the tenant's, scheduled.
+    let r = replay("run", "queued, first in line").await;
+    assert_eq!(r["queue_state"], "ready", "{r}");
+    let r = replay("keyed-b", "queued behind its key").await;
+    assert_eq!(r["queue_state"], "waiting", "{r}");
+    assert_eq!(r["queue_position"]["key"], 1, "{r}");
+    let r = replay("later", "scheduled").await;
+    assert_eq!(r["queue_state"], "scheduled", "{r}");
+    // Running: the first two in the tenant's order ("run" by priority, then "keyed-a").
+    let runs = store
+        .start(shard, "w", 2, Duration::from_secs(120), 0)
+        .await
+        .unwrap()
+        .started;
+    let started: Vec<String> = runs.iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(
+        started,
+        vec![ids["run"].0.clone(), ids["keyed-a"].0.clone()]
+    );
+    let r = replay("run", "running").await;
+    assert_eq!(r["status"], "running", "{r}");
+    let r = replay("behind", "queued behind the tenant's limit").await;
+    assert_eq!(r["queue_state"], "waiting", "{r}");
+    // Ended: completed, failed (its one attempt), cancelled.
+    let fence_of = |k: &str| runs.iter().find(|r| r.id.as_str() == ids[k].0).unwrap();
+    let run = fence_of("run");
+    store
+        .complete(
+            shard,
+            &run.id,
+            run.fence,
+            "w",
+            &Outcome::Completed(json!({"ok": [1, 2]})),
+        )
+        .await
+        .unwrap();
+    let r = replay("run", "completed").await;
+    assert_eq!(r["output"], json!({"ok": [1, 2]}), "{r}");
+    let keyed = fence_of("keyed-a");
+    let failed = Outcome::Failed {
+        kind: "handler_error".into(),
+        message: "no luck".into(),
+        retry_after: Some(Duration::from_secs(5)),
+    };
+    store
+        .complete(shard, &keyed.id, keyed.fence, "w", &failed)
+        .await
+        .unwrap();
+    let r = replay("keyed-a", "failed").await;
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["error"]["message"], "no luck", "{r}");
+    assert_eq!(
+        app.cancel("acme", &ids["behind"].0).await.status(),
+        StatusCode::OK
+    );
+    let r = replay("behind", "cancelled").await;
+    assert_eq!(r["status"], "cancelled", "{r}");
+    // Queued again by a retry: its history cleared, its key's place taken again.
+    for k in ["keyed-a", "behind"] {
+        assert_eq!(
+            app.retry("acme", &ids[k].0).await.status(),
+            StatusCode::OK,
+            "{k}"
+        );
+        let r = replay(k, "queued again after a retry").await;
+        assert_eq!(r["status"], "queued", "{r}");
+    }
+}
+
+/// A replay whose execution goes while it is answered — force-deleted, or its retention
+/// running out — answers either that execution as it was, or, the key being free, admits
+/// anew: every concurrent replay gets one of those, never an error, and the key ends up
+/// naming exactly one new execution. (`admit.lua` names the execution and the server reads
+/// it after: between the two it may go, and the server then decides the admission again.)
+#[tokio::test]
+async fn a_replay_racing_a_force_delete_or_the_rows_expiry_answers_the_old_or_one_new() {
+    const REPLAYS: usize = 24;
+    const ROUNDS: usize = 4;
+    let app =
+        Arc::new(TestApp::spawn_with(|c| c.api.max_anonymous_connections_per_address = 0).await);
+    let store = app.store().await;
+    for round in 0..ROUNDS {
+        // Even rounds: a queued execution force-deleted. Odd: a completed one whose row's
+        // retention runs out (its TTL cut to nothing), as Redis expires it. A tenant each.
+        let expire = round % 2 == 1;
+        let tenant = format!("racer-{round}");
+        let shard = app.shard(&tenant);
+        let key = "race".to_owned();
+        let body = json!({"flow_id": "demo.echo", "params": {"round": round}});
+        let res = app.post_with_key(&tenant, &key, &body).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        let old = id_of(&res.json().await.unwrap());
+        if expire {
+            let runs = store
+                .start(shard, "w", 1, Duration::from_secs(120), 0)
+                .await
+                .unwrap()
+                .started;
+            assert_eq!(runs[0].id.as_str(), old);
+            store
+                .complete(
+                    shard,
+                    &runs[0].id,
+                    runs[0].fence,
+                    "w",
+                    &Outcome::Completed(json!(1)),
+                )
+                .await
+                .unwrap();
+        }
+        let barrier = Arc::new(Barrier::new(REPLAYS + 1));
+        let mut tasks = Vec::new();
+        for _ in 0..REPLAYS {
+            let (app, barrier, key, body, tenant) = (
+                app.clone(),
+                barrier.clone(),
+                key.clone(),
+                body.clone(),
+                tenant.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let res = app.post_with_key(&tenant, &key, &body).await;
+                let status = res.status();
+                let replayed = res.headers().get("Idempotent-Replayed").is_some();
+                (status, replayed, res.json::<Value>().await.unwrap())
+            }));
+        }
+        barrier.wait().await;
+        if expire {
+            let row = shard.row(&ExecutionId::parse(&old).unwrap());
+            let _: i64 = app.redis.query(redis::cmd("PEXPIRE").arg(row).arg(1)).await;
+        } else {
+            let res = app.delete(&tenant, &old, true).await;
+            assert_eq!(res.status(), StatusCode::NO_CONTENT);
+        }
+        let (mut olds, mut created, mut news) = (0, 0, std::collections::HashSet::new());
+        for t in tasks {
+            let (status, replayed, b) = t.await.unwrap();
+            match status {
+                StatusCode::OK => {
+                    assert!(replayed, "round {round}: {b}");
+                    assert_eq!(b["deduplicated"], true, "round {round}: {b}");
+                    if id_of(&b) == old {
+                        olds += 1;
+                        let want = if expire { "completed" } else { "queued" };
+                        assert_eq!(b["status"], want, "round {round}: {b}");
+                    } else {
+                        news.insert(id_of(&b));
+                    }
+                }
+                StatusCode::CREATED => {
+                    created += 1;
+                    news.insert(id_of(&b));
+                }
+                other => panic!("round {round}: a replay answered {other}: {b}"),
+            }
+        }
+        // Whoever came after the end found the key free: one of them admitted, the others
+        // replayed that one.
+        assert!(news.len() <= 1, "round {round}: new ids {news:?}");
+        assert_eq!(created, news.len(), "round {round}: {created} created");
+        // One more, after the end for sure: that new execution, or the first one.
+        let res = app.post_with_key(&tenant, &key, &body).await;
+        let want = if news.is_empty() {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        assert_eq!(res.status(), want, "round {round}");
+        let last = id_of(&res.json().await.unwrap());
+        assert_ne!(last, old, "round {round}");
+        news.insert(last.clone());
+        assert_eq!(news.len(), 1, "round {round}: new ids {news:?}");
+        let page = app.page(&tenant, &format!("dedup_key={key}")).await;
+        assert_eq!(page["total"], 1, "round {round}: {page}");
+        assert_eq!(id_of(&page["executions"][0]), last, "round {round}");
+        assert!(live_for(&app.dedup_mapping(&tenant, &key).await, &last));
+        assert_eq!(
+            app.get_execution(&tenant, &old).await.status(),
+            StatusCode::NOT_FOUND,
+            "round {round}"
+        );
+        eprintln!("round {round}: {olds} answered the old execution, {created} admitted anew");
+    }
+    assert_eq!(app.dedup_orphans().await, Vec::<String>::new());
 }

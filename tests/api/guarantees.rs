@@ -645,6 +645,94 @@ async fn reports_are_fenced_by_run_and_holder_and_repeats_are_not_counted() {
     assert_eq!(e["output"], json!({"by": "holder"}));
 }
 
+/// A report repeated after its answer was lost is recognised for every outcome and changes
+/// nothing on Redis, byte for byte (`complete.lua` answers a call of one report that changes
+/// nothing from its row alone, before anything else is read); asked to chain, it starts
+/// nothing although work waits; and a run that is current is never taken for a repeat: the
+/// next run of a retried execution, reported once, is recorded.
+#[tokio::test]
+async fn a_repeated_report_changes_nothing_whatever_its_outcome() {
+    let app = TestApp::spawn().await;
+    let store = app.store().await;
+    let shard = app.shard("acme");
+    let ttl = Duration::from_secs(60);
+    let outcomes = [
+        Outcome::Completed(json!({"ok": 1})),
+        Outcome::Failed {
+            kind: "handler_error".into(),
+            message: "again later".into(),
+            retry_after: Some(Duration::from_millis(1)),
+        },
+        Outcome::Failed {
+            kind: "handler_error".into(),
+            message: "never".into(),
+            retry_after: None,
+        },
+        Outcome::Cancelled,
+        Outcome::Released,
+        Outcome::Abandoned,
+    ];
+    for _ in 0..outcomes.len() + 1 {
+        app.admit("acme", "demo.echo").await;
+    }
+    let runs = store
+        .start(shard, "w", outcomes.len(), ttl, 0)
+        .await
+        .unwrap()
+        .started;
+    assert_eq!(runs.len(), outcomes.len());
+    for (run, outcome) in runs.iter().zip(&outcomes) {
+        let first = store
+            .complete(shard, &run.id, run.fence, "w", outcome)
+            .await
+            .unwrap();
+        assert_ne!(first, Completion::Repeat, "{outcome:?}");
+        assert_ne!(first, Completion::Stale, "{outcome:?}");
+        let before = app.redis.dump().await;
+        let (again, batch) = store
+            .complete_and_start(shard, &run.id, run.fence, "w", outcome, 1, ttl, 0)
+            .await
+            .unwrap();
+        assert_eq!(again, Completion::Repeat, "{outcome:?}");
+        assert!(
+            batch.started.is_empty(),
+            "{outcome:?}: a repeat started {batch:?}"
+        );
+        assert_eq!(
+            app.redis.dump().await,
+            before,
+            "{outcome:?}: a repeat wrote"
+        );
+    }
+    // The retried one's next run (a new fence) is current: its report is recorded.
+    let retried = &runs[1];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let next = loop {
+        let started = store.start(shard, "w", 8, ttl, 0).await.unwrap().started;
+        if let Some(r) = started.into_iter().find(|r| r.id == retried.id) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the retry was not started again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(next.fence > retried.fence);
+    let done = Outcome::Completed(json!({"second": true}));
+    let c = store
+        .complete(shard, &next.id, next.fence, "w", &done)
+        .await
+        .unwrap();
+    assert_eq!(c, Completion::Done(sluice::domain::Status::Completed));
+    // The first run's report again, now that a later run's was taken: refused as stale.
+    let c = store
+        .complete(shard, &retried.id, retried.fence, "w", &outcomes[1])
+        .await
+        .unwrap();
+    assert_eq!(c, Completion::Stale);
+    let e = app.execution("acme", retried.id.as_str()).await;
+    assert_eq!(e["output"], json!({"second": true}), "{e}");
+    assert_eq!(app.counter("fenced").await, 1);
+}
+
 /// The lease holder stops a run it can no longer prove it holds: Redis stalled past the lease,
 /// so another worker may start the execution as soon as Redis is back.
 #[tokio::test]

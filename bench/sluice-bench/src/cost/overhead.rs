@@ -58,6 +58,13 @@ pub struct CallOverhead {
     pub composed_ir: Option<f64>,
     /// Replies that were errors (real, bare, composed).
     pub reply_errors: (u64, u64, u64),
+    /// Every command `serve` sent on the call's connection during the step (the call, and
+    /// what it read besides: a replay's execution, read after the call since round two of the
+    /// overhead work, and the forecast), by name, in order.
+    pub step_commands: Vec<String>,
+    /// Instructions per step when those commands are replayed together: what one such request
+    /// costs Redis in all, so that work moved out of the script still counts.
+    pub step_ir: Option<f64>,
 }
 
 /// Both paths, or why not.
@@ -136,20 +143,24 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
             None => None,
         };
         eprintln!("[cost] per call, {path}: {replays} replays, real and bare");
-        let (real_ir, real_errors) = replay(&mut own, counted.as_mut(), &real_cmd, replays).await?;
-        let (bare_ir, bare_errors) = replay(&mut own, counted.as_mut(), &bare_cmd, replays).await?;
-        let (composed_ir, composed_errors) = match &composed_cmd {
-            Some(cmd) => replay(&mut own, counted.as_mut(), cmd, replays).await?,
+        let (real_ir, real_errors) =
+            replay(&mut own, counted.as_mut(), &[real_cmd], replays).await?;
+        let (bare_ir, bare_errors) =
+            replay(&mut own, counted.as_mut(), &[bare_cmd], replays).await?;
+        let (composed_ir, composed_errors) = match composed_cmd {
+            Some(cmd) => replay(&mut own, counted.as_mut(), &[cmd], replays).await?,
             None => (None, 0),
         };
+        let (step_ir, step_errors) =
+            replay(&mut own, counted.as_mut(), &call.step, replays).await?;
         let per = |ir: Option<f64>| ir.map(|v| (v / replays as f64).round());
         let (call_ir, bare_per, composed_per) = (per(real_ir), per(bare_ir), per(composed_ir));
         report.checks.push(Check {
             phase: format!("per call: {path}"),
-            ok: bare_errors == 0 && composed_errors == real_errors,
+            ok: bare_errors == 0 && composed_errors == real_errors && step_errors == real_errors,
             detail: format!(
                 "{} replays of {} ({} commands): {real_errors} error replies; bare script: \
-                 {bare_errors}; composed script: {composed_errors}",
+                 {bare_errors}; composed script: {composed_errors}; whole step: {step_errors}",
                 replays,
                 call.script,
                 call.commands.len()
@@ -170,6 +181,12 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
             overhead_ir: call_ir.zip(bare_per).map(|(a, b)| a - b),
             composed_ir: composed_per,
             reply_errors: (real_errors, bare_errors, composed_errors),
+            step_commands: call
+                .step
+                .iter()
+                .map(|c| String::from_utf8_lossy(&c[0]).to_ascii_lowercase())
+                .collect(),
+            step_ir: per(step_ir),
         });
     }
     drop(own);
@@ -182,17 +199,18 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
     Ok(())
 }
 
-/// Sends `cmd` `n` times (pipelines of 50), counted by callgrind when given (Redis's idle rate
-/// over the same time taken out): the instructions and the error replies.
+/// Sends the commands `cmds` (in order) `n` times (pipelines of 50 rounds), counted by
+/// callgrind when given (Redis's idle rate over the same time taken out): the instructions and
+/// the error replies.
 async fn replay(
     conn: &mut MultiplexedConnection,
     counted: Option<&mut Counted>,
-    cmd: &[Vec<u8>],
+    cmds: &[Vec<Vec<u8>>],
     n: u64,
 ) -> anyhow::Result<(Option<f64>, u64)> {
     let send = |conn: &mut MultiplexedConnection| {
         let mut conn = conn.clone();
-        let cmd = cmd.to_vec();
+        let cmds = cmds.to_vec();
         async move {
             let mut errors = 0u64;
             let mut sent = 0;
@@ -202,11 +220,13 @@ async fn replay(
                 // Error replies come back as values, to be counted, not as the pipeline's error.
                 p.ignore_errors();
                 for _ in 0..batch {
-                    let mut c = redis::cmd(std::str::from_utf8(&cmd[0]).unwrap_or("EVALSHA"));
-                    for a in &cmd[1..] {
-                        c.arg(a.as_slice());
+                    for cmd in &cmds {
+                        let mut c = redis::cmd(std::str::from_utf8(&cmd[0]).unwrap_or("EVALSHA"));
+                        for a in &cmd[1..] {
+                            c.arg(a.as_slice());
+                        }
+                        p.add_command(c);
                     }
-                    p.add_command(c);
                 }
                 let replies: Vec<redis::Value> = p.query_async(&mut conn).await?;
                 errors += replies
@@ -374,12 +394,14 @@ impl Recorder {
     }
 }
 
-/// A recorded script call: its command and arguments, and the commands it ran.
+/// A recorded script call: its command and arguments, the commands it ran, and every command
+/// its client sent between the markers (the call among them).
 #[derive(Debug, Clone, PartialEq)]
 struct Call {
     script: String,
     args: Vec<Vec<u8>>,
     commands: Vec<Vec<Vec<u8>>>,
+    step: Vec<Vec<Vec<u8>>>,
 }
 
 /// The first call, between the markers `from` and `to`, of a script whose name contains
@@ -415,13 +437,60 @@ fn find_call(lines: &[String], from: &str, to: &str, name: &str) -> Option<Call>
             .take_while(|(c, _)| c == "lua")
             .map(|(_, a)| a.clone())
             .collect();
+        // The request's own commands, on whichever of serve's connections (a group commit's
+        // call and a plain read go on different ones): the benchmark's own (its markers) and
+        // serve's background work left out — another script's call (an orphan scan, a sweep),
+        // blocking reads and subscriptions, PINGs, reads of keys that are not the request's.
+        let own = &parsed[start].0;
+        let step = parsed[start + 1..end]
+            .iter()
+            .filter(|(c, a)| c != "lua" && c != own && is_request_work(a, args))
+            .map(|(_, a)| a.clone())
+            .collect();
         return Some(Call {
             script,
             args: args.clone(),
             commands,
+            step,
         });
     }
     None
+}
+
+/// Whether a command `serve` sent during a step is the request's own work, not background work
+/// (see `find_call`); `call` is the step's script call.
+fn is_request_work(args: &[Vec<u8>], call: &[Vec<u8>]) -> bool {
+    let verb = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+    let background = matches!(
+        verb.as_str(),
+        "ping"
+            | "bzpopmin"
+            | "bzpopmax"
+            | "blpop"
+            | "brpop"
+            | "xread"
+            | "xreadgroup"
+            | "subscribe"
+            | "psubscribe"
+            | "unsubscribe"
+            | "punsubscribe"
+            | "client"
+            | "info"
+            | "hello"
+            | "function"
+            | "script"
+    );
+    let other_script = matches!(
+        verb.as_str(),
+        "evalsha" | "evalsha_ro" | "fcall" | "fcall_ro"
+    ) && args != call;
+    // A request reads its execution's row and its tenant's keys; serve's scans of a shard's
+    // registries (SMEMBERS of its webhook set, ...) and the `{meta}`, `{acl}` data are others'.
+    let request_key = args.get(1).is_some_and(|k| {
+        let k = String::from_utf8_lossy(k);
+        k.contains(":exec:") || k.contains(":t:")
+    });
+    args == call || (!background && !other_script && request_key)
 }
 
 /// The operation file of a function of this build's library (`sluice_<hash>_admit` →
@@ -560,6 +629,11 @@ mod tests {
             r#"+1.5 [0 lua] "hget" "k" "f""#,
             r#"+1.6 [0 lua] "exists" "d""#,
             r#"+1.7 [0 127.0.0.1:1] "ping""#,
+            r#"+1.71 [0 127.0.0.1:3] "get" "row""#,
+            r#"+1.72 [0 127.0.0.1:4] "bzpopmin" "bell" "1""#,
+            r#"+1.73 [0 127.0.0.1:4] "hgetall" "sluice:{meta}:pins""#,
+            r#"+1.74 [0 127.0.0.1:4] "smembers" "sluice:{s01.2}:webhooks""#,
+            r#"+1.75 [0 127.0.0.1:3] "zrank" "sluice:{s01.2}:t:acme:waiting" "x""#,
             r#"+1.8 [0 127.0.0.1:2] "echo" "cost-mark:lease""#,
         ]
         .iter()
@@ -575,6 +649,11 @@ mod tests {
                 vec![b"exists".to_vec(), b"d".to_vec()]
             ]
         );
+        // The step: the call and what serve sent besides for the request, on any connection,
+        // without its other work.
+        assert_eq!(call.step.len(), 2);
+        assert_eq!(call.step[0], call.args);
+        assert_eq!(call.step[1][0], b"zrank".to_vec());
         assert!(find_call(&lines, "replay", "lease", "complete").is_none());
     }
 
@@ -584,6 +663,7 @@ mod tests {
             script: "unknown".into(),
             args: Vec::new(),
             commands: vec![vec![b"hset".to_vec(), b"k".to_vec(), b"a\"\n\xff".to_vec()]],
+            step: Vec::new(),
         };
         assert_eq!(
             bare_script(&call),

@@ -549,7 +549,8 @@ impl CostReport {
             let _ = writeln!(
                 o,
                 "  {:<20} {} ({} args, {} commands: {}): {} per call, bare {}, overhead {}; \
-                 as a composed script (EVALSHA) {}, overhead {}",
+                 as a composed script (EVALSHA) {}, overhead {}; the whole step ({} commands \
+                 from serve: {}) {} per request",
                 p.path,
                 p.script,
                 p.call_args,
@@ -559,7 +560,10 @@ impl CostReport {
                 n(p.bare_ir),
                 n(p.overhead_ir),
                 n(p.composed_ir),
-                n(p.composed_ir.zip(p.bare_ir).map(|(a, b)| a - b))
+                n(p.composed_ir.zip(p.bare_ir).map(|(a, b)| a - b)),
+                p.step_commands.len(),
+                p.step_commands.join(" "),
+                n(p.step_ir)
             );
         }
     }
