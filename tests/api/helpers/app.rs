@@ -90,9 +90,14 @@ impl TestApp {
             deliverer,
             app_store,
             redis,
+            // Idle connections are dropped well before the server's idle cut (its
+            // `--header-read-timeout-ms`, 10 s by default): a request sent on a connection the
+            // server is closing at that moment fails with `IncompleteMessage` (a test idle
+            // for exactly that long between two requests did).
             client: sluice::tls::client_builder(&[])
                 .unwrap()
                 .timeout(Duration::from_secs(60))
+                .pool_idle_timeout(Duration::from_secs(5))
                 .build()
                 .unwrap(),
             shards,
