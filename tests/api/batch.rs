@@ -343,60 +343,90 @@ async fn one_batch_per_tenant_at_a_time() {
 /// Redis stalls past the time-out under a batch: every item's answer is true of the data —
 /// 201 names an execution that exists, 503 `redis_unavailable` (settled as void) or
 /// `not_admitted` (never sent) one that never will.
+///
+/// Whether the stall lands inside a batch is up to the machine's timing, so each round checks
+/// it instead of hoping: writes are paused once the batch's first items are written, and then
+/// the queued executions of the tenant are counted (a read, which the pause lets through).
+/// Fewer than the batch's 1,000 more than before the round means the stall caught the batch
+/// with items unwritten, and then some item must lose its answer: the pause outlasts a call's
+/// time-out (300 ms) by 1.2 s or more, so even a call the loaded machine sends late into the
+/// pause runs out of time. Calls of 4 items
+/// (250 of them, in turn) keep the batch under way long enough that rounds overlap on a busy
+/// machine; the test fails if none did in 8 rounds, rather than pass having proven nothing.
 #[tokio::test]
 async fn a_stalled_batch_answers_each_item_truly() {
     let app = TestApp::spawn_with(|c| {
         c.redis.redis_timeout_ms = 300;
+        c.redis.redis_admission_group = 4;
         // A stalled batch settles its lost call at once and sends nothing more: it answers
         // well within the request's bound, whatever its size.
         c.api.request_timeout_ms = 5_000;
     })
     .await;
-    let mut lost = 0;
-    // Until a round lost answers (a batch may end before the stall begins), 8 rounds at most.
+    let tenant = sluice::domain::TenantId::parse("acme").unwrap();
+    let listing = app.shard("acme").listing(&tenant);
+    let (queued_min, queued_max) =
+        sluice::store::keys::listing_range(Some(sluice::domain::Status::Queued));
+    let mut overlapped = 0;
     for round in 0..8u64 {
-        if lost > 0 && round >= 2 {
+        if overlapped >= 2 {
             break;
         }
         let items: Vec<Value> = (0..1_000)
             .map(|n| json!({"flow_id": "demo.echo", "params": {"nonce": format!("{round}-{n}")}}))
             .collect();
-        // Once the batch holds its right (it is under way), writes stop past the time-out:
-        // its calls from then on run into the stall.
-        let lock = app
-            .shard("acme")
-            .batch_lock(&sluice::domain::TenantId::parse("acme").unwrap());
+        let mut probe = app.redis.conn().await;
+        let queued_before: u64 = redis::cmd("ZLEXCOUNT")
+            .arg(&listing)
+            .arg(&queued_min)
+            .arg(&queued_max)
+            .query_async(&mut probe)
+            .await
+            .unwrap();
+        // Once the batch has written its first items (it is under way and sending), writes
+        // stop past the time-out: its calls from then on run into the stall.
         let pause = {
             let mut nodes = Vec::new();
             for i in 0..app.redis.masters() {
                 nodes.push(app.redis.node_conn(i).await);
             }
-            let mut probe = app.redis.conn().await;
+            let (listing, min, max) = (listing.clone(), queued_min.clone(), queued_max.clone());
             tokio::spawn(async move {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while Instant::now() < deadline {
-                    let held: bool = redis::cmd("EXISTS")
-                        .arg(&lock)
+                    let queued: u64 = redis::cmd("ZLEXCOUNT")
+                        .arg(&listing)
+                        .arg(&min)
+                        .arg(&max)
                         .query_async(&mut probe)
                         .await
                         .unwrap();
-                    if held {
+                    if queued > queued_before {
                         break;
                     }
                 }
                 for mut c in nodes {
                     let () = redis::cmd("CLIENT")
                         .arg("PAUSE")
-                        .arg(400 + 150 * (round % 3))
+                        .arg(1_500 + 250 * (round % 3))
                         .arg("WRITE")
                         .query_async(&mut c)
                         .await
                         .unwrap();
                 }
+                // Writes are paused from here: what is queued now is all the batch wrote.
+                let queued: u64 = redis::cmd("ZLEXCOUNT")
+                    .arg(&listing)
+                    .arg(&min)
+                    .arg(&max)
+                    .query_async(&mut probe)
+                    .await
+                    .unwrap();
+                queued - queued_before
             })
         };
         let (status, answer) = batch(&app, "acme", &json!({"items": items})).await;
-        pause.await.unwrap();
+        let written_before_stall = pause.await.unwrap();
         assert_eq!(status, StatusCode::OK, "{answer}");
         // Writes go through again: any late call has run.
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -410,6 +440,7 @@ async fn a_stalled_batch_answers_each_item_truly() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let found = app.admitted_by_nonce("acme").await;
+        let mut lost = 0;
         for (n, r) in results(&answer).iter().enumerate() {
             let nonce = format!("{round}-{n}");
             let here = found.get(&nonce).map_or(0, Vec::len);
@@ -427,8 +458,19 @@ async fn a_stalled_batch_answers_each_item_truly() {
                 other => panic!("{nonce}: unexpected {other:?}: {r}"),
             }
         }
+        if written_before_stall < 1_000 {
+            overlapped += 1;
+            assert!(
+                lost > 0,
+                "round {round}: the stall caught the batch at {written_before_stall} of 1000 \
+                 written, yet no item lost its answer"
+            );
+        }
     }
-    assert!(lost > 0, "no item lost its answer in a stall");
+    assert!(
+        overlapped > 0,
+        "in 8 rounds the stall never caught a batch under way"
+    );
 }
 
 /// Redis is slow but answers (kept busy by other clients' 100 ms scripts, far shorter than a
