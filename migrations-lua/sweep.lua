@@ -50,14 +50,12 @@
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  tenant: tenant id
 -- ARGV[7]  mode: the walk (see SweepMode in src/store/sweep.rs)
--- ARGV[8]  status: '' (unused since layout 4, whose listing is walked whole)
--- ARGV[9]  flow: '' (likewise)
--- ARGV[10] cursor: '0' to begin (modes 'reach' and 'index': the last listing member walked)
--- ARGV[11] batch: batch size hint
+-- ARGV[8]  cursor: '0' to begin (modes 'reach' and 'index': the last listing member walked)
+-- ARGV[9]  batch: batch size hint
 --
 -- Reply: {next_cursor ('0' when done), repaired}
-local tenant, mode, status, flow = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local cursor, count = ARGV[10], ARGV[11]
+local tenant, mode = ARGV[6], ARGV[7]
+local cursor, count = ARGV[8], ARGV[9]
 local STATS = declared(2, K.stats())
 local CFG = declared(3, K.cfg(tenant))
 if redis.call('HEXISTS', CFG, 'deleting') == 1 then return { '0', 0 } end

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::call::script_call;
 use super::{Shard, Store, StoreError, keys};
-use crate::domain::{FlowId, Status, TenantId};
+use crate::domain::TenantId;
 
 impl Store {
     /// Tries to become the sweeper for `hold`; true when this process should sweep now.
@@ -62,28 +62,13 @@ impl Store {
         let reaped = reaping.into_iter().map(|tenant| SweepTarget {
             shard,
             tenant,
-            flows: Vec::new(),
             reaping: true,
         });
-        if tenants.is_empty() {
-            return Ok(reaped.collect());
-        }
-        let mut p = redis::pipe();
-        for t in &tenants {
-            p.smembers(shard.flows(t));
-        }
-        let flows: Vec<Vec<String>> = self.bounded(p.query_async(&mut c)).await?;
         Ok(tenants
             .into_iter()
-            .zip(flows)
-            .map(|(tenant, flows)| SweepTarget {
+            .map(|tenant| SweepTarget {
                 shard,
                 tenant,
-                // A flow name sluice did not write cannot name a key: not walked.
-                flows: flows
-                    .into_iter()
-                    .filter(|f| FlowId::parse(f).is_ok())
-                    .collect(),
                 reaping: false,
             })
             .chain(reaped)
@@ -122,8 +107,6 @@ impl Store {
                 index,
                 tenant: t.as_str(),
                 mode: step.mode.as_str(),
-                status: step.status.map(Status::as_str).unwrap_or(""),
-                flow: step.flow.as_deref().unwrap_or(""),
                 cursor,
                 batch,
             },
@@ -141,8 +124,6 @@ script_call! {
         args {
             tenant: &'a str,
             mode: &'a str,
-            status: &'a str,
-            flow: &'a str,
             cursor: &'a str,
             batch: usize,
         }
@@ -162,7 +143,6 @@ script_call! {
 pub struct SweepTarget {
     pub shard: Shard,
     pub tenant: TenantId,
-    pub flows: Vec<String>,
     /// It is being deleted (its shard's `reaping` set lists it): reaped, not swept.
     pub reaping: bool,
 }
@@ -211,8 +191,6 @@ pub struct SweepStep {
     pub shard: Shard,
     pub tenant: TenantId,
     pub mode: SweepMode,
-    pub status: Option<Status>,
-    pub flow: Option<String>,
 }
 
 impl SweepTarget {
@@ -220,24 +198,22 @@ impl SweepTarget {
     /// its listing, its dedup buckets, and (after those, so it counts what they
     /// repaired) its storage counters; for a tenant being deleted, its reap alone.
     pub fn steps(&self) -> Vec<SweepStep> {
-        let step = |mode, status, flow| SweepStep {
+        let step = |mode| SweepStep {
             shard: self.shard,
             tenant: self.tenant.clone(),
             mode,
-            status,
-            flow,
         };
         if self.reaping {
-            return vec![step(SweepMode::Reap, None, None)];
+            return vec![step(SweepMode::Reap)];
         }
         let mut v = vec![
-            step(SweepMode::Slots, None, None),
-            step(SweepMode::Waiting, None, None),
-            step(SweepMode::Reach, None, None),
+            step(SweepMode::Slots),
+            step(SweepMode::Waiting),
+            step(SweepMode::Reach),
         ];
-        v.push(step(SweepMode::Index, None, None));
-        v.push(step(SweepMode::Dedup, None, None));
-        v.push(step(SweepMode::Usage, None, None));
+        v.push(step(SweepMode::Index));
+        v.push(step(SweepMode::Dedup));
+        v.push(step(SweepMode::Usage));
         v
     }
 }
