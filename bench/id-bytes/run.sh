@@ -3,6 +3,7 @@
 # default-config redis-server (issue 39 item 2; bench/README.md, "Binary ids, layout 5").
 #
 #   bench/id-bytes/run.sh [COUNT] [STATE]    # COUNT 100000, STATE queued|completed
+#   CLUSTER=1 bench/id-bytes/run.sh ...       # the same on a one-node Redis Cluster
 #
 # For each variant (hex ids and `exec:`, the layout-4 store; binary ids with `exec:`; binary
 # ids with `e:`; binary ids, dedup digest and request fingerprint) it starts redis-server on a free loopback port (no persistence, every other
@@ -25,11 +26,22 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 variant() {
   local binary=$1 rowp=$2 packed=${3:-0} port
   port=$(free_port)
+  local cluster=()
+  [[ ${CLUSTER:-0} == 1 ]] && cluster=(--cluster-enabled yes --cluster-config-file "$dir/nodes-$port.conf")
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-    >"$dir/redis.log" 2>&1 &
+    "${cluster[@]}" >"$dir/redis.log" 2>&1 &
   pid=$!
   local c="redis-cli -p $port"
   for _ in $(seq 100); do $c ping >/dev/null 2>&1 && break; sleep 0.1; done
+  if [[ ${CLUSTER:-0} == 1 ]]; then
+    # One node holding every slot: a cluster's per-key costs (each key is also on its
+    # slot's list), without redirections for the scripts.
+    $c cluster addslotsrange 0 16383 >/dev/null
+    for _ in $(seq 100); do
+      $c cluster info | grep -q 'cluster_state:ok' && break
+      sleep 0.1
+    done
+  fi
   $c --eval "$here/fill.lua" , 0 8 "$binary" "$rowp" 8 "$state" "$packed" >/dev/null
   local m0 k0 m1 k1
   m0=$($c info memory | tr -d '\r' | sed -n 's/^used_memory://p')
