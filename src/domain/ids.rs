@@ -233,6 +233,25 @@ impl ExecutionId {
     }
 }
 
+impl ExecutionId {
+    /// The id's 16 bytes: the form key layout 5 is to store in Redis (row key, listing, queue
+    /// and dedup members), half the hex's bytes. The bytes sort as the hex does (big-endian
+    /// nibbles), so lexical orders and cursors carry over; any byte may appear (`{`, `}`,
+    /// `:`, NUL, CR, LF, 0xff), so a reader finds an id by position, never by a separator.
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        // `parse` and `new` admit only 32 lowercase hex digits: decoding cannot fail.
+        hex::decode_to_slice(&self.0, &mut out).expect("an ExecutionId is 32 hex digits");
+        out
+    }
+
+    /// The id whose binary form is `bytes` (the inverse of `to_bytes`); `None` unless exactly
+    /// 16 bytes, so a truncated or foreign value read from Redis is refused, not guessed at.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        (bytes.len() == 16).then(|| Self(hex::encode(bytes)))
+    }
+}
+
 impl Default for ExecutionId {
     fn default() -> Self {
         Self::new()
@@ -305,5 +324,41 @@ mod tests {
         assert!(ExecutionId::parse(a.as_str()).is_ok());
         assert!(a.as_str() < b.as_str());
         assert!(ExecutionId::parse("ABCDEF0123456789ABCDEF0123456789").is_err());
+    }
+
+    #[test]
+    fn binary_ids_round_trip_and_sort_as_their_hex() {
+        // Ids whose bytes are the ones a separator-based reader would trip on.
+        let awkward: [[u8; 16]; 4] = [
+            [0; 16],
+            [0xff; 16],
+            *b"{a}:\0\r\n\xff{}::\0\0\r\n",
+            [
+                0x01, 0x8f, 0x7b, b'{', b'}', 0x00, b'\r', b'\n', b':', 0xff, 0, 0, 0, 0, 0, 0x7f,
+            ],
+        ];
+        let mut ids: Vec<ExecutionId> = (0..64).map(|_| ExecutionId::new()).collect();
+        for b in awkward {
+            let id = ExecutionId::from_bytes(&b).expect("16 bytes");
+            assert!(ExecutionId::parse(id.as_str()).is_ok(), "{id}");
+            assert_eq!(id.to_bytes(), b);
+            ids.push(id);
+        }
+        for id in &ids {
+            assert_eq!(ExecutionId::from_bytes(&id.to_bytes()).as_ref(), Some(id));
+        }
+        // Every pair orders the same as hex text and as bytes.
+        for a in &ids {
+            for b in &ids {
+                assert_eq!(
+                    a.as_str().cmp(b.as_str()),
+                    a.to_bytes().cmp(&b.to_bytes()),
+                    "{a} vs {b}"
+                );
+            }
+        }
+        assert_eq!(ExecutionId::from_bytes(&[0; 15]), None);
+        assert_eq!(ExecutionId::from_bytes(&[0; 17]), None);
+        assert_eq!(ExecutionId::from_bytes(b""), None);
     }
 }
