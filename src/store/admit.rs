@@ -542,7 +542,9 @@ const TENANT_KEYS_CAP: usize = 4096;
 /// which carries the layout) and the tenant, so remembering them can never name another
 /// key; a tenant sent to another shard (pinned) is formatted again for it.
 fn tenant_keys(shard: Shard, tenant: &TenantId) -> Arc<TenantKeys> {
-    static MEMORY: OnceLock<Mutex<HashMap<TenantId, (Shard, Arc<TenantKeys>)>>> = OnceLock::new();
+    /// Each tenant's keys, and the shard they name.
+    type Memory = Mutex<HashMap<TenantId, (Shard, Arc<TenantKeys>)>>;
+    static MEMORY: OnceLock<Memory> = OnceLock::new();
     let memory = MEMORY.get_or_init(Mutex::default);
     if let Some((at, k)) = memory.lock().expect("tenant keys").get(tenant)
         && *at == shard
