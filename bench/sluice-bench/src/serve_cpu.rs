@@ -1,7 +1,11 @@
 //! `sluice serve`'s own CPU per HTTP admission (`--serve-cpu BUILD...`, issue 39 item 3): the
-//! instructions `serve` executes in user space per admission, counted by `perf stat -e
-//! instructions:u` attached to its pid over a fixed count of admissions, beside its CPU time
-//! and redis-server's (from `/proc`) per admission.
+//! instructions `serve` executes in user space per admission over a fixed count of
+//! admissions, counted by callgrind (serve run by `valgrind --tool=callgrind
+//! --instr-atstart=no`, instrumentation switched on by `callgrind_control` after the warm-up
+//! and the window dumped after the count) or, with `--serve-cpu-perf` on a machine with
+//! hardware counters, by `perf stat -e instructions:u` attached to serve's pid; beside them
+//! serve's and redis-server's CPU time (from `/proc`) per admission, which under callgrind is
+//! valgrind's, not serve's (read it from a `--serve-cpu-perf` run or the throughput phases).
 //!
 //! Throughput on a shared 2-core machine swings by 15–40 % between runs; an instruction count
 //! over a fixed number of requests does not (within a few percent: what still moves it is how
@@ -14,8 +18,12 @@
 //! to serve's pid while the closed loop of the admission phase (`--clients` connections,
 //! `--tenants` tenants, every key new) sends exactly `--serve-cpu-count` admissions. With two
 //! builds they alternate A B, B A, ... for `--serve-cpu-runs` rounds; medians are printed.
-//! Needs `perf` and `kernel.perf_event_paranoid` ≤ 2 (a process may count its own children).
+//! Under callgrind serve runs some 50 times slower, so it groups more admissions per script
+//! call than at full speed (the report gives the admissions per call of each run): its
+//! per-call costs weigh less than they do on a machine where Redis is the slower side.
+//! `--serve-cpu-perf` needs `perf` and `kernel.perf_event_paranoid` ≤ 2.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -26,7 +34,7 @@ use serde::Serialize;
 
 use crate::compare::{median, order, round2, script_stats};
 use crate::load::{self, Progress, Workload};
-use crate::procs::{self, Proc, Scratch};
+use crate::procs::{self, Scratch};
 use crate::{ADMIN_TOKEN, Args, UNLIMITED};
 
 /// One run of one build.
@@ -64,6 +72,8 @@ pub struct ServeCpuSide {
 /// The report of `--serve-cpu`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServeCpuReport {
+    /// What counted the instructions: `callgrind` or `perf`.
+    pub counter: &'static str,
     pub count: u64,
     pub clients: usize,
     pub sides: Vec<ServeCpuSide>,
@@ -89,6 +99,71 @@ fn parse_perf_instructions(out: &str) -> Option<u64> {
         .and_then(|n| n.trim().parse().ok())
 }
 
+/// How many runs this scratch folder has seen (a distinct dump name per run).
+fn runs_so_far(scratch: &Scratch) -> usize {
+    std::fs::read_dir(scratch.path())
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".sh"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// `callgrind_control <flag> [value] <pid>` (beside `--valgrind`, or on the `PATH`), bounded.
+async fn callgrind_control(args: &Args, flag: &str, value: &str, pid: u32) -> anyhow::Result<()> {
+    let control = args
+        .valgrind
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| d.join("callgrind_control"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("callgrind_control"));
+    let mut cmd = tokio::process::Command::new(&control);
+    cmd.arg(flag);
+    if !value.is_empty() {
+        cmd.arg(value);
+    }
+    let o = tokio::time::timeout(Duration::from_secs(120), cmd.arg(pid.to_string()).output())
+        .await
+        .context("callgrind_control did not answer within 120 s")?
+        .with_context(|| format!("cannot run {}", control.display()))?;
+    anyhow::ensure!(
+        o.status.success(),
+        "callgrind_control {flag}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(())
+}
+
+/// Stops `perf stat` (SIGINT makes it print its counts) and reads its count.
+async fn perf_count(perf: tokio::process::Child) -> anyhow::Result<u64> {
+    let perf_pid = perf.id().context("perf has no pid")?;
+    let _ = tokio::process::Command::new("kill")
+        .args(["-INT", &perf_pid.to_string()])
+        .status()
+        .await;
+    let out = tokio::time::timeout(Duration::from_secs(10), perf.wait_with_output())
+        .await
+        .context("perf did not exit")??;
+    let text = String::from_utf8_lossy(&out.stderr);
+    match parse_perf_instructions(&text) {
+        Some(n) => Ok(n),
+        None => bail!(
+            "perf counted nothing (no hardware counters here, or perf_event_paranoid > 2; \
+             leave out --serve-cpu-perf to count under callgrind): {text}"
+        ),
+    }
+}
+
+/// The `totals:` line of a callgrind dump (its only event, `Ir`).
+fn parse_callgrind_totals(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals:"))
+        .and_then(|n| n.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
 /// One counted run of `program`.
 async fn one_run(
     args: &Args,
@@ -101,9 +176,42 @@ async fn one_run(
         .collect();
     let clients = args.clients.max(1);
     let redis = procs::start_redis(&args.redis_server, scratch).await?;
-    let cmd = crate::harness::sluice_cmd(args, program, redis.target());
+    // Under callgrind: serve started by a script that execs valgrind (so its pid is
+    // valgrind's), with time-outs a 50 times slower process keeps.
+    let out = scratch.path().join(format!(
+        "serve-cpu-{round}-{}.callgrind",
+        runs_so_far(scratch)
+    ));
+    let (started, extra): (PathBuf, Vec<String>) = if args.serve_cpu_perf {
+        (program.to_owned(), Vec::new())
+    } else {
+        let wrapper = out.with_extension("sh");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nexec '{}' --tool=callgrind --instr-atstart=no \
+                 --callgrind-out-file='{}' '{}' \"$@\"\n",
+                args.valgrind.display(),
+                out.display(),
+                program.display()
+            ),
+        )?;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+        (
+            wrapper,
+            [
+                "--redis-timeout-ms",
+                "5000",
+                "--request-timeout-ms",
+                "30000",
+            ]
+            .map(String::from)
+            .to_vec(),
+        )
+    };
+    let cmd = crate::harness::sluice_cmd(args, started, redis.target());
     let (mut serve, addr) =
-        procs::start_serve(&cmd, scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
+        procs::start_serve_with(&cmd, scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED, &extra).await?;
     let workload = |tag: &str| Workload {
         addr,
         admin_token: ADMIN_TOKEN.into(),
@@ -125,24 +233,29 @@ async fn one_run(
     .await?;
 
     let pid = serve.pid().context("serve has no pid")?;
-    let mut perf = tokio::process::Command::new(&args.perf)
-        .args([
-            "stat",
-            "-x,",
-            "-e",
-            "instructions:u",
-            "-p",
-            &pid.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot run {}", args.perf.display()))?;
-    // perf attaches asynchronously; a count that starts late misses the first requests, so
-    // give it a moment to open its counters (what it misses is then bounded, not a race on
-    // the result: the closed loop's first requests are a few of tens of thousands).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counter = if args.serve_cpu_perf {
+        let perf = tokio::process::Command::new(&args.perf)
+            .args([
+                "stat",
+                "-x,",
+                "-e",
+                "instructions:u",
+                "-p",
+                &pid.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot run {}", args.perf.display()))?;
+        // perf attaches asynchronously: what it misses of the first requests is bounded
+        // (a few of tens of thousands), not a race on the result.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Some(perf)
+    } else {
+        callgrind_control(args, "-i", "on", pid).await?;
+        None
+    };
     let url = redis.urls[0].clone();
     let (calls0, _) = script_stats(&url).await?;
     let serve_cpu0 = procs::cpu_seconds(pid).unwrap_or(0.0);
@@ -166,18 +279,15 @@ async fn one_run(
         .unwrap_or(0.0)
         - redis_cpu0;
     let (calls1, _) = script_stats(&url).await?;
-    let perf_pid = perf.id().context("perf has no pid")?;
-    // SIGINT makes perf print its counts and exit.
-    let _ = tokio::process::Command::new("kill")
-        .args(["-INT", &perf_pid.to_string()])
-        .status()
-        .await;
-    let out = tokio::time::timeout(Duration::from_secs(10), perf.wait_with_output())
-        .await
-        .context("perf did not exit")??;
-    let text = String::from_utf8_lossy(&out.stderr);
-    let Some(instructions) = parse_perf_instructions(&text) else {
-        bail!("perf counted nothing (perf_event_paranoid?): {text}");
+    let instructions = match counter {
+        Some(perf) => perf_count(perf).await?,
+        None => {
+            callgrind_control(args, "-d", "", pid).await?;
+            let dump = format!("{}.1", out.display());
+            let text = std::fs::read_to_string(&dump)
+                .with_context(|| format!("no callgrind dump at {dump}"))?;
+            parse_callgrind_totals(&text).context("callgrind dump without totals")?
+        }
     };
     serve.ensure_running()?;
     serve.kill().await;
@@ -244,6 +354,11 @@ pub async fn run(args: &Args, builds: &[PathBuf]) -> anyhow::Result<ServeCpuRepo
         .collect();
     let correct = runs.iter().all(|r| r.errors == 0);
     Ok(ServeCpuReport {
+        counter: if args.serve_cpu_perf {
+            "perf"
+        } else {
+            "callgrind"
+        },
         count: args.serve_cpu_count,
         clients: args.clients,
         sides,
@@ -256,9 +371,10 @@ impl ServeCpuReport {
     /// The human report: medians per build, the change, every run.
     pub fn human(&self) -> String {
         let mut s = format!(
-            "serve's CPU per HTTP admission: {} admissions counted per run, {} connections\n\n\
-             | median | {} |\n|---|{}\n",
+            "serve's CPU per HTTP admission: {} admissions counted per run ({}), {} \
+             connections\n\n| median | {} |\n|---|{}\n",
             self.count,
+            self.counter,
             self.clients,
             self.sides
                 .iter()
@@ -322,8 +438,15 @@ mod tests {
         let out = "\n123456789,,instructions:u,2003456,100.00,,\n";
         assert_eq!(parse_perf_instructions(out), Some(123_456_789));
         assert_eq!(
-            parse_perf_instructions("<not counted>,,instructions:u,0,0.00,,\n"),
+            parse_perf_instructions("<not supported>,,instructions:u,0,100.00,,\n"),
             None
         );
+    }
+
+    #[test]
+    fn a_callgrind_dump_gives_its_totals() {
+        let dump = "events: Ir\nsummary: 0\n\nfn=main\n1 2\ntotals: 555774668\n";
+        assert_eq!(parse_callgrind_totals(dump), Some(555_774_668));
+        assert_eq!(parse_callgrind_totals("events: Ir\n"), None);
     }
 }
