@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 ensure_redis
 target="${CARGO_TARGET_DIR:-target}"
 case " $* " in
-  *" --skip-bullmq "* | *" --compare-builds "* | *" --compare-keyed "* | *" --limits-only "* | *" --dlq-only "*) ;;
+  *" --skip-bullmq "* | *" --compare-builds "* | *" --compare-keyed "* | *" --limits-only "* | *" --dlq-only "* | *" --serve-cpu "*) ;;
   *)
     if ensure_node && ensure_npm_project bench/bullmq "$target/bench-bullmq"; then
       SLUICE_BENCH_BULLMQ_DIR="$(cd "$target/bench-bullmq" && pwd)"
@@ -28,10 +28,10 @@ esac
 # `--cost` counts redis-server's instructions with valgrind's callgrind (Debian's package
 # `valgrind`, installed with apt-get when missing); without it those figures say NOT RUN.
 case " $* " in
-  *" --cost "*)
-    ensure_installed "valgrind (the instruction counts of --cost)" \
+  *" --cost "* | *" --serve-cpu "*)
+    ensure_installed "valgrind (the instruction counts of --cost and --serve-cpu)" \
       'command -v valgrind >/dev/null 2>&1 && command -v callgrind_control >/dev/null 2>&1' valgrind ||
-      echo "WARNING: valgrind could not be installed; --cost's instruction counts say NOT RUN" >&2
+      echo "WARNING: valgrind could not be installed; --cost's instruction counts say NOT RUN (--serve-cpu needs it)" >&2
     ;;
 esac
 # Both packages of the workspace: the server (`sluice`) and the benchmark (bench/sluice-bench).

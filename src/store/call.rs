@@ -205,10 +205,16 @@ macro_rules! script_group {
         impl $(<$lt>)? From<$name $(<$lt>)?> for $crate::store::commit::Item {
             fn from(g: $name $(<$lt>)?) -> Self {
                 use redis::ToRedisArgs;
-                #[allow(unused_mut)]
-                let mut keys = vec![$(g.$key),*];
+                // Sized once: grown from empty, the two vectors were reallocated three to
+                // five times per admission.
+                let mut keys = Vec::with_capacity(
+                    <$name as $crate::store::call::Group>::KEYS.len(),
+                );
+                $(keys.push(g.$key);)*
                 $($(keys.extend(g.$okey);)+)?
-                let mut args = Vec::new();
+                let mut args = Vec::with_capacity(
+                    <$name as $crate::store::call::Group>::ARGS.len(),
+                );
                 $(g.$arg.write_redis_args(&mut args);)*
                 $crate::store::commit::Item { keys, args }
             }

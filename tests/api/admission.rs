@@ -161,6 +161,73 @@ async fn new_admission_answers_201_with_location_and_a_full_row() {
     assert_eq!(app.row_ttl("acme", id).await, -1);
 }
 
+/// The answers of `POST /api/executions` are written by hand into a sized buffer
+/// (`execution_json`): they must stay what `axum::Json` gave, header for header and byte for
+/// byte. GET still answers through `axum::Json`, so a fresh execution's GET body is the
+/// reference for the 201's bytes; the 200 of a replay is checked for the same headers.
+#[tokio::test]
+async fn admission_answers_carry_the_headers_and_bytes_of_their_json() {
+    let app = TestApp::spawn().await;
+    let body = json!({"flow_id": "demo.echo", "params": {"text": "é \"quoted\" \u{1}"}});
+    let names = |res: &reqwest::Response| {
+        let mut n: Vec<String> = res.headers().keys().map(|k| k.to_string()).collect();
+        n.sort();
+        n
+    };
+    let created = app.post_with_key("acme", "bytes-1", &body).await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    assert_eq!(
+        names(&created),
+        [
+            "content-length",
+            "content-type",
+            "date",
+            "location",
+            "x-request-id"
+        ]
+    );
+    assert_eq!(created.headers()["content-type"], "application/json");
+    let location = created.headers()["location"].to_str().unwrap().to_owned();
+    let length: usize = created.headers()["content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bytes = created.bytes().await.unwrap();
+    assert_eq!(bytes.len(), length);
+    let got = app
+        .as_tenant(reqwest::Method::GET, &location, "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.headers()["content-type"], "application/json");
+    let got = got.bytes().await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&bytes),
+        String::from_utf8_lossy(&got),
+        "the 201's body is not the bytes axum::Json gives the same execution"
+    );
+
+    let replayed = app.post_with_key("acme", "bytes-1", &body).await;
+    assert_eq!(replayed.status(), StatusCode::OK);
+    assert_eq!(
+        names(&replayed),
+        [
+            "content-length",
+            "content-type",
+            "date",
+            "idempotent-replayed",
+            "x-request-id"
+        ]
+    );
+    assert_eq!(replayed.headers()["content-type"], "application/json");
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    let again: Value = replayed.json().await.unwrap();
+    let first: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(again["execution_id"], first["execution_id"]);
+    assert_eq!(again["deduplicated"], true);
+}
+
 #[tokio::test]
 async fn same_key_with_a_different_request_is_a_conflict_and_writes_nothing() {
     let app = TestApp::spawn().await;

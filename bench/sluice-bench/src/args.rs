@@ -377,6 +377,35 @@ pub struct Args {
     #[arg(long, default_value = "valgrind")]
     pub(crate) valgrind: PathBuf,
 
+    /// Instead of the phases: `sluice serve`'s own CPU per HTTP admission (`serve_cpu.rs`):
+    /// serve's user-space instructions (under callgrind, `--valgrind`; or `--serve-cpu-perf`)
+    /// and the CPU time of serve and redis-server, per admission over exactly
+    /// `--serve-cpu-count` admissions; one build, or two (BEFORE AFTER) alternating for
+    /// `--serve-cpu-runs` rounds (each a program or a folder holding `sluice`).
+    #[arg(
+        long,
+        num_args = 1..=2,
+        value_names = ["BUILD"],
+        conflicts_with_all = ["compare_standalone", "cluster", "compare_builds", "compare_keyed", "cost"]
+    )]
+    pub(crate) serve_cpu: Option<Vec<PathBuf>>,
+    /// `--serve-cpu`: count with `perf stat -e instructions:u` (needs hardware counters)
+    /// instead of callgrind.
+    #[arg(long)]
+    pub(crate) serve_cpu_perf: bool,
+    /// `--serve-cpu`: admissions counted per run.
+    #[arg(long, default_value_t = 4_000)]
+    pub(crate) serve_cpu_count: u64,
+    /// `--serve-cpu`: admissions sent before the count starts (connections, pools, allocator).
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) serve_cpu_warmup: u64,
+    /// `--serve-cpu`: rounds (each build once per round, alternating).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) serve_cpu_runs: usize,
+    /// The perf program (`--serve-cpu --serve-cpu-perf`).
+    #[arg(long, default_value = "perf")]
+    pub(crate) perf: PathBuf,
+
     /// Runs per build of `--compare-builds` (per side of `--compare-keyed`).
     #[arg(long, default_value_t = 5)]
     pub(crate) compare_runs: usize,

@@ -95,6 +95,7 @@ mod procs;
 mod push;
 mod report;
 mod run;
+mod serve_cpu;
 
 use std::process::ExitCode;
 
@@ -193,6 +194,14 @@ async fn bench_main(args: Args) -> ExitCode {
                     },
                     passed(r) && c.correct && (!args.strict || c.targets_met),
                 ),
+                Outcome::ServeCpu(c) => (
+                    if args.json {
+                        serde_json::to_string_pretty(c).map(|t| t + "\n")
+                    } else {
+                        Ok(c.human())
+                    },
+                    c.correct,
+                ),
                 Outcome::Keyed(c) => (
                     if args.json {
                         serde_json::to_string_pretty(c).map(|t| t + "\n")
@@ -234,6 +243,8 @@ enum Outcome {
     Cost(Box<cost::CostReport>),
     /// A smoke run: the phases, then the cost measurement at tiny counts.
     WithCost(Box<Report>, Box<cost::CostReport>),
+    /// `--serve-cpu`: serve's own CPU per HTTP admission.
+    ServeCpu(Box<serve_cpu::ServeCpuReport>),
 }
 
 /// The run the flags ask for: one, or standalone then cluster, or two builds, or plain and
@@ -251,6 +262,11 @@ async fn run_all(args: Args) -> anyhow::Result<Outcome> {
     }
     if args.cost {
         return Ok(Outcome::Cost(Box::new(cost::run(&args).await?)));
+    }
+    if let Some(builds) = &args.serve_cpu {
+        return Ok(Outcome::ServeCpu(Box::new(
+            serve_cpu::run(&args, builds).await?,
+        )));
     }
     if !args.compare_standalone {
         // The smoke run also covers the cost measurement (tiny counts, no callgrind), so it
