@@ -103,6 +103,10 @@ local QUEUED, RUNNABLE, HELD, LISTED, BUSY
 local MAX_BYTES, MAX_RETAINED
 -- Whether any admission of the call has a void marker (one EXISTS for the call; see below).
 local ANY_VOID
+-- The admission counts (ARGV[6]) met so far, text to number: a count seen before is a table
+-- read instead of tonumber() (a C function call, about a thousand instructions). Only valid
+-- counts (1..100) are kept, so it holds at most 100 entries.
+local COUNTS = {}
 
 -- One admission: its keys from KEYS[k], its values from ARGV[a].
 local function admit_one(k, a)
@@ -115,10 +119,11 @@ local function admit_one(k, a)
   if dedup ~= '' then
     bucket = KEYS[k + 7]
     local holder, holder_fp
-    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 8], dedup_hash)
+    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 8], dedup_hash, fingerprint)
     if holder then
       if holder_fp ~= fingerprint then return { 'conflict', holder } end
-      return { 'dup', holder }
+      -- Two values, not a table: the call makes the table only when it answers one.
+      return 'dup', holder
     end
   end
 
@@ -209,7 +214,11 @@ end
 -- Per call: the state admit_one() shares within a call, set afresh (ANY_VOID below).
 TENANTS = KEYS[2]
 QUEUED, RUNNABLE, HELD, LISTED, BUSY = nil, nil, nil, nil, nil
-local n = tonumber(ARGV[6])
+local n = COUNTS[ARGV[6]]
+if not n then
+  n = tonumber(ARGV[6])
+  if n and n >= 1 and n <= 100 and n % 1 == 0 then COUNTS[ARGV[6]] = n end
+end
 MAX_BYTES, MAX_RETAINED = ARGV[7], ARGV[8]
 if not n or n < 1 or n > 100 or #ARGV ~= 8 + 16 * n then
   return redis.error_reply('ERR sluice admit: ' .. tostring(ARGV[6]) .. ' admissions with ' ..
@@ -240,8 +249,13 @@ else
 end
 local replies, k, a = {}, 5, 9
 for i = 1, n do
-  local ok, reply = pcall(admit_one, k, a)
-  if ok then
+  local ok, reply, dup = pcall(admit_one, k, a)
+  if dup then
+    -- A replay alone in its call answers one string, 'dup:<id>' (see Reply); it collected
+    -- nothing for the flushes below.
+    if n == 1 then return 'dup:' .. dup end
+    replies[i] = { reply, dup }
+  elseif ok then
     replies[i] = reply
   else
     replies[i] = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
@@ -253,6 +267,4 @@ end
 -- in one write per key.
 flush_trends()
 flush_usage()
--- A replay alone in its call answers one string, 'dup:<id>' (see Reply).
-if n == 1 and replies[1][1] == 'dup' then return 'dup:' .. replies[1][2] end
 return replies
