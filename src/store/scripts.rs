@@ -412,7 +412,10 @@ mod tests {
         assert!(values.contains(&"LIMITS_READ".to_owned()), "{values:?}");
         // A memo (its name ends in `_MEMO`) holds only what is a pure function of its key (a
         // day's number as text): what a call leaves in it is right for the next call.
-        let values: Vec<String> = values.into_iter().filter(|n| !n.ends_with("_MEMO")).collect();
+        let values: Vec<String> = values
+            .into_iter()
+            .filter(|n| !n.ends_with("_MEMO"))
+            .collect();
         let begin = COMMON
             .split("\nlocal function begin_call()\n")
             .nth(1)
