@@ -96,13 +96,21 @@ local TENANTS
 -- these, and it keeps them up to date): its queued count (nil once a write of it failed),
 -- true when it is in the runnable set (more work never takes it out), the slots it holds (an
 -- admission takes none), and the registry members and busy marks written already.
--- Made by the first admission that gets past the dedup check (a replayed admission, the
--- commonest repeat, needs none: about a thousand instructions each, callgrind on Redis 7.0).
+-- Made by the first admission that gets past the dedup check, and only in a call of more than
+-- one admission (MANY): a replayed admission, the commonest repeat, and a call of one, the
+-- commonest call at a low rate, need none (five tables, about a thousand instructions each
+-- with their collection, and the registries' keys joined into strings; callgrind on Redis
+-- 7.0).
 local QUEUED, RUNNABLE, HELD, LISTED, BUSY
+local MANY
 -- The server's storage bounds (ARGV[7], ARGV[8]), for tenants without their own.
 local MAX_BYTES, MAX_RETAINED
 -- Whether any admission of the call has a void marker (one EXISTS for the call; see below).
 local ANY_VOID
+-- The admission counts (ARGV[6]) met so far, text to number: a count seen before is a table
+-- read instead of tonumber() (a C function call, about a thousand instructions). Only valid
+-- counts (1..100) are kept, so it holds at most 100 entries.
+local COUNTS = {}
 
 -- One admission: its keys from KEYS[k], its values from ARGV[a].
 local function admit_one(k, a)
@@ -115,26 +123,29 @@ local function admit_one(k, a)
   if dedup ~= '' then
     bucket = KEYS[k + 7]
     local holder, holder_fp
-    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 8], dedup_hash)
+    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 8], dedup_hash, fingerprint)
     if holder then
       if holder_fp ~= fingerprint then return { 'conflict', holder } end
-      return { 'dup', holder }
+      -- Two values, not a table: the call makes the table only when it answers one.
+      return 'dup', holder
     end
   end
 
   local tenant, id, flow, version, params = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4]
   local max_attempts = ARGV[a + 5]
-  local priority, run_at, delay = ARGV[a + 9], tonumber(ARGV[a + 10]), tonumber(ARGV[a + 11])
+  -- tonumber() only of a value given (most are ''): a C function call each.
+  local priority, run_at, delay = ARGV[a + 9], ARGV[a + 10], ARGV[a + 11]
+  run_at, delay = run_at ~= '' and tonumber(run_at) or nil, delay ~= '' and tonumber(delay) or nil
   local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
   local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
   local LISTING, FLOWS = KEYS[k + 5], KEYS[k + 6]
-  if not QUEUED then QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {} end
+  if MANY and not QUEUED then QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {} end
 
   local now = now_ms()
-  local ok, refusal, queued = place(tenant, QUEUED[tenant])
+  local ok, refusal, queued = place(tenant, MANY and QUEUED[tenant])
   if not ok then
-    if refusal == 'full' then QUEUED[tenant] = queued end
+    if MANY and refusal == 'full' then QUEUED[tenant] = queued end
     return { refusal, queued }
   end
   local size = ROW_BYTES + #params
@@ -147,45 +158,50 @@ local function admit_one(k, a)
   -- A new row leaves out what equals its default (see "Rows" in common.lua): attempt 0,
   -- `u` (updated) equal to `c` (created), the default priority, and (make_runnable()) its
   -- queue state `queued` and ready_at equal to `c`.
+  -- Appended by index (n: the row's length so far), not by table.insert() or ipairs() of a
+  -- table made for it: C function calls and a table each (about a thousand instructions
+  -- apiece, callgrind on Redis 7.0).
   local row = { 't', tenant, 'f', flow, 'p', params, 's', 'queued', 'm', max_attempts,
     'c', now, 'z', size }
+  local n = 14
   if priority ~= DEFAULT_PRIORITY then
-    table.insert(row, 'pr'); table.insert(row, priority)
+    row[n + 1], row[n + 2], n = 'pr', priority, n + 2
   end
-  if version ~= '' then table.insert(row, 'v'); table.insert(row, version) end
+  if version ~= '' then row[n + 1], row[n + 2], n = 'v', version, n + 2 end
   if dedup ~= '' then
-    for _, v in ipairs({ 'd', dedup, 'dh', dedup_hash }) do table.insert(row, v) end
+    row[n + 1], row[n + 2], row[n + 3], row[n + 4], n = 'd', dedup, 'dh', dedup_hash, n + 4
   end
   if ckh ~= '' then
-    for _, v in ipairs({ 'k', ckey, 'kh', ckh }) do table.insert(row, v) end
+    row[n + 1], row[n + 2], row[n + 3], row[n + 4], n = 'k', ckey, 'kh', ckh, n + 4
   else
     ckh = nil
   end
   if traceparent ~= '' then
-    for _, v in ipairs({ 'tp', traceparent }) do table.insert(row, v) end
-    if tracestate ~= '' then
-      for _, v in ipairs({ 'ts', tracestate }) do table.insert(row, v) end
+    row[n + 1], row[n + 2], n = 'tp', traceparent, n + 2
+    if tracestate ~= '' then row[n + 1], row[n + 2], n = 'ts', tracestate, n + 2 end
+  end
+  local listed = redis.call('ZADD', LISTING, 0, listing_member('queued', flow, id)) == 1
+  if MANY then QUEUED[tenant] = listed and queued + 1 or nil end
+  -- Registries the sweeper walks (set members), once per call.
+  if not MANY then
+    redis.call('SADD', TENANTS, tenant)
+    redis.call('SADD', FLOWS, flow)
+  else
+    if not LISTED[TENANTS .. tenant] then
+      redis.call('SADD', TENANTS, tenant)
+      LISTED[TENANTS .. tenant] = true
+    end
+    if not LISTED[FLOWS .. flow] then
+      redis.call('SADD', FLOWS, flow)
+      LISTED[FLOWS .. flow] = true
     end
   end
-  QUEUED[tenant] = nil
-  if redis.call('ZADD', LISTING, 0, listing_member('queued', flow, id)) == 1 then
-    QUEUED[tenant] = queued + 1
-  end
-  -- Registries the sweeper walks (set members), once per call.
-  if not LISTED[TENANTS .. tenant] then
-    redis.call('SADD', TENANTS, tenant)
-    LISTED[TENANTS .. tenant] = true
-  end
-  if not LISTED[FLOWS .. flow] then
-    redis.call('SADD', FLOWS, flow)
-    LISTED[FLOWS .. flow] = true
-  end
   -- The row is written here, with its queue state, in one HSET.
-  if enqueue(tenant, flow, id, now, priority, due, row, ckh, RUNNABLE[tenant]) then
-    RUNNABLE[tenant] = true
-  elseif not BUSY[tenant] then
+  if enqueue(tenant, flow, id, now, priority, due, row, ckh, MANY and RUNNABLE[tenant]) then
+    if MANY then RUNNABLE[tenant] = true end
+  elseif not (MANY and BUSY[tenant]) then
     mark_busy(tenant)
-    BUSY[tenant] = true
+    if MANY then BUSY[tenant] = true end
   end
   tally(tenant, 'admitted', now)
   count_bytes(tenant, size)
@@ -197,24 +213,31 @@ local function admit_one(k, a)
   end
   if due then return { 'new', 'scheduled', now, due } end
   local tpos, kpos, klimit, rank = position(tenant, id, ckh)
-  if rank and not HELD[tenant] then
+  local held = MANY and HELD[tenant]
+  if rank and not held then
     -- refresh() counted them when this admission made its tenant runnable (no slot set
     -- changes in an admission call).
-    HELD[tenant] = SLOTS_OF == tenant and SLOTS_HELD or redis.call('SCARD', KEYS[k + 3])
+    held = SLOTS_OF == tenant and SLOTS_HELD or redis.call('SCARD', KEYS[k + 3])
+    if MANY then HELD[tenant] = held end
   end
-  return { 'new', queue_state(tenant, id, 'queued', rank, HELD[tenant]), now, '', tpos or '',
+  return { 'new', queue_state(tenant, id, 'queued', rank, held or nil), now, '', tpos or '',
     kpos or '', klimit or '' }
 end
 
 -- Per call: the state admit_one() shares within a call, set afresh (ANY_VOID below).
 TENANTS = KEYS[2]
 QUEUED, RUNNABLE, HELD, LISTED, BUSY = nil, nil, nil, nil, nil
-local n = tonumber(ARGV[6])
+local n = COUNTS[ARGV[6]]
+if not n then
+  n = tonumber(ARGV[6])
+  if n and n >= 1 and n <= 100 and n % 1 == 0 then COUNTS[ARGV[6]] = n end
+end
 MAX_BYTES, MAX_RETAINED = ARGV[7], ARGV[8]
 if not n or n < 1 or n > 100 or #ARGV ~= 8 + 16 * n then
   return redis.error_reply('ERR sluice admit: ' .. tostring(ARGV[6]) .. ' admissions with ' ..
     #ARGV .. ' values')
 end
+MANY = n > 1
 -- Every admission's keys are where the header says, or nothing is done. Its void marker is
 -- its second key.
 local want = 4
@@ -240,8 +263,13 @@ else
 end
 local replies, k, a = {}, 5, 9
 for i = 1, n do
-  local ok, reply = pcall(admit_one, k, a)
-  if ok then
+  local ok, reply, dup = pcall(admit_one, k, a)
+  if dup then
+    -- A replay alone in its call answers one string, 'dup:<id>' (see Reply); it collected
+    -- nothing for the flushes below.
+    if n == 1 then return 'dup:' .. dup end
+    replies[i] = { reply, dup }
+  elseif ok then
     replies[i] = reply
   else
     replies[i] = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
@@ -253,6 +281,4 @@ end
 -- in one write per key.
 flush_trends()
 flush_usage()
--- A replay alone in its call answers one string, 'dup:<id>' (see Reply).
-if n == 1 and replies[1][1] == 'dup' then return 'dup:' .. replies[1][2] end
 return replies

@@ -227,11 +227,17 @@ local function limits(t)
     v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
       'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'max_bytes',
       'max_retained', 'u_bytes', 'u_rows', 'u_next', 'deleting')
+    -- The numbers, read from their text once (a call asks for one tenant's limits several
+    -- times, and each tonumber() is a C function call, about a thousand instructions):
+    -- kept after the 15 fields as read.
+    v[16] = tonumber(v[1]) or DEFAULT_MAX_CONCURRENT
+    v[17] = tonumber(v[2]) or DEFAULT_MAX_QUEUED
+    v[18] = tonumber(v[5]) or 1
+    v[19] = tonumber(v[6])
     LIMITS_READ[t] = v
     LIMITS_KEPT = true
   end
-  return tonumber(v[1]) or DEFAULT_MAX_CONCURRENT, tonumber(v[2]) or DEFAULT_MAX_QUEUED,
-    v[3] ~= '0', v[4], tonumber(v[5]) or 1, tonumber(v[6]), v[7] or nil, v[8] or nil,
+  return v[16], v[17], v[3] ~= '0', v[4], v[18], v[19], v[7] or nil, v[8] or nil,
     v[9] or nil, v[15] or nil
 end
 
@@ -652,6 +658,9 @@ end
 -- script that can collect one calls flush_usage() (a unit test checks it).
 local ROW_BYTES = 512
 local RETAINED_BUCKETS = 720
+-- A bucket's width (s) under the retention in force: begin_call() works it out when
+-- ARGV[4] changes, not each retain() (two math calls, C functions, per completion).
+local RETAINED_WIDTH = 1
 
 -- The changes this call collected, by tenant (see usage_of()).
 local USAGE = {}
@@ -684,7 +693,7 @@ end
 -- retry, a force delete).
 local function retain(t, size, expire_at, n)
   local u = usage_of(t)
-  local width = math.max(1, math.floor(RETENTION_SECS / RETAINED_BUCKETS))
+  local width = RETAINED_WIDTH
   local e = math.ceil(expire_at / 1000 / width) * width
   u.d_rows = u.d_rows + n
   local d = u.buckets[e]
@@ -740,19 +749,26 @@ end
 local function storage_refusal(t, size, rows, now, max_bytes, max_retained, whole)
   local u = drain(t, now)
   local v = LIMITS_READ[t]
-  max_bytes = tonumber(v[10]) or tonumber(max_bytes)
-  max_retained = tonumber(v[11]) or tonumber(max_retained)
+  -- Comparisons, not math.max(), and tonumber() only of a bound that is set: C function calls
+  -- cost about a thousand instructions each (callgrind, Redis 7.0), and this runs for every
+  -- admission. (`max_bytes` and `max_retained` may come as numbers or as their text.)
+  max_bytes = v[10] and tonumber(v[10]) or tonumber(max_bytes)
+  max_retained = v[11] and tonumber(v[11]) or tonumber(max_retained)
   if whole and size > max_bytes then return { 'too_large', size, max_bytes } end
-  local wait = u.next and math.max(0, u.next * 1000 - now) or -1
-  local bytes = math.max(0, u.bytes + u.d_bytes)
+  local bytes = u.bytes + u.d_bytes
+  if bytes < 0 then bytes = 0 end
+  local kept = u.rows + u.d_rows
+  if kept < 0 then kept = 0 end
+  if bytes + size <= max_bytes and kept + rows < max_retained then return nil end
+  local wait = -1
+  if u.next then
+    wait = u.next * 1000 - now
+    if wait < 0 then wait = 0 end
+  end
   if bytes + size > max_bytes then
     return { 'storage_full', 'bytes', bytes, max_bytes, wait }
   end
-  local kept = math.max(0, u.rows + u.d_rows)
-  if kept + rows >= max_retained then
-    return { 'storage_full', 'retained', kept, max_retained, wait }
-  end
-  return nil
+  return { 'storage_full', 'retained', kept, max_retained, wait }
 end
 
 -- Writes what this call collected (see usage_of()): the counters as they are now (read in this
@@ -819,7 +835,12 @@ end
 -- by admit.lua and removed together); a missing row can only mean its retention ran out first,
 -- so the key is free again: then the third value is true when the string key is such a
 -- leftover (admit.lua deletes it as it claims the key). Reads only (dry_admit.lua shares it).
-local function dedup_holder(bucket, mapping, h)
+-- `fingerprint` is the caller's request's: a mapping that ends in `:<fingerprint>` (a
+-- replay, the commonest case) is cut there with one string.sub and compared whole, where the
+-- general parse below takes a find and two subs (each C function call about a thousand
+-- instructions, callgrind on Redis 7.0); both give the same id and fingerprint, since an id
+-- holds no ':'.
+local function dedup_holder(bucket, mapping, h, fingerprint)
   local mapped = redis.call('HGET', bucket, dedup_field(h))
   local stale = nil
   if not mapped then
@@ -827,10 +848,13 @@ local function dedup_holder(bucket, mapping, h)
     if not mapped then return nil end
     stale = true
   end
-  local sep = string.find(mapped, ':', 1, true)
-  local id = string.sub(mapped, 1, sep - 1)
+  local id, fp = string.sub(mapped, 1, #mapped - #fingerprint - 1), fingerprint
+  if id .. ':' .. fingerprint ~= mapped then
+    local sep = string.find(mapped, ':', 1, true)
+    id, fp = string.sub(mapped, 1, sep - 1), string.sub(mapped, sep + 1)
+  end
   if redis.call('EXISTS', K.row(id)) == 0 then return nil, nil, stale end
-  return id, string.sub(mapped, sep + 1)
+  return id, fp
 end
 
 -- Execution `id` (tenant t, dedup digest h) ended: its mapping, if it still names it, leaves
@@ -1136,8 +1160,11 @@ local function resize(t, run, extra, drop)
   local err = record_field(extra, 'em')
   if not err then
     err = old
-    for _, f in ipairs(drop or {}) do
-      if f == 'em' then err = '' end
+    -- A numeric loop, and no table made for a `drop` not given.
+    if drop then
+      for i = 1, #drop do
+        if drop[i] == 'em' then err = '' end
+      end
     end
   end
   local output = record_field(extra, 'o') or ''
@@ -1179,7 +1206,10 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
   end_lease(t, id, run[9], drop, run[13])
   announce(id, run[11], status, now)
   settle_terminal(t, id, run[12], resize(t, run, extra, drop))
-  if status == 'failed' then
+  -- The event's fields are made only for a tenant with a webhook (outbox() checks it too).
+  local _, _, _, _, _, _, _, _, webhook = limits(t)
+  if not webhook then
+  elseif status == 'failed' then
     outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
       'err_kind', record_field(extra, 'ek') or '',
       'err_msg', record_field(extra, 'em') or '', 'dead', dead and '1' or '0' })
@@ -1302,7 +1332,8 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
       if barred(consumer, call) then return 0, started end
       call = nil
     end
-    local clock_at = tonumber(top[2])
+    -- (Arithmetic converts the score's text: no tonumber() call.)
+    local clock_at = top[2] + 0
     if only then
       -- The least virtual time among the served tenants that are runnable.
       local scores = redis.call('ZMSCORE', K.runnable(), unpack(only))
@@ -1314,7 +1345,7 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
       end
       if not top[1] then break end
     end
-    local tenant, vt = top[1], tonumber(top[2])
+    local tenant, vt = top[1], top[2] + 0
     local popped = redis.call('ZPOPMIN', K.waiting(tenant))
     local id = popped[1]
     local row = nil
@@ -1531,15 +1562,27 @@ local TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
 local TREND_FIRST = {}
 local TRENDS_KEPT = false
 local BURST_TTL_MS = 600000
+-- The day trend_add() last named keys for, and its text. A memo (the name ends in _MEMO): a
+-- pure function of what it is keyed by, so what a call leaves in it is right for the next,
+-- and begin_call() leaves it be.
+local DAY_MEMO = {}
 
 -- Collects one increment of the counter at `field` (an offset within a record) of the minute
 -- of `now`, in tenant t's day key and in the shard's.
 local function trend_add(t, now, field)
-  local day = math.floor(now / 86400000)
-  local at = math.floor((now % 86400000) / 60000) * TREND_RECORD_BITS + field
+  -- Whole days and minutes by arithmetic (now >= 0): no math.floor() calls (a C function
+  -- call each, about a thousand instructions).
+  local in_day = now % 86400000
+  local day = (now - in_day) / 86400000
+  local minute = (in_day - in_day % 60000) / 60000
+  local at = minute * TREND_RECORD_BITS + field
   local width = field < TREND_WAIT_AT and 'u32' or 'u16'
+  -- The day's number as text for the key names, formatted once a day (a number joined into
+  -- a string is formatted by sprintf every time).
+  if DAY_MEMO[1] ~= day then DAY_MEMO = { day, tostring(day) } end
+  local day_text = DAY_MEMO[2]
   for i = 1, 2 do
-    local key = i == 1 and K.trends(t, day) or K.shard_trends(day)
+    local key = i == 1 and K.trends(t, day_text) or K.shard_trends(day_text)
     local args = TREND_ARGS[key]
     if not args then
       args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
@@ -1556,8 +1599,7 @@ local function trend_add(t, now, field)
       args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at, 1
       TREND_SLOT[key][at] = k + 4
       if i == 1 and field == TREND_FIELD.started and not TREND_FIRST[key] then
-        TREND_FIRST[key] = { t = t, day = day, minute = math.floor((now % 86400000) / 60000),
-          now = now, slot = k + 4 }
+        TREND_FIRST[key] = { t = t, day = day, minute = minute, now = now, slot = k + 4 }
       end
     end
   end
@@ -1584,18 +1626,22 @@ end
 flush_trends = function()
   -- A call that counted nothing (a repeated report, a replayed admission) makes no new tables.
   if TREND_KEYS[1] then
-    for _, key in ipairs(TREND_KEYS) do
+    -- Numeric loops (ipairs() calls its C iterator once a step), and the tables emptied in
+    -- place rather than replaced: five new tables a call cost more than these few writes.
+    for k = 1, #TREND_KEYS do
+      local key = TREND_KEYS[k]
       local args = TREND_ARGS[key]
       local replies = redis.call(unpack(args))
-      for i, v in ipairs(replies) do
-        if v == args[4 + 4 * i] then
+      for i = 1, #replies do
+        if replies[i] == args[4 + 4 * i] then
           redis.call('EXPIREAT', key, TREND_EXPIRY[key])
           break
         end
       end
       note_burst(key, args, replies)
+      TREND_ARGS[key], TREND_SLOT[key], TREND_EXPIRY[key], TREND_FIRST[key] = nil, nil, nil, nil
+      TREND_KEYS[k] = nil
     end
-    TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY, TREND_FIRST = {}, {}, {}, {}, {}
     TRENDS_KEPT = false
   end
   -- The shard's counters of ended runs (see finish()).
@@ -1620,8 +1666,9 @@ end
 tally_start = function(t, ready_at, now)
   local wait = now - ready_at
   local bucket = #TREND_WAIT_BOUNDS
-  for i, bound in ipairs(TREND_WAIT_BOUNDS) do
-    if wait <= bound then
+  -- A numeric loop: ipairs() calls its C iterator once a step.
+  for i = 1, bucket do
+    if wait <= TREND_WAIT_BOUNDS[i] then
       bucket = i - 1
       break
     end
@@ -1657,7 +1704,10 @@ local function begin_call()
   local a2, a3, a4, a5 = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
   if a2 ~= POLICY_2 then DEFAULT_MAX_CONCURRENT, POLICY_2 = a2 + 0, a2 end
   if a3 ~= POLICY_3 then DEFAULT_MAX_QUEUED, POLICY_3 = a3 + 0, a3 end
-  if a4 ~= POLICY_4 then RETENTION_SECS, POLICY_4 = a4 + 0, a4 end
+  if a4 ~= POLICY_4 then
+    RETENTION_SECS, POLICY_4 = a4 + 0, a4
+    RETAINED_WIDTH = math.max(1, math.floor(RETENTION_SECS / RETAINED_BUCKETS))
+  end
   if a5 ~= POLICY_5 then DEDUP_TTL_SECS, POLICY_5 = a5 + 0, a5 end
   NOW = nil
   WOKE = false

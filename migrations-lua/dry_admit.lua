@@ -27,7 +27,7 @@ local priority, run_at, delay = ARGV[18], tonumber(ARGV[19]), tonumber(ARGV[20])
 local ckh = ARGV[22] or ''
 
 if dedup ~= '' then
-  local holder, holder_fp = dedup_holder(KEYS[12], KEYS[13], dedup_hash)
+  local holder, holder_fp = dedup_holder(KEYS[12], KEYS[13], dedup_hash, fingerprint)
   if holder then
     if holder_fp ~= fingerprint then return { 'conflict', holder } end
     return { 'duplicate', holder, view(holder) }

@@ -44,15 +44,17 @@ if not fence_frozen then
   FENCE_FROZEN[P] = fence_frozen
   FENCE_COUNT = FENCE_COUNT + 1
 end
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  if FENCE_OK[key] ~= P then
+-- The loop reads locals, not the library's upvalues (two VM instructions fewer a key).
+local fence_ok, keys, prefix = FENCE_OK, KEYS, P
+for i = 1, #keys do
+  local key = keys[i]
+  if fence_ok[key] ~= prefix then
     -- A plain find anchored at 1: no pattern, no substring allocated.
-    if string.find(key, P, 1, true) ~= 1 then
+    if string.find(key, prefix, 1, true) ~= 1 then
       return redis.error_reply('ERR sluice fence: KEYS[' .. i .. '] ' .. key ..
-        ' is outside the prefix ' .. P)
+        ' is outside the prefix ' .. prefix)
     end
-    FENCE_OK[key] = P
+    fence_ok[key] = prefix
     FENCE_COUNT = FENCE_COUNT + 1
   end
 end

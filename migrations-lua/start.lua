@@ -36,11 +36,14 @@
 --             worker sleeps on its own timer until then (woken earlier by the doorbell)
 --   weight    the eligible weight of the shard (eligible_weight()) after the call: of the
 --             tenants `only` names, when it names some
-declared(2, K.runnable()); declared(3, K.delayed()); declared(4, K.leases())
-declared(5, K.dlq()); declared(6, K.stats()); declared(7, K.dlq_indexed())
-local consumer, count, ttl, cap = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+-- (The hot path: the shard's keys through the guard's memory, see declared_shard().)
+declared_shard(2, K.runnable); declared_shard(3, K.delayed); declared_shard(4, K.leases)
+declared_shard(5, K.dlq); declared_shard(6, K.stats); declared_shard(7, K.dlq_indexed)
+-- Arithmetic converts the numbers' text (no tonumber() calls, C functions of about a thousand
+-- instructions each); text that is not a number fails the call here, before any write.
+local consumer, count, ttl, cap = ARGV[6], ARGV[7] + 0, ARGV[8] + 0, ARGV[9] + 0
 declared(8, K.adopted(consumer))
-if barred(consumer, tonumber(ARGV[10])) then return { 0, {}, -1, 0 } end
+if barred(consumer, ARGV[10] + 0) then return { 0, {}, -1, 0 } end
 local now = now_ms()
 local wait = promote_due(now, 100)
 local only = nil

@@ -12,6 +12,8 @@ minus the growth of the bare scripts over the commands that part ran.
                                              # same again, lease, complete, complete again
     probe.py probes                          # the probe libraries, from the captured one
     probe.py measure 300                     # each probe and bare prefix, 300 replays each
+    probe.py cycle 300 bare LIB...           # the fresh paths: 300 new admissions, starts and
+                                             # completions, by a library file or bare scripts
 
 Python's standard library only; needs redis-server, valgrind and callgrind_control. Files go
 to $PROBE_DIR (default target/overhead-probe). The probes' points are lines of admit.lua and
@@ -119,6 +121,7 @@ def capture(sluice, out):
     own = R(port)
     h = {'Authorization': 'Bearer ' + tok, 'X-Tenant-Id': 'bench-t0', 'Content-Type': 'application/json', 'Idempotency-Key': 'calls-0-0'}
     body = json.dumps({'flow_id': 'demo.echo', 'params': {'n': 0, 'p': 'x' * 14}})
+    own.call('ECHO', 'cost-mark:fresh')
     s1 = http('POST', base + '/api/executions', body, h)[0]
     own.call('ECHO', 'cost-mark:replay')
     s2, b2 = http('POST', base + '/api/executions', body, h)
@@ -126,6 +129,7 @@ def capture(sluice, out):
     hl = dict(h); del hl['Idempotency-Key']
     st, lb = http('POST', base + '/api/worker/lease?wait=5s', json.dumps({'worker_id': 'cost', 'max': 1, 'tenants': ['bench-t0'], 'lease': '30s'}), hl)
     run = json.loads(lb)['runs'][0]
+    own.call('ECHO', 'cost-mark:complete')
     comp = json.dumps({'worker_id': 'cost', 'fence': run['fence'], 'outcome': 'completed', 'output': run['params']})
     s3 = http('POST', base + '/api/worker/runs/%s/complete' % run['execution_id'], comp, hl)[0]
     own.call('ECHO', 'cost-mark:repeat')
@@ -146,7 +150,11 @@ def capture(sluice, out):
                     if c2 != 'lua': break
                     cmds.append([x.decode('latin-1') for x in a2])
                 return {'args': [x.decode('latin-1') for x in a], 'commands': cmds}
-    calls = {'admit': find('replay', 'lease', 'admit'), 'complete': find('repeat', 'end', 'complete')}
+    calls = {'admit': find('replay', 'lease', 'admit'), 'complete': find('repeat', 'end', 'complete'),
+             # The fresh paths (`probe.py cycle`): a new admission, the lease's start, the
+             # completion of that run.
+             'fresh': find('fresh', 'replay', 'admit'), 'start': find('lease', 'complete', 'start'),
+             'done': find('complete', 'repeat', 'complete')}
     lib = R(port).call('FUNCTION', 'LIST', 'WITHCODE')
     own.call('SAVE'); own.send('SHUTDOWN', 'NOSAVE'); rs.wait()
     code = None
@@ -234,8 +242,11 @@ PROBES = [
     ('a0_empty', 'admit', 'P = ARGV[1]'),
     ('a1_guard', 'admit', 'begin_call()'),
     ('a2_begin', 'admit', '-- Per call'),
-    ('a3_resets', 'admit', 'local n = tonumber(ARGV[6])'),
+    ('a3_resets', 'admit', 'local n = COUNTS[ARGV[6]]'),
     ('a4_checks', 'admit', 'local replies, k, a = {}, 5, 9'),
+    # Inside admit_one (a replay): its entry (the pcall), then past the dedup lookup.
+    ('a41_pcall', 'admit', "  if ANY_VOID and redis.call('EXISTS'"),
+    ('a42_holder', 'admit', '    if holder then'),
     ('a45_flush', 'admit', 'flush_trends()'),
     ('a5_noreply', 'admit', None),
     ('a9_full', 'admit', ''),
@@ -259,9 +270,94 @@ def probes(out):
             at = [i for i in range(s, e) if text[i].strip() == 'return replies'][-1]
             text[at] = 'return 0'
         elif before:
-            at = [i for i in range(s, e) if text[i].startswith(before)][0]
+            # From the block that makes the operation's helpers once (admit_one()), if any.
+            s0 = max([i for i in range(s) if lib[i] == 'do'], default=s)
+            at = [i for i in range(s0, e) if text[i].startswith(before)][0]
             text.insert(at, 'do return 0 end')
         open(os.path.join(out, 'probes', name), 'w', encoding='latin-1').write('\n'.join(text))
+
+# ---- The fresh paths: a cycle of a new admission, its start (the lease's call) and its
+# completion, each call made new per execution (its id, dedup key and digest replaced).
+
+def split_call(call):
+    a = call['args']; nk = int(a[2])
+    return a[3:3 + nk], a[3 + nk:]
+
+def fresh_subs(calls, x):
+    """The replacements that make execution number x of the captured cycle: a new id (its
+    last 12 hex digits, so later ids sort later and the queue pops them in order), dedup key
+    and digest (its first two digits kept: the same dedup bucket)."""
+    _, argv = split_call(calls['fresh'])
+    oid, okey, odig = argv[9], argv[14], argv[15]
+    nid, ndig = oid[:-12] + '%012x' % x, odig[:2] + '%030x' % x
+    return [(oid, nid), (odig, ndig), (odig[2:], ndig[2:]), (okey, 'cycle-%d' % x)]
+
+def subst(strs, subs):
+    out = []
+    for s in strs:
+        for a, b in subs: s = s.replace(a, b)
+        out.append(s)
+    return out
+
+PATHS = ['fresh', 'start', 'done']
+
+def cycle(out, n, libs):
+    """Per library (a file, or 'bare': scripts of the recorded commands alone): n executions
+    admitted, then started, then completed, each path in a window of its own (a backlog),
+    then n more as n cycles admit-start-complete in one window (the end-to-end run at a low
+    rate: the tenant enters and leaves the runnable set each time). Instructions per call,
+    Redis's idle rate taken out."""
+    calls = json.load(open(os.path.join(out, 'calls.json')))
+    for lib in libs:
+      # A redis-server of its own per library, from the capture's data: each starts from the
+      # same keys (a server kept across libraries grows its sets and Lua heap between them).
+      cg = CG(out)
+      base = 1
+      try:
+            rate = cg.idle(2.0)
+            def cmds(path, x):
+                subs = fresh_subs(calls, x)
+                call = calls[path]
+                if lib == 'bare':
+                    text = bare({'commands': [subst(c, subs) for c in call['commands']]})
+                    sha = cg.r.call('SCRIPT', 'LOAD', text).decode()
+                    return ['EVALSHA', sha] + subst(call['args'][2:], subs)
+                return subst(call['args'], subs)
+            if lib != 'bare':
+                cg.r.call('FUNCTION', 'LOAD', 'REPLACE', open(lib, encoding='latin-1').read())
+            name = os.path.basename(lib)
+            row = []
+            batches = {p: [cmds(p, base + j) for j in range(n)] for p in PATHS}
+            for p in PATHS:
+                ir, secs = cg.window(lambda: run_all(cg, batches[p], p, lib != 'bare'))
+                row.append(round((ir - rate * secs) / n))
+            base += n
+            inter = []
+            for j in range(n):
+                inter.extend(cmds(p, base + j) for p in PATHS)
+            ir, secs = cg.window(lambda: run_all(cg, inter, None, lib != 'bare'))
+            row.append(round((ir - rate * secs) / n))
+            base += n
+            print('%-22s fresh %8d  start %8d  done %8d  | cycle %8d' % (name, *row), flush=True)
+      finally:
+        cg.stop()
+
+def run_all(cg, cmds, path, check):
+    """Sends cmds pipelined 50 at a time; with check, each answer must be the path's success
+    (a new admission, one run started, a completion done)."""
+    want = {'fresh': b'new', 'start': b'bench-t0', 'done': b'done'}
+    done = 0
+    while done < len(cmds):
+        b = cmds[done:done + 50]
+        for c in b: cg.r.send(*c)
+        for i, c in enumerate(b):
+            x = cg.r.read()
+            if isinstance(x, Exception): raise x
+            if path == 'x': continue
+            p = path or PATHS[(done + i) % 3]
+            if check and want[p] not in repr(x).encode():
+                raise RuntimeError('%s answered %r' % (p, x))
+        done += len(b)
 
 if __name__ == '__main__':
     os.makedirs(OUT, exist_ok=True)
@@ -273,3 +369,6 @@ if __name__ == '__main__':
         d = os.path.join(OUT, 'probes')
         measure(OUT, [os.path.join(d, f) for f in sorted(os.listdir(d))], int(sys.argv[2]),
                 ['admit', 'complete'])
+    elif sys.argv[1] == 'cycle':
+        # probe.py cycle 300 bare target/overhead-probe/library.lua other-library.lua ...
+        cycle(OUT, int(sys.argv[2]), sys.argv[3:])

@@ -414,6 +414,10 @@ mod tests {
             let (declared, declared_computed) = reads(&body, "declared(");
             keys.extend(declared);
             keys_computed |= declared_computed;
+            // The same check through the guard's memory (common.lua's declared_shard()).
+            let (shard, shard_computed) = reads(&body, "declared_shard(");
+            keys.extend(shard);
+            keys_computed |= shard_computed;
             let (args, args_computed) = reads(&body, "ARGV[");
             for (what, read, computed, list, tail) in [
                 ("KEYS", &keys, keys_computed, &h.keys, &h.key_tail),

@@ -410,6 +410,12 @@ mod tests {
         // (in a helper, or in an operation's body) must be set afresh before the next call.
         let values = top_level_values(COMMON);
         assert!(values.contains(&"LIMITS_READ".to_owned()), "{values:?}");
+        // A memo (its name ends in `_MEMO`) holds only what is a pure function of its key (a
+        // day's number as text): what a call leaves in it is right for the next call.
+        let values: Vec<String> = values
+            .into_iter()
+            .filter(|n| !n.ends_with("_MEMO"))
+            .collect();
         let begin = COMMON
             .split("\nlocal function begin_call()\n")
             .nth(1)
