@@ -1208,13 +1208,14 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
   settle_terminal(t, id, run[12], resize(t, run, extra, drop))
   -- The event's fields are made only for a tenant with a webhook (outbox() checks it too).
   local _, _, _, _, _, _, _, _, webhook = limits(t)
-  if not webhook then
-  elseif status == 'failed' then
-    outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
-      'err_kind', record_field(extra, 'ek') or '',
-      'err_msg', record_field(extra, 'em') or '', 'dead', dead and '1' or '0' })
-  else
-    outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] })
+  if webhook then
+    if status == 'failed' then
+      outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
+        'err_kind', record_field(extra, 'ek') or '',
+        'err_msg', record_field(extra, 'em') or '', 'dead', dead and '1' or '0' })
+    else
+      outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] })
+    end
   end
   ENDED[status] = (ENDED[status] or 0) + 1
   ENDED_KEPT = true
