@@ -98,7 +98,7 @@ pub struct BuildComparison {
 }
 
 /// `path` itself, or `path/sluice` when it is a folder.
-fn program(path: &Path) -> PathBuf {
+pub(crate) fn program(path: &Path) -> PathBuf {
     if path.is_dir() {
         path.join("sluice")
     } else {
@@ -223,15 +223,7 @@ async fn one_run(
     let (mut serve, addr) =
         procs::start_serve(&cmd, scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED).await?;
     let url = redis.urls[0].clone();
-    let workload = |tag: &str| Workload {
-        addr,
-        admin_token: ADMIN_TOKEN.into(),
-        tenants: tenants.clone(),
-        tag: tag.into(),
-        flow: "demo.echo".into(),
-        keys: 0,
-        tokens: Vec::new(),
-    };
+    let workload = |tag: &str| Workload::echo(addr, &tenants, tag);
     let pids = Pids::of(&[&redis.nodes[0], &serve]);
     let (before_calls, before_us) = script_stats(&url).await?;
     let cpu_before = cpu_of(&redis.nodes[0]);

@@ -22,6 +22,8 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
+use crate::ADMIN_TOKEN;
+
 /// Upper bound on one HTTP exchange; the server's own request timeout is shorter.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -128,6 +130,20 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// The plain admission load: `demo.echo` for `tenants` as the platform admin, no
+    /// concurrency keys, the phase's keys tagged `tag`.
+    pub fn echo(addr: SocketAddr, tenants: &[String], tag: &str) -> Self {
+        Self {
+            addr,
+            admin_token: ADMIN_TOKEN.into(),
+            tenants: tenants.to_vec(),
+            tag: tag.into(),
+            flow: "demo.echo".into(),
+            keys: 0,
+            tokens: Vec::new(),
+        }
+    }
+
     /// Tenant, dedup key and JSON body of request `i` of client `c`.
     pub fn request(&self, c: usize, i: u64) -> (&str, String, String) {
         let tenant = &self.tenants[(c + i as usize) % self.tenants.len()];

@@ -59,15 +59,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
             .collect()
     });
     let masters = masters.as_deref();
-    let workload = |tag: &str| Workload {
-        addr,
-        admin_token: ADMIN_TOKEN.into(),
-        tenants: tenants.clone(),
-        tag: tag.into(),
-        flow: "demo.echo".into(),
-        keys: 0,
-        tokens: Vec::new(),
-    };
+    let workload = |tag: &str| Workload::echo(addr, &tenants, tag);
     let mut report = Report::new(&args);
     let pids = Pids::of(&redis_and(&redis, &serve));
     let clients = args.clients.max(1);

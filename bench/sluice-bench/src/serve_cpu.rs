@@ -32,7 +32,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use crate::compare::{median, order, round2, script_stats};
+use crate::compare::{median, order, program, round2, script_stats};
 use crate::load::{self, Progress, Workload};
 use crate::procs::{self, Scratch};
 use crate::{ADMIN_TOKEN, Args, UNLIMITED};
@@ -80,15 +80,6 @@ pub struct ServeCpuReport {
     pub runs: Vec<ServeCpuRun>,
     /// Every counted admission was answered 201.
     pub correct: bool,
-}
-
-/// `path` itself, or `path/sluice` when it is a folder.
-fn program(path: &Path) -> PathBuf {
-    if path.is_dir() {
-        path.join("sluice")
-    } else {
-        path.to_owned()
-    }
 }
 
 /// The `instructions:u` count in `perf stat -x,` output (its first field), if counted.
@@ -212,15 +203,7 @@ async fn one_run(
     let cmd = crate::harness::sluice_cmd(args, started, redis.target());
     let (mut serve, addr) =
         procs::start_serve_with(&cmd, scratch, ADMIN_TOKEN, UNLIMITED, UNLIMITED, &extra).await?;
-    let workload = |tag: &str| Workload {
-        addr,
-        admin_token: ADMIN_TOKEN.into(),
-        tenants: tenants.clone(),
-        tag: tag.into(),
-        flow: "demo.echo".into(),
-        keys: 0,
-        tokens: Vec::new(),
-    };
+    let workload = |tag: &str| Workload::echo(addr, &tenants, tag);
     let limit = Duration::from_secs(300);
     let warm = workload("scpu-warm");
     load::closed_loop_count(
