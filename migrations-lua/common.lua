@@ -372,9 +372,12 @@ end
 -- with the least virtual time, the first execution of its queue, and one of its slots (the
 -- slot is taken when an execution starts, K.slots(t) holds running executions only), then
 -- advances the tenant's virtual time by QUANTUM / weight. A tenant leaving the set (idle or
--- capped) keeps its virtual time only if it is ahead of the shard's clock (K.sched() fields
--- `clock` and `vt:<tenant>`), and comes back at max(its own, the clock): no credit is banked
--- while it had nothing to run. Every step is O(log n).
+-- capped) writes its virtual time (K.sched() fields `clock` and `vt:<tenant>`), and comes
+-- back at max(its own, the clock): no credit is banked while it had nothing to run. The field
+-- is read only when its tenant enters the set and written whenever it leaves, so it is left
+-- as it is while the tenant is in the set (one HDEL less per entry) and a value behind the
+-- clock is as good as none (the max() takes the clock): neither needs a read or a delete.
+-- Every step is O(log n).
 --
 -- Concurrency keys. An execution admitted with a `concurrency_key` (row fields `ckey`, as
 -- given, and `ckh`, its digest, which names the key's structures) waits in its key's queue
@@ -451,27 +454,19 @@ local WEIGHT = nil
 -- true for the rest of its call (and spares the SCARD of its queue state).
 local SLOTS_OF, SLOTS_HELD = nil, nil
 
--- Takes tenant t out of the runnable set (its virtual time vt), keeping vt if it is ahead of
--- the shard's clock. `clock` (start_entries()) is the clock the caller moves the shard to in
--- the same step: written here with vt in one HSET, instead of a write and a read back; nil:
--- the clock as it stands.
+-- Takes tenant t out of the runnable set, keeping its virtual time vt for its return (see
+-- "Dispatch": it comes back at max(vt, the clock), so a vt behind the clock is kept as well
+-- as deleted, and the clock needs no read here). `clock` (start_entries()) is the clock the
+-- caller moves the shard to in the same step: written with vt in one HSET; nil: the clock
+-- stays as it stands.
 local function leave(t, vt, weight, clock)
   redis.call('ZREM', K.runnable(), t)
   WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', -weight)
   if clock then
-    if vt > clock then
-      redis.call('HSET', K.sched(), 'clock', clock, 'vt:' .. t, vt)
-      return
-    end
-    redis.call('HSET', K.sched(), 'clock', clock)
+    redis.call('HSET', K.sched(), 'clock', clock, 'vt:' .. t, vt)
   else
-    clock = tonumber(redis.call('HGET', K.sched(), 'clock')) or 0
-    if vt > clock then
-      redis.call('HSET', K.sched(), 'vt:' .. t, vt)
-      return
-    end
+    redis.call('HSET', K.sched(), 'vt:' .. t, vt)
   end
-  redis.call('HDEL', K.sched(), 'vt:' .. t)
 end
 
 -- Puts tenant t in or out of the runnable set after anything changed its queue, its slots or
@@ -497,8 +492,7 @@ local function refresh(t, outside, queued)
     local sched = redis.call('HMGET', K.sched(), 'clock', 'vt:' .. t)
     local at = math.max(tonumber(sched[1]) or 0, tonumber(sched[2]) or 0)
     redis.call('ZADD', K.runnable(), at, t)
-    -- Its virtual time, kept while it was out, is spent now (most tenants kept none).
-    if sched[2] then redis.call('HDEL', K.sched(), 'vt:' .. t) end
+    -- Its kept virtual time stays: read only at an entry, written at every leave().
     WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', weight)
     ring()
   elseif vt and not eligible then
@@ -1325,7 +1319,8 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
   local left = nil
   -- Each round starts one execution or removes one stale member: bounded.
   for _ = 1, count * 4 + 16 do
-    if #started >= count then break end
+    -- (left false: the last start emptied the set, see below.)
+    if #started >= count or left == false then break end
     local top = redis.call('ZRANGE', K.runnable(), 0, 0, 'WITHSCORES')
     left = #top > 0
     if not left then break end
@@ -1388,7 +1383,10 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
         redis.call('HSET', K.sched(), 'clock', clock_at)
       else
         leave(tenant, next_vt, weight, clock_at)
-        left = nil
+        -- The eligible weight its HINCRBY answered is the sum of the weights (each at least 1)
+        -- of the tenants left in the set: above 0 exactly while one is, so neither the next
+        -- round's ZRANGE nor the final EXISTS needs asking when none is.
+        left = WEIGHT > 0
       end
       local attempt = (tonumber(row[3]) or 0) + 1
       local fence = (tonumber(row[8]) or 0) + 1
@@ -1408,8 +1406,9 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
     end
   end
   local more = 0
-  -- With `only`, the doorbell still speaks for every tenant of the shard.
-  if left == nil or only then left = redis.call('EXISTS', K.runnable()) == 1 end
+  -- With `only`, the doorbell still speaks for every tenant of the shard (an empty set is
+  -- empty for all).
+  if left == nil or (only and left) then left = redis.call('EXISTS', K.runnable()) == 1 end
   if left then
     more = 1
     ring()

@@ -262,7 +262,8 @@ impl Shard {
 
     /// The fair share's bookkeeping (a hash): `clock` (the virtual start tag of the last start),
     /// `weight` (the sum of the runnable tenants' weights) and `vt:<tenant>` (the virtual time
-    /// of a tenant that left the runnable set ahead of the clock).
+    /// a tenant had when it last left the runnable set: read when it comes back, at the larger
+    /// of it and the clock; left as it is meanwhile).
     pub fn sched(self) -> String {
         format!("{}sched", self.prefix())
     }

@@ -454,3 +454,186 @@ async fn a_completion_that_leaves_nothing_runnable_answers_a_weight_of_zero_unre
         .await;
     assert_eq!((chained.weight, on_redis.unwrap_or(0)), (0, 0));
 }
+
+/// A tenant of `tenant`'s shard other than it (bounded search over generated names).
+fn shard_mate(app: &TestApp, tenant: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("mate{i}"))
+        .find(|t| app.shard(t) == app.shard(tenant))
+        .expect("a tenant of the same shard among 10 000 names")
+}
+
+/// A field of a shard's `sched` hash (the fair share's bookkeeping), if set.
+async fn sched_field(app: &TestApp, tenant: &str, field: &str) -> Option<String> {
+    app.redis
+        .query(redis::cmd("HGET").arg(app.shard(tenant).sched()).arg(field))
+        .await
+}
+
+#[tokio::test]
+async fn a_tenant_back_in_the_runnable_set_gets_no_credit_from_its_kept_virtual_time() {
+    // The shard keeps a tenant's virtual time (`vt:<tenant>`) when it leaves the runnable set
+    // and reads it only when it comes back, at max(kept, clock); every leave writes it, so an
+    // entry leaves it as it stands (no HDEL). What must hold: a tenant coming back after the
+    // clock passed its kept time starts at the clock, not before it — the start log's tags
+    // never go down — and its next leave writes its new time.
+    let app = TestApp::spawn().await;
+    let beta = shard_mate(&app, "acme");
+    let shard = app.shard("acme");
+    let store = app.store().await;
+    let ttl = Duration::from_secs(60);
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 0}}))
+        .await;
+    let first = store.start(shard, "w", 1, ttl, 0).await.unwrap();
+    assert_eq!(first.started.len(), 1);
+    // acme left with its time 0 + 1000 kept.
+    assert_eq!(
+        sched_field(&app, "acme", "vt:acme").await.as_deref(),
+        Some("1000")
+    );
+    // beta starts five of six: tags 0..4000, the clock at 4000, beta stays at 5000.
+    for n in 0..6 {
+        app.admit_with(&beta, json!({"flow_id": "demo.echo", "params": {"n": n}}))
+            .await;
+    }
+    let flood = store.start(shard, "w", 5, ttl, 0).await.unwrap();
+    assert_eq!(flood.started.len(), 5);
+    assert!(flood.started.iter().all(|r| r.tenant.as_str() == beta));
+    // acme comes back: the admission puts it in the set and writes nothing of its kept time.
+    let rec = Recording::start(&app).await;
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 1}}))
+        .await;
+    let calls = rec.finish(&app).await;
+    let admit = one_call(&calls, "admit");
+    let text = listing(admit);
+    let got = counts(
+        admit,
+        &[
+            ("joins the runnable set", "zadd", ":runnable"),
+            ("reads the schedule", "hmget", ":sched"),
+            ("deletes from the schedule", "hdel", ":sched"),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ("joins the runnable set", 1),
+            ("reads the schedule", 1),
+            ("deletes from the schedule", 0),
+        ],
+        "the admission's commands:\n{text}"
+    );
+    // At the clock (4000), ahead of beta (5000): it starts next, at tag 4000, not 1000.
+    let next = store.start(shard, "w", 1, ttl, 0).await.unwrap();
+    assert_eq!(next.started.len(), 1);
+    assert_eq!(next.started[0].tenant.as_str(), "acme");
+    let log = app.start_log("acme").await;
+    let tags: Vec<(String, f64)> = log.iter().map(|(t, vt, _)| (t.clone(), *vt)).collect();
+    assert_eq!(tags.len(), 7, "{tags:?}");
+    assert_eq!(tags[6], ("acme".to_owned(), 4000.0), "{tags:?}");
+    assert!(
+        tags.windows(2).all(|w| w[0].1 <= w[1].1),
+        "the start log's tags went down: {tags:?}"
+    );
+    // It left again: its kept time is the new one.
+    assert_eq!(
+        sched_field(&app, "acme", "vt:acme").await.as_deref(),
+        Some("5000")
+    );
+}
+
+#[tokio::test]
+async fn a_start_knows_from_the_eligible_weight_whether_a_tenant_is_left() {
+    // A start whose tenant leaves the runnable set learns from its own HINCRBY of the
+    // eligible weight whether any tenant is left (weights are at least 1): it asks the set
+    // nothing more, and still answers `more`, sets or clears the doorbell and answers the
+    // weight exactly as a read would.
+    let app = TestApp::spawn().await;
+    let beta = shard_mate(&app, "acme");
+    let shard = app.shard("acme");
+    let store = app.store().await;
+    let ttl = Duration::from_secs(60);
+    app.put_tenant(&beta, &json!({"weight": 3})).await;
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {}}))
+        .await;
+    app.admit_with(&beta, json!({"flow_id": "demo.echo", "params": {}}))
+        .await;
+    let bell = || async {
+        let n: u64 = app.redis.query(redis::cmd("ZCARD").arg(shard.bell())).await;
+        n
+    };
+    // One start of the two: its tenant leaves, the other is left.
+    let rec = Recording::start(&app).await;
+    let one = store.start(shard, "w", 1, ttl, 0).await.unwrap();
+    let calls = rec.finish(&app).await;
+    assert_eq!(one.started.len(), 1);
+    let first = one.started[0].tenant.as_str().to_owned();
+    let start = one_call(&calls, "start");
+    let text = listing(start);
+    assert_eq!(
+        counts(
+            start,
+            &[
+                ("looks at the set", "zrange", ":runnable"),
+                ("asks whether it is empty", "exists", ":runnable"),
+            ]
+        ),
+        vec![("looks at the set", 1), ("asks whether it is empty", 0)],
+        "the start's commands:\n{text}"
+    );
+    let left_weight = if first == "acme" { 3 } else { 1 };
+    assert!(one.more, "a tenant is left");
+    assert_eq!(one.weight, left_weight);
+    assert_eq!(bell().await, 1, "the doorbell is set for what is left");
+    assert_eq!(app.runnable_tenants("acme").await.len(), 1);
+    // A start of up to four: the other one, and the set is empty; no second look at it.
+    let rec = Recording::start(&app).await;
+    let rest = store.start(shard, "w", 4, ttl, 0).await.unwrap();
+    let calls = rec.finish(&app).await;
+    assert_eq!(rest.started.len(), 1);
+    assert_ne!(rest.started[0].tenant.as_str().to_owned(), first);
+    let start = one_call(&calls, "start");
+    let text = listing(start);
+    assert_eq!(
+        counts(
+            start,
+            &[
+                ("looks at the set", "zrange", ":runnable"),
+                ("asks whether it is empty", "exists", ":runnable"),
+                ("clears the doorbell", "del", ":bell"),
+            ]
+        ),
+        vec![
+            ("looks at the set", 1),
+            ("asks whether it is empty", 0),
+            ("clears the doorbell", 1),
+        ],
+        "the start's commands:\n{text}"
+    );
+    assert!(!rest.more, "nothing is left");
+    assert_eq!(rest.weight, 0);
+    assert_eq!(bell().await, 0, "the doorbell is clear");
+    assert!(app.runnable_tenants("acme").await.is_empty());
+    // The pull API's start (served tenants named) that empties the set asks nothing more
+    // either, and answers the same.
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 2}}))
+        .await;
+    let rec = Recording::start(&app).await;
+    let runs = lease(&app, "acme", 4).await;
+    let calls = rec.finish(&app).await;
+    assert_eq!(runs.len(), 1);
+    let start = one_call(&calls, "start");
+    let text = listing(start);
+    assert_eq!(
+        counts(
+            start,
+            &[
+                ("looks at the set", "zrange", ":runnable"),
+                ("asks whether it is empty", "exists", ":runnable"),
+            ]
+        ),
+        vec![("looks at the set", 1), ("asks whether it is empty", 0)],
+        "the pull start's commands:\n{text}"
+    );
+    assert_eq!(bell().await, 0, "the doorbell is clear");
+}
