@@ -1292,8 +1292,9 @@ end
 -- down, and a tenant's own advance by QUANTUM / weight per start.
 --
 -- The doorbell (see ring()): a call that leaves no runnable tenant clears it (no idle worker is
--- woken for nothing); one that leaves some sets it, so another worker with a free slot is woken
--- for what remains.
+-- woken for nothing), except a completion's chain that found nothing to start and rang
+-- nothing (see the end); one that leaves some sets it, so another worker with a free slot is
+-- woken for what remains.
 --
 -- Each start increments the row's `fence`, the token that heartbeats and completions name: it
 -- never repeats for an execution (retry.lua does not reset it), so a run that is no longer
@@ -1315,6 +1316,8 @@ end
 -- each as run_of() reports it.
 local function start_entries(consumer, count, ttl, cap, now, only, call)
   local started = {}
+  -- A completion's chain (complete.lua names its call): see the doorbell below.
+  local chained = call ~= nil
   -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
   local left = nil
   -- Each round starts one execution or removes one stale member: bounded.
@@ -1413,7 +1416,12 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
     more = 1
     ring()
   else
-    redis.call('DEL', K.bell())
+    -- A completion's chain that started nothing and rang nothing leaves the doorbell be: a
+    -- start that emptied the set cleared it, so with the set empty it is set only for a due
+    -- time (schedule()), which the idle workers should learn anyway; at worst it wakes one
+    -- of them for one start call that finds nothing and clears it. (One DEL less for most
+    -- completions of a quiet shard: the chain finds nothing there.)
+    if not chained or #started > 0 or RUNG then redis.call('DEL', K.bell()) end
     RUNG = false
     -- Nothing is runnable: nothing is eligible either (eligible_weight() needs no read).
     WEIGHT = 0

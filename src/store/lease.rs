@@ -462,7 +462,8 @@ pub struct StartBatch {
     pub started: Vec<Started>,
     /// Whether a tenant of the shard can still start something: the caller asks again (with
     /// a free slot) instead of waiting for the doorbell. `false` means nothing can start now
-    /// (and the call cleared the shard's doorbell).
+    /// (and the call cleared the shard's doorbell; a completion's chain that found nothing to
+    /// start leaves it, see `start_entries` in `migrations-lua/common.lua`).
     pub more: bool,
     /// How long until the shard's earliest scheduled execution (or retry) is due, if any: the
     /// caller wakes then on its own timer (a Redis blocking time-out would fire only at `hz`

@@ -637,3 +637,103 @@ async fn a_start_knows_from_the_eligible_weight_whether_a_tenant_is_left() {
     );
     assert_eq!(bell().await, 0, "the doorbell is clear");
 }
+
+#[tokio::test]
+async fn a_completion_whose_chain_finds_nothing_leaves_the_doorbell_be() {
+    // A busy worker's completion looks for the next run on its slot. On a quiet shard it
+    // finds the runnable set empty: the start that emptied the set cleared the doorbell, so
+    // the chain does not clear it again (one DEL less per completion). With the set empty
+    // the doorbell can only have been set for a due time, which idle workers should hear of:
+    // one of them wakes, its start finds nothing, answers the due time and clears it. A
+    // chain that rang or started something still leaves the doorbell as the set says.
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    let store = app.store().await;
+    let ttl = Duration::from_secs(60);
+    let bell = || async {
+        let n: u64 = app.redis.query(redis::cmd("ZCARD").arg(shard.bell())).await;
+        n
+    };
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 0}}))
+        .await;
+    let batch = store.start(shard, "w", 4, ttl, 0).await.unwrap();
+    assert_eq!(batch.started.len(), 1);
+    assert_eq!(bell().await, 0, "the start that emptied the set cleared it");
+    // The chain finds nothing: no DEL, and the doorbell stays clear.
+    let run = &batch.started[0];
+    let rec = Recording::start(&app).await;
+    let chained = chain_after(&store, shard, &run).await;
+    let calls = rec.finish(&app).await;
+    let complete = one_call(&calls, "complete");
+    let text = listing(complete);
+    assert!(chained.started.is_empty() && !chained.more);
+    assert_eq!(
+        counts(complete, &[("clears the doorbell", "del", ":bell")]),
+        vec![("clears the doorbell", 0)],
+        "the completion's commands:\n{text}"
+    );
+    assert_eq!(bell().await, 0);
+
+    // A due time set while a run goes on rings the doorbell; a chain that finds nothing
+    // leaves it, and the idle worker it wakes learns the due time and clears it.
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 1}}))
+        .await;
+    let run = store.start(shard, "w", 4, ttl, 0).await.unwrap().started;
+    assert_eq!(run.len(), 1);
+    app.admit_with(
+        "acme",
+        json!({"flow_id": "demo.echo", "params": {"n": 2}, "delay": "1h"}),
+    )
+    .await;
+    assert_eq!(bell().await, 1, "a new earliest due time rings");
+    let chained = chain_after(&store, shard, &run[0]).await;
+    assert!(chained.started.is_empty() && !chained.more);
+    assert_eq!(bell().await, 1, "left for the idle workers");
+    let woken = store.start(shard, "idle", 4, ttl, 0).await.unwrap();
+    assert!(woken.started.is_empty() && !woken.more);
+    let due = woken.next_due.expect("the scheduled execution's due time");
+    assert!(due > Duration::from_secs(3500), "{due:?}");
+    assert_eq!(bell().await, 0, "the woken worker's start cleared it");
+
+    // A chain whose own completion made its tenant runnable (the doorbell rang) and that
+    // started that tenant's next run, emptying the set, clears it.
+    app.put_tenant("acme", &json!({"max_concurrent": 1})).await;
+    for n in 3..5 {
+        app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": n}}))
+            .await;
+    }
+    let run = store.start(shard, "w", 4, ttl, 0).await.unwrap().started;
+    assert_eq!(run.len(), 1, "max_concurrent 1");
+    assert_eq!(bell().await, 0, "capped: nothing runnable");
+    let chained = chain_after(&store, shard, &run[0]).await;
+    assert_eq!(chained.started.len(), 1);
+    assert!(!chained.more);
+    assert_eq!(
+        bell().await,
+        0,
+        "nothing is left: the chain cleared what it rang"
+    );
+}
+
+/// `run` (of worker "w") reported completed by a numbered call that asks for one next run on
+/// its slot, as a busy `sluice worker` does: what the chain started.
+async fn chain_after(
+    store: &sluice::store::Store,
+    shard: sluice::store::Shard,
+    run: &sluice::store::Started,
+) -> sluice::store::StartBatch {
+    let (_, chained) = store
+        .complete_and_start(
+            shard,
+            &run.id,
+            run.fence,
+            "w",
+            &sluice::store::Outcome::Completed(json!({})),
+            1,
+            Duration::from_secs(60),
+            1,
+        )
+        .await
+        .unwrap();
+    chained
+}
