@@ -1434,6 +1434,8 @@ end
 -- tenants, see start_entries()), the weight of those of them that can: what that lease's
 -- share of the shard should follow, whatever the shard's other tenants wait with.
 local function eligible_weight(only)
+  -- None runnable (the call found or left the set empty): none of `only` either.
+  if WEIGHT == 0 then return 0 end
   if not only then
     -- Written in this call already: its HINCRBY answered it.
     if WEIGHT then return WEIGHT end

@@ -630,9 +630,15 @@ async fn a_start_knows_from_the_eligible_weight_whether_a_tenant_is_left() {
             &[
                 ("looks at the set", "zrange", ":runnable"),
                 ("asks whether it is empty", "exists", ":runnable"),
+                ("scores the served tenants", "zmscore", ":runnable"),
             ]
         ),
-        vec![("looks at the set", 1), ("asks whether it is empty", 0)],
+        vec![
+            ("looks at the set", 1),
+            ("asks whether it is empty", 0),
+            // To pick among them; their weight after the call is known to be 0 unread.
+            ("scores the served tenants", 1),
+        ],
         "the pull start's commands:\n{text}"
     );
     assert_eq!(bell().await, 0, "the doorbell is clear");
