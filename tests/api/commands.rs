@@ -743,3 +743,107 @@ async fn chain_after(
         .unwrap();
     chained
 }
+
+#[tokio::test]
+async fn concurrent_starts_and_completions_keep_the_weight_and_the_doorbell_exact() {
+    // The starts' cut rests on the shard's eligible weight being, whenever a start's own
+    // HINCRBY answers it, the sum of the runnable tenants' weights (so 0 exactly when none is
+    // left). Eight workers start and complete (chaining the next run, as busy workers do),
+    // all at once, over four tenants of one shard with weights 1 to 4 and two slots each,
+    // which enter and leave the runnable set many times, full or capped. Every execution runs
+    // exactly once, each start is logged once with tags that never go down, and at the end
+    // the set is empty, its weight 0 and the doorbell clear.
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    const EACH: usize = 30;
+    let app = TestApp::spawn().await;
+    let mut tenants = vec!["acme".to_owned()];
+    while tenants.len() < 4 {
+        let next = (tenants.len()..10_000)
+            .map(|i| format!("mate{i}"))
+            .find(|t| app.shard(t) == app.shard("acme") && !tenants.contains(t))
+            .expect("a tenant of the same shard");
+        tenants.push(next);
+    }
+    for (w, t) in tenants.iter().enumerate() {
+        app.put_tenant(t, &json!({"weight": w + 1, "max_concurrent": 2}))
+            .await;
+        for n in 0..EACH {
+            app.admit_with(t, json!({"flow_id": "demo.echo", "params": {"n": n}}))
+                .await;
+        }
+    }
+    let shard = app.shard("acme");
+    let store = Arc::new(app.store().await);
+    let done: Arc<Mutex<Vec<String>>> = Arc::default();
+    let total = EACH * tenants.len();
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (store, done) = (store.clone(), done.clone());
+            tokio::spawn(async move {
+                let consumer = format!("w{w}");
+                let ttl = Duration::from_secs(120);
+                // Bounded: each round starts something or finds nothing; all end in far fewer.
+                for _ in 0..20_000 {
+                    if done.lock().unwrap().len() >= total {
+                        return;
+                    }
+                    let mut runs = store
+                        .start(shard, &consumer, 2, ttl, 0)
+                        .await
+                        .unwrap()
+                        .started;
+                    if runs.is_empty() {
+                        tokio::task::yield_now().await;
+                    }
+                    while let Some(run) = runs.pop() {
+                        let (what, chained) = store
+                            .complete_and_start(
+                                shard,
+                                &run.id,
+                                run.fence,
+                                &consumer,
+                                &sluice::store::Outcome::Completed(json!({})),
+                                1,
+                                ttl,
+                                0,
+                            )
+                            .await
+                            .unwrap();
+                        assert_eq!(
+                            what,
+                            sluice::store::Completion::Done(sluice::domain::Status::Completed)
+                        );
+                        done.lock().unwrap().push(run.id.to_string());
+                        runs.extend(chained.started);
+                    }
+                }
+                panic!("worker {consumer} did not finish");
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let mut ids = done.lock().unwrap().clone();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "each execution completed exactly once");
+    assert_eq!(done.lock().unwrap().len(), total);
+    let log = app.start_log("acme").await;
+    assert_eq!(log.len(), total, "one start logged per execution");
+    let mut per_tenant: BTreeMap<String, usize> = BTreeMap::new();
+    for (t, _, _) in &log {
+        *per_tenant.entry(t.clone()).or_default() += 1;
+    }
+    assert!(per_tenant.values().all(|&n| n == EACH), "{per_tenant:?}");
+    assert!(
+        log.windows(2).all(|w| w[0].1 <= w[1].1),
+        "the start log's tags went down"
+    );
+    let weight = sched_field(&app, "acme", "weight").await;
+    assert_eq!(weight.as_deref().unwrap_or("0"), "0");
+    assert!(app.runnable_tenants("acme").await.is_empty());
+    let bell: u64 = app.redis.query(redis::cmd("ZCARD").arg(shard.bell())).await;
+    assert_eq!(bell, 0, "nothing runnable: the doorbell is clear");
+}
