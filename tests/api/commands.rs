@@ -668,7 +668,7 @@ async fn a_completion_whose_chain_finds_nothing_leaves_the_doorbell_be() {
     // The chain finds nothing: no DEL, and the doorbell stays clear.
     let run = &batch.started[0];
     let rec = Recording::start(&app).await;
-    let chained = chain_after(&store, shard, &run).await;
+    let chained = chain_after(&store, shard, run).await;
     let calls = rec.finish(&app).await;
     let complete = one_call(&calls, "complete");
     let text = listing(complete);
