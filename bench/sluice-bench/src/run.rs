@@ -297,6 +297,30 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
         .await?;
         report.checks.push(check);
         report.e2e = Some(e2e);
+        // 5a. The same load shape against the BullMQ peer (HTTP add + Workers), right after.
+        if args.skip_bullmq {
+            report.e2e_peer_note = Some("skipped (--skip-bullmq)".into());
+        } else {
+            match bullmq::http_e2e(&args, &scratch, &workload("e2e-peer"), clients).await {
+                Ok((p, check)) => {
+                    report.checks.push(check);
+                    report.e2e_peer = Some(p);
+                }
+                Err(bullmq::NoPeer::Skipped(note)) => {
+                    eprintln!("sluice-bench: WARNING: BullMQ end-to-end peer skipped: {note}");
+                    report.e2e_peer_note = Some(note);
+                }
+                Err(bullmq::NoPeer::Failed(e)) => {
+                    eprintln!("sluice-bench: the BullMQ end-to-end peer failed: {e:#}");
+                    report.checks.push(Check {
+                        phase: "end-to-end, BullMQ peer".into(),
+                        ok: false,
+                        detail: format!("failed: {e:#}"),
+                    });
+                    report.e2e_peer_note = Some(format!("failed: {e:#}"));
+                }
+            }
+        }
         // 5b. The same through the pull API: HTTP workers beside the same server.
         if args.pull_workers > 0 {
             direct.reset().await?;

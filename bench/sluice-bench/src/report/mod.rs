@@ -21,8 +21,8 @@ pub use dead_letters::{DeadLetters, ListingCost};
 pub use fairness::{Fairness, Lateness, NoisyNeighbour, NoisySide, WeightedShare};
 pub use limits::{KeyIsolation, Limits, Throttle};
 pub use phases::{
-    AdmissionCalls, ApiKeyAdmission, BatchPhase, CpuShare, E2e, FixedRate, Master, MasterShare,
-    Memory, MemoryPoint, PeerAdmission, Phase,
+    AdmissionCalls, ApiKeyAdmission, BatchPhase, CallsPerExecution, CpuShare, E2e, FixedRate,
+    Master, MasterShare, Memory, MemoryPoint, PeerAdmission, PeerE2e, Phase, cpu_us_per_execution,
 };
 pub use push::{CancelPhase, IdleCost, PeerVersions, Pickup, PickupRate, PickupSide};
 
@@ -121,6 +121,11 @@ pub struct Report {
     pub e2e: Option<E2e>,
     /// The end-to-end phase again, run by pull workers over HTTP (`/api/worker/*`).
     pub e2e_pull: Option<E2e>,
+    /// The end-to-end phase against the BullMQ peer (HTTP add + `Worker`s), right after
+    /// sluice's.
+    pub e2e_peer: Option<PeerE2e>,
+    /// Why the end-to-end peer did not run, when it did not.
+    pub e2e_peer_note: Option<String>,
     pub memory: Option<Memory>,
     /// Issue 12's phases.
     pub pickup: Option<Pickup>,
@@ -183,6 +188,8 @@ impl Report {
             batch: None,
             e2e: None,
             e2e_pull: None,
+            e2e_peer: None,
+            e2e_peer_note: None,
             memory: None,
             pickup: None,
             cancel: None,
@@ -264,6 +271,16 @@ impl Report {
                 limit: 0.5,
                 unit: "ratio, at least",
                 pass: ratio >= 0.5,
+            });
+        }
+        if let (Some(e), Some(p)) = (&self.e2e, &self.e2e_peer) {
+            let ratio = e.per_sec / p.per_sec.max(1e-9);
+            t.push(Target {
+                name: "end-to-end / BullMQ end-to-end peer".into(),
+                measured: round2(ratio),
+                limit: 1.0,
+                unit: "ratio, at least",
+                pass: ratio >= 1.0,
             });
         }
         if let Some(m) = &self.memory {
