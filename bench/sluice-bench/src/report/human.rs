@@ -245,6 +245,23 @@ impl Report {
         } else if let Some(note) = &self.e2e_peer_note {
             let _ = writeln!(o, "{:<24} {note}", "end-to-end, BullMQ peer");
         }
+        if self.e2e_rounds.sluice_per_sec.len() > 1 {
+            let show = |v: &[f64]| {
+                v.iter()
+                    .map(|r| format!("{r:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let _ = writeln!(
+                o,
+                "{:<24} {:>12} rounds alternating (the lines above are the medians): sluice {}; \
+                 BullMQ {}",
+                "  end-to-end rounds",
+                self.e2e_rounds.sluice_per_sec.len(),
+                show(&self.e2e_rounds.sluice_per_sec),
+                show(&self.e2e_rounds.peer_per_sec)
+            );
+        }
         if let Some(m) = &self.memory {
             let points = [
                 ("memory, dedup key", Some(&m.with_dedup_key)),
@@ -341,6 +358,14 @@ impl Report {
         }
         if let Some(e) = &self.e2e {
             cpu_line("end-to-end", &e.http.cpu, e.redis_script_us_per_execution);
+        }
+        if let Some(p) = &self.e2e_peer {
+            let parts: Vec<String> = p
+                .cpu
+                .iter()
+                .map(|c| format!("{} {:.2}", c.process, c.cores))
+                .collect();
+            let _ = writeln!(o, "  {:<14} {}", "e2e, BullMQ", parts.join("  "));
         }
         self.human_cpu_per_execution(o);
     }

@@ -59,6 +59,24 @@ pub fn write_checks(o: &mut String, checks: &[Check], width: usize) {
     }
 }
 
+/// The end-to-end rounds' rates, in the order they ran (sluice's and the peer's alternate).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct E2eRounds {
+    pub sluice_per_sec: Vec<f64>,
+    pub peer_per_sec: Vec<f64>,
+}
+
+/// The element of `v` whose `key` is the median (of an even count, the lower middle one);
+/// `None` when `v` is empty.
+pub fn median_of<T>(mut v: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let mid = (v.len() - 1) / 2;
+    Some(v.swap_remove(mid))
+}
+
 /// One speed target.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
@@ -126,6 +144,9 @@ pub struct Report {
     pub e2e_peer: Option<PeerE2e>,
     /// Why the end-to-end peer did not run, when it did not.
     pub e2e_peer_note: Option<String>,
+    /// Every round's completed/s of the end-to-end phase and of its peer (`e2e` and
+    /// `e2e_peer` are the median rounds).
+    pub e2e_rounds: E2eRounds,
     pub memory: Option<Memory>,
     /// Issue 12's phases.
     pub pickup: Option<Pickup>,
@@ -190,6 +211,7 @@ impl Report {
             e2e_pull: None,
             e2e_peer: None,
             e2e_peer_note: None,
+            e2e_rounds: E2eRounds::default(),
             memory: None,
             pickup: None,
             cancel: None,

@@ -324,6 +324,19 @@ mod tests {
     }
 
     #[test]
+    fn the_median_round_is_kept() {
+        let median = |v: Vec<f64>| super::super::median_of(v, |r| *r);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(
+            median(vec![4.0, 1.0, 3.0, 2.0]),
+            Some(2.0),
+            "the lower middle one"
+        );
+        assert_eq!(median(vec![5.0]), Some(5.0));
+        assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
     fn calls_per_execution_count_the_deltas_and_not_the_benchmarks_own_info() {
         let before: BTreeMap<String, u64> = [("fcall", 100), ("hset", 1000), ("info", 5)]
             .into_iter()
