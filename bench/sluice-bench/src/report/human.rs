@@ -183,7 +183,13 @@ impl Report {
                 "  its HTTP admissions",
                 e.http.per_sec,
                 &e.http.latency,
-                "while workers run what is admitted".into(),
+                format!(
+                    "while workers run what is admitted; {} script calls carried {} \
+                     admissions (mean group {:.2})",
+                    e.admission_calls.calls,
+                    e.admission_calls.admissions,
+                    e.admission_calls.admissions as f64 / e.admission_calls.calls.max(1) as f64
+                ),
             );
             let mut top: Vec<(&String, &f64)> = e.calls.by_command.iter().collect();
             top.sort_by(|a, b| b.1.total_cmp(a.1));

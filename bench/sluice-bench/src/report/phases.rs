@@ -189,6 +189,9 @@ pub struct E2e {
     /// Redis calls per completed execution over the phase (admission, start, completion and
     /// everything else the processes sent meanwhile).
     pub calls: CallsPerExecution,
+    /// `serve`'s admission script calls during the phase and the admissions they carried
+    /// (group commit: fewer per call when admissions come slower).
+    pub admission_calls: AdmissionCalls,
     /// The HTTP side of the phase (and CPU of every process, workers included).
     pub http: Phase,
     /// On a cluster: each master's completed executions per second of the span, and its
