@@ -6,9 +6,9 @@
 # --compare-keyed, --cost, --admission-secs 20, ...; see `sluice-bench --help`). The benchmark starts
 # its own redis-server (with --cluster, the masters of a local Redis Cluster) and sluice
 # processes on loopback; nothing else is needed.
-# The BullMQ peer of the pickup and noisy-neighbour phases (bench/bullmq) is installed with
-# `npm ci` into the cargo target folder when missing (Node.js and npm with apt-get when
-# missing); when that fails the benchmark runs without it and its report says so.
+# The BullMQ peer of the admission, end-to-end, pickup and noisy-neighbour phases (bench/bullmq)
+# is installed with `npm ci` into the cargo target folder when missing (Node.js and npm with
+# apt-get when missing); when that fails the benchmark runs without it and its report says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

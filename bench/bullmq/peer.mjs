@@ -56,6 +56,9 @@
 //   {"bullmq", "node", "completed", "failed", "ms"}
 // Before it starts it prints `{"ready": true}` once every worker is connected, so the caller
 // can start admitting while it runs (the end-to-end shape) or after (a backlog).
+// sluice-bench's end-to-end peer phase runs it with `--expect` out of reach beside
+// `--role http` (concurrency: a `sluice worker`'s spread over the queues), counts the completed
+// jobs in Redis itself and kills it once all are there.
 //
 // `--role worker --port P --queue Q [--concurrency N]` is the child: it runs the Worker until
 // its parent kills it, and says `{"ready": true}` over the IPC channel once the worker is

@@ -59,6 +59,10 @@ pub struct Args {
     /// Most seconds to wait afterwards for the workers to complete what was admitted.
     #[arg(long, default_value_t = 30)]
     pub(crate) e2e_drain_secs: u64,
+    /// Rounds of the end-to-end phase and its BullMQ peer, alternating (sluice, peer; peer,
+    /// sluice; ...): the report keeps each side's median round and their ratio.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) e2e_rounds: usize,
     /// `sluice worker` processes in the end-to-end phase.
     #[arg(long, default_value_t = 2)]
     pub(crate) workers: usize,
@@ -432,6 +436,7 @@ impl Args {
             self.batch_size = self.batch_size.min(100);
             self.e2e_secs = 1;
             self.e2e_drain_secs = self.e2e_drain_secs.min(20);
+            self.e2e_rounds = 1;
             self.workers = 1;
             self.pull_workers = self.pull_workers.min(2);
             self.memory_count = self.memory_count.min(2_000);

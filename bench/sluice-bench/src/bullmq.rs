@@ -3,7 +3,10 @@
 //! `redis-server` of its own that this module starts on a free loopback port, so sluice and
 //! BullMQ are measured in one run on one machine at the same rates. The same peer runs the
 //! fairness group's noisy-neighbour phase (`noisy`, `peer.mjs --noisy`): one queue, one worker
-//! of sluice's concurrency, a flood and then calm jobs in that queue. `scripts/bench.sh`
+//! of sluice's concurrency, a flood and then calm jobs in that queue. The admission phase's
+//! HTTP peer (`http_admission`, `peer.mjs --role http`) and the end-to-end peer (`http_e2e`:
+//! that HTTP front plus `peer.mjs --role drain` workers) run on a Redis of their own too.
+//! `scripts/bench.sh`
 //! installs the peer (`npm ci` of `bench/bullmq`'s lock) under the cargo target folder; when it
 //! is not there, or `node` is missing, the peer is skipped and the report says so loudly.
 //!
@@ -21,7 +24,7 @@ use tokio::process::Command;
 use crate::Args;
 use crate::load::{Latencies, LoadResult, Workload};
 use crate::procs::{self, Scratch};
-use crate::report::{Check, NoisySide, PeerVersions, PickupSide};
+use crate::report::{Check, NoisySide, PeerE2e, PeerVersions, PickupSide};
 
 /// What the peer prints for one rate.
 #[derive(Debug, Deserialize)]
@@ -367,7 +370,7 @@ struct Listening {
 /// A running HTTP admission peer (`peer.mjs --role http`); killed when dropped.
 pub(crate) struct HttpPeer {
     /// Held so the peer lives as long as this handle (`kill_on_drop`).
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     /// Where it listens (loopback).
     pub addr: std::net::SocketAddr,
     pub versions: PeerVersions,
@@ -400,7 +403,7 @@ pub(crate) async fn start_http_peer(
         .context("the BullMQ HTTP peer exited before it listened")?;
     let up: Listening = serde_json::from_str(&first).context("the HTTP peer's first line")?;
     Ok(HttpPeer {
-        _child: child,
+        child,
         addr: std::net::SocketAddr::from(([127, 0, 0, 1], up.listening)),
         versions: PeerVersions {
             bullmq: up.bullmq,
@@ -459,6 +462,235 @@ async fn measure_http(
     })
 }
 
+impl HttpPeer {
+    /// The peer's processes: the `node:cluster` primary (`front`) and each process it forked
+    /// that answers requests (`front-<pid>`), for their CPU.
+    pub(crate) fn pids(&self) -> Vec<(String, u32)> {
+        let Some(primary) = self.child.id() else {
+            return Vec::new();
+        };
+        let mut v = vec![("front".to_owned(), primary)];
+        v.extend(
+            procs::children_of(primary)
+                .into_iter()
+                .map(|pid| (format!("front-{pid}"), pid)),
+        );
+        v
+    }
+}
+
+/// Each `Worker`'s concurrency in the peer's end-to-end phase, where each of as many
+/// processes as sluice has `sluice worker`s runs one `Worker` per queue: a `sluice worker`'s
+/// `concurrency` spread over the `queues`, rounded up, at least 1 — so the peer's processes
+/// hold (at least) as many jobs at once as sluice's.
+pub(crate) fn concurrency_per_queue(concurrency: usize, queues: usize) -> usize {
+    concurrency.div_ceil(queues.max(1)).max(1)
+}
+
+/// Runs the end-to-end phase against the peer (its own `redis-server`): `--workers` drain
+/// processes connect, `workload` (its address replaced by the peer's) runs closed-loop from
+/// `clients` connections for `--e2e-secs`, then the phase waits (at most `--e2e-drain-secs`)
+/// until every added job completed, and reads each job's times back.
+pub async fn http_e2e(
+    args: &Args,
+    scratch: &Scratch,
+    workload: &Workload,
+    clients: usize,
+) -> Result<(PeerE2e, Check), NoPeer> {
+    let script = locate(args).await?;
+    measure_e2e(args, scratch, &script, workload, clients)
+        .await
+        .map_err(NoPeer::Failed)
+}
+
+/// Starts one `--role drain` process on `queues` and waits (at most 30 s) until its workers
+/// are connected. It would end by itself after `timeout_secs`; the caller kills it sooner.
+async fn start_drain(
+    args: &Args,
+    script: &Path,
+    port: &str,
+    queues: &[String],
+    concurrency: usize,
+    timeout_secs: u64,
+) -> anyhow::Result<tokio::process::Child> {
+    use tokio::io::AsyncBufReadExt;
+
+    let mut child = Command::new(&args.node)
+        .arg(script)
+        .args(["--role", "drain", "--port", port])
+        .args(["--queues", &queues.join(",")])
+        .args(["--concurrency", &concurrency.to_string()])
+        // Never reached: the phase ends it when Redis says every job completed.
+        .args(["--expect", &u64::from(u32::MAX).to_string()])
+        .args(["--timeout-secs", &timeout_secs.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {}", args.node.display()))?;
+    let stdout = child.stdout.take().context("the drain's stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .context("the BullMQ workers did not connect within 30 s")??
+        .context("the BullMQ drain exited before its workers connected")?;
+    anyhow::ensure!(
+        first.contains("\"ready\""),
+        "the BullMQ drain said {first:?}"
+    );
+    Ok(child)
+}
+
+async fn measure_e2e(
+    args: &Args,
+    scratch: &Scratch,
+    script: &Path,
+    workload: &Workload,
+    clients: usize,
+) -> anyhow::Result<(PeerE2e, Check)> {
+    let redis = procs::start_redis_named(&args.redis_server, scratch, "redis-bullmq").await?;
+    let port = port_of(&redis)?;
+    let peer = start_http_peer(args, script, &port).await?;
+    let queues: Vec<String> = workload.tenants.iter().map(|t| format!("t-{t}")).collect();
+    let processes = args.workers.max(1);
+    let per_queue = concurrency_per_queue(args.worker_concurrency, queues.len());
+    let limit = args.e2e_secs + args.e2e_drain_secs + 60;
+    let mut drains = Vec::new();
+    for _ in 0..processes {
+        drains.push(start_drain(args, script, &port, &queues, per_queue, limit).await?);
+    }
+    let mut named = peer.pids();
+    named.extend(
+        drains
+            .iter()
+            .enumerate()
+            .filter_map(|(n, c)| c.id().map(|pid| (format!("worker-{}", n + 1), pid))),
+    );
+    named.extend(
+        redis
+            .nodes
+            .iter()
+            .filter_map(|n| n.pid().map(|pid| (n.name.clone(), pid))),
+    );
+    let pids = crate::harness::Pids::named(named);
+    let mut w = workload.clone();
+    w.addr = peer.addr;
+    let before = pids.sample();
+    let started = std::time::Instant::now();
+    let (load, _) = crate::harness::phase("end-to-end, BullMQ peer", &pids, |p| {
+        crate::load::closed_loop(&w, clients, Duration::from_secs(args.e2e_secs), 0, p)
+    })
+    .await?;
+    let client = redis::Client::open(redis.urls[0].as_str())?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let completed_count = |c: &mut redis::aio::MultiplexedConnection| {
+        let mut pipe = redis::pipe();
+        for q in &queues {
+            pipe.cmd("ZCARD").arg(format!("bull:{q}:completed"));
+        }
+        let mut c = c.clone();
+        async move {
+            let n: Vec<u64> = pipe.query_async(&mut c).await?;
+            anyhow::Ok(n.iter().sum::<u64>())
+        }
+    };
+    // Bounded: the drain limit, 20 ms apart.
+    let deadline = std::time::Instant::now() + Duration::from_secs(args.e2e_drain_secs);
+    let mut last_print = std::time::Instant::now();
+    loop {
+        let done = completed_count(&mut c).await?;
+        if done >= load.outcomes.created || std::time::Instant::now() > deadline {
+            break;
+        }
+        if last_print.elapsed() >= Duration::from_secs(1) {
+            eprintln!(
+                "[end-to-end, BullMQ peer] draining: completed={done}/{}",
+                load.outcomes.created
+            );
+            last_print = std::time::Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cpu = pids.since(&before, started.elapsed());
+    for mut d in drains {
+        anyhow::ensure!(
+            d.try_wait()?.is_none(),
+            "a BullMQ drain process exited during the phase"
+        );
+        let _ = d.kill().await;
+    }
+    // Every job of every queue, with its times: the same census as sluice's rows.
+    let (mut lat, mut first, mut last, mut jobs, mut completed) =
+        (Vec::new(), u64::MAX, 0u64, 0u64, 0u64);
+    for q in &queues {
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(format!("bull:{q}:completed"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut c)
+            .await?;
+        let waiting: u64 = redis::cmd("LLEN")
+            .arg(format!("bull:{q}:wait"))
+            .query_async(&mut c)
+            .await?;
+        let active: u64 = redis::cmd("LLEN")
+            .arg(format!("bull:{q}:active"))
+            .query_async(&mut c)
+            .await?;
+        jobs += ids.len() as u64 + waiting + active;
+        for page in ids.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for id in page {
+                pipe.cmd("HMGET")
+                    .arg(format!("bull:{q}:{id}"))
+                    .arg("timestamp")
+                    .arg("finishedOn");
+            }
+            let rows: Vec<(Option<u64>, Option<u64>)> = pipe.query_async(&mut c).await?;
+            for (a, b) in rows {
+                if let (Some(a), Some(b)) = (a, b) {
+                    completed += 1;
+                    lat.push((b.saturating_sub(a) * 1000).min(u64::from(u32::MAX)) as u32);
+                    first = first.min(a);
+                    last = last.max(b);
+                }
+            }
+        }
+    }
+    let versions = peer.versions.clone();
+    drop(peer);
+    redis.kill().await;
+    let span = Duration::from_millis(last.saturating_sub(first.min(last)));
+    let o = &load.outcomes;
+    let ok = o.errors == 0
+        && o.replay_anomalies == 0
+        && o.created > 0
+        && jobs == o.created
+        && completed == o.created;
+    let check = Check {
+        phase: "end-to-end, BullMQ peer".into(),
+        ok,
+        detail: format!(
+            "201={} errors={} jobs in Redis={jobs} completed={completed}",
+            o.created, o.errors
+        ),
+    };
+    let e2e = PeerE2e {
+        versions,
+        worker_processes: processes,
+        concurrency_per_queue: per_queue,
+        admitted: o.created,
+        completed,
+        admission_per_sec: o.created as f64 / load.elapsed.as_secs_f64().max(1e-3),
+        per_sec: completed as f64 / span.as_secs_f64().max(1e-3),
+        span_secs: span.as_secs_f64(),
+        admit_to_completed: Latencies::new(lat).percentiles(),
+        cpu,
+    };
+    Ok((e2e, check))
+}
+
 /// The port of the peer's own `redis-server` (its one URL ends in it).
 pub(crate) fn port_of(redis: &procs::Redis) -> anyhow::Result<String> {
     Ok(redis.urls[0]
@@ -466,4 +698,36 @@ pub(crate) fn port_of(redis: &procs::Redis) -> anyhow::Result<String> {
         .next()
         .context("redis url without a port")?
         .to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peers_workers_hold_at_least_as_many_jobs_as_sluices() {
+        // 2 processes of a Worker per queue: each process holds what one `sluice worker` does.
+        assert_eq!(concurrency_per_queue(256, 8), 32);
+        // Rounded up, never 0.
+        assert_eq!(concurrency_per_queue(10, 8), 2);
+        assert_eq!(concurrency_per_queue(1, 8), 1);
+        assert_eq!(concurrency_per_queue(0, 8), 1);
+        assert_eq!(concurrency_per_queue(256, 0), 256);
+    }
+
+    #[test]
+    fn children_of_finds_a_child_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep runs");
+        let found = procs::children_of(std::process::id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            found.contains(&child.id()),
+            "{} not among {found:?}",
+            child.id()
+        );
+    }
 }

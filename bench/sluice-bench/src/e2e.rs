@@ -9,7 +9,7 @@ use crate::direct::Direct;
 use crate::harness::{Pids, check_completed, phase};
 use crate::load::{self, Workload};
 use crate::procs::{self, Proc, Scratch, SluiceCmd};
-use crate::report::{Check, E2e, MasterShare, Phase};
+use crate::report::{AdmissionCalls, CallsPerExecution, Check, E2e, MasterShare, Phase};
 use crate::{ADMIN_TOKEN, Args};
 
 /// The end-to-end phase: workers start, `demo.echo` is admitted over HTTP for the phase's
@@ -61,6 +61,8 @@ pub(crate) async fn end_to_end(
     let mut all: Vec<&Proc> = others.to_vec();
     all.extend(workers.iter());
     let pids = Pids::of(&all);
+    let commands_before = direct.command_calls().await?;
+    let grouped_before = crate::harness::group_counts(w.addr).await?;
     let before = pids.sample();
     let started = Instant::now();
     let (r, _) = phase("end-to-end", &pids, |p| {
@@ -90,6 +92,8 @@ pub(crate) async fn end_to_end(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cpu = pids.since(&before, started.elapsed());
+    let commands_after = direct.command_calls().await?;
+    let grouped_after = crate::harness::group_counts(w.addr).await?;
     let scripts = direct.script_usec().await?;
     let script_us: u64 = scripts.iter().sum();
     stop_pulling.store(true, Ordering::SeqCst);
@@ -118,6 +122,11 @@ pub(crate) async fn end_to_end(
         admit_to_completed: lat,
         redis_script_us_per_execution: (script_us as f64 / completed.max(1) as f64 * 100.0).round()
             / 100.0,
+        calls: CallsPerExecution::of(&commands_before, &commands_after, completed),
+        admission_calls: AdmissionCalls {
+            calls: grouped_after.0.saturating_sub(grouped_before.0),
+            admissions: grouped_after.1.saturating_sub(grouped_before.1),
+        },
         http: Phase::from(&r, cpu, script_us),
         per_master: masters
             .map(|m| MasterShare::of(m, &census.completed_by_node, &scripts, span.as_secs_f64())),

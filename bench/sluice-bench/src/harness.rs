@@ -86,6 +86,12 @@ impl Pids {
         Self(v)
     }
 
+    /// Processes named by hand (the BullMQ peer's, which are not `Proc`s), and this one.
+    pub(crate) fn named(mut v: Vec<(String, u32)>) -> Self {
+        v.push(("bench".into(), std::process::id()));
+        Self(v)
+    }
+
     /// CPU seconds of each process, then of the whole machine.
     pub(crate) fn sample(&self) -> Vec<f64> {
         self.0
@@ -109,11 +115,14 @@ impl Pids {
             .map(|((name, _), d)| CpuShare {
                 process: name.clone(),
                 cores: cores(*d),
+                seconds: *d,
             })
             .collect();
+        let rest = (machine - ours.iter().sum::<f64>()).max(0.0);
         out.push(CpuShare {
             process: "rest".into(),
-            cores: cores((machine - ours.iter().sum::<f64>()).max(0.0)),
+            cores: cores(rest),
+            seconds: rest,
         });
         out
     }

@@ -11,6 +11,10 @@
 //! 4. **fixed rate**: open loop at 50 % of the admission maximum, latency from the schedule;
 //! 5. **end-to-end**: `demo.echo` admitted over HTTP and completed by workers; then again
 //!    completed by pull workers over HTTP (`--pull-workers` in this process, `/api/worker/*`);
+//!    right after the first, the same load shape against the **BullMQ peer** (`bullmq.rs`: its
+//!    HTTP front adding jobs with the dedup key as `jobId`, a `Worker` per queue with a no-op
+//!    processor in as many processes as sluice has workers, the same concurrency in all), on a
+//!    Redis of its own; both with each process's CPU per execution and Redis calls per execution;
 //! 6. **memory**: Redis `used_memory` per queued execution at 100k executions;
 //!
 //! and the wake-up phases (`push.rs`), each with sluice's DEFAULT worker

@@ -479,6 +479,37 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// The processes whose parent is `pid` (from `/proc/*/stat`); empty when `/proc` is
+/// unreadable. The HTTP peer's `node:cluster` processes, whose CPU its primary's does not hold.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // The parent is the second field after the command name's closing ')'.
+        let parent = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if parent == Some(pid) {
+            out.push(child);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
 /// CPU time the whole machine has been busy (all CPUs: user, nice, system, interrupts, steal),
 /// in seconds; `None` when `/proc/stat` is unreadable. Minus the benchmark's own processes this
 /// is everything else the machine did — a run disturbed by other work shows it.

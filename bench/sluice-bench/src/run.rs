@@ -282,21 +282,68 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Report> {
             });
         }
 
-        // 5. End-to-end with workers.
-        direct.reset().await?;
-        let (e2e, check) = crate::e2e::end_to_end(
-            &args,
-            &cmd,
-            &scratch,
-            &mut direct,
-            &workload("e2e"),
-            &redis_and(&redis, &serve),
-            masters,
-            None,
-        )
-        .await?;
-        report.checks.push(check);
-        report.e2e = Some(e2e);
+        // 5. End-to-end with workers, and 5a. the same load shape against the BullMQ peer
+        // (HTTP add + Workers): `--e2e-rounds` rounds alternating A B, B A, ...; the report
+        // keeps each side's median round.
+        let mut sluice_rounds = Vec::new();
+        let mut peer_rounds = Vec::new();
+        let mut peer_on = !args.skip_bullmq;
+        if args.skip_bullmq {
+            report.e2e_peer_note = Some("skipped (--skip-bullmq)".into());
+        }
+        for round in 0..args.e2e_rounds.max(1) {
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                if side == 0 {
+                    direct.reset().await?;
+                    let (e2e, check) = crate::e2e::end_to_end(
+                        &args,
+                        &cmd,
+                        &scratch,
+                        &mut direct,
+                        &workload(&format!("e2e-{round}")),
+                        &redis_and(&redis, &serve),
+                        masters,
+                        None,
+                    )
+                    .await?;
+                    report.checks.push(check);
+                    sluice_rounds.push(e2e);
+                    continue;
+                }
+                if !peer_on {
+                    continue;
+                }
+                let w = workload(&format!("e2e-peer-{round}"));
+                match bullmq::http_e2e(&args, &scratch, &w, clients).await {
+                    Ok((p, check)) => {
+                        report.checks.push(check);
+                        peer_rounds.push(p);
+                    }
+                    Err(bullmq::NoPeer::Skipped(note)) => {
+                        eprintln!("sluice-bench: WARNING: BullMQ end-to-end peer skipped: {note}");
+                        report.e2e_peer_note = Some(note);
+                        peer_on = false;
+                    }
+                    Err(bullmq::NoPeer::Failed(e)) => {
+                        eprintln!("sluice-bench: the BullMQ end-to-end peer failed: {e:#}");
+                        report.checks.push(Check {
+                            phase: "end-to-end, BullMQ peer".into(),
+                            ok: false,
+                            detail: format!("failed: {e:#}"),
+                        });
+                        report.e2e_peer_note = Some(format!("failed: {e:#}"));
+                        peer_on = false;
+                    }
+                }
+            }
+        }
+        report.e2e_rounds = report::E2eRounds {
+            sluice_per_sec: sluice_rounds.iter().map(|e| e.per_sec).collect(),
+            peer_per_sec: peer_rounds.iter().map(|p| p.per_sec).collect(),
+        };
+        report.e2e = report::median_of(sluice_rounds, |e| e.per_sec);
+        report.e2e_peer = report::median_of(peer_rounds, |p| p.per_sec);
         // 5b. The same through the pull API: HTTP workers beside the same server.
         if args.pull_workers > 0 {
             direct.reset().await?;

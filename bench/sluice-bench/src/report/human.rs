@@ -183,7 +183,29 @@ impl Report {
                 "  its HTTP admissions",
                 e.http.per_sec,
                 &e.http.latency,
-                "while workers run what is admitted".into(),
+                format!(
+                    "while workers run what is admitted; {} script calls carried {} \
+                     admissions (mean group {:.2})",
+                    e.admission_calls.calls,
+                    e.admission_calls.admissions,
+                    e.admission_calls.admissions as f64 / e.admission_calls.calls.max(1) as f64
+                ),
+            );
+            let mut top: Vec<(&String, &f64)> = e.calls.by_command.iter().collect();
+            top.sort_by(|a, b| b.1.total_cmp(a.1));
+            let top: Vec<String> = top
+                .iter()
+                .take(8)
+                .map(|(c, n)| format!("{c} {n:.2}"))
+                .collect();
+            let _ = writeln!(
+                o,
+                "{:<24} {:>12.2} script calls and {:.2} commands per execution (inside \
+                 scripts too); most: {}",
+                "  its Redis calls",
+                e.calls.script_calls,
+                e.calls.commands,
+                top.join(", ")
             );
         }
         if let Some(p) = &self.e2e_pull
@@ -203,6 +225,47 @@ impl Report {
                     "pull workers over HTTP; {} completed in {:.1} s; {:.2} × `sluice worker`",
                     p.completed, p.span_secs, ratio
                 ),
+            );
+        }
+        if let Some(p) = &self.e2e_peer {
+            let sluice = self.e2e.as_ref().map(|e| e.per_sec).unwrap_or(0.0);
+            line(
+                &mut o,
+                "end-to-end, BullMQ peer",
+                p.per_sec,
+                &p.admit_to_completed,
+                format!(
+                    "HTTP add + {} process(es) of a Worker per queue (concurrency {} each), \
+                     Node {} BullMQ {}; {} completed in {:.1} s, added at {:.0}/s; sluice is \
+                     {:.2} × this",
+                    p.worker_processes,
+                    p.concurrency_per_queue,
+                    p.versions.node,
+                    p.versions.bullmq,
+                    p.completed,
+                    p.span_secs,
+                    p.admission_per_sec,
+                    sluice / p.per_sec.max(1e-9)
+                ),
+            );
+        } else if let Some(note) = &self.e2e_peer_note {
+            let _ = writeln!(o, "{:<24} {note}", "end-to-end, BullMQ peer");
+        }
+        if self.e2e_rounds.sluice_per_sec.len() > 1 {
+            let show = |v: &[f64]| {
+                v.iter()
+                    .map(|r| format!("{r:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let _ = writeln!(
+                o,
+                "{:<24} {:>12} rounds alternating (the lines above are the medians): sluice {}; \
+                 BullMQ {}",
+                "  end-to-end rounds",
+                self.e2e_rounds.sluice_per_sec.len(),
+                show(&self.e2e_rounds.sluice_per_sec),
+                show(&self.e2e_rounds.peer_per_sec)
             );
         }
         if let Some(m) = &self.memory {
@@ -301,6 +364,70 @@ impl Report {
         }
         if let Some(e) = &self.e2e {
             cpu_line("end-to-end", &e.http.cpu, e.redis_script_us_per_execution);
+        }
+        if let Some(p) = &self.e2e_peer {
+            let parts: Vec<String> = p
+                .cpu
+                .iter()
+                .map(|c| format!("{} {:.2}", c.process, c.cores))
+                .collect();
+            let _ = writeln!(o, "  {:<14} {}", "e2e, BullMQ", parts.join("  "));
+        }
+        self.human_cpu_per_execution(o);
+    }
+
+    /// CPU per execution of each process (counts of `/proc/<pid>/stat`, not shares of the
+    /// wall time): what an admission, a batch item and an execution end to end cost serve,
+    /// the workers and Redis — and the BullMQ peer's processes beside them.
+    fn human_cpu_per_execution(&self, o: &mut String) {
+        // (phase, µs per execution by process, executions)
+        type Row<'a> = (&'a str, Vec<(String, f64)>, u64);
+        let mut rows: Vec<Row> = Vec::new();
+        if let Some(p) = &self.admission {
+            rows.push((
+                "admission",
+                super::cpu_us_per_execution(&p.cpu, p.outcomes.created),
+                p.outcomes.created,
+            ));
+        }
+        if let Some(b) = &self.batch {
+            let n = b.phase.outcomes.created;
+            rows.push((
+                "batch item",
+                super::cpu_us_per_execution(&b.phase.cpu, n),
+                n,
+            ));
+        }
+        if let Some(e) = &self.e2e {
+            rows.push((
+                "end-to-end",
+                super::cpu_us_per_execution(&e.http.cpu, e.completed),
+                e.completed,
+            ));
+        }
+        if let Some(p) = &self.e2e_peer {
+            rows.push((
+                "e2e, BullMQ",
+                super::cpu_us_per_execution(&p.cpu, p.completed),
+                p.completed,
+            ));
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\nCPU per execution, µs (utime+stime over the phase ÷ executions; worker = all \
+             worker processes, front = the peer's HTTP processes):"
+        );
+        for (name, parts, n) in rows {
+            let total: f64 = parts.iter().map(|(_, v)| v).sum();
+            let parts: Vec<String> = parts.iter().map(|(p, v)| format!("{p} {v:.1}")).collect();
+            let _ = writeln!(
+                o,
+                "  {name:<14} {}   total {total:.1}   ({n} executions)",
+                parts.join("  ")
+            );
         }
     }
 

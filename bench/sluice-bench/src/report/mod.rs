@@ -21,8 +21,8 @@ pub use dead_letters::{DeadLetters, ListingCost};
 pub use fairness::{Fairness, Lateness, NoisyNeighbour, NoisySide, WeightedShare};
 pub use limits::{KeyIsolation, Limits, Throttle};
 pub use phases::{
-    AdmissionCalls, ApiKeyAdmission, BatchPhase, CpuShare, E2e, FixedRate, Master, MasterShare,
-    Memory, MemoryPoint, PeerAdmission, Phase,
+    AdmissionCalls, ApiKeyAdmission, BatchPhase, CallsPerExecution, CpuShare, E2e, FixedRate,
+    Master, MasterShare, Memory, MemoryPoint, PeerAdmission, PeerE2e, Phase, cpu_us_per_execution,
 };
 pub use push::{CancelPhase, IdleCost, PeerVersions, Pickup, PickupRate, PickupSide};
 
@@ -57,6 +57,24 @@ pub fn write_checks(o: &mut String, checks: &[Check], width: usize) {
             c.detail
         );
     }
+}
+
+/// The end-to-end rounds' rates, in the order they ran (sluice's and the peer's alternate).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct E2eRounds {
+    pub sluice_per_sec: Vec<f64>,
+    pub peer_per_sec: Vec<f64>,
+}
+
+/// The element of `v` whose `key` is the median (of an even count, the lower middle one);
+/// `None` when `v` is empty.
+pub fn median_of<T>(mut v: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let mid = (v.len() - 1) / 2;
+    Some(v.swap_remove(mid))
 }
 
 /// One speed target.
@@ -121,6 +139,14 @@ pub struct Report {
     pub e2e: Option<E2e>,
     /// The end-to-end phase again, run by pull workers over HTTP (`/api/worker/*`).
     pub e2e_pull: Option<E2e>,
+    /// The end-to-end phase against the BullMQ peer (HTTP add + `Worker`s), right after
+    /// sluice's.
+    pub e2e_peer: Option<PeerE2e>,
+    /// Why the end-to-end peer did not run, when it did not.
+    pub e2e_peer_note: Option<String>,
+    /// Every round's completed/s of the end-to-end phase and of its peer (`e2e` and
+    /// `e2e_peer` are the median rounds).
+    pub e2e_rounds: E2eRounds,
     pub memory: Option<Memory>,
     /// Issue 12's phases.
     pub pickup: Option<Pickup>,
@@ -183,6 +209,9 @@ impl Report {
             batch: None,
             e2e: None,
             e2e_pull: None,
+            e2e_peer: None,
+            e2e_peer_note: None,
+            e2e_rounds: E2eRounds::default(),
             memory: None,
             pickup: None,
             cancel: None,
@@ -264,6 +293,16 @@ impl Report {
                 limit: 0.5,
                 unit: "ratio, at least",
                 pass: ratio >= 0.5,
+            });
+        }
+        if let (Some(e), Some(p)) = (&self.e2e, &self.e2e_peer) {
+            let ratio = e.per_sec / p.per_sec.max(1e-9);
+            t.push(Target {
+                name: "end-to-end / BullMQ end-to-end peer".into(),
+                measured: round2(ratio),
+                limit: 1.0,
+                unit: "ratio, at least",
+                pass: ratio >= 1.0,
             });
         }
         if let Some(m) = &self.memory {

@@ -13,6 +13,31 @@ use crate::load::{LoadResult, Outcomes, Percentiles};
 pub struct CpuShare {
     pub process: String,
     pub cores: f64,
+    /// The same as CPU seconds (utime + stime of `/proc/<pid>/stat`, 10 ms ticks): a count,
+    /// not a share of the wall time, so it divides into CPU per execution on a busy machine.
+    pub seconds: f64,
+}
+
+/// CPU microseconds per execution of each process (`cpu` summed by name: the `worker-N`
+/// processes are one `worker`), over `executions`; "bench" (the load generator) and "rest"
+/// (the machine's other work) are left out: they are not the system measured.
+pub fn cpu_us_per_execution(cpu: &[CpuShare], executions: u64) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for c in cpu {
+        let name = c.process.split('-').next().unwrap_or(&c.process);
+        if name == "bench" || name == "rest" {
+            continue;
+        }
+        let us = c.seconds * 1e6 / executions.max(1) as f64;
+        match out.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) => *v += us,
+            None => out.push((name.to_owned(), us)),
+        }
+    }
+    for (_, v) in &mut out {
+        *v = (*v * 10.0).round() / 10.0;
+    }
+    out
 }
 
 /// Throughput and latency of one load phase.
@@ -161,12 +186,85 @@ pub struct E2e {
     pub admit_to_completed: Option<Percentiles>,
     /// Redis's time in scripts (admit + start + complete) per completed execution, µs.
     pub redis_script_us_per_execution: f64,
+    /// Redis calls per completed execution over the phase (admission, start, completion and
+    /// everything else the processes sent meanwhile).
+    pub calls: CallsPerExecution,
+    /// `serve`'s admission script calls during the phase and the admissions they carried
+    /// (group commit: fewer per call when admissions come slower).
+    pub admission_calls: AdmissionCalls,
     /// The HTTP side of the phase (and CPU of every process, workers included).
     pub http: Phase,
     /// On a cluster: each master's completed executions per second of the span, and its
     /// script time over the whole phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_master: Option<Vec<MasterShare>>,
+}
+
+/// The end-to-end peer: the HTTP admission peer (`peer.mjs --role http`) adding jobs with the
+/// dedup key as `jobId`, and BullMQ `Worker`s with a no-op processor completing them
+/// (`peer.mjs --role drain`), measured as sluice's end-to-end phase is.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerE2e {
+    pub versions: PeerVersions,
+    /// The `--role drain` processes (as many as sluice's `sluice worker`s).
+    pub worker_processes: usize,
+    /// Each process runs one `Worker` per tenant queue of this concurrency: in all, the
+    /// processes × the tenants × this = sluice's workers × `--worker-concurrency`.
+    pub concurrency_per_queue: usize,
+    pub admitted: u64,
+    pub completed: u64,
+    /// Jobs added while admitting, per second.
+    pub admission_per_sec: f64,
+    /// Completed jobs per second, from the first job's `timestamp` to the last `finishedOn`.
+    pub per_sec: f64,
+    pub span_secs: f64,
+    /// `finishedOn` − `timestamp` of each job (Node's clock, millisecond resolution).
+    pub admit_to_completed: Percentiles,
+    /// CPU of each process over the whole phase (admitting and draining): `front`'s
+    /// processes, the `worker-N`s, `redis-bullmq`.
+    pub cpu: Vec<CpuShare>,
+}
+
+/// Redis calls per execution from `INFO commandstats` deltas: the script calls (`FCALL`,
+/// `FCALL_RO`, `EVALSHA`, `EVAL`), and every command, inside scripts too (Redis counts a
+/// script's commands in the same table), each per execution.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CallsPerExecution {
+    pub script_calls: f64,
+    pub commands: f64,
+    /// Each command's calls per execution (at least 0.01).
+    pub by_command: std::collections::BTreeMap<String, f64>,
+}
+
+impl CallsPerExecution {
+    /// The deltas between two `INFO commandstats` readings over `executions`.
+    pub fn of(
+        before: &std::collections::BTreeMap<String, u64>,
+        after: &std::collections::BTreeMap<String, u64>,
+        executions: u64,
+    ) -> Self {
+        let n = executions.max(1) as f64;
+        let per = |calls: u64| (calls as f64 / n * 100.0).round() / 100.0;
+        let mut out = Self::default();
+        let (mut scripts, mut all) = (0u64, 0u64);
+        for (name, a) in after {
+            // The benchmark's own INFO readings are not the system's calls.
+            if name == "info" {
+                continue;
+            }
+            let d = a.saturating_sub(before.get(name).copied().unwrap_or(0));
+            all += d;
+            if matches!(name.as_str(), "fcall" | "fcall_ro" | "evalsha" | "eval") {
+                scripts += d;
+            }
+            if per(d) >= 0.01 {
+                out.by_command.insert(name.clone(), per(d));
+            }
+        }
+        out.script_calls = per(scripts);
+        out.commands = per(all);
+        out
+    }
 }
 
 /// Redis memory per queued execution.
@@ -189,4 +287,78 @@ pub struct MemoryPoint {
     pub bytes_per_execution: f64,
     /// `MEMORY USAGE` per execution by key kind (rows, dedup mappings, indexes, ...).
     pub by_kind: std::collections::BTreeMap<&'static str, f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn share(process: &str, seconds: f64) -> CpuShare {
+        CpuShare {
+            process: process.into(),
+            cores: 0.0,
+            seconds,
+        }
+    }
+
+    #[test]
+    fn cpu_per_execution_sums_the_workers_and_leaves_out_the_load_and_the_machine() {
+        let cpu = [
+            share("redis", 0.5),
+            share("serve", 0.25),
+            share("worker-1", 0.1),
+            share("worker-2", 0.05),
+            share("bench", 9.0),
+            share("rest", 9.0),
+        ];
+        let per = cpu_us_per_execution(&cpu, 1000);
+        assert_eq!(
+            per,
+            vec![
+                ("redis".to_owned(), 500.0),
+                ("serve".to_owned(), 250.0),
+                ("worker".to_owned(), 150.0),
+            ]
+        );
+        // No executions: divided by one, not by zero.
+        assert_eq!(cpu_us_per_execution(&cpu[..1], 0)[0].1, 500_000.0);
+    }
+
+    #[test]
+    fn the_median_round_is_kept() {
+        let median = |v: Vec<f64>| super::super::median_of(v, |r| *r);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(
+            median(vec![4.0, 1.0, 3.0, 2.0]),
+            Some(2.0),
+            "the lower middle one"
+        );
+        assert_eq!(median(vec![5.0]), Some(5.0));
+        assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
+    fn calls_per_execution_count_the_deltas_and_not_the_benchmarks_own_info() {
+        let before: BTreeMap<String, u64> = [("fcall", 100), ("hset", 1000), ("info", 5)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        let after: BTreeMap<String, u64> = [
+            ("fcall", 180),
+            ("evalsha", 20),
+            ("hset", 1400),
+            ("info", 9),
+            ("xadd", 100),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let c = CallsPerExecution::of(&before, &after, 100);
+        assert_eq!(c.script_calls, 1.0, "fcall 80 + evalsha 20 over 100");
+        assert_eq!(c.commands, 6.0, "80 + 20 + 400 + 100, not the 4 INFOs");
+        assert_eq!(c.by_command.get("hset"), Some(&4.0));
+        assert_eq!(c.by_command.get("info"), None);
+    }
 }
