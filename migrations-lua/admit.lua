@@ -5,31 +5,28 @@
 -- those before it (a dedup key repeated in the group is a replay of the first).
 --
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
--- KEYS[2]  tenants: the shard's tenant set
--- KEYS[3]  runnable: its runnable tenants
--- KEYS[4]  delayed: its timer set
--- KEYS[5..] admissions: for each admission in order, 7 keys, and an 8th and 9th with a dedup
+-- KEYS[2..] admissions: for each admission in order, 1 key, and a 2nd and 3rd with a dedup
 -- key:
---   +0 row: the new execution's row
---   +1 void: its void marker (abandon.lua)
---   +2 cfg: the tenant's limits
---   +3 slots: its slot set
---   +4 waiting: its waiting set
---   +5 listing: its listing (K.listing() in common.lua)
---   +6 flows: its set of flows
---   +7 dedup_bucket: the tenant's bucket of live dedup mappings that holds the key's
+--   +0 listing: the tenant's listing (K.listing() in common.lua)
+--   +1 dedup_bucket: the tenant's bucket of live dedup mappings that holds the key's
 --      (K.dedup_bucket() in common.lua; only with a dedup key)
---   +8 dedup: the dedup mapping's string key, where it is once its execution ended (only
+--   +2 dedup: the dedup mapping's string key, where it is once its execution ended (only
 --      with a dedup key)
--- (Also written, names built inside from the prefix since Redis's clock picks the day: the
--- trends counters and the shard's busy set, see the trends block of common.lua; with a
--- concurrency key, the key's queue and the tenant's blocked keys, see "Concurrency keys"; and
--- the tenant's expiry buckets when some have ended, see "Storage".)
+-- Declared: what a replay reads (the dedup keys, named from the request) and what every new
+-- admission writes by name (its listing). Every other key is built inside from the prefix
+-- the guard checked, by the code that touches it, as the helpers of common.lua always did:
+-- the new row and its void marker (K.row(id), K.void(id): a replay touches neither), the
+-- tenant's cfg, queue, slots and flows, the shard's tenants, runnable and timer sets, the
+-- trends counters and the busy set (names Redis's clock picks), with a concurrency key the
+-- key's queue and the tenant's blocked keys, and the tenant's expiry buckets. Each declared
+-- key costs every call the guard's check (about 400 instructions; a key new on every call,
+-- such as a row, a string search of about 1,200: callgrind on Redis 7.0), where a key built
+-- inside costs a concatenation only on the path that uses it.
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  count: the number of admissions, 1..100
 -- ARGV[7]  max_bytes: the server's max_bytes (for tenants without their own, see "Storage")
 -- ARGV[8]  max_retained: the server's max_retained (likewise)
--- ARGV[9..] admissions: for each admission in order, 16 values:
+-- ARGV[9..] admissions: for each admission in order, 17 values:
 --   +0  tenant: tenant id (validated: no braces, colons or spaces)
 --   +1  id: new execution id (32 lowercase hex, minted by the caller)
 --   +2  flow: flow id (validated key-safe)
@@ -46,6 +43,9 @@
 --   +13 ckey_digest: digest of the concurrency key (as the dedup key's), '' for none
 --   +14 traceparent: W3C traceparent, '' for none (validated by the caller)
 --   +15 tracestate: W3C tracestate, '' for none
+--   +16 dedup_field: the mapping's field in its bucket, `keys::dedup_field` of the digest
+--       ('' for none): computed once, in Rust, so that a replay cuts no string (a test pins
+--       it to dedup_field() in common.lua for many digests)
 --
 -- Reply: one entry per admission, in order, each one of:
 --   {'new', qstate, now, due, tpos, kpos, klimit}
@@ -86,7 +86,20 @@
 -- its position (that cost ~7 % of an admission). guard.lua has checked that every key is in
 -- this shard; the one caller (`Store::admit`) lists them in this order, and the test
 -- `fences::admit_declares_the_keys_it_writes` checks that list against what the script writes.
--- The row (+0) is written by enqueue() (K.row(id) is that name).
+-- The row is written by enqueue() under K.row(id).
+--
+-- What an admission does not ask Redis, because a value it reads anyway answers (each a
+-- command of about 5,000 instructions, on every fresh admission):
+--   the void marker's EXISTS: abandon.lua writes, beside the marker, the time its last marker
+--     expires into the tenant's cfg (`void_until`, read with the limits); the marker is looked
+--     for only before that time. A replay writes nothing, so it is answered before.
+--   the registries' SADDs: the cfg field `reg_flow` names the flow this tenant last admitted,
+--     and is written (flush_usage(), in the HSET of the counters) only by a call that added
+--     the tenant and that flow to the registries. So `reg_flow` present means the tenant is
+--     in K.tenants(), and `reg_flow` == flow means the flow is in K.flows(t): both are then
+--     members already. Registry members leave only in tenant_reap.lua, which deletes the
+--     field first (the sweeper only adds); a cfg deleted or rebuilt without it costs the
+--     SADDs once more. Checked by `implications::` in tests/api.
 -- What the admissions of a call share, and admit_one(), are made once, when the library loads
 -- (src/store/compose.rs, split_once); each call sets them afresh below "Per call".
 local TENANTS
@@ -105,8 +118,6 @@ local QUEUED, RUNNABLE, HELD, LISTED, BUSY
 local MANY
 -- The server's storage bounds (ARGV[7], ARGV[8]), for tenants without their own.
 local MAX_BYTES, MAX_RETAINED
--- Whether any admission of the call has a void marker (one EXISTS for the call; see below).
-local ANY_VOID
 -- The admission counts (ARGV[6]) met so far, text to number: a count seen before is a table
 -- read instead of tonumber() (a C function call, about a thousand instructions). Only valid
 -- counts (1..100) are kept, so it holds at most 100 entries.
@@ -114,16 +125,15 @@ local COUNTS = {}
 
 -- One admission: its keys from KEYS[k], its values from ARGV[a].
 local function admit_one(k, a)
-  -- The caller gave up on this admission and was told nothing happened: keep it that way.
-  if ANY_VOID and redis.call('EXISTS', KEYS[k + 1]) == 1 then return { 'void' } end
-
-  -- A replay is answered before the rest of the admission's values are read.
+  -- A replay is answered before the rest of the admission's values are read. It writes
+  -- nothing, so it needs no void check: an abandoned admission (abandon.lua) whose key maps to
+  -- an execution admitted since stays unadmitted either way.
   local dedup, dedup_hash, fingerprint = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
   local bucket, stale = nil, nil
   if dedup ~= '' then
-    bucket = KEYS[k + 7]
+    bucket = KEYS[k + 1]
     local holder, holder_fp
-    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 8], dedup_hash, fingerprint)
+    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 2], ARGV[a + 16], fingerprint)
     if holder then
       if holder_fp ~= fingerprint then return { 'conflict', holder } end
       -- Two values, not a table: the call makes the table only when it answers one.
@@ -139,7 +149,7 @@ local function admit_one(k, a)
   run_at, delay = run_at ~= '' and tonumber(run_at) or nil, delay ~= '' and tonumber(delay) or nil
   local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
   local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
-  local LISTING, FLOWS = KEYS[k + 5], KEYS[k + 6]
+  local LISTING = KEYS[k]
   if MANY and not QUEUED then QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {} end
 
   local now = now_ms()
@@ -147,6 +157,14 @@ local function admit_one(k, a)
   if not ok then
     if MANY and refusal == 'full' then QUEUED[tenant] = queued end
     return { refusal, queued }
+  end
+  -- The caller gave up on this admission and was told nothing happened: keep it that way. Its
+  -- marker can exist only until the tenant's `void_until` (see above; a second of margin for
+  -- the time Redis took the call's expiry checks at).
+  local cfg = LIMITS_READ[tenant]
+  local void_until = cfg[16]
+  if void_until and now <= void_until + 1000 and redis.call('EXISTS', K.void(id)) == 1 then
+    return { 'void' }
   end
   local size = ROW_BYTES + #params
   local full = storage_refusal(tenant, size, 0, now, MAX_BYTES, MAX_RETAINED, true)
@@ -182,19 +200,27 @@ local function admit_one(k, a)
   end
   local listed = redis.call('ZADD', LISTING, 0, listing_member('queued', flow, id)) == 1
   if MANY then QUEUED[tenant] = listed and queued + 1 or nil end
-  -- Registries the sweeper walks (set members), once per call.
-  if not MANY then
-    redis.call('SADD', TENANTS, tenant)
-    redis.call('SADD', FLOWS, flow)
-  else
-    if not LISTED[TENANTS .. tenant] then
-      redis.call('SADD', TENANTS, tenant)
-      LISTED[TENANTS .. tenant] = true
-    end
-    if not LISTED[FLOWS .. flow] then
+  -- Registries the sweeper and status-only listings walk (set members): only where the cfg's
+  -- `reg_flow` (see above) does not say the members are there, and once per call.
+  local reg = cfg[17]
+  if reg ~= flow then
+    local FLOWS = K.flows(tenant)
+    if not TENANTS then TENANTS = K.tenants() end
+    if not MANY then
+      if not reg then redis.call('SADD', TENANTS, tenant) end
       redis.call('SADD', FLOWS, flow)
-      LISTED[FLOWS .. flow] = true
+    else
+      if not reg and not LISTED[TENANTS .. tenant] then
+        redis.call('SADD', TENANTS, tenant)
+        LISTED[TENANTS .. tenant] = true
+      end
+      if not LISTED[FLOWS .. flow] then
+        redis.call('SADD', FLOWS, flow)
+        LISTED[FLOWS .. flow] = true
+      end
     end
+    -- Both are members now: written with the counters at the end of the call.
+    register_flow(tenant, flow)
   end
   -- The row is written here, with its queue state, in one HSET.
   if enqueue(tenant, flow, id, now, priority, due, row, ckh, MANY and RUNNABLE[tenant]) then
@@ -208,8 +234,8 @@ local function admit_one(k, a)
   -- A field of its bucket while the execution is live: settle_terminal() moves it to the
   -- string key, with its TTL, when it ends. A leftover string key whose row expired goes.
   if bucket then
-    redis.call('HSET', bucket, dedup_field(dedup_hash), id .. ':' .. fingerprint)
-    if stale then redis.call('DEL', KEYS[k + 8]) end
+    redis.call('HSET', bucket, ARGV[a + 16], id .. ':' .. fingerprint)
+    if stale then redis.call('DEL', KEYS[k + 2]) end
   end
   if due then return { 'new', 'scheduled', now, due } end
   local tpos, kpos, klimit, rank = position(tenant, id, ckh)
@@ -217,15 +243,15 @@ local function admit_one(k, a)
   if rank and not held then
     -- refresh() counted them when this admission made its tenant runnable (no slot set
     -- changes in an admission call).
-    held = SLOTS_OF == tenant and SLOTS_HELD or redis.call('SCARD', KEYS[k + 3])
+    held = SLOTS_OF == tenant and SLOTS_HELD or redis.call('SCARD', K.slots(tenant))
     if MANY then HELD[tenant] = held end
   end
   return { 'new', queue_state(tenant, id, 'queued', rank, held or nil), now, '', tpos or '',
     kpos or '', klimit or '' }
 end
 
--- Per call: the state admit_one() shares within a call, set afresh (ANY_VOID below).
-TENANTS = KEYS[2]
+-- Per call: the state admit_one() shares within a call, set afresh.
+TENANTS = nil
 QUEUED, RUNNABLE, HELD, LISTED, BUSY = nil, nil, nil, nil, nil
 local n = COUNTS[ARGV[6]]
 if not n then
@@ -233,35 +259,36 @@ if not n then
   if n and n >= 1 and n <= 100 and n % 1 == 0 then COUNTS[ARGV[6]] = n end
 end
 MAX_BYTES, MAX_RETAINED = ARGV[7], ARGV[8]
-if not n or n < 1 or n > 100 or #ARGV ~= 8 + 16 * n then
+-- 17 values an admission (16 before the bucket's field came as one): a call of an older
+-- build's shape is refused here, never read with its values shifted.
+if not n or n < 1 or n > 100 or #ARGV ~= 8 + 17 * n then
   return redis.error_reply('ERR sluice admit: ' .. tostring(ARGV[6]) .. ' admissions with ' ..
     #ARGV .. ' values')
 end
 MANY = n > 1
--- Every admission's keys are where the header says, or nothing is done. Its void marker is
--- its second key.
-local want = 4
+-- Every admission's keys are where the header says, or nothing is done.
+local want = 1
 for i = 0, n - 1 do
-  want = want + (ARGV[15 + 16 * i] ~= '' and 9 or 7)
+  want = want + (ARGV[15 + 17 * i] ~= '' and 3 or 1)
 end
 if want ~= #KEYS then
   return redis.error_reply('ERR sluice admit: ' .. #KEYS .. ' keys for ' .. n ..
     ' admissions, not ' .. want)
 end
--- Void markers are rare (abandon.lua writes one for a call whose answer was lost): one EXISTS
--- of them all, and only when one exists does each admission look for its own. One admission
--- (the commonest call) names its marker without a table.
 if n == 1 then
-  ANY_VOID = redis.call('EXISTS', KEYS[6]) > 0
-else
-  local voids, at = {}, 5
-  for i = 0, n - 1 do
-    voids[i + 1] = KEYS[at + 1]
-    at = at + (ARGV[15 + 16 * i] ~= '' and 9 or 7)
+  -- The commonest call, and a replay's: no table of replies before one is answered. (Answering
+  -- a replay here, before the pcall and the call of admit_one(), was tried and measured: no
+  -- fewer instructions, bench/README.md "Round four".)
+  local ok, reply, dup = pcall(admit_one, 2, 9)
+  if dup then return 'dup:' .. dup end
+  if not ok then
+    reply = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
   end
-  ANY_VOID = redis.call('EXISTS', unpack(voids)) > 0
+  flush_trends()
+  flush_usage()
+  return { reply }
 end
-local replies, k, a = {}, 5, 9
+local replies, k, a = {}, 2, 9
 for i = 1, n do
   local ok, reply, dup = pcall(admit_one, k, a)
   if dup then
@@ -274,8 +301,8 @@ for i = 1, n do
   else
     replies[i] = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
   end
-  k = k + (ARGV[a + 6] ~= '' and 9 or 7)
-  a = a + 16
+  k = k + (ARGV[a + 6] ~= '' and 3 or 1)
+  a = a + 17
 end
 -- The per-minute counters of every admission of the call, and its tenants' storage counters,
 -- in one write per key.

@@ -223,21 +223,22 @@ local function limits(t)
   local v = LIMITS_READ[t]
   if not v then
     -- Fields 10 to 14 are the storage bounds and counters (see "Storage" below), read here so
-    -- that they cost no call of their own; the 15th is the deletion mark.
+    -- that they cost no call of their own; the 15th is the deletion mark; the 16th and 17th
+    -- spare an admission commands (`void_until` and `reg_flow`, see admit.lua).
     v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
       'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'max_bytes',
-      'max_retained', 'u_bytes', 'u_rows', 'u_next', 'deleting')
+      'max_retained', 'u_bytes', 'u_rows', 'u_next', 'deleting', 'void_until', 'reg_flow')
     -- The numbers, read from their text once (a call asks for one tenant's limits several
     -- times, and each tonumber() is a C function call, about a thousand instructions):
-    -- kept after the 15 fields as read.
-    v[16] = tonumber(v[1]) or DEFAULT_MAX_CONCURRENT
-    v[17] = tonumber(v[2]) or DEFAULT_MAX_QUEUED
-    v[18] = tonumber(v[5]) or 1
-    v[19] = tonumber(v[6])
+    -- kept after the 17 fields as read.
+    v[18] = tonumber(v[1]) or DEFAULT_MAX_CONCURRENT
+    v[19] = tonumber(v[2]) or DEFAULT_MAX_QUEUED
+    v[20] = tonumber(v[5]) or 1
+    v[21] = tonumber(v[6])
     LIMITS_READ[t] = v
     LIMITS_KEPT = true
   end
-  return v[16], v[17], v[3] ~= '0', v[4], v[18], v[19], v[7] or nil, v[8] or nil,
+  return v[18], v[19], v[3] ~= '0', v[4], v[20], v[21], v[7] or nil, v[8] or nil,
     v[9] or nil, v[15] or nil
 end
 
@@ -682,6 +683,12 @@ local function count_bytes(t, bytes)
   u.d_bytes = u.d_bytes + bytes
 end
 
+-- Tenant t and its `flow` are members of the registries (admit.lua has just added them): the
+-- cfg field `reg_flow` says so from this call's flush_usage() on (see admit.lua's header).
+local function register_flow(t, flow)
+  usage_of(t).flow = flow
+end
+
 -- A terminal row of tenant t of `size` logical bytes (counted already) that expires at
 -- `expire_at` (ms) is retained (n = 1), or leaves its bucket before it expired (n = -1: a
 -- retry, a force delete).
@@ -788,6 +795,7 @@ local function flush_usage()
     put('u_rows', u.d_rows ~= 0, rows ~= 0 and string.format('%d', rows) or nil)
     local next = u.next and string.format('%d', u.next) or nil
     put('u_next', next ~= u.was, next)
+    put('reg_flow', u.flow, u.flow)
     if #set > 0 then redis.call('HSET', cfg, unpack(set)) end
     if #gone > 0 then redis.call('HDEL', cfg, unpack(gone)) end
     if #u.drained > 0 then redis.call('HDEL', ret, unpack(u.drained)) end
@@ -822,11 +830,11 @@ local function maps_to(mapped, id)
   return mapped ~= nil and mapped ~= false and string.sub(mapped, 1, #id + 1) == id .. ':'
 end
 
--- The live execution the dedup mapping of digest `h` names (bucket `bucket`, string key
--- `mapping`; the caller declared both), and the request fingerprint it was admitted with;
--- nil when the key is free. The bucket is read first, the string key (a terminal mapping,
--- or one an older build wrote) only on a miss. A mapping always has its row (both are written
--- by admit.lua and removed together); a missing row can only mean its retention ran out first,
+-- The live execution the dedup mapping of a digest names (bucket `bucket`, its field
+-- `field`, dedup_field() of the digest, string key `mapping`; the caller declared both), and
+-- the request fingerprint it was admitted with; nil when the key is free. The bucket is read
+-- first, the string key (a terminal mapping, or one an older build wrote) only on a miss. A
+-- mapping always has its row (both are written by admit.lua and removed together); a missing row can only mean its retention ran out first,
 -- so the key is free again: then the third value is true when the string key is such a
 -- leftover (admit.lua deletes it as it claims the key). Reads only (dry_admit.lua shares it).
 -- `fingerprint` is the caller's request's: a mapping that ends in `:<fingerprint>` (a
@@ -834,8 +842,8 @@ end
 -- general parse below takes a find and two subs (each C function call about a thousand
 -- instructions, callgrind on Redis 7.0); both give the same id and fingerprint, since an id
 -- holds no ':'.
-local function dedup_holder(bucket, mapping, h, fingerprint)
-  local mapped = redis.call('HGET', bucket, dedup_field(h))
+local function dedup_holder(bucket, mapping, field, fingerprint)
+  local mapped = redis.call('HGET', bucket, field)
   local stale = nil
   if not mapped then
     mapped = redis.call('GET', mapping)

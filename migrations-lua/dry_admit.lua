@@ -22,12 +22,12 @@
 --                           ('key_throttled');
 --                           its position as position() in common.lua gives it ('' where none)
 local tenant, flow, params = ARGV[9], ARGV[11], ARGV[13]
-local dedup, dedup_hash, fingerprint = ARGV[15], ARGV[16], ARGV[17]
+local dedup, fingerprint = ARGV[15], ARGV[17]
 local priority, run_at, delay = ARGV[18], tonumber(ARGV[19]), tonumber(ARGV[20])
 local ckh = ARGV[22] or ''
 
 if dedup ~= '' then
-  local holder, holder_fp = dedup_holder(KEYS[12], KEYS[13], dedup_hash, fingerprint)
+  local holder, holder_fp = dedup_holder(KEYS[3], KEYS[4], ARGV[25], fingerprint)
   if holder then
     if holder_fp ~= fingerprint then return { 'conflict', holder } end
     return { 'duplicate', holder, view(holder) }

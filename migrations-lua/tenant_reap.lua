@@ -55,6 +55,9 @@ if not redis.call('HGET', CFG, 'deleting') then
   return { 'none' }
 end
 local now = now_ms()
+-- The registries lose their members below: first the cfg stops saying that they hold them
+-- (`reg_flow`, see admit.lua's header), so that an admission after the reap adds them again.
+redis.call('HDEL', CFG, 'reg_flow')
 
 -- Removes execution `id` — found in one of the tenant's structures — from everything that
 -- names it, and its row, when the row is the tenant's (a member whose row expired or is

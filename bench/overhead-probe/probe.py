@@ -243,9 +243,9 @@ PROBES = [
     ('a1_guard', 'admit', 'begin_call()'),
     ('a2_begin', 'admit', '-- Per call'),
     ('a3_resets', 'admit', 'local n = COUNTS[ARGV[6]]'),
-    ('a4_checks', 'admit', 'local replies, k, a = {}, 5, 9'),
+    ('a4_checks', 'admit', 'if n == 1 then'),
     # Inside admit_one (a replay): its entry (the pcall), then past the dedup lookup.
-    ('a41_pcall', 'admit', "  if ANY_VOID and redis.call('EXISTS'"),
+    ('a41_pcall', 'admit', '  local dedup, dedup_hash, fingerprint = ARGV[a + 6]'),
     ('a42_holder', 'admit', '    if holder then'),
     ('a45_flush', 'admit', 'flush_trends()'),
     ('a5_noreply', 'admit', None),

@@ -14,7 +14,7 @@ use super::commit::{Item, Outcome, Sender};
 use super::row::{first, from_fields, split_tag, string_at};
 use super::storage::{self, Refused};
 use super::ticket::Ticket;
-use super::{Shard, StorageFull, Store, StoreError};
+use super::{Shard, StorageFull, Store, StoreError, keys};
 use crate::domain::{
     AdmitRequest, DedupKey, Execution, ExecutionId, QueuePosition, QueueState, Schedule, TenantId,
 };
@@ -470,6 +470,7 @@ impl Store {
             &AbandonCall {
                 row: shard.row(id),
                 void: shard.void(id),
+                cfg: shard.tenant_config(tenant),
                 tenant: tenant.as_str(),
                 id: id.as_str(),
                 void_ttl_secs: VOID_TTL.as_secs(),
@@ -522,13 +523,10 @@ impl Store {
     }
 }
 
-/// The keys of one tenant that every admission of it names (see `tenant_keys`).
+/// The keys of one tenant that every admission of it names (see `tenant_keys`): its listing
+/// (`admit.lua` builds the others inside).
 struct TenantKeys {
-    cfg: String,
-    slots: String,
-    waiting: String,
     listing: String,
-    flows: String,
 }
 
 /// Tenants whose keys are remembered at most: past it the memory is cleared and refilled (a
@@ -536,7 +534,7 @@ struct TenantKeys {
 const TENANT_KEYS_CAP: usize = 4096;
 
 /// The keys of `tenant` in `shard` that an admission names, formatted once and then cloned:
-/// formatting them was a tenth of `serve`'s instructions per HTTP admission (five
+/// formatting them was a tenth of `serve`'s instructions per HTTP admission (then five
 /// `format!`s of the prefix and the tenant, about 1,800 instructions each under callgrind,
 /// against about 150 for a clone). The names are pure functions of the shard (its hash tag,
 /// which carries the layout) and the tenant, so remembering them can never name another
@@ -552,11 +550,7 @@ fn tenant_keys(shard: Shard, tenant: &TenantId) -> Arc<TenantKeys> {
         return Arc::clone(k);
     }
     let keys = Arc::new(TenantKeys {
-        cfg: shard.tenant_config(tenant),
-        slots: shard.slots(tenant),
-        waiting: shard.waiting(tenant),
         listing: shard.listing(tenant),
-        flows: shard.flows(tenant),
     });
     let mut memory = memory.lock().expect("tenant keys");
     if memory.len() >= TENANT_KEYS_CAP {
@@ -592,13 +586,7 @@ pub(super) fn admission_item(
         None => ("", ""),
     };
     AdmitItem {
-        row: shard.row(id),
-        void: shard.void(id),
-        cfg: tk.cfg.clone(),
-        slots: tk.slots.clone(),
-        waiting: tk.waiting.clone(),
         listing: tk.listing.clone(),
-        flows: tk.flows.clone(),
         dedup_bucket: req
             .dedup
             .is_some()
@@ -623,6 +611,9 @@ pub(super) fn admission_item(
         ckey_digest: &ckey_digest,
         traceparent,
         tracestate,
+        // The one place the field is cut from the digest (`keys::dedup_field`; the test
+        // `fences::lua_and_rust_cut_the_same_dedup_field` pins common.lua's to it).
+        dedup_field: keys::dedup_field(&dedup_digest),
     }
     .into()
 }
@@ -630,7 +621,7 @@ pub(super) fn admission_item(
 script_call! {
     /// `migrations-lua/abandon.lua`: settles an admission whose answer was lost.
     pub(super) struct AbandonCall<'a> {
-        keys { row, void }
+        keys { row, void, cfg }
         args { tenant: &'a str, id: &'a str, void_ttl_secs: u64 }
     }
 }
@@ -638,7 +629,7 @@ script_call! {
 script_group! {
     /// One admission of an `admit.lua` call (its header's `admissions` tails).
     pub(super) struct AdmitItem<'a> {
-        keys { row, void, cfg, slots, waiting, listing, flows }
+        keys { listing }
         optional_keys { dedup_bucket, dedup }
         args {
             tenant: &'a str,
@@ -657,6 +648,7 @@ script_group! {
             ckey_digest: &'a str,
             traceparent: &'a str,
             tracestate: &'a str,
+            dedup_field: &'a str,
         }
     }
 }
@@ -681,11 +673,7 @@ mod tests {
                 // shard asked about.
                 for shard in [map.shard_of(t), map.shard(map.count()), map.shard_of(t)] {
                     let k = tenant_keys(shard, t);
-                    assert_eq!(k.cfg, shard.tenant_config(t));
-                    assert_eq!(k.slots, shard.slots(t));
-                    assert_eq!(k.waiting, shard.waiting(t));
                     assert_eq!(k.listing, shard.listing(t));
-                    assert_eq!(k.flows, shard.flows(t));
                 }
             }
         }

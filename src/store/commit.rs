@@ -436,9 +436,9 @@ fn is_error(reply: &[Value]) -> bool {
     matches!(reply.first(), Some(Value::BulkString(b)) if b == b"error")
 }
 
-/// The shard's own keys a call of `admit.lua` or `complete.lua` names (see `shard_keys`).
+/// The shard's own keys a call of `complete.lua` names (see `shard_keys`; `admit.lua` builds
+/// its shard keys inside).
 struct ShardKeys {
-    tenants: String,
     runnable: String,
     delayed: String,
     leases: String,
@@ -460,7 +460,6 @@ fn shard_keys(shard: Shard) -> Arc<ShardKeys> {
         return Arc::clone(k);
     }
     let keys = Arc::new(ShardKeys {
-        tenants: shard.tenants(),
         runnable: shard.runnable(),
         delayed: shard.delayed(),
         leases: shard.leases(),
@@ -492,9 +491,6 @@ pub(super) fn invocation<'a>(
             shard,
             policy,
             &AdmitCall {
-                tenants: keys.tenants.clone(),
-                runnable: keys.runnable.clone(),
-                delayed: keys.delayed.clone(),
                 count: items.len(),
                 max_bytes: policy.max_bytes.load(Ordering::Relaxed),
                 max_retained: policy.max_retained.load(Ordering::Relaxed),
@@ -524,7 +520,7 @@ pub(super) fn invocation<'a>(
 script_call! {
     /// `migrations-lua/admit.lua`: a group of admissions of one shard, in arrival order.
     pub(super) struct AdmitCall<'a> {
-        keys { tenants, runnable, delayed }
+        keys { }
         args { count: usize, max_bytes: u64, max_retained: u64 }
         items { admissions: super::admit::AdmitItem<'static> }
     }
@@ -533,7 +529,7 @@ script_call! {
 script_call! {
     /// `migrations-lua/dry_admit.lua`: takes exactly what `admit.lua` takes, with one item.
     pub(super) struct DryAdmitCall<'a> {
-        keys { tenants, runnable, delayed }
+        keys { }
         args { count: usize, max_bytes: u64, max_retained: u64 }
         items { admissions: super::admit::AdmitItem<'static> }
     }
@@ -563,7 +559,6 @@ mod tests {
         ] {
             for shard in map.all().chain(map.all()) {
                 let k = shard_keys(shard);
-                assert_eq!(k.tenants, shard.tenants());
                 assert_eq!(k.runnable, shard.runnable());
                 assert_eq!(k.delayed, shard.delayed());
                 assert_eq!(k.leases, shard.leases());

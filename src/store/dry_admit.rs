@@ -82,9 +82,6 @@ impl Store {
             let inv = self.shard_call(
                 shard,
                 &DryAdmitCall {
-                    tenants: shard.tenants(),
-                    runnable: shard.runnable(),
-                    delayed: shard.delayed(),
                     count: 1,
                     max_bytes: self.policy.max_bytes.load(Ordering::Relaxed),
                     max_retained: self.policy.max_retained.load(Ordering::Relaxed),

@@ -357,7 +357,7 @@ async fn a_wrong_shard_tag_fails_loudly_on_a_cluster() {
         crate::helpers::shard_no(3),
         &ExecutionId::new(),
     );
-    k[6] =
+    k[1] =
         crate::helpers::shard_no(4).status_index(&TenantId::parse("acme").unwrap(), Status::Queued);
     let e = eval(&redis, &admit, &k, &a).await.unwrap_err();
     assert!(

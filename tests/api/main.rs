@@ -27,6 +27,7 @@ mod group_commit;
 mod guarantees;
 mod handlers;
 mod helpers;
+mod implications;
 mod keys;
 mod layout;
 mod listing;
