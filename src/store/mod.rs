@@ -279,6 +279,14 @@ pub async fn load_library<C: redis::aio::ConnectionLike>(conn: &mut C) -> redis:
     function::load(conn, &scripts::library().source).await
 }
 
+/// The policy in one master's answer to `CONFIG GET maxmemory-policy` (a name/value pair as an
+/// array, or a map under RESP3); `None` for an error answer or another shape.
+fn eviction_policy(answer: &redis::Value) -> Option<String> {
+    let pairs: std::collections::HashMap<String, String> =
+        redis::from_redis_value(answer.clone()).ok()?;
+    pairs.get("maxmemory-policy").cloned()
+}
+
 impl Policy {
     /// ARGV[1..5] of a shard script (see `migrations-lua/common.lua`): the shard's prefix and
     /// this policy.
@@ -368,8 +376,48 @@ impl Store {
         store.refresh_pins().await?;
         if !migrating {
             store.ensure_schema(fresh).await?;
+            store.check_eviction_policy().await;
         }
         Ok(store)
+    }
+
+    /// Warns, at start, of every master whose `maxmemory-policy` lets Redis drop keys to make
+    /// room. sluice needs `noeviction`: over `maxmemory` such a Redis then refuses what adds
+    /// data (admissions answer 503, see docs/operations.md) and keeps what it holds, where an
+    /// evicting one silently drops a row, a queue member or a dedup mapping (an execution
+    /// lost, or admitted twice) and leaves the facts derived from them wrong (a tenant's byte
+    /// counters, the registries its `reg_flow` vouches for). A warning, not a refusal, as
+    /// peers do: Redis evicts only when full, and a Redis that does not answer `CONFIG`
+    /// (some managed services) cannot be checked, which is said at `info`.
+    async fn check_eviction_policy(&self) {
+        let mut c = self.conn();
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg("maxmemory-policy");
+        let answers = match self.bounded(c.on_every_master(&get)).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                tracing::info!(error = %e, "could not read Redis's maxmemory-policy");
+                return;
+            }
+        };
+        let masters = answers.len();
+        let mut evicting: Vec<String> = answers
+            .iter()
+            .filter_map(eviction_policy)
+            .filter(|p| p != "noeviction")
+            .collect();
+        evicting.sort();
+        evicting.dedup();
+        if !evicting.is_empty() {
+            tracing::warn!(
+                policy = %evicting.join(","),
+                masters,
+                "Redis's maxmemory-policy is {} where sluice needs noeviction: a full Redis \
+                 would drop executions instead of refusing new ones (CONFIG SET \
+                 maxmemory-policy noeviction, and in redis.conf)",
+                evicting.join(",")
+            );
+        }
     }
 
     /// How this store was configured (where Redis is, its time bounds).

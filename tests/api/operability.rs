@@ -536,3 +536,76 @@ async fn swagger_ui_is_locked_down_and_still_loads_its_files() {
         assert!(!res.bytes().await.unwrap().is_empty(), "{file}");
     }
 }
+
+/// What `sluice serve` logs on `redis` up to the line that follows its store's connection
+/// (the note on how `/metrics` answers, logged by `App::build` after `Store::connect`).
+fn start_log(redis: &TestRedis) -> Vec<String> {
+    let mut child = Command::new(sluice_bin())
+        .args(["--log-format", "json", "serve", "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .args(redis.args())
+        .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    // Bounded: a start logs a few lines; each wait is bounded too.
+    for _ in 0..1_000 {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no '/metrics answers' line after: {lines:#?}"));
+        let done = line.contains("/metrics answers");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+/// sluice needs `maxmemory-policy noeviction` (docs/operations.md): a server started on a
+/// Redis whose masters may evict says so at start, naming the policy; on `noeviction` (Redis's
+/// default) it says nothing of it.
+#[tokio::test]
+async fn a_redis_that_may_evict_keys_is_named_in_the_start_log() {
+    let redis = TestRedis::start().await;
+    let quiet = start_log(&redis);
+    assert!(
+        !quiet.iter().any(|l| l.contains("maxmemory-policy")),
+        "{quiet:#?}"
+    );
+    // One master that may evict is enough (on a cluster, the last).
+    let mut node = redis.node_conn(redis.masters() - 1).await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut node)
+        .await
+        .unwrap();
+    let loud = start_log(&redis);
+    let warning = loud
+        .iter()
+        .find(|l| l.contains("maxmemory-policy"))
+        .unwrap_or_else(|| panic!("no warning of the policy: {loud:#?}"));
+    let event: serde_json::Value = serde_json::from_str(warning).unwrap();
+    assert_eq!(event["level"], "WARN", "{warning}");
+    assert_eq!(event["fields"]["policy"], "allkeys-lru", "{warning}");
+    assert_eq!(
+        event["fields"]["masters"],
+        redis.masters() as u64,
+        "{warning}"
+    );
+    assert!(warning.contains("needs noeviction"), "{warning}");
+}
