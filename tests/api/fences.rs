@@ -639,7 +639,7 @@ async fn fcall(
 }
 
 /// The tag of the first entry of an `admit` reply.
-fn admit_tag(reply: RedisValue) -> String {
+pub(crate) fn admit_tag(reply: RedisValue) -> String {
     let entries: Vec<RedisValue> = redis::from_redis_value(reply).unwrap();
     let first: Vec<RedisValue> = redis::from_redis_value(entries[0].clone()).unwrap();
     redis::from_redis_value(first[0].clone()).unwrap()

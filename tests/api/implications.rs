@@ -204,13 +204,6 @@ async fn a_deleted_tenant_admitted_again_is_in_the_registries_again() {
     );
 }
 
-/// The tag of the first entry of an `admit` reply.
-fn admit_tag(reply: RedisValue) -> String {
-    let entries: Vec<RedisValue> = redis::from_redis_value(reply).unwrap();
-    let first: Vec<RedisValue> = redis::from_redis_value(entries[0].clone()).unwrap();
-    redis::from_redis_value(first[0].clone()).unwrap()
-}
-
 /// An admission settled as abandoned (abandon.lua ran first, as when the settling call
 /// overtakes it) refuses and writes nothing, although the admission no longer looks for a
 /// void marker unless its tenant's `void_until` says one may exist; the tenant's other
@@ -240,7 +233,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     // The tenant admitted before: its cfg exists, without `void_until`.
     let first = ExecutionId::new();
     let (k, a) = crate::fences::admit_call(s, s, &first);
-    assert_eq!(admit_tag(fcall("admit", k, a).await), "new");
+    assert_eq!(crate::fences::admit_tag(fcall("admit", k, a).await), "new");
 
     let lost = ExecutionId::new();
     let mut args = vec![
@@ -281,7 +274,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     // The late admission: refused, nothing written.
     let before = redis.keys().await;
     let (k, a) = crate::fences::admit_call(s, s, &lost);
-    assert_eq!(admit_tag(fcall("admit", k, a).await), "void");
+    assert_eq!(crate::fences::admit_tag(fcall("admit", k, a).await), "void");
     assert_eq!(
         redis.keys().await,
         before,
@@ -293,7 +286,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     // Another admission of the tenant, while `void_until` is ahead: admitted.
     let other = ExecutionId::new();
     let (k, a) = crate::fences::admit_call(s, s, &other);
-    assert_eq!(admit_tag(fcall("admit", k, a).await), "new");
+    assert_eq!(crate::fences::admit_tag(fcall("admit", k, a).await), "new");
     let row: bool = redis.query(redis::cmd("EXISTS").arg(s.row(&other))).await;
     assert!(row);
 }

@@ -222,23 +222,7 @@ async fn a_client_that_trickles_its_headers_is_disconnected() {
 async fn the_request_id_is_returned_and_in_the_logs() {
     let redis = TestRedis::start().await;
     let port = free_port();
-    let mut child = Command::new(sluice_bin())
-        .args(["--log-format", "json", "serve", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .args(redis.args())
-        .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("RUST_LOG", "info,tower_http=debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut child, rx) = serve_with_json_log(&redis, port, "info,tower_http=debug");
     let client = sluice::tls::client_builder(&[]).unwrap().build().unwrap();
     let url = format!("http://127.0.0.1:{port}/api/executions");
     // Wait until the server answers (it logs and binds quickly).
@@ -540,23 +524,7 @@ async fn swagger_ui_is_locked_down_and_still_loads_its_files() {
 /// What `sluice serve` logs on `redis` up to the line that follows its store's connection
 /// (the note on how `/metrics` answers, logged by `App::build` after `Store::connect`).
 fn start_log(redis: &TestRedis) -> Vec<String> {
-    let mut child = Command::new(sluice_bin())
-        .args(["--log-format", "json", "serve", "--listen"])
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .args(redis.args())
-        .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut child, rx) = serve_with_json_log(redis, free_port(), "info");
     let mut lines = Vec::new();
     // Bounded: a start logs a few lines; each wait is bounded too.
     for _ in 0..1_000 {
@@ -608,4 +576,31 @@ async fn a_redis_that_may_evict_keys_is_named_in_the_start_log() {
         "{warning}"
     );
     assert!(warning.contains("needs noeviction"), "{warning}");
+}
+
+/// `sluice serve` on `redis` at 127.0.0.1:`port`, logging JSON at `rust_log`; its log lines
+/// arrive on the receiver as it writes them.
+fn serve_with_json_log(
+    redis: &TestRedis,
+    port: u16,
+    rust_log: &str,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(sluice_bin())
+        .args(["--log-format", "json", "serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(redis.args())
+        .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
 }
