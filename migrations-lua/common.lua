@@ -24,6 +24,8 @@
 
 -- ARGV[2..5], read by begin_call() at the start of every call (see the end of this file).
 local DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_QUEUED, RETENTION_SECS, DEDUP_TTL_SECS
+-- Their text as given (see begin_call()).
+local POLICY_2, POLICY_3, POLICY_4, POLICY_5
 
 local K = {}
 function K.ready() return P .. 'ready' end
@@ -183,6 +185,8 @@ end
 -- Now on Redis's clock (ms), read once per call: every time one call writes or compares (a
 -- start, its lease, a rate limit's wake-up, the next due time it answers) is the same instant.
 local NOW = nil
+-- TIME's answer of this call (its seconds as text), and now as text once now_text() made it.
+local NOW_TIME, NOW_TEXT = nil, nil
 local function now_ms()
   if not NOW then
     -- Arithmetic converts the strings itself: no tonumber() or math.floor() call (each C
@@ -190,8 +194,36 @@ local function now_ms()
     local t = redis.call('TIME')
     local us = t[2] + 0
     NOW = t[1] * 1000 + (us - us % 1000) / 1000
+    NOW_TIME = t
   end
   return NOW
+end
+
+-- The milliseconds of a second as three digits ('000'..'999'), by their number: a memo,
+-- filled as they occur (1 000 short strings at most).
+local MS_MEMO = {}
+
+-- Now's milliseconds within its second as three digits.
+local function ms_digits()
+  local ms = now_ms() % 1000
+  local digits = MS_MEMO[ms]
+  if not digits then
+    digits = (ms < 10 and '00' or ms < 100 and '0' or '') .. ms
+    MS_MEMO[ms] = digits
+  end
+  return digits
+end
+
+-- now_ms() as text, for a call that hands it to Redis more than once (a row's times): Redis
+-- formats a number handed to redis.call() with sprintf every time, about 3 500 instructions
+-- for a time in ms (bench/README.md, "Round three"). This is TIME's seconds joined to the
+-- milliseconds' digits, the same text, made once per call.
+local function now_text()
+  if not NOW_TEXT then
+    local digits = ms_digits()
+    NOW_TEXT = NOW_TIME[1] .. digits
+  end
+  return NOW_TEXT
 end
 
 -- The same, for the rate limits (a call that never asked for the time reads it here).
@@ -229,12 +261,14 @@ local function limits(t)
       'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'max_bytes',
       'max_retained', 'u_bytes', 'u_rows', 'u_next', 'deleting', 'void_until', 'reg_flow')
     -- The numbers, read from their text once (a call asks for one tenant's limits several
-    -- times, and each tonumber() is a C function call, about a thousand instructions):
-    -- kept after the 17 fields as read.
-    v[18] = tonumber(v[1]) or DEFAULT_MAX_CONCURRENT
-    v[19] = tonumber(v[2]) or DEFAULT_MAX_QUEUED
-    v[20] = tonumber(v[5]) or 1
-    v[21] = tonumber(v[6])
+    -- times): kept after the 17 fields as read. By arithmetic, and only for a field that is
+    -- set (most tenants set none): tonumber() is a C function call, about a thousand
+    -- instructions, even of a field that is not there. set_limits.lua writes only numbers'
+    -- text to these fields.
+    v[18] = v[1] and v[1] + 0 or DEFAULT_MAX_CONCURRENT
+    v[19] = v[2] and v[2] + 0 or DEFAULT_MAX_QUEUED
+    v[20] = v[5] and v[5] + 0 or 1
+    v[21] = v[6] and v[6] + 0 or nil
     LIMITS_READ[t] = v
     LIMITS_KEPT = true
   end
@@ -293,7 +327,7 @@ local RUNG = false
 -- is the earliest due time (a sleeping worker learns of it, see next_due()).
 local function wake_at(member, at)
   WOKE = true
-  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
   redis.call('ZADD', K.delayed(), at, member)
   redis.call('HINCRBY', K.stats(), 'throttled', 1)
   if (#first == 0 or tonumber(first[2]) > at) and not RUNG then
@@ -304,7 +338,9 @@ end
 
 -- Whether tenant t's rate lets it start now; when not, its wake-up is on the timer set.
 local function tenant_rate_ok(t)
-  local interval, tau = rate_of(select(7, limits(t)))
+  -- (Values by position, not select(): a C function call, about a thousand instructions.)
+  local _, _, _, _, _, _, rate = limits(t)
+  local interval, tau = rate_of(rate)
   if not interval then return true end
   local at = conforms_at(K.tat(t), tau)
   if at <= clock() then return true end
@@ -335,8 +371,9 @@ local function take_tokens(t, h)
 end
 
 -- Lists execution id of `flow` in `status` (or 'scheduled') in its tenant's listing.
+-- (Every number handed to redis.call() is formatted by sprintf, a constant too: text.)
 local function index_add(t, flow, status, id)
-  redis.call('ZADD', K.listing(t), 0, listing_member(status, flow, id))
+  redis.call('ZADD', K.listing(t), '0', listing_member(status, flow, id))
 end
 
 -- Takes it out of the listing under that status.
@@ -400,7 +437,7 @@ local QUANTUM = 1000
 local PRIORITY_STEP_MS = 60000
 
 -- The shard's start log (K.starts()) keeps about this many starts.
-local START_LOG_CAP = 10000
+local START_LOG_CAP = '10000'
 
 -- The order key of an execution that became runnable at `ready_at` (ms) with `priority`:
 -- fixed then, never changed while it waits.
@@ -455,6 +492,14 @@ local WEIGHT = nil
 -- true for the rest of its call (and spares the SCARD of its queue state).
 local SLOTS_OF, SLOTS_HELD = nil, nil
 
+-- Tenant t's weight `weight` (limits()' number) as the text its cfg holds, when limits() read
+-- it in this call: Redis would format the number by sprintf (about 1 800 instructions).
+local function weight_text(t, weight)
+  local v = LIMITS_READ[t]
+  if v then return v[5] or '1' end
+  return weight
+end
+
 -- Takes tenant t out of the runnable set, keeping its virtual time vt for its return (see
 -- "Dispatch": it comes back at max(vt, the clock), so a vt behind the clock is kept as well
 -- as deleted, and the clock needs no read here). `clock` (start_entries()) is the clock the
@@ -462,7 +507,7 @@ local SLOTS_OF, SLOTS_HELD = nil, nil
 -- stays as it stands.
 local function leave(t, vt, weight, clock)
   redis.call('ZREM', K.runnable(), t)
-  WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', -weight)
+  WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', '-' .. weight_text(t, weight))
   if clock then
     redis.call('HSET', K.sched(), 'clock', clock, 'vt:' .. t, vt)
   else
@@ -494,10 +539,14 @@ local function refresh(t, outside, queued)
     local at = math.max(tonumber(sched[1]) or 0, tonumber(sched[2]) or 0)
     redis.call('ZADD', K.runnable(), at, t)
     -- Its kept virtual time stays: read only at an entry, written at every leave().
-    WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', weight)
+    WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', weight_text(t, weight))
     ring()
   elseif vt and not eligible then
-    leave(t, vt, weight or select(5, limits(t)))
+    if not weight then
+      local _
+      _, _, _, _, weight = limits(t)
+    end
+    leave(t, vt, weight)
   end
 end
 
@@ -541,7 +590,7 @@ end
 -- its tenant's 'scheduled' index. Rings the doorbell when it is the shard's earliest due time,
 -- so that a sleeping worker learns of it (next_due()).
 local function schedule(t, flow, id, due, fields)
-  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
   redis.call('ZADD', K.delayed(), due, id)
   index_add(t, flow, 'scheduled', id)
   redis.call('HSET', K.row(id), 'q', 'scheduled', 'ra', due, unpack(fields or {}))
@@ -550,7 +599,7 @@ end
 
 -- Milliseconds until the shard's earliest due time (0 when one is due), -1 when none.
 local function next_due(now)
-  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
   if #first == 0 then return -1 end
   local wait = first[2] - now
   return wait > 0 and wait or 0
@@ -561,9 +610,10 @@ end
 -- Returns what next_due() would answer afterwards: in the usual case, nothing due yet, that
 -- costs one read in all.
 local function promote_due(now, most)
-  local first = redis.call('ZRANGE', K.delayed(), 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
   if #first == 0 then return -1 end
-  if tonumber(first[2]) > now then return tonumber(first[2]) - now end
+  local wait = first[2] - now
+  if wait > 0 then return wait end
   local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'WITHSCORES', 'LIMIT', 0,
     most)
   for i = 1, #due, 2 do
@@ -663,14 +713,19 @@ local USAGE_KEPT = false
 
 -- Tenant t's storage counters in this call: `bytes` and `rows` as stored, the changes to
 -- them (`d_bytes`, `d_rows`), the changes of buckets (`buckets`: end -> {bytes, rows}), the
--- buckets drained (`drained`: fields), and `next`, what u_next will be (`was`: as stored).
+-- buckets drained (`drained`: fields), and `next`, what u_next will be (`was`: as stored; both
+-- numbers).
 local function usage_of(t)
   local u = USAGE[t]
   if not u then
     limits(t)
     local v = LIMITS_READ[t]
-    u = { bytes = tonumber(v[12]) or 0, rows = tonumber(v[13]) or 0, d_bytes = 0, d_rows = 0,
-      buckets = {}, drained = {}, next = tonumber(v[14]), was = v[14] or nil }
+    -- (Arithmetic, and only of a field that is set: see limits(). flush_usage() writes
+    -- these fields, whole numbers only.)
+    local next = v[14] and v[14] + 0 or nil
+    u = { bytes = v[12] and v[12] + 0 or 0, rows = v[13] and v[13] + 0 or 0, d_bytes = 0,
+      d_rows = 0,
+      buckets = {}, drained = {}, next = next, was = next }
     USAGE[t] = u
     USAGE_KEPT = true
   end
@@ -695,7 +750,13 @@ end
 local function retain(t, size, expire_at, n)
   local u = usage_of(t)
   local width = RETAINED_WIDTH
-  local e = math.ceil(expire_at / 1000 / width) * width
+  -- math.ceil() by arithmetic (a C function call is about a thousand instructions): x % 1 is
+  -- x's fraction, exactly.
+  local x = expire_at / 1000 / width
+  local fraction = x % 1
+  local e = x - fraction
+  if fraction > 0 then e = e + 1 end
+  e = e * width
   u.d_rows = u.d_rows + n
   local d = u.buckets[e]
   if not d then
@@ -779,28 +840,47 @@ local function flush_usage()
   -- Most calls collect nothing: then no new table either.
   if not USAGE_KEPT then return end
   for t, u in pairs(USAGE) do
-    local cfg, ret = K.cfg(t), K.retained(t)
-    local set, gone = {}, {}
-    local function put(field, changed, value)
-      if not changed then return end
-      if value then
-        table.insert(set, field)
-        table.insert(set, value)
+    local ret = K.retained(t)
+    -- The fields to set (`set`, n of them and their values) and to delete (`gone`), in plain
+    -- statements: a closure and string.format() calls cost more than the writes (each C
+    -- function call about a thousand instructions). A whole number goes to Redis as a number:
+    -- Redis formats it as %d would (%.17g).
+    local set, n, gone = {}, 0, nil
+    if u.d_bytes ~= 0 then
+      local bytes = u.bytes + u.d_bytes
+      if bytes ~= 0 then
+        set[n + 1], set[n + 2], n = 'u_bytes', bytes, n + 2
       else
-        table.insert(gone, field)
+        gone = { 'u_bytes' }
       end
     end
-    local bytes, rows = u.bytes + u.d_bytes, u.rows + u.d_rows
-    put('u_bytes', u.d_bytes ~= 0, bytes ~= 0 and string.format('%d', bytes) or nil)
-    put('u_rows', u.d_rows ~= 0, rows ~= 0 and string.format('%d', rows) or nil)
-    local next = u.next and string.format('%d', u.next) or nil
-    put('u_next', next ~= u.was, next)
-    put('reg_flow', u.flow, u.flow)
-    if #set > 0 then redis.call('HSET', cfg, unpack(set)) end
-    if #gone > 0 then redis.call('HDEL', cfg, unpack(gone)) end
+    if u.d_rows ~= 0 then
+      local rows = u.rows + u.d_rows
+      if rows ~= 0 then
+        set[n + 1], set[n + 2], n = 'u_rows', rows, n + 2
+      else
+        gone = gone or {}
+        gone[#gone + 1] = 'u_rows'
+      end
+    end
+    if u.next ~= u.was then
+      if u.next then
+        set[n + 1], set[n + 2], n = 'u_next', u.next, n + 2
+      else
+        gone = gone or {}
+        gone[#gone + 1] = 'u_next'
+      end
+    end
+    if u.flow then set[n + 1], set[n + 2], n = 'reg_flow', u.flow, n + 2 end
+    if n > 0 or gone then
+      local cfg = K.cfg(t)
+      if n > 0 then redis.call('HSET', cfg, unpack(set)) end
+      if gone then redis.call('HDEL', cfg, unpack(gone)) end
+    end
     if #u.drained > 0 then redis.call('HDEL', ret, unpack(u.drained)) end
     for e, d in pairs(u.buckets) do
-      local field = string.format('%d', e)
+      -- (The field is the bucket's end as a number: Redis formats it as %d would.)
+      local field = e
       local b, r = string.match(redis.call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
       b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
       if b == 0 and r == 0 then
@@ -868,7 +948,8 @@ local function dedup_end(t, id, h)
   if mapped then
     if maps_to(mapped, id) then
       redis.call('HDEL', bucket, field)
-      redis.call('SET', K.dedup(t, h), mapped, 'EX', DEDUP_TTL_SECS)
+      -- (ARGV[5]'s text: a number would be formatted by sprintf.)
+      redis.call('SET', K.dedup(t, h), mapped, 'EX', POLICY_5)
     end
     return
   end
@@ -1156,8 +1237,10 @@ end
 -- counted row and returns its logical size after, nil for a row not counted. `run` holds
 -- RUN_FIELDS (its `sz` and `err_msg`).
 local function resize(t, run, extra, drop)
-  local sz = tonumber(run[14])
+  local sz = run[14]
   if not sz then return nil end
+  -- (Arithmetic converts the text: no tonumber() call.)
+  sz = sz + 0
   local old = run[15] or ''
   local err = record_field(extra, 'em')
   if not err then
@@ -1174,6 +1257,22 @@ local function resize(t, run, extra, drop)
   return sz + #output + #err
 end
 
+-- The seconds of TIME (as text) and of the retention whose sum EXPIRY_MEMO[3] holds as text:
+-- a memo, right for every call of the same second and retention.
+local EXPIRY_MEMO = {}
+
+-- now_ms() + RETENTION_SECS * 1000 as text (the expiry of a row that ends now): the sum's
+-- seconds, formatted once a second, joined to now's milliseconds (Redis would format the
+-- number by sprintf, about 3 500 instructions). RETENTION_SECS is whole (ARGV[4]).
+local function expiry_text()
+  local digits = ms_digits()
+  local secs = NOW_TIME[1]
+  if EXPIRY_MEMO[1] ~= secs or EXPIRY_MEMO[2] ~= RETENTION_SECS then
+    EXPIRY_MEMO = { secs, RETENTION_SECS, string.format('%d', secs + RETENTION_SECS) }
+  end
+  return EXPIRY_MEMO[3] .. digits
+end
+
 -- A row became terminal: its dedup mapping (if it still maps to it) leaves its bucket for the
 -- string key that lives DEDUP_TTL_SECS more (dedup_end()), and the row itself RETENTION_SECS.
 -- Until this moment neither expires. `digest` is the row's `ddh` field (nil for none), which
@@ -1184,7 +1283,7 @@ end
 local function settle_terminal(t, id, digest, size)
   if digest then dedup_end(t, id, digest) end
   local expire_at = now_ms() + RETENTION_SECS * 1000
-  redis.call('PEXPIREAT', K.row(id), expire_at)
+  redis.call('PEXPIREAT', K.row(id), expiry_text())
   if size then retain(t, size, expire_at, 1) end
 end
 
@@ -1203,7 +1302,9 @@ local ENDED_KEPT = false
 -- in its tenant's bytes, and the row retained (resize(), settle_terminal()).
 local function finish(t, flow, id, run, status, now, extra, drop, dead)
   index_move(t, flow, 'running', status, id)
-  redis.call('HSET', K.row(id), 's', status, 'fi', now, 'u', now,
+  -- (Now as text, made once: see now_text().)
+  local at = now == NOW and now_text() or now
+  redis.call('HSET', K.row(id), 's', status, 'fi', at, 'u', at,
     unpack(extra))
   end_lease(t, id, run[9], drop, run[13])
   announce(id, run[11], status, now)
@@ -1332,32 +1433,40 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
   for _ = 1, count * 4 + 16 do
     -- (left false: the last start emptied the set, see below.)
     if #started >= count or left == false then break end
-    local top = redis.call('ZRANGE', K.runnable(), 0, 0, 'WITHSCORES')
+    local top = redis.call('ZRANGE', K.runnable(), '0', '0', 'WITHSCORES')
     left = #top > 0
     if not left then break end
     if call then
       if barred(consumer, call) then return 0, started end
       call = nil
     end
-    -- (Arithmetic converts the score's text: no tonumber() call.)
-    local clock_at = top[2] + 0
+    -- The shard's clock moves to this score: its text as Redis answered it, written as it is
+    -- (a number handed to Redis is formatted by sprintf).
+    local clock_at = top[2]
     if only then
       -- The least virtual time among the served tenants that are runnable.
       local scores = redis.call('ZMSCORE', K.runnable(), unpack(only))
       top = {}
       for i, score in ipairs(scores) do
-        if score and (not top[2] or tonumber(score) < top[2]) then
-          top = { only[i], tonumber(score) }
+        -- (Arithmetic converts the score's text: no tonumber() calls.)
+        if score and (not top[2] or score + 0 < top[2]) then
+          top = { only[i], score + 0 }
         end
       end
       if not top[1] then break end
     end
-    local tenant, vt = top[1], top[2] + 0
-    local popped = redis.call('ZPOPMIN', K.waiting(tenant))
+    -- (Arithmetic converts the score's text: no tonumber() call. The start log takes the
+    -- text.)
+    local tenant, vt_text = top[1], top[2]
+    local vt = vt_text + 0
+    -- (Key names made once a round: each a new string of several parts.)
+    local waiting = K.waiting(tenant)
+    local popped = redis.call('ZPOPMIN', waiting)
     local id = popped[1]
-    local row = nil
+    local row, row_key = nil, nil
     if id then
-      row = redis.call('HMGET', K.row(id), 's', 'q', 'a', 'm',
+      row_key = K.row(id)
+      row = redis.call('HMGET', row_key, 's', 'q', 'a', 'm',
         't', 'f', 'x', 'fe', 'v', 'p', 'w', 'r',
         'c', 'kh', 'tp', 'ts')
     end
@@ -1376,20 +1485,22 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
     else
       local flow = row[6]
       local max_concurrent, _, _, _, weight = limits(tenant)
-      redis.call('SADD', K.slots(tenant), id)
+      local slots = K.slots(tenant)
+      redis.call('SADD', slots, id)
       take_tokens(tenant, key)
       if key then
         redis.call('ZREM', K.key_queue(tenant, key), id)
         redis.call('SADD', K.key_running(tenant, key), id)
         key_offer(tenant, key)
       end
-      redis.call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant, 'vt', vt,
-        'w', weight)
+      -- (The weight's text as its tenant's cfg holds it: the number came from it.)
+      redis.call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant,
+        'vt', vt_text, 'w', LIMITS_READ[tenant][5] or '1')
       local next_vt = vt + QUANTUM / weight
       -- The shard's clock moves to clock_at: in the same HSET as the tenant's kept virtual
       -- time when it leaves the set.
-      if redis.call('EXISTS', K.waiting(tenant)) == 1
-        and redis.call('SCARD', K.slots(tenant)) < max_concurrent and tenant_rate_ok(tenant) then
+      if redis.call('EXISTS', waiting) == 1
+        and redis.call('SCARD', slots) < max_concurrent and tenant_rate_ok(tenant) then
         redis.call('ZADD', K.runnable(), next_vt, tenant)
         redis.call('HSET', K.sched(), 'clock', clock_at)
       else
@@ -1399,21 +1510,27 @@ local function start_entries(consumer, count, ttl, cap, now, only, call)
         -- round's ZRANGE nor the final EXISTS needs asking when none is.
         left = WEIGHT > 0
       end
-      local attempt = (tonumber(row[3]) or 0) + 1
-      local fence = (tonumber(row[8]) or 0) + 1
+      -- (Arithmetic converts the text: no tonumber() calls.)
+      local attempt = (row[3] or 0) + 1
+      local fence = (row[8] or 0) + 1
+      -- The lease's end, as text once (the row and the lease index take it).
+      local until_text = string.format('%d', now + ttl)
       index_move(tenant, flow, 'queued', 'running', id)
       -- The row keeps its `qstate` field while it runs (one HDEL less per start): it is read
       -- only while the status is 'queued', whatever queues the execution again writes it,
       -- and end_lease() drops it with the lease fields.
-      redis.call('HSET', K.row(id), 's', 'running', 'a', attempt, 'fe', fence,
-        'st', now, 'u', now, 'lo', consumer, 'lu', now + ttl)
-      redis.call('ZADD', K.leases(), now + ttl, id)
+      -- (Now as text, made once: see now_text().)
+      local at = now == NOW and now_text() or now
+      redis.call('HSET', row_key, 's', 'running', 'a', attempt, 'fe', fence,
+        'st', at, 'u', at, 'lo', consumer, 'lu', until_text)
+      redis.call('ZADD', K.leases(), until_text, id)
       redis.call('SADD', K.held(consumer), id)
       -- As run_of() reports a run, from what was read above (no second read).
-      table.insert(started, { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4],
-        row[15] or '', row[16] or '' })
+      started[#started + 1] = { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4],
+        row[15] or '', row[16] or '' }
       announce(id, row[11], 'running', now)
-      tally_start(tenant, tonumber(row[12] or row[13]) or now, now)
+      -- When it became runnable: `r`, else its creation `c` (always written).
+      tally_start(tenant, (row[12] or row[13]) + 0, now)
     end
   end
   local more = 0
@@ -1453,7 +1570,10 @@ local function eligible_weight(only)
   end
   local sum = 0
   for i, score in ipairs(redis.call('ZMSCORE', K.runnable(), unpack(only))) do
-    if score then sum = sum + select(5, limits(only[i])) end
+    if score then
+      local _, _, _, _, weight = limits(only[i])
+      sum = sum + weight
+    end
   end
   return sum
 end
@@ -1572,68 +1692,105 @@ local TREND_WAIT_BOUNDS = { 10, 40, 150, 600, 2500, 10000, 30000 }
 
 -- The increments this call has collected, as the BITFIELD calls that will write them:
 -- TREND_KEYS lists the keys in first-use order; TREND_ARGS[key] is the key's whole command
--- (BITFIELD key OVERFLOW SAT, then INCRBY width offset n per counter), TREND_SLOT[key][offset]
--- the position of that counter's n in it, TREND_EXPIRY[key] the key's expiry (Unix seconds).
-local TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
--- TREND_FIRST[key]: for a tenant's day key, the first start this call counts in it: its
--- tenant, day, minute of the day, time and the position of its counter's n in TREND_ARGS[key].
-local TREND_FIRST = {}
+-- (BITFIELD key OVERFLOW SAT, then INCRBY width offset n per counter), TREND_EXPIRY[key] the
+-- key's expiry (Unix seconds). A counter's n is found by its offset's text in the command (a
+-- scan of its few counters: a table of positions per key cost a new table each call).
+local TREND_KEYS, TREND_ARGS, TREND_EXPIRY = {}, {}, {}
+-- For a tenant's day key, the first start this call counts in it: the position of its
+-- counter's n in TREND_ARGS[key] (TREND_FIRST), its tenant and time (plain values in three
+-- tables rather than a new table per call).
+local TREND_FIRST, TREND_FIRST_T, TREND_FIRST_NOW = {}, {}, {}
 local TRENDS_KEPT = false
 local BURST_TTL_MS = 600000
 -- The day trend_add() last named keys for, and its text. A memo (the name ends in _MEMO): a
 -- pure function of what it is keyed by, so what a call leaves in it is right for the next,
 -- and begin_call() leaves it be.
 local DAY_MEMO = {}
+-- The minute trend_add() last wrote in (Unix minutes) and the counters' offsets in its records
+-- as text, by offset: a memo (BITFIELD's offsets, handed to Redis as numbers, would be
+-- formatted by sprintf at every call; a minute has 13 counters).
+local MINUTE_MEMO = {}
 
 -- Collects one increment of the counter at `field` (an offset within a record) of the minute
--- of `now`, in tenant t's day key and in the shard's.
-local function trend_add(t, now, field)
+-- of `now`, and of the one at `field2` if given, in tenant t's day key and in the shard's
+-- (the key names made once for both).
+local function trend_add(t, now, field, field2)
   -- Whole days and minutes by arithmetic (now >= 0): no math.floor() calls (a C function
   -- call each, about a thousand instructions).
   local in_day = now % 86400000
   local day = (now - in_day) / 86400000
   local minute = (in_day - in_day % 60000) / 60000
-  local at = minute * TREND_RECORD_BITS + field
-  local width = field < TREND_WAIT_AT and 'u32' or 'u16'
+  local unix_minute = (now - now % 60000) / 60000
+  if MINUTE_MEMO[1] ~= unix_minute then MINUTE_MEMO = { unix_minute, {} } end
+  local offsets = MINUTE_MEMO[2]
   -- The day's number as text for the key names, formatted once a day (a number joined into
   -- a string is formatted by sprintf every time).
   if DAY_MEMO[1] ~= day then DAY_MEMO = { day, tostring(day) } end
   local day_text = DAY_MEMO[2]
-  for i = 1, 2 do
-    local key = i == 1 and K.trends(t, day_text) or K.shard_trends(day_text)
-    local args = TREND_ARGS[key]
-    if not args then
-      args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
-      TREND_ARGS[key], TREND_SLOT[key] = args, {}
-      TRENDS_KEPT = true
-      TREND_KEYS[#TREND_KEYS + 1] = key
-      TREND_EXPIRY[key] = (day + 1) * 86400 + 25 * 3600
+  local tenant_key, shard_key = K.trends(t, day_text), K.shard_trends(day_text)
+  for c = 1, field2 and 2 or 1 do
+    local f = c == 1 and field or field2
+    local at = minute * TREND_RECORD_BITS + f
+    local at_text = offsets[at]
+    if not at_text then
+      at_text = string.format('%d', at)
+      offsets[at] = at_text
     end
-    local slot = TREND_SLOT[key][at]
-    if slot then
-      args[slot] = args[slot] + 1
-    else
-      local k = #args
-      args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at, 1
-      TREND_SLOT[key][at] = k + 4
-      if i == 1 and field == TREND_FIELD.started and not TREND_FIRST[key] then
-        TREND_FIRST[key] = { t = t, day = day, minute = minute, now = now, slot = k + 4 }
+    local width = f < TREND_WAIT_AT and 'u32' or 'u16'
+    for i = 1, 2 do
+      local key = i == 1 and tenant_key or shard_key
+      local args = TREND_ARGS[key]
+      if not args then
+        args = { 'BITFIELD', key, 'OVERFLOW', 'SAT' }
+        TREND_ARGS[key] = args
+        TRENDS_KEPT = true
+        TREND_KEYS[#TREND_KEYS + 1] = key
+        TREND_EXPIRY[key] = (day + 1) * 86400 + 25 * 3600
+      end
+      local k, slot = #args, nil
+      for j = 7, k, 4 do
+        if args[j] == at_text then
+          slot = j + 1
+          break
+        end
+      end
+      if slot then
+        -- (A number from here on: '1' + 1.)
+        args[slot] = args[slot] + 1
+      else
+        -- The increment as text while it is 1 (see count_of()).
+        args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at_text, '1'
+        if i == 1 and f == TREND_FIELD.started and not TREND_FIRST[key] then
+          TREND_FIRST[key], TREND_FIRST_T[key], TREND_FIRST_NOW[key] = k + 4, t, now
+        end
       end
     end
   end
 end
 
+-- The increment at args[i] of a BITFIELD trend_add() made, as a number (it is the text '1'
+-- until a second increment of the same counter in the call).
+local function count_of(args, i)
+  local n = args[i]
+  if n == '1' then return 1 end
+  return n
+end
+
 -- A call's first start in tenant t's minute was the minute's first (`replies`: the BITFIELD
 -- answer of its day key): when the minute before had none, a burst begins now (K.burst).
 local function note_burst(key, args, replies)
-  local first = TREND_FIRST[key]
-  if not first or replies[(first.slot - 4) / 4] ~= args[first.slot] then return end
-  local before, at = key, (first.minute - 1) * TREND_RECORD_BITS + TREND_FIELD.started
-  if first.minute == 0 then
-    before, at = K.trends(first.t, first.day - 1), 1439 * TREND_RECORD_BITS + TREND_FIELD.started
+  local slot = TREND_FIRST[key]
+  if not slot or replies[(slot - 4) / 4] ~= count_of(args, slot) then return end
+  local t, now = TREND_FIRST_T[key], TREND_FIRST_NOW[key]
+  local in_day = now % 86400000
+  local day = (now - in_day) / 86400000
+  local minute = (in_day - in_day % 60000) / 60000
+  local before, at = key, (minute - 1) * TREND_RECORD_BITS + TREND_FIELD.started
+  if minute == 0 then
+    before, at = K.trends(t, day - 1), 1439 * TREND_RECORD_BITS + TREND_FIELD.started
   end
   if redis.call('BITFIELD', before, 'GET', 'u32', at)[1] == 0 then
-    redis.call('SET', K.burst(first.t), first.now, 'PX', BURST_TTL_MS)
+    redis.call('SET', K.burst(t), now, 'PX', BURST_TTL_MS)
   end
 end
 
@@ -1651,23 +1808,26 @@ flush_trends = function()
       local args = TREND_ARGS[key]
       local replies = redis.call(unpack(args))
       for i = 1, #replies do
-        if replies[i] == args[4 + 4 * i] then
+        if replies[i] == count_of(args, 4 + 4 * i) then
           redis.call('EXPIREAT', key, TREND_EXPIRY[key])
           break
         end
       end
       note_burst(key, args, replies)
-      TREND_ARGS[key], TREND_SLOT[key], TREND_EXPIRY[key], TREND_FIRST[key] = nil, nil, nil, nil
+      TREND_ARGS[key], TREND_EXPIRY[key] = nil, nil
+      TREND_FIRST[key], TREND_FIRST_T[key], TREND_FIRST_NOW[key] = nil, nil, nil
       TREND_KEYS[k] = nil
     end
     TRENDS_KEPT = false
   end
   -- The shard's counters of ended runs (see finish()).
   if ENDED_KEPT then
+    -- (1 as text: a number is formatted by sprintf. The table emptied in place: assigning
+    -- nil to a field during pairs() is allowed.)
     for field, n in pairs(ENDED) do
-      redis.call('HINCRBY', K.stats(), field, n)
+      redis.call('HINCRBY', K.stats(), field, n == 1 and '1' or n)
+      ENDED[field] = nil
     end
-    ENDED = {}
     ENDED_KEPT = false
   end
 end
@@ -1691,8 +1851,7 @@ tally_start = function(t, ready_at, now)
       break
     end
   end
-  trend_add(t, now, TREND_FIELD.started)
-  trend_add(t, now, TREND_WAIT_AT + 16 * bucket)
+  trend_add(t, now, TREND_FIELD.started, TREND_WAIT_AT + 16 * bucket)
 end
 
 -- Tenant t has queued work (an admission, a retry): in the shard's busy set. An admission to a
@@ -1712,11 +1871,11 @@ end
 -- beside the one line that writes it): most calls leave most of them empty (flush_trends()
 -- and flush_usage() empty theirs), and a new table costs about a thousand instructions with
 -- its collection, as does a call of next() to look inside (callgrind, Redis 7.0).
--- The texts of ARGV[2..5] the numbers above were read from. Reading a number from text is a
--- strtod() (about a thousand instructions, callgrind on Redis 7.0); Lua strings are interned,
--- so the same text again is one pointer comparison, and keeps its number (the policy changes
--- only with the server's flags).
-local POLICY_2, POLICY_3, POLICY_4, POLICY_5
+-- The texts of ARGV[2..5] the numbers above were read from (declared at the top: a helper
+-- hands POLICY_5 to Redis as it is). Reading a number from text is a strtod() (about a
+-- thousand instructions, callgrind on Redis 7.0); Lua strings are interned, so the same text
+-- again is one pointer comparison, and keeps its number (the policy changes only with the
+-- server's flags).
 
 local function begin_call()
   local a2, a3, a4, a5 = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -1727,7 +1886,7 @@ local function begin_call()
     RETAINED_WIDTH = math.max(1, math.floor(RETENTION_SECS / RETAINED_BUCKETS))
   end
   if a5 ~= POLICY_5 then DEDUP_TTL_SECS, POLICY_5 = a5 + 0, a5 end
-  NOW = nil
+  NOW, NOW_TIME, NOW_TEXT = nil, nil, nil
   WOKE = false
   RUNG = false
   WEIGHT = nil
@@ -1749,8 +1908,8 @@ local function begin_call()
     BARRIERS_KEPT = false
   end
   if TRENDS_KEPT then
-    TREND_KEYS, TREND_ARGS, TREND_SLOT, TREND_EXPIRY = {}, {}, {}, {}
-    TREND_FIRST = {}
+    TREND_KEYS, TREND_ARGS, TREND_EXPIRY = {}, {}, {}
+    TREND_FIRST, TREND_FIRST_T, TREND_FIRST_NOW = {}, {}, {}
     TRENDS_KEPT = false
   end
 end
