@@ -59,11 +59,16 @@
 -- Reply: one entry per report, in order, each {what, detail, more, started, next_due,
 -- weight}; the last four as start.lua's (more 0 and started {} when nothing was asked for, or
 -- when the report was stale or a repeat: then nothing starts); next_due and weight are the
--- same in every entry: the shard's after the whole call. Except: a call of one report that
--- changes nothing (a repeat, or a run of another tenant than ARGV[+11] names) answers the
--- string 'repeat' or 'stale' alone, with no time, due time or weight (see "Per call"; a
--- string costs Redis a fraction of a table: `short_reply` in src/store/commit.rs reads it
--- back as {what}).
+-- same in every entry: the shard's after the whole call. Except:
+-- - a report that names its tenant (ARGV[+11], a pull worker's: `POST
+--   /api/worker/runs/{id}/complete`) and chains nothing gets {what, detail} alone: the pull
+--   API answers its outcome and nothing of the shard, so the call reads neither the due time
+--   nor the weight when no other report asks for them;
+-- - a call of one report answered so, and a call of one report that changes nothing (a
+--   repeat, or a run of another tenant than ARGV[+11] names), answers one string, `what` or
+--   `what:detail` ('repeat', 'stale', 'done:completed'; see "Per call"), with no time, due
+--   time or weight: a string costs Redis a fraction of a table, and `short_reply` in
+--   src/store/commit.rs reads it back as {what[, detail]}.
 -- Nothing of those is needed then: the worker learns the shard's due time and weight from
 -- its next start, and sets the timer of a retry it reported itself (src/worker/launch.rs).
 -- what, detail:
@@ -211,6 +216,8 @@ for r = 1, n do
 end
 
 local replies = {}
+-- Whether a reply of the call tells the shard's due time and weight (see Reply).
+local told = false
 -- What promote_due() answered once a report chained; nil before, and once the timer set
 -- changed after it (a retry scheduled, a start throttled): then next_due() reads it again.
 local wait, promoted = nil, false
@@ -231,13 +238,26 @@ for r = 1, n do
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end
   end
-  replies[r] = { what, detail, more, started }
+  if chain == 0 and ARGV[a + 11] ~= '' then
+    -- A pull worker's report (it names its tenant) asks for its outcome alone (see Reply).
+    replies[r] = { what, detail }
+  else
+    replies[r] = { what, detail, more, started }
+    told = true
+  end
 end
 flush_trends()
 flush_usage()
-local due, weight = wait or next_due(now), eligible_weight()
-for r = 1, n do
-  local reply = replies[r]
-  reply[5], reply[6] = due, weight
+if told then
+  local due, weight = wait or next_due(now), eligible_weight()
+  for r = 1, n do
+    local reply = replies[r]
+    if reply[3] then reply[5], reply[6] = due, weight end
+  end
+elseif n == 1 then
+  -- One outcome alone: one string (see Reply).
+  local reply = replies[1]
+  if reply[2] == '' then return reply[1] end
+  return reply[1] .. ':' .. reply[2]
 end
 return replies

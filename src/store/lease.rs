@@ -380,16 +380,20 @@ impl Store {
                 return Err(StoreError::Corrupt("a report was withdrawn".into()));
             }
         };
-        // A report that changed nothing, alone in its call, is answered by its outcome alone
+        // A report that changed nothing alone in its call, and a pull worker's report (it
+        // names its tenant and chains nothing), are answered by their outcome alone
         // (`migrations-lua/complete.lua`): nothing started, and nothing said of the shard.
-        if let [what] = reply.as_slice() {
-            let what: String = redis::from_redis_value(what.clone())?;
-            let done = match what.as_str() {
-                "stale" => Completion::Stale,
-                "repeat" => Completion::Repeat,
-                other => return Err(StoreError::Corrupt(format!("complete replied {other}"))),
+        if reply.len() <= 2 {
+            let mut parts = reply.into_iter();
+            let what: String = match parts.next() {
+                Some(what) => redis::from_redis_value(what)?,
+                None => return Err(StoreError::Corrupt("complete replied nothing".into())),
             };
-            return Ok((done, StartBatch::default()));
+            let detail: String = match parts.next() {
+                Some(detail) => redis::from_redis_value(detail)?,
+                None => String::new(),
+            };
+            return Ok((completion_of(&what, &detail)?, StartBatch::default()));
         }
         let (what, detail, more, runs, next_due, weight): (
             String,
@@ -399,20 +403,7 @@ impl Store {
             i64,
             u64,
         ) = redis::from_redis_value(Value::Array(reply))?;
-        let done = match what.as_str() {
-            "stale" => Completion::Stale,
-            "repeat" => Completion::Repeat,
-            "deleted" => Completion::Deleted,
-            "recovered" => Completion::Recovered,
-            "dead_lettered" => Completion::DeadLettered,
-            "retrying" => Completion::Retrying,
-            "released" => Completion::Released,
-            "done" => Completion::Done(
-                Status::parse(&detail)
-                    .ok_or_else(|| StoreError::Corrupt(format!("status {detail}")))?,
-            ),
-            other => return Err(StoreError::Corrupt(format!("complete replied {other}"))),
-        };
+        let done = completion_of(&what, &detail)?;
         Ok((
             done,
             StartBatch {
@@ -473,6 +464,23 @@ pub struct StartBatch {
     /// tenants a `start_for` names, when it names some): the
     /// worker gives a freed slot to shards in proportion to it.
     pub weight: u64,
+}
+
+/// What `complete.lua`'s `what` and `detail` of a report say.
+fn completion_of(what: &str, detail: &str) -> Result<Completion, StoreError> {
+    Ok(match what {
+        "stale" => Completion::Stale,
+        "repeat" => Completion::Repeat,
+        "deleted" => Completion::Deleted,
+        "recovered" => Completion::Recovered,
+        "dead_lettered" => Completion::DeadLettered,
+        "retrying" => Completion::Retrying,
+        "released" => Completion::Released,
+        "done" => Completion::Done(
+            Status::parse(detail).ok_or_else(|| StoreError::Corrupt(format!("status {detail}")))?,
+        ),
+        other => return Err(StoreError::Corrupt(format!("complete replied {other}"))),
+    })
 }
 
 /// A script's "milliseconds until due, -1 for none".

@@ -299,6 +299,42 @@ async fn a_start_that_empties_its_tenant_writes_the_schedule_once() {
 }
 
 #[tokio::test]
+async fn a_pull_completion_reads_nothing_of_the_shard_it_does_not_answer() {
+    // The pull API answers a completion's outcome alone: the call reads neither the shard's
+    // next due time nor its eligible weight, which the worker's completions answer.
+    let app = TestApp::spawn().await;
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 1}}))
+        .await;
+    // Something on the timer set, so a due time would be there to read.
+    app.admit_with(
+        "acme",
+        json!({"flow_id": "demo.echo", "params": {"n": 2}, "delay": "1h"}),
+    )
+    .await;
+    let runs = lease(&app, "acme", 1).await;
+    assert_eq!(runs.len(), 1);
+    let rec = Recording::start(&app).await;
+    complete(&app, "acme", &runs[0]).await;
+    let calls = rec.finish(&app).await;
+    let done = one_call(&calls, "complete");
+    let text = listing(done);
+    assert_eq!(
+        counts(
+            done,
+            &[
+                ("reads the next due time", "zrange", ":delayed"),
+                ("reads the eligible weight", "hget", ":sched"),
+            ],
+        ),
+        vec![
+            ("reads the next due time", 0),
+            ("reads the eligible weight", 0),
+        ],
+        "the completion's commands:\n{text}"
+    );
+}
+
+#[tokio::test]
 async fn a_completion_that_frees_a_slot_asks_each_thing_once() {
     let app = TestApp::spawn().await;
     app.put_tenant("acme", &json!({"max_concurrent": 1})).await;

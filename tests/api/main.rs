@@ -37,6 +37,7 @@ mod pinning;
 mod pull;
 mod quota;
 mod redis_trouble;
+mod replies;
 mod rows;
 mod shards;
 mod spans;

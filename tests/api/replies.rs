@@ -1,0 +1,166 @@
+//! What `start.lua` and `complete.lua` answer, field by field, as Redis sends it: the worker
+//! and the pull API read these replies by position (`src/store/lease.rs`), and every field a
+//! reply carries costs Redis to build and the reader to parse, so each is pinned here — one
+//! moved, added or dropped fails a test before it confuses a reader.
+
+use redis::Value;
+use sluice::domain::{ExecutionId, TenantId};
+use sluice::store::Shard;
+
+use crate::fences::{admit_call, admit_tag, common, fcall};
+use crate::helpers::{TestRedis, shard_no};
+
+const CONSUMER: &str = "w";
+const TTL_MS: &str = "30000";
+
+/// KEYS and ARGV of `start.lua` for up to `count` runs of shard `s` (every tenant).
+fn start_call(s: Shard, count: u32) -> (Vec<String>, Vec<String>) {
+    let keys = vec![
+        s.frozen(),
+        s.runnable(),
+        s.delayed(),
+        s.leases(),
+        s.dead_letters(),
+        s.stats(),
+        s.dead_letters_indexed(),
+        s.adopted(CONSUMER),
+    ];
+    let mut args = common(&s.prefix());
+    args.extend([
+        CONSUMER.into(),
+        count.to_string(),
+        TTL_MS.into(),
+        "1000".into(),
+        "0".into(),
+    ]);
+    (keys, args)
+}
+
+/// KEYS and ARGV of `complete.lua` for one report: run `fence` of `id` completed with output
+/// `{}`, chaining `chain` starts, for `tenant` ('' for any: the worker's report).
+fn complete_call(
+    s: Shard,
+    id: &ExecutionId,
+    fence: &str,
+    chain: u32,
+    tenant: &str,
+) -> (Vec<String>, Vec<String>) {
+    let keys = vec![
+        s.frozen(),
+        s.runnable(),
+        s.leases(),
+        s.delayed(),
+        s.dead_letters(),
+        s.stats(),
+        s.dead_letter_holders(),
+        s.row(id),
+        s.adopted(CONSUMER),
+    ];
+    let mut args = common(&s.prefix());
+    args.extend(
+        [
+            "1000",
+            "100",
+            "1",
+            id.as_str(),
+            fence,
+            CONSUMER,
+            "completed",
+            "{}",
+            "",
+            "",
+            "",
+            &chain.to_string(),
+            TTL_MS,
+            "0",
+            tenant,
+        ]
+        .map(String::from),
+    );
+    (keys, args)
+}
+
+fn bulk(s: &str) -> Value {
+    Value::BulkString(s.as_bytes().to_vec())
+}
+
+#[tokio::test]
+async fn start_and_complete_answer_each_field_where_the_store_reads_it() {
+    let redis = TestRedis::start_standalone().await;
+    let mut c = redis.conn().await;
+    sluice::store::load_library(&mut c).await.unwrap();
+    let s = shard_no(2);
+    let tenant = TenantId::parse("acme").unwrap();
+    let (first, second) = (ExecutionId::new(), ExecutionId::new());
+    for id in [&first, &second] {
+        let (k, a) = admit_call(s, s, id);
+        assert_eq!(
+            admit_tag(fcall(&redis, "admit", &k, &a).await.unwrap()),
+            "new"
+        );
+    }
+
+    // start: {more, started, next_due, weight}; each started run {id, fence, attempt, tenant,
+    // flow, version or '', params, max_attempts, traceparent or '', tracestate or ''}.
+    let (k, a) = start_call(s, 1);
+    let started = fcall(&redis, "start", &k, &a).await.unwrap();
+    let run = |id: &ExecutionId| {
+        Value::Array(vec![
+            bulk(id.as_str()),
+            Value::Int(1),
+            Value::Int(1),
+            bulk(tenant.as_str()),
+            bulk("demo.echo"),
+            bulk(""),
+            bulk("{}"),
+            bulk("5"),
+            bulk(""),
+            bulk(""),
+        ])
+    };
+    // The second admission is still runnable (more 1, weight 1); nothing is scheduled (-1).
+    assert_eq!(
+        started,
+        Value::Array(vec![
+            Value::Int(1),
+            Value::Array(vec![run(&first)]),
+            Value::Int(-1),
+            Value::Int(1),
+        ])
+    );
+
+    // A pull worker's report (it names its tenant, chains nothing): its outcome alone, as one
+    // string; the pull API answers nothing of the shard.
+    let (k, a) = complete_call(s, &first, "1", 0, tenant.as_str());
+    let done = fcall(&redis, "complete", &k, &a).await.unwrap();
+    assert_eq!(done, bulk("done:completed"));
+
+    // The worker's report, chaining one start on the slot it frees: per report {what,
+    // detail, more, started, next_due, weight} (started as start.lua's; here none is left).
+    let (k, a) = start_call(s, 1);
+    let started = fcall(&redis, "start", &k, &a).await.unwrap();
+    assert_eq!(
+        started,
+        Value::Array(vec![
+            Value::Int(0),
+            Value::Array(vec![run(&second)]),
+            Value::Int(-1),
+            Value::Int(0),
+        ]),
+        "the last one starts, and leaves the shard empty"
+    );
+    let (k, a) = complete_call(s, &second, "1", 1, "");
+    let done = fcall(&redis, "complete", &k, &a).await.unwrap();
+    assert_eq!(
+        done,
+        Value::Array(vec![Value::Array(vec![
+            bulk("done"),
+            bulk("completed"),
+            Value::Int(0),
+            Value::Array(vec![]),
+            Value::Int(-1),
+            Value::Int(0),
+        ])]),
+        "nothing left to chain"
+    );
+}
