@@ -733,7 +733,22 @@ async fn a_replay_racing_a_force_delete_or_the_rows_expiry_answers_the_old_or_on
         // replayed that one.
         assert!(news.len() <= 1, "round {round}: new ids {news:?}");
         assert_eq!(created, news.len(), "round {round}: {created} created");
-        // One more, after the end for sure: that new execution, or the first one.
+        // One more, after the end for sure: that new execution, or the first one. (An expiring
+        // row is gone 1 ms after its PEXPIRE: the replays may all have been answered sooner,
+        // so the end is awaited — EXISTS expires it once its time has passed.)
+        if expire {
+            let row = shard.row(&ExecutionId::parse(&old).unwrap());
+            let mut gone = false;
+            for _ in 0..2000 {
+                let n: i64 = app.redis.query(redis::cmd("EXISTS").arg(&row)).await;
+                if n == 0 {
+                    gone = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert!(gone, "round {round}: the row outlived its PEXPIRE by 2 s");
+        }
         let res = app.post_with_key(&tenant, &key, &body).await;
         let want = if news.is_empty() {
             StatusCode::CREATED
