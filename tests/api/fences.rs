@@ -622,7 +622,7 @@ async fn admit_declares_the_keys_it_writes() {
 
 /// FCALL of this build's library function `op` (loaded with `FUNCTION LOAD REPLACE` first by
 /// the caller); Redis's own answer.
-async fn fcall(
+pub(crate) async fn fcall(
     redis: &TestRedis,
     op: &str,
     keys: &[String],
