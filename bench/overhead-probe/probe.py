@@ -207,6 +207,19 @@ class CG:
         except Exception: pass
         self.p.wait()
 
+def ran_now(cg, call):
+    """The commands `call` runs when sent once more on this server (MONITOR): not always those
+    of its step, which the later steps change (the replayed admission's mapping leaves its
+    bucket for the string key when the execution completes: each replay runs a GET more)."""
+    mon = R(cg.port); mon.send('MONITOR'); assert mon.f.readline().startswith(b'+OK')
+    cg.r.call('ECHO', 'cost-mark:now'); cg.r.send(*call['args']); cg.r.read()
+    cg.r.call('ECHO', 'cost-mark:now-end')
+    lines = []
+    while not lines or 'cost-mark:now-end' not in lines[-1]:
+        lines.append(mon.f.readline().decode('latin-1').rstrip('\r\n'))
+    mon.s.close()
+    return [[x.decode('latin-1') for x in a] for c, a in filter(None, map(parse_monitor, lines)) if c == 'lua']
+
 def measure(out, variants, n, which):
     calls = json.load(open(os.path.join(out, 'calls.json')))
     cg = CG(out)
@@ -215,6 +228,10 @@ def measure(out, variants, n, which):
         res = {}
         for path in which:
             call = calls[path]
+            if variants:
+                cg.r.call('FUNCTION', 'LOAD', 'REPLACE', open(variants[-1], encoding='latin-1').read())
+                call = dict(call, commands=ran_now(cg, call))
+                print('%-9s runs %s' % (path, [c[0] for c in call['commands']]), flush=True)
             sha = cg.r.call('SCRIPT', 'LOAD', bare(call)).decode()
             bcmd = ['EVALSHA', sha] + call['args'][2:]
             def run(cmd):
