@@ -257,8 +257,9 @@ def measure(out, variants, n, which):
 # (name, path, the line a probe returns before; or the reply replaced by 0)
 PROBES = [
     ('a0_empty', 'admit', 'P = ARGV[1]'),
-    ('a1_guard', 'admit', 'begin_call()'),
-    ('a2_begin', 'admit', '-- Per call'),
+    # admit.lua runs begin_call() itself, past the dedup lookup (round five): a replay never
+    # reaches it, so the guard's part ends where the per-call part begins.
+    ('a1_guard', 'admit', '-- Per call'),
     ('a3_resets', 'admit', 'local n = COUNTS[ARGV[6]]'),
     ('a4_checks', 'admit', 'if n == 1 then'),
     # Inside admit_one (a replay): its entry (the pcall), then past the dedup lookup.
