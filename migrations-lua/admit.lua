@@ -55,9 +55,11 @@
 --                       common.lua; '' where none); the caller knows the rest of the row
 --   {'dup', id}         the dedup key maps to execution id, admitted with the same request;
 --                       nothing written; alone in its call, the whole reply is the string
---                       'dup:<id>' instead (Redis turns each Lua table of a reply into its
---                       answer at a cost of thousands of instructions, a string at a fraction:
---                       `short_reply` in src/store/commit.rs reads it back as {'dup', id}).
+--                       <id> instead (Redis turns each Lua table of a reply into its answer
+--                       at a cost of thousands of instructions, a string at a fraction, and
+--                       the id is a string the call has made already where 'dup:<id>' was one
+--                       more: `short_reply` in src/store/commit.rs reads it back as
+--                       {'dup', id}).
 --                       The caller reads the execution itself (one pipeline
 --                       of plain commands, as GET does: `Store::replayed` in
 --                       src/store/admit.rs): a reply element costs Redis about a thousand
@@ -86,7 +88,7 @@
 -- its position (that cost ~7 % of an admission). guard.lua has checked that every key is in
 -- this shard; the one caller (`Store::admit`) lists them in this order, and the test
 -- `fences::admit_declares_the_keys_it_writes` checks that list against what the script writes.
--- The row is written by enqueue() under K.row(id).
+-- The row is written by make_runnable() or schedule() (common.lua) under K.row(id).
 --
 -- What an admission does not ask Redis, because a value it reads anyway answers (each a
 -- command of about 5,000 instructions, on every fresh admission):
@@ -122,6 +124,12 @@ local MAX_BYTES, MAX_RETAINED
 -- read instead of tonumber() (a C function call, about a thousand instructions). Only valid
 -- counts (1..100) are kept, so it holds at most 100 entries.
 local COUNTS = {}
+-- Whether this call has run begin_call() (common.lua), which sets the helpers' per-call state
+-- afresh. The composer does not call it for admit.lua (its code calls it: see
+-- compose::begins_itself): a call of one runs it in admit_one(), after the dedup lookup, so a
+-- replay, which reads none of that state, is answered without it (about 2,400 instructions of a
+-- replay's 21,000; callgrind on Redis 7.0, bench/README.md "Round five: admission").
+local BEGUN
 
 -- One admission: its keys from KEYS[k], its values from ARGV[a].
 local function admit_one(k, a)
@@ -139,6 +147,10 @@ local function admit_one(k, a)
       -- Two values, not a table: the call makes the table only when it answers one.
       return 'dup', holder
     end
+  end
+  if not BEGUN then
+    begin_call()
+    BEGUN = true
   end
 
   local tenant, id, flow, version, params = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
@@ -179,8 +191,12 @@ local function admit_one(k, a)
   -- Appended by index (n: the row's length so far), not by table.insert() or ipairs() of a
   -- table made for it: C function calls and a table each (about a thousand instructions
   -- apiece, callgrind on Redis 7.0).
+  -- Its time as text, made once: Redis formats every number handed to redis.call() with
+  -- sprintf (about 3,500 instructions for a time in ms, callgrind on Redis 7.0), and the row's
+  -- `c` and, at the default priority, its order key in the tenant's queue are the same time.
+  local now_text = tostring(now)
   local row = { 't', tenant, 'f', flow, 'p', params, 's', 'queued', 'm', max_attempts,
-    'c', now, 'z', size }
+    'c', now_text, 'z', size }
   local n = 14
   if priority ~= DEFAULT_PRIORITY then
     row[n + 1], row[n + 2], n = 'pr', priority, n + 2
@@ -198,7 +214,7 @@ local function admit_one(k, a)
     row[n + 1], row[n + 2], n = 'tp', traceparent, n + 2
     if tracestate ~= '' then row[n + 1], row[n + 2], n = 'ts', tracestate, n + 2 end
   end
-  local listed = redis.call('ZADD', LISTING, 0, listing_member('queued', flow, id)) == 1
+  local listed = redis.call('ZADD', LISTING, '0', listing_member('queued', flow, id)) == 1
   if MANY then QUEUED[tenant] = listed and queued + 1 or nil end
   -- Registries the sweeper and status-only listings walk (set members): only where the cfg's
   -- `reg_flow` (see above) does not say the members are there, and once per call.
@@ -222,8 +238,17 @@ local function admit_one(k, a)
     -- Both are members now: written with the counters at the end of the call.
     register_flow(tenant, flow)
   end
-  -- The row is written here, with its queue state, in one HSET.
-  if enqueue(tenant, flow, id, now, priority, due, row, ckh, MANY and RUNNABLE[tenant]) then
+  -- The row is written here, with its queue state, in one HSET: scheduled (`due`, when given,
+  -- is later than now) or runnable, with the time as text.
+  local runnable
+  if due then
+    schedule(tenant, flow, id, due, row)
+    runnable = false
+  else
+    runnable = make_runnable(tenant, id, now_text, priority, row, ckh, MANY and RUNNABLE[tenant],
+      true)
+  end
+  if runnable then
     if MANY then RUNNABLE[tenant] = true end
   elseif not (MANY and BUSY[tenant]) then
     mark_busy(tenant)
@@ -251,6 +276,7 @@ local function admit_one(k, a)
 end
 
 -- Per call: the state admit_one() shares within a call, set afresh.
+BEGUN = false
 TENANTS = nil
 QUEUED, RUNNABLE, HELD, LISTED, BUSY = nil, nil, nil, nil, nil
 local n = COUNTS[ARGV[6]]
@@ -276,25 +302,27 @@ if want ~= #KEYS then
     ' admissions, not ' .. want)
 end
 if n == 1 then
-  -- The commonest call, and a replay's: no table of replies before one is answered. (Answering
-  -- a replay here, before the pcall and the call of admit_one(), was tried and measured: no
+  -- The commonest call, and a replay's: no table of replies before one is answered, and
+  -- begin_call() run by admit_one() only past the dedup lookup (see BEGUN). (Answering a
+  -- replay here, before the pcall and the call of admit_one(), was tried and measured: no
   -- fewer instructions, bench/README.md "Round four".)
   local ok, reply, dup = pcall(admit_one, 2, 9)
-  if dup then return 'dup:' .. dup end
+  if dup then return dup end
   if not ok then
     reply = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
+    -- Failed in the dedup lookup: the flushes below must not find the last call's state.
+    if not BEGUN then begin_call() end
   end
   flush_trends()
   flush_usage()
   return { reply }
 end
+begin_call()
+BEGUN = true
 local replies, k, a = {}, 2, 9
 for i = 1, n do
   local ok, reply, dup = pcall(admit_one, k, a)
   if dup then
-    -- A replay alone in its call answers one string, 'dup:<id>' (see Reply); it collected
-    -- nothing for the flushes below.
-    if n == 1 then return 'dup:' .. dup end
     replies[i] = { reply, dup }
   elseif ok then
     replies[i] = reply

@@ -207,6 +207,19 @@ class CG:
         except Exception: pass
         self.p.wait()
 
+def ran_now(cg, call):
+    """The commands `call` runs when sent once more on this server (MONITOR): not always those
+    of its step, which the later steps change (the replayed admission's mapping leaves its
+    bucket for the string key when the execution completes: each replay runs a GET more)."""
+    mon = R(cg.port); mon.send('MONITOR'); assert mon.f.readline().startswith(b'+OK')
+    cg.r.call('ECHO', 'cost-mark:now'); cg.r.send(*call['args']); cg.r.read()
+    cg.r.call('ECHO', 'cost-mark:now-end')
+    lines = []
+    while not lines or 'cost-mark:now-end' not in lines[-1]:
+        lines.append(mon.f.readline().decode('latin-1').rstrip('\r\n'))
+    mon.s.close()
+    return [[x.decode('latin-1') for x in a] for c, a in filter(None, map(parse_monitor, lines)) if c == 'lua']
+
 def measure(out, variants, n, which):
     calls = json.load(open(os.path.join(out, 'calls.json')))
     cg = CG(out)
@@ -215,6 +228,10 @@ def measure(out, variants, n, which):
         res = {}
         for path in which:
             call = calls[path]
+            if variants:
+                cg.r.call('FUNCTION', 'LOAD', 'REPLACE', open(variants[-1], encoding='latin-1').read())
+                call = dict(call, commands=ran_now(cg, call))
+                print('%-9s runs %s' % (path, [c[0] for c in call['commands']]), flush=True)
             sha = cg.r.call('SCRIPT', 'LOAD', bare(call)).decode()
             bcmd = ['EVALSHA', sha] + call['args'][2:]
             def run(cmd):
@@ -240,8 +257,9 @@ def measure(out, variants, n, which):
 # (name, path, the line a probe returns before; or the reply replaced by 0)
 PROBES = [
     ('a0_empty', 'admit', 'P = ARGV[1]'),
-    ('a1_guard', 'admit', 'begin_call()'),
-    ('a2_begin', 'admit', '-- Per call'),
+    # admit.lua runs begin_call() itself, past the dedup lookup (round five): a replay never
+    # reaches it, so the guard's part ends where the per-call part begins.
+    ('a1_guard', 'admit', '-- Per call'),
     ('a3_resets', 'admit', 'local n = COUNTS[ARGV[6]]'),
     ('a4_checks', 'admit', 'if n == 1 then'),
     # Inside admit_one (a replay): its entry (the pcall), then past the dedup lookup.
@@ -359,6 +377,97 @@ def run_all(cg, cmds, path, check):
                 raise RuntimeError('%s answered %r' % (p, x))
         done += len(b)
 
+# ---- Grouped admissions: one call of admit.lua carrying many (the group commit in a backlog).
+
+def capture_group(sluice, out, n_req=64):
+    """A redis-server and `sluice serve`: Redis's writes paused (CLIENT PAUSE, which holds
+    scripts too) while n_req admissions with a dedup key each are sent at once, so that they
+    queue in the group commit and go in one or two calls; the largest admit call is kept
+    (group.json) with the library it ran (group-library.lua)."""
+    port = free_port(); work = os.path.join(out, 'gcap'); os.makedirs(work, exist_ok=True)
+    rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work], stdout=subprocess.DEVNULL)
+    wait_port(port)
+    hp = free_port(); tok = 'prof-admin-token-0123456789abcdef'
+    env = dict(os.environ, SLUICE_ADMIN_TOKEN=tok, RUST_LOG='warn', SLUICE_DEFAULT_MAX_BYTES='1000000000000', SLUICE_DEFAULT_MAX_RETAINED='1000000000000')
+    sv = subprocess.Popen([sluice, 'serve', '--listen', '127.0.0.1:%d' % hp, '--redis-url', 'redis://127.0.0.1:%d' % port, '--sweep-interval-secs', '0', '--default-max-concurrent', '1000000', '--default-max-queued', '1000000'], env=env, stdout=open(os.path.join(work, 'serve.log'), 'w'), stderr=subprocess.STDOUT)
+    base = 'http://127.0.0.1:%d' % hp
+    for _ in range(150):
+        try:
+            if http('GET', base + '/readyz')[0] == 200: break
+        except Exception: pass
+        time.sleep(0.2)
+    h = {'Authorization': 'Bearer ' + tok, 'X-Tenant-Id': 'bench-t0', 'Content-Type': 'application/json'}
+    def post(i):
+        hh = dict(h, **{'Idempotency-Key': 'grp-%d' % i})
+        return http('POST', base + '/api/executions', json.dumps({'flow_id': 'demo.echo', 'params': {'n': i, 'p': 'x' * 14}}), hh)[0]
+    assert post(-1) == 201   # the tenant's first admission: its cfg and registries exist
+    mon = R(port); mon.send('MONITOR'); assert mon.f.readline().startswith(b'+OK')
+    lines = []
+    def reader():
+        while True:
+            l = mon.f.readline()
+            if not l: return
+            lines.append(l.decode('latin-1').rstrip('\r\n'))
+            if 'cost-mark:end' in lines[-1]: return
+    th = threading.Thread(target=reader, daemon=True); th.start()
+    own = R(port)
+    own.call('CLIENT', 'PAUSE', '1500', 'WRITE')
+    res = [None] * n_req
+    ts = [threading.Thread(target=lambda i=i: res.__setitem__(i, post(i))) for i in range(n_req)]
+    for t in ts: t.start()
+    for t in ts: t.join(60)
+    own.call('ECHO', 'cost-mark:end')
+    th.join(30)
+    print('statuses', sorted(set(res)), file=sys.stderr)
+    lib = R(port).call('FUNCTION', 'LIST', 'WITHCODE')
+    sv.terminate(); sv.wait()
+    own.send('SHUTDOWN', 'NOSAVE'); rs.wait()
+    best = None
+    for c, a in filter(None, map(parse_monitor, lines)):
+        if c != 'lua' and a[0].lower() == b'fcall' and a[1].decode().endswith('_admit'):
+            nk = int(a[2]); n = int(a[3 + nk + 5])
+            if not best or n > best[0]: best = (n, [x.decode('latin-1') for x in a])
+    code = [dict(zip(l[0::2], l[1::2]))[b'library_code'].decode('latin-1') for l in lib][0]
+    open(os.path.join(out, 'group-library.lua'), 'w', encoding='latin-1').write(code)
+    json.dump({'n': best[0], 'args': best[1]}, open(os.path.join(out, 'group.json'), 'w'))
+    print('largest admit call: %d admissions, %d keys, %d values' % (best[0], int(best[1][2]), len(best[1]) - 3 - int(best[1][2])), file=sys.stderr)
+
+def group_calls(g, r0, reps):
+    """reps copies of the grouped call, each admission with a new id, dedup key and digest
+    (the digest's first two digits kept: the same bucket)."""
+    a = g['args']; nk = int(a[2]); n = g['n']
+    argv = a[3 + nk:]; per = (len(argv) - 8) // n
+    out = []
+    for r in range(r0, r0 + reps):
+        subs = []
+        for i in range(n):
+            b = 8 + per * i
+            oid, okey, odig = argv[b + 1], argv[b + 6], argv[b + 7]
+            x = r * 128 + i
+            ndig = odig[:2] + '%030x' % x
+            subs += [(oid, oid[:-12] + '%012x' % x), (odig, ndig), (odig[2:], ndig[2:]), (okey, 'g-%d' % x)]
+        out.append(subst(a, subs))
+    return out
+
+def group(out, reps, warm=20):
+    """Instructions per admission of the captured grouped call, replayed `reps` times with new
+    admissions each time (after `warm` unmeasured), on a redis-server of its own started from
+    nothing but the library and the tenant's first admission."""
+    g = json.load(open(os.path.join(out, 'group.json')))
+    os.makedirs(os.path.join(out, 'cap'), exist_ok=True)   # CG's --dir: no dump there, empty
+    cg = CG(out)
+    try:
+        cg.r.call('FUNCTION', 'LOAD', 'REPLACE', open(os.path.join(out, 'group-library.lua'), encoding='latin-1').read())
+        rate = cg.idle(2.0)
+        calls = group_calls(g, 1, warm + reps)
+        run_all(cg, calls[:warm], 'x', False)
+        ir, secs = cg.window(lambda: run_all(cg, calls[warm:], 'x', False))
+        last = cg.r.call(*group_calls(g, 10 ** 6, 1)[0])
+        new = sum(1 for e in last if e[0] == b'new')
+        print('group of %d: %d instructions per admission (%d per call); a check call answered %d new' % (g['n'], round((ir - rate * secs) / (reps * g['n'])), round((ir - rate * secs) / reps), new), flush=True)
+    finally:
+        cg.stop()
+
 if __name__ == '__main__':
     os.makedirs(OUT, exist_ok=True)
     if sys.argv[1] == 'capture':
@@ -369,6 +478,12 @@ if __name__ == '__main__':
         d = os.path.join(OUT, 'probes')
         measure(OUT, [os.path.join(d, f) for f in sorted(os.listdir(d))], int(sys.argv[2]),
                 ['admit', 'complete'])
+    elif sys.argv[1] == 'capture-group':
+        # probe.py capture-group target/release/sluice [requests]
+        capture_group(sys.argv[2], OUT, int(sys.argv[3]) if len(sys.argv) > 3 else 64)
+    elif sys.argv[1] == 'group':
+        # probe.py group 100: the captured grouped call replayed 100 times
+        group(OUT, int(sys.argv[2]))
     elif sys.argv[1] == 'cycle':
         # probe.py cycle 300 bare target/overhead-probe/library.lua other-library.lua ...
         cycle(OUT, int(sys.argv[2]), sys.argv[3:])

@@ -358,7 +358,7 @@ impl GroupCommit {
                 // A call of one item may answer that item's reply as one string (see
                 // `short_reply`).
                 Ok(Ok(Value::BulkString(short))) if items.len() == 1 => {
-                    vec![short_reply(&short)]
+                    vec![short_reply(self.kind, short)]
                 }
                 Ok(Ok(other)) => {
                     let e = StoreError::Corrupt(format!("{} answered {other:?}", self.kind.name()));
@@ -415,19 +415,27 @@ impl GroupCommit {
     }
 }
 
-/// An item's reply given as one string, `<tag>` or `<tag>:<value>`, as the list
-/// `{tag[, value]}` it stands for. A script answers a call of one item so when the answer is
-/// that short (a replayed admission's `dup:<id>`, a repeated report's `repeat`): Redis turns
-/// each Lua table of a reply into its answer at a cost of some thousands of instructions, a
-/// string at a fraction of it (bench/README.md, "Per-call overhead, round two").
-fn short_reply(short: &[u8]) -> Value {
-    let mut parts = short.splitn(2, |&b| b == b':');
-    Value::Array(
-        parts
-            .by_ref()
-            .map(|p| Value::BulkString(p.to_vec()))
-            .collect(),
-    )
+/// An item's reply given as one string, as the list it stands for. A script answers a call
+/// of one item so when the answer is that short: Redis turns each Lua table of a reply into
+/// its answer at a cost of some thousands of instructions, a string at a fraction of it
+/// (bench/README.md, "Per-call overhead, round two"). `admit.lua` answers a replay so, with
+/// the id its dedup key maps to alone (`{'dup', id}`: the id is a string the call has made
+/// already, `dup:<id>` was one more, about 800 instructions: "Round five: admission");
+/// `complete.lua` answers `<tag>` or `<tag>:<value>` (`{tag[, value]}`, a repeated report's
+/// `repeat`).
+fn short_reply(kind: Batched, short: Vec<u8>) -> Value {
+    match kind {
+        Batched::Admit => Value::Array(vec![
+            Value::BulkString(b"dup".to_vec()),
+            Value::BulkString(short),
+        ]),
+        Batched::Complete => Value::Array(
+            short
+                .splitn(2, |&b| b == b':')
+                .map(|p| Value::BulkString(p.to_vec()))
+                .collect(),
+        ),
+    }
 }
 
 /// Whether an item's reply is the script's `{'error', message}` (admissions only: a report of

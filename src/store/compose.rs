@@ -207,7 +207,7 @@ pub fn compose(
                 push(line, (lib.file, u.first_line + i));
             }
         }
-        if begins {
+        if begins && !begins_itself(body) {
             push("begin_call()", (COMPOSED, 2));
         }
     }
@@ -229,6 +229,16 @@ const COMPOSED: &str = "(composed)";
 
 /// The function of a library file that sets a call's state afresh (common.lua's).
 const BEGIN: &str = "begin_call";
+
+/// Whether an operation's own code calls `begin_call()` (a line's code, not its comment): it
+/// then sets its call's state where it chooses, and the composer adds no call before its
+/// first line. `admit.lua` does, so that a replay is answered before it (the state it sets is
+/// a fresh admission's, and it costs a replay about 2,400 instructions: bench/README.md,
+/// "Round five: admission").
+pub fn begins_itself(body: &str) -> bool {
+    body.lines()
+        .any(|l| l.split("--").next().unwrap_or("").contains("begin_call()"))
+}
 
 /// One operation of a library: its file, its text (shebang first) and whether it starts with
 /// the shard helpers' `begin_call()`.
@@ -310,7 +320,7 @@ pub fn library(
         for (i, line) in guard.1.lines().enumerate() {
             push(line, (guard.0, i + 1));
         }
-        if op.begins {
+        if op.begins && !begins_itself(body) {
             push("begin_call()", (COMPOSED, 4));
         }
         for (i, line) in per_call {

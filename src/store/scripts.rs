@@ -304,6 +304,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_shard_function_begins_its_call_after_the_guard_but_admit_which_begins_it_itself() {
+        // admit.lua runs begin_call() past its dedup lookup (a replay is answered before it);
+        // every other shard operation gets the composer's call right after the guard.
+        let lib = library();
+        let guard_end = "TRYAGAIN shard frozen for a slot move')\nend\n";
+        let mut shard_ops = 0;
+        for &(file, kind, text) in TABLE {
+            let own = compose::begins_itself(text.split_once('\n').map_or("", |(_, b)| b));
+            assert_eq!(own, file == "admit.lua", "{file}");
+            if !matches!(kind, Kind::Shard) {
+                continue;
+            }
+            shard_ops += 1;
+            let stem = file.trim_end_matches(".lua");
+            let at = lib
+                .source
+                .find(&format!("_{stem}', flags"))
+                .unwrap_or_else(|| panic!("{file} is not in the library"));
+            let body = &lib.source[at..];
+            let after_guard = &body[body.find(guard_end).expect("the guard") + guard_end.len()..];
+            assert_eq!(
+                after_guard.starts_with("begin_call()\n"),
+                !own,
+                "{file}: {}",
+                after_guard.lines().next().unwrap_or("")
+            );
+        }
+        assert!(shard_ops > 10, "{shard_ops}");
+    }
+
+    #[test]
     fn every_composed_script_opens_with_a_shebang_and_the_guard() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations-lua/");
         for &(op, kind, _) in TABLE {

@@ -414,3 +414,39 @@ async fn keys_of_a_tenant_share_one_hash_tag() {
         assert!(k.starts_with(&tag), "{k} outside {tag}");
     }
 }
+
+/// A new execution's time is written once as text (`admit.lua` formats it itself, for the
+/// row's `c` and, at the default priority, its order key in the tenant's queue): the time the
+/// admission answered is the one its row gives back, and its place in the queue is that time
+/// (the default priority) or a step of a minute per priority level before it.
+#[tokio::test]
+async fn a_new_executions_time_is_its_answer_its_row_and_its_order_key() {
+    let app = TestApp::spawn().await;
+    let t = sluice::domain::TenantId::parse("acme").unwrap();
+    let s = app.shard("acme");
+    for (priority, ahead) in [(None, 0), (Some(1), 2 * 60_000), (Some(5), -2 * 60_000)] {
+        let mut body = json!({"flow_id": "demo.echo"});
+        if let Some(p) = priority {
+            body["priority"] = json!(p);
+        }
+        let res = app.post_execution("acme", &body).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        let admitted: Value = res.json().await.unwrap();
+        let id = admitted["execution_id"].as_str().unwrap();
+        let read: Value = app.get_execution("acme", id).await.json().await.unwrap();
+        assert_eq!(read["created_at"], admitted["created_at"], "{priority:?}");
+        let c: i64 = app
+            .redis
+            .query(
+                redis::cmd("HGET")
+                    .arg(s.row(&sluice::domain::ExecutionId::parse(id).unwrap()))
+                    .arg("c"),
+            )
+            .await;
+        let score: i64 = app
+            .redis
+            .query(redis::cmd("ZSCORE").arg(s.waiting(&t)).arg(id))
+            .await;
+        assert_eq!(score, c - ahead, "{priority:?}");
+    }
+}

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::Value as RedisValue;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice::domain::{DedupKey, ExecutionId, TenantId};
@@ -15,7 +16,7 @@ use sluice::store::Outcome;
 use sluice::store::keys::{self, KeyKind};
 use tokio::sync::Barrier;
 
-use crate::helpers::{DedupMapping, TestApp, problem_code};
+use crate::helpers::{DedupMapping, TestApp, TestRedis, problem_code};
 
 const WEEK: i64 = 7 * 86_400;
 
@@ -772,4 +773,74 @@ async fn a_replay_racing_a_force_delete_or_the_rows_expiry_answers_the_old_or_on
         eprintln!("round {round}: {olds} answered the old execution, {created} admitted anew");
     }
     assert_eq!(app.dedup_orphans().await, Vec::<String>::new());
+}
+
+/// A replayed admission alone in its call is answered before the call sets the helpers'
+/// per-call state afresh (`admit.lua` runs `begin_call()` past the dedup lookup, where a
+/// replay has been answered), and answers the execution's id alone (`dup:<id>` before; the
+/// server reads it back as `{'dup', id}`). The admissions after a replay must each still get
+/// their own state: Redis's clock read in their own call (the row's `c`), the quota read
+/// afresh (the server's `max_queued` of 2 refuses the third; replays count nothing). The
+/// library is called directly (FCALL) on a Redis of its own, so that no other call (`serve`'s
+/// background work) sets the state afresh between them.
+#[tokio::test]
+async fn an_admission_after_a_replay_reads_its_own_clock_and_limits() {
+    let redis = TestRedis::start_standalone().await;
+    let mut c = redis.conn().await;
+    sluice::store::load_library(&mut c).await.unwrap();
+    let s = crate::helpers::shard_no(3);
+    let acme = TenantId::parse("acme").unwrap();
+    // `admit_call`'s admission with dedup key `key` (its bucket and string key declared, its
+    // digest and bucket field given), under a server `max_queued` of 2.
+    let keyed = |id: &ExecutionId, key: &str| {
+        let (mut k, mut a) = crate::fences::admit_call(s, s, id);
+        let d = DedupKey::parse(key).unwrap().digest();
+        k.extend([s.dedup_bucket(&acme, &d), s.dedup(&acme, &d)]);
+        a[2] = "2".into();
+        a[14] = key.into();
+        a[24] = keys::dedup_field(&d).into();
+        a[15] = d;
+        (k, a)
+    };
+    let call = |(k, a): (Vec<String>, Vec<String>)| {
+        let redis = &redis;
+        async move { crate::fences::fcall(redis, "admit", &k, &a).await.unwrap() }
+    };
+    let mut last = 0;
+    for key in ["first", "second"] {
+        // Redis's clock past the last admission's millisecond (awaited, at most 2 s).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let (secs, us): (u64, u64) = redis.query(&mut redis::cmd("TIME")).await;
+            if secs * 1000 + us / 1000 > last {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "Redis's clock stood still"
+            );
+            tokio::task::yield_now().await;
+        }
+        let id = ExecutionId::new();
+        let reply = call(keyed(&id, key)).await;
+        assert_eq!(crate::fences::admit_tag(reply), "new", "{key}");
+        let created: u64 = redis
+            .query(redis::cmd("HGET").arg(s.row(&id)).arg("c"))
+            .await;
+        assert!(
+            created > last,
+            "{key} was admitted at {created}, not after {last}"
+        );
+        last = created;
+        for _ in 0..2 {
+            // Another id minted by the caller, the same request: the first one's id, alone.
+            let reply = call(keyed(&ExecutionId::new(), key)).await;
+            assert_eq!(
+                reply,
+                RedisValue::BulkString(id.as_str().as_bytes().to_vec())
+            );
+        }
+    }
+    let reply = call(keyed(&ExecutionId::new(), "third")).await;
+    assert_eq!(crate::fences::admit_tag(reply), "full");
 }

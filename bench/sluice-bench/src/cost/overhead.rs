@@ -109,13 +109,21 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
     let mut own = connect(&url).await?;
     let replays = args.cost_replays.max(1);
     for (path, from, to, script) in PATHS {
-        let Some(call) = find_call(&record, from, to, script) else {
+        let Some(mut call) = find_call(&record, from, to, script) else {
             report.checks.push(Check {
                 phase: format!("per call: {path}"),
                 ok: false,
                 detail: format!("no call of a script named *{script}* was recorded"),
             });
             continue;
+        };
+        // The bare script issues what the call runs on this server now, which is not always
+        // what it ran during its step: the steps after it change what it finds (the replayed
+        // admission's mapping has left its bucket for the string key by the time the
+        // completion is recorded, so each replay runs a GET its step did not).
+        call.commands = match ran_now(&mut own, &addr, &call, script).await? {
+            Some(now) => now,
+            None => call.commands,
         };
         let bare = bare_script(&call);
         let bare_sha: String = redis::cmd("SCRIPT")
@@ -127,8 +135,16 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
         let mut bare_cmd = call.args.clone();
         bare_cmd[0] = b"EVALSHA".to_vec();
         bare_cmd[1] = bare_sha.into_bytes();
-        // The same operation as a script of its own (the two paths are shard operations).
-        let composed_cmd = match sluice::store::operation(&call.script) {
+        eprintln!("[cost] per call, {path}: {replays} replays, real and bare");
+        let (real_ir, real_errors) =
+            replay(&mut own, counted.as_mut(), &[real_cmd], replays).await?;
+        let (bare_ir, bare_errors) =
+            replay(&mut own, counted.as_mut(), &[bare_cmd], replays).await?;
+        // The same operation as a script of its own (the two paths are shard operations),
+        // loaded only after the bare script's replays and flushed after its own: a large
+        // script in the scripts' Lua state makes every later script's allocations cost more
+        // (its collector walks it), about 1,500 instructions a bare call here.
+        let (composed_ir, composed_errors) = match sluice::store::operation(&call.script) {
             Some(op) => {
                 let sha: String = redis::cmd("SCRIPT")
                     .arg("LOAD")
@@ -138,17 +154,13 @@ pub(super) async fn measure(ctx: &Ctx<'_>, report: &mut CostReport) -> anyhow::R
                 let mut cmd = call.args.clone();
                 cmd[0] = b"EVALSHA".to_vec();
                 cmd[1] = sha.into_bytes();
-                Some(cmd)
+                let counted_composed = replay(&mut own, counted.as_mut(), &[cmd], replays).await?;
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut own)
+                    .await?;
+                counted_composed
             }
-            None => None,
-        };
-        eprintln!("[cost] per call, {path}: {replays} replays, real and bare");
-        let (real_ir, real_errors) =
-            replay(&mut own, counted.as_mut(), &[real_cmd], replays).await?;
-        let (bare_ir, bare_errors) =
-            replay(&mut own, counted.as_mut(), &[bare_cmd], replays).await?;
-        let (composed_ir, composed_errors) = match composed_cmd {
-            Some(cmd) => replay(&mut own, counted.as_mut(), &[cmd], replays).await?,
             None => (None, 0),
         };
         let (step_ir, step_errors) =
@@ -328,6 +340,27 @@ async fn capture(ctx: &Ctx<'_>, redis: &Redis, addr: &str) -> anyhow::Result<Vec
     let lines = monitor.stop_after("cost-mark:end").await?;
     serve.kill().await;
     Ok(lines)
+}
+
+/// The commands `call` runs when sent once more now (recorded by `MONITOR` between two
+/// markers), or `None` when the record shows no call of it.
+async fn ran_now(
+    own: &mut MultiplexedConnection,
+    addr: &str,
+    call: &Call,
+    name: &str,
+) -> anyhow::Result<Option<Vec<Vec<Vec<u8>>>>> {
+    let monitor = Recorder::start(addr).await?;
+    mark(own, "now").await?;
+    let mut c = redis::cmd(std::str::from_utf8(&call.args[0]).unwrap_or("FCALL"));
+    for a in &call.args[1..] {
+        c.arg(a.as_slice());
+    }
+    // Its answer is not what is asked here (the replays count error replies).
+    let _: redis::Value = c.query_async(own).await?;
+    mark(own, "now-end").await?;
+    let lines = monitor.stop_after("cost-mark:now-end").await?;
+    Ok(find_call(&lines, "now", "now-end", name).map(|c| c.commands))
 }
 
 /// `ECHO cost-mark:<step>`: a line in the record between two steps.
