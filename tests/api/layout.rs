@@ -1026,14 +1026,55 @@ fn resp_command(buf: &[u8]) -> Option<(usize, Vec<Vec<u8>>)> {
 /// Every acknowledged write on disk before its answer leaves (a SIGKILL then loses only
 /// what nobody was told of).
 async fn fsync_always(app: &TestApp) {
-    let mut c = app.redis.node_conn(0).await;
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("appendfsync")
-        .arg("always")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg("always")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
+
+/// `CLIENT PAUSE <ms> WRITE` (or `UNPAUSE` when `ms` is 0) on every master.
+async fn pause_writes(app: &TestApp, ms: u64) {
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let mut cmd = redis::cmd("CLIENT");
+        match ms {
+            0 => cmd.arg("UNPAUSE"),
+            ms => cmd.arg("PAUSE").arg(ms).arg("WRITE"),
+        };
+        let () = cmd.query_async(&mut c).await.unwrap();
+    }
+}
+
+/// The commands clients wait to run on the masters while their writes are paused (`CLIENT
+/// LIST`: a postponed client is flagged `b`, its `cmd` the one it sent).
+async fn held_commands(app: &TestApp) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        for line in list.lines() {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name))
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            if field("flags=").contains('b') {
+                out.push(field("cmd="));
+            }
+        }
+    }
+    out
 }
 
 /// Redis fails the migration in the middle of a batch, again and again at a later batch each
@@ -1045,7 +1086,8 @@ async fn fsync_always(app: &TestApp) {
 /// mapping is orphaned or doubled, and a replay of a dedup key answers its execution.
 ///
 /// Standalone only: the proxy that cuts the batch sits in front of one server, and a
-/// cluster's clients reach its nodes at the addresses the cluster gives them.
+/// cluster's clients reach its nodes at the addresses the cluster gives them (a cluster's
+/// masters die mid batch in `on_a_cluster_a_migration_cut_mid_batch_by_dying_masters_...`).
 #[tokio::test]
 async fn a_migration_cut_mid_batch_by_a_dying_or_stalled_redis_is_finished_by_a_rerun() {
     if crate::helpers::cluster_mode() {
@@ -1128,4 +1170,90 @@ async fn a_migration_cut_mid_batch_by_a_dying_or_stalled_redis_is_finished_by_a_
         let replay: Value = replay.json().await.unwrap();
         assert_eq!(replay["execution_id"], e.as_str(), "{replay}");
     }
+}
+
+/// On a cluster: the migration is held by Redis in the middle of a batch, and every node dies
+/// (SIGKILL) with the batch unrun, then comes back from its AOF (`appendfsync always`), again
+/// and again, each time after more batches (the ones let through double): writes are paused on
+/// every master until one of the migrator's conversion batches (`EVALSHA`: no other client
+/// sends one; the server's calls are `FCALL`s) is among the commands held, the pause lifted
+/// while what is held is anything else. The command run again finishes the move with every
+/// row, listing, total, dedup key and dead letter as before.
+#[tokio::test]
+async fn on_a_cluster_a_migration_cut_mid_batch_by_dying_masters_is_finished_by_a_rerun() {
+    if !crate::helpers::cluster_mode() {
+        return;
+    }
+    let mut app = TestApp::spawn().await;
+    fsync_always(&app).await;
+    let tenants = tenants_in_distinct_shards(&app, 3, None);
+    let ids = populate(&app, &tenants).await;
+    let before = snapshot(&app, &ids).await;
+    let rows = row_keys(&app).await;
+    let config = app.store().await.config().clone();
+    downgrade(&app, 2).await;
+
+    let limits = Limits {
+        batch: 4,
+        max_batches: None,
+    };
+    let mut pass = 0;
+    let mut cuts = Vec::new();
+    let moved = 'runs: loop {
+        assert!(
+            cuts.len() < 12,
+            "the migration never ran to the end: {cuts:?}"
+        );
+        let mut run = tokio::spawn(migrate_layout_with(config.clone(), limits));
+        // Bounded: each round lets the migrator's held write through, and it has a finite
+        // number of them.
+        let mut passed = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no batch held: {cuts:?}"
+            );
+            pause_writes(&app, 30_000).await;
+            let held = loop {
+                if run.is_finished() {
+                    pause_writes(&app, 0).await;
+                    break 'runs run.await.unwrap().unwrap().expect("a move");
+                }
+                let held = held_commands(&app).await;
+                if !held.is_empty() {
+                    break held;
+                }
+                tokio::task::yield_now().await;
+            };
+            if held.iter().any(|c| c == "evalsha") {
+                if passed == pass {
+                    break;
+                }
+                passed += 1;
+            }
+            pause_writes(&app, 0).await;
+        }
+        app.redis.kill();
+        let failed = tokio::time::timeout(Duration::from_secs(30), &mut run)
+            .await
+            .expect("the cut run gives up")
+            .unwrap();
+        let err = failed.expect_err("a cut run fails");
+        println!("cut after {pass} batches held and let through: {err:#}");
+        cuts.push(pass);
+        app.redis.restart().await;
+        fsync_always(&app).await;
+        pass = pass * 2 + 1;
+    };
+    println!("cuts {cuts:?}; then {moved:?}");
+    assert!(moved.done);
+    assert!(cuts.len() >= 3, "{cuts:?}");
+    assert_eq!(moved.stragglers, 0, "rows no index named");
+    app.addr = app.try_spawn_beside().await.expect("serve starts");
+    assert_moved(&app).await;
+    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
+    let after = snapshot(&app, &ids).await;
+    let diff = differences(&before, &after);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
 }
