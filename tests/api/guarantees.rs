@@ -92,19 +92,41 @@ fn id_of(e: &Value) -> String {
 
 /// 1. A retry used to reset the fencing token: a worker paused in the run before the retry
 /// woke up, renewed the new run's lease and had its output accepted.
+///
+/// Leases sized for a loaded machine: A's must expire while A is paused (so B takes over), yet
+/// outlast any stall of A before the pause (a worker that cannot renew in time stops its run
+/// and reports it at once, and then no stale report is left to fence); B's must outlast any
+/// stall of B during the run after the retry (with 500 ms, a stall of B past it lost that run,
+/// and the execution, out of attempts, failed).
 #[tokio::test]
 async fn a_retry_fences_off_the_paused_run_from_before_it() {
     let app = TestApp::spawn().await;
-    let a = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
+    let worker = |lease_ms: &'static str, heartbeat_ms: &'static str| {
+        TestWorker::spawn(
+            &app.redis,
+            &[
+                "--concurrency",
+                "1",
+                "--lease-ttl-ms",
+                lease_ms,
+                "--heartbeat-ms",
+                heartbeat_ms,
+                "--scan-ms",
+                "100",
+            ],
+        )
+    };
+    let a = worker("2000", "200");
+    // Runs past the moment the test pauses A, however late that is on a busy machine.
     let id = app
         .admit_with(
             "acme",
-            json!({"flow_id": "demo.sleep", "params": {"ms": 1500}, "max_attempts": 1}),
+            json!({"flow_id": "demo.sleep", "params": {"ms": 3000}, "max_attempts": 1}),
         )
         .await;
     app.wait_running("acme", &id, 1).await;
     a.signal("STOP");
-    let _b = TestWorker::spawn(&app.redis, &with(&["--concurrency", "1"]));
+    let _b = worker("30000", "1000");
     // B finds A's lease expired; with no attempt left the execution is dead-lettered.
     let failed = app
         .wait_terminal("acme", &id, Duration::from_secs(15))

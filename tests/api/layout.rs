@@ -861,3 +861,399 @@ return 1
         println!("{l}");
     }
 }
+
+/// Where `CuttingProxy` cuts a migration: at one batch (a conversion script's `EVALSHA` or a
+/// dedup step's `FCALL`), in one of the ways a Redis fails a call.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// The batch never reaches Redis, which dies (SIGKILL) with it in flight.
+    Unsent,
+    /// Redis runs the batch (`appendfsync always`: on disk before any answer leaves), then
+    /// dies before its answer reaches the migrator.
+    Unanswered,
+    /// Redis runs the batch and lives on, but its answer never comes: a stall past the
+    /// migrator's time-out (a time-out never means nothing happened).
+    Stalled,
+}
+
+/// A loopback proxy between a migrator and a standalone Redis that passes everything through
+/// until the `nth` batch over all its connections, then cuts that batch as `cut` says and
+/// passes nothing more. `cut_reached` is the condition the test awaits before it kills Redis:
+/// the batch is in flight (`Unsent`) or has run (`Unanswered`, `Stalled`: its answer reached
+/// the proxy, so Redis finished it). Client requests are RESP arrays of bulk strings (what
+/// redis-rs sends), parsed to count the batches.
+struct CuttingProxy {
+    port: u16,
+    reached: std::sync::Arc<tokio::sync::Notify>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl CuttingProxy {
+    async fn start(redis_port: u16, cut: Cut, nth: usize) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let reached = Arc::new(tokio::sync::Notify::new());
+        let batches = Arc::new(AtomicUsize::new(0));
+        let cut_done = Arc::new(AtomicBool::new(false));
+        let notify = reached.clone();
+        let accepting = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
+                else {
+                    continue;
+                };
+                let (mut client_r, mut client_w) = client.into_split();
+                let (mut server_r, mut server_w) = server.into_split();
+                // Set once this connection's batch is cut after Redis received it: its
+                // answer is held back.
+                let hold = Arc::new(AtomicBool::new(false));
+                let (batches, cut_done, sent, held) = (
+                    batches.clone(),
+                    cut_done.clone(),
+                    notify.clone(),
+                    hold.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut pending = Vec::new();
+                    let mut buf = vec![0u8; 64 * 1024];
+                    // Bounded: ends when either side closes.
+                    while let Ok(k) = client_r.read(&mut buf).await {
+                        if k == 0 || cut_done.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        pending.extend_from_slice(&buf[..k]);
+                        while let Some((len, args)) = resp_command(&pending) {
+                            let command: Vec<u8> = pending.drain(..len).collect();
+                            let batch = match args.first().map(|a| a.to_ascii_uppercase()) {
+                                Some(c) if c == b"EVALSHA" => true,
+                                Some(c) if c == b"FCALL" => {
+                                    args.get(1).is_some_and(|f| f.ends_with(b"relayout_dedup"))
+                                }
+                                _ => false,
+                            };
+                            let at_cut = batch && batches.fetch_add(1, Ordering::SeqCst) + 1 == nth;
+                            if at_cut {
+                                cut_done.store(true, Ordering::SeqCst);
+                                if let Cut::Unsent = cut {
+                                    sent.notify_one();
+                                    // Held open (Redis dies with the batch in flight) until
+                                    // the migrator gives up.
+                                    let _ = client_r.read(&mut buf).await;
+                                    return;
+                                }
+                                held.store(true, Ordering::SeqCst);
+                            }
+                            if server_w.write_all(&command).await.is_err() {
+                                return;
+                            }
+                            if at_cut {
+                                let _ = client_r.read(&mut buf).await;
+                                return;
+                            }
+                        }
+                    }
+                });
+                let ran = notify.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    // Bounded: ends when Redis closes (or dies).
+                    while let Ok(k) = server_r.read(&mut buf).await {
+                        if k == 0 {
+                            return;
+                        }
+                        if hold.load(Ordering::SeqCst) {
+                            // The cut batch's answer: Redis ran it. Nothing more passes.
+                            ran.notify_one();
+                            let _ = server_r.read(&mut buf).await;
+                            return;
+                        }
+                        if client_w.write_all(&buf[..k]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            reached,
+            accepting,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Returns once the batch is cut (in flight, or run with its answer held back).
+    async fn cut_reached(&self) {
+        self.reached.notified().await;
+    }
+}
+
+impl Drop for CuttingProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// The first complete RESP command (an array of bulk strings) at the start of `buf`: its
+/// length in bytes and its arguments; `None` until all of it has arrived.
+fn resp_command(buf: &[u8]) -> Option<(usize, Vec<Vec<u8>>)> {
+    fn line(buf: &[u8], at: usize) -> Option<(usize, usize)> {
+        let end = at + buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        let n = std::str::from_utf8(&buf[at + 1..end]).ok()?.parse().ok()?;
+        Some((n, end + 2))
+    }
+    assert_eq!(buf.first().copied().unwrap_or(b'*'), b'*', "a RESP array");
+    let (count, mut at) = line(buf, 0)?;
+    let mut args = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, from) = line(buf, at)?;
+        let arg = buf.get(from..from + len)?;
+        args.push(arg.to_vec());
+        at = from + len + 2;
+        if buf.len() < at {
+            return None;
+        }
+    }
+    Some((at, args))
+}
+
+/// Every acknowledged write on disk before its answer leaves (a SIGKILL then loses only
+/// what nobody was told of).
+async fn fsync_always(app: &TestApp) {
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg("always")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
+
+/// `CLIENT PAUSE <ms> WRITE` (or `UNPAUSE` when `ms` is 0) on every master.
+async fn pause_writes(app: &TestApp, ms: u64) {
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let mut cmd = redis::cmd("CLIENT");
+        match ms {
+            0 => cmd.arg("UNPAUSE"),
+            ms => cmd.arg("PAUSE").arg(ms).arg("WRITE"),
+        };
+        let () = cmd.query_async(&mut c).await.unwrap();
+    }
+}
+
+/// The commands clients wait to run on the masters while their writes are paused (`CLIENT
+/// LIST`: a postponed client is flagged `b`, its `cmd` the one it sent).
+async fn held_commands(app: &TestApp) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in 0..app.redis.masters() {
+        let mut c = app.redis.node_conn(i).await;
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        for line in list.lines() {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name))
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            if field("flags=").contains('b') {
+                out.push(field("cmd="));
+            }
+        }
+    }
+    out
+}
+
+/// Redis fails the migration in the middle of a batch, again and again at a later batch each
+/// time (the `nth` doubling), each way in turn: the batch never reaches Redis, which dies
+/// (SIGKILL, then a restart on the same port and AOF); Redis runs it and dies before it
+/// answers; Redis runs it and the answer never comes (a stall past the migrator's time-out).
+/// Each cut run fails, and the command run again finishes the move: every row, listing,
+/// total, dedup key and dead letter reads as before, no row is lost or added, no dedup
+/// mapping is orphaned or doubled, and a replay of a dedup key answers its execution.
+///
+/// Standalone only: the proxy that cuts the batch sits in front of one server, and a
+/// cluster's clients reach its nodes at the addresses the cluster gives them (a cluster's
+/// masters die mid batch in `on_a_cluster_a_migration_cut_mid_batch_by_dying_masters_...`).
+#[tokio::test]
+async fn a_migration_cut_mid_batch_by_a_dying_or_stalled_redis_is_finished_by_a_rerun() {
+    if crate::helpers::cluster_mode() {
+        return;
+    }
+    let mut app = TestApp::spawn().await;
+    fsync_always(&app).await;
+    let tenants = tenants_in_distinct_shards(&app, 3, None);
+    let ids = populate(&app, &tenants).await;
+    let before = snapshot(&app, &ids).await;
+    let rows = row_keys(&app).await;
+    // What each tenant's "<t>-keyed" dedup key maps to (the eighth execution `populate` admits).
+    let keyed: Vec<String> = tenants
+        .iter()
+        .map(|t| ids.iter().filter(|(x, _)| x == t).nth(7).unwrap().1.clone())
+        .collect();
+    let mut config = app.store().await.config().clone();
+    downgrade(&app, 2).await;
+
+    let limits = Limits {
+        batch: 4,
+        max_batches: None,
+    };
+    let ways = [Cut::Unsent, Cut::Unanswered, Cut::Stalled];
+    let mut nth = 1;
+    let mut cuts = Vec::new();
+    let moved = loop {
+        assert!(
+            nth < 1 << 16,
+            "the migration never ran to the end: {cuts:?}"
+        );
+        let cut = ways[cuts.len() % ways.len()];
+        let proxy = CuttingProxy::start(app.redis.port, cut, nth).await;
+        config.redis = sluice::store::RedisTarget::Standalone(proxy.url());
+        let mut run = tokio::spawn(migrate_layout_with(config.clone(), limits));
+        tokio::select! {
+            () = proxy.cut_reached() => {}
+            done = &mut run => {
+                break done.unwrap().unwrap().expect("a move");
+            }
+        }
+        if let Cut::Unsent | Cut::Unanswered = cut {
+            app.redis.kill();
+        }
+        let failed = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the cut run gives up")
+            .unwrap();
+        let err = failed.expect_err("a cut run fails");
+        println!("batch {nth} cut ({cut:?}): {err:#}");
+        cuts.push((nth, cut));
+        if let Cut::Unsent | Cut::Unanswered = cut {
+            app.redis.restart().await;
+            fsync_always(&app).await;
+        }
+        nth *= 2;
+    };
+    println!("cuts {cuts:?}; then {moved:?}");
+    assert!(moved.done);
+    assert!(cuts.len() >= 6, "{cuts:?}");
+    assert_eq!(moved.stragglers, 0, "rows no index named");
+
+    // A server started now (the one before may first answer 503 once per connection that
+    // died with Redis).
+    app.addr = app.try_spawn_beside().await.expect("serve starts");
+    assert_moved(&app).await;
+    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
+    let after = snapshot(&app, &ids).await;
+    let diff = differences(&before, &after);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    for (t, e) in tenants.iter().zip(keyed) {
+        let replay = app
+            .post_with_key(
+                t,
+                &format!("{t}-keyed"),
+                &json!({"flow_id": "demo.echo", "concurrency_key": "k1"}),
+            )
+            .await;
+        assert_eq!(replay.status(), StatusCode::OK);
+        let replay: Value = replay.json().await.unwrap();
+        assert_eq!(replay["execution_id"], e.as_str(), "{replay}");
+    }
+}
+
+/// On a cluster: the migration is held by Redis in the middle of a batch, and every node dies
+/// (SIGKILL) with the batch unrun, then comes back from its AOF (`appendfsync always`), again
+/// and again, each time after more batches (the ones let through double): writes are paused on
+/// every master until one of the migrator's conversion batches (`EVALSHA`: no other client
+/// sends one; the server's calls are `FCALL`s) is among the commands held, the pause lifted
+/// while what is held is anything else. The command run again finishes the move with every
+/// row, listing, total, dedup key and dead letter as before.
+#[tokio::test]
+async fn on_a_cluster_a_migration_cut_mid_batch_by_dying_masters_is_finished_by_a_rerun() {
+    if !crate::helpers::cluster_mode() {
+        return;
+    }
+    let mut app = TestApp::spawn().await;
+    fsync_always(&app).await;
+    let tenants = tenants_in_distinct_shards(&app, 3, None);
+    let ids = populate(&app, &tenants).await;
+    let before = snapshot(&app, &ids).await;
+    let rows = row_keys(&app).await;
+    let config = app.store().await.config().clone();
+    downgrade(&app, 2).await;
+
+    let limits = Limits {
+        batch: 4,
+        max_batches: None,
+    };
+    let mut pass = 0;
+    let mut cuts = Vec::new();
+    let moved = 'runs: loop {
+        assert!(
+            cuts.len() < 12,
+            "the migration never ran to the end: {cuts:?}"
+        );
+        let mut run = tokio::spawn(migrate_layout_with(config.clone(), limits));
+        // Bounded: each round lets the migrator's held write through, and it has a finite
+        // number of them.
+        let mut passed = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no batch held: {cuts:?}"
+            );
+            pause_writes(&app, 30_000).await;
+            let held = loop {
+                if run.is_finished() {
+                    pause_writes(&app, 0).await;
+                    break 'runs run.await.unwrap().unwrap().expect("a move");
+                }
+                let held = held_commands(&app).await;
+                if !held.is_empty() {
+                    break held;
+                }
+                tokio::task::yield_now().await;
+            };
+            if held.iter().any(|c| c == "evalsha") {
+                if passed == pass {
+                    break;
+                }
+                passed += 1;
+            }
+            pause_writes(&app, 0).await;
+        }
+        app.redis.kill();
+        let failed = tokio::time::timeout(Duration::from_secs(30), &mut run)
+            .await
+            .expect("the cut run gives up")
+            .unwrap();
+        let err = failed.expect_err("a cut run fails");
+        println!("cut after {pass} batches held and let through: {err:#}");
+        cuts.push(pass);
+        app.redis.restart().await;
+        fsync_always(&app).await;
+        pass = pass * 2 + 1;
+    };
+    println!("cuts {cuts:?}; then {moved:?}");
+    assert!(moved.done);
+    assert!(cuts.len() >= 3, "{cuts:?}");
+    assert_eq!(moved.stragglers, 0, "rows no index named");
+    app.addr = app.try_spawn_beside().await.expect("serve starts");
+    assert_moved(&app).await;
+    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
+    let after = snapshot(&app, &ids).await;
+    let diff = differences(&before, &after);
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+}
