@@ -1023,21 +1023,6 @@ fn resp_command(buf: &[u8]) -> Option<(usize, Vec<Vec<u8>>)> {
     Some((at, args))
 }
 
-/// Every acknowledged write on disk before its answer leaves (a SIGKILL then loses only
-/// what nobody was told of).
-async fn fsync_always(app: &TestApp) {
-    for i in 0..app.redis.masters() {
-        let mut c = app.redis.node_conn(i).await;
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("appendfsync")
-            .arg("always")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
-}
-
 /// `CLIENT PAUSE <ms> WRITE` (or `UNPAUSE` when `ms` is 0) on every master.
 async fn pause_writes(app: &TestApp, ms: u64) {
     for i in 0..app.redis.masters() {
@@ -1094,7 +1079,7 @@ async fn a_migration_cut_mid_batch_by_a_dying_or_stalled_redis_is_finished_by_a_
         return;
     }
     let mut app = TestApp::spawn().await;
-    fsync_always(&app).await;
+    app.redis.fsync_always().await;
     let tenants = tenants_in_distinct_shards(&app, 3, None);
     let ids = populate(&app, &tenants).await;
     let before = snapshot(&app, &ids).await;
@@ -1141,23 +1126,13 @@ async fn a_migration_cut_mid_batch_by_a_dying_or_stalled_redis_is_finished_by_a_
         cuts.push((nth, cut));
         if let Cut::Unsent | Cut::Unanswered = cut {
             app.redis.restart().await;
-            fsync_always(&app).await;
+            app.redis.fsync_always().await;
         }
         nth *= 2;
     };
     println!("cuts {cuts:?}; then {moved:?}");
-    assert!(moved.done);
     assert!(cuts.len() >= 6, "{cuts:?}");
-    assert_eq!(moved.stragglers, 0, "rows no index named");
-
-    // A server started now (the one before may first answer 503 once per connection that
-    // died with Redis).
-    app.addr = app.try_spawn_beside().await.expect("serve starts");
-    assert_moved(&app).await;
-    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
-    let after = snapshot(&app, &ids).await;
-    let diff = differences(&before, &after);
-    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    finished_as_before(&mut app, &moved, &rows, &before, &ids).await;
     for (t, e) in tenants.iter().zip(keyed) {
         let replay = app
             .post_with_key(
@@ -1185,7 +1160,7 @@ async fn on_a_cluster_a_migration_cut_mid_batch_by_dying_masters_is_finished_by_
         return;
     }
     let mut app = TestApp::spawn().await;
-    fsync_always(&app).await;
+    app.redis.fsync_always().await;
     let tenants = tenants_in_distinct_shards(&app, 3, None);
     let ids = populate(&app, &tenants).await;
     let before = snapshot(&app, &ids).await;
@@ -1243,17 +1218,30 @@ async fn on_a_cluster_a_migration_cut_mid_batch_by_dying_masters_is_finished_by_
         println!("cut after {pass} batches held and let through: {err:#}");
         cuts.push(pass);
         app.redis.restart().await;
-        fsync_always(&app).await;
+        app.redis.fsync_always().await;
         pass = pass * 2 + 1;
     };
     println!("cuts {cuts:?}; then {moved:?}");
-    assert!(moved.done);
     assert!(cuts.len() >= 3, "{cuts:?}");
+    finished_as_before(&mut app, &moved, &rows, &before, &ids).await;
+}
+
+/// What a move cut again and again must come to once a run finishes: done, every row indexed,
+/// and a server started now (the one before may first answer 503 once per connection that
+/// died with Redis) finds every row moved, none lost or added, and answers as before.
+async fn finished_as_before(
+    app: &mut TestApp,
+    moved: &sluice::migrate::Migrated,
+    rows: &BTreeSet<String>,
+    before: &BTreeMap<String, Value>,
+    ids: &[(String, String)],
+) {
+    assert!(moved.done);
     assert_eq!(moved.stragglers, 0, "rows no index named");
     app.addr = app.try_spawn_beside().await.expect("serve starts");
-    assert_moved(&app).await;
-    assert_eq!(row_keys(&app).await, rows, "rows lost or added");
-    let after = snapshot(&app, &ids).await;
-    let diff = differences(&before, &after);
+    assert_moved(app).await;
+    assert_eq!(&row_keys(app).await, rows, "rows lost or added");
+    let after = snapshot(app, ids).await;
+    let diff = differences(before, &after);
     assert!(diff.is_empty(), "{}", diff.join("\n"));
 }

@@ -529,16 +529,7 @@ async fn waits_and_streams_end_right_when_the_listener_connection_is_killed() {
 async fn waits_and_streams_end_right_across_a_redis_restart() {
     let mut app = TestApp::spawn().await;
     // Every write on disk at once: a SIGKILL loses nothing the test relies on.
-    for i in 0..app.redis.masters() {
-        let mut c = app.redis.node_conn(i).await;
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("appendfsync")
-            .arg("always")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-    }
+    app.redis.fsync_always().await;
     let id = admit_sleep(&app, "acme", 100).await;
     let mut stream = queued_stream(&app, &id).await;
     let waiting = spawn_wait(&app, &id, "55s");

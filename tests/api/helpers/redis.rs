@@ -283,6 +283,21 @@ impl TestRedis {
         format!("127.0.0.1:{}", self.nodes[i].port)
     }
 
+    /// `CONFIG SET appendfsync always` on every master: every acknowledged write is on disk
+    /// before its answer leaves, so a SIGKILL loses only what nobody was told of.
+    pub async fn fsync_always(&self) {
+        for i in 0..self.masters {
+            let mut c = self.node_conn(i).await;
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("appendfsync")
+                .arg("always")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    }
+
     /// How many masters the cluster was formed with (1 when standalone).
     pub fn masters(&self) -> usize {
         self.masters
