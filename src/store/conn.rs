@@ -177,11 +177,17 @@ impl Conn {
         };
         match acks.state(route) {
             Short::No => {}
-            Short::Yes => return Ok(()),
+            Short::Yes => {
+                acks.unconfirmed();
+                return Ok(());
+            }
             // Whether the master has its replicas back, without blocking the connection.
             Short::Probe => match self.replicas_online(route).await {
                 Some(n) if n >= acks.replicas => acks.recovered(route),
-                Some(_) => return Ok(()),
+                Some(_) => {
+                    acks.unconfirmed();
+                    return Ok(());
+                }
                 // WAIT tells.
                 None => {}
             },
@@ -193,6 +199,7 @@ impl Conn {
             Ok(Value::Int(n)) if n >= i64::from(acks.replicas) => Ok(()),
             Ok(Value::Int(n)) => {
                 acks.fell_short(route, script, n);
+                acks.unconfirmed();
                 Ok(())
             }
             other => {
@@ -246,6 +253,12 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Script answers this connection and those opened with it returned without the
+    /// `--redis-replica-acks` acknowledgements they wanted (0 without the setting).
+    pub fn unconfirmed_answers(&self) -> u64 {
+        self.acks().map_or(0, ReplicaAcks::unconfirmed_count)
     }
 
     fn acks(&self) -> Option<&ReplicaAcks> {

@@ -477,6 +477,12 @@ impl Store {
         self.commits.counts()
     }
 
+    /// Script answers returned without the acknowledgements `--redis-replica-acks` asks for
+    /// (see `ReplicaAcks`): writes a failover may lose although their callers were answered.
+    pub fn unconfirmed_answers(&self) -> u64 {
+        self.conns.first().map_or(0, Conn::unconfirmed_answers)
+    }
+
     /// What group commit of completions has done so far (see `commit`): calls of
     /// `complete.lua`, the reports they carried, and the reports waiting.
     pub fn completion_counts(&self) -> GroupCommitCounts {

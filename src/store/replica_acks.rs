@@ -4,6 +4,7 @@
 //! when to ask again), which the connection only consults around each script call.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,9 @@ pub struct ReplicaAcks {
     /// Masters whose replicas came back: when, and the probe interval they had then (a relapse
     /// soon after doubles it).
     back: Arc<Mutex<HashMap<Option<Route>, Back>>>,
+    /// Script answers returned without the wanted acknowledgements (WAIT came back short, or
+    /// was skipped while their master was short of replicas): writes a failover may lose.
+    unconfirmed: Arc<AtomicU64>,
 }
 
 /// When a master's replicas came back, and the probe interval it had until then.
@@ -82,12 +86,23 @@ impl ReplicaAcks {
             wait: (op_timeout / 4).max(Duration::from_millis(1)),
             short: Arc::default(),
             back: Arc::default(),
+            unconfirmed: Arc::default(),
         }
     }
 
     /// WAIT's time-out argument (never 0, which would wait forever).
     pub(super) fn wait_ms(&self) -> u64 {
         (self.wait.as_millis() as u64).max(1)
+    }
+
+    /// Counts one script answer returned without the acknowledgements it wanted.
+    pub(super) fn unconfirmed(&self) {
+        self.unconfirmed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Script answers returned so far without the acknowledgements they wanted (`/metrics`).
+    pub(super) fn unconfirmed_count(&self) -> u64 {
+        self.unconfirmed.load(Ordering::Relaxed)
     }
 
     /// Whether calls on `route` skip WAIT for now; a `Probe` answer is given to one caller per

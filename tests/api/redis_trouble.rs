@@ -398,13 +398,23 @@ async fn wait_calls(redis: &crate::helpers::TestRedis) -> u64 {
         .map_or(0, |(_, n)| n)
 }
 
+/// `sluice_redis_unconfirmed_answers_total` from the app's `/metrics`.
+async fn unconfirmed_answers(app: &TestApp) -> f64 {
+    crate::operability::sample(
+        &app.metrics().await,
+        "sluice_redis_unconfirmed_answers_total",
+    )
+    .expect("the unconfirmed answers' counter")
+}
+
 /// `--redis-replica-acks 1` and a frozen replica (SIGSTOP): the master's `INFO` lists it as
 /// `online` for up to its `repl-timeout` (60 s) although it acknowledges nothing. Counting
 /// such a replica re-enabled WAIT every 500 ms, each WAIT blocked the shared connection for its
 /// whole time-out, and admissions fell to a sixth. A replica counts only while it acknowledged
 /// within the last second: over 8 s of admissions with the replica frozen (and known to be
-/// silent), WAIT is sent once, to find it short (before: three to eight times); once the
-/// replica runs again, every write waits for it again.
+/// silent), WAIT is sent once, to find it short (before: three to eight times), and `/metrics`
+/// counts every answer given without the replica; once the replica runs again, every write
+/// waits for it again.
 #[tokio::test]
 async fn a_frozen_replica_does_not_block_the_connection_every_probe() {
     let master = crate::helpers::TestRedis::start_standalone().await;
@@ -426,6 +436,11 @@ async fn a_frozen_replica_does_not_block_the_connection_every_probe() {
     assert!(
         wait_calls(&app.redis).await > 0,
         "admissions wait for the replica"
+    );
+    assert_eq!(
+        unconfirmed_answers(&app).await,
+        0.0,
+        "answers the replica acknowledged are confirmed"
     );
 
     replica.signal("STOP");
@@ -485,6 +500,12 @@ async fn a_frozen_replica_does_not_block_the_connection_every_probe() {
     assert!(
         waits <= 1,
         "{waits} WAITs in 8 s for a replica that acknowledges nothing ({admitted} admissions)"
+    );
+    // Each of those answers was given without the replica, and `/metrics` says so.
+    let unconfirmed = unconfirmed_answers(&app).await;
+    assert!(
+        unconfirmed >= f64::from(admitted),
+        "{unconfirmed} answers counted unconfirmed of {admitted} admitted without the replica"
     );
 
     replica.signal("CONT");

@@ -49,6 +49,11 @@
 //! - `sluice_completion_calls_total` and `sluice_completion_calls_carried_total`: calls of the
 //!   completion script this server made for pull workers' reports, and the reports they carried
 //!   (grouped like admissions; `sluice worker` groups its own, and has no endpoint).
+//! - `sluice_redis_unconfirmed_answers_total`: with `--redis-replica-acks`, script answers
+//!   this server returned before that many replicas acknowledged their writes — the WAIT came
+//!   back short, or was skipped while the master was short of replicas (see
+//!   `store::ReplicaAcks`). Each is a write a failover may lose although its caller was
+//!   answered; alert on it growing.
 //! - `sluice_webhook_deliveries_total`, `sluice_webhook_failed_attempts_total` and
 //!   `sluice_webhook_dropped_total`: this server's webhook attempts the receiver took (2xx),
 //!   those that failed (another status, a time-out, a refused address or certificate), and the
@@ -117,6 +122,7 @@ pub struct Metrics {
     webhook_deliveries: Counter,
     webhook_failed_attempts: Counter,
     webhook_dropped: Counter,
+    redis_unconfirmed_answers: Counter,
     /// Held while the counters above catch up with the store's (scrapes may overlap).
     catch_up: std::sync::Mutex<()>,
     waiters: Gauge,
@@ -293,6 +299,12 @@ impl Metrics {
             "Reports of ended runs the completion script calls carried (group commit)",
             completion_calls_carried.clone(),
         );
+        let redis_unconfirmed_answers = Counter::default();
+        registry.register(
+            "sluice_redis_unconfirmed_answers",
+            "Script answers returned before the replicas --redis-replica-acks asks for acknowledged their writes (a failover may lose those writes)",
+            redis_unconfirmed_answers.clone(),
+        );
         let admissions_grouping = Gauge::default();
         registry.register(
             "sluice_admissions_grouping",
@@ -406,6 +418,7 @@ impl Metrics {
             webhook_deliveries,
             webhook_failed_attempts,
             webhook_dropped,
+            redis_unconfirmed_answers,
             catch_up: std::sync::Mutex::new(()),
             waiters,
             waiters_listening,

@@ -204,6 +204,10 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         (&m.webhook_deliveries, webhooks.delivered),
         (&m.webhook_failed_attempts, webhooks.failed),
         (&m.webhook_dropped, webhooks.dropped),
+        (
+            &m.redis_unconfirmed_answers,
+            state.store.unconfirmed_answers(),
+        ),
     ] {
         counter.inc_by(total.saturating_sub(counter.get()));
     }
