@@ -15,6 +15,13 @@ minus the growth of the bare scripts over the commands that part ran.
     probe.py cycle 300 bare LIB...           # the fresh paths: 300 new admissions, starts and
                                              # completions, by a library file or bare scripts
 
+`measure` sends each call WARM (500) times before its counted replays, after every
+`FUNCTION LOAD REPLACE` and `SCRIPT LOAD`: the first replays of a freshly loaded library pay
+one-off costs (Lua's collector sweeping the replaced library, first-call caches) that moved a
+figure by up to 6,400 instructions between two runs without it, 1,000 at most with it
+(bench/README.md, "Round six: probe warm-up"). `cycle` and `group` make every call new, so
+they cannot replay one; `group` sends 20 unmeasured calls first, `cycle` none.
+
 Python's standard library only; needs redis-server, valgrind and callgrind_control. Files go
 to $PROBE_DIR (default target/overhead-probe). The probes' points are lines of admit.lua and
 complete.lua (PROBES below): a moved line needs its probe moved.
@@ -188,17 +195,19 @@ class CG:
         text = open('%s.%d' % (self.out, self.dumps)).read()
         ir = int(re.search(r'^summary: (\d+)', text, re.M).group(1))
         return ir, secs
-    def replay(self, cmd, n):
-        def go():
-            done = 0
-            while done < n:
-                b = min(50, n - done)
-                for _ in range(b): self.r.send(*cmd)
-                for _ in range(b):
-                    x = self.r.read()
-                    if isinstance(x, Exception): raise x
-                done += b
-        ir, secs = self.window(go)
+    def send_all(self, cmd, n):
+        done = 0
+        while done < n:
+            b = min(50, n - done)
+            for _ in range(b): self.r.send(*cmd)
+            for _ in range(b):
+                x = self.r.read()
+                if isinstance(x, Exception): raise x
+            done += b
+    def replay(self, cmd, n, warm=0):
+        """Instructions per call of cmd sent n times, after `warm` sends outside the window."""
+        self.send_all(cmd, warm)
+        ir, secs = self.window(lambda: self.send_all(cmd, n))
         return ir / n, secs
     def idle(self, secs=2.0):
         ir, s = self.window(lambda: time.sleep(secs)); return ir / s
@@ -220,6 +229,10 @@ def ran_now(cg, call):
     mon.s.close()
     return [[x.decode('latin-1') for x in a] for c, a in filter(None, map(parse_monitor, lines)) if c == 'lua']
 
+# Replays of each call sent before its counted ones in `measure`, outside the window (see the
+# docstring): 50 left several figures 0.3-1.2 k above those of 500 or 2,000, which agree.
+WARM = 500
+
 def measure(out, variants, n, which):
     calls = json.load(open(os.path.join(out, 'calls.json')))
     cg = CG(out)
@@ -235,7 +248,7 @@ def measure(out, variants, n, which):
             sha = cg.r.call('SCRIPT', 'LOAD', bare(call)).decode()
             bcmd = ['EVALSHA', sha] + call['args'][2:]
             def run(cmd):
-                ir, secs = cg.replay(cmd, n)
+                ir, secs = cg.replay(cmd, n, WARM)
                 return round(ir - rate * secs / n)
             b = run(bcmd)
             res[(path, 'bare')] = b
