@@ -4,6 +4,10 @@
 -- commit, see src/store/commit.rs): each is decided exactly as if it had come alone, after
 -- those before it (a dedup key repeated in the group is a replay of the first).
 --
+-- begin_call: itself
+-- (The composer adds no begin_call() before the first line: admit_one() runs it past the
+-- dedup lookup, see BEGUN below. compose::BEGINS_ITSELF reads the line above.)
+--
 -- KEYS[1]  frozen: the shard's freeze marker (see guard.lua)
 -- KEYS[2..] admissions: for each admission in order, 1 key, and a 2nd and 3rd with a dedup
 -- key:
@@ -125,8 +129,8 @@ local MAX_BYTES, MAX_RETAINED
 -- counts (1..100) are kept, so it holds at most 100 entries.
 local COUNTS = {}
 -- Whether this call has run begin_call() (common.lua), which sets the helpers' per-call state
--- afresh. The composer does not call it for admit.lua (its code calls it: see
--- compose::begins_itself): a call of one runs it in admit_one(), after the dedup lookup, so a
+-- afresh. The composer does not call it for admit.lua (its header declares that its code calls
+-- it, compose::BEGINS_ITSELF): a call of one runs it in admit_one(), after the dedup lookup, so a
 -- replay, which reads none of that state, is answered without it (about 2,400 instructions of a
 -- replay's 21,000; callgrind on Redis 7.0, bench/README.md "Round five: admission").
 local BEGUN

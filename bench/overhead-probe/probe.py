@@ -15,6 +15,13 @@ minus the growth of the bare scripts over the commands that part ran.
     probe.py cycle 300 bare LIB...           # the fresh paths: 300 new admissions, starts and
                                              # completions, by a library file or bare scripts
 
+`measure` sends each call WARM (500) times before its counted replays, after every
+`FUNCTION LOAD REPLACE` and `SCRIPT LOAD`: the first replays of a freshly loaded library pay
+one-off costs (Lua's collector sweeping the replaced library, first-call caches) that moved a
+figure by up to 6,400 instructions between two runs without it, 1,000 at most with it
+(bench/README.md, "Round six: probe warm-up"). `cycle` and `group` make every call new, so
+they cannot replay one; `group` sends 20 unmeasured calls first, `cycle` none.
+
 Python's standard library only; needs redis-server, valgrind and callgrind_control. Files go
 to $PROBE_DIR (default target/overhead-probe). The probes' points are lines of admit.lua and
 complete.lua (PROBES below): a moved line needs its probe moved.
@@ -95,13 +102,20 @@ def parse_monitor(line):
         i += 1; args.append(bytes(a))
     return client, args
 
-def capture(sluice, out):
-    port = free_port(); work = os.path.join(out, 'cap'); os.makedirs(work, exist_ok=True)
+# The platform admin token of the `sluice serve` that `serve` starts.
+TOKEN = 'prof-admin-token-0123456789abcdef'
+
+def serve(sluice, work):
+    """A redis-server (no persistence of its own: its data in `work`, emptied first, when told
+    to SAVE) and `sluice serve` on it (admin token TOKEN, no sweeper, limits out of the way,
+    its log in work/serve.log), once ready: (Redis's port, the API's base URL, redis-server's
+    process, serve's process)."""
+    port = free_port(); os.makedirs(work, exist_ok=True)
     for f in os.listdir(work): os.remove(os.path.join(work, f))
     rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work, '--dbfilename', 'dump.rdb'], stdout=subprocess.DEVNULL)
     wait_port(port)
-    hp = free_port(); tok = 'prof-admin-token-0123456789abcdef'
-    env = dict(os.environ, SLUICE_ADMIN_TOKEN=tok, RUST_LOG='warn', SLUICE_DEFAULT_MAX_BYTES='1000000000000', SLUICE_DEFAULT_MAX_RETAINED='1000000000000')
+    hp = free_port()
+    env = dict(os.environ, SLUICE_ADMIN_TOKEN=TOKEN, RUST_LOG='warn', SLUICE_DEFAULT_MAX_BYTES='1000000000000', SLUICE_DEFAULT_MAX_RETAINED='1000000000000')
     sv = subprocess.Popen([sluice, 'serve', '--listen', '127.0.0.1:%d' % hp, '--redis-url', 'redis://127.0.0.1:%d' % port, '--sweep-interval-secs', '0', '--default-max-concurrent', '1000000', '--default-max-queued', '1000000'], env=env, stdout=open(os.path.join(work, 'serve.log'), 'w'), stderr=subprocess.STDOUT)
     base = 'http://127.0.0.1:%d' % hp
     for _ in range(150):
@@ -109,6 +123,11 @@ def capture(sluice, out):
             if http('GET', base + '/readyz')[0] == 200: break
         except Exception: pass
         time.sleep(0.2)
+    return port, base, rs, sv
+
+def record(port):
+    """MONITOR on the Redis at `port`, read by a thread of its own into a list of lines until
+    it sees `ECHO cost-mark:end` (or the connection closes): (the list, the thread)."""
     mon = R(port); mon.send('MONITOR'); assert mon.f.readline().startswith(b'+OK')
     lines = []
     def reader():
@@ -118,8 +137,13 @@ def capture(sluice, out):
             lines.append(l.decode('latin-1').rstrip('\r\n'))
             if 'cost-mark:end' in lines[-1]: return
     th = threading.Thread(target=reader, daemon=True); th.start()
+    return lines, th
+
+def capture(sluice, out):
+    port, base, rs, sv = serve(sluice, os.path.join(out, 'cap'))
+    lines, th = record(port)
     own = R(port)
-    h = {'Authorization': 'Bearer ' + tok, 'X-Tenant-Id': 'bench-t0', 'Content-Type': 'application/json', 'Idempotency-Key': 'calls-0-0'}
+    h = {'Authorization': 'Bearer ' + TOKEN, 'X-Tenant-Id': 'bench-t0', 'Content-Type': 'application/json', 'Idempotency-Key': 'calls-0-0'}
     body = json.dumps({'flow_id': 'demo.echo', 'params': {'n': 0, 'p': 'x' * 14}})
     own.call('ECHO', 'cost-mark:fresh')
     s1 = http('POST', base + '/api/executions', body, h)[0]
@@ -188,17 +212,19 @@ class CG:
         text = open('%s.%d' % (self.out, self.dumps)).read()
         ir = int(re.search(r'^summary: (\d+)', text, re.M).group(1))
         return ir, secs
-    def replay(self, cmd, n):
-        def go():
-            done = 0
-            while done < n:
-                b = min(50, n - done)
-                for _ in range(b): self.r.send(*cmd)
-                for _ in range(b):
-                    x = self.r.read()
-                    if isinstance(x, Exception): raise x
-                done += b
-        ir, secs = self.window(go)
+    def send_all(self, cmd, n):
+        done = 0
+        while done < n:
+            b = min(50, n - done)
+            for _ in range(b): self.r.send(*cmd)
+            for _ in range(b):
+                x = self.r.read()
+                if isinstance(x, Exception): raise x
+            done += b
+    def replay(self, cmd, n, warm=0):
+        """Instructions per call of cmd sent n times, after `warm` sends outside the window."""
+        self.send_all(cmd, warm)
+        ir, secs = self.window(lambda: self.send_all(cmd, n))
         return ir / n, secs
     def idle(self, secs=2.0):
         ir, s = self.window(lambda: time.sleep(secs)); return ir / s
@@ -220,6 +246,10 @@ def ran_now(cg, call):
     mon.s.close()
     return [[x.decode('latin-1') for x in a] for c, a in filter(None, map(parse_monitor, lines)) if c == 'lua']
 
+# Replays of each call sent before its counted ones in `measure`, outside the window (see the
+# docstring): 50 left several figures 0.3-1.2 k above those of 500 or 2,000, which agree.
+WARM = 500
+
 def measure(out, variants, n, which):
     calls = json.load(open(os.path.join(out, 'calls.json')))
     cg = CG(out)
@@ -235,7 +265,7 @@ def measure(out, variants, n, which):
             sha = cg.r.call('SCRIPT', 'LOAD', bare(call)).decode()
             bcmd = ['EVALSHA', sha] + call['args'][2:]
             def run(cmd):
-                ir, secs = cg.replay(cmd, n)
+                ir, secs = cg.replay(cmd, n, WARM)
                 return round(ir - rate * secs / n)
             b = run(bcmd)
             res[(path, 'bare')] = b
@@ -384,32 +414,13 @@ def capture_group(sluice, out, n_req=64):
     scripts too) while n_req admissions with a dedup key each are sent at once, so that they
     queue in the group commit and go in one or two calls; the largest admit call is kept
     (group.json) with the library it ran (group-library.lua)."""
-    port = free_port(); work = os.path.join(out, 'gcap'); os.makedirs(work, exist_ok=True)
-    rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work], stdout=subprocess.DEVNULL)
-    wait_port(port)
-    hp = free_port(); tok = 'prof-admin-token-0123456789abcdef'
-    env = dict(os.environ, SLUICE_ADMIN_TOKEN=tok, RUST_LOG='warn', SLUICE_DEFAULT_MAX_BYTES='1000000000000', SLUICE_DEFAULT_MAX_RETAINED='1000000000000')
-    sv = subprocess.Popen([sluice, 'serve', '--listen', '127.0.0.1:%d' % hp, '--redis-url', 'redis://127.0.0.1:%d' % port, '--sweep-interval-secs', '0', '--default-max-concurrent', '1000000', '--default-max-queued', '1000000'], env=env, stdout=open(os.path.join(work, 'serve.log'), 'w'), stderr=subprocess.STDOUT)
-    base = 'http://127.0.0.1:%d' % hp
-    for _ in range(150):
-        try:
-            if http('GET', base + '/readyz')[0] == 200: break
-        except Exception: pass
-        time.sleep(0.2)
-    h = {'Authorization': 'Bearer ' + tok, 'X-Tenant-Id': 'bench-t0', 'Content-Type': 'application/json'}
+    port, base, rs, sv = serve(sluice, os.path.join(out, 'gcap'))
+    h = {'Authorization': 'Bearer ' + TOKEN, 'X-Tenant-Id': 'bench-t0', 'Content-Type': 'application/json'}
     def post(i):
         hh = dict(h, **{'Idempotency-Key': 'grp-%d' % i})
         return http('POST', base + '/api/executions', json.dumps({'flow_id': 'demo.echo', 'params': {'n': i, 'p': 'x' * 14}}), hh)[0]
     assert post(-1) == 201   # the tenant's first admission: its cfg and registries exist
-    mon = R(port); mon.send('MONITOR'); assert mon.f.readline().startswith(b'+OK')
-    lines = []
-    def reader():
-        while True:
-            l = mon.f.readline()
-            if not l: return
-            lines.append(l.decode('latin-1').rstrip('\r\n'))
-            if 'cost-mark:end' in lines[-1]: return
-    th = threading.Thread(target=reader, daemon=True); th.start()
+    lines, th = record(port)
     own = R(port)
     own.call('CLIENT', 'PAUSE', '1500', 'WRITE')
     res = [None] * n_req

@@ -6,8 +6,8 @@
 //! The library: `#!lua name=...`, the calling convention's locals (`KEYS`, `ARGV`, `P`), the
 //! helper files whole (each definition made once per load), then one `redis.register_function`
 //! per operation whose callback sets `KEYS` and `ARGV`, runs `guard.lua`, calls `begin_call()`
-//! (shard operations: the per-call state, see the end of `common.lua`) and then the
-//! operation's body.
+//! (shard operations: the per-call state, see the end of `common.lua`; not for one whose header
+//! declares that it calls it itself, [`BEGINS_ITSELF`]) and then the operation's body.
 //!
 //! A script of its own: Redis runs a script's whole chunk on every call, so every helper it
 //! defines is a closure built anew each time (about a thousand instructions each, measured
@@ -207,7 +207,7 @@ pub fn compose(
                 push(line, (lib.file, u.first_line + i));
             }
         }
-        if begins && !begins_itself(body) {
+        if begins && !begins_itself(file, body) {
             push("begin_call()", (COMPOSED, 2));
         }
     }
@@ -230,18 +230,75 @@ const COMPOSED: &str = "(composed)";
 /// The function of a library file that sets a call's state afresh (common.lua's).
 const BEGIN: &str = "begin_call";
 
-/// Whether an operation's own code calls `begin_call()` (a line's code, not its comment): it
-/// then sets its call's state where it chooses, and the composer adds no call before its
-/// first line. `admit.lua` does, so that a replay is answered before it (the state it sets is
-/// a fresh admission's, and it costs a replay about 2,400 instructions: bench/README.md,
-/// "Round five: admission").
-pub fn begins_itself(body: &str) -> bool {
-    body.lines()
-        .any(|l| l.split("--").next().unwrap_or("").contains("begin_call()"))
+/// The line of an operation's header (its leading comment block) by which it declares that
+/// its own code calls `begin_call()`: it then sets its call's state where it chooses, and the
+/// composer adds no call before its first line. `admit.lua` does, so that a replay is answered
+/// before it (the state it sets is a fresh admission's, and it costs a replay about 2,400
+/// instructions: bench/README.md, "Round five: admission").
+///
+/// A declaration, not a search of the code for `begin_call()`: a comment moved, a helper
+/// renamed or a string naming it would otherwise change what the composer emits without a
+/// word. A unit test holds every declaration to the code (`begin_declaration_matches_code`).
+pub const BEGINS_ITSELF: &str = "-- begin_call: itself";
+
+/// Whether `body` (an operation's lines after its shebang) declares [`BEGINS_ITSELF`]; `Err`
+/// for a declaration that is not exactly that line, is given twice, or stands anywhere but in
+/// the leading comment block.
+pub fn begin_declaration(body: &str) -> Result<bool, String> {
+    let mut declared = false;
+    let mut in_header = true;
+    for (i, line) in body.lines().enumerate() {
+        let at = i + 2;
+        in_header = in_header && line.starts_with("--");
+        if !line.trim_start().starts_with("-- begin_call:") {
+            continue;
+        }
+        if line != BEGINS_ITSELF {
+            return Err(format!("line {at}: {line:?} is not {BEGINS_ITSELF:?}"));
+        }
+        if !in_header {
+            return Err(format!("line {at}: {BEGINS_ITSELF:?} outside the header"));
+        }
+        if declared {
+            return Err(format!("line {at}: {BEGINS_ITSELF:?} twice"));
+        }
+        declared = true;
+    }
+    Ok(declared)
+}
+
+/// [`begin_declaration`] of operation `file`; panics on a malformed declaration (the
+/// operations are compiled in; the unit tests compose every one).
+fn begins_itself(file: &str, body: &str) -> bool {
+    begin_declaration(body).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// `Err` unless `body` (an operation's lines after its shebang) declares [`BEGINS_ITSELF`]
+/// exactly when its code calls `begin_call()`, itself or through a helper of `library` it
+/// reaches (comments and strings are not code).
+#[cfg(test)]
+pub fn begin_declaration_matches_code(body: &str, library: Option<&Library>) -> Result<(), String> {
+    let declared = begin_declaration(body)?;
+    let through_helper = library.is_some_and(|lib| {
+        lib.needed_by(body)
+            .iter()
+            .any(|u| !u.defines.iter().any(|d| d == BEGIN) && u.mentions.contains(BEGIN))
+    });
+    let calls = mentioned_names(body).contains(BEGIN) || through_helper;
+    match (declared, calls) {
+        (true, false) => Err(format!(
+            "declares {BEGINS_ITSELF:?} but never calls {BEGIN}()"
+        )),
+        (false, true) => Err(format!(
+            "calls {BEGIN}() without {BEGINS_ITSELF:?} in its header"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// One operation of a library: its file, its text (shebang first) and whether it starts with
-/// the shard helpers' `begin_call()`.
+/// the shard helpers' `begin_call()` (unless its header says it calls it itself,
+/// [`BEGINS_ITSELF`]).
 pub struct LibraryOp {
     pub file: &'static str,
     pub text: &'static str,
@@ -320,7 +377,7 @@ pub fn library(
         for (i, line) in guard.1.lines().enumerate() {
             push(line, (guard.0, i + 1));
         }
-        if op.begins && !begins_itself(body) {
+        if op.begins && !begins_itself(op.file, body) {
             push("begin_call()", (COMPOSED, 4));
         }
         for (i, line) in per_call {
@@ -649,6 +706,108 @@ notify = function() announce() end
         // A message about a script not composed here is left alone.
         let other = "ERR user_script:3: boom script: ffffffffffffffffffffffffffffffffffffffff";
         assert_eq!(locate(other), other);
+    }
+
+    /// A library with per-call state, as common.lua has.
+    const STATEFUL: &str = "-- state.lua\n\nlocal STATE\n\nlocal function begin_call()\n  \
+                            STATE = {}\nend\n\nlocal function begin_here()\n  begin_call()\nend\n";
+
+    /// How many `begin_call()` lines the composer itself wrote into `c`.
+    fn composed_begins(c: &Composed) -> usize {
+        c.source
+            .lines()
+            .zip(&c.origins)
+            .filter(|(l, (file, _))| *file == COMPOSED && *l == "begin_call()")
+            .count()
+    }
+
+    #[test]
+    fn an_operation_declares_that_it_begins_its_call_itself_and_its_code_agrees() {
+        let lib = Library::parse("state.lua", STATEFUL);
+        let body = |header: &str, code: &str| format!("-- op.lua\n{header}--\n{code}");
+        let declared = format!("{BEGINS_ITSELF}\n");
+        let cases = [
+            // (header, code, what the check says, whether the composer begins the call)
+            (
+                declared.as_str(),
+                "if x then begin_call() end\n",
+                Ok(()),
+                false,
+            ),
+            (declared.as_str(), "begin_here()\n", Ok(()), false),
+            ("", "return 1\n", Ok(()), true),
+            // Text that names it but is no call: a comment, a string.
+            (
+                "",
+                "-- begin_call() runs first\nreturn 'begin_call()'\n",
+                Ok(()),
+                true,
+            ),
+            (
+                declared.as_str(),
+                "-- begin_call()\nreturn 'begin_call()'\n",
+                Err("never calls"),
+                false,
+            ),
+            ("", "begin_call()\n", Err("without"), true),
+            ("", "begin_here()\n", Err("without"), true),
+        ];
+        for (header, code, check, composer_begins) in cases {
+            let body = body(header, code);
+            let got = begin_declaration_matches_code(&body, Some(&lib));
+            match check {
+                Ok(()) => assert_eq!(got, Ok(()), "{body}"),
+                Err(says) => assert!(
+                    got.as_ref().is_err_and(|e| e.contains(says)),
+                    "{body}: {got:?}"
+                ),
+            }
+            let op: &'static str = Box::leak(format!("#!lua\n{body}").into_boxed_str());
+            let c = compose("op.lua", op, &[], Some(&lib));
+            assert_eq!(
+                composed_begins(&c),
+                usize::from(composer_begins),
+                "{}",
+                c.source
+            );
+            let l = library(
+                "lib",
+                &[("state.lua", STATEFUL)],
+                ("guard.lua", ""),
+                &[LibraryOp {
+                    file: "op.lua",
+                    text: op,
+                    begins: true,
+                }],
+            );
+            assert_eq!(
+                composed_begins(&l),
+                usize::from(composer_begins),
+                "{}",
+                l.source
+            );
+        }
+    }
+
+    #[test]
+    fn a_declaration_that_is_not_exactly_the_line_is_refused() {
+        for bad in [
+            "-- op.lua\n-- begin_call: yes\nreturn 1\n",
+            "-- op.lua\n-- begin_call: itself.\nreturn 1\n",
+            "-- op.lua\n-- begin_call: itself\n-- begin_call: itself\nbegin_call()\n",
+            "-- op.lua\nbegin_call()\n-- begin_call: itself\n",
+            "-- op.lua\n\n-- begin_call: itself\nbegin_call()\n",
+        ] {
+            assert!(begin_declaration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            begin_declaration("-- op.lua\n-- begin_call: itself\nx()\n"),
+            Ok(true)
+        );
+        assert_eq!(
+            begin_declaration("-- op.lua\n-- begin_call() first\nx()\n"),
+            Ok(false)
+        );
     }
 
     #[test]

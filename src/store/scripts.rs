@@ -6,7 +6,8 @@
 //! common.lua, acl_keys.lua         the helpers, whole: defined once, when the library loads
 //! per operation: a function sluice_<hash>_<operation> with the flags of its shebang line:
 //!   guard.lua                      prefix/KEYS check, freeze marker (every function)
-//!   begin_call()                   the shard helpers' per-call state, set afresh
+//!   begin_call()                   the shard helpers' per-call state, set afresh (none where
+//!                                  the header says `-- begin_call: itself`: admit.lua)
 //!   <the operation's body>
 //! ```
 //!
@@ -304,14 +305,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_shard_function_begins_its_call_after_the_guard_but_admit_which_begins_it_itself() {
-        // admit.lua runs begin_call() past its dedup lookup (a replay is answered before it);
-        // every other shard operation gets the composer's call right after the guard.
+    fn every_shard_function_begins_its_call_after_the_guard_unless_it_declares_it_does() {
+        // admit.lua declares that it runs begin_call() itself, past its dedup lookup (a replay
+        // is answered before it); every other shard operation gets the composer's call right
+        // after the guard. Each declaration is held to the code, in both directions.
         let lib = library();
         let guard_end = "TRYAGAIN shard frozen for a slot move')\nend\n";
         let mut shard_ops = 0;
         for &(file, kind, text) in TABLE {
-            let own = compose::begins_itself(text.split_once('\n').map_or("", |(_, b)| b));
+            let body = text.split_once('\n').map_or("", |(_, b)| b);
+            let helpers = match kind {
+                Kind::Shard => Some(common()),
+                Kind::Acl => Some(acl_keys()),
+                Kind::Meta => None,
+            };
+            compose::begin_declaration_matches_code(body, helpers)
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            let own = compose::begin_declaration(body).unwrap();
             assert_eq!(own, file == "admit.lua", "{file}");
             if !matches!(kind, Kind::Shard) {
                 continue;

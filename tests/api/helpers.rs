@@ -2,12 +2,13 @@
 //! application on port 0) whose methods speak the API as a client would.
 //!
 //! The fixtures live in `helpers/`: the Redis a test owns (`redis.rs`: `TestRedis`), the real
-//! application (`app.rs`: `TestApp`) and a `sluice worker` child process (`worker.rs`:
-//! `TestWorker`). This file re-exports them under the names the tests import
+//! application (`app.rs`: `TestApp`), a `sluice worker` child process (`worker.rs`:
+//! `TestWorker`) and a loopback proxy in front of Redis (`proxy.rs`: `TestProxy`). This file re-exports them under the names the tests import
 //! (`crate::helpers::TestApp`, ...) and holds the small helpers that belong to no fixture.
 
 mod app;
 mod dedup;
+mod proxy;
 mod redis;
 mod serve;
 mod worker;
@@ -20,6 +21,7 @@ use serde_json::{Value, json};
 
 pub use self::app::{ADMIN_TOKEN, DedupMapping, METRICS_TOKEN, TestApp};
 pub use self::dedup::dedup_orphans;
+pub use self::proxy::{ProxiedConnection, TestProxy};
 pub use self::redis::{TestRedis, cluster_mode, shard_no};
 pub use self::serve::TestServe;
 pub use self::worker::{FAST_WORKER, TestWorker, flows_file};

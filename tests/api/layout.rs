@@ -20,7 +20,7 @@ use sluice::domain::ExecutionId;
 use sluice::migrate::{Limits, migrate_layout_with};
 use sluice::store::{Layout, Outcome, ShardMap, keys};
 
-use crate::helpers::{TestApp, TestWorker, problem_code, sluice_bin};
+use crate::helpers::{ProxiedConnection, TestApp, TestProxy, TestWorker, problem_code, sluice_bin};
 
 /// Row field names of layouts 1 and 2, by their layout-3 name.
 const OLD_NAMES: &[(&str, &str)] = &[
@@ -883,9 +883,8 @@ enum Cut {
 /// the proxy, so Redis finished it). Client requests are RESP arrays of bulk strings (what
 /// redis-rs sends), parsed to count the batches.
 struct CuttingProxy {
-    port: u16,
+    proxy: TestProxy,
     reached: std::sync::Arc<tokio::sync::Notify>,
-    accepting: tokio::task::JoinHandle<()>,
 }
 
 impl CuttingProxy {
@@ -893,110 +892,97 @@ impl CuttingProxy {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let reached = Arc::new(tokio::sync::Notify::new());
         let batches = Arc::new(AtomicUsize::new(0));
         let cut_done = Arc::new(AtomicBool::new(false));
         let notify = reached.clone();
-        let accepting = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
-                else {
-                    continue;
-                };
-                let (mut client_r, mut client_w) = client.into_split();
-                let (mut server_r, mut server_w) = server.into_split();
-                // Set once this connection's batch is cut after Redis received it: its
-                // answer is held back.
-                let hold = Arc::new(AtomicBool::new(false));
-                let (batches, cut_done, sent, held) = (
-                    batches.clone(),
-                    cut_done.clone(),
-                    notify.clone(),
-                    hold.clone(),
-                );
-                tokio::spawn(async move {
-                    let mut pending = Vec::new();
-                    let mut buf = vec![0u8; 64 * 1024];
-                    // Bounded: ends when either side closes.
-                    while let Ok(k) = client_r.read(&mut buf).await {
-                        if k == 0 || cut_done.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        pending.extend_from_slice(&buf[..k]);
-                        while let Some((len, args)) = resp_command(&pending) {
-                            let command: Vec<u8> = pending.drain(..len).collect();
-                            let batch = match args.first().map(|a| a.to_ascii_uppercase()) {
-                                Some(c) if c == b"EVALSHA" => true,
-                                Some(c) if c == b"FCALL" => {
-                                    args.get(1).is_some_and(|f| f.ends_with(b"relayout_dedup"))
-                                }
-                                _ => false,
-                            };
-                            let at_cut = batch && batches.fetch_add(1, Ordering::SeqCst) + 1 == nth;
-                            if at_cut {
-                                cut_done.store(true, Ordering::SeqCst);
-                                if let Cut::Unsent = cut {
-                                    sent.notify_one();
-                                    // Held open (Redis dies with the batch in flight) until
-                                    // the migrator gives up.
-                                    let _ = client_r.read(&mut buf).await;
-                                    return;
-                                }
-                                held.store(true, Ordering::SeqCst);
+        let proxy = TestProxy::start(redis_port, move |conn| {
+            let ProxiedConnection {
+                mut client_r,
+                mut client_w,
+                mut server_r,
+                mut server_w,
+            } = conn;
+            // Set once this connection's batch is cut after Redis received it: its answer is
+            // held back.
+            let hold = Arc::new(AtomicBool::new(false));
+            let (batches, cut_done, sent, held) = (
+                batches.clone(),
+                cut_done.clone(),
+                notify.clone(),
+                hold.clone(),
+            );
+            tokio::spawn(async move {
+                let mut pending = Vec::new();
+                let mut buf = vec![0u8; 64 * 1024];
+                // Bounded: ends when either side closes.
+                while let Ok(k) = client_r.read(&mut buf).await {
+                    if k == 0 || cut_done.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    pending.extend_from_slice(&buf[..k]);
+                    while let Some((len, args)) = resp_command(&pending) {
+                        let command: Vec<u8> = pending.drain(..len).collect();
+                        let batch = match args.first().map(|a| a.to_ascii_uppercase()) {
+                            Some(c) if c == b"EVALSHA" => true,
+                            Some(c) if c == b"FCALL" => {
+                                args.get(1).is_some_and(|f| f.ends_with(b"relayout_dedup"))
                             }
-                            if server_w.write_all(&command).await.is_err() {
-                                return;
-                            }
-                            if at_cut {
+                            _ => false,
+                        };
+                        let at_cut = batch && batches.fetch_add(1, Ordering::SeqCst) + 1 == nth;
+                        if at_cut {
+                            cut_done.store(true, Ordering::SeqCst);
+                            if let Cut::Unsent = cut {
+                                sent.notify_one();
+                                // Held open (Redis dies with the batch in flight) until the
+                                // migrator gives up.
                                 let _ = client_r.read(&mut buf).await;
                                 return;
                             }
+                            held.store(true, Ordering::SeqCst);
                         }
-                    }
-                });
-                let ran = notify.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    // Bounded: ends when Redis closes (or dies).
-                    while let Ok(k) = server_r.read(&mut buf).await {
-                        if k == 0 {
+                        if server_w.write_all(&command).await.is_err() {
                             return;
                         }
-                        if hold.load(Ordering::SeqCst) {
-                            // The cut batch's answer: Redis ran it. Nothing more passes.
-                            ran.notify_one();
-                            let _ = server_r.read(&mut buf).await;
-                            return;
-                        }
-                        if client_w.write_all(&buf[..k]).await.is_err() {
+                        if at_cut {
+                            let _ = client_r.read(&mut buf).await;
                             return;
                         }
                     }
-                });
-            }
-        });
-        Self {
-            port,
-            reached,
-            accepting,
-        }
+                }
+            });
+            let ran = notify.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                // Bounded: ends when Redis closes (or dies).
+                while let Ok(k) = server_r.read(&mut buf).await {
+                    if k == 0 {
+                        return;
+                    }
+                    if hold.load(Ordering::SeqCst) {
+                        // The cut batch's answer: Redis ran it. Nothing more passes.
+                        ran.notify_one();
+                        let _ = server_r.read(&mut buf).await;
+                        return;
+                    }
+                    if client_w.write_all(&buf[..k]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        })
+        .await;
+        Self { proxy, reached }
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        self.proxy.url()
     }
 
     /// Returns once the batch is cut (in flight, or run with its answer held back).
     async fn cut_reached(&self) {
         self.reached.notified().await;
-    }
-}
-
-impl Drop for CuttingProxy {
-    fn drop(&mut self) {
-        self.accepting.abort();
     }
 }
 
@@ -1062,6 +1048,43 @@ async fn held_commands(app: &TestApp) -> Vec<String> {
     out
 }
 
+/// Where a test that cuts a move again and again starts: a Redis that has every write on
+/// disk before it answers (`appendfsync always`: a batch Redis ran survives its SIGKILL),
+/// three tenants on distinct shards populated, what they read and which rows they have, then
+/// layout 2 (downgraded), and the migrator's config and limits (batches of 4, no cap).
+struct CutStart {
+    app: TestApp,
+    tenants: Vec<String>,
+    ids: Vec<(String, String)>,
+    before: BTreeMap<String, Value>,
+    rows: BTreeSet<String>,
+    config: sluice::store::StoreConfig,
+    limits: Limits,
+}
+
+async fn cut_start() -> CutStart {
+    let app = TestApp::spawn().await;
+    app.redis.fsync_always().await;
+    let tenants = tenants_in_distinct_shards(&app, 3, None);
+    let ids = populate(&app, &tenants).await;
+    let before = snapshot(&app, &ids).await;
+    let rows = row_keys(&app).await;
+    let config = app.store().await.config().clone();
+    downgrade(&app, 2).await;
+    CutStart {
+        app,
+        tenants,
+        ids,
+        before,
+        rows,
+        config,
+        limits: Limits {
+            batch: 4,
+            max_batches: None,
+        },
+    }
+}
+
 /// Redis fails the migration in the middle of a batch, again and again at a later batch each
 /// time (the `nth` doubling), each way in turn: the batch never reaches Redis, which dies
 /// (SIGKILL, then a restart on the same port and AOF); Redis runs it and dies before it
@@ -1078,24 +1101,20 @@ async fn a_migration_cut_mid_batch_by_a_dying_or_stalled_redis_is_finished_by_a_
     if crate::helpers::cluster_mode() {
         return;
     }
-    let mut app = TestApp::spawn().await;
-    app.redis.fsync_always().await;
-    let tenants = tenants_in_distinct_shards(&app, 3, None);
-    let ids = populate(&app, &tenants).await;
-    let before = snapshot(&app, &ids).await;
-    let rows = row_keys(&app).await;
+    let CutStart {
+        mut app,
+        tenants,
+        ids,
+        before,
+        rows,
+        mut config,
+        limits,
+    } = cut_start().await;
     // What each tenant's "<t>-keyed" dedup key maps to (the eighth execution `populate` admits).
     let keyed: Vec<String> = tenants
         .iter()
         .map(|t| ids.iter().filter(|(x, _)| x == t).nth(7).unwrap().1.clone())
         .collect();
-    let mut config = app.store().await.config().clone();
-    downgrade(&app, 2).await;
-
-    let limits = Limits {
-        batch: 4,
-        max_batches: None,
-    };
     let ways = [Cut::Unsent, Cut::Unanswered, Cut::Stalled];
     let mut nth = 1;
     let mut cuts = Vec::new();
@@ -1159,19 +1178,15 @@ async fn on_a_cluster_a_migration_cut_mid_batch_by_dying_masters_is_finished_by_
     if !crate::helpers::cluster_mode() {
         return;
     }
-    let mut app = TestApp::spawn().await;
-    app.redis.fsync_always().await;
-    let tenants = tenants_in_distinct_shards(&app, 3, None);
-    let ids = populate(&app, &tenants).await;
-    let before = snapshot(&app, &ids).await;
-    let rows = row_keys(&app).await;
-    let config = app.store().await.config().clone();
-    downgrade(&app, 2).await;
-
-    let limits = Limits {
-        batch: 4,
-        max_batches: None,
-    };
+    let CutStart {
+        mut app,
+        ids,
+        before,
+        rows,
+        config,
+        limits,
+        ..
+    } = cut_start().await;
     let mut pass = 0;
     let mut cuts = Vec::new();
     let moved = 'runs: loop {

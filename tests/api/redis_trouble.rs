@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, problem_code};
+use crate::helpers::{ProxiedConnection, TestApp, TestProxy, problem_code};
 
 /// Retries `POST` until it answers 201, for at most `limit` (Redis coming back up).
 async fn admit_when_back(app: &TestApp, limit: Duration) -> Value {
@@ -220,7 +220,7 @@ async fn admission_survives_function_flush() {
 /// delays one connection more than another. It lets a test make a later call on one
 /// connection reach Redis before an earlier call on another.
 struct ReorderingProxy {
-    port: u16,
+    proxy: TestProxy,
     state: std::sync::Arc<std::sync::Mutex<ProxyState>>,
 }
 
@@ -236,56 +236,53 @@ struct ProxyState {
 impl ReorderingProxy {
     async fn start(redis_port: u16) -> Self {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let state = std::sync::Arc::new(std::sync::Mutex::new(ProxyState::default()));
         let shared = state.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
-                else {
-                    continue;
-                };
-                let (mut client_r, mut client_w) = client.into_split();
-                let (mut server_r, mut server_w) = server.into_split();
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-                let n = {
-                    let mut s = shared.lock().unwrap();
-                    s.upstream.push(Some(tx));
-                    s.upstream.len() - 1
-                };
-                tokio::spawn(async move {
-                    while let Some(bytes) = rx.recv().await {
-                        if server_w.write_all(&bytes).await.is_err() {
-                            return;
-                        }
+        let proxy = TestProxy::start(redis_port, move |conn| {
+            let ProxiedConnection {
+                mut client_r,
+                mut client_w,
+                mut server_r,
+                mut server_w,
+            } = conn;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+            let n = {
+                let mut s = shared.lock().unwrap();
+                s.upstream.push(Some(tx));
+                s.upstream.len() - 1
+            };
+            tokio::spawn(async move {
+                while let Some(bytes) = rx.recv().await {
+                    if server_w.write_all(&bytes).await.is_err() {
+                        return;
                     }
-                });
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(k) = client_r.read(&mut buf).await {
-                        if k == 0 {
-                            return;
-                        }
-                        let mut s = state.lock().unwrap();
-                        if s.holding {
-                            s.held.push((n, buf[..k].to_vec()));
-                        } else if let Some(tx) = &s.upstream[n] {
-                            let _ = tx.send(buf[..k].to_vec());
-                        }
+                }
+            });
+            let state = shared.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(k) = client_r.read(&mut buf).await {
+                    if k == 0 {
+                        return;
                     }
-                });
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut server_r, &mut client_w).await;
-                });
-            }
-        });
-        Self { port, state }
+                    let mut s = state.lock().unwrap();
+                    if s.holding {
+                        s.held.push((n, buf[..k].to_vec()));
+                    } else if let Some(tx) = &s.upstream[n] {
+                        let _ = tx.send(buf[..k].to_vec());
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut server_r, &mut client_w).await;
+            });
+        })
+        .await;
+        Self { proxy, state }
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        self.proxy.url()
     }
 
     fn hold(&self) {

@@ -106,10 +106,15 @@ impl TestWorker {
 
 impl Drop for TestWorker {
     fn drop(&mut self) {
-        // A stopped process must be continued to die promptly.
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .status();
+        // A stopped process must be continued to die promptly. One already reaped (`kill9`,
+        // `wait_exit`, `is_running` saw it exit) is gone, and its pid may be another
+        // process's by now: `kill` would print "No such process" into the suite's output.
+        // One not reaped is still there (stopped, running or a zombie), so this cannot race.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.child.id().to_string()])
+                .status();
+        }
         self.kill9();
     }
 }
