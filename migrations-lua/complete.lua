@@ -30,8 +30,10 @@
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  dlq_cap: the most dead-letter records the shard keeps
 -- ARGV[7]  dlq_tenant_cap: the most one tenant keeps (see dead_letter in common.lua)
--- ARGV[8]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
--- ARGV[9..] reports: for each report in order, 12 values:
+-- ARGV[8]  start_log: '1' to append the starts of chains to the shard's start log, '0' not
+--          (`--start-log`, see start_entries() in common.lua)
+-- ARGV[9]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
+-- ARGV[10..] reports: for each report in order, 12 values:
 --   +0  id: execution id
 --   +1  fence: the fence of the run the worker held
 --   +2  consumer: the worker's consumer name
@@ -185,7 +187,7 @@ end
 -- Per call: what record() shares, set afresh.
 caps, now = nil, nil
 -- (Arithmetic converts the text: no tonumber() call.)
-local n = ARGV[8] + 0
+local n = ARGV[9] + 0
 
 -- A report repeated after its answer was lost (or sent for another tenant) changes nothing:
 -- alone in its call, it is answered from its row alone, before the shard's keys are checked
@@ -194,8 +196,8 @@ local n = ARGV[8] + 0
 -- the keys it does not touch are checked when a report does.
 local first = nil
 if n == 1 then
-  first = redis.call('HMGET', declared(8, K.row(ARGV[9])), unpack(REPORT_FIELDS))
-  local what = quiet(first, 9)
+  first = redis.call('HMGET', declared(8, K.row(ARGV[10])), unpack(REPORT_FIELDS))
+  local what = quiet(first, 10)
   if what then return what end
 end
 
@@ -209,7 +211,7 @@ now = now_ms()
 -- Every report's keys are checked before anything is written.
 local rows = {}
 for r = 1, n do
-  local a, k = 9 + (r - 1) * 12, 7 + (r - 1) * 2
+  local a, k = 10 + (r - 1) * 12, 7 + (r - 1) * 2
   -- (A call of one report checked its row above.)
   rows[r] = first and KEYS[8] or declared(k + 1, K.row(ARGV[a]))
   declared(k + 2, K.adopted(ARGV[a + 2]))
@@ -222,7 +224,7 @@ local told = false
 -- changed after it (a retry scheduled, a start throttled): then next_due() reads it again.
 local wait, promoted = nil, false
 for r = 1, n do
-  local a = 9 + (r - 1) * 12
+  local a = 10 + (r - 1) * 12
   local consumer = ARGV[a + 2]
   local chain, ttl = ARGV[a + 8] + 0, ARGV[a + 9] + 0
   local what, detail = record(rows[r], a, first)
@@ -234,7 +236,8 @@ for r = 1, n do
     end
     caps = caps or dlq_caps(ARGV[6], ARGV[7])
     -- The adoption barrier is checked by start_entries() once it finds something to start.
-    more, started = start_entries(consumer, chain, ttl, caps, now, nil, ARGV[a + 10] + 0)
+    more, started = start_entries(consumer, chain, ttl, caps, now, ARGV[8] == '1', nil,
+      ARGV[a + 10] + 0)
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end
   end

@@ -518,6 +518,7 @@ pub(super) fn invocation<'a>(
                 dead_letter_holders: keys.dead_letter_holders.clone(),
                 dlq_cap: policy.dlq_cap.load(Ordering::Relaxed),
                 dlq_tenant_cap: policy.dlq_tenant_cap.load(Ordering::Relaxed),
+                start_log: u8::from(policy.start_log.load(Ordering::Relaxed)),
                 count: items.len(),
                 reports: items,
             },
@@ -547,7 +548,7 @@ script_call! {
     /// `migrations-lua/complete.lua`: a group of reports of ended runs of one shard.
     pub(super) struct CompleteCall<'a> {
         keys { runnable, leases, delayed, dead_letters, stats, dead_letter_holders }
-        args { dlq_cap: u64, dlq_tenant_cap: u64, count: usize }
+        args { dlq_cap: u64, dlq_tenant_cap: u64, start_log: u8, count: usize }
         items { reports: super::lease::ReportItem<'static> }
     }
 }

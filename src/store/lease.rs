@@ -135,6 +135,7 @@ impl Store {
                 lease_ttl_ms: lease_ttl.as_millis() as u64,
                 dlq_cap: self.dlq_cap(),
                 call,
+                start_log: self.start_log(),
                 only: only.iter().map(TenantId::as_str).collect(),
             },
         );
@@ -551,7 +552,14 @@ script_call! {
     /// `migrations-lua/start.lua`: starts up to `count` executions for one worker.
     pub(super) struct StartCall<'a> {
         keys { runnable, delayed, leases, dead_letters, stats, dead_letters_indexed, adopted }
-        args { consumer: &'a str, count: usize, lease_ttl_ms: u64, dlq_cap: u64, call: u64 }
+        args {
+            consumer: &'a str,
+            count: usize,
+            lease_ttl_ms: u64,
+            dlq_cap: u64,
+            call: u64,
+            start_log: u8,
+        }
         arg_tail { only: Vec<&'a str> }
     }
 }

@@ -32,6 +32,8 @@ fn start_call(s: Shard, count: u32) -> (Vec<String>, Vec<String>) {
         TTL_MS.into(),
         "1000".into(),
         "0".into(),
+        // No start log (the default).
+        "0".into(),
     ]);
     (keys, args)
 }
@@ -61,6 +63,8 @@ fn complete_call(
         [
             "1000",
             "100",
+            // No start log (the default).
+            "0",
             "1",
             id.as_str(),
             fence,
