@@ -58,10 +58,13 @@
 --       acting for a tenant): a run of another tenant is 'stale' to it, and not counted as
 --       fenced; '' for any
 --
--- Reply: one entry per report, in order, each {what, detail, more, started, next_due,
--- weight}; the last four as start.lua's (more 0 and started {} when nothing was asked for, or
--- when the report was stale or a repeat: then nothing starts); next_due and weight are the
--- same in every entry: the shard's after the whole call. Except:
+-- Reply: one entry per report, in order, each {what, detail, started} (started as start.lua's;
+-- {} when nothing was asked for, or when the report was stale or a repeat: then nothing
+-- starts), then one entry more, the shard's after the whole call: {next_due, weight} (as
+-- start.lua's). The shard's part comes once per call, not in every report of a group:
+-- src/store/commit.rs hands it to each report. Whether a tenant can still start something
+-- (start.lua's `more`) is not answered: `sluice worker` asks its next start call, not the
+-- chain. Except:
 -- - a report that names its tenant (ARGV[+11], a pull worker's: `POST
 --   /api/worker/runs/{id}/complete`) and chains nothing gets {what, detail} alone: the pull
 --   API answers its outcome and nothing of the shard, so the call reads neither the due time
@@ -229,14 +232,15 @@ for r = 1, n do
   local chain, ttl = ARGV[a + 8] + 0, ARGV[a + 9] + 0
   local what, detail = record(rows[r], a, first)
   if what == 'retrying' then wait = nil end
-  local more, started = 0, NONE_STARTED
+  local started = NONE_STARTED
   if chain > 0 and what ~= 'stale' and what ~= 'repeat' then
     if not promoted then
       wait, promoted = promote_due(now, 100), true
     end
     caps = caps or dlq_caps(ARGV[6], ARGV[7])
     -- The adoption barrier is checked by start_entries() once it finds something to start.
-    more, started = start_entries(consumer, chain, ttl, caps, now, ARGV[8] == '1', nil,
+    local _
+    _, started = start_entries(consumer, chain, ttl, caps, now, ARGV[8] == '1', nil,
       ARGV[a + 10] + 0)
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end
@@ -245,18 +249,15 @@ for r = 1, n do
     -- A pull worker's report (it names its tenant) asks for its outcome alone (see Reply).
     replies[r] = { what, detail }
   else
-    replies[r] = { what, detail, more, started }
+    replies[r] = { what, detail, started }
     told = true
   end
 end
 flush_trends()
 flush_usage()
 if told then
-  local due, weight = wait or next_due(now), eligible_weight()
-  for r = 1, n do
-    local reply = replies[r]
-    if reply[3] then reply[5], reply[6] = due, weight end
-  end
+  -- The shard's part, once (see Reply).
+  replies[n + 1] = { wait or next_due(now), eligible_weight() }
 elseif n == 1 then
   -- One outcome alone: one string (see Reply).
   local reply = replies[1]

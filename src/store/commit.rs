@@ -386,6 +386,22 @@ impl GroupCommit {
                     return all(&|| Outcome::Failed(e.clone()));
                 }
             };
+        // `complete.lua` answers the shard's part ({next_due, weight}) once, after the reports,
+        // when a report asked for it: each such report (its {what, detail, started}) is
+        // handed it here, so every report reads as if it had come alone.
+        let mut replies = replies;
+        let shard_part = match self.kind {
+            Batched::Complete if replies.len() == items.len() + 1 => replies.pop(),
+            _ => None,
+        };
+        let shard_part: Vec<Value> = match shard_part.map(redis::from_redis_value) {
+            None => Vec::new(),
+            Some(Ok(part)) => part,
+            Some(Err(e)) => {
+                let e = StoreError::Corrupt(format!("complete's shard part: {e}"));
+                return all(&|| Outcome::Failed(e.clone()));
+            }
+        };
         if replies.len() != items.len() {
             let e = StoreError::Corrupt(format!(
                 "{} answered {} replies for {} items",
@@ -408,7 +424,12 @@ impl GroupCommit {
                         "{name}: {message} (script: {sha})"
                     ))))
                 }
-                Ok(reply) => Outcome::Reply(reply),
+                Ok(mut reply) => {
+                    if reply.len() == 3 {
+                        reply.extend(shard_part.iter().cloned());
+                    }
+                    Outcome::Reply(reply)
+                }
                 Err(e) => Outcome::Failed(StoreError::Corrupt(format!("{name} reply: {e}"))),
             })
             .collect()

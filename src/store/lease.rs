@@ -396,20 +396,17 @@ impl Store {
             };
             return Ok((completion_of(&what, &detail)?, StartBatch::default()));
         }
-        let (what, detail, more, runs, next_due, weight): (
-            String,
-            String,
-            u8,
-            Vec<RunReply>,
-            i64,
-            u64,
-        ) = redis::from_redis_value(Value::Array(reply))?;
+        // {what, detail, started} and the call's shard part, which the commit layer handed
+        // to this report (`complete.lua` answers it once per call).
+        let (what, detail, runs, next_due, weight): (String, String, Vec<RunReply>, i64, u64) =
+            redis::from_redis_value(Value::Array(reply))?;
         let done = completion_of(&what, &detail)?;
         Ok((
             done,
             StartBatch {
                 started: runs_of(shard, runs)?,
-                more: more == 1,
+                // A completion does not say (see `StartBatch::more`).
+                more: false,
                 next_due: due_in(next_due),
                 weight,
             },
@@ -453,9 +450,11 @@ pub struct StartBatch {
     /// The executions it started, for the caller to run.
     pub started: Vec<Started>,
     /// Whether a tenant of the shard can still start something: the caller asks again (with
-    /// a free slot) instead of waiting for the doorbell. `false` means nothing can start now
-    /// (and the call cleared the shard's doorbell; a completion's chain that found nothing to
-    /// start leaves it, see `start_entries` in `migrations-lua/common.lua`).
+    /// a free slot) instead of waiting for the doorbell. From `start`, `false` means nothing
+    /// can start now (and the call cleared the shard's doorbell). A completion's chain does
+    /// not tell (always `false` there: `complete.lua` does not answer it, since the worker
+    /// learns it from its next start and the doorbell, see `start_entries` in
+    /// `migrations-lua/common.lua`).
     pub more: bool,
     /// How long until the shard's earliest scheduled execution (or retry) is due, if any: the
     /// caller wakes then on its own timer (a Redis blocking time-out would fire only at `hz`
