@@ -388,7 +388,8 @@ impl GroupCommit {
             };
         // `complete.lua` answers the shard's part ({next_due, weight}) once, after the reports,
         // when a report asked for it: each such report (its {what, detail, started}) is
-        // handed it here, so every report reads as if it had come alone.
+        // handed it here, so every report reads as if it had come alone. (A call of one
+        // report has it in the report already: {what, detail, started, next_due, weight}.)
         let mut replies = replies;
         let shard_part = match self.kind {
             Batched::Complete if replies.len() == items.len() + 1 => replies.pop(),
