@@ -30,8 +30,10 @@
 -- ARGV[1..5] common: see common.lua
 -- ARGV[6]  dlq_cap: the most dead-letter records the shard keeps
 -- ARGV[7]  dlq_tenant_cap: the most one tenant keeps (see dead_letter in common.lua)
--- ARGV[8]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
--- ARGV[9..] reports: for each report in order, 12 values:
+-- ARGV[8]  start_log: '1' to append the starts of chains to the shard's start log, '0' not
+--          (`--start-log`, see start_entries() in common.lua)
+-- ARGV[9]  count: the number of reports, 1..32 (COMPLETION_GROUP in src/store/commit.rs)
+-- ARGV[10..] reports: for each report in order, 12 values:
 --   +0  id: execution id
 --   +1  fence: the fence of the run the worker held
 --   +2  consumer: the worker's consumer name
@@ -56,10 +58,15 @@
 --       acting for a tenant): a run of another tenant is 'stale' to it, and not counted as
 --       fenced; '' for any
 --
--- Reply: one entry per report, in order, each {what, detail, more, started, next_due,
--- weight}; the last four as start.lua's (more 0 and started {} when nothing was asked for, or
--- when the report was stale or a repeat: then nothing starts); next_due and weight are the
--- same in every entry: the shard's after the whole call. Except:
+-- Reply: one entry per report, in order, each {what, detail, started} (started as start.lua's;
+-- {} when nothing was asked for, or when the report was stale or a repeat: then nothing
+-- starts), then one entry more, the shard's after the whole call: {next_due, weight} (as
+-- start.lua's). The shard's part comes once per call, not in every report of a group:
+-- src/store/commit.rs hands it to each report. A call of one report answers
+-- {{what, detail, started, next_due, weight}} instead (one table less to convert).
+-- Whether a tenant can still start something
+-- (start.lua's `more`) is not answered: `sluice worker` asks its next start call, not the
+-- chain. Except:
 -- - a report that names its tenant (ARGV[+11], a pull worker's: `POST
 --   /api/worker/runs/{id}/complete`) and chains nothing gets {what, detail} alone: the pull
 --   API answers its outcome and nothing of the shard, so the call reads neither the due time
@@ -185,7 +192,7 @@ end
 -- Per call: what record() shares, set afresh.
 caps, now = nil, nil
 -- (Arithmetic converts the text: no tonumber() call.)
-local n = ARGV[8] + 0
+local n = ARGV[9] + 0
 
 -- A report repeated after its answer was lost (or sent for another tenant) changes nothing:
 -- alone in its call, it is answered from its row alone, before the shard's keys are checked
@@ -194,8 +201,8 @@ local n = ARGV[8] + 0
 -- the keys it does not touch are checked when a report does.
 local first = nil
 if n == 1 then
-  first = redis.call('HMGET', declared(8, K.row(ARGV[9])), unpack(REPORT_FIELDS))
-  local what = quiet(first, 9)
+  first = redis.call('HMGET', declared(8, K.row(ARGV[10])), unpack(REPORT_FIELDS))
+  local what = quiet(first, 10)
   if what then return what end
 end
 
@@ -209,7 +216,7 @@ now = now_ms()
 -- Every report's keys are checked before anything is written.
 local rows = {}
 for r = 1, n do
-  local a, k = 9 + (r - 1) * 12, 7 + (r - 1) * 2
+  local a, k = 10 + (r - 1) * 12, 7 + (r - 1) * 2
   -- (A call of one report checked its row above.)
   rows[r] = first and KEYS[8] or declared(k + 1, K.row(ARGV[a]))
   declared(k + 2, K.adopted(ARGV[a + 2]))
@@ -222,19 +229,21 @@ local told = false
 -- changed after it (a retry scheduled, a start throttled): then next_due() reads it again.
 local wait, promoted = nil, false
 for r = 1, n do
-  local a = 9 + (r - 1) * 12
+  local a = 10 + (r - 1) * 12
   local consumer = ARGV[a + 2]
   local chain, ttl = ARGV[a + 8] + 0, ARGV[a + 9] + 0
   local what, detail = record(rows[r], a, first)
   if what == 'retrying' then wait = nil end
-  local more, started = 0, NONE_STARTED
+  local started = NONE_STARTED
   if chain > 0 and what ~= 'stale' and what ~= 'repeat' then
     if not promoted then
       wait, promoted = promote_due(now, 100), true
     end
     caps = caps or dlq_caps(ARGV[6], ARGV[7])
     -- The adoption barrier is checked by start_entries() once it finds something to start.
-    more, started = start_entries(consumer, chain, ttl, caps, now, nil, ARGV[a + 10] + 0)
+    local _
+    _, started = start_entries(consumer, chain, ttl, caps, now, ARGV[8] == '1', nil,
+      ARGV[a + 10] + 0)
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end
   end
@@ -242,18 +251,22 @@ for r = 1, n do
     -- A pull worker's report (it names its tenant) asks for its outcome alone (see Reply).
     replies[r] = { what, detail }
   else
-    replies[r] = { what, detail, more, started }
+    replies[r] = { what, detail, started }
     told = true
   end
 end
 flush_trends()
 flush_usage()
 if told then
+  -- The shard's part, once (see Reply). A call of one report gives it in that report's
+  -- table: each table of a reply costs Redis a conversion (with its 'err'/'ok' lookups),
+  -- about 1,500 instructions, more than the few values it holds.
   local due, weight = wait or next_due(now), eligible_weight()
-  for r = 1, n do
-    local reply = replies[r]
-    if reply[3] then reply[5], reply[6] = due, weight end
+  if n == 1 then
+    local r = replies[1]
+    return { { r[1], r[2], r[3], due, weight } }
   end
+  replies[n + 1] = { due, weight }
 elseif n == 1 then
   -- One outcome alone: one string (see Reply).
   local reply = replies[1]

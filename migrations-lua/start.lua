@@ -24,7 +24,9 @@
 -- ARGV[10] call: the call's number among the worker's start-capable calls in the shard (0:
 --          none). A call its worker's last adopt.lua covered (its answer was lost, and it
 --          reaches Redis only after that adopt) changes nothing and replies {0, {}}.
--- ARGV[11..] only: optional, the only tenants to start for (a pull worker serving some
+-- ARGV[11] start_log: '1' to append each start to the shard's start log, '0' not
+--          (`--start-log`, see start_entries() in common.lua)
+-- ARGV[12..] only: optional, the only tenants to start for (a pull worker serving some
 --          tenants, see start_entries() in common.lua); none given: every tenant of the shard.
 --
 -- Reply: {more, started, next_due, weight}
@@ -47,8 +49,8 @@ if barred(consumer, ARGV[10] + 0) then return { 0, {}, -1, 0 } end
 local now = now_ms()
 local wait = promote_due(now, 100)
 local only = nil
-if #ARGV > 10 then only = { unpack(ARGV, 11) } end
-local more, started = start_entries(consumer, count, ttl, cap, now, only)
+if #ARGV > 11 then only = { unpack(ARGV, 12) } end
+local more, started = start_entries(consumer, count, ttl, cap, now, ARGV[11] == '1', only)
 -- A start that throttled its tenant or key put a wake-up on the timer set.
 if WOKE then wait = next_due(now) end
 flush_trends()

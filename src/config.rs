@@ -407,6 +407,14 @@ pub struct ApiSettings {
     /// tenant's records. At most --dlq-cap (a larger value acts as --dlq-cap).
     #[arg(long, env = "SLUICE_DLQ_TENANT_CAP", default_value_t = 1_000)]
     pub dlq_tenant_cap: u64,
+    /// Keep each shard's start log (`<prefix>starts`: tenant, virtual start tag and weight of
+    /// every start, about the last 10,000), which proves the fair share (the dispatch tests, the
+    /// fault suite's checker and the fairness benchmark read it). Off by default: nothing in
+    /// sluice reads it, and it costs every start a stream write and each shard about 10,000
+    /// entries of memory. Published to Redis for `sluice worker`s to follow, like the other
+    /// data policy (a worker reads it at start and every minute).
+    #[arg(long, env = "SLUICE_START_LOG")]
+    pub start_log: bool,
     /// How often this server looks for expired leases (of pull workers, and of any worker
     /// that died) in each shard, in milliseconds (0 = never: leave it to `sluice worker`s).
     #[arg(long, env = "SLUICE_ORPHAN_SCAN_MS", default_value_t = 5_000)]
@@ -738,6 +746,7 @@ impl RedisSettings {
             dedup_ttl: Duration::from_secs(api.dedup_ttl_hours * 3_600),
             dlq_cap: api.dlq_cap,
             dlq_tenant_cap: api.dlq_tenant_cap,
+            start_log: api.start_log,
         }
     }
 }

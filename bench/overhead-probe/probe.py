@@ -14,6 +14,8 @@ minus the growth of the bare scripts over the commands that part ran.
     probe.py measure 300                     # each probe and bare prefix, 300 replays each
     probe.py cycle 300 bare LIB...           # the fresh paths: 300 new admissions, starts and
                                              # completions, by a library file or bare scripts
+    probe.py complete-group 300 LIB...       # a complete.lua call of 1, 8, 32 worker reports
+                                             # (the capture's keys and policy arguments)
 
 `measure` sends each call WARM (500) times before its counted replays, after every
 `FUNCTION LOAD REPLACE` and `SCRIPT LOAD`: the first replays of a freshly loaded library pay
@@ -479,6 +481,41 @@ def group(out, reps, warm=20):
     finally:
         cg.stop()
 
+# ---- Grouped completions: one call of complete.lua carrying n worker reports.
+
+def complete_group(out, reps, libs):
+    """Per library (a file of a build whose complete.lua takes the captured call's arguments):
+    one call of n = 1, 8, 32 worker reports (no tenant named, no chain) of runs that are not
+    current, each answered 'stale' after the same commands in every build (its row's HMGET, the
+    `fenced` counter), replayed `reps` times on a fresh server: instructions per call. What
+    differs between builds is the Lua around the commands and the answer's shape."""
+    tmpl = json.load(open(os.path.join(out, 'calls.json')))['done']['args']
+    os.makedirs(os.path.join(out, 'cap'), exist_ok=True)
+    shard_keys, prefix, common = tmpl[3:10], tmpl[12], tmpl[12:20]
+    def call(name, n):
+        keys, args = list(shard_keys), list(common) + [str(n)]
+        for i in range(n):
+            fid = '%032x' % (0xabc000 + i)
+            keys += [prefix + 'exec:' + fid, prefix + 'adopted:w']
+            args += [fid, '1', 'w', 'completed', '{}', '', '', '', '0', '30000', '0', '']
+        return ['FCALL', name, str(len(keys))] + keys + args
+    for lib in libs:
+        code = open(lib, encoding='latin-1').read()
+        name = code.split('name=')[1].split()[0] + '_complete'
+        cg = CG(out)
+        try:
+            cg.r.call('FUNCTION', 'LOAD', 'REPLACE', code)
+            rate = cg.idle(2.0)
+            row = []
+            for n in (1, 8, 32):
+                c = call(name, n)
+                for _ in range(200): cg.r.call(*c)   # warm-up
+                per, secs = cg.replay(c, reps)
+                row.append(round(per - rate * secs / reps))
+            print('%-40s n=1 %8d  n=8 %8d  n=32 %8d' % (lib, *row), flush=True)
+        finally:
+            cg.stop()
+
 if __name__ == '__main__':
     os.makedirs(OUT, exist_ok=True)
     if sys.argv[1] == 'capture':
@@ -495,6 +532,9 @@ if __name__ == '__main__':
     elif sys.argv[1] == 'group':
         # probe.py group 100: the captured grouped call replayed 100 times
         group(OUT, int(sys.argv[2]))
+    elif sys.argv[1] == 'complete-group':
+        # probe.py complete-group 300 LIB...: grouped worker completions, per call
+        complete_group(OUT, int(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1] == 'cycle':
         # probe.py cycle 300 bare target/overhead-probe/library.lua other-library.lua ...
         cycle(OUT, int(sys.argv[2]), sys.argv[3:])

@@ -386,6 +386,23 @@ impl GroupCommit {
                     return all(&|| Outcome::Failed(e.clone()));
                 }
             };
+        // `complete.lua` answers the shard's part ({next_due, weight}) once, after the reports,
+        // when a report asked for it: each such report (its {what, detail, started}) is
+        // handed it here, so every report reads as if it had come alone. (A call of one
+        // report has it in the report already: {what, detail, started, next_due, weight}.)
+        let mut replies = replies;
+        let shard_part = match self.kind {
+            Batched::Complete if replies.len() == items.len() + 1 => replies.pop(),
+            _ => None,
+        };
+        let shard_part: Vec<Value> = match shard_part.map(redis::from_redis_value) {
+            None => Vec::new(),
+            Some(Ok(part)) => part,
+            Some(Err(e)) => {
+                let e = StoreError::Corrupt(format!("complete's shard part: {e}"));
+                return all(&|| Outcome::Failed(e.clone()));
+            }
+        };
         if replies.len() != items.len() {
             let e = StoreError::Corrupt(format!(
                 "{} answered {} replies for {} items",
@@ -408,7 +425,12 @@ impl GroupCommit {
                         "{name}: {message} (script: {sha})"
                     ))))
                 }
-                Ok(reply) => Outcome::Reply(reply),
+                Ok(mut reply) => {
+                    if reply.len() == 3 {
+                        reply.extend(shard_part.iter().cloned());
+                    }
+                    Outcome::Reply(reply)
+                }
                 Err(e) => Outcome::Failed(StoreError::Corrupt(format!("{name} reply: {e}"))),
             })
             .collect()
@@ -518,6 +540,7 @@ pub(super) fn invocation<'a>(
                 dead_letter_holders: keys.dead_letter_holders.clone(),
                 dlq_cap: policy.dlq_cap.load(Ordering::Relaxed),
                 dlq_tenant_cap: policy.dlq_tenant_cap.load(Ordering::Relaxed),
+                start_log: u8::from(policy.start_log.load(Ordering::Relaxed)),
                 count: items.len(),
                 reports: items,
             },
@@ -547,7 +570,7 @@ script_call! {
     /// `migrations-lua/complete.lua`: a group of reports of ended runs of one shard.
     pub(super) struct CompleteCall<'a> {
         keys { runnable, leases, delayed, dead_letters, stats, dead_letter_holders }
-        args { dlq_cap: u64, dlq_tenant_cap: u64, count: usize }
+        args { dlq_cap: u64, dlq_tenant_cap: u64, start_log: u8, count: usize }
         items { reports: super::lease::ReportItem<'static> }
     }
 }

@@ -135,6 +135,7 @@ impl Store {
                 lease_ttl_ms: lease_ttl.as_millis() as u64,
                 dlq_cap: self.dlq_cap(),
                 call,
+                start_log: self.start_log(),
                 only: only.iter().map(TenantId::as_str).collect(),
             },
         );
@@ -395,20 +396,17 @@ impl Store {
             };
             return Ok((completion_of(&what, &detail)?, StartBatch::default()));
         }
-        let (what, detail, more, runs, next_due, weight): (
-            String,
-            String,
-            u8,
-            Vec<RunReply>,
-            i64,
-            u64,
-        ) = redis::from_redis_value(Value::Array(reply))?;
+        // {what, detail, started} and the call's shard part, which the commit layer handed
+        // to this report (`complete.lua` answers it once per call).
+        let (what, detail, runs, next_due, weight): (String, String, Vec<RunReply>, i64, u64) =
+            redis::from_redis_value(Value::Array(reply))?;
         let done = completion_of(&what, &detail)?;
         Ok((
             done,
             StartBatch {
                 started: runs_of(shard, runs)?,
-                more: more == 1,
+                // A completion does not say (see `StartBatch::more`).
+                more: false,
                 next_due: due_in(next_due),
                 weight,
             },
@@ -452,9 +450,11 @@ pub struct StartBatch {
     /// The executions it started, for the caller to run.
     pub started: Vec<Started>,
     /// Whether a tenant of the shard can still start something: the caller asks again (with
-    /// a free slot) instead of waiting for the doorbell. `false` means nothing can start now
-    /// (and the call cleared the shard's doorbell; a completion's chain that found nothing to
-    /// start leaves it, see `start_entries` in `migrations-lua/common.lua`).
+    /// a free slot) instead of waiting for the doorbell. From `start`, `false` means nothing
+    /// can start now (and the call cleared the shard's doorbell). A completion's chain does
+    /// not tell (always `false` there: `complete.lua` does not answer it, since the worker
+    /// learns it from its next start and the doorbell, see `start_entries` in
+    /// `migrations-lua/common.lua`).
     pub more: bool,
     /// How long until the shard's earliest scheduled execution (or retry) is due, if any: the
     /// caller wakes then on its own timer (a Redis blocking time-out would fire only at `hz`
@@ -551,7 +551,14 @@ script_call! {
     /// `migrations-lua/start.lua`: starts up to `count` executions for one worker.
     pub(super) struct StartCall<'a> {
         keys { runnable, delayed, leases, dead_letters, stats, dead_letters_indexed, adopted }
-        args { consumer: &'a str, count: usize, lease_ttl_ms: u64, dlq_cap: u64, call: u64 }
+        args {
+            consumer: &'a str,
+            count: usize,
+            lease_ttl_ms: u64,
+            dlq_cap: u64,
+            call: u64,
+            start_log: u8,
+        }
         arg_tail { only: Vec<&'a str> }
     }
 }

@@ -207,6 +207,10 @@ pub struct StoreConfig {
     /// Most dead-letter records one tenant keeps in its shard (its own oldest go first; never
     /// more than `dlq_cap`).
     pub dlq_tenant_cap: u64,
+    /// Whether starts are appended to their shard's start log (`--start-log`; `K.starts()` in
+    /// `migrations-lua/common.lua`): only tests, the fault suite and the fairness benchmark
+    /// read it, so production does not pay its stream write per start.
+    pub start_log: bool,
 }
 
 /// Handle to sluice's data on Redis. Cheap to share (`Arc`) between request handlers.
@@ -248,6 +252,8 @@ struct Policy {
     dedup_ttl_secs: AtomicU64,
     dlq_cap: AtomicU64,
     dlq_tenant_cap: AtomicU64,
+    /// `StoreConfig::start_log`, as `serve` published it (see `refresh_defaults`).
+    start_log: std::sync::atomic::AtomicBool,
 }
 
 /// A shard script's invocation: the shard's freeze marker, the call's keys, the shard prefix
@@ -335,6 +341,7 @@ impl Store {
             dedup_ttl_secs: AtomicU64::new(config.dedup_ttl.as_secs().max(1)),
             dlq_cap: AtomicU64::new(config.dlq_cap.max(1)),
             dlq_tenant_cap: AtomicU64::new(config.dlq_tenant_cap.max(1)),
+            start_log: std::sync::atomic::AtomicBool::new(config.start_log),
         };
         let policy = std::sync::Arc::new(policy);
         let scripts = Scripts::new();
@@ -489,6 +496,11 @@ impl Store {
         self.completions.counts()
     }
 
+    /// The start log's argument of `start.lua` and `complete.lua`: 1 to keep it, 0 not.
+    fn start_log(&self) -> u8 {
+        u8::from(self.policy.start_log.load(Ordering::Relaxed))
+    }
+
     fn dlq_cap(&self) -> u64 {
         self.policy.dlq_cap.load(Ordering::Relaxed)
     }
@@ -522,6 +534,8 @@ impl Store {
                     .arg(p.dlq_cap.load(Ordering::Relaxed))
                     .arg("dlq_tenant_cap")
                     .arg(p.dlq_tenant_cap.load(Ordering::Relaxed))
+                    .arg("start_log")
+                    .arg(u8::from(p.start_log.load(Ordering::Relaxed)))
                     .query_async(&mut c),
             )
             .await?;
@@ -538,8 +552,9 @@ impl Store {
             Option<u64>,
             Option<u64>,
             Option<u64>,
+            Option<u8>,
         );
-        let (mc, mq, ret, dedup, cap, tenant_cap): Published = self
+        let (mc, mq, ret, dedup, cap, tenant_cap, start_log): Published = self
             .bounded(
                 redis::cmd("HMGET")
                     .arg(keys::meta())
@@ -549,6 +564,7 @@ impl Store {
                     .arg("dedup_ttl_secs")
                     .arg("dlq_cap")
                     .arg("dlq_tenant_cap")
+                    .arg("start_log")
                     .query_async(&mut c),
             )
             .await?;
@@ -570,6 +586,10 @@ impl Store {
         }
         if let Some(v) = tenant_cap {
             p.dlq_tenant_cap.store(v.max(1), Ordering::Relaxed);
+        }
+        // (A server from before the setting publishes none: its workers keep their own.)
+        if let Some(v) = start_log {
+            p.start_log.store(v == 1, Ordering::Relaxed);
         }
         Ok(())
     }

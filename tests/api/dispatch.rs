@@ -77,6 +77,39 @@ fn ms_of(t: &Value) -> u64 {
     (t.unix_timestamp_nanos() / 1_000_000) as u64
 }
 
+/// The start log is kept only when `serve` is asked to (`--start-log`, off by default), and a
+/// `sluice worker` follows what `serve` published: without it the worker starts and completes
+/// every execution (its completions chaining the next starts) and the shard holds no start
+/// log; with it (no flag given to the worker) each start, chained or not, is one entry.
+#[tokio::test]
+async fn start_log_is_kept_only_when_asked() {
+    const N: usize = 12;
+    for keep in [false, true] {
+        let app = TestApp::spawn_with(|c| c.api.start_log = keep).await;
+        for i in 0..N {
+            app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"i": i}}))
+                .await;
+        }
+        let _w = TestWorker::spawn(&app.redis, &["--concurrency", "2"]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while app.page("acme", "status=completed&limit=1").await["total"] != N {
+            assert!(std::time::Instant::now() < deadline, "not all completed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let exists: u8 = app
+            .redis
+            .query(redis::cmd("EXISTS").arg(app.shard("acme").starts()))
+            .await;
+        let log = app.start_log("acme").await;
+        if keep {
+            assert_eq!(log.len(), N, "one entry per start: {log:?}");
+            assert!(log.iter().all(|(t, _, w)| t == "acme" && *w == 1));
+        } else {
+            assert_eq!(exists, 0, "a start log without --start-log: {log:?}");
+        }
+    }
+}
+
 /// Two backlogged tenants of one shard, weights 3 and 1: the start log shows start-time fair
 /// queueing at work. The virtual start tags of successive starts never go down; each tenant's
 /// own tags advance by exactly QUANTUM / weight per start; and at every point while both had

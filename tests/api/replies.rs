@@ -32,6 +32,8 @@ fn start_call(s: Shard, count: u32) -> (Vec<String>, Vec<String>) {
         TTL_MS.into(),
         "1000".into(),
         "0".into(),
+        // No start log (the default).
+        "0".into(),
     ]);
     (keys, args)
 }
@@ -61,6 +63,8 @@ fn complete_call(
         [
             "1000",
             "100",
+            // No start log (the default).
+            "0",
             "1",
             id.as_str(),
             fence,
@@ -136,7 +140,9 @@ async fn start_and_complete_answer_each_field_where_the_store_reads_it() {
     assert_eq!(done, bulk("done:completed"));
 
     // The worker's report, chaining one start on the slot it frees: per report {what,
-    // detail, more, started, next_due, weight} (started as start.lua's; here none is left).
+    // detail, started} (started as start.lua's; here none is left), then the call's shard
+    // part once, after the reports: {next_due, weight}; a call of one report has it in the
+    // report's own table (one table less for Redis to convert).
     let (k, a) = start_call(s, 1);
     let started = fcall(&redis, "start", &k, &a).await.unwrap();
     assert_eq!(
@@ -156,11 +162,27 @@ async fn start_and_complete_answer_each_field_where_the_store_reads_it() {
         Value::Array(vec![Value::Array(vec![
             bulk("done"),
             bulk("completed"),
-            Value::Int(0),
             Value::Array(vec![]),
             Value::Int(-1),
             Value::Int(0),
         ])]),
         "nothing left to chain"
+    );
+
+    // Two worker reports in one call (group commit; runs that are not current, so 'stale'):
+    // each {what, detail, started}, then the shard's part once, after them.
+    let (mut k, mut a) = complete_call(s, &ExecutionId::new(), "1", 0, "");
+    let (k2, a2) = complete_call(s, &ExecutionId::new(), "1", 0, "");
+    a[8] = "2".into();
+    k.extend_from_slice(&k2[7..]);
+    a.extend_from_slice(&a2[9..]);
+    let stale = || Value::Array(vec![bulk("stale"), bulk(""), Value::Array(vec![])]);
+    assert_eq!(
+        fcall(&redis, "complete", &k, &a).await.unwrap(),
+        Value::Array(vec![
+            stale(),
+            stale(),
+            Value::Array(vec![Value::Int(-1), Value::Int(0)]),
+        ]),
     );
 }

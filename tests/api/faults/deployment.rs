@@ -142,6 +142,8 @@ impl Layout {
             .args(["--redis-timeout-ms", "500"])
             .args(["--request-timeout-ms", "5000"])
             .args(["--sweep-interval-secs", "2"])
+            // The checker's fair-share property reads the shards' start logs.
+            .arg("--start-log")
             .args(["--default-max-queued", &MAX_QUEUED.to_string()])
             .args([
                 "--default-max-concurrent",

@@ -64,6 +64,11 @@ impl TestApp {
         // machine, and a test of something else must not fail on a slow moment. Tests of
         // time-outs set their own.
         api.request_timeout_ms = 40_000;
+        // The start log proves the fair share (dispatch, commands, throttle, guarantees): on
+        // in every test app, so each proof reads the real start path; published, so the
+        // tests' `sluice worker`s keep it too. `start_log_is_kept_only_when_asked` turns it
+        // off.
+        api.start_log = true;
         let mut redis_settings = redis.settings();
         redis_settings.redis_timeout_ms = 10_000;
         let mut config = AppConfig {

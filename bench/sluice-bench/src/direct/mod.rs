@@ -105,12 +105,16 @@ impl Direct {
 
     /// Empties Redis (every node) and sets it up as a first `sluice serve` start would (meta
     /// record and schema marker, scripts, published defaults), so each phase starts from the
-    /// same state.
+    /// same state. The defaults it publishes keep the start log (`--start-log`): the phases'
+    /// workers follow them, and the fairness and throttle checks read it (a build from before
+    /// the setting keeps it anyway).
     pub async fn reset(&mut self) -> anyhow::Result<()> {
         for node in &mut self.nodes {
             let () = redis::cmd("FLUSHALL").arg("SYNC").query_async(node).await?;
         }
-        let store = Store::connect(self.config.clone()).await?;
+        let mut config = self.config.clone();
+        config.start_log = true;
+        let store = Store::connect(config).await?;
         store.publish_defaults().await?;
         self.store = Arc::new(store);
         for node in &mut self.nodes {
