@@ -409,7 +409,7 @@ pub async fn weighted(
     let args = ctx.args;
     let backlog = args.weighted_backlog.max(1);
     let window = args.weighted_window.max(1);
-    direct.reset().await?;
+    direct.reset_with_start_log().await?;
     let light = tenant("weight-1")?;
     let heavy = same_shard(direct, &light, "weight-3")?;
     let shard = direct.shard_of(&light);

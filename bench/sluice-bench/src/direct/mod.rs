@@ -103,17 +103,27 @@ impl Direct {
         })
     }
 
-    /// Empties Redis (every node) and sets it up as a first `sluice serve` start would (meta
-    /// record and schema marker, scripts, published defaults), so each phase starts from the
-    /// same state. The defaults it publishes keep the start log (`--start-log`): the phases'
-    /// workers follow them, and the fairness and throttle checks read it (a build from before
-    /// the setting keeps it anyway).
+    /// Empties Redis (every node) and sets it up as a first `sluice serve` start with its
+    /// defaults would (meta record and schema marker, scripts, published defaults), so each
+    /// phase starts from the same state and measures what a deployment runs: without the start
+    /// log (`--start-log` off), which costs every start a stream write.
     pub async fn reset(&mut self) -> anyhow::Result<()> {
+        self.reset_as(false).await
+    }
+
+    /// [`Direct::reset`], with the start log kept (`--start-log`): for the phases whose
+    /// checks read it (the weighted fair share, the throttle's start times). The phases'
+    /// workers follow the published setting; a build from before it keeps the log anyway.
+    pub async fn reset_with_start_log(&mut self) -> anyhow::Result<()> {
+        self.reset_as(true).await
+    }
+
+    async fn reset_as(&mut self, start_log: bool) -> anyhow::Result<()> {
         for node in &mut self.nodes {
             let () = redis::cmd("FLUSHALL").arg("SYNC").query_async(node).await?;
         }
         let mut config = self.config.clone();
-        config.start_log = true;
+        config.start_log = start_log;
         let store = Store::connect(config).await?;
         store.publish_defaults().await?;
         self.store = Arc::new(store);

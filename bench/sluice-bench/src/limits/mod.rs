@@ -145,7 +145,7 @@ pub async fn throttle(ctx: &Ctx<'_>, direct: &mut Direct) -> anyhow::Result<(Thr
     let (rate, burst) = (args.throttle_rate.max(1), args.throttle_burst.max(1));
     let backlog = ((f64::from(rate) * args.throttle_secs).ceil() as u64).max(1);
     let concurrency = args.throttle_concurrency.max(1);
-    direct.reset().await?;
+    direct.reset_with_start_log().await?;
     let t = tenant("throttled")?;
     let shard = direct.shard_of(&t);
     let mut out = Throttle {
