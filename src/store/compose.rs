@@ -178,8 +178,9 @@ pub fn compose(
     };
     push(shebang, (file, 1));
     // The prefix sets P (guard.lua), which a library declares once for all its functions, and
-    // uses what the guard remembers (here for one call only).
-    push("local P", (COMPOSED, 1));
+    // uses what the guard remembers (here for one call only). `redis_call` as in a library
+    // (see `library`).
+    push("local P, redis_call = nil, redis.call", (COMPOSED, 1));
     push(FENCE_STATE, (COMPOSED, 6));
     for (name, text) in prefix {
         for (i, line) in text.lines().enumerate() {
@@ -333,8 +334,14 @@ pub fn library(
     };
     push(&format!("#!lua name={name}"), (COMPOSED, 1));
     // The calling convention, as locals every helper and function shares (one call at a time
-    // runs on a Redis, and each function sets them first).
-    push("local KEYS, ARGV, P", (COMPOSED, 2));
+    // runs on a Redis, and each function sets them first). `redis_call` is `redis.call`, which
+    // the Lua calls by that name: a function's globals are an empty table whose metatable's
+    // `__index` is Redis's real globals, so `redis.call` costs every command two table misses,
+    // a metatable lookup and two hits (about 220 instructions; bench/README.md, "Round seven:
+    // where the Lua goes") where an upvalue costs one VM instruction. A library cannot take it
+    // when it loads (its globals then hold `redis.register_function` alone), so each function
+    // takes it first, with `KEYS` and `ARGV`.
+    push("local KEYS, ARGV, P, redis_call", (COMPOSED, 2));
     // What guard.lua remembers of the keys it passed, for as long as the library lives.
     push(FENCE_STATE, (COMPOSED, 6));
     for (file, text) in helpers {
@@ -373,7 +380,10 @@ pub fn library(
             ),
             (op.file, 1),
         );
-        push("KEYS, ARGV = keys, args", (COMPOSED, 3));
+        push(
+            "KEYS, ARGV, redis_call = keys, args, redis.call",
+            (COMPOSED, 3),
+        );
         for (i, line) in guard.1.lines().enumerate() {
             push(line, (guard.0, i + 1));
         }

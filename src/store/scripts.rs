@@ -590,6 +590,26 @@ mod tests {
         );
     }
 
+    /// Every command goes through the `redis_call` local each function sets first
+    /// (`compose::library`): called by its global, `redis.call` costs each command about 220
+    /// redis-server instructions more (bench/README.md, "Round seven: where the Lua goes").
+    #[test]
+    fn the_lua_calls_redis_through_its_local() {
+        let lib = library();
+        let direct: Vec<&str> = lib
+            .source
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--") && l.contains("redis.call("))
+            .collect();
+        assert!(direct.is_empty(), "redis.call( by its global: {direct:#?}");
+        assert_eq!(
+            lib.source
+                .matches("\nKEYS, ARGV, redis_call = keys, args, redis.call\n")
+                .count(),
+            TABLE.len()
+        );
+    }
+
     #[test]
     fn a_library_error_names_the_operation_file_and_line() {
         let lib = library();
@@ -606,13 +626,13 @@ mod tests {
                 .source
                 .lines()
                 .skip(opens)
-                .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 't'"))
+                .position(|l| l.starts_with("local row = redis_call('HMGET', ROW, 't'"))
                 .unwrap()
             + 1;
         let in_file = operation("watch.lua")
             .unwrap()
             .lines()
-            .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 't'"))
+            .position(|l| l.starts_with("local row = redis_call('HMGET', ROW, 't'"))
             .unwrap()
             + 1;
         let msg = format!("ERR user_function:{at}: boom script: {name}, on @user_function:{at}.");
