@@ -200,7 +200,7 @@ local function admit_one(k, a)
   -- `c` and, at the default priority, its order key in the tenant's queue are the same time.
   local now_text = tostring(now)
   local row = { 't', tenant, 'f', flow, 'p', params, 's', 'queued', 'm', max_attempts,
-    'c', now_text, 'z', size }
+    'c', now_text, 'z', num_text(size) }
   local n = 14
   if priority ~= DEFAULT_PRIORITY then
     row[n + 1], row[n + 2], n = 'pr', priority, n + 2

@@ -214,6 +214,29 @@ local function ms_digits()
   return digits
 end
 
+-- A whole number as text, for redis_call(): Redis formats every number handed to it with
+-- snprintf("%.17g"), about 2,400 instructions each (callgrind on Redis 7.0, bench/README.md
+-- "Round seven: where the Lua goes"), ten of them in an execution's admission, start and
+-- completion. The numbers that recur (a row's size, a start's attempt and fence, a retained
+-- bucket's field) are formatted once and then read from a memo (its count in field `n`); it
+-- holds NUM_MEMO_LIMIT numbers at most and is replaced when full. `number` must be whole
+-- ('%d', as Redis prints it).
+local NUM_MEMO, NUM_MEMO_LIMIT = { n = 0 }, 1024
+local function num_text(number)
+  local text = NUM_MEMO[number]
+  if not text then
+    local memo = NUM_MEMO
+    if memo.n >= NUM_MEMO_LIMIT then
+      memo = { n = 0 }
+      NUM_MEMO = memo
+    end
+    text = string.format('%d', number)
+    memo[number] = text
+    memo.n = memo.n + 1
+  end
+  return text
+end
+
 -- now_ms() as text, for a call that hands it to Redis more than once (a row's times): Redis
 -- formats a number handed to redis.call() with sprintf every time, about 3 500 instructions
 -- for a time in ms (bench/README.md, "Round three"). This is TIME's seconds joined to the
@@ -884,8 +907,8 @@ local function flush_usage()
     end
     if #u.drained > 0 then redis_call('HDEL', ret, unpack(u.drained)) end
     for e, d in pairs(u.buckets) do
-      -- (The field is the bucket's end as a number: Redis formats it as %d would.)
-      local field = e
+      -- (The field is the bucket's end as text, for the HGET and the HSET: see num_text().)
+      local field = num_text(e)
       local b, r = string.match(redis_call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
       b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
       if b == 0 and r == 0 then
@@ -1518,7 +1541,8 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       -- and end_lease() drops it with the lease fields.
       -- (Now as text, made once: see now_text().)
       local at = now == NOW and now_text() or now
-      redis_call('HSET', row_key, 's', 'running', 'a', attempt, 'fe', fence,
+      -- (The attempt and the fence, small whole numbers, as text: see num_text().)
+      redis_call('HSET', row_key, 's', 'running', 'a', num_text(attempt), 'fe', num_text(fence),
         'st', at, 'u', at, 'lo', consumer, 'lu', until_text)
       redis_call('ZADD', K.leases(), until_text, id)
       redis_call('SADD', K.held(consumer), id)
