@@ -610,6 +610,30 @@ mod tests {
         );
     }
 
+    /// The other globals the Lua calls (`tostring`, `string`, ...) are the library's locals of
+    /// the same names, taken by every function's first call (`compose::library`): each
+    /// function sets them, after the function that reads the globals and the locals that
+    /// hide them.
+    #[test]
+    fn the_library_reads_the_globals_once() {
+        let lib = library();
+        let reads = lib
+            .source
+            .find("\nlocal function lua_globals() return tostring, ")
+            .expect("the function that reads the globals");
+        let hides = lib
+            .source
+            .find("\nlocal tostring, ")
+            .expect("the locals that hide them");
+        assert!(reads < hides);
+        assert_eq!(
+            lib.source
+                .matches("\nif not string then tostring, ")
+                .count(),
+            TABLE.len()
+        );
+    }
+
     #[test]
     fn a_library_error_names_the_operation_file_and_line() {
         let lib = library();
