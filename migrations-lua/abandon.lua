@@ -21,11 +21,11 @@
 local tenant, id, ttl = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local ROW, VOID = declared(2, K.row(id)), declared(3, K.void(id))
 local CFG = declared(4, K.cfg(tenant))
-if redis.call('HGET', ROW, 't') == tenant then return { 'admitted', view(id) } end
+if redis_call('HGET', ROW, 't') == tenant then return { 'admitted', view(id) } end
 -- The marker and the tenant's `void_until` end at the same instant of Redis's clock; the
 -- latter only moves later (an earlier marker of the tenant may outlive this one).
 local ends = now_ms() + ttl * 1000
-redis.call('SET', VOID, 1, 'PXAT', ends)
-local was = tonumber(redis.call('HGET', CFG, 'void_until'))
-if not was or was < ends then redis.call('HSET', CFG, 'void_until', ends) end
+redis_call('SET', VOID, 1, 'PXAT', ends)
+local was = tonumber(redis_call('HGET', CFG, 'void_until'))
+if not was or was < ends then redis_call('HSET', CFG, 'void_until', ends) end
 return { 'void' }

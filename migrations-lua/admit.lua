@@ -179,7 +179,7 @@ local function admit_one(k, a)
   -- the time Redis took the call's expiry checks at).
   local cfg = LIMITS_READ[tenant]
   local void_until = cfg[16]
-  if void_until and now <= void_until + 1000 and redis.call('EXISTS', K.void(id)) == 1 then
+  if void_until and now <= void_until + 1000 and redis_call('EXISTS', K.void(id)) == 1 then
     return { 'void' }
   end
   local size = ROW_BYTES + #params
@@ -200,7 +200,7 @@ local function admit_one(k, a)
   -- `c` and, at the default priority, its order key in the tenant's queue are the same time.
   local now_text = tostring(now)
   local row = { 't', tenant, 'f', flow, 'p', params, 's', 'queued', 'm', max_attempts,
-    'c', now_text, 'z', size }
+    'c', now_text, 'z', num_text(size) }
   local n = 14
   if priority ~= DEFAULT_PRIORITY then
     row[n + 1], row[n + 2], n = 'pr', priority, n + 2
@@ -218,7 +218,7 @@ local function admit_one(k, a)
     row[n + 1], row[n + 2], n = 'tp', traceparent, n + 2
     if tracestate ~= '' then row[n + 1], row[n + 2], n = 'ts', tracestate, n + 2 end
   end
-  local listed = redis.call('ZADD', LISTING, '0', listing_member('queued', flow, id)) == 1
+  local listed = redis_call('ZADD', LISTING, '0', listing_member('queued', flow, id)) == 1
   if MANY then QUEUED[tenant] = listed and queued + 1 or nil end
   -- Registries the sweeper and status-only listings walk (set members): only where the cfg's
   -- `reg_flow` (see above) does not say the members are there, and once per call.
@@ -227,15 +227,15 @@ local function admit_one(k, a)
     local FLOWS = K.flows(tenant)
     if not TENANTS then TENANTS = K.tenants() end
     if not MANY then
-      if not reg then redis.call('SADD', TENANTS, tenant) end
-      redis.call('SADD', FLOWS, flow)
+      if not reg then redis_call('SADD', TENANTS, tenant) end
+      redis_call('SADD', FLOWS, flow)
     else
       if not reg and not LISTED[TENANTS .. tenant] then
-        redis.call('SADD', TENANTS, tenant)
+        redis_call('SADD', TENANTS, tenant)
         LISTED[TENANTS .. tenant] = true
       end
       if not LISTED[FLOWS .. flow] then
-        redis.call('SADD', FLOWS, flow)
+        redis_call('SADD', FLOWS, flow)
         LISTED[FLOWS .. flow] = true
       end
     end
@@ -263,8 +263,8 @@ local function admit_one(k, a)
   -- A field of its bucket while the execution is live: settle_terminal() moves it to the
   -- string key, with its TTL, when it ends. A leftover string key whose row expired goes.
   if bucket then
-    redis.call('HSET', bucket, ARGV[a + 16], id .. ':' .. fingerprint)
-    if stale then redis.call('DEL', KEYS[k + 2]) end
+    redis_call('HSET', bucket, ARGV[a + 16], id .. ':' .. fingerprint)
+    if stale then redis_call('DEL', KEYS[k + 2]) end
   end
   if due then return { 'new', 'scheduled', now, due } end
   local tpos, kpos, klimit, rank = position(tenant, id, ckh)
@@ -272,7 +272,7 @@ local function admit_one(k, a)
   if rank and not held then
     -- refresh() counted them when this admission made its tenant runnable (no slot set
     -- changes in an admission call).
-    held = SLOTS_OF == tenant and SLOTS_HELD or redis.call('SCARD', K.slots(tenant))
+    held = SLOTS_OF == tenant and SLOTS_HELD or redis_call('SCARD', K.slots(tenant))
     if MANY then HELD[tenant] = held end
   end
   return { 'new', queue_state(tenant, id, 'queued', rank, held or nil), now, '', tpos or '',

@@ -34,8 +34,8 @@
 local consumer, count, ttl = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local HELD, LEASES = declared(2, K.held(consumer)), declared(3, K.leases())
 local BARRIER, barrier = declared(4, K.adopted(consumer)), tonumber(ARGV[9])
-if barrier > (tonumber(redis.call('GET', BARRIER)) or 0) then
-  redis.call('SET', BARRIER, barrier, 'PX', 86400000)
+if barrier > (tonumber(redis_call('GET', BARRIER)) or 0) then
+  redis_call('SET', BARRIER, barrier, 'PX', 86400000)
 end
 local only = nil
 if #ARGV > 9 then
@@ -44,17 +44,17 @@ if #ARGV > 9 then
 end
 local now = now_ms()
 local held = {}
-for _, id in ipairs(redis.call('SMEMBERS', HELD)) do
-  local row = redis.call('HMGET', K.row(id), 's', 'lo', 'dl', 't')
+for _, id in ipairs(redis_call('SMEMBERS', HELD)) do
+  local row = redis_call('HMGET', K.row(id), 's', 'lo', 'dl', 't')
   if row[1] == 'running' and row[2] == consumer and not row[3] then
     if #held < count and (not only or only[row[4]]) then
-      redis.call('ZADD', LEASES, now + ttl, id)
-      redis.call('HSET', K.row(id), 'lu', now + ttl)
+      redis_call('ZADD', LEASES, now + ttl, id)
+      redis_call('HSET', K.row(id), 'lu', now + ttl)
       table.insert(held, run_of(id))
     end
   else
     -- Ended without leaving the set (repair): not this worker's any more.
-    redis.call('SREM', HELD, id)
+    redis_call('SREM', HELD, id)
   end
 end
 return held

@@ -12,8 +12,8 @@
 --
 -- Reply: {tenant, role, secret hash} for a live key, {} otherwise.
 local RECORD, TENANTS = KEYS[2], KEYS[3]
-local rec = redis.call('HMGET', RECORD, 'tenant', 'role', 'hash')
+local rec = redis_call('HMGET', RECORD, 'tenant', 'role', 'hash')
 if not rec[1] or not rec[2] or not rec[3] then return {} end
-if redis.call('ZSCORE', TENANTS, rec[1]) == false then return {} end
-if redis.call('SISMEMBER', A.tenant_keys(rec[1]), ARGV[2]) == 0 then return {} end
+if redis_call('ZSCORE', TENANTS, rec[1]) == false then return {} end
+if redis_call('SISMEMBER', A.tenant_keys(rec[1]), ARGV[2]) == 0 then return {} end
 return rec

@@ -18,10 +18,10 @@
 --
 -- Reply: 'ok'; 'no_tenant' when the tenant is not registered; 'exists' when the id is taken.
 local RECORD, KEYSET, TENANTS = KEYS[2], KEYS[3], KEYS[4]
-if redis.call('ZSCORE', TENANTS, ARGV[3]) == false then return 'no_tenant' end
-if redis.call('EXISTS', RECORD) == 1 then return 'exists' end
-redis.call('HSET', RECORD, 'tenant', ARGV[3], 'role', ARGV[4], 'hash', ARGV[5],
+if redis_call('ZSCORE', TENANTS, ARGV[3]) == false then return 'no_tenant' end
+if redis_call('EXISTS', RECORD) == 1 then return 'exists' end
+redis_call('HSET', RECORD, 'tenant', ARGV[3], 'role', ARGV[4], 'hash', ARGV[5],
   'created', ARGV[7])
-if ARGV[6] ~= '' then redis.call('HSET', RECORD, 'name', ARGV[6]) end
-redis.call('SADD', KEYSET, ARGV[2])
+if ARGV[6] ~= '' then redis_call('HSET', RECORD, 'name', ARGV[6]) end
+redis_call('SADD', KEYSET, ARGV[2])
 return 'ok'

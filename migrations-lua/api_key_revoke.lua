@@ -10,7 +10,7 @@
 --
 -- Reply: 1 revoked; 0 no such key for this tenant (another tenant's key is left alone).
 local RECORD, KEYSET = KEYS[2], KEYS[3]
-if redis.call('HGET', RECORD, 'tenant') ~= ARGV[3] then return 0 end
-redis.call('DEL', RECORD)
-redis.call('SREM', KEYSET, ARGV[2])
+if redis_call('HGET', RECORD, 'tenant') ~= ARGV[3] then return 0 end
+redis_call('DEL', RECORD)
+redis_call('SREM', KEYSET, ARGV[2])
 return 1

@@ -28,7 +28,7 @@ declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(
 declared(6, K.listing(tenant))
 declared(7, K.runnable()); declared(8, K.delayed())
 local STATS = declared(9, K.stats())
-local row = redis.call('HMGET', ROW, 't', 's', 'q', 'e', 'f',
+local row = redis_call('HMGET', ROW, 't', 's', 'q', 'e', 'f',
   'dl', 'kh', 'z')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 local status, qstate, entry, flow = row[2], row[3], row[4], row[5]
@@ -37,22 +37,22 @@ local now = now_ms()
 if status == 'queued' then
   unqueue(tenant, flow, id, qstate, row[7])
   index_move(tenant, flow, 'queued', 'cancelled', id)
-  redis.call('HSET', ROW, 's', 'cancelled', 'x', 1, 'fi', now,
+  redis_call('HSET', ROW, 's', 'cancelled', 'x', 1, 'fi', now,
     'u', now)
-  redis.call('HDEL', ROW, 'q', 'e')
+  redis_call('HDEL', ROW, 'q', 'e')
   -- Retained with its logical size (see "Storage" in common.lua): an error message of an
   -- earlier attempt stays in the row.
   local size = tonumber(row[8])
-  if size then size = size + redis.call('HSTRLEN', ROW, 'em') end
-  settle_terminal(tenant, id, redis.call('HGET', ROW, 'dh'), size)
-  local attempt = redis.call('HGET', ROW, 'a') or '0'
+  if size then size = size + redis_call('HSTRLEN', ROW, 'em') end
+  settle_terminal(tenant, id, redis_call('HGET', ROW, 'dh'), size)
+  local attempt = redis_call('HGET', ROW, 'a') or '0'
   outbox(tenant, id, 'cancelled', now, { 'flow', flow, 'attempt', attempt })
-  redis.call('HINCRBY', STATS, 'cancelled', 1)
+  redis_call('HINCRBY', STATS, 'cancelled', 1)
   tally(tenant, 'cancelled', now)
 elseif status == 'running' then
-  local run = redis.call('HMGET', ROW, 'x', 'lo')
+  local run = redis_call('HMGET', ROW, 'x', 'lo')
   if run[1] ~= '1' then
-    redis.call('HSET', ROW, 'x', 1, 'u', now)
+    redis_call('HSET', ROW, 'x', 1, 'u', now)
     tell_holder(run[2], id)
   end
 end

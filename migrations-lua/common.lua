@@ -179,7 +179,7 @@ end
 -- How many executions of tenant t are in `status` (or 'scheduled'): O(log n).
 local function listing_count(t, status)
   local min, max = listing_range(status)
-  return redis.call('ZLEXCOUNT', K.listing(t), min, max)
+  return redis_call('ZLEXCOUNT', K.listing(t), min, max)
 end
 
 -- Now on Redis's clock (ms), read once per call: every time one call writes or compares (a
@@ -191,7 +191,7 @@ local function now_ms()
   if not NOW then
     -- Arithmetic converts the strings itself: no tonumber() or math.floor() call (each C
     -- function call costs about a thousand instructions).
-    local t = redis.call('TIME')
+    local t = redis_call('TIME')
     local us = t[2] + 0
     NOW = t[1] * 1000 + (us - us % 1000) / 1000
     NOW_TIME = t
@@ -212,6 +212,29 @@ local function ms_digits()
     MS_MEMO[ms] = digits
   end
   return digits
+end
+
+-- A whole number as text, for redis_call(): Redis formats every number handed to it with
+-- snprintf("%.17g"), about 2,400 instructions each (callgrind on Redis 7.0, bench/README.md
+-- "Round seven: where the Lua goes"), ten of them in an execution's admission, start and
+-- completion. The numbers that recur (a row's size, a start's attempt and fence, a retained
+-- bucket's field) are formatted once and then read from a memo (its count in field `n`); it
+-- holds NUM_MEMO_LIMIT numbers at most and is replaced when full. `number` must be whole
+-- ('%d', as Redis prints it).
+local NUM_MEMO, NUM_MEMO_LIMIT = { n = 0 }, 1024
+local function num_text(number)
+  local text = NUM_MEMO[number]
+  if not text then
+    local memo = NUM_MEMO
+    if memo.n >= NUM_MEMO_LIMIT then
+      memo = { n = 0 }
+      NUM_MEMO = memo
+    end
+    text = string.format('%d', number)
+    memo[number] = text
+    memo.n = memo.n + 1
+  end
+  return text
 end
 
 -- now_ms() as text, for a call that hands it to Redis more than once (a row's times): Redis
@@ -257,7 +280,7 @@ local function limits(t)
     -- Fields 10 to 14 are the storage bounds and counters (see "Storage" below), read here so
     -- that they cost no call of their own; the 15th is the deletion mark; the 16th and 17th
     -- spare an admission commands (`void_until` and `reg_flow`, see admit.lua).
-    v = redis.call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
+    v = redis_call('HMGET', K.cfg(t), 'max_concurrent', 'max_queued', 'enabled', 'pinned',
       'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'max_bytes',
       'max_retained', 'u_bytes', 'u_rows', 'u_next', 'deleting', 'void_until', 'reg_flow')
     -- The numbers, read from their text once (a call asks for one tenant's limits several
@@ -303,7 +326,7 @@ end
 
 -- The time (ms) from which a start conforms under the cell `tat_key` with tolerance `tau`.
 local function conforms_at(tat_key, tau)
-  local tat = tonumber(redis.call('GET', tat_key))
+  local tat = tonumber(redis_call('GET', tat_key))
   if not tat then return 0 end
   return tat - tau
 end
@@ -311,8 +334,8 @@ end
 -- Takes one start's token from the cell `tat_key` (emission interval `interval`).
 local function take_token(tat_key, interval)
   local now = clock()
-  local tat = math.max(tonumber(redis.call('GET', tat_key)) or now, now) + interval
-  redis.call('SET', tat_key, string.format('%.3f', tat), 'PXAT', math.ceil(tat))
+  local tat = math.max(tonumber(redis_call('GET', tat_key)) or now, now) + interval
+  redis_call('SET', tat_key, string.format('%.3f', tat), 'PXAT', math.ceil(tat))
 end
 
 -- Whether this call put a wake-up on the timer set (a next due time read before is stale).
@@ -327,11 +350,11 @@ local RUNG = false
 -- is the earliest due time (a sleeping worker learns of it, see next_due()).
 local function wake_at(member, at)
   WOKE = true
-  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
-  redis.call('ZADD', K.delayed(), at, member)
-  redis.call('HINCRBY', K.stats(), 'throttled', 1)
+  local first = redis_call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
+  redis_call('ZADD', K.delayed(), at, member)
+  redis_call('HINCRBY', K.stats(), 'throttled', 1)
   if (#first == 0 or tonumber(first[2]) > at) and not RUNG then
-    redis.call('ZADD', K.bell(), '0', '1')
+    redis_call('ZADD', K.bell(), '0', '1')
     RUNG = true
   end
 end
@@ -373,12 +396,12 @@ end
 -- Lists execution id of `flow` in `status` (or 'scheduled') in its tenant's listing.
 -- (Every number handed to redis.call() is formatted by sprintf, a constant too: text.)
 local function index_add(t, flow, status, id)
-  redis.call('ZADD', K.listing(t), '0', listing_member(status, flow, id))
+  redis_call('ZADD', K.listing(t), '0', listing_member(status, flow, id))
 end
 
 -- Takes it out of the listing under that status.
 local function index_remove(t, flow, status, id)
-  redis.call('ZREM', K.listing(t), listing_member(status, flow, id))
+  redis_call('ZREM', K.listing(t), listing_member(status, flow, id))
 end
 
 -- The shard's doorbell: a marker (a sorted set of one member) that a worker with a free slot
@@ -392,7 +415,7 @@ end
 local function ring()
   if RUNG then return end
   -- Text, not numbers: Redis formats each number handed to redis.call() with sprintf.
-  redis.call('ZADD', K.bell(), '0', '1')
+  redis_call('ZADD', K.bell(), '0', '1')
   RUNG = true
 end
 
@@ -454,7 +477,7 @@ end
 -- (K.key_limits(t), field h: '<limit>:<key as given>'), else the tenant's
 -- max_concurrent_per_key, else nil (no limit of its own: only the tenant's max_concurrent).
 local function key_limit(t, h)
-  local o = redis.call('HGET', K.key_limits(t), h)
+  local o = redis_call('HGET', K.key_limits(t), h)
   if o then return tonumber(string.sub(o, 1, string.find(o, ':', 1, true) - 1)) end
   return select(6, limits(t))
 end
@@ -463,7 +486,7 @@ end
 -- token of the per-key rate (if any; when not, its wake-up is on the timer set).
 local function key_open(t, h)
   local limit = key_limit(t, h)
-  if limit and redis.call('SCARD', K.key_running(t, h)) >= limit then return false end
+  if limit and redis_call('SCARD', K.key_running(t, h)) >= limit then return false end
   return key_rate_ok(t, h)
 end
 
@@ -471,16 +494,16 @@ end
 -- (a no-op when it is there already); marks the key blocked when it has work but no room.
 -- Returns true when the key has an execution in its tenant's order now.
 local function key_offer(t, h)
-  local head = redis.call('ZRANGE', K.key_queue(t, h), 0, 0, 'WITHSCORES')
+  local head = redis_call('ZRANGE', K.key_queue(t, h), 0, 0, 'WITHSCORES')
   if #head > 0 and key_open(t, h) then
-    redis.call('ZADD', K.waiting(t), head[2], head[1])
-    redis.call('SREM', K.key_blocked(t), h)
+    redis_call('ZADD', K.waiting(t), head[2], head[1])
+    redis_call('SREM', K.key_blocked(t), h)
     return true
   end
   if #head > 0 then
-    redis.call('SADD', K.key_blocked(t), h)
+    redis_call('SADD', K.key_blocked(t), h)
   else
-    redis.call('SREM', K.key_blocked(t), h)
+    redis_call('SREM', K.key_blocked(t), h)
   end
   return false
 end
@@ -511,12 +534,12 @@ end
 -- caller moves the shard to in the same step: written with vt in one HSET; nil: the clock
 -- stays as it stands.
 local function leave(t, vt, weight, clock)
-  redis.call('ZREM', K.runnable(), t)
-  WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', '-' .. weight_text(t, weight))
+  redis_call('ZREM', K.runnable(), t)
+  WEIGHT = redis_call('HINCRBY', K.sched(), 'weight', '-' .. weight_text(t, weight))
   if clock then
-    redis.call('HSET', K.sched(), 'clock', clock, 'vt:' .. t, vt)
+    redis_call('HSET', K.sched(), 'clock', clock, 'vt:' .. t, vt)
   else
-    redis.call('HSET', K.sched(), 'vt:' .. t, vt)
+    redis_call('HSET', K.sched(), 'vt:' .. t, vt)
   end
 end
 
@@ -527,24 +550,24 @@ end
 -- `queued` true, t's order is not empty (make_runnable() has just added to it).
 local function refresh(t, outside, queued)
   local vt = nil
-  if not outside then vt = tonumber(redis.call('ZSCORE', K.runnable(), t)) end
+  if not outside then vt = tonumber(redis_call('ZSCORE', K.runnable(), t)) end
   local eligible, weight = false, nil
-  if queued or redis.call('EXISTS', K.waiting(t)) == 1 then
+  if queued or redis_call('EXISTS', K.waiting(t)) == 1 then
     local max_concurrent, _, _, pinned, w, _, _, _, _, deleting = limits(t)
     weight = w
     -- A tenant being deleted starts nothing more (its queue is being reaped).
     if not pinned and not deleting then
-      local held = redis.call('SCARD', K.slots(t))
+      local held = redis_call('SCARD', K.slots(t))
       SLOTS_OF, SLOTS_HELD = t, held
       eligible = held < max_concurrent and tenant_rate_ok(t)
     end
   end
   if eligible and not vt then
-    local sched = redis.call('HMGET', K.sched(), 'clock', 'vt:' .. t)
+    local sched = redis_call('HMGET', K.sched(), 'clock', 'vt:' .. t)
     local at = math.max(tonumber(sched[1]) or 0, tonumber(sched[2]) or 0)
-    redis.call('ZADD', K.runnable(), at, t)
+    redis_call('ZADD', K.runnable(), at, t)
     -- Its kept virtual time stays: read only at an entry, written at every leave().
-    WEIGHT = redis.call('HINCRBY', K.sched(), 'weight', weight_text(t, weight))
+    WEIGHT = redis_call('HINCRBY', K.sched(), 'weight', weight_text(t, weight))
     ring()
   elseif vt and not eligible then
     if not weight then
@@ -568,24 +591,24 @@ local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fre
   local at = order_key(ready_at, priority)
   if h and h ~= '' then
     local queue = K.key_queue(t, h)
-    local first = redis.call('ZRANGE', queue, 0, 0)[1]
-    redis.call('ZADD', queue, at, id)
-    if redis.call('ZRANGE', queue, 0, 0)[1] == id then
+    local first = redis_call('ZRANGE', queue, 0, 0)[1]
+    redis_call('ZADD', queue, at, id)
+    if redis_call('ZRANGE', queue, 0, 0)[1] == id then
       -- It comes first in its key now: it takes the key's place in its tenant's order.
-      if first then redis.call('ZREM', K.waiting(t), first) end
+      if first then redis_call('ZREM', K.waiting(t), first) end
       key_offer(t, h)
     end
   else
-    redis.call('ZADD', K.waiting(t), at, id)
+    redis_call('ZADD', K.waiting(t), at, id)
   end
   if fresh then
-    redis.call('HSET', K.row(id), unpack(fields))
+    redis_call('HSET', K.row(id), unpack(fields))
   else
-    redis.call('HSET', K.row(id), 'q', 'queued', 'r', ready_at, unpack(fields or {}))
+    redis_call('HSET', K.row(id), 'q', 'queued', 'r', ready_at, unpack(fields or {}))
   end
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
-  if runnable or redis.call('ZSCORE', K.runnable(), t) then return true end
+  if runnable or redis_call('ZSCORE', K.runnable(), t) then return true end
   -- Outside the runnable set (just read), and with an order not empty when it joined it.
   refresh(t, true, not (h and h ~= ''))
   return false
@@ -595,16 +618,16 @@ end
 -- its tenant's 'scheduled' index. Rings the doorbell when it is the shard's earliest due time,
 -- so that a sleeping worker learns of it (next_due()).
 local function schedule(t, flow, id, due, fields)
-  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
-  redis.call('ZADD', K.delayed(), due, id)
+  local first = redis_call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
+  redis_call('ZADD', K.delayed(), due, id)
   index_add(t, flow, 'scheduled', id)
-  redis.call('HSET', K.row(id), 'q', 'scheduled', 'ra', due, unpack(fields or {}))
+  redis_call('HSET', K.row(id), 'q', 'scheduled', 'ra', due, unpack(fields or {}))
   if #first == 0 or tonumber(first[2]) > due then ring() end
 end
 
 -- Milliseconds until the shard's earliest due time (0 when one is due), -1 when none.
 local function next_due(now)
-  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
+  local first = redis_call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
   if #first == 0 then return -1 end
   local wait = first[2] - now
   return wait > 0 and wait or 0
@@ -615,15 +638,15 @@ end
 -- Returns what next_due() would answer afterwards: in the usual case, nothing due yet, that
 -- costs one read in all.
 local function promote_due(now, most)
-  local first = redis.call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
+  local first = redis_call('ZRANGE', K.delayed(), '0', '0', 'WITHSCORES')
   if #first == 0 then return -1 end
   local wait = first[2] - now
   if wait > 0 then return wait end
-  local due = redis.call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+  local due = redis_call('ZRANGEBYSCORE', K.delayed(), '-inf', now, 'WITHSCORES', 'LIMIT', 0,
     most)
   for i = 1, #due, 2 do
     local id, at = due[i], tonumber(due[i + 1])
-    redis.call('ZREM', K.delayed(), id)
+    redis_call('ZREM', K.delayed(), id)
     local kind = string.sub(id, 1, 3)
     local row = {}
     if kind == 'rt:' then
@@ -633,7 +656,7 @@ local function promote_due(now, most)
       local t, h = string.match(id, '^rk:([^:]+):(.+)$')
       if t and key_offer(t, h) then refresh(t) end
     else
-      row = redis.call('HMGET', K.row(id), 's', 'q', 't', 'f', 'pr',
+      row = redis_call('HMGET', K.row(id), 's', 'q', 't', 'f', 'pr',
         'kh')
     end
     if row[1] == 'queued' and row[2] == 'scheduled' then
@@ -652,10 +675,10 @@ end
 -- its tenant's order), and one that knows how many slots the tenant holds as `held`.
 local function queue_state(t, id, qstate, rank, held)
   if qstate == 'scheduled' then return 'scheduled' end
-  if rank == nil then rank = redis.call('ZRANK', K.waiting(t), id) end
+  if rank == nil then rank = redis_call('ZRANK', K.waiting(t), id) end
   if not rank then return 'waiting' end
   local max_concurrent = limits(t)
-  if rank < max_concurrent - (held or redis.call('SCARD', K.slots(t))) then return 'ready' end
+  if rank < max_concurrent - (held or redis_call('SCARD', K.slots(t))) then return 'ready' end
   return 'waiting'
 end
 
@@ -667,15 +690,15 @@ end
 -- The fourth value is its rank in its tenant's order (false when it is not in it), for
 -- queue_state().
 local function position(t, id, h)
-  local rank = redis.call('ZRANK', K.waiting(t), id)
+  local rank = redis_call('ZRANK', K.waiting(t), id)
   if not h or h == '' then return rank, nil, nil, rank or false end
   local limit = key_limit(t, h) or -1
   if rank then return rank, 0, limit, rank end
   local queue = K.key_queue(t, h)
-  local key_rank = redis.call('ZRANK', queue, id)
+  local key_rank = redis_call('ZRANK', queue, id)
   if not key_rank then return nil, nil, nil, false end
-  local at = redis.call('ZSCORE', queue, id)
-  return redis.call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit, false
+  local at = redis_call('ZSCORE', queue, id)
+  return redis_call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit, false
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -780,7 +803,7 @@ local function drain(t, now)
   local u = usage_of(t)
   if not u.next or u.next * 1000 > now then return u end
   local next = nil
-  local all = redis.call('HGETALL', K.retained(t))
+  local all = redis_call('HGETALL', K.retained(t))
   for i = 1, #all, 2 do
     local e = tonumber(all[i])
     local b, r = string.match(all[i + 1], '^(-?%d+):(-?%d+)$')
@@ -879,19 +902,19 @@ local function flush_usage()
     if u.flow then set[n + 1], set[n + 2], n = 'reg_flow', u.flow, n + 2 end
     if n > 0 or gone then
       local cfg = K.cfg(t)
-      if n > 0 then redis.call('HSET', cfg, unpack(set)) end
-      if gone then redis.call('HDEL', cfg, unpack(gone)) end
+      if n > 0 then redis_call('HSET', cfg, unpack(set)) end
+      if gone then redis_call('HDEL', cfg, unpack(gone)) end
     end
-    if #u.drained > 0 then redis.call('HDEL', ret, unpack(u.drained)) end
+    if #u.drained > 0 then redis_call('HDEL', ret, unpack(u.drained)) end
     for e, d in pairs(u.buckets) do
-      -- (The field is the bucket's end as a number: Redis formats it as %d would.)
-      local field = e
-      local b, r = string.match(redis.call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
+      -- (The field is the bucket's end as text, for the HGET and the HSET: see num_text().)
+      local field = num_text(e)
+      local b, r = string.match(redis_call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
       b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
       if b == 0 and r == 0 then
-        redis.call('HDEL', ret, field)
+        redis_call('HDEL', ret, field)
       else
-        redis.call('HSET', ret, field, string.format('%d:%d', b, r))
+        redis_call('HSET', ret, field, string.format('%d:%d', b, r))
       end
     end
   end
@@ -928,10 +951,10 @@ end
 -- instructions, callgrind on Redis 7.0); both give the same id and fingerprint, since an id
 -- holds no ':'.
 local function dedup_holder(bucket, mapping, field, fingerprint)
-  local mapped = redis.call('HGET', bucket, field)
+  local mapped = redis_call('HGET', bucket, field)
   local stale = nil
   if not mapped then
-    mapped = redis.call('GET', mapping)
+    mapped = redis_call('GET', mapping)
     if not mapped then return nil end
     stale = true
   end
@@ -940,7 +963,7 @@ local function dedup_holder(bucket, mapping, field, fingerprint)
     local sep = string.find(mapped, ':', 1, true)
     id, fp = string.sub(mapped, 1, sep - 1), string.sub(mapped, sep + 1)
   end
-  if redis.call('EXISTS', K.row(id)) == 0 then return nil, nil, stale end
+  if redis_call('EXISTS', K.row(id)) == 0 then return nil, nil, stale end
   return id, fp
 end
 
@@ -949,36 +972,36 @@ end
 -- key gets the TTL where it is.
 local function dedup_end(t, id, h)
   local bucket, field = K.dedup_bucket(t, h), dedup_field(h)
-  local mapped = redis.call('HGET', bucket, field)
+  local mapped = redis_call('HGET', bucket, field)
   if mapped then
     if maps_to(mapped, id) then
-      redis.call('HDEL', bucket, field)
+      redis_call('HDEL', bucket, field)
       -- (ARGV[5]'s text: a number would be formatted by sprintf.)
-      redis.call('SET', K.dedup(t, h), mapped, 'EX', POLICY_5)
+      redis_call('SET', K.dedup(t, h), mapped, 'EX', POLICY_5)
     end
     return
   end
   local key = K.dedup(t, h)
-  if maps_to(redis.call('GET', key), id) then redis.call('EXPIRE', key, DEDUP_TTL_SECS) end
+  if maps_to(redis_call('GET', key), id) then redis_call('EXPIRE', key, DEDUP_TTL_SECS) end
 end
 
 -- A terminal execution `id` is live again (retry.lua): its mapping, if it still names it,
 -- leaves the string key for its bucket and stops expiring.
 local function dedup_revive(t, id, h)
   local key = K.dedup(t, h)
-  local mapped = redis.call('GET', key)
+  local mapped = redis_call('GET', key)
   if not maps_to(mapped, id) then return end
-  redis.call('DEL', key)
-  redis.call('HSETNX', K.dedup_bucket(t, h), dedup_field(h), mapped)
+  redis_call('DEL', key)
+  redis_call('HSETNX', K.dedup_bucket(t, h), dedup_field(h), mapped)
 end
 
 -- Execution `id` is deleted (force_delete.lua): its mapping, in whichever form, goes if it
 -- still names it, so the same dedup key admits a new execution.
 local function dedup_release(t, id, h)
   local bucket, field = K.dedup_bucket(t, h), dedup_field(h)
-  if maps_to(redis.call('HGET', bucket, field), id) then redis.call('HDEL', bucket, field) end
+  if maps_to(redis_call('HGET', bucket, field), id) then redis_call('HDEL', bucket, field) end
   local key = K.dedup(t, h)
-  if maps_to(redis.call('GET', key), id) then redis.call('DEL', key) end
+  if maps_to(redis_call('GET', key), id) then redis_call('DEL', key) end
 end
 
 -- The admission decision (and a retry's): whether tenant t may queue one more execution.
@@ -1003,11 +1026,11 @@ end
 -- tenant's order. Set membership makes a second release a no-op. A free slot never makes a
 -- tenant less eligible, so one that is runnable already needs no other check.
 local function release_slot(t, id, h)
-  local freed = redis.call('SREM', K.slots(t), id) == 1
-  if h and h ~= '' and redis.call('SREM', K.key_running(t, h), id) == 1 and key_offer(t, h) then
+  local freed = redis_call('SREM', K.slots(t), id) == 1
+  if h and h ~= '' and redis_call('SREM', K.key_running(t, h), id) == 1 and key_offer(t, h) then
     freed = true
   end
-  if freed and not redis.call('ZSCORE', K.runnable(), t) then
+  if freed and not redis_call('ZSCORE', K.runnable(), t) then
     refresh(t, true)
   end
 end
@@ -1016,13 +1039,13 @@ end
 -- concurrency key's queue; h: the key's digest, nil or '' for none).
 local function unqueue(t, flow, id, qstate, h)
   if qstate == 'scheduled' then
-    redis.call('ZREM', K.delayed(), id)
+    redis_call('ZREM', K.delayed(), id)
     index_remove(t, flow, 'scheduled', id)
     return
   end
-  local was_in_order = redis.call('ZREM', K.waiting(t), id) == 1
+  local was_in_order = redis_call('ZREM', K.waiting(t), id) == 1
   if h and h ~= '' then
-    redis.call('ZREM', K.key_queue(t, h), id)
+    redis_call('ZREM', K.key_queue(t, h), id)
     -- The key's next one takes its place (or the key leaves the blocked set when empty).
     key_offer(t, h)
   end
@@ -1040,9 +1063,9 @@ end
 -- names, if given, in the same HDEL), slot released (and its concurrency key's, h: the key's
 -- digest, nil or '' for none).
 local function end_lease(t, id, owner, drop, h)
-  redis.call('ZREM', K.leases(), id)
-  if owner and owner ~= '' then redis.call('SREM', K.held(owner), id) end
-  redis.call('HDEL', K.row(id), 'e', 'lo', 'lu', 'q',
+  redis_call('ZREM', K.leases(), id)
+  if owner and owner ~= '' then redis_call('SREM', K.held(owner), id) end
+  redis_call('HDEL', K.row(id), 'e', 'lo', 'lu', 'q',
     unpack(drop or {}))
   release_slot(t, id, h)
 end
@@ -1054,7 +1077,7 @@ end
 local function requeue(t, flow, id, now, attempt, owner, h)
   end_lease(t, id, owner, nil, h)
   index_move(t, flow, 'running', 'queued', id)
-  local r = redis.call('HMGET', K.row(id), 'r', 'c', 'pr')
+  local r = redis_call('HMGET', K.row(id), 'r', 'c', 'pr')
   make_runnable(t, id, tonumber(r[1] or r[2]), r[3],
     { 's', 'queued', 'a', attempt, 'u', now }, h)
   notify(id, now)
@@ -1064,7 +1087,7 @@ end
 -- delete): the worker subscribes to this channel and asks Redis (a heartbeat) what to do, so
 -- the message only shortens the wait for its next heartbeat and is safe to lose.
 local function tell_holder(owner, id)
-  if owner and owner ~= '' then redis.call('PUBLISH', 'sluice:stop:' .. owner, id) end
+  if owner and owner ~= '' then redis_call('PUBLISH', 'sluice:stop:' .. owner, id) end
 end
 
 -- The value of field `name` in a flat {field, value, ...} list (a stream record), or nil.
@@ -1104,13 +1127,13 @@ end
 -- Returns 1 when the index held it, else 0.
 local function dlq_unhold(holder, id)
   local index = dlq_index(holder)
-  if redis.call('XDEL', index, id) == 0 then return 0 end
-  local left = redis.call('XLEN', index)
+  if redis_call('XDEL', index, id) == 0 then return 0 end
+  local left = redis_call('XLEN', index)
   if left == 0 then
-    redis.call('DEL', index)
-    redis.call('ZREM', K.dlq_holders(), holder)
+    redis_call('DEL', index)
+    redis_call('ZREM', K.dlq_holders(), holder)
   else
-    redis.call('ZADD', K.dlq_holders(), left, holder)
+    redis_call('ZADD', K.dlq_holders(), left, holder)
   end
   return 1
 end
@@ -1119,14 +1142,14 @@ end
 -- left the stream (0 or 1). A count with no index behind it is dropped (a repair) and
 -- evicts nothing.
 local function dlq_evict_oldest(holder)
-  local oldest = redis.call('XRANGE', dlq_index(holder), '-', '+', 'COUNT', 1)[1]
+  local oldest = redis_call('XRANGE', dlq_index(holder), '-', '+', 'COUNT', 1)[1]
   if not oldest then
-    redis.call('ZREM', K.dlq_holders(), holder)
+    redis_call('ZREM', K.dlq_holders(), holder)
     return 0
   end
   dlq_unhold(holder, oldest[1])
-  local gone = redis.call('XDEL', K.dlq(), oldest[1])
-  if gone > 0 then redis.call('HINCRBY', K.dlq_evicted(), holder, gone) end
+  local gone = redis_call('XDEL', K.dlq(), oldest[1])
+  if gone > 0 then redis_call('HINCRBY', K.dlq_evicted(), holder, gone) end
   return gone
 end
 
@@ -1144,41 +1167,41 @@ local function dead_letter(record, caps)
   local holder = record_field(record, 'tenant_id') or ''
   local index = dlq_index(holder)
   local evicted, budget = 0, DLQ_EVICT_BUDGET
-  local own = redis.call('XLEN', index)
+  local own = redis_call('XLEN', index)
   while own >= caps.tenant and budget > 0 do
     evicted = evicted + dlq_evict_oldest(holder)
-    own, budget = redis.call('XLEN', index), budget - 1
+    own, budget = redis_call('XLEN', index), budget - 1
   end
-  local total = redis.call('XLEN', dlq)
+  local total = redis_call('XLEN', dlq)
   while total >= caps.shard and budget > 0 do
-    local top = redis.call('ZREVRANGE', K.dlq_holders(), 0, 0, 'WITHSCORES')
+    local top = redis_call('ZREVRANGE', K.dlq_holders(), 0, 0, 'WITHSCORES')
     if top[1] then
       local victim = top[1]
       if own > 0 and own >= tonumber(top[2]) then victim = holder end
       evicted = evicted + dlq_evict_oldest(victim)
-      if victim == holder then own = redis.call('XLEN', index) end
+      if victim == holder then own = redis_call('XLEN', index) end
     else
       -- No holder counted (records written before the counts, see dlq_reindex.lua): the
       -- shard's oldest record goes.
-      local oldest = redis.call('XRANGE', dlq, '-', '+', 'COUNT', 1)[1]
+      local oldest = redis_call('XRANGE', dlq, '-', '+', 'COUNT', 1)[1]
       if not oldest then break end
       dlq_unhold(record_field(oldest[2], 'tenant_id') or '', oldest[1])
-      evicted = evicted + redis.call('XDEL', dlq, oldest[1])
+      evicted = evicted + redis_call('XDEL', dlq, oldest[1])
     end
-    total, budget = redis.call('XLEN', dlq), budget - 1
+    total, budget = redis_call('XLEN', dlq), budget - 1
   end
-  local id = redis.call('XADD', dlq, '*', unpack(record))
+  local id = redis_call('XADD', dlq, '*', unpack(record))
   -- Ids only grow in a stream; one that cannot follow its index's last (the shard's stream
   -- deleted by hand, then a clock set back) is left out and counted rather than fail the call
   -- that dead-letters.
   local added = redis.pcall('XADD', index, id, 'r', '1')
   if type(added) == 'table' and added.err then
-    redis.call('HINCRBY', K.stats(), 'dlq_unindexed', 1)
+    redis_call('HINCRBY', K.stats(), 'dlq_unindexed', 1)
   else
-    redis.call('ZADD', K.dlq_holders(), own + 1, holder)
+    redis_call('ZADD', K.dlq_holders(), own + 1, holder)
   end
-  if evicted > 0 then redis.call('HINCRBY', K.stats(), 'dlq_evicted', evicted) end
-  redis.call('HINCRBY', K.stats(), 'dead_lettered', 1)
+  if evicted > 0 then redis_call('HINCRBY', K.stats(), 'dlq_evicted', evicted) end
+  redis_call('HINCRBY', K.stats(), 'dead_lettered', 1)
 end
 
 -- Dead-letters a run that failed for good (complete.lua) or lost its last lease (recover()):
@@ -1214,14 +1237,14 @@ local WEBHOOK_CHANNEL = 'sluice:wh'
 local function outbox(t, id, kind, now, fields)
   if not select(9, limits(t)) then return end
   local box = K.outbox(t)
-  local before = redis.call('XLEN', box)
-  local seq = redis.call('HINCRBY', K.row(id), 'ws', 1)
-  redis.call('XADD', box, 'MAXLEN', WEBHOOK_OUTBOX_CAP, '*', 'type', kind, 'id', id, 'seq', seq,
+  local before = redis_call('XLEN', box)
+  local seq = redis_call('HINCRBY', K.row(id), 'ws', 1)
+  redis_call('XADD', box, 'MAXLEN', WEBHOOK_OUTBOX_CAP, '*', 'type', kind, 'id', id, 'seq', seq,
     'at', now, unpack(fields))
   if before >= WEBHOOK_OUTBOX_CAP then
-    redis.call('HINCRBY', K.cfg(t), 'wh_dropped', before + 1 - WEBHOOK_OUTBOX_CAP)
+    redis_call('HINCRBY', K.cfg(t), 'wh_dropped', before + 1 - WEBHOOK_OUTBOX_CAP)
   elseif before == 0 then
-    redis.call('PUBLISH', WEBHOOK_CHANNEL, t)
+    redis_call('PUBLISH', WEBHOOK_CHANNEL, t)
   end
 end
 
@@ -1276,7 +1299,7 @@ end
 local function settle_terminal(t, id, digest, size)
   if digest then dedup_end(t, id, digest) end
   local expire_at = now_ms() + RETENTION_SECS * 1000
-  redis.call('PEXPIREAT', K.row(id), expiry_text())
+  redis_call('PEXPIREAT', K.row(id), expiry_text())
   if size then retain(t, size, expire_at, 1) end
 end
 
@@ -1297,7 +1320,7 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
   index_move(t, flow, 'running', status, id)
   -- (Now as text, made once: see now_text().)
   local at = now == NOW and now_text() or now
-  redis.call('HSET', K.row(id), 's', status, 'fi', at, 'u', at,
+  redis_call('HSET', K.row(id), 's', status, 'fi', at, 'u', at,
     unpack(extra))
   end_lease(t, id, run[9], drop, run[13])
   announce(id, run[11], status, now)
@@ -1322,9 +1345,9 @@ end
 -- kept only so that its slot stays taken until the handler stopped or its lease expired. Now
 -- both go.
 local function bury(t, id, owner, h)
-  redis.call('SREM', K.deleting(t), id)
+  redis_call('SREM', K.deleting(t), id)
   end_lease(t, id, owner, nil, h)
-  redis.call('DEL', K.row(id))
+  redis_call('DEL', K.row(id))
 end
 
 -- Fields recover(), finish() and complete.lua read from a running row, in this order. The
@@ -1357,14 +1380,14 @@ local function recover(id, row, now, caps)
     return 'dead_lettered'
   end
   requeue(tenant, flow, id, now, attempt, owner, row[13])
-  redis.call('HINCRBY', K.stats(), 'reclaimed', 1)
+  redis_call('HINCRBY', K.stats(), 'reclaimed', 1)
   return 'requeued'
 end
 
 -- A started run as start.lua and adopt.lua report it: {id, fence, attempt, tenant, flow,
 -- version or '', params, max_attempts, traceparent or '', tracestate or ''}.
 local function run_of(id)
-  local r = redis.call('HMGET', K.row(id), 'fe', 'a', 't', 'f', 'v',
+  local r = redis_call('HMGET', K.row(id), 'fe', 'a', 't', 'f', 'v',
     'p', 'm', 'tp', 'ts')
   return { id, r[1], r[2], r[3], r[4], r[5] or '', r[6], r[7], r[8] or '', r[9] or '' }
 end
@@ -1379,7 +1402,7 @@ local function barred(consumer, call)
   if call == 0 then return false end
   local barrier = BARRIERS[consumer]
   if not barrier then
-    barrier = tonumber(redis.call('GET', K.adopted(consumer))) or 0
+    barrier = tonumber(redis_call('GET', K.adopted(consumer))) or 0
     BARRIERS[consumer] = barrier
     BARRIERS_KEPT = true
   end
@@ -1428,7 +1451,7 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
   for _ = 1, count * 4 + 16 do
     -- (left false: the last start emptied the set, see below.)
     if #started >= count or left == false then break end
-    local top = redis.call('ZRANGE', K.runnable(), '0', '0', 'WITHSCORES')
+    local top = redis_call('ZRANGE', K.runnable(), '0', '0', 'WITHSCORES')
     left = #top > 0
     if not left then break end
     if call then
@@ -1440,7 +1463,7 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
     local clock_at = top[2]
     if only then
       -- The least virtual time among the served tenants that are runnable.
-      local scores = redis.call('ZMSCORE', K.runnable(), unpack(only))
+      local scores = redis_call('ZMSCORE', K.runnable(), unpack(only))
       top = {}
       for i, score in ipairs(scores) do
         -- (Arithmetic converts the score's text: no tonumber() calls.)
@@ -1456,50 +1479,50 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
     local vt = vt_text + 0
     -- (Key names made once a round: each a new string of several parts.)
     local waiting = K.waiting(tenant)
-    local popped = redis.call('ZPOPMIN', waiting)
+    local popped = redis_call('ZPOPMIN', waiting)
     local id = popped[1]
     local row, row_key = nil, nil
     if id then
       row_key = K.row(id)
-      row = redis.call('HMGET', row_key, 's', 'q', 'a', 'm',
+      row = redis_call('HMGET', row_key, 's', 'q', 'a', 'm',
         't', 'f', 'x', 'fe', 'v', 'p', 'w', 'r',
         'c', 'kh', 'tp', 'ts')
     end
     local key = row and row[14]
     if not id or row[1] ~= 'queued' or row[2] == 'scheduled' or row[5] ~= tenant then
       -- An empty queue, or a member whose row is gone or moved on (repair): look again.
-      if id then redis.call('HINCRBY', K.stats(), 'repaired_stale_queue', 1) end
+      if id then redis_call('HINCRBY', K.stats(), 'repaired_stale_queue', 1) end
       refresh(tenant)
       left = nil
     elseif key and not key_open(tenant, key) then
       -- Its key's limit was lowered while it stood first in the tenant's order: it stays in
       -- its key's queue only, until a run of the key ends (key_offer()).
-      redis.call('SADD', K.key_blocked(tenant), key)
+      redis_call('SADD', K.key_blocked(tenant), key)
       refresh(tenant)
       left = nil
     else
       local flow = row[6]
       local max_concurrent, _, _, _, weight = limits(tenant)
       local slots = K.slots(tenant)
-      redis.call('SADD', slots, id)
+      redis_call('SADD', slots, id)
       take_tokens(tenant, key)
       if key then
-        redis.call('ZREM', K.key_queue(tenant, key), id)
-        redis.call('SADD', K.key_running(tenant, key), id)
+        redis_call('ZREM', K.key_queue(tenant, key), id)
+        redis_call('SADD', K.key_running(tenant, key), id)
         key_offer(tenant, key)
       end
       -- (The weight's text as its tenant's cfg holds it: the number came from it.)
       if log then
-        redis.call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant,
+        redis_call('XADD', K.starts(), 'MAXLEN', '~', START_LOG_CAP, '*', 't', tenant,
           'vt', vt_text, 'w', LIMITS_READ[tenant][5] or '1')
       end
       local next_vt = vt + QUANTUM / weight
       -- The shard's clock moves to clock_at: in the same HSET as the tenant's kept virtual
       -- time when it leaves the set.
-      if redis.call('EXISTS', waiting) == 1
-        and redis.call('SCARD', slots) < max_concurrent and tenant_rate_ok(tenant) then
-        redis.call('ZADD', K.runnable(), next_vt, tenant)
-        redis.call('HSET', K.sched(), 'clock', clock_at)
+      if redis_call('EXISTS', waiting) == 1
+        and redis_call('SCARD', slots) < max_concurrent and tenant_rate_ok(tenant) then
+        redis_call('ZADD', K.runnable(), next_vt, tenant)
+        redis_call('HSET', K.sched(), 'clock', clock_at)
       else
         leave(tenant, next_vt, weight, clock_at)
         -- The eligible weight its HINCRBY answered is the sum of the weights (each at least 1)
@@ -1518,10 +1541,11 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       -- and end_lease() drops it with the lease fields.
       -- (Now as text, made once: see now_text().)
       local at = now == NOW and now_text() or now
-      redis.call('HSET', row_key, 's', 'running', 'a', attempt, 'fe', fence,
+      -- (The attempt and the fence, small whole numbers, as text: see num_text().)
+      redis_call('HSET', row_key, 's', 'running', 'a', num_text(attempt), 'fe', num_text(fence),
         'st', at, 'u', at, 'lo', consumer, 'lu', until_text)
-      redis.call('ZADD', K.leases(), until_text, id)
-      redis.call('SADD', K.held(consumer), id)
+      redis_call('ZADD', K.leases(), until_text, id)
+      redis_call('SADD', K.held(consumer), id)
       -- As run_of() reports a run, from what was read above (no second read).
       started[#started + 1] = { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4],
         row[15] or '', row[16] or '' }
@@ -1533,7 +1557,7 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
   local more = 0
   -- With `only`, the doorbell still speaks for every tenant of the shard (an empty set is
   -- empty for all).
-  if left == nil or (only and left) then left = redis.call('EXISTS', K.runnable()) == 1 end
+  if left == nil or (only and left) then left = redis_call('EXISTS', K.runnable()) == 1 end
   if left then
     more = 1
     ring()
@@ -1543,7 +1567,7 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
     -- time (schedule()), which the idle workers should learn anyway; at worst it wakes one
     -- of them for one start call that finds nothing and clears it. (One DEL less for most
     -- completions of a quiet shard: the chain finds nothing there.)
-    if not chained or #started > 0 or RUNG then redis.call('DEL', K.bell()) end
+    if not chained or #started > 0 or RUNG then redis_call('DEL', K.bell()) end
     RUNG = false
     -- Nothing is runnable: nothing is eligible either (eligible_weight() needs no read).
     WEIGHT = 0
@@ -1562,11 +1586,11 @@ local function eligible_weight(only)
     -- Written in this call already: its HINCRBY answered it.
     if WEIGHT then return WEIGHT end
     -- (Arithmetic converts the string: no tonumber() call.)
-    local weight = redis.call('HGET', K.sched(), 'weight')
+    local weight = redis_call('HGET', K.sched(), 'weight')
     return weight and weight + 0 or 0
   end
   local sum = 0
-  for i, score in ipairs(redis.call('ZMSCORE', K.runnable(), unpack(only))) do
+  for i, score in ipairs(redis_call('ZMSCORE', K.runnable(), unpack(only))) do
     if score then
       local _, _, _, _, weight = limits(only[i])
       sum = sum + weight
@@ -1579,7 +1603,7 @@ end
 -- queue_state()) while it is queued, and while it is runnable its position (position()):
 -- `qpt` (tenant), `qpk` (key) and `qkl` (the key's limit, -1 for none).
 local function view(id)
-  local row = redis.call('HGETALL', K.row(id))
+  local row = redis_call('HGETALL', K.row(id))
   local status, tenant, qstate, h = nil, nil, nil, nil
   for i = 1, #row, 2 do
     local f = row[i]
@@ -1622,19 +1646,19 @@ local EVENTS_CHANNEL = 'sluice:ev:'
 -- Publishes `what` for execution id when `watch` (the row's field, or nil) is in the future.
 announce = function(id, watch, what, now)
   if watch and tonumber(watch) > now then
-    redis.call('PUBLISH', EVENTS_CHANNEL .. id, what)
+    redis_call('PUBLISH', EVENTS_CHANNEL .. id, what)
   end
 end
 
 -- After a change of execution id's row: tells its waiters, if it has any.
 notify = function(id, now)
-  local row = redis.call('HMGET', K.row(id), 'w', 's')
+  local row = redis_call('HMGET', K.row(id), 'w', 's')
   announce(id, row[1], row[2], now)
 end
 
 -- Before execution id's row is deleted (or hidden as deleted): tells its waiters it is gone.
 local function notify_deleted(id, now)
-  announce(id, redis.call('HGET', K.row(id), 'w'), 'deleted', now)
+  announce(id, redis_call('HGET', K.row(id), 'w'), 'deleted', now)
 end
 
 -- ------------------------------------------------------------------------------------------
@@ -1786,8 +1810,8 @@ local function note_burst(key, args, replies)
   if minute == 0 then
     before, at = K.trends(t, day - 1), 1439 * TREND_RECORD_BITS + TREND_FIELD.started
   end
-  if redis.call('BITFIELD', before, 'GET', 'u32', at)[1] == 0 then
-    redis.call('SET', K.burst(t), now, 'PX', BURST_TTL_MS)
+  if redis_call('BITFIELD', before, 'GET', 'u32', at)[1] == 0 then
+    redis_call('SET', K.burst(t), now, 'PX', BURST_TTL_MS)
   end
 end
 
@@ -1803,10 +1827,10 @@ flush_trends = function()
     for k = 1, #TREND_KEYS do
       local key = TREND_KEYS[k]
       local args = TREND_ARGS[key]
-      local replies = redis.call(unpack(args))
+      local replies = redis_call(unpack(args))
       for i = 1, #replies do
         if replies[i] == count_of(args, 4 + 4 * i) then
-          redis.call('EXPIREAT', key, TREND_EXPIRY[key])
+          redis_call('EXPIREAT', key, TREND_EXPIRY[key])
           break
         end
       end
@@ -1822,7 +1846,7 @@ flush_trends = function()
     -- (1 as text: a number is formatted by sprintf. The table emptied in place: assigning
     -- nil to a field during pairs() is allowed.)
     for field, n in pairs(ENDED) do
-      redis.call('HINCRBY', K.stats(), field, n == 1 and '1' or n)
+      redis_call('HINCRBY', K.stats(), field, n == 1 and '1' or n)
       ENDED[field] = nil
     end
     ENDED_KEPT = false
@@ -1855,7 +1879,7 @@ end
 -- tenant that was runnable already skips this (a runnable tenant had queued work, so it is a
 -- member: the sweeper takes out only tenants with none, and puts back any it finds with some).
 mark_busy = function(t)
-  redis.call('SADD', K.busy(), t)
+  redis_call('SADD', K.busy(), t)
 end
 
 -- ------------------------------------------------------------------------------------------

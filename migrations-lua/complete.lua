@@ -129,11 +129,11 @@ end
 local function record(ROW, a, row)
   local id, fence, consumer, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local output, err_kind, err_msg, backoff = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
-  row = row or redis.call('HMGET', ROW, unpack(REPORT_FIELDS))
+  row = row or redis_call('HMGET', ROW, unpack(REPORT_FIELDS))
   local what = quiet(row, a)
   if what then return what, '' end
   if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
-    redis.call('HINCRBY', STATS, 'fenced', 1)
+    redis_call('HINCRBY', STATS, 'fenced', 1)
     return 'stale', ''
   end
   local tenant, flow, entry = row[5], row[6], row[7]
@@ -145,7 +145,7 @@ local function record(ROW, a, row)
   if outcome == 'abandoned' then
     caps = caps or dlq_caps(ARGV[6], ARGV[7])
     local how = recover(id, row, now, caps)
-    redis.call('HSET', ROW, 'rp', fence)
+    redis_call('HSET', ROW, 'rp', fence)
     return 'recovered', how
   end
 
@@ -161,7 +161,7 @@ local function record(ROW, a, row)
       { 'ek', 'em' })
     return 'done', 'completed'
   elseif outcome == 'released' then
-    redis.call('HSET', ROW, 'rp', fence)
+    redis_call('HSET', ROW, 'rp', fence)
     requeue(tenant, flow, id, now, tonumber(row[3]) - 1, consumer, row[13])
     return 'released', ''
   end
@@ -201,7 +201,7 @@ local n = ARGV[9] + 0
 -- the keys it does not touch are checked when a report does.
 local first = nil
 if n == 1 then
-  first = redis.call('HMGET', declared(8, K.row(ARGV[10])), unpack(REPORT_FIELDS))
+  first = redis_call('HMGET', declared(8, K.row(ARGV[10])), unpack(REPORT_FIELDS))
   local what = quiet(first, 10)
   if what then return what end
 end

@@ -20,11 +20,11 @@ local STATS = declared(3, K.stats())
 declared(4, K.dlq_holders())
 local id, tenant = ARGV[6], ARGV[7]
 
-local records = redis.call('XRANGE', DLQ, id, id)
+local records = redis_call('XRANGE', DLQ, id, id)
 if #records == 0 then return 0 end
 local owner = record_field(records[1][2], 'tenant_id') or ''
 if tenant ~= '' and owner ~= tenant then return 0 end
-redis.call('XDEL', DLQ, id)
+redis_call('XDEL', DLQ, id)
 dlq_unhold(owner, id)
-redis.call('HINCRBY', STATS, 'dlq_dismissed', 1)
+redis_call('HINCRBY', STATS, 'dlq_dismissed', 1)
 return 1

@@ -48,17 +48,17 @@ end
 -- Up to n entries of `stream` older than `bound` ('' for none), newest first, without the walk
 -- an end below the stream's first entry would cost.
 local function older(stream, bound, n)
-  local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+  local first = redis_call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
   if not first then return {} end
   if bound ~= '' and at_or_below(bound, first[1]) then return {} end
   local top = '+'
   if bound ~= '' then top = '(' .. bound end
-  return redis.call('XREVRANGE', stream, top, '-', 'COUNT', n)
+  return redis_call('XREVRANGE', stream, top, '-', 'COUNT', n)
 end
 
 local out
 if tenant == '' then
-  out = { redis.call('XLEN', DLQ), tonumber(redis.call('HGET', STATS, 'dlq_evicted')) or 0 }
+  out = { redis_call('XLEN', DLQ), tonumber(redis_call('HGET', STATS, 'dlq_evicted')) or 0 }
   for _, record in ipairs(older(DLQ, before, limit)) do
     table.insert(out, record[1])
     table.insert(out, record[2])
@@ -66,8 +66,8 @@ if tenant == '' then
   return out
 end
 
-out = { tonumber(redis.call('ZSCORE', HOLDERS, tenant)) or 0,
-  tonumber(redis.call('HGET', EVICTED, tenant)) or 0 }
+out = { tonumber(redis_call('ZSCORE', HOLDERS, tenant)) or 0,
+  tonumber(redis_call('HGET', EVICTED, tenant)) or 0 }
 for _, entry in ipairs(older(K.tenant_dlq(tenant), before, limit)) do
   table.insert(out, entry[1])
 end

@@ -35,32 +35,32 @@ local cursor, batch = ARGV[6], tonumber(ARGV[7])
 
 local from
 if cursor == '' then
-  if redis.call('EXISTS', MARKER) == 0 then
-    if redis.call('EXISTS', HOLDERS) == 1 or redis.call('XLEN', DLQ) == 0 then
+  if redis_call('EXISTS', MARKER) == 0 then
+    if redis_call('EXISTS', HOLDERS) == 1 or redis_call('XLEN', DLQ) == 0 then
       return { 'done', 0 }
     end
-    redis.call('SET', MARKER, 'rebuild')
+    redis_call('SET', MARKER, 'rebuild')
   end
   from = '-'
 else
   -- Another process finished this shard meanwhile.
-  if redis.call('EXISTS', MARKER) == 0 then return { 'done', 0 } end
+  if redis_call('EXISTS', MARKER) == 0 then return { 'done', 0 } end
   from = '(' .. cursor
 end
 
-local records = redis.call('XRANGE', DLQ, from, '+', 'COUNT', batch)
+local records = redis_call('XRANGE', DLQ, from, '+', 'COUNT', batch)
 local indexed = 0
 for _, record in ipairs(records) do
   local id = record[1]
   local holder = record_field(record[2], 'tenant_id') or ''
   local index = dlq_index(holder)
-  if redis.call('SADD', REBUILT, holder) == 1 then redis.call('DEL', index) end
+  if redis_call('SADD', REBUILT, holder) == 1 then redis_call('DEL', index) end
   local added = redis.pcall('XADD', index, id, 'r', '1')
   if not (type(added) == 'table' and added.err) then indexed = indexed + 1 end
-  redis.call('ZADD', HOLDERS, redis.call('XLEN', index), holder)
+  redis_call('ZADD', HOLDERS, redis_call('XLEN', index), holder)
 end
 if #records < batch then
-  redis.call('DEL', MARKER, REBUILT)
+  redis_call('DEL', MARKER, REBUILT)
   return { 'done', indexed }
 end
 return { records[#records][1], indexed }

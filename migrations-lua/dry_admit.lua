@@ -45,9 +45,9 @@ if due and due > now then return { 'schedule', due } end
 -- It would join its tenant's order (or its key's queue) at this order key, after every
 -- entry with the same one (admitted before it).
 local at = order_key(now, priority)
-local ahead = redis.call('ZCOUNT', K.waiting(tenant), '-inf', at)
+local ahead = redis_call('ZCOUNT', K.waiting(tenant), '-inf', at)
 local max_concurrent, _, _, _, _, _, rate, key_rate = limits(tenant)
-local free = max_concurrent - redis.call('SCARD', K.slots(tenant))
+local free = max_concurrent - redis_call('SCARD', K.slots(tenant))
 -- Held back by a rate (read only: the real start takes the token).
 local function throttled(text, cell)
   local _, tau = rate_of(text)
@@ -59,10 +59,10 @@ if ckh == '' then
   if ahead < free then return { 'admit', 'ready', ahead, '', '' } end
   return { 'wait', 'tenant_at_max_concurrent', ahead, '', '' }
 end
-local key_ahead = redis.call('ZCOUNT', K.key_queue(tenant, ckh), '-inf', at)
+local key_ahead = redis_call('ZCOUNT', K.key_queue(tenant, ckh), '-inf', at)
 local limit = key_limit(tenant, ckh)
 local key_room = not limit
-  or redis.call('SCARD', K.key_running(tenant, ckh)) + key_ahead < limit
+  or redis_call('SCARD', K.key_running(tenant, ckh)) + key_ahead < limit
 if not key_room then
   return { 'wait', 'key_at_limit', ahead, key_ahead, limit }
 end

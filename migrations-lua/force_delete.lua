@@ -35,7 +35,7 @@ declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(
 local DELETING = declared(6, K.deleting(tenant))
 declared(7, K.runnable()); declared(8, K.delayed())
 local LEASES = declared(9, K.leases())
-local row = redis.call('HMGET', ROW, 't', 's', 'q', 'e', 'f', 'dh',
+local row = redis_call('HMGET', ROW, 't', 's', 'q', 'e', 'f', 'dh',
   'dl', 'kh', 'z')
 if row[1] ~= tenant or row[7] then return { 'not_found' } end
 local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[6]
@@ -43,22 +43,22 @@ local status, qstate, entry, flow, digest = row[2], row[3], row[4], row[5], row[
 local now = now_ms()
 local sz = tonumber(row[9])
 if sz then
-  local size = sz + redis.call('HSTRLEN', ROW, 'o') + redis.call('HSTRLEN', ROW, 'em')
+  local size = sz + redis_call('HSTRLEN', ROW, 'o') + redis_call('HSTRLEN', ROW, 'em')
   count_bytes(tenant, -size)
   if status ~= 'queued' and status ~= 'running' then
-    local expire_at = redis.call('PEXPIRETIME', ROW)
+    local expire_at = redis_call('PEXPIRETIME', ROW)
     if expire_at > 0 then retain(tenant, size, expire_at, -1) end
   end
 end
 notify_deleted(id, now)
-local attempt = redis.call('HGET', ROW, 'a') or '0'
+local attempt = redis_call('HGET', ROW, 'a') or '0'
 outbox(tenant, id, 'deleted', now, { 'flow', flow, 'attempt', attempt, 'was', status })
 index_remove(tenant, flow, status, id)
 if digest then dedup_release(tenant, id, digest) end
 if status == 'running' then
-  redis.call('HSET', ROW, 'dl', 1, 'u', now)
-  redis.call('SADD', DELETING, id)
-  tell_holder(redis.call('HGET', ROW, 'lo'), id)
+  redis_call('HSET', ROW, 'dl', 1, 'u', now)
+  redis_call('SADD', DELETING, id)
+  tell_holder(redis_call('HGET', ROW, 'lo'), id)
   flush_usage()
   return { 'deleted' }
 end
@@ -68,7 +68,7 @@ else
   -- Terminal: its release already happened (SREM makes this a no-op).
   release_slot(tenant, id, row[8])
 end
-redis.call('ZREM', LEASES, id)
-redis.call('DEL', ROW)
+redis_call('ZREM', LEASES, id)
+redis_call('DEL', ROW)
 flush_usage()
 return { 'deleted' }

@@ -13,6 +13,8 @@
 --   KEYS[2..] every other key whose name follows from the call's arguments (each script's
 --            header lists them); keys found only in data read inside (ids popped from a set or
 --            read from a stream, a row's flow or status) are built from ARGV[1].
+--   redis_call  is redis.call, a local the composer sets before the first line of every
+--            function and script (src/store/compose.rs says why): the Lua calls Redis by it.
 --
 -- The fences, in order:
 --   1. ARGV[1] has the shape of a sluice prefix with a hash tag, and every KEYS[i] starts with
@@ -65,6 +67,6 @@ if KEYS[1] ~= fence_frozen then
   return redis.error_reply('ERR sluice fence: KEYS[1] must be ' .. P .. 'hold, not ' ..
     tostring(KEYS[1]))
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if redis_call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('TRYAGAIN shard frozen for a slot move')
 end

@@ -26,12 +26,12 @@ local answers = {}
 for i = 9, #ARGV, 2 do
   local id, fence = ARGV[i], ARGV[i + 1]
   local ROW = declared(3 + (i - 9) / 2, K.row(id))
-  local row = redis.call('HMGET', ROW, 's', 'fe', 'lo', 'x', 'dl',
+  local row = redis_call('HMGET', ROW, 's', 'fe', 'lo', 'x', 'dl',
     't')
   if row[1] == 'running' and row[2] == fence and row[3] == consumer
     and (tenant == '' or row[6] == tenant) then
-    redis.call('ZADD', LEASES, now + ttl, id)
-    redis.call('HSET', ROW, 'lu', now + ttl)
+    redis_call('ZADD', LEASES, now + ttl, id)
+    redis_call('HSET', ROW, 'lu', now + ttl)
     if row[4] == '1' or row[5] == '1' then
       table.insert(answers, 'cancel')
     else

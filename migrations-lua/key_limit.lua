@@ -29,24 +29,24 @@ local OVERRIDES = declared(3, K.key_limits(tenant))
 declared(4, K.key_blocked(tenant))
 local QUEUE, RUNNING = declared(5, K.key_queue(tenant, h)), declared(6, K.key_running(tenant, h))
 declared(7, K.waiting(tenant)); declared(8, K.runnable())
-local state = redis.call('HMGET', CFG, 'pinned', 'deleting')
+local state = redis_call('HMGET', CFG, 'pinned', 'deleting')
 if state[1] then return { 'moved', state[1] } end
 if state[2] then return { 'deleting' } end
 if limit == '' then
-  redis.call('HDEL', OVERRIDES, h)
+  redis_call('HDEL', OVERRIDES, h)
 else
-  if redis.call('HEXISTS', OVERRIDES, h) == 0 then
-    local n = redis.call('HLEN', OVERRIDES)
+  if redis_call('HEXISTS', OVERRIDES, h) == 0 then
+    local n = redis_call('HLEN', OVERRIDES)
     if n >= tonumber(ARGV[10]) then return { 'too_many', n } end
   end
-  redis.call('HSET', OVERRIDES, h, limit .. ':' .. key)
+  redis_call('HSET', OVERRIDES, h, limit .. ':' .. key)
 end
 -- A lowered limit takes the key's entry out of its tenant's order now (a raised one puts it
 -- in): the key's first execution is in that order exactly while the key has room.
-local first = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+local first = redis_call('ZRANGE', QUEUE, 0, 0)[1]
 if first and not key_open(tenant, h) then
-  redis.call('ZREM', K.waiting(tenant), first)
+  redis_call('ZREM', K.waiting(tenant), first)
 end
 key_offer(tenant, h)
 refresh(tenant)
-return { 'ok', redis.call('SCARD', RUNNING), redis.call('ZCARD', QUEUE) }
+return { 'ok', redis_call('SCARD', RUNNING), redis_call('ZCARD', QUEUE) }

@@ -55,20 +55,20 @@ if dedup ~= '' then
   mapping = declared(5, K.dedup(tenant, ARGV[13]))
 end
 local flows = { flow }
-if flow == '' and dedup == '' then flows = redis.call('SMEMBERS', FLOWS) end
+if flow == '' and dedup == '' then flows = redis_call('SMEMBERS', FLOWS) end
 
 local candidates, source, total = {}, {}, 0
 if dedup ~= '' then
   -- At most one execution holds a dedup key: read it from the mapping, then check that it
   -- passes the other filters (its status and flow by its listing member, its age by its id).
-  local mapped = redis.call('HGET', bucket, dedup_field(ARGV[13]))
-    or redis.call('GET', mapping)
+  local mapped = redis_call('HGET', bucket, dedup_field(ARGV[13]))
+    or redis_call('GET', mapping)
   local id = mapped and string.match(mapped, '^([0-9a-f]+):')
-  local row = id and redis.call('HMGET', K.row(id), 'd', 'f') or {}
+  local row = id and redis_call('HMGET', K.row(id), 'd', 'f') or {}
   if id and row[1] == dedup and (flow == '' or row[2] == flow)
     and (lower == '' or id >= lower) and (upper == '' or id < upper) then
     for _, s in ipairs(statuses) do
-      if redis.call('ZSCORE', LISTING, listing_member(s, row[2], id)) then
+      if redis_call('ZSCORE', LISTING, listing_member(s, row[2], id)) then
         total = 1
         if cursor == '' or id < cursor then
           table.insert(candidates, id)
@@ -96,7 +96,7 @@ else
     for _, s in ipairs(statuses) do total = total + listing_count(tenant, s) end
   else
     for _, r in ipairs(ranges) do
-      total = total + redis.call('ZLEXCOUNT', LISTING, r.min, r.max)
+      total = total + redis_call('ZLEXCOUNT', LISTING, r.min, r.max)
     end
   end
   local want = limit + 1
@@ -112,7 +112,7 @@ else
     local safe = nil
     for _, r in ipairs(ranges) do
       if not r.done then
-        local got = redis.call('ZRANGE', LISTING, r.top, r.min, 'BYLEX', 'REV', 'LIMIT', 0,
+        local got = redis_call('ZRANGE', LISTING, r.top, r.min, 'BYLEX', 'REV', 'LIMIT', 0,
           r.take)
         local cut = #r.prefix + 1
         for _, m in ipairs(got) do
@@ -146,7 +146,7 @@ for i = 1, math.min(limit, #candidates) do
   local src = source[id]
   local row, gone = view(id), false
   if src.s == 'scheduled' and #row > 0
-    and redis.call('HGET', K.row(id), 'q') ~= 'scheduled' then
+    and redis_call('HGET', K.row(id), 'q') ~= 'scheduled' then
     -- Became runnable or ended without leaving the listing (repair): not listed.
     index_remove(tenant, src.f, 'scheduled', id)
     row, gone = {}, true

@@ -35,10 +35,10 @@ local now = now_ms()
 local moved = 0
 
 if phase == 'stream' then
-  if redis.call('TYPE', READY).ok ~= 'stream' then return { 'delayed', '0', 0 } end
-  local entries = redis.call('XRANGE', READY, '-', '+', 'COUNT', batch)
+  if redis_call('TYPE', READY).ok ~= 'stream' then return { 'delayed', '0', 0 } end
+  local entries = redis_call('XRANGE', READY, '-', '+', 'COUNT', batch)
   if #entries == 0 then
-    redis.call('DEL', READY)
+    redis_call('DEL', READY)
     return { 'delayed', '0', 0 }
   end
   for _, e in ipairs(entries) do
@@ -48,38 +48,38 @@ if phase == 'stream' then
       if fields[i] == 'id' then id = fields[i + 1] end
     end
     if id then
-      local row = redis.call('HMGET', K.row(id), 's', 'e', 't', 'lo',
+      local row = redis_call('HMGET', K.row(id), 's', 'e', 't', 'lo',
         'c', 'pr')
       if row[2] == entry and row[1] == 'queued' then
-        redis.call('SREM', K.slots(row[3]), id)
-        redis.call('HDEL', K.row(id), 'e')
+        redis_call('SREM', K.slots(row[3]), id)
+        redis_call('HDEL', K.row(id), 'e')
         make_runnable(row[3], id, tonumber(row[5]) or now, row[6])
         moved = moved + 1
       elseif row[2] == entry and row[1] == 'running' then
-        if row[4] and row[4] ~= '' then redis.call('SADD', K.held(row[4]), id) end
-        redis.call('HDEL', K.row(id), 'e')
+        if row[4] and row[4] ~= '' then redis_call('SADD', K.held(row[4]), id) end
+        redis_call('HDEL', K.row(id), 'e')
         moved = moved + 1
       end
     end
-    redis.call('XDEL', READY, entry)
+    redis_call('XDEL', READY, entry)
   end
   return { 'stream', '0', moved }
 elseif phase == 'delayed' then
-  local r = redis.call('ZSCAN', DELAYED, cursor, 'COUNT', batch)
+  local r = redis_call('ZSCAN', DELAYED, cursor, 'COUNT', batch)
   for i = 1, #r[2], 2 do
     local id, due = r[2][i], tonumber(r[2][i + 1])
-    local row = redis.call('HMGET', K.row(id), 's', 'q', 't', 'f')
+    local row = redis_call('HMGET', K.row(id), 's', 'q', 't', 'f')
     if row[1] == 'queued' and row[2] == 'dispatched' then
-      redis.call('SREM', K.slots(row[3]), id)
+      redis_call('SREM', K.slots(row[3]), id)
       index_add(row[3], row[4], 'scheduled', id)
-      redis.call('HSET', K.row(id), 'q', 'scheduled', 'ra', due)
+      redis_call('HSET', K.row(id), 'q', 'scheduled', 'ra', due)
       moved = moved + 1
     end
   end
   if r[1] == '0' then return { 'tenants', '0', moved } end
   return { 'delayed', r[1], moved }
 else
-  local r = redis.call('SSCAN', TENANTS, cursor, 'COUNT', batch)
+  local r = redis_call('SSCAN', TENANTS, cursor, 'COUNT', batch)
   for _, t in ipairs(r[2]) do refresh(t) end
   if r[1] == '0' then return { 'done', '0', moved } end
   return { 'tenants', r[1], moved }

@@ -31,27 +31,27 @@ local tenant, target = ARGV[6], ARGV[7]
 local CFG = declared(2, K.cfg(tenant))
 local SLOTS, WAITING = declared(3, K.slots(tenant)), declared(4, K.waiting(tenant))
 local DELETING = declared(5, K.deleting(tenant))
-local held = redis.call('SCARD', SLOTS) + redis.call('ZCARD', WAITING)
-  + redis.call('SCARD', DELETING)
-  + redis.call('ZCARD', declared(6, K.listing(tenant)))
+local held = redis_call('SCARD', SLOTS) + redis_call('ZCARD', WAITING)
+  + redis_call('SCARD', DELETING)
+  + redis_call('ZCARD', declared(6, K.listing(tenant)))
 -- Webhook events not delivered yet cannot follow either.
-held = held + redis.call('XLEN', K.outbox(tenant))
-local v = redis.call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
+held = held + redis_call('XLEN', K.outbox(tenant))
+local v = redis_call('HMGET', CFG, 'pinned', 'max_concurrent', 'max_queued', 'enabled',
   'weight', 'max_concurrent_per_key', 'rate', 'key_rate', 'wh_url', 'wh_secret', 'wh_at',
   'max_bytes', 'max_retained', 'deleting')
 if v[14] then held = held + 1 end
 local function reply(n)
   local out = { 'pinned', n, v[2] or '', v[3] or '', v[4] or '', v[5] or '', v[6] or '',
     v[7] or '', v[8] or '', v[9] or '', v[10] or '', v[11] or '', v[12] or '', v[13] or '' }
-  for _, x in ipairs(redis.call('HGETALL', K.key_limits(tenant))) do table.insert(out, x) end
+  for _, x in ipairs(redis_call('HGETALL', K.key_limits(tenant))) do table.insert(out, x) end
   return out
 end
 if v[1] then return reply(v[1]) end
 if held > 0 then return { 'busy', held } end
-redis.call('HSET', CFG, 'pinned', target)
+redis_call('HSET', CFG, 'pinned', target)
 local out = reply(target)
-redis.call('DEL', K.key_limits(tenant))
+redis_call('DEL', K.key_limits(tenant))
 -- Its webhook moves with it (pin_home.lua sets it there): no event is written here now.
-redis.call('HDEL', CFG, 'wh_url', 'wh_secret', 'wh_at')
-redis.call('SREM', K.webhooks(), tenant)
+redis_call('HDEL', CFG, 'wh_url', 'wh_secret', 'wh_at')
+redis_call('SREM', K.webhooks(), tenant)
 return out

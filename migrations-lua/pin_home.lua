@@ -27,21 +27,21 @@
 -- Reply: 1
 local tenant = ARGV[6]
 local CFG = declared(2, K.cfg(tenant))
-redis.call('HDEL', CFG, 'pinned')
+redis_call('HDEL', CFG, 'pinned')
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
-redis.call('HSET', CFG, 'configured', 1)
+redis_call('HSET', CFG, 'configured', 1)
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
   weight = ARGV[10], max_concurrent_per_key = ARGV[11] or '', rate = ARGV[12] or '',
   key_rate = ARGV[13] or '', wh_url = ARGV[14] or '', wh_secret = ARGV[15] or '',
   wh_at = ARGV[16] or '', max_bytes = ARGV[17] or '', max_retained = ARGV[18] or '' }
 for field, value in pairs(values) do
-  if value == '' then redis.call('HDEL', CFG, field) else redis.call('HSET', CFG, field, value) end
+  if value == '' then redis_call('HDEL', CFG, field) else redis_call('HSET', CFG, field, value) end
 end
 if values.wh_url ~= '' then
-  redis.call('SADD', K.webhooks(), tenant)
+  redis_call('SADD', K.webhooks(), tenant)
 else
-  redis.call('SREM', K.webhooks(), tenant)
+  redis_call('SREM', K.webhooks(), tenant)
 end
-redis.call('DEL', K.key_limits(tenant))
-for i = 19, #ARGV, 2 do redis.call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
+redis_call('DEL', K.key_limits(tenant))
+for i = 19, #ARGV, 2 do redis_call('HSET', K.key_limits(tenant), ARGV[i], ARGV[i + 1]) end
 return 1

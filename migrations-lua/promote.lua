@@ -20,7 +20,7 @@
 local tenant = ARGV[6]
 declared(2, K.cfg(tenant)); declared(3, K.slots(tenant)); declared(4, K.waiting(tenant))
 declared(5, K.runnable())
-local r = redis.call('SSCAN', K.key_blocked(tenant), ARGV[7], 'COUNT', 200)
+local r = redis_call('SSCAN', K.key_blocked(tenant), ARGV[7], 'COUNT', 200)
 for _, h in ipairs(r[2]) do key_offer(tenant, h) end
 refresh(tenant)
 return r[1]

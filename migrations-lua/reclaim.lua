@@ -36,13 +36,13 @@ declared(3, K.runnable()); declared(4, K.dlq()); declared(5, K.stats()); declare
 declared(7, K.dlq_holders())
 local batch, caps = tonumber(ARGV[6]), dlq_caps(ARGV[7], ARGV[8])
 local now = now_ms()
-local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, batch)
+local expired = redis_call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, batch)
 local requeued, dead = 0, 0
 for _, id in ipairs(expired) do
-  local row = redis.call('HMGET', K.row(id), unpack(RUN_FIELDS))
+  local row = redis_call('HMGET', K.row(id), unpack(RUN_FIELDS))
   if row[1] ~= 'running' then
     -- Finished or deleted without its lease entry going (repair): nothing to recover.
-    redis.call('ZREM', LEASES, id)
+    redis_call('ZREM', LEASES, id)
   else
     local how = recover(id, row, now, caps)
     if how == 'requeued' then requeued = requeued + 1 end
@@ -53,7 +53,7 @@ flush_trends()
 flush_usage()
 local wait = promote_due(now, batch)
 local unread = 0
-if redis.call('EXISTS', K.runnable()) == 1 then
+if redis_call('EXISTS', K.runnable()) == 1 then
   unread = 1
   ring()
 end

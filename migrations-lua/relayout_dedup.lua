@@ -25,25 +25,25 @@ local cursor, batch = ARGV[6], tonumber(ARGV[7])
 if not batch or batch < 1 then
   return redis.error_reply('ERR sluice relayout_dedup: batch ' .. tostring(ARGV[7]))
 end
-local r = redis.call('SCAN', cursor, 'MATCH', P .. 't:*:dd:*', 'COUNT', batch, 'TYPE', 'string')
+local r = redis_call('SCAN', cursor, 'MATCH', P .. 't:*:dd:*', 'COUNT', batch, 'TYPE', 'string')
 local converted = 0
 for _, key in ipairs(r[2]) do
   local tenant, digest = string.match(string.sub(key, #P + 1), '^t:([^:]+):dd:(%x+)$')
-  if tenant and #digest == 32 and redis.call('TTL', key) == -1 then
-    local mapped = redis.call('GET', key)
+  if tenant and #digest == 32 and redis_call('TTL', key) == -1 then
+    local mapped = redis_call('GET', key)
     local id = mapped and string.match(mapped, '^([0-9a-f]+):')
-    local row = redis.call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
+    local row = redis_call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
     local mine = id and row[2] == tenant and row[3] == digest and not row[4]
     if mine and (row[1] == 'queued' or row[1] == 'running') then
       local bucket, field = K.dedup_bucket(tenant, digest), dedup_field(digest)
       -- A field already there (written by this build's admission) is the newer word.
-      redis.call('HSETNX', bucket, field, mapped)
-      redis.call('DEL', key)
+      redis_call('HSETNX', bucket, field, mapped)
+      redis_call('DEL', key)
       converted = converted + 1
     elseif mine then
-      redis.call('EXPIRE', key, DEDUP_TTL_SECS)
+      redis_call('EXPIRE', key, DEDUP_TTL_SECS)
     else
-      redis.call('DEL', key)
+      redis_call('DEL', key)
     end
   end
 end

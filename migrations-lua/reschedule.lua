@@ -18,7 +18,7 @@
 local tenant, id = ARGV[6], ARGV[7]
 local ROW = declared(2, K.row(id))
 local DELAYED = declared(3, K.delayed())
-local row = redis.call('HMGET', ROW, 't', 's', 'q', 'f', 'pr',
+local row = redis_call('HMGET', ROW, 't', 's', 'q', 'f', 'pr',
   'dl', 'kh')
 if row[1] ~= tenant or row[6] then return { 'not_found' } end
 if row[2] ~= 'queued' or row[3] ~= 'scheduled' then
@@ -28,10 +28,10 @@ if row[2] ~= 'queued' or row[3] ~= 'scheduled' then
 end
 local now = now_ms()
 local due = tonumber(ARGV[8]) or (now + tonumber(ARGV[9]))
-redis.call('ZREM', DELAYED, id)
+redis_call('ZREM', DELAYED, id)
 if due <= now then
   index_remove(tenant, row[4], 'scheduled', id)
-  redis.call('HDEL', ROW, 'ra')
+  redis_call('HDEL', ROW, 'ra')
   make_runnable(tenant, id, now, row[5], { 'u', now }, row[7])
 else
   schedule(tenant, row[4], id, due, { 'u', now })

@@ -35,7 +35,7 @@ local ROW = declared(2, K.row(id))
 declared(3, K.cfg(tenant)); declared(4, K.slots(tenant)); declared(5, K.waiting(tenant))
 declared(6, K.listing(tenant))
 declared(7, K.runnable())
-local row = redis.call('HMGET', ROW, 't', 's', 'f', 'dh', 'dl', 'pr',
+local row = redis_call('HMGET', ROW, 't', 's', 'f', 'dh', 'dl', 'pr',
   'kh', 'z')
 if row[1] ~= tenant or row[5] then return { 'not_found' } end
 local status, flow, digest = row[2], row[3], row[4]
@@ -48,11 +48,11 @@ if not ok then return { refusal, queued } end
 local sz, size, grow, expire_at = tonumber(row[8]), nil, 0, -1
 local fields = { 's', 'queued', 'a', 0, 'u', now }
 if sz then
-  local dropped = redis.call('HSTRLEN', ROW, 'o') + redis.call('HSTRLEN', ROW, 'em')
+  local dropped = redis_call('HSTRLEN', ROW, 'o') + redis_call('HSTRLEN', ROW, 'em')
   size, grow = sz + dropped, -dropped
-  expire_at = redis.call('PEXPIRETIME', ROW)
+  expire_at = redis_call('PEXPIRETIME', ROW)
 else
-  sz = ROW_BYTES + redis.call('HSTRLEN', ROW, 'p')
+  sz = ROW_BYTES + redis_call('HSTRLEN', ROW, 'p')
   grow = sz
   table.insert(fields, 'z')
   table.insert(fields, sz)
@@ -60,9 +60,9 @@ end
 local full = storage_refusal(tenant, grow, expire_at > 0 and -1 or 0, now, ARGV[8], ARGV[9])
 if full then return full end
 
-redis.call('PERSIST', ROW)
+redis_call('PERSIST', ROW)
 if digest then dedup_revive(tenant, id, digest) end
-redis.call('HDEL', ROW, 'st', 'fi', 'o', 'ek', 'em', 'x', 'ra')
+redis_call('HDEL', ROW, 'st', 'fi', 'o', 'ek', 'em', 'x', 'ra')
 index_move(tenant, flow, status, 'queued', id)
 make_runnable(tenant, id, now, row[6], fields, row[7])
 mark_busy(tenant)

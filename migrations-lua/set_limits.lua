@@ -33,7 +33,7 @@
 local tenant = ARGV[6]
 local CFG = declared(2, K.cfg(tenant))
 declared(3, K.slots(tenant)); declared(4, K.waiting(tenant)); declared(5, K.runnable())
-local state = redis.call('HMGET', CFG, 'pinned', 'deleting')
+local state = redis_call('HMGET', CFG, 'pinned', 'deleting')
 if state[1] then return -1 - tonumber(state[1]) end
 if state[2] then return 1 end
 local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[9],
@@ -41,20 +41,20 @@ local values = { max_concurrent = ARGV[7], max_queued = ARGV[8], enabled = ARGV[
   key_rate = ARGV[13], max_bytes = ARGV[14], max_retained = ARGV[15] }
 local _, _, _, _, old_weight = limits(tenant)
 -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
-redis.call('HSET', CFG, 'configured', 1)
+redis_call('HSET', CFG, 'configured', 1)
 for field, value in pairs(values) do
   if value == 'default' then
-    redis.call('HDEL', CFG, field)
+    redis_call('HDEL', CFG, field)
   elseif value ~= '' then
-    redis.call('HSET', CFG, field, value)
+    redis_call('HSET', CFG, field, value)
   end
 end
 -- The shard's eligible weight counts the tenant's weight while it is runnable. (Its limits
 -- are read again: the ones this call read before the writes are gone.)
 LIMITS_READ[tenant] = nil
 local _, _, _, _, weight = limits(tenant)
-if weight ~= old_weight and redis.call('ZSCORE', K.runnable(), tenant) then
-  redis.call('HINCRBY', K.sched(), 'weight', weight - old_weight)
+if weight ~= old_weight and redis_call('ZSCORE', K.runnable(), tenant) then
+  redis_call('HINCRBY', K.sched(), 'weight', weight - old_weight)
 end
 refresh(tenant)
 return 0

@@ -58,20 +58,20 @@ local tenant, mode = ARGV[6], ARGV[7]
 local cursor, count = ARGV[8], ARGV[9]
 local STATS = declared(2, K.stats())
 local CFG = declared(3, K.cfg(tenant))
-if redis.call('HEXISTS', CFG, 'deleting') == 1 then return { '0', 0 } end
+if redis_call('HEXISTS', CFG, 'deleting') == 1 then return { '0', 0 } end
 local SLOTS, WAITING = declared(4, K.slots(tenant)), declared(5, K.waiting(tenant))
 declared(6, K.runnable()); declared(7, K.leases())
 local repaired = 0
 
 -- Every repair is counted per shard (see the queue statistics).
 local function counted(reply)
-  if reply[2] > 0 then redis.call('HINCRBY', STATS, 'repaired_' .. mode, reply[2]) end
+  if reply[2] > 0 then redis_call('HINCRBY', STATS, 'repaired_' .. mode, reply[2]) end
   refresh(tenant)
   -- A tenant left with nothing queued or running leaves the shard's busy set (terminal
   -- changes do not take it out: see the trends block of common.lua); one with work is in it
   -- (work an older build queued, or a member lost to a repair, is listed again).
   if listing_count(tenant, 'queued') == 0 and listing_count(tenant, 'running') == 0 then
-    redis.call('SREM', K.busy(), tenant)
+    redis_call('SREM', K.busy(), tenant)
   else
     mark_busy(tenant)
   end
@@ -79,19 +79,19 @@ local function counted(reply)
 end
 
 if mode == 'slots' then
-  local r = redis.call('SSCAN', SLOTS, cursor, 'COUNT', count)
+  local r = redis_call('SSCAN', SLOTS, cursor, 'COUNT', count)
   for _, id in ipairs(r[2]) do
-    if redis.call('HGET', K.row(id), 's') ~= 'running' then
-      redis.call('SREM', SLOTS, id)
+    if redis_call('HGET', K.row(id), 's') ~= 'running' then
+      redis_call('SREM', SLOTS, id)
       repaired = repaired + 1
     end
   end
   if cursor == '0' then
     -- Blocked keys, a bounded number per walk (the rest at the next).
-    for _, h in ipairs(redis.call('SRANDMEMBER', K.key_blocked(tenant), 100)) do
-      for _, id in ipairs(redis.call('SMEMBERS', K.key_running(tenant, h))) do
-        if redis.call('HGET', K.row(id), 's') ~= 'running' then
-          redis.call('SREM', K.key_running(tenant, h), id)
+    for _, h in ipairs(redis_call('SRANDMEMBER', K.key_blocked(tenant), 100)) do
+      for _, id in ipairs(redis_call('SMEMBERS', K.key_running(tenant, h))) do
+        if redis_call('HGET', K.row(id), 's') ~= 'running' then
+          redis_call('SREM', K.key_running(tenant, h), id)
           repaired = repaired + 1
         end
       end
@@ -100,12 +100,12 @@ if mode == 'slots' then
   end
   return counted({ r[1], repaired })
 elseif mode == 'waiting' then
-  local r = redis.call('ZSCAN', WAITING, cursor, 'COUNT', count)
+  local r = redis_call('ZSCAN', WAITING, cursor, 'COUNT', count)
   for i = 1, #r[2], 2 do
     local id = r[2][i]
-    local row = redis.call('HMGET', K.row(id), 's', 'q', 't')
+    local row = redis_call('HMGET', K.row(id), 's', 'q', 't')
     if row[1] ~= 'queued' or row[2] == 'scheduled' or row[3] ~= tenant then
-      redis.call('ZREM', WAITING, id)
+      redis_call('ZREM', WAITING, id)
       repaired = repaired + 1
     end
   end
@@ -114,37 +114,37 @@ elseif mode == 'reach' then
   local now = now_ms()
   local min, max = listing_range('queued')
   if cursor ~= '0' then min = '(' .. cursor end
-  local members = redis.call('ZRANGE', K.listing(tenant), min, max, 'BYLEX', 'LIMIT', 0, count)
+  local members = redis_call('ZRANGE', K.listing(tenant), min, max, 'BYLEX', 'LIMIT', 0, count)
   local r = { '0' }
   if #members >= tonumber(count) then r[1] = members[#members] end
   for _, m in ipairs(members) do
     local _, _, id = listing_parse(m)
-    local row = redis.call('HMGET', K.row(id or ''), 's', 'q', 'f', 'ra',
+    local row = redis_call('HMGET', K.row(id or ''), 's', 'q', 'f', 'ra',
       'r', 'c', 'pr', 't', 'kh')
     local key = row[9]
     if row[1] == 'queued' and row[8] == tenant then
-      local scheduled = row[2] == 'scheduled' or redis.call('ZSCORE', K.delayed(), id)
+      local scheduled = row[2] == 'scheduled' or redis_call('ZSCORE', K.delayed(), id)
       if scheduled then
-        if not redis.call('ZSCORE', K.delayed(), id) or row[2] ~= 'scheduled' then
-          local due = tonumber(redis.call('ZSCORE', K.delayed(), id)) or tonumber(row[4]) or now
-          redis.call('ZREM', K.waiting(tenant), id)
-          if key then redis.call('ZREM', K.key_queue(tenant, key), id) end
+        if not redis_call('ZSCORE', K.delayed(), id) or row[2] ~= 'scheduled' then
+          local due = tonumber(redis_call('ZSCORE', K.delayed(), id)) or tonumber(row[4]) or now
+          redis_call('ZREM', K.waiting(tenant), id)
+          if key then redis_call('ZREM', K.key_queue(tenant, key), id) end
           schedule(tenant, row[3], id, due, { 'u', now })
           repaired = repaired + 1
         end
       elseif key then
         -- A keyed one is reachable from its key's queue (its tenant's order holds only the
         -- key's first, see "Concurrency keys" in common.lua).
-        if not redis.call('ZSCORE', K.key_queue(tenant, key), id) then
-          redis.call('ZREM', WAITING, id)
+        if not redis_call('ZSCORE', K.key_queue(tenant, key), id) then
+          redis_call('ZREM', WAITING, id)
           make_runnable(tenant, id, tonumber(row[5] or row[6]) or now, row[7], nil, key)
           repaired = repaired + 1
         else
           key_offer(tenant, key)
         end
-      elseif not redis.call('ZSCORE', WAITING, id) then
+      elseif not redis_call('ZSCORE', WAITING, id) then
         -- 'queued', 'waiting' (its old name), or a stream-model 'dispatched'.
-        redis.call('HDEL', K.row(id), 'e')
+        redis_call('HDEL', K.row(id), 'e')
         make_runnable(tenant, id, tonumber(row[5] or row[6]) or now, row[7])
         repaired = repaired + 1
       end
@@ -158,10 +158,10 @@ elseif mode == 'usage' then
   local live = 0
   for _, state in ipairs({ 'queued', 'running' }) do
     local min, max = listing_range(state)
-    for _, m in ipairs(redis.call('ZRANGE', K.listing(tenant), min, max, 'BYLEX')) do
+    for _, m in ipairs(redis_call('ZRANGE', K.listing(tenant), min, max, 'BYLEX')) do
       local _, _, id = listing_parse(m)
       -- Counted once, from the member of its status (a stale member elsewhere is not it).
-      local r = redis.call('HMGET', K.row(id or ''), 'z', 't', 's', 'em', 'dl')
+      local r = redis_call('HMGET', K.row(id or ''), 'z', 't', 's', 'em', 'dl')
       if r[1] and r[2] == tenant and r[3] == state and not r[5] then
         live = live + tonumber(r[1]) + #(r[4] or '')
       end
@@ -171,7 +171,7 @@ elseif mode == 'usage' then
   local drained = {}
   for _, f in ipairs(u.drained) do drained[f] = true end
   local bytes, rows = live, 0
-  local all = redis.call('HGETALL', K.retained(tenant))
+  local all = redis_call('HGETALL', K.retained(tenant))
   for i = 1, #all, 2 do
     local b, r = string.match(all[i + 1], '^(-?%d+):(-?%d+)$')
     if b and not drained[all[i]] then
@@ -195,27 +195,27 @@ elseif mode == 'dedup' then
   if cursor == '0' then
     local names = {}
     for i = 0, 255 do names[i + 1] = K.dedup_bucket(tenant, string.format('%02x', i)) end
-    if redis.call('EXISTS', unpack(names)) == 0 then return counted({ '0', 0 }) end
+    if redis_call('EXISTS', unpack(names)) == 0 then return counted({ '0', 0 }) end
   end
   local seen, limit = 0, tonumber(count)
   while true do
     local h = string.format('%02x', b)
     local bucket = K.dedup_bucket(tenant, h)
-    local r = redis.call('HSCAN', bucket, c, 'COUNT', limit)
+    local r = redis_call('HSCAN', bucket, c, 'COUNT', limit)
     for i = 1, #r[2], 2 do
       local field, mapped = r[2][i], r[2][i + 1]
       local digest = h .. field
       local id = string.match(mapped, '^([0-9a-f]+):')
-      local row = redis.call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
+      local row = redis_call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
       if not id or row[2] ~= tenant or row[3] ~= digest or row[4] then
-        redis.call('HDEL', bucket, field)
+        redis_call('HDEL', bucket, field)
         repaired = repaired + 1
       elseif row[1] ~= 'queued' and row[1] ~= 'running' then
-        redis.call('HDEL', bucket, field)
+        redis_call('HDEL', bucket, field)
         local key = K.dedup(tenant, digest)
-        local there = redis.call('GET', key)
+        local there = redis_call('GET', key)
         if not there or maps_to(there, id) then
-          redis.call('SET', key, mapped, 'EX', DEDUP_TTL_SECS)
+          redis_call('SET', key, mapped, 'EX', DEDUP_TTL_SECS)
         end
         repaired = repaired + 1
       end
@@ -232,11 +232,11 @@ else
   local LISTING = declared(8, K.listing(tenant))
   local min = '-'
   if cursor ~= '0' then min = '(' .. cursor end
-  local members = redis.call('ZRANGE', LISTING, min, '+', 'BYLEX', 'LIMIT', 0, count)
+  local members = redis_call('ZRANGE', LISTING, min, '+', 'BYLEX', 'LIMIT', 0, count)
   local flows = {}
   for _, m in ipairs(members) do
     local s, f, id = listing_parse(m)
-    local row = redis.call('HMGET', K.row(id or ''), 's', 'f', 't', 'q', 'dl')
+    local row = redis_call('HMGET', K.row(id or ''), 's', 'f', 't', 'q', 'dl')
     local ok = s and row[2] == f and row[3] == tenant and not row[5]
     if s == 'scheduled' then
       ok = ok and row[1] == 'queued' and row[4] == 'scheduled'
@@ -244,11 +244,11 @@ else
       ok = ok and row[1] == s
     end
     if not ok then
-      redis.call('ZREM', LISTING, m)
+      redis_call('ZREM', LISTING, m)
       repaired = repaired + 1
     elseif not flows[f] then
       flows[f] = true
-      repaired = repaired + redis.call('SADD', K.flows(tenant), f)
+      repaired = repaired + redis_call('SADD', K.flows(tenant), f)
     end
   end
   local next_cursor = '0'

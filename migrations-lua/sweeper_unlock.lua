@@ -9,5 +9,5 @@
 -- ARGV[2]  owner: the owner name this process took the lock with
 --
 -- Reply: 1 released, 0 not held by this owner
-if redis.call('GET', KEYS[2]) == ARGV[2] then return redis.call('DEL', KEYS[2]) end
+if redis_call('GET', KEYS[2]) == ARGV[2] then return redis_call('DEL', KEYS[2]) end
 return 0

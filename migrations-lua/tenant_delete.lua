@@ -10,9 +10,9 @@
 --
 -- Reply: the number of keys revoked, or -1 when the tenant was not registered.
 local TENANTS, KEYSET = KEYS[2], KEYS[3]
-local existed = redis.call('ZREM', TENANTS, ARGV[2])
-local ids = redis.call('SMEMBERS', KEYSET)
-for _, id in ipairs(ids) do redis.call('DEL', A.key(id)) end
-redis.call('DEL', KEYSET)
+local existed = redis_call('ZREM', TENANTS, ARGV[2])
+local ids = redis_call('SMEMBERS', KEYSET)
+for _, id in ipairs(ids) do redis_call('DEL', A.key(id)) end
+redis_call('DEL', KEYSET)
 if existed == 0 then return -1 end
 return #ids

@@ -34,27 +34,27 @@ local REAPING = declared(3, K.reaping())
 local RUNNABLE = declared(4, K.runnable())
 local BOX = declared(5, K.outbox(tenant))
 local HOOKED = declared(6, K.webhooks())
-local v = redis.call('HMGET', CFG, 'pinned', 'deleting')
+local v = redis_call('HMGET', CFG, 'pinned', 'deleting')
 if v[1] then return { 'moved', v[1] } end
 if v[2] then
-  redis.call('SADD', REAPING, tenant)
+  redis_call('SADD', REAPING, tenant)
   return { 'deleting', v[2] }
 end
 -- Anything of it here: its settings, the flows it ever admitted, executions (the force-deleted
 -- ones included), dead letters (which outlive their rows).
-if ARGV[7] ~= '1' and redis.call('EXISTS', CFG, K.flows(tenant), K.deleting(tenant),
+if ARGV[7] ~= '1' and redis_call('EXISTS', CFG, K.flows(tenant), K.deleting(tenant),
   K.tenant_dlq(tenant), K.listing(tenant)) == 0 then
   return { 'unknown' }
 end
 
 local now = now_ms()
-local vt = redis.call('ZSCORE', RUNNABLE, tenant)
+local vt = redis_call('ZSCORE', RUNNABLE, tenant)
 if vt then leave(tenant, tonumber(vt), select(5, limits(tenant))) end
 -- No fair-share credit is kept for a tenant that will not come back as itself.
-redis.call('HDEL', K.sched(), 'vt:' .. tenant)
-redis.call('HSET', CFG, 'deleting', now)
-redis.call('HDEL', CFG, 'wh_url', 'wh_secret', 'wh_at')
-redis.call('DEL', BOX)
-redis.call('SREM', HOOKED, tenant)
-redis.call('SADD', REAPING, tenant)
+redis_call('HDEL', K.sched(), 'vt:' .. tenant)
+redis_call('HSET', CFG, 'deleting', now)
+redis_call('HDEL', CFG, 'wh_url', 'wh_secret', 'wh_at')
+redis_call('DEL', BOX)
+redis_call('SREM', HOOKED, tenant)
+redis_call('SADD', REAPING, tenant)
 return { 'marked', now }

@@ -50,14 +50,14 @@ local left = tonumber(ARGV[7])
 if not left or left < 1 then
   return redis.error_reply('ERR sluice tenant_reap: budget ' .. tostring(ARGV[7]))
 end
-if not redis.call('HGET', CFG, 'deleting') then
-  redis.call('SREM', REAPING, tenant)
+if not redis_call('HGET', CFG, 'deleting') then
+  redis_call('SREM', REAPING, tenant)
   return { 'none' }
 end
 local now = now_ms()
 -- The registries lose their members below: first the cfg stops saying that they hold them
 -- (`reg_flow`, see admit.lua's header), so that an admission after the reap adds them again.
-redis.call('HDEL', CFG, 'reg_flow')
+redis_call('HDEL', CFG, 'reg_flow')
 
 -- Removes execution `id` — found in one of the tenant's structures — from everything that
 -- names it, and its row, when the row is the tenant's (a member whose row expired or is
@@ -65,47 +65,47 @@ redis.call('HDEL', CFG, 'reg_flow')
 -- removed from follows from its state, so a terminal one (most of a big tenant) costs five
 -- commands; a member that drifted elsewhere is met by the drain of that structure.
 local function reap(id)
-  local row = redis.call('HMGET', K.row(id), 't', 's', 'f', 'kh', 'dh',
+  local row = redis_call('HMGET', K.row(id), 't', 's', 'f', 'kh', 'dh',
     'lo', 'w', 'q')
   if row[1] ~= tenant then return end
   local status, flow, h, digest, owner = row[2], row[3], row[4], row[5], row[6]
   announce(id, row[7], 'deleted', now)
   if status and flow then index_remove(tenant, flow, status, id) end
   if status == 'queued' and row[8] == 'scheduled' then
-    redis.call('ZREM', K.delayed(), id)
+    redis_call('ZREM', K.delayed(), id)
     if flow then index_remove(tenant, flow, 'scheduled', id) end
   elseif status == 'queued' then
-    redis.call('ZREM', K.waiting(tenant), id)
-    if h then redis.call('ZREM', K.key_queue(tenant, h), id) end
+    redis_call('ZREM', K.waiting(tenant), id)
+    if h then redis_call('ZREM', K.key_queue(tenant, h), id) end
   elseif status == 'running' then
     -- Fenced: no lease, no slot, no holder; the holder is told to look now.
-    redis.call('SREM', K.slots(tenant), id)
-    redis.call('SREM', K.deleting(tenant), id)
-    redis.call('ZREM', K.leases(), id)
-    if h then redis.call('SREM', K.key_running(tenant, h), id) end
+    redis_call('SREM', K.slots(tenant), id)
+    redis_call('SREM', K.deleting(tenant), id)
+    redis_call('ZREM', K.leases(), id)
+    if h then redis_call('SREM', K.key_running(tenant, h), id) end
     if owner and owner ~= '' then
-      redis.call('SREM', K.held(owner), id)
+      redis_call('SREM', K.held(owner), id)
       tell_holder(owner, id)
     end
   end
   if h then
     -- Its key's rate state and throttle wake-up (the key may have no other trace).
-    redis.call('DEL', K.key_tat(tenant, h))
-    redis.call('ZREM', K.delayed(), 'rk:' .. tenant .. ':' .. h)
+    redis_call('DEL', K.key_tat(tenant, h))
+    redis_call('ZREM', K.delayed(), 'rk:' .. tenant .. ':' .. h)
   end
   if digest then
-    redis.call('HDEL', K.dedup_bucket(tenant, digest), dedup_field(digest))
-    redis.call('DEL', K.dedup(tenant, digest))
+    redis_call('HDEL', K.dedup_bucket(tenant, digest), dedup_field(digest))
+    redis_call('DEL', K.dedup(tenant, digest))
   end
-  redis.call('DEL', K.row(id))
+  redis_call('DEL', K.row(id))
 end
 
 -- Takes up to `left` members of the sorted set `key`, each handed to `each` (nil: dropped);
 -- true when the set is empty now.
 local function drain_zset(key, each)
-  if left < 1 then return redis.call('EXISTS', key) == 0 end
+  if left < 1 then return redis_call('EXISTS', key) == 0 end
   local asked = left
-  local popped = redis.call('ZPOPMIN', key, asked)
+  local popped = redis_call('ZPOPMIN', key, asked)
   for i = 1, #popped, 2 do
     if each then each(popped[i]) end
     left = left - 1
@@ -115,9 +115,9 @@ end
 
 -- The same for the set `key`.
 local function drain_set(key, each)
-  if left < 1 then return redis.call('EXISTS', key) == 0 end
+  if left < 1 then return redis_call('EXISTS', key) == 0 end
   local asked = left
-  local popped = redis.call('SPOP', key, asked)
+  local popped = redis_call('SPOP', key, asked)
   for _, m in ipairs(popped) do
     if each then each(m) end
     left = left - 1
@@ -133,11 +133,11 @@ local function drain_listing(status)
   local key = K.listing(tenant)
   local min, max = '-', '+'
   if status then min, max = listing_range(status) end
-  if left < 1 then return redis.call('ZLEXCOUNT', key, min, max) == 0 end
+  if left < 1 then return redis_call('ZLEXCOUNT', key, min, max) == 0 end
   local asked = left
-  local members = redis.call('ZRANGE', key, min, max, 'BYLEX', 'LIMIT', 0, asked)
+  local members = redis_call('ZRANGE', key, min, max, 'BYLEX', 'LIMIT', 0, asked)
   for _, m in ipairs(members) do
-    redis.call('ZREM', key, m)
+    redis_call('ZREM', key, m)
     local _, _, id = listing_parse(m)
     if id then reap(id) end
     left = left - 1
@@ -160,13 +160,13 @@ if not drain_set(K.flows(tenant), nil) then return MORE end
 -- each overridden key).
 local BLOCKED = K.key_blocked(tenant)
 while true do
-  local h = redis.call('SRANDMEMBER', BLOCKED)
+  local h = redis_call('SRANDMEMBER', BLOCKED)
   if not h then break end
   if not drain_zset(K.key_queue(tenant, h), reap) then return MORE end
   if not drain_set(K.key_running(tenant, h), reap) then return MORE end
   if left < 1 then return MORE end
-  redis.call('DEL', K.key_tat(tenant, h))
-  redis.call('SREM', BLOCKED, h)
+  redis_call('DEL', K.key_tat(tenant, h))
+  redis_call('SREM', BLOCKED, h)
   left = left - 1
 end
 -- (A walk that the budget cuts starts over at the next call: what it removed is gone.)
@@ -174,12 +174,12 @@ local OVERRIDES = K.key_limits(tenant)
 local cursor = '0'
 repeat
   if left < 1 then return MORE end
-  local r = redis.call('HSCAN', OVERRIDES, cursor, 'COUNT', left)
+  local r = redis_call('HSCAN', OVERRIDES, cursor, 'COUNT', left)
   cursor = r[1]
   left = left - 1
   for i = 1, #r[2], 2 do
-    redis.call('HDEL', OVERRIDES, r[2][i])
-    redis.call('DEL', K.key_tat(tenant, r[2][i]))
+    redis_call('HDEL', OVERRIDES, r[2][i])
+    redis_call('DEL', K.key_tat(tenant, r[2][i]))
     left = left - 1
   end
 until cursor == '0'
@@ -189,62 +189,62 @@ until cursor == '0'
 local INDEX, DLQ = K.tenant_dlq(tenant), K.dlq()
 if left < 1 then return MORE end
 local asked = left
-local ids = redis.call('XRANGE', INDEX, '-', '+', 'COUNT', asked)
+local ids = redis_call('XRANGE', INDEX, '-', '+', 'COUNT', asked)
 for _, e in ipairs(ids) do
-  local rec = redis.call('XRANGE', DLQ, e[1], e[1])[1]
-  if rec and record_field(rec[2], 'tenant_id') == tenant then redis.call('XDEL', DLQ, e[1]) end
-  redis.call('XDEL', INDEX, e[1])
+  local rec = redis_call('XRANGE', DLQ, e[1], e[1])[1]
+  if rec and record_field(rec[2], 'tenant_id') == tenant then redis_call('XDEL', DLQ, e[1]) end
+  redis_call('XDEL', INDEX, e[1])
   left = left - 1
 end
 if #ids >= asked then return MORE end
-redis.call('DEL', INDEX)
-redis.call('ZREM', K.dlq_holders(), tenant)
-redis.call('HDEL', K.dlq_evicted(), tenant)
-local from = redis.call('HGET', CFG, 'reap_dlq') or '-'
+redis_call('DEL', INDEX)
+redis_call('ZREM', K.dlq_holders(), tenant)
+redis_call('HDEL', K.dlq_evicted(), tenant)
+local from = redis_call('HGET', CFG, 'reap_dlq') or '-'
 -- Without the marker every record is indexed (dlq_reindex.lua deletes it once it has indexed
 -- the older ones); with it, the shard is still being rebuilt, and any record may be outside
 -- its index: the whole stream is walked, a bounded page per call.
-if from ~= 'done' and redis.call('EXISTS', K.dlq_indexed()) == 0 then from = 'done' end
+if from ~= 'done' and redis_call('EXISTS', K.dlq_indexed()) == 0 then from = 'done' end
 if from ~= 'done' then
   if left < 1 then return MORE end
   asked = left
-  local page = redis.call('XRANGE', DLQ, from, '+', 'COUNT', asked)
+  local page = redis_call('XRANGE', DLQ, from, '+', 'COUNT', asked)
   for _, rec in ipairs(page) do
-    if record_field(rec[2], 'tenant_id') == tenant then redis.call('XDEL', DLQ, rec[1]) end
+    if record_field(rec[2], 'tenant_id') == tenant then redis_call('XDEL', DLQ, rec[1]) end
     left = left - 1
   end
   if #page >= asked then
-    redis.call('HSET', CFG, 'reap_dlq', '(' .. page[#page][1])
+    redis_call('HSET', CFG, 'reap_dlq', '(' .. page[#page][1])
     return MORE
   end
-  redis.call('HSET', CFG, 'reap_dlq', 'done')
+  redis_call('HSET', CFG, 'reap_dlq', 'done')
 end
 
 -- 5. The rest, each O(1) (or bounded by its own cap: the outbox by its 10,000 entries, the
 -- delivery log by about 200).
 local day = math.floor(now / 86400000)
-redis.call('DEL', K.outbox(tenant), K.delivery_log(tenant), K.batch_lock(tenant), K.tat(tenant),
+redis_call('DEL', K.outbox(tenant), K.delivery_log(tenant), K.batch_lock(tenant), K.tat(tenant),
   K.trends(tenant, day), K.trends(tenant, day - 1), K.trends(tenant, day - 2), K.burst(tenant),
   K.retained(tenant))
 -- Its dedup buckets: emptied by the executions above, unless a field outlived its row.
 local buckets = {}
 for b = 0, 255 do buckets[b + 1] = K.dedup_bucket(tenant, string.format('%02x', b)) end
-redis.call('DEL', unpack(buckets))
-redis.call('ZREM', K.delayed(), 'rt:' .. tenant)
-local vt = redis.call('ZSCORE', K.runnable(), tenant)
+redis_call('DEL', unpack(buckets))
+redis_call('ZREM', K.delayed(), 'rt:' .. tenant)
+local vt = redis_call('ZSCORE', K.runnable(), tenant)
 if vt then leave(tenant, tonumber(vt), select(5, limits(tenant))) end
-redis.call('HDEL', K.sched(), 'vt:' .. tenant)
-redis.call('SREM', K.busy(), tenant)
-redis.call('SREM', K.tenants(), tenant)
-redis.call('SREM', K.webhooks(), tenant)
+redis_call('HDEL', K.sched(), 'vt:' .. tenant)
+redis_call('SREM', K.busy(), tenant)
+redis_call('SREM', K.tenants(), tenant)
+redis_call('SREM', K.webhooks(), tenant)
 
 -- A delivery round in flight writes its log and counts when it ends: wait for it.
-local lock = redis.call('PTTL', K.delivery_lock(tenant))
+local lock = redis_call('PTTL', K.delivery_lock(tenant))
 if lock > 0 then return { 'held', lock } end
 -- A lock sluice did not set (no time-out) would hold the reap forever.
-if lock == -1 then redis.call('DEL', K.delivery_lock(tenant)) end
+if lock == -1 then redis_call('DEL', K.delivery_lock(tenant)) end
 
 if ARGV[8] ~= '1' then return { 'empty' } end
-redis.call('DEL', CFG)
-redis.call('SREM', REAPING, tenant)
+redis_call('DEL', CFG)
+redis_call('SREM', REAPING, tenant)
 return { 'done' }

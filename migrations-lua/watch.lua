@@ -19,10 +19,10 @@
 -- Reply: {'not_found'} (missing, another tenant's, or deleted) | {'ok', id, row}
 local tenant, id, horizon = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local ROW = declared(2, K.row(id))
-local row = redis.call('HMGET', ROW, 't', 'dl', 's', 'w')
+local row = redis_call('HMGET', ROW, 't', 'dl', 's', 'w')
 if row[1] ~= tenant or row[2] then return { 'not_found' } end
 if row[3] == 'queued' or row[3] == 'running' then
   local until_ms = now_ms() + horizon
-  if not row[4] or tonumber(row[4]) < until_ms then redis.call('HSET', ROW, 'w', until_ms) end
+  if not row[4] or tonumber(row[4]) < until_ms then redis_call('HSET', ROW, 'w', until_ms) end
 end
 return { 'ok', id, view(id) }

@@ -27,31 +27,31 @@ local tenant, op = ARGV[6], ARGV[7]
 local CFG = declared(2, K.cfg(tenant))
 local BOX = declared(3, K.outbox(tenant))
 local HOOKED = declared(4, K.webhooks())
-local state = redis.call('HMGET', CFG, 'pinned', 'deleting')
+local state = redis_call('HMGET', CFG, 'pinned', 'deleting')
 if state[1] then return { 'moved', state[1] } end
 
 if op == 'set' then
   if state[2] then return { 'deleting' } end
   local secret, fresh = ARGV[9], 1
   if secret == '' then
-    secret, fresh = redis.call('HGET', CFG, 'wh_secret'), 0
+    secret, fresh = redis_call('HGET', CFG, 'wh_secret'), 0
     if not secret then return { 'no_secret' } end
   end
   -- The field 'configured' keeps the hash in existence, which marks the tenant as known.
-  redis.call('HSET', CFG, 'configured', 1, 'wh_url', ARGV[8], 'wh_secret', secret)
-  redis.call('HSETNX', CFG, 'wh_at', ARGV[10])
-  redis.call('SADD', HOOKED, tenant)
+  redis_call('HSET', CFG, 'configured', 1, 'wh_url', ARGV[8], 'wh_secret', secret)
+  redis_call('HSETNX', CFG, 'wh_at', ARGV[10])
+  redis_call('SADD', HOOKED, tenant)
   return { 'ok', fresh }
 elseif op == 'clear' then
-  local had = redis.call('HDEL', CFG, 'wh_url', 'wh_secret', 'wh_at')
-  local pending = redis.call('XLEN', BOX)
-  redis.call('DEL', BOX)
-  redis.call('SREM', HOOKED, tenant)
+  local had = redis_call('HDEL', CFG, 'wh_url', 'wh_secret', 'wh_at')
+  local pending = redis_call('XLEN', BOX)
+  redis_call('DEL', BOX)
+  redis_call('SREM', HOOKED, tenant)
   if had == 0 then return { 'ok', -1 } end
   return { 'ok', pending }
 elseif op == 'trim' then
-  local n = redis.call('XTRIM', BOX, 'MINID', ARGV[8])
-  if n > 0 then redis.call('HINCRBY', CFG, 'wh_dropped', n) end
+  local n = redis_call('XTRIM', BOX, 'MINID', ARGV[8])
+  if n > 0 then redis_call('HINCRBY', CFG, 'wh_dropped', n) end
   return { 'ok', n }
 end
 return redis.error_reply('sluice: webhook.lua: unknown operation ' .. tostring(op))

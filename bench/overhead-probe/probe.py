@@ -24,14 +24,22 @@ figure by up to 6,400 instructions between two runs without it, 1,000 at most wi
 (bench/README.md, "Round six: probe warm-up"). `cycle` and `group` make every call new, so
 they cannot replay one; `group` sends 20 unmeasured calls first, `cycle` none.
 
-Python's standard library only; needs redis-server, valgrind and callgrind_control. Files go
-to $PROBE_DIR (default target/overhead-probe). The probes' points are lines of admit.lua and
+Python's standard library only; needs redis-server ($PROBE_REDIS_SERVER names another),
+valgrind and callgrind_control. Files go to $PROBE_DIR (default target/overhead-probe); each
+counted window's callgrind dump stays there as cg.out.N until the next server starts. The probes' points are lines of admit.lua and
 complete.lua (PROBES below): a moved line needs its probe moved.
 """
 
 import json, os, socket, subprocess, sys, time, urllib.request, threading, re
 
 OUT = os.environ.get('PROBE_DIR', 'target/overhead-probe')
+# The redis-server every server here runs (the capture's and callgrind's): a symbolized build
+# of the same version lets `callgrind_annotate` split a window by function (bench/README.md,
+# "Round seven: where the Lua goes"); Debian's is stripped.
+REDIS_SERVER = os.environ.get('PROBE_REDIS_SERVER', 'redis-server')
+# More valgrind options for callgrind's server, split at spaces (e.g.
+# `--toggle-collect=luaRedisGenericCommand`: count only inside redis.call's C path).
+CALLGRIND_ARGS = os.environ.get('PROBE_CALLGRIND_ARGS', '').split()
 
 def free_port():
     s = socket.socket(); s.bind(('127.0.0.1', 0)); p = s.getsockname()[1]; s.close(); return p
@@ -114,7 +122,7 @@ def serve(sluice, work):
     process, serve's process)."""
     port = free_port(); os.makedirs(work, exist_ok=True)
     for f in os.listdir(work): os.remove(os.path.join(work, f))
-    rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work, '--dbfilename', 'dump.rdb'], stdout=subprocess.DEVNULL)
+    rs = subprocess.Popen([REDIS_SERVER, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work, '--dbfilename', 'dump.rdb'], stdout=subprocess.DEVNULL)
     wait_port(port)
     hp = free_port()
     env = dict(os.environ, SLUICE_ADMIN_TOKEN=TOKEN, RUST_LOG='warn', SLUICE_DEFAULT_MAX_BYTES='1000000000000', SLUICE_DEFAULT_MAX_RETAINED='1000000000000')
@@ -203,7 +211,7 @@ class CG:
         self.port = free_port(); self.out = os.path.join(out, 'cg.out'); self.dumps = 0
         for f in os.listdir(out):
             if f.startswith('cg.out'): os.remove(os.path.join(out, f))
-        self.p = subprocess.Popen(['valgrind', '--tool=callgrind', '--callgrind-out-file=' + self.out, 'redis-server', '--port', str(self.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', os.path.join(out, 'cap'), '--dbfilename', 'dump.rdb'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.p = subprocess.Popen(['valgrind', '--tool=callgrind', '--callgrind-out-file=' + self.out] + CALLGRIND_ARGS + [REDIS_SERVER, '--port', str(self.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', os.path.join(out, 'cap'), '--dbfilename', 'dump.rdb'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port, 300)
         self.r = R(self.port)
     def ctl(self, flag):

@@ -178,8 +178,9 @@ pub fn compose(
     };
     push(shebang, (file, 1));
     // The prefix sets P (guard.lua), which a library declares once for all its functions, and
-    // uses what the guard remembers (here for one call only).
-    push("local P", (COMPOSED, 1));
+    // uses what the guard remembers (here for one call only). `redis_call` as in a library
+    // (see `library`).
+    push("local P, redis_call = nil, redis.call", (COMPOSED, 1));
     push(FENCE_STATE, (COMPOSED, 6));
     for (name, text) in prefix {
         for (i, line) in text.lines().enumerate() {
@@ -305,6 +306,12 @@ pub struct LibraryOp {
     pub begins: bool,
 }
 
+/// Redis's globals that a library's Lua reads as its own locals of the same names (taken on a
+/// function's first call, see `library`): through a function's empty globals table and its
+/// metatable's `__index`, each use of a global costs a miss, a metatable lookup and a hit
+/// (bench/README.md, "Round seven: where the Lua goes").
+const LUA_GLOBALS: &str = "tostring, tonumber, type, pairs, ipairs, unpack, next, pcall, error, select, string, table, math";
+
 /// The name every library is built under before its hash is known (`scripts::library`
 /// replaces it).
 pub const NAME_PLACEHOLDER: &str = "sluice_@@@@@@@@@@@@";
@@ -333,8 +340,22 @@ pub fn library(
     };
     push(&format!("#!lua name={name}"), (COMPOSED, 1));
     // The calling convention, as locals every helper and function shares (one call at a time
-    // runs on a Redis, and each function sets them first).
-    push("local KEYS, ARGV, P", (COMPOSED, 2));
+    // runs on a Redis, and each function sets them first). `redis_call` is `redis.call`, which
+    // the Lua calls by that name: a function's globals are an empty table whose metatable's
+    // `__index` is Redis's real globals, so `redis.call` costs every command two table misses,
+    // a metatable lookup and two hits (about 220 instructions; bench/README.md, "Round seven:
+    // where the Lua goes") where an upvalue costs one VM instruction. A library cannot take it
+    // when it loads (its globals then hold `redis.register_function` alone), so each function
+    // takes it first, with `KEYS` and `ARGV`.
+    push("local KEYS, ARGV, P, redis_call", (COMPOSED, 2));
+    // The same for the other globals the Lua calls, under their own names: a function that
+    // returns the globals, written before the locals that hide them, and the locals, set by a
+    // function's first call (none are at hand while the library loads, nor used then).
+    push(
+        &format!("local function lua_globals() return {LUA_GLOBALS} end"),
+        (COMPOSED, 9),
+    );
+    push(&format!("local {LUA_GLOBALS}"), (COMPOSED, 10));
     // What guard.lua remembers of the keys it passed, for as long as the library lives.
     push(FENCE_STATE, (COMPOSED, 6));
     for (file, text) in helpers {
@@ -373,7 +394,14 @@ pub fn library(
             ),
             (op.file, 1),
         );
-        push("KEYS, ARGV = keys, args", (COMPOSED, 3));
+        push(
+            "KEYS, ARGV, redis_call = keys, args, redis.call",
+            (COMPOSED, 3),
+        );
+        push(
+            &format!("if not string then {LUA_GLOBALS} = lua_globals() end"),
+            (COMPOSED, 11),
+        );
         for (i, line) in guard.1.lines().enumerate() {
             push(line, (guard.0, i + 1));
         }

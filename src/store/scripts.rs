@@ -590,6 +590,50 @@ mod tests {
         );
     }
 
+    /// Every command goes through the `redis_call` local each function sets first
+    /// (`compose::library`): called by its global, `redis.call` costs each command about 220
+    /// redis-server instructions more (bench/README.md, "Round seven: where the Lua goes").
+    #[test]
+    fn the_lua_calls_redis_through_its_local() {
+        let lib = library();
+        let direct: Vec<&str> = lib
+            .source
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--") && l.contains("redis.call("))
+            .collect();
+        assert!(direct.is_empty(), "redis.call( by its global: {direct:#?}");
+        assert_eq!(
+            lib.source
+                .matches("\nKEYS, ARGV, redis_call = keys, args, redis.call\n")
+                .count(),
+            TABLE.len()
+        );
+    }
+
+    /// The other globals the Lua calls (`tostring`, `string`, ...) are the library's locals of
+    /// the same names, taken by every function's first call (`compose::library`): each
+    /// function sets them, after the function that reads the globals and the locals that
+    /// hide them.
+    #[test]
+    fn the_library_reads_the_globals_once() {
+        let lib = library();
+        let reads = lib
+            .source
+            .find("\nlocal function lua_globals() return tostring, ")
+            .expect("the function that reads the globals");
+        let hides = lib
+            .source
+            .find("\nlocal tostring, ")
+            .expect("the locals that hide them");
+        assert!(reads < hides);
+        assert_eq!(
+            lib.source
+                .matches("\nif not string then tostring, ")
+                .count(),
+            TABLE.len()
+        );
+    }
+
     #[test]
     fn a_library_error_names_the_operation_file_and_line() {
         let lib = library();
@@ -606,13 +650,13 @@ mod tests {
                 .source
                 .lines()
                 .skip(opens)
-                .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 't'"))
+                .position(|l| l.starts_with("local row = redis_call('HMGET', ROW, 't'"))
                 .unwrap()
             + 1;
         let in_file = operation("watch.lua")
             .unwrap()
             .lines()
-            .position(|l| l.starts_with("local row = redis.call('HMGET', ROW, 't'"))
+            .position(|l| l.starts_with("local row = redis_call('HMGET', ROW, 't'"))
             .unwrap()
             + 1;
         let msg = format!("ERR user_function:{at}: boom script: {name}, on @user_function:{at}.");

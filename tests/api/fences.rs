@@ -211,6 +211,55 @@ return out";
     }
 }
 
+/// A whole number the Lua hands to Redis as text (`num_text()` in common.lua: a row's size, a
+/// start's attempt and fence, a retained bucket's field) must be the text Redis writes for the
+/// number itself, what the readers of those fields parse: pinned over many numbers and the
+/// edges (negative, a time in ms, 2^53 - 1), each asked twice, the second time after the memo
+/// was emptied (it holds 1,024).
+#[tokio::test]
+async fn a_number_as_text_is_what_redis_writes_for_it() {
+    let redis = TestRedis::start().await;
+    let op = "#!lua
+local out = {}
+for i = 6, #ARGV do
+  local n = ARGV[i] + 0
+  redis_call('HSET', KEYS[2], 'n', n)
+  local theirs = redis_call('HGET', KEYS[2], 'n')
+  local ours = num_text(n)
+  if ours ~= theirs then out[#out + 1] = ARGV[i] .. ': ' .. ours .. ' against ' .. theirs end
+end
+return out";
+    let source = composed_source("shard", op);
+    let s = crate::helpers::shard_no(3);
+    let mut numbers: Vec<String> = (0..1100).map(|n| n.to_string()).collect();
+    numbers.extend(
+        [
+            "-1",
+            "-1000",
+            "540",
+            "1799233200",
+            "1796637766803",
+            "999999999999999",
+            "9007199254740991",
+        ]
+        .map(String::from),
+    );
+    // Again, now that the memo has been emptied once.
+    numbers.extend((0..600).map(|n| (n * 3).to_string()));
+    let mut args = common(&s.prefix());
+    args.extend(numbers);
+    let got = eval(
+        &redis,
+        &source,
+        &[s.frozen(), format!("{}numtext", s.prefix())],
+        &args,
+    )
+    .await
+    .unwrap();
+    let got: Vec<String> = redis::from_redis_value(got).unwrap();
+    assert!(got.is_empty(), "num_text() against Redis: {got:#?}");
+}
+
 /// KEYS and ARGV of an admission of `id` for tenant `acme` in shard `keys_of`, with the
 /// prefix of shard `prefix_of` (the same shard for a correct call).
 pub(crate) fn admit_call(
