@@ -56,7 +56,13 @@
 --                       admitted at `now` (ms), queue state 'scheduled', 'ready' or
 --                       'waiting' (see queue_state() in common.lua), due time in ms or ''
 --                       when not scheduled; when runnable, its position (position() in
---                       common.lua; '' where none); the caller knows the rest of the row
+--                       common.lua; '' where none); the caller knows the rest of the row.
+--                       In a call of more than one admission, a runnable one's reply is
+--                       instead the one string 'new:<qstate>:<now>::<tpos>:<kpos>:<klimit>'
+--                       (the same values joined by ':', which none of them holds; Redis
+--                       turns a Lua table of a reply and each of its values into its answer
+--                       at a cost of about 4,700 instructions more than one string: `call`
+--                       in src/store/commit.rs splits it back into the list)
 --   {'dup', id}         the dedup key maps to execution id, admitted with the same request;
 --                       nothing written; alone in its call, the whole reply is the string
 --                       <id> instead (Redis turns each Lua table of a reply into its answer
@@ -290,8 +296,14 @@ local function admit_one(k, a)
     held = SLOTS_OF == tenant and SLOTS_HELD or redis.call('SCARD', K.slots(tenant))
     if MANY then HELD[tenant] = held end
   end
-  return { 'new', queue_state(tenant, id, 'queued', rank, held or nil), now, '', tpos or '',
-    kpos or '', klimit or '' }
+  local qstate = queue_state(tenant, id, 'queued', rank, held or nil)
+  if MANY then
+    -- One string of the seven values (see the header): a table of them cost Redis 4,700
+    -- instructions more per admission of a batch, and serve the parse of seven values.
+    return 'new:' .. qstate .. ':' .. now_str .. '::' .. (tpos or '') .. ':' .. (kpos or '') ..
+      ':' .. (klimit or '')
+  end
+  return { 'new', qstate, now, '', tpos or '', kpos or '', klimit or '' }
 end
 
 -- Per call: the state admit_one() shares within a call, set afresh.
