@@ -16,6 +16,12 @@ minus the growth of the bare scripts over the commands that part ran.
                                              # completions, by a library file or bare scripts
     probe.py complete-group 300 LIB...       # a complete.lua call of 1, 8, 32 worker reports
                                              # (the capture's keys and policy arguments)
+    probe.py capture-batch <sluice> 1000 8   # one batch of 1,000 per tenant, 8 tenants at once:
+                                             # every admit.lua call, and the library
+    probe.py batch 1000 8 3 [LIB]            # those calls replayed 3 times: instructions and
+                                             # commands per item, calls per batch
+    probe.py batch-cpu 1000 8 10 [LIB]       # the same on a plain redis-server: CPU per item
+    probe.py serve-batch <sluice> 1000 8 3   # serve under callgrind: instructions per item
 
 `measure` sends each call WARM (500) times before its counted replays, after every
 `FUNCTION LOAD REPLACE` and `SCRIPT LOAD`: the first replays of a freshly loaded library pay
@@ -630,6 +636,40 @@ def batch_replay(out, size, k, reps, lib=None, warm=2):
     finally:
         cg.stop()
 
+def batch_cpu(out, size, k, reps, lib=None, warm=2):
+    """The same replay on a plain redis-server (no valgrind): Redis's CPU time (used_cpu_user
+    + used_cpu_sys of INFO cpu) per item over `reps` rounds, the figure the instruction counts
+    stand for (a busy machine inflates it: read it beside them, not alone)."""
+    g = json.load(open(os.path.join(out, 'batch-%dx%d.json' % (size, k))))
+    work = os.path.join(out, 'cpu'); os.makedirs(work, exist_ok=True)
+    port = free_port()
+    rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work], stdout=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        r = R(port)
+        code = open(lib or os.path.join(out, 'batch-library.lua'), encoding='latin-1').read()
+        r.call('FUNCTION', 'LOAD', 'REPLACE', code)
+        name = code.split('name=')[1].split()[0] + '_admit'
+        def rnd(x):
+            calls, at = [], 0
+            for c in g['calls']:
+                c, at = renew_call(c, x, at); c[1] = name; calls.append(c)
+            return calls
+        class Plain: pass
+        p = Plain(); p.r = r
+        for x in range(1, warm + 1): run_batch(p, rnd(x))
+        todo = [rnd(x) for x in range(warm + 1, warm + reps + 1)]
+        def cpu():
+            info = r.call('INFO', 'cpu').decode()
+            return sum(float(re.search(r'^%s:([\d.]+)' % f, info, re.M).group(1)) for f in ('used_cpu_user', 'used_cpu_sys'))
+        c0 = cpu()
+        for t in todo: run_batch(p, t)
+        items = reps * sum(int(c[3 + int(c[2]) + 5]) for c in g['calls'])
+        print('batch %d x %d tenants (%s): %.2f us of Redis CPU per item over %d items' % (
+            size, k, os.path.basename(lib) if lib else 'capture', (cpu() - c0) * 1e6 / items, items), flush=True)
+    finally:
+        R(port).send('SHUTDOWN', 'NOSAVE'); rs.wait()
+
 def run_batch(cg, calls):
     """Sends one batch's calls in order, one at a time (as the batch task does), and checks
     that every admission answered 'new'."""
@@ -699,6 +739,9 @@ if __name__ == '__main__':
     elif sys.argv[1] == 'batch':
         # probe.py batch 1000 8 5 [LIB]: the captured batches replayed 5 times
         batch_replay(OUT, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else None)
+    elif sys.argv[1] == 'batch-cpu':
+        # probe.py batch-cpu 1000 1 20 [LIB]: Redis CPU per item, no valgrind
+        batch_cpu(OUT, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else None)
     elif sys.argv[1] == 'serve-batch':
         # probe.py serve-batch target/release/sluice 1000 8 3: serve's instructions per item
         serve_batch(sys.argv[2], OUT, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
