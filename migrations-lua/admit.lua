@@ -56,7 +56,13 @@
 --                       admitted at `now` (ms), queue state 'scheduled', 'ready' or
 --                       'waiting' (see queue_state() in common.lua), due time in ms or ''
 --                       when not scheduled; when runnable, its position (position() in
---                       common.lua; '' where none); the caller knows the rest of the row
+--                       common.lua; '' where none); the caller knows the rest of the row.
+--                       In a call of more than one admission, a runnable one's reply is
+--                       instead the one string 'new:<qstate>:<now>::<tpos>:<kpos>:<klimit>'
+--                       (the same values joined by ':', which none of them holds; Redis
+--                       turns a Lua table of a reply and each of its values into its answer
+--                       at a cost of about 4,700 instructions more than one string: `call`
+--                       in src/store/commit.rs splits it back into the list)
 --   {'dup', id}         the dedup key maps to execution id, admitted with the same request;
 --                       nothing written; alone in its call, the whole reply is the string
 --                       <id> instead (Redis turns each Lua table of a reply into its answer
@@ -115,12 +121,17 @@ local TENANTS
 -- these, and it keeps them up to date): its queued count (nil once a write of it failed),
 -- true when it is in the runnable set (more work never takes it out), the slots it holds (an
 -- admission takes none), and the registry members and busy marks written already.
+-- And the admissions counted per tenant (TALLIED, its tenants in first-counted order in
+-- TALLY_ORDER): written to the per-minute counters once per tenant at the end of the call
+-- (one tally() of n, the same counters as n tallies of one: every admission of a call has
+-- the call's time), as a tally() per admission cost 12,500 instructions of a batch item's
+-- 166,000 (callgrind on Redis 7.0, bench/README.md "Round seven").
 -- Made by the first admission that gets past the dedup check, and only in a call of more than
 -- one admission (MANY): a replayed admission, the commonest repeat, and a call of one, the
 -- commonest call at a low rate, need none (five tables, about a thousand instructions each
 -- with their collection, and the registries' keys joined into strings; callgrind on Redis
 -- 7.0).
-local QUEUED, RUNNABLE, HELD, LISTED, BUSY
+local QUEUED, RUNNABLE, HELD, LISTED, BUSY, TALLIED, TALLY_ORDER
 local MANY
 -- The server's storage bounds (ARGV[7], ARGV[8]), for tenants without their own.
 local MAX_BYTES, MAX_RETAINED
@@ -166,7 +177,9 @@ local function admit_one(k, a)
   local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
   local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
   local LISTING = KEYS[k]
-  if MANY and not QUEUED then QUEUED, RUNNABLE, HELD, LISTED, BUSY = {}, {}, {}, {}, {} end
+  if MANY and not QUEUED then
+    QUEUED, RUNNABLE, HELD, LISTED, BUSY, TALLIED, TALLY_ORDER = {}, {}, {}, {}, {}, {}, {}
+  end
 
   local now = now_ms()
   local ok, refusal, queued = place(tenant, MANY and QUEUED[tenant])
@@ -195,12 +208,19 @@ local function admit_one(k, a)
   -- Appended by index (n: the row's length so far), not by table.insert() or ipairs() of a
   -- table made for it: C function calls and a table each (about a thousand instructions
   -- apiece, callgrind on Redis 7.0).
-  -- Its time as text, made once: Redis formats every number handed to redis.call() with
-  -- sprintf (about 3,500 instructions for a time in ms, callgrind on Redis 7.0), and the row's
-  -- `c` and, at the default priority, its order key in the tenant's queue are the same time.
-  local now_text = tostring(now)
+  -- Its time as text, made once per call (now_text() in common.lua, the same text as
+  -- tostring(now), which cost 3,800 instructions of a batch item: bench/README.md "Round
+  -- seven"): Redis formats every number handed to redis.call() with sprintf (about 3,500
+  -- instructions for a time in ms, callgrind on Redis 7.0), and the row's `c` and, at the
+  -- default priority, its order key in the tenant's queue are the same time.
+  local now_str = now_text()
+  -- Made with room for four more (the nils: the constructor sizes the table's array part for
+  -- 18), so that a dedup key's two fields, the commonest addition, are appended without the
+  -- table growing (a rehash: 3,000 instructions of a batch item, bench/README.md "Round
+  -- seven"). unpack() and # still end at the last field written: the array is filled from 1
+  -- with no gap.
   local row = { 't', tenant, 'f', flow, 'p', params, 's', 'queued', 'm', max_attempts,
-    'c', now_text, 'z', num_text(size) }
+    'c', now_str, 'z', num_text(size), nil, nil, nil, nil }
   local n = 14
   if priority ~= DEFAULT_PRIORITY then
     row[n + 1], row[n + 2], n = 'pr', priority, n + 2
@@ -249,7 +269,7 @@ local function admit_one(k, a)
     schedule(tenant, flow, id, due, row)
     runnable = false
   else
-    runnable = make_runnable(tenant, id, now_text, priority, row, ckh, MANY and RUNNABLE[tenant],
+    runnable = make_runnable(tenant, id, now_str, priority, row, ckh, MANY and RUNNABLE[tenant],
       true)
   end
   if runnable then
@@ -258,7 +278,13 @@ local function admit_one(k, a)
     mark_busy(tenant)
     if MANY then BUSY[tenant] = true end
   end
-  tally(tenant, 'admitted', now)
+  if MANY then
+    local counted = TALLIED[tenant]
+    if not counted then TALLY_ORDER[#TALLY_ORDER + 1] = tenant end
+    TALLIED[tenant] = (counted or 0) + 1
+  else
+    tally(tenant, 'admitted', now)
+  end
   count_bytes(tenant, size)
   -- A field of its bucket while the execution is live: settle_terminal() moves it to the
   -- string key, with its TTL, when it ends. A leftover string key whose row expired goes.
@@ -275,14 +301,20 @@ local function admit_one(k, a)
     held = SLOTS_OF == tenant and SLOTS_HELD or redis_call('SCARD', K.slots(tenant))
     if MANY then HELD[tenant] = held end
   end
-  return { 'new', queue_state(tenant, id, 'queued', rank, held or nil), now, '', tpos or '',
-    kpos or '', klimit or '' }
+  local qstate = queue_state(tenant, id, 'queued', rank, held or nil)
+  if MANY then
+    -- One string of the seven values (see the header): a table of them cost Redis 4,700
+    -- instructions more per admission of a batch, and serve the parse of seven values.
+    return 'new:' .. qstate .. ':' .. now_str .. '::' .. (tpos or '') .. ':' .. (kpos or '') ..
+      ':' .. (klimit or '')
+  end
+  return { 'new', qstate, now, '', tpos or '', kpos or '', klimit or '' }
 end
 
 -- Per call: the state admit_one() shares within a call, set afresh.
 BEGUN = false
 TENANTS = nil
-QUEUED, RUNNABLE, HELD, LISTED, BUSY = nil, nil, nil, nil, nil
+QUEUED, RUNNABLE, HELD, LISTED, BUSY, TALLIED, TALLY_ORDER = nil, nil, nil, nil, nil, nil, nil
 local n = COUNTS[ARGV[6]]
 if not n then
   n = tonumber(ARGV[6])
@@ -336,8 +368,14 @@ for i = 1, n do
   k = k + (ARGV[a + 6] ~= '' and 3 or 1)
   a = a + 17
 end
--- The per-minute counters of every admission of the call, and its tenants' storage counters,
--- in one write per key.
+-- The per-minute counters of every admission of the call (counted per tenant, see TALLIED),
+-- and its tenants' storage counters, in one write per key.
+if TALLY_ORDER then
+  for i = 1, #TALLY_ORDER do
+    local t = TALLY_ORDER[i]
+    tally(t, 'admitted', now_ms(), TALLIED[t])
+  end
+end
 flush_trends()
 flush_usage()
 return replies

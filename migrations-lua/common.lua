@@ -292,6 +292,7 @@ local function limits(t)
     v[19] = v[2] and v[2] + 0 or DEFAULT_MAX_QUEUED
     v[20] = v[5] and v[5] + 0 or 1
     v[21] = v[6] and v[6] + 0 or nil
+    -- (v[22] and v[23]: the storage bounds as numbers, once storage_refusal() needed them.)
     LIMITS_READ[t] = v
     LIMITS_KEPT = true
   end
@@ -841,9 +842,18 @@ local function storage_refusal(t, size, rows, now, max_bytes, max_retained, whol
   local v = LIMITS_READ[t]
   -- Comparisons, not math.max(), and tonumber() only of a bound that is set: C function calls
   -- cost about a thousand instructions each (callgrind, Redis 7.0), and this runs for every
-  -- admission. (`max_bytes` and `max_retained` may come as numbers or as their text.)
-  max_bytes = v[10] and tonumber(v[10]) or tonumber(max_bytes)
-  max_retained = v[11] and tonumber(v[11]) or tonumber(max_retained)
+  -- admission. (`max_bytes` and `max_retained` may come as numbers or as their text.) The two
+  -- numbers are kept with the tenant's limits (v[22], v[23]) for the call's later admissions
+  -- of it: a call passes the same server bounds every time (an argument of the call), and
+  -- two tonumber() calls were 3,700 instructions of a batch item's 166,000 (bench/README.md,
+  -- "Round seven").
+  if v[22] then
+    max_bytes, max_retained = v[22], v[23]
+  else
+    max_bytes = v[10] and tonumber(v[10]) or tonumber(max_bytes)
+    max_retained = v[11] and tonumber(v[11]) or tonumber(max_retained)
+    v[22], v[23] = max_bytes, max_retained
+  end
   if whole and size > max_bytes then return { 'too_large', size, max_bytes } end
   local bytes = u.bytes + u.d_bytes
   if bytes < 0 then bytes = 0 end
@@ -1734,8 +1744,8 @@ local MINUTE_MEMO = {}
 
 -- Collects one increment of the counter at `field` (an offset within a record) of the minute
 -- of `now`, and of the one at `field2` if given, in tenant t's day key and in the shard's
--- (the key names made once for both).
-local function trend_add(t, now, field, field2)
+-- (the key names made once for both); `n` increments at once instead (one counter only).
+local function trend_add(t, now, field, field2, n)
   -- Whole days and minutes by arithmetic (now >= 0): no math.floor() calls (a C function
   -- call each, about a thousand instructions).
   local in_day = now % 86400000
@@ -1777,10 +1787,11 @@ local function trend_add(t, now, field, field2)
       end
       if slot then
         -- (A number from here on: '1' + 1.)
-        args[slot] = args[slot] + 1
+        args[slot] = args[slot] + (n or 1)
       else
         -- The increment as text while it is 1 (see count_of()).
-        args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at_text, '1'
+        args[k + 1], args[k + 2], args[k + 3], args[k + 4] = 'INCRBY', width, at_text,
+          (n and n ~= 1) and n or '1'
         if i == 1 and f == TREND_FIELD.started and not TREND_FIRST[key] then
           TREND_FIRST[key], TREND_FIRST_T[key], TREND_FIRST_NOW[key] = k + 4, t, now
         end
@@ -1854,9 +1865,9 @@ flush_trends = function()
 end
 
 -- Counts one event of tenant t at `now`: 'admitted', 'completed', 'failed' or 'cancelled'
--- (a start goes through tally_start).
-tally = function(t, what, now)
-  trend_add(t, now, TREND_FIELD[what])
+-- (a start goes through tally_start); `n` events at once (nil: one).
+tally = function(t, what, now, n)
+  trend_add(t, now, TREND_FIELD[what], nil, n)
 end
 
 -- Counts a start of tenant t at `now`, and its waiting time: from `ready_at`, when the

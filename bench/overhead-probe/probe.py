@@ -16,6 +16,12 @@ minus the growth of the bare scripts over the commands that part ran.
                                              # completions, by a library file or bare scripts
     probe.py complete-group 300 LIB...       # a complete.lua call of 1, 8, 32 worker reports
                                              # (the capture's keys and policy arguments)
+    probe.py capture-batch <sluice> 1000 8   # one batch of 1,000 per tenant, 8 tenants at once:
+                                             # every admit.lua call, and the library
+    probe.py batch 1000 8 3 [LIB]            # those calls replayed 3 times: instructions and
+                                             # commands per item, calls per batch
+    probe.py batch-cpu 1000 8 10 [LIB]       # the same on a plain redis-server: CPU per item
+    probe.py serve-batch <sluice> 1000 8 3   # serve under callgrind: instructions per item
 
 `measure` sends each call WARM (500) times before its counted replays, after every
 `FUNCTION LOAD REPLACE` and `SCRIPT LOAD`: the first replays of a freshly loaded library pay
@@ -484,7 +490,8 @@ def group(out, reps, warm=20):
         run_all(cg, calls[:warm], 'x', False)
         ir, secs = cg.window(lambda: run_all(cg, calls[warm:], 'x', False))
         last = cg.r.call(*group_calls(g, 10 ** 6, 1)[0])
-        new = sum(1 for e in last if e[0] == b'new')
+        # (A call of many answers a new admission as the string 'new:...' since round seven.)
+        new = sum(1 for e in last if (e[0] == b'new' if isinstance(e, list) else e.startswith(b'new:')))
         print('group of %d: %d instructions per admission (%d per call); a check call answered %d new' % (g['n'], round((ir - rate * secs) / (reps * g['n'])), round((ir - rate * secs) / reps), new), flush=True)
     finally:
         cg.stop()
@@ -524,6 +531,198 @@ def complete_group(out, reps, libs):
         finally:
             cg.stop()
 
+# ---- Batch admissions: the calls of `admit.lua` one `POST /api/executions/batch` makes.
+
+def batch_body(tenant, size, first):
+    """A batch of `size` items of one tenant, a unique dedup key and ~30-byte params each (the
+    cost measurement's shape, bench/README.md "Cost per execution")."""
+    return json.dumps({'items': [{'flow_id': 'demo.echo', 'params': {'n': i, 'p': 'x' * 14},
+                                  'dedup_key': 'b-%s-%d' % (tenant, i)}
+                                 for i in range(first, first + size)]})
+
+def post_batches(base, tenants, size, first):
+    """One batch of `size` items per tenant, all tenants at once (one thread each, as the
+    benchmark's batch phase sends them); every item must answer 201."""
+    res = {}
+    def one(t):
+        h = {'Authorization': 'Bearer ' + TOKEN, 'X-Tenant-Id': t, 'Content-Type': 'application/json'}
+        st, body = http('POST', base + '/api/executions/batch', batch_body(t, size, first), h)
+        res[t] = (st, [r['status'] for r in json.loads(body)['results']] if st == 200 else body)
+    ts = [threading.Thread(target=one, args=(t,)) for t in tenants]
+    for t in ts: t.start()
+    for t in ts: t.join(300)
+    for t, (st, r) in res.items():
+        if st != 200 or any(x != 201 for x in r):
+            raise RuntimeError('batch of %s answered %s %r' % (t, st, r if st != 200 else sorted(set(r))))
+
+def batch_tenants(k):
+    return ['bench-t%d' % i for i in range(k)]
+
+def capture_batch(sluice, out, size, k):
+    """A redis-server and `sluice serve`: each of k tenants admits one execution first (its cfg
+    and registries exist), then one batch of `size` items per tenant, all at once, under
+    MONITOR: every `admit.lua` call they made, in order (batch-<size>x<k>.json), and the
+    library (batch-library.lua)."""
+    port, base, rs, sv = serve(sluice, os.path.join(out, 'bcap'))
+    tenants = batch_tenants(k)
+    post_batches(base, tenants, 1, 10 ** 7)
+    lines, th = record(port)
+    own = R(port)
+    post_batches(base, tenants, size, 0)
+    own.call('ECHO', 'cost-mark:end')
+    th.join(60)
+    lib = R(port).call('FUNCTION', 'LIST', 'WITHCODE')
+    sv.terminate(); sv.wait()
+    own.send('SHUTDOWN', 'NOSAVE'); rs.wait()
+    calls, cmds = [], {}
+    for c, a in filter(None, map(parse_monitor, lines)):
+        if c == 'lua':
+            n = a[0].decode().lower(); cmds[n] = cmds.get(n, 0) + 1
+        elif a[0].lower() == b'fcall' and a[1].decode().endswith('_admit'):
+            calls.append([x.decode('latin-1') for x in a])
+    code = [dict(zip(l[0::2], l[1::2]))[b'library_code'].decode('latin-1') for l in lib][0]
+    open(os.path.join(out, 'batch-library.lua'), 'w', encoding='latin-1').write(code)
+    name = os.path.join(out, 'batch-%dx%d.json' % (size, k))
+    json.dump({'size': size, 'tenants': k, 'calls': calls, 'commands': cmds}, open(name, 'w'))
+    items = sum(int(c[3 + int(c[2]) + 5]) for c in calls)
+    print('%s: %d admit calls for %d items (%.1f a call); in scripts per item: %s' % (name, len(calls), items, items / len(calls),
+          ', '.join('%s %.2f' % (n, v / items) for n, v in sorted(cmds.items(), key=lambda x: -x[1]))), file=sys.stderr)
+
+def renew_call(a, r, at):
+    """Captured `admit.lua` call `a` with every admission made new for replay round r: a new id
+    (its last 12 hex digits), dedup key and digest (first two hex digits kept: the same
+    bucket), in the key and the bucket's field too; `at` numbers the round's admissions so far:
+    (the call, the number after its last)."""
+    a = list(a); nk = int(a[2]); keys0, argv0 = 3, 3 + nk
+    n = int(a[argv0 + 5]); k = keys0 + 1
+    for i in range(n):
+        b = argv0 + 8 + 17 * i
+        oid, okey, odig = a[b + 1], a[b + 6], a[b + 7]
+        x = r * 2 ** 20 + at + i
+        if okey:
+            ndig = odig[:2] + '%030x' % x
+            a[b + 6], a[b + 7], a[b + 16] = 'r%d-%s' % (r, okey), ndig, ndig[2:]
+            a[k + 2] = a[k + 2].replace(odig, ndig)
+            k += 3
+        else:
+            k += 1
+        a[b + 1] = oid[:-12] + '%012x' % x
+    return a, at + n
+
+def batch_replay(out, size, k, reps, lib=None, warm=2):
+    """The captured batches' calls replayed `reps` times (after `warm` unmeasured), each time
+    with new admissions, on a redis-server of its own under callgrind with the capture's
+    library (or `lib`, a library of another build whose admit.lua takes the same arguments):
+    instructions per item, Redis's idle rate taken out; commands per item
+    by name (INFO commandstats over the counted replays); script calls per batch."""
+    g = json.load(open(os.path.join(out, 'batch-%dx%d.json' % (size, k))))
+    os.makedirs(os.path.join(out, 'cap'), exist_ok=True)
+    cg = CG(out)
+    try:
+        code = open(lib or os.path.join(out, 'batch-library.lua'), encoding='latin-1').read()
+        cg.r.call('FUNCTION', 'LOAD', 'REPLACE', code)
+        # Another build's library names its functions apart: the captured calls go to its admit.
+        name = code.split('name=')[1].split()[0] + '_admit'
+        rate = cg.idle(2.0)
+        def rnd(r):
+            out, at = [], 0
+            for c in g['calls']:
+                c, at = renew_call(c, r, at); c[1] = name; out.append(c)
+            return out
+        for r in range(1, warm + 1): run_batch(cg, rnd(r))
+        todo = [rnd(r) for r in range(warm + 1, warm + reps + 1)]
+        cg.r.call('CONFIG', 'RESETSTAT')
+        ir, secs = cg.window(lambda: [run_batch(cg, t) for t in todo])
+        stats = cg.r.call('INFO', 'commandstats').decode()
+        items = reps * sum(int(c[3 + int(c[2]) + 5]) for c in g['calls'])
+        cmds = {}
+        for m in re.finditer(r'^cmdstat_([^:]+):calls=(\d+)', stats, re.M):
+            if m.group(1) not in ('info', 'config'): cmds[m.group(1)] = int(m.group(2)) / items
+        per = (ir - rate * secs) / items
+        print('batch %d x %d tenants (%s): %d instructions per item; %d calls per batch of %d; per item: %s' % (
+            size, k, os.path.basename(lib) if lib else 'capture', round(per), len(g['calls']) // k, size,
+            ', '.join('%s %.2f' % (n, v) for n, v in sorted(cmds.items(), key=lambda x: -x[1]))), flush=True)
+    finally:
+        cg.stop()
+
+def batch_cpu(out, size, k, reps, lib=None, warm=2):
+    """The same replay on a plain redis-server (no valgrind): Redis's CPU time (used_cpu_user
+    + used_cpu_sys of INFO cpu) per item over `reps` rounds, the figure the instruction counts
+    stand for (a busy machine inflates it: read it beside them, not alone)."""
+    g = json.load(open(os.path.join(out, 'batch-%dx%d.json' % (size, k))))
+    work = os.path.join(out, 'cpu'); os.makedirs(work, exist_ok=True)
+    port = free_port()
+    rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work], stdout=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        r = R(port)
+        code = open(lib or os.path.join(out, 'batch-library.lua'), encoding='latin-1').read()
+        r.call('FUNCTION', 'LOAD', 'REPLACE', code)
+        name = code.split('name=')[1].split()[0] + '_admit'
+        def rnd(x):
+            calls, at = [], 0
+            for c in g['calls']:
+                c, at = renew_call(c, x, at); c[1] = name; calls.append(c)
+            return calls
+        class Plain: pass
+        p = Plain(); p.r = r
+        for x in range(1, warm + 1): run_batch(p, rnd(x))
+        todo = [rnd(x) for x in range(warm + 1, warm + reps + 1)]
+        def cpu():
+            info = r.call('INFO', 'cpu').decode()
+            return sum(float(re.search(r'^%s:([\d.]+)' % f, info, re.M).group(1)) for f in ('used_cpu_user', 'used_cpu_sys'))
+        c0 = cpu()
+        for t in todo: run_batch(p, t)
+        items = reps * sum(int(c[3 + int(c[2]) + 5]) for c in g['calls'])
+        print('batch %d x %d tenants (%s): %.2f us of Redis CPU per item over %d items' % (
+            size, k, os.path.basename(lib) if lib else 'capture', (cpu() - c0) * 1e6 / items, items), flush=True)
+    finally:
+        R(port).send('SHUTDOWN', 'NOSAVE'); rs.wait()
+
+def run_batch(cg, calls):
+    """Sends one batch's calls in order, one at a time (as the batch task does), and checks
+    that every admission answered 'new'."""
+    for c in calls:
+        x = cg.r.call(*c)
+        bad = [e for e in x if not (e[0] == b'new' if isinstance(e, list) else e.startswith(b'new'))]
+        if bad: raise RuntimeError('admit answered %r' % bad[:3])
+
+def serve_batch(sluice, out, size, k, count, warm=2):
+    """`sluice serve` under callgrind (--instr-atstart=no) on a plain redis-server: `warm`
+    rounds of one batch of `size` per tenant (k tenants at once) uncounted, then `count`
+    rounds counted: serve's instructions per item."""
+    work = os.path.join(out, 'sbatch'); os.makedirs(work, exist_ok=True)
+    for f in os.listdir(work): os.remove(os.path.join(work, f))
+    port = free_port()
+    rs = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', work], stdout=subprocess.DEVNULL)
+    wait_port(port)
+    hp = free_port(); cgo = os.path.join(work, 'serve.cg')
+    env = dict(os.environ, SLUICE_ADMIN_TOKEN=TOKEN, RUST_LOG='warn', SLUICE_DEFAULT_MAX_BYTES='1000000000000', SLUICE_DEFAULT_MAX_RETAINED='1000000000000')
+    sv = subprocess.Popen(['valgrind', '--tool=callgrind', '--instr-atstart=no', '--callgrind-out-file=' + cgo, sluice, 'serve', '--listen', '127.0.0.1:%d' % hp, '--redis-url', 'redis://127.0.0.1:%d' % port, '--sweep-interval-secs', '0', '--default-max-concurrent', '1000000', '--default-max-queued', '1000000', '--redis-timeout-ms', '5000', '--request-timeout-ms', '120000'], env=env, stdout=open(os.path.join(work, 'serve.log'), 'w'), stderr=subprocess.STDOUT)
+    base = 'http://127.0.0.1:%d' % hp
+    try:
+        for _ in range(600):
+            try:
+                if http('GET', base + '/readyz')[0] == 200: break
+            except Exception: pass
+            time.sleep(0.2)
+        tenants = batch_tenants(k)
+        for r in range(warm): post_batches(base, tenants, size, 10 ** 7 + r * size)
+        ctl = lambda *f: subprocess.run(['callgrind_control', *f, str(sv.pid)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        own = R(port); own.call('CONFIG', 'RESETSTAT')
+        ctl('-i', 'on')
+        for r in range(count): post_batches(base, tenants, size, r * size)
+        ctl('-d')
+        calls = int(re.search(r'^cmdstat_fcall:calls=(\d+)', own.call('INFO', 'commandstats').decode(), re.M).group(1))
+        text = open(cgo + '.1').read()
+        ir = int(re.search(r'^totals: (\d+)', text, re.M).group(1))
+        items = count * size * k
+        print('serve, batches of %d x %d tenants, %d rounds: %d instructions per item; %.1f script calls per batch' % (
+            size, k, count, round(ir / items), calls / (count * k)), flush=True)
+    finally:
+        sv.terminate(); sv.wait(60)
+        R(port).send('SHUTDOWN', 'NOSAVE'); rs.wait()
+
 if __name__ == '__main__':
     os.makedirs(OUT, exist_ok=True)
     if sys.argv[1] == 'capture':
@@ -543,6 +742,18 @@ if __name__ == '__main__':
     elif sys.argv[1] == 'complete-group':
         # probe.py complete-group 300 LIB...: grouped worker completions, per call
         complete_group(OUT, int(sys.argv[2]), sys.argv[3:])
+    elif sys.argv[1] == 'capture-batch':
+        # probe.py capture-batch target/release/sluice 1000 8: one batch of 1000 per tenant, 8 tenants
+        capture_batch(sys.argv[2], OUT, int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == 'batch':
+        # probe.py batch 1000 8 5 [LIB]: the captured batches replayed 5 times
+        batch_replay(OUT, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else None)
+    elif sys.argv[1] == 'batch-cpu':
+        # probe.py batch-cpu 1000 1 20 [LIB]: Redis CPU per item, no valgrind
+        batch_cpu(OUT, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else None)
+    elif sys.argv[1] == 'serve-batch':
+        # probe.py serve-batch target/release/sluice 1000 8 3: serve's instructions per item
+        serve_batch(sys.argv[2], OUT, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif sys.argv[1] == 'cycle':
         # probe.py cycle 300 bare target/overhead-probe/library.lua other-library.lua ...
         cycle(OUT, int(sys.argv[2]), sys.argv[3:])

@@ -188,6 +188,52 @@ async fn each_item_of_a_call_sees_the_quota_and_slots_as_alone() {
     assert_eq!(app.queue_ids("fresh").await.len(), 3);
 }
 
+/// A call of many answers each admission's queue state and position (in its tenant's order
+/// and in its concurrency key's queue, with the key's limit) as a read of it right after
+/// does, keyed or not: the answer a call of one would have given.
+#[tokio::test]
+async fn a_batchs_states_and_positions_are_what_a_read_says_keyed_or_not() {
+    let app = TestApp::spawn().await;
+    app.put_tenant(
+        "acme",
+        &json!({"max_concurrent": 2, "max_concurrent_per_key": 1}),
+    )
+    .await;
+    // Unkeyed, keyed "K" (four: three wait behind the first in K), and keys of their own.
+    let items: Vec<Value> = (0..12)
+        .map(|n| match n % 3 {
+            0 => json!({"flow_id": "demo.echo", "params": {"n": n}}),
+            1 => json!({"flow_id": "demo.echo", "params": {"n": n}, "concurrency_key": "K"}),
+            _ => json!({"flow_id": "demo.echo", "params": {"n": n},
+                        "concurrency_key": format!("k{n}")}),
+        })
+        .collect();
+    let (status, answer) = batch(&app, "acme", &json!({"items": items})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let mut behind_in_key = Vec::new();
+    for (n, x) in results(&answer).iter().enumerate() {
+        assert_eq!(x["status"], 201, "item {n}: {x}");
+        let e = &x["execution"];
+        let read = app
+            .execution("acme", e["execution_id"].as_str().unwrap())
+            .await;
+        for f in ["queue_state", "queue_position"] {
+            assert_eq!(e[f], read[f], "item {n}, {f}: {e} / {read}");
+        }
+        if let Some(k) = e["queue_position"]["key"].as_u64().filter(|k| *k > 0) {
+            behind_in_key.push((n, k, e["queue_state"].clone()));
+        }
+    }
+    assert_eq!(
+        behind_in_key,
+        [
+            (4, 1, json!("waiting")),
+            (7, 2, json!("waiting")),
+            (10, 3, json!("waiting"))
+        ]
+    );
+}
+
 /// What is wrong with the request as a whole is refused whole, and nothing is written.
 #[tokio::test]
 async fn a_bad_batch_is_refused_whole() {

@@ -213,6 +213,57 @@ async fn every_admission_start_and_end_is_counted_once_per_tenant_and_in_the_sum
     assert_eq!(all["unavailable"], json!([]));
 }
 
+/// A batch's admissions go in calls of up to 16, whose counters are written once per tenant
+/// and call (`admit.lua`'s TALLIED): each admission is still counted once, in the tenant's
+/// series and in the sum, and what was not admitted (a replay of an earlier item, an item
+/// refused by `max_queued`) not at all — whichever calls the items share.
+#[tokio::test]
+async fn a_batchs_admissions_are_counted_once_each_whatever_calls_they_share() {
+    let app = TestApp::spawn().await;
+    app.put_tenant("acme", &json!({"max_queued": 30})).await;
+    // 35 new keys, then 5 repeats of the first five: 30 admitted (201), 5 refused (429: the
+    // queue holds 30), 5 replays (200).
+    let items: Vec<Value> = (0..40)
+        .map(|n| json!({"flow_id": "demo.echo", "params": {"n": n % 35}, "dedup_key": format!("k{}", n % 35)}))
+        .collect();
+    let res = app
+        .as_tenant(reqwest::Method::POST, "/api/executions/batch", "acme")
+        .json(&json!({"items": items}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let answer: Value = res.json().await.unwrap();
+    let statuses: Vec<u64> = answer["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = (0..40)
+        .map(|n| match n {
+            0..30 => 201,
+            30..35 => 429,
+            _ => 200,
+        })
+        .collect();
+    assert_eq!(statuses, want);
+    // And two more, each alone in its call: counted as before.
+    app.put_tenant("beta", &json!({})).await;
+    for _ in 0..2 {
+        app.admit_params("beta", "demo.echo", json!({})).await;
+    }
+
+    let acme = app.tenant_trends("acme", "?hours=1").await;
+    assert_eq!(totals(&acme["series"]), [30, 0, 0, 0, 0]);
+    assert_eq!(summed(&acme["series"], "admissions"), 30);
+    let beta = app.tenant_trends("beta", "?hours=1").await;
+    assert_eq!(totals(&beta["series"]), [2, 0, 0, 0, 0]);
+    let all = app.trends().await;
+    assert_eq!(totals(&all["series"]), [32, 0, 0, 0, 0]);
+    assert_eq!(summed(&all["series"], "admissions"), 32);
+}
+
 #[tokio::test]
 async fn tenants_with_work_are_listed_registered_or_not_until_their_work_is_done() {
     let app = TestApp::spawn().await;
