@@ -107,6 +107,11 @@ local STATS, caps, now, fenced
 -- table costs about a thousand instructions; nothing writes to this one).
 local NONE_STARTED = {}
 
+-- The fields a completion drops (an earlier attempt's error), and none: made once, read only
+-- (finish(), end_lease(), resize()), where a table a report would cost about a thousand
+-- instructions.
+local DROP_ERROR, NO_FIELDS = { 'ek', 'em' }, {}
+
 -- What a report reads of its row: RUN_FIELDS, then `rp` (the fence of the run whose report
 -- was taken), so a repeat is told by the same read.
 -- (Made when the library loads, where only the language itself is at hand: no unpack().)
@@ -161,12 +166,12 @@ local function record(ROW, a, row)
   -- repeat (`reported`, written with the outcome).
 
   if row[8] == '1' or outcome == 'cancelled' then
-    finish(tenant, flow, id, row, 'cancelled', now, { 'rp', fence }, {})
+    finish(tenant, flow, id, row, 'cancelled', now, { 'rp', fence }, NO_FIELDS)
     return 'done', 'cancelled'
   elseif outcome == 'completed' then
     -- An error of an earlier attempt does not describe a success.
     finish(tenant, flow, id, row, 'completed', now, { 'o', output, 'rp', fence },
-      { 'ek', 'em' })
+      DROP_ERROR)
     return 'done', 'completed'
   elseif outcome == 'released' then
     redis_call('HSET', ROW, 'rp', fence)
@@ -188,7 +193,7 @@ local function record(ROW, a, row)
     return 'retrying', due
   end
   finish(tenant, flow, id, row, 'failed', now,
-    { 'ek', err_kind, 'em', err_msg, 'rp', fence }, {}, backoff ~= '')
+    { 'ek', err_kind, 'em', err_msg, 'rp', fence }, NO_FIELDS, backoff ~= '')
   if backoff ~= '' then
     caps = caps or dlq_caps(ARGV[6], ARGV[7])
     dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, caps)
