@@ -1071,11 +1071,12 @@ end
 -- Ends the lease of a running execution: out of the lease index and its holder's set, lease
 -- fields gone (with the `qstate` a start leaves, see start_entries(), and the fields `drop`
 -- names, if given, in the same HDEL), slot released (and its concurrency key's, h: the key's
--- digest, nil or '' for none).
-local function end_lease(t, id, owner, drop, h)
+-- digest, nil or '' for none). `row` is the row's name when the caller has made it (nil: made
+-- here).
+local function end_lease(t, id, owner, drop, h, row)
   redis_call('ZREM', K.leases(), id)
   if owner and owner ~= '' then redis_call('SREM', K.held(owner), id) end
-  redis_call('HDEL', K.row(id), 'e', 'lo', 'lu', 'q',
+  redis_call('HDEL', row or K.row(id), 'e', 'lo', 'lu', 'q',
     unpack(drop or {}))
   release_slot(t, id, h)
 end
@@ -1305,11 +1306,11 @@ end
 -- the caller has read already. `size` is the row's logical
 -- size (nil for a row not counted, see "Storage"): it is retained until it expires. The expiry
 -- is set as a time (PEXPIREAT), so that PEXPIRETIME reads back exactly the instant its bucket
--- was chosen by.
-local function settle_terminal(t, id, digest, size)
+-- was chosen by. `row` is the row's name when the caller has made it (nil: made here).
+local function settle_terminal(t, id, digest, size, row)
   if digest then dedup_end(t, id, digest) end
   local expire_at = now_ms() + RETENTION_SECS * 1000
-  redis_call('PEXPIREAT', K.row(id), expiry_text())
+  redis_call('PEXPIREAT', row or K.row(id), expiry_text())
   if size then retain(t, size, expire_at, 1) end
 end
 
@@ -1330,11 +1331,13 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
   index_move(t, flow, 'running', status, id)
   -- (Now as text, made once: see now_text().)
   local at = now == NOW and now_text() or now
-  redis_call('HSET', K.row(id), 's', status, 'fi', at, 'u', at,
+  -- (The row's name made once for its three writes: a concatenation each, else.)
+  local row = K.row(id)
+  redis_call('HSET', row, 's', status, 'fi', at, 'u', at,
     unpack(extra))
-  end_lease(t, id, run[9], drop, run[13])
+  end_lease(t, id, run[9], drop, run[13], row)
   announce(id, run[11], status, now)
-  settle_terminal(t, id, run[12], resize(t, run, extra, drop))
+  settle_terminal(t, id, run[12], resize(t, run, extra, drop), row)
   -- The event's fields are made only for a tenant with a webhook (outbox() checks it too).
   local _, _, _, _, _, _, _, _, webhook = limits(t)
   if webhook then

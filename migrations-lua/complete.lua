@@ -78,6 +78,12 @@
 --   src/store/commit.rs reads it back as {what[, detail]}.
 -- Nothing of those is needed then: the worker learns the shard's due time and weight from
 -- its next start, and sets the timer of a retry it reported itself (src/worker/launch.rs).
+-- - in a call of many, a report that started nothing answers one string too: `what:detail`
+--   when it asks for its outcome alone, `what:detail:` when it asks for the shard's part as
+--   well (its `started` the empty text after the last ':'); `joined_report` in
+--   src/store/commit.rs splits it back into {what, detail[, {}]}. Redis converts a table of a
+--   reply for several thousand instructions, a string for a fraction (bench/README.md,
+--   "Round eight: the completion's Lua"). No what or detail holds a ':'.
 -- what, detail:
 --   'stale', ''             the run is not current; nothing changed (counted in stats)
 --   'repeat', ''            this run's report was applied before; nothing changed
@@ -93,12 +99,18 @@
 --   'deleted', ''           the execution was force-deleted while it ran; its slot is free now
 -- What record() uses, and record() itself, are made once, when the library loads
 -- (src/store/compose.rs, split_once); each call sets them afresh below "Per call". The
--- dead-letter caps are read only when a report dead-letters or starts runs (most do not).
-local STATS, caps, now
+-- dead-letter caps are read only when a report dead-letters or starts runs (most do not);
+-- `fenced` counts the call's stale reports, written to the shard's counters once at its end.
+local STATS, caps, now, fenced
 
 -- The `started` of a report that starts nothing: one empty list for every such reply (a new
 -- table costs about a thousand instructions; nothing writes to this one).
 local NONE_STARTED = {}
+
+-- The fields a completion drops (an earlier attempt's error), and none: made once, read only
+-- (finish(), end_lease(), resize()), where a table a report would cost about a thousand
+-- instructions.
+local DROP_ERROR, NO_FIELDS = { 'ek', 'em' }, {}
 
 -- What a report reads of its row: RUN_FIELDS, then `rp` (the fence of the run whose report
 -- was taken), so a repeat is told by the same read.
@@ -133,7 +145,8 @@ local function record(ROW, a, row)
   local what = quiet(row, a)
   if what then return what, '' end
   if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
-    redis_call('HINCRBY', STATS, 'fenced', 1)
+    -- Counted once per call, after the reports: one HINCRBY, not one per stale report.
+    fenced = fenced + 1
     return 'stale', ''
   end
   local tenant, flow, entry = row[5], row[6], row[7]
@@ -153,12 +166,12 @@ local function record(ROW, a, row)
   -- repeat (`reported`, written with the outcome).
 
   if row[8] == '1' or outcome == 'cancelled' then
-    finish(tenant, flow, id, row, 'cancelled', now, { 'rp', fence }, {})
+    finish(tenant, flow, id, row, 'cancelled', now, { 'rp', fence }, NO_FIELDS)
     return 'done', 'cancelled'
   elseif outcome == 'completed' then
     -- An error of an earlier attempt does not describe a success.
     finish(tenant, flow, id, row, 'completed', now, { 'o', output, 'rp', fence },
-      { 'ek', 'em' })
+      DROP_ERROR)
     return 'done', 'completed'
   elseif outcome == 'released' then
     redis_call('HSET', ROW, 'rp', fence)
@@ -180,7 +193,7 @@ local function record(ROW, a, row)
     return 'retrying', due
   end
   finish(tenant, flow, id, row, 'failed', now,
-    { 'ek', err_kind, 'em', err_msg, 'rp', fence }, {}, backoff ~= '')
+    { 'ek', err_kind, 'em', err_msg, 'rp', fence }, NO_FIELDS, backoff ~= '')
   if backoff ~= '' then
     caps = caps or dlq_caps(ARGV[6], ARGV[7])
     dead_letter_run(id, tenant, flow, err_kind, row[3], entry, now, err_msg, caps)
@@ -190,7 +203,7 @@ local function record(ROW, a, row)
 end
 
 -- Per call: what record() shares, set afresh.
-caps, now = nil, nil
+caps, now, fenced = nil, nil, 0
 -- (Arithmetic converts the text: no tonumber() call.)
 local n = ARGV[9] + 0
 
@@ -215,11 +228,18 @@ now = now_ms()
 
 -- Every report's keys are checked before anything is written.
 local rows = {}
+-- The consumer and adoption key of the report before: the reports of a group are mostly one
+-- worker's, and its key, checked once, need not be built again for each.
+local adopter, adopted = nil, nil
 for r = 1, n do
   local a, k = 10 + (r - 1) * 12, 7 + (r - 1) * 2
   -- (A call of one report checked its row above.)
   rows[r] = first and KEYS[8] or declared(k + 1, K.row(ARGV[a]))
-  declared(k + 2, K.adopted(ARGV[a + 2]))
+  local consumer, key = ARGV[a + 2], KEYS[k + 2]
+  if consumer ~= adopter or key ~= adopted then
+    declared(k + 2, K.adopted(consumer))
+    adopter, adopted = consumer, key
+  end
 end
 
 local replies = {}
@@ -247,14 +267,24 @@ for r = 1, n do
     -- A start that throttled its tenant or key put a wake-up on the timer set.
     if WOKE then wait = nil end
   end
-  if chain == 0 and ARGV[a + 11] ~= '' then
-    -- A pull worker's report (it names its tenant) asks for its outcome alone (see Reply).
+  -- A pull worker's report (it names its tenant) asks for its outcome alone (see Reply).
+  local alone = chain == 0 and ARGV[a + 11] ~= ''
+  if not alone then told = true end
+  if n > 1 and started == NONE_STARTED then
+    -- In a call of many, a report that started nothing is one string (see Reply).
+    if alone then
+      replies[r] = what .. ':' .. detail
+    else
+      replies[r] = what .. ':' .. detail .. ':'
+    end
+  elseif alone then
     replies[r] = { what, detail }
   else
     replies[r] = { what, detail, started }
-    told = true
   end
 end
+-- (The count as text from the memo: a number would be formatted by sprintf.)
+if fenced > 0 then redis_call('HINCRBY', STATS, 'fenced', num_text(fenced)) end
 flush_trends()
 flush_usage()
 if told then

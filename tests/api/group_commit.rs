@@ -502,6 +502,69 @@ async fn reports_held_behind_a_call_go_together_and_each_gets_its_own_answer() {
     assert_eq!(total("running").await, 5);
 }
 
+/// Held behind one stalled call, ten reports of runs that are not current (a fence the run
+/// never had) and two that are go together in one call: each stale report is refused and
+/// counted once in `fenced` (the call writes the count once, at its end), the two current
+/// ones complete, and the stale runs are still running.
+#[tokio::test]
+async fn each_stale_report_of_a_call_of_many_is_counted_once_as_fenced() {
+    use sluice::domain::Status;
+    use sluice::store::{Completion, Outcome};
+
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 20_000;
+        c.api.request_timeout_ms = 61_000;
+    })
+    .await;
+    app.put_tenant("acme", &json!({"max_concurrent": 50})).await;
+    let store = std::sync::Arc::new(app.store().await);
+    let shard = app.shard("acme");
+    for _ in 0..13 {
+        app.admit("acme", "demo.echo").await;
+    }
+    let ttl = Duration::from_secs(60);
+    let runs = store.start(shard, "w1", 13, ttl, 1).await.unwrap().started;
+    assert_eq!(runs.len(), 13);
+    let report = |i: usize, fence_off: u64| {
+        let (store, run) = (store.clone(), runs[i].clone());
+        tokio::spawn(async move {
+            let outcome = Outcome::Completed(json!({"ok": true}));
+            store
+                .complete(shard, &run.id, run.fence + fence_off, "w1", &outcome)
+                .await
+                .unwrap()
+        })
+    };
+    let before = store.completion_counts().calls;
+    app.redis.pause(60_000, "WRITE").await;
+    let first = report(0, 0);
+    await_completions(&store, before + 1, 0).await;
+    let held: Vec<_> = (1..13).map(|i| report(i, u64::from(i > 2))).collect();
+    await_completions(&store, before + 1, 12).await;
+    app.redis.unpause().await;
+
+    assert_eq!(first.await.unwrap(), Completion::Done(Status::Completed));
+    let mut answers = Vec::new();
+    for task in held {
+        answers.push(task.await.unwrap());
+    }
+    assert_eq!(
+        store.completion_counts().calls,
+        before + 2,
+        "one call for the 12"
+    );
+    let mut want = vec![Completion::Done(Status::Completed); 2];
+    want.extend((0..10).map(|_| Completion::Stale));
+    assert_eq!(answers, want);
+    assert_eq!(app.counter("fenced").await, 10);
+    let total = |status: &'static str| {
+        let app = &app;
+        async move { app.page("acme", &format!("status={status}")).await["total"].clone() }
+    };
+    assert_eq!(total("completed").await, 3);
+    assert_eq!(total("running").await, 10);
+}
+
 /// A call of reports whose answer is lost (Redis stalled past the time-out) answers each
 /// report with an error, never with an outcome it made up; Redis runs the call once it is
 /// back, and each report repeated then is recognised as applied: every run is recorded once.

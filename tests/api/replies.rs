@@ -169,19 +169,23 @@ async fn start_and_complete_answer_each_field_where_the_store_reads_it() {
         "nothing left to chain"
     );
 
-    // Two worker reports in one call (group commit; runs that are not current, so 'stale'):
-    // each {what, detail, started}, then the shard's part once, after them.
+    // Two worker reports and a pull worker's in one call (group commit; runs that are not
+    // current, so 'stale'): a report that started nothing is one string, `what:detail:` (its
+    // `started` empty after the last ':') or, asking for its outcome alone, `what:detail`;
+    // then the shard's part once, after them (src/store/commit.rs, `joined_report`).
     let (mut k, mut a) = complete_call(s, &ExecutionId::new(), "1", 0, "");
-    let (k2, a2) = complete_call(s, &ExecutionId::new(), "1", 0, "");
-    a[8] = "2".into();
-    k.extend_from_slice(&k2[7..]);
-    a.extend_from_slice(&a2[9..]);
-    let stale = || Value::Array(vec![bulk("stale"), bulk(""), Value::Array(vec![])]);
+    for tenant in ["", tenant.as_str()] {
+        let (k2, a2) = complete_call(s, &ExecutionId::new(), "1", 0, tenant);
+        k.extend_from_slice(&k2[7..]);
+        a.extend_from_slice(&a2[9..]);
+    }
+    a[8] = "3".into();
     assert_eq!(
         fcall(&redis, "complete", &k, &a).await.unwrap(),
         Value::Array(vec![
-            stale(),
-            stale(),
+            bulk("stale::"),
+            bulk("stale::"),
+            bulk("stale:"),
             Value::Array(vec![Value::Int(-1), Value::Int(0)]),
         ]),
     );
