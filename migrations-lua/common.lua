@@ -1450,7 +1450,9 @@ end
 -- less). A barred call starts nothing and returns 0, {} before any write.
 --
 -- Returns more (1 when a tenant can still start something, else 0) and the started runs,
--- each as run_of() reports it.
+-- each what run_of() reports as one string: its fields joined by newlines, the params last
+-- (id, fence, attempt, tenant, flow, version or '', max_attempts, traceparent or '',
+-- tracestate or '', params; `runs_of` in src/store/lease.rs splits it).
 local function start_entries(consumer, count, ttl, cap, now, log, only, call)
   local started = {}
   -- A completion's chain (complete.lua names its call): see the doorbell below.
@@ -1551,14 +1553,22 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       -- and end_lease() drops it with the lease fields.
       -- (Now as text, made once: see now_text().)
       local at = now == NOW and now_text() or now
-      -- (The attempt and the fence, small whole numbers, as text: see num_text().)
-      redis_call('HSET', row_key, 's', 'running', 'a', num_text(attempt), 'fe', num_text(fence),
+      -- (The attempt and the fence, small whole numbers, as text: see num_text(). The run's
+      -- line below takes the same texts.)
+      local attempt_text, fence_text = num_text(attempt), num_text(fence)
+      redis_call('HSET', row_key, 's', 'running', 'a', attempt_text, 'fe', fence_text,
         'st', at, 'u', at, 'lo', consumer, 'lu', until_text)
       redis_call('ZADD', K.leases(), until_text, id)
       redis_call('SADD', K.held(consumer), id)
-      -- As run_of() reports a run, from what was read above (no second read).
-      started[#started + 1] = { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4],
-        row[15] or '', row[16] or '' }
+      -- What run_of() reports, from what was read above (no second read), as one line: Redis
+      -- turns each table of a reply into its answer at about 1,500 instructions and 1,000 an
+      -- element, a string at a fraction (bench/README.md, "Round eight: the start's Lua").
+      -- No field but the last holds a newline (ids, numbers, a version and a trace context
+      -- are refused with control characters at admission), so the params, which may, end it.
+      -- (A missing field stays a field, empty, which the reader refuses as before.)
+      started[#started + 1] = id .. '\n' .. fence_text .. '\n' .. attempt_text .. '\n'
+        .. tenant .. '\n' .. flow .. '\n' .. (row[9] or '') .. '\n' .. (row[4] or '') .. '\n'
+        .. (row[15] or '') .. '\n' .. (row[16] or '') .. '\n' .. (row[10] or '')
       announce(id, row[11], 'running', now)
       -- When it became runnable: `r`, else its creation `c` (always written).
       tally_start(tenant, (row[12] or row[13]) + 0, now)
