@@ -1459,6 +1459,11 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
   local chained = call ~= nil
   -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
   local left = nil
+  -- The shard's clock a round moved to and nothing has written yet: a round whose tenant
+  -- stays runnable leaves it here, and it is written before anything that may read it
+  -- (refresh(), key_offer()) and once after the rounds. Only the last survives the call, so a
+  -- call of many starts of one tenant writes it once, not once a start.
+  local clock_due = nil
   -- Each round starts one execution or removes one stale member: bounded.
   for _ = 1, count * 4 + 16 do
     -- (left false: the last start emptied the set, see below.)
@@ -1504,12 +1509,20 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
     if not id or row[1] ~= 'queued' or row[2] == 'scheduled' or row[5] ~= tenant then
       -- An empty queue, or a member whose row is gone or moved on (repair): look again.
       if id then redis_call('HINCRBY', K.stats(), 'repaired_stale_queue', 1) end
+      if clock_due then
+        redis_call('HSET', K.sched(), 'clock', clock_due)
+        clock_due = nil
+      end
       refresh(tenant)
       left = nil
     elseif key and not key_open(tenant, key) then
       -- Its key's limit was lowered while it stood first in the tenant's order: it stays in
       -- its key's queue only, until a run of the key ends (key_offer()).
       redis_call('SADD', K.key_blocked(tenant), key)
+      if clock_due then
+        redis_call('HSET', K.sched(), 'clock', clock_due)
+        clock_due = nil
+      end
       refresh(tenant)
       left = nil
     else
@@ -1519,6 +1532,10 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       redis_call('SADD', slots, id)
       take_tokens(tenant, key)
       if key then
+        if clock_due then
+          redis_call('HSET', K.sched(), 'clock', clock_due)
+          clock_due = nil
+        end
         redis_call('ZREM', K.key_queue(tenant, key), id)
         redis_call('SADD', K.key_running(tenant, key), id)
         key_offer(tenant, key)
@@ -1530,13 +1547,14 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       end
       local next_vt = vt + QUANTUM / weight
       -- The shard's clock moves to clock_at: in the same HSET as the tenant's kept virtual
-      -- time when it leaves the set.
+      -- time when it leaves the set, else later (clock_due, above).
       if redis_call('EXISTS', waiting) == 1
         and redis_call('SCARD', slots) < max_concurrent and tenant_rate_ok(tenant) then
         redis_call('ZADD', K.runnable(), next_vt, tenant)
-        redis_call('HSET', K.sched(), 'clock', clock_at)
+        clock_due = clock_at
       else
         leave(tenant, next_vt, weight, clock_at)
+        clock_due = nil
         -- The eligible weight its HINCRBY answered is the sum of the weights (each at least 1)
         -- of the tenants left in the set: above 0 exactly while one is, so neither the next
         -- round's ZRANGE nor the final EXISTS needs asking when none is.
@@ -1574,6 +1592,7 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       tally_start(tenant, (row[12] or row[13]) + 0, now)
     end
   end
+  if clock_due then redis_call('HSET', K.sched(), 'clock', clock_due) end
   local more = 0
   -- With `only`, the doorbell still speaks for every tenant of the shard (an empty set is
   -- empty for all).
