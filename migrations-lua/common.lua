@@ -1453,13 +1453,20 @@ end
 -- less). A barred call starts nothing and returns 0, {} before any write.
 --
 -- Returns more (1 when a tenant can still start something, else 0) and the started runs,
--- each as run_of() reports it.
+-- each what run_of() reports as one string: its fields joined by newlines, the params last
+-- (id, fence, attempt, tenant, flow, version or '', max_attempts, traceparent or '',
+-- tracestate or '', params; `runs_of` in src/store/lease.rs splits it).
 local function start_entries(consumer, count, ttl, cap, now, log, only, call)
   local started = {}
   -- A completion's chain (complete.lua names its call): see the doorbell below.
   local chained = call ~= nil
   -- Whether a tenant is left in the runnable set, when the last step tells (nil: read it).
   local left = nil
+  -- The shard's clock a round moved to and nothing has written yet: a round whose tenant
+  -- stays runnable leaves it here, and it is written before anything that may read it
+  -- (refresh(), key_offer()) and once after the rounds. Only the last survives the call, so a
+  -- call of many starts of one tenant writes it once, not once a start.
+  local clock_due = nil
   -- Each round starts one execution or removes one stale member: bounded.
   for _ = 1, count * 4 + 16 do
     -- (left false: the last start emptied the set, see below.)
@@ -1505,12 +1512,20 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
     if not id or row[1] ~= 'queued' or row[2] == 'scheduled' or row[5] ~= tenant then
       -- An empty queue, or a member whose row is gone or moved on (repair): look again.
       if id then redis_call('HINCRBY', K.stats(), 'repaired_stale_queue', 1) end
+      if clock_due then
+        redis_call('HSET', K.sched(), 'clock', clock_due)
+        clock_due = nil
+      end
       refresh(tenant)
       left = nil
     elseif key and not key_open(tenant, key) then
       -- Its key's limit was lowered while it stood first in the tenant's order: it stays in
       -- its key's queue only, until a run of the key ends (key_offer()).
       redis_call('SADD', K.key_blocked(tenant), key)
+      if clock_due then
+        redis_call('HSET', K.sched(), 'clock', clock_due)
+        clock_due = nil
+      end
       refresh(tenant)
       left = nil
     else
@@ -1520,6 +1535,10 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       redis_call('SADD', slots, id)
       take_tokens(tenant, key)
       if key then
+        if clock_due then
+          redis_call('HSET', K.sched(), 'clock', clock_due)
+          clock_due = nil
+        end
         redis_call('ZREM', K.key_queue(tenant, key), id)
         redis_call('SADD', K.key_running(tenant, key), id)
         key_offer(tenant, key)
@@ -1531,13 +1550,14 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       end
       local next_vt = vt + QUANTUM / weight
       -- The shard's clock moves to clock_at: in the same HSET as the tenant's kept virtual
-      -- time when it leaves the set.
+      -- time when it leaves the set, else later (clock_due, above).
       if redis_call('EXISTS', waiting) == 1
         and redis_call('SCARD', slots) < max_concurrent and tenant_rate_ok(tenant) then
         redis_call('ZADD', K.runnable(), next_vt, tenant)
-        redis_call('HSET', K.sched(), 'clock', clock_at)
+        clock_due = clock_at
       else
         leave(tenant, next_vt, weight, clock_at)
+        clock_due = nil
         -- The eligible weight its HINCRBY answered is the sum of the weights (each at least 1)
         -- of the tenants left in the set: above 0 exactly while one is, so neither the next
         -- round's ZRANGE nor the final EXISTS needs asking when none is.
@@ -1554,19 +1574,28 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       -- and end_lease() drops it with the lease fields.
       -- (Now as text, made once: see now_text().)
       local at = now == NOW and now_text() or now
-      -- (The attempt and the fence, small whole numbers, as text: see num_text().)
-      redis_call('HSET', row_key, 's', 'running', 'a', num_text(attempt), 'fe', num_text(fence),
+      -- (The attempt and the fence, small whole numbers, as text: see num_text(). The run's
+      -- line below takes the same texts.)
+      local attempt_text, fence_text = num_text(attempt), num_text(fence)
+      redis_call('HSET', row_key, 's', 'running', 'a', attempt_text, 'fe', fence_text,
         'st', at, 'u', at, 'lo', consumer, 'lu', until_text)
       redis_call('ZADD', K.leases(), until_text, id)
       redis_call('SADD', K.held(consumer), id)
-      -- As run_of() reports a run, from what was read above (no second read).
-      started[#started + 1] = { id, fence, attempt, tenant, flow, row[9] or '', row[10], row[4],
-        row[15] or '', row[16] or '' }
+      -- What run_of() reports, from what was read above (no second read), as one line: Redis
+      -- turns each table of a reply into its answer at about 1,500 instructions and 1,000 an
+      -- element, a string at a fraction (bench/README.md, "Round eight: the start's Lua").
+      -- No field but the last holds a newline (ids, numbers, a version and a trace context
+      -- are refused with control characters at admission), so the params, which may, end it.
+      -- (A missing field stays a field, empty, which the reader refuses as before.)
+      started[#started + 1] = id .. '\n' .. fence_text .. '\n' .. attempt_text .. '\n'
+        .. tenant .. '\n' .. flow .. '\n' .. (row[9] or '') .. '\n' .. (row[4] or '') .. '\n'
+        .. (row[15] or '') .. '\n' .. (row[16] or '') .. '\n' .. (row[10] or '')
       announce(id, row[11], 'running', now)
       -- When it became runnable: `r`, else its creation `c` (always written).
       tally_start(tenant, (row[12] or row[13]) + 0, now)
     end
   end
+  if clock_due then redis_call('HSET', K.sched(), 'clock', clock_due) end
   local more = 0
   -- With `only`, the doorbell still speaks for every tenant of the shard (an empty set is
   -- empty for all).

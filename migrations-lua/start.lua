@@ -31,9 +31,10 @@
 --
 -- Reply: {more, started, next_due, weight}
 --   more      1 when a tenant can still start something in the shard, else 0
---   started   a list of started executions, each
---             {id, fence, attempt, tenant, flow, version or '', params, max_attempts,
---              traceparent or '', tracestate or ''}
+--   started   a list of started executions, each one string, its fields joined by newlines:
+--             id, fence, attempt, tenant, flow, version or '', max_attempts, traceparent or
+--             '', tracestate or '', params (the params last: only they may hold a newline;
+--             adopt.lua answers the same fields as a list, params seventh)
 --   next_due  milliseconds until the shard's earliest due time (0: due now), -1 for none: the
 --             worker sleeps on its own timer until then (woken earlier by the doorbell)
 --   weight    the eligible weight of the shard (eligible_weight()) after the call: of the

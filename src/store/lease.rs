@@ -140,7 +140,7 @@ impl Store {
             },
         );
         let mut c = self.conn();
-        let (more, runs, next_due, weight): (u8, Vec<RunReply>, i64, u64) =
+        let (more, runs, next_due, weight): (u8, Vec<Value>, i64, u64) =
             self.bounded(inv.invoke_async(&mut c)).await?;
         Ok(StartBatch {
             started: runs_of(shard, runs)?,
@@ -193,7 +193,7 @@ impl Store {
             },
         );
         let mut c = self.conn();
-        let reply: Vec<RunReply> = self.bounded(inv.invoke_async(&mut c)).await?;
+        let reply: Vec<Value> = self.bounded(inv.invoke_async(&mut c)).await?;
         runs_of(shard, reply)
     }
 
@@ -398,7 +398,7 @@ impl Store {
         }
         // {what, detail, started} and the call's shard part, which the commit layer handed
         // to this report (`complete.lua` answers it once per call).
-        let (what, detail, runs, next_due, weight): (String, String, Vec<RunReply>, i64, u64) =
+        let (what, detail, runs, next_due, weight): (String, String, Vec<Value>, i64, u64) =
             redis::from_redis_value(Value::Array(reply))?;
         let done = completion_of(&what, &detail)?;
         Ok((
@@ -502,8 +502,8 @@ pub struct Reclaimed {
     pub next_due: Option<Duration>,
 }
 
-/// A run as `start.lua` and `adopt.lua` report it: (id, fence, attempt, tenant, flow,
-/// version or '', params, max_attempts, traceparent or '', tracestate or '').
+/// A run as `adopt.lua` reports it: (id, fence, attempt, tenant, flow, version or '', params,
+/// max_attempts, traceparent or '', tracestate or '').
 type RunReply = (
     String,
     u64,
@@ -517,33 +517,73 @@ type RunReply = (
     String,
 );
 
-fn runs_of(shard: Shard, reply: Vec<RunReply>) -> Result<Vec<Started>, StoreError> {
+/// A run as `adopt.lua` reports it (a list), or as `start.lua` and `complete.lua`'s chain do
+/// (`start_entries` in `migrations-lua/common.lua`): one string of the same fields joined by
+/// newlines, the params last (only they may hold a newline), since Redis turns each table of
+/// a reply into its answer at about 1,500 instructions and 1,000 an element, a string at a
+/// fraction (bench/README.md, "Round eight: the start's Lua").
+fn run_reply(v: Value) -> Result<RunReply, StoreError> {
+    let Value::BulkString(line) = v else {
+        return Ok(redis::from_redis_value(v)?);
+    };
+    let line = String::from_utf8(line)
+        .map_err(|_| StoreError::Corrupt("a started run is not UTF-8".into()))?;
+    let mut f = line.splitn(10, '\n').map(str::to_owned);
+    let mut next = || {
+        f.next().ok_or_else(|| {
+            StoreError::Corrupt(format!("a started run of too few fields: {line:?}"))
+        })
+    };
+    let (id, fence, attempt, tenant, flow, version) =
+        (next()?, next()?, next()?, next()?, next()?, next()?);
+    let (max_attempts, tp, ts, params) = (next()?, next()?, next()?, next()?);
+    Ok((
+        id,
+        run_number(&fence)?,
+        run_number(&attempt)?,
+        tenant,
+        flow,
+        version,
+        params,
+        run_number(&max_attempts)?,
+        tp,
+        ts,
+    ))
+}
+
+/// A number of a run's line.
+fn run_number<T: std::str::FromStr>(text: &str) -> Result<T, StoreError> {
+    text.parse()
+        .map_err(|_| StoreError::Corrupt(format!("a started run's number {text:?}")))
+}
+
+fn runs_of(shard: Shard, reply: Vec<Value>) -> Result<Vec<Started>, StoreError> {
     reply
         .into_iter()
-        .map(
-            |(id, fence, attempt, tenant, flow, version, params, max_attempts, tp, tst)| {
-                Ok(Started {
-                    shard,
-                    id: ExecutionId::parse(&id)
-                        .map_err(|_| StoreError::Corrupt(format!("bad id {id}")))?,
-                    fence,
-                    attempt,
-                    max_attempts,
-                    tenant: TenantId::parse(&tenant)
-                        .map_err(|_| StoreError::Corrupt(format!("tenant of {id}: {tenant:?}")))?,
-                    flow: FlowId::parse(&flow)
-                        .map_err(|_| StoreError::Corrupt(format!("flow of {id}: {flow:?}")))?,
-                    version: (!version.is_empty()).then_some(version),
-                    params: serde_json::from_str(&params)
-                        .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,
-                    // Written only when valid (admission checks it); read back the same way.
-                    trace: TraceContext::from_headers(
-                        (!tp.is_empty()).then_some(tp.as_str()),
-                        (!tst.is_empty()).then_some(tst.as_str()),
-                    ),
-                })
-            },
-        )
+        .map(|v| {
+            let (id, fence, attempt, tenant, flow, version, params, max_attempts, tp, tst) =
+                run_reply(v)?;
+            Ok(Started {
+                shard,
+                id: ExecutionId::parse(&id)
+                    .map_err(|_| StoreError::Corrupt(format!("bad id {id}")))?,
+                fence,
+                attempt,
+                max_attempts,
+                tenant: TenantId::parse(&tenant)
+                    .map_err(|_| StoreError::Corrupt(format!("tenant of {id}: {tenant:?}")))?,
+                flow: FlowId::parse(&flow)
+                    .map_err(|_| StoreError::Corrupt(format!("flow of {id}: {flow:?}")))?,
+                version: (!version.is_empty()).then_some(version),
+                params: serde_json::from_str(&params)
+                    .map_err(|e| StoreError::Corrupt(format!("params of {id}: {e}")))?,
+                // Written only when valid (admission checks it); read back the same way.
+                trace: TraceContext::from_headers(
+                    (!tp.is_empty()).then_some(tp.as_str()),
+                    (!tst.is_empty()).then_some(tst.as_str()),
+                ),
+            })
+        })
         .collect()
 }
 

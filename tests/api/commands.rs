@@ -500,6 +500,55 @@ fn shard_mate(app: &TestApp, tenant: &str) -> String {
 }
 
 /// A field of a shard's `sched` hash (the fair share's bookkeeping), if set.
+#[tokio::test]
+async fn a_start_of_many_runs_writes_the_shards_clock_once_as_the_last_round_left_it() {
+    // A worker's start of five runs of one tenant that stays runnable: each round moves the
+    // shard's clock to the tenant's virtual time, and only the last survives the call, so it
+    // is written once, to what five calls of one would leave (the virtual time before the
+    // last start: each start adds the same QUANTUM / weight).
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    let store = app.store().await;
+    for n in 0..8 {
+        app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": n}}))
+            .await;
+    }
+    let score = || async {
+        let s: f64 = app
+            .redis
+            .query(redis::cmd("ZSCORE").arg(shard.runnable()).arg("acme"))
+            .await;
+        s
+    };
+    let before = score().await;
+    let rec = Recording::start(&app).await;
+    let five = store
+        .start(shard, "w", 5, Duration::from_secs(60), 0)
+        .await
+        .unwrap();
+    let calls = rec.finish(&app).await;
+    assert_eq!(five.started.len(), 5);
+    let after = score().await;
+    let start = one_call(&calls, "start");
+    let text = listing(start);
+    assert_eq!(
+        counts(start, &[("writes the schedule", "hset", ":sched")]),
+        vec![("writes the schedule", 1)],
+        "the start's commands:\n{text}"
+    );
+    let clock: f64 = sched_field(&app, "acme", "clock")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after > before, "{before} {after}");
+    let last = before + (after - before) * 4.0 / 5.0;
+    assert!(
+        (clock - last).abs() < 1e-9,
+        "clock {clock}, last round's {last}"
+    );
+}
+
 async fn sched_field(app: &TestApp, tenant: &str, field: &str) -> Option<String> {
     app.redis
         .query(redis::cmd("HGET").arg(app.shard(tenant).sched()).arg(field))

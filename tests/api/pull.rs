@@ -380,6 +380,50 @@ async fn a_final_failure_ends_alike_through_the_pull_api_and_sluice_worker() {
     assert_eq!(app.counter("dead_lettered").await, 2);
 }
 
+/// A started run reaches the worker as one line of Redis's answer (`start.lua`, fields joined
+/// by newlines, the params last), a recovered one as a list (`adopt.lua`): both answer each
+/// field as it was admitted, whatever characters the version, the trace state and the params
+/// hold.
+#[tokio::test]
+async fn a_leased_run_answers_each_field_as_admitted_started_or_recovered() {
+    let app = TestApp::spawn().await;
+    let w = Puller::new(&app, "acme", "w").await;
+    let traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let state = "vendor=a:b c,other=x";
+    let params = json!({"text": "two\nlines: here\n", "n": [1, 2.5, "x:y"], "e": ""});
+    let res = app
+        .as_tenant(reqwest::Method::POST, "/api/executions", "acme")
+        .header("traceparent", traced)
+        .header("tracestate", state)
+        .json(
+            &json!({"flow_id": "py.echo", "version": "v2: beta 1", "params": params,
+            "max_attempts": 3}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Started: its answer is lost on the way, so the next call hands it out again (adopted).
+    let started = w.lease("", json!({"max": 1, "lease": "30s"})).await;
+    let recovered = w.lease("", json!({"max": 1, "lease": "30s"})).await;
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(
+        started[0],
+        json!({"execution_id": id, "tenant_id": "acme", "flow_id": "py.echo",
+            "version": "v2: beta 1", "params": params, "fence": 1, "attempt": 1,
+            "max_attempts": 3, "lease_ms": 30_000, "traceparent": traced,
+            "tracestate": state, "recovered": false})
+    );
+    let mut again = started[0].clone();
+    again["recovered"] = json!(true);
+    assert_eq!(recovered, vec![again]);
+}
+
 #[tokio::test]
 async fn a_lease_answer_lost_on_the_way_is_handed_out_again_not_dead_lettered() {
     let app = TestApp::spawn().await;

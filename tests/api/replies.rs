@@ -104,23 +104,17 @@ async fn start_and_complete_answer_each_field_where_the_store_reads_it() {
         );
     }
 
-    // start: {more, started, next_due, weight}; each started run {id, fence, attempt, tenant,
-    // flow, version or '', params, max_attempts, traceparent or '', tracestate or ''}.
+    // start: {more, started, next_due, weight}; each started run one string, its fields
+    // joined by newlines: id, fence, attempt, tenant, flow, version or '', max_attempts,
+    // traceparent or '', tracestate or '', params (last: only they may hold a newline).
     let (k, a) = start_call(s, 1);
     let started = fcall(&redis, "start", &k, &a).await.unwrap();
     let run = |id: &ExecutionId| {
-        Value::Array(vec![
-            bulk(id.as_str()),
-            Value::Int(1),
-            Value::Int(1),
-            bulk(tenant.as_str()),
-            bulk("demo.echo"),
-            bulk(""),
-            bulk("{}"),
-            bulk("5"),
-            bulk(""),
-            bulk(""),
-        ])
+        bulk(&format!(
+            "{}\n1\n1\n{}\ndemo.echo\n\n5\n\n\n{{}}",
+            id.as_str(),
+            tenant.as_str()
+        ))
     };
     // The second admission is still runnable (more 1, weight 1); nothing is scheduled (-1).
     assert_eq!(
