@@ -161,6 +161,9 @@ local function listing_member(status, flow, id)
   return LISTING_CHAR[status] .. flow .. '\0' .. id
 end
 
+-- listing_range('queued'), as place() uses it on every admission (a test checks the two).
+local QUEUED_MIN, QUEUED_MAX = '[q', '(r'
+
 -- A listing member's status (nil for a prefix sluice does not write), flow and id.
 local function listing_parse(m)
   local z = string.find(m, '\0', 2, true)
@@ -235,6 +238,30 @@ local function num_text(number)
     memo.n = memo.n + 1
   end
   return text
+end
+
+-- A number's text (or a number) as a number, as tonumber() reads it, for texts that recur on
+-- every call (the storage bounds in force: the server's, an argument of each admission, and
+-- a tenant's own): a table read instead of a C function call of about a thousand
+-- instructions (callgrind on Redis 7.0, bench/README.md "Round eight"). A text that is not a
+-- number gives nil and is not kept; the memo holds NUMBER_MEMO_LIMIT texts at most (its count
+-- under the key `true`, which no text or number equals) and is replaced when full.
+local NUMBER_MEMO, NUMBER_MEMO_LIMIT = { [true] = 0 }, 256
+local function number_of(text)
+  local number = NUMBER_MEMO[text]
+  if not number then
+    number = tonumber(text)
+    if number then
+      local memo = NUMBER_MEMO
+      if memo[true] >= NUMBER_MEMO_LIMIT then
+        memo = { [true] = 0 }
+        NUMBER_MEMO = memo
+      end
+      memo[text] = number
+      memo[true] = memo[true] + 1
+    end
+  end
+  return number
 end
 
 -- now_ms() as text, for a call that hands it to Redis more than once (a row's times): Redis
@@ -847,11 +874,13 @@ local function storage_refusal(t, size, rows, now, max_bytes, max_retained, whol
   -- of it: a call passes the same server bounds every time (an argument of the call), and
   -- two tonumber() calls were 3,700 instructions of a batch item's 166,000 (bench/README.md,
   -- "Round seven").
+  -- A call of one admission (the commonest) reads them from text once more: through
+  -- number_of(), a memo of the few bounds in force, not tonumber().
   if v[22] then
     max_bytes, max_retained = v[22], v[23]
   else
-    max_bytes = v[10] and tonumber(v[10]) or tonumber(max_bytes)
-    max_retained = v[11] and tonumber(v[11]) or tonumber(max_retained)
+    max_bytes = number_of(v[10] or max_bytes)
+    max_retained = number_of(v[11] or max_retained)
     v[22], v[23] = max_bytes, max_retained
   end
   if whole and size > max_bytes then return { 'too_large', size, max_bytes } end
@@ -1021,12 +1050,17 @@ end
 -- in now, see pin.lua). Writes nothing. `queued` is the tenant's queued count when the caller
 -- knows it (admit.lua counts its own admissions within a call), else nil: then it is read. On
 -- success the third value is that count.
-local function place(t, queued)
+-- `listing` is t's K.listing(t) when the caller has it (admit.lua declares it), else nil.
+local function place(t, queued, listing)
   local _, max_queued, enabled, pinned, _, _, _, _, _, deleting = limits(t)
   if pinned then return nil, 'moved', pinned end
   if deleting then return nil, 'deleting' end
   if not enabled then return nil, 'disabled' end
-  queued = queued or listing_count(t, 'queued')
+  -- listing_count(t, 'queued'), its bounds written out (listing_range('queued'): '[q' and
+  -- '(r'): listing_range() makes them with string.byte() and string.char(), C function calls
+  -- of about a thousand instructions each, and the key's name is a concatenation, on every
+  -- admission (callgrind on Redis 7.0, bench/README.md "Round eight").
+  queued = queued or redis_call('ZLEXCOUNT', listing or K.listing(t), QUEUED_MIN, QUEUED_MAX)
   if queued >= max_queued then return nil, 'full', queued end
   return true, nil, queued
 end
