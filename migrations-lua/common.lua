@@ -770,7 +770,9 @@ local USAGE_KEPT = false
 -- Tenant t's storage counters in this call: `bytes` and `rows` as stored, the changes to
 -- them (`d_bytes`, `d_rows`), the changes of buckets (`buckets`: end -> {bytes, rows}), the
 -- buckets drained (`drained`: fields), and `next`, what u_next will be (`was`: as stored; both
--- numbers).
+-- numbers). `buckets` and `drained` are made by the first change of their kind (nil until
+-- then): an admission makes neither, and two tables were about 2,000 instructions of a lone
+-- admission (callgrind on Redis 7.0, bench/README.md "Round eight").
 local function usage_of(t)
   local u = USAGE[t]
   if not u then
@@ -780,8 +782,7 @@ local function usage_of(t)
     -- these fields, whole numbers only.)
     local next = v[14] and v[14] + 0 or nil
     u = { bytes = v[12] and v[12] + 0 or 0, rows = v[13] and v[13] + 0 or 0, d_bytes = 0,
-      d_rows = 0,
-      buckets = {}, drained = {}, next = next, was = next }
+      d_rows = 0, next = next, was = next }
     USAGE[t] = u
     USAGE_KEPT = true
   end
@@ -814,10 +815,15 @@ local function retain(t, size, expire_at, n)
   if fraction > 0 then e = e + 1 end
   e = e * width
   u.d_rows = u.d_rows + n
-  local d = u.buckets[e]
+  local buckets = u.buckets
+  if not buckets then
+    buckets = {}
+    u.buckets = buckets
+  end
+  local d = buckets[e]
   if not d then
     d = { 0, 0 }
-    u.buckets[e] = d
+    buckets[e] = d
   end
   d[1], d[2] = d[1] + n * size, d[2] + n
   if not u.next or e < u.next then u.next = e end
@@ -831,26 +837,31 @@ local function drain(t, now)
   local u = usage_of(t)
   if not u.next or u.next * 1000 > now then return u end
   local next = nil
+  local drained = u.drained or {}
+  u.drained = drained
   local all = redis_call('HGETALL', K.retained(t))
   for i = 1, #all, 2 do
     local e = tonumber(all[i])
     local b, r = string.match(all[i + 1], '^(-?%d+):(-?%d+)$')
     if e and b and e * 1000 <= now then
       u.d_bytes, u.d_rows = u.d_bytes - tonumber(b), u.d_rows - tonumber(r)
-      table.insert(u.drained, all[i])
+      table.insert(drained, all[i])
     elseif e and (not next or e < next) then
       next = e
     end
   end
   -- Changes this call made to buckets (only of rows that had not expired yet, so of buckets
   -- that have not ended, but a bucket is a bucket).
-  for e, d in pairs(u.buckets) do
-    if e * 1000 <= now then
-      u.d_bytes, u.d_rows = u.d_bytes - d[1], u.d_rows - d[2]
-      u.buckets[e] = nil
-      table.insert(u.drained, string.format('%d', e))
-    elseif not next or e < next then
-      next = e
+  local buckets = u.buckets
+  if buckets then
+    for e, d in pairs(buckets) do
+      if e * 1000 <= now then
+        u.d_bytes, u.d_rows = u.d_bytes - d[1], u.d_rows - d[2]
+        buckets[e] = nil
+        table.insert(drained, string.format('%d', e))
+      elseif not next or e < next then
+        next = e
+      end
     end
   end
   u.next = next
@@ -944,16 +955,19 @@ local function flush_usage()
       if n > 0 then redis_call('HSET', cfg, unpack(set)) end
       if gone then redis_call('HDEL', cfg, unpack(gone)) end
     end
-    if #u.drained > 0 then redis_call('HDEL', ret, unpack(u.drained)) end
-    for e, d in pairs(u.buckets) do
-      -- (The field is the bucket's end as text, for the HGET and the HSET: see num_text().)
-      local field = num_text(e)
-      local b, r = string.match(redis_call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
-      b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
-      if b == 0 and r == 0 then
-        redis_call('HDEL', ret, field)
-      else
-        redis_call('HSET', ret, field, string.format('%d:%d', b, r))
+    if u.drained and #u.drained > 0 then redis_call('HDEL', ret, unpack(u.drained)) end
+    -- (pairs() only of a table made: a C function call, and an admission changes no bucket.)
+    if u.buckets then
+      for e, d in pairs(u.buckets) do
+        -- (The field is the bucket's end as text, for the HGET and the HSET: see num_text().)
+        local field = num_text(e)
+        local b, r = string.match(redis_call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
+        b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
+        if b == 0 and r == 0 then
+          redis_call('HDEL', ret, field)
+        else
+          redis_call('HSET', ret, field, string.format('%d:%d', b, r))
+        end
       end
     end
   end
