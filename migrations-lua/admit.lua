@@ -57,12 +57,14 @@
 --                       'waiting' (see queue_state() in common.lua), due time in ms or ''
 --                       when not scheduled; when runnable, its position (position() in
 --                       common.lua; '' where none); the caller knows the rest of the row.
---                       In a call of more than one admission, a runnable one's reply is
---                       instead the one string 'new:<qstate>:<now>::<tpos>:<kpos>:<klimit>'
---                       (the same values joined by ':', which none of them holds; Redis
---                       turns a Lua table of a reply and each of its values into its answer
---                       at a cost of about 4,700 instructions more than one string: `call`
---                       in src/store/commit.rs splits it back into the list)
+--                       A runnable one's reply is instead the one string
+--                       'new:<qstate>:<now>::<tpos>:<kpos>:<klimit>' (the same values joined
+--                       by ':', which none of them holds; Redis turns a Lua table of a reply
+--                       and each of its values into its answer at a cost of about 4,700
+--                       instructions more than one string: `call` in src/store/commit.rs
+--                       splits it back into the list); alone in its call, that string is the
+--                       whole reply (no table of one entry around it: `short_reply` in
+--                       src/store/commit.rs tells it from a replay's id by its 'new:')
 --   {'dup', id}         the dedup key maps to execution id, admitted with the same request;
 --                       nothing written; alone in its call, the whole reply is the string
 --                       <id> instead (Redis turns each Lua table of a reply into its answer
@@ -182,7 +184,7 @@ local function admit_one(k, a)
   end
 
   local now = now_ms()
-  local ok, refusal, queued = place(tenant, MANY and QUEUED[tenant])
+  local ok, refusal, queued = place(tenant, MANY and QUEUED[tenant], LISTING)
   if not ok then
     if MANY and refusal == 'full' then QUEUED[tenant] = queued end
     return { refusal, queued }
@@ -301,14 +303,14 @@ local function admit_one(k, a)
     held = SLOTS_OF == tenant and SLOTS_HELD or redis_call('SCARD', K.slots(tenant))
     if MANY then HELD[tenant] = held end
   end
-  local qstate = queue_state(tenant, id, 'queued', rank, held or nil)
-  if MANY then
-    -- One string of the seven values (see the header): a table of them cost Redis 4,700
-    -- instructions more per admission of a batch, and serve the parse of seven values.
-    return 'new:' .. qstate .. ':' .. now_str .. '::' .. (tpos or '') .. ':' .. (kpos or '') ..
-      ':' .. (klimit or '')
-  end
-  return { 'new', qstate, now, '', tpos or '', kpos or '', klimit or '' }
+  -- queue_state() of it, written out: its rank, its tenant's slots held and max_concurrent
+  -- are at hand (a call of queue_state() and of limits() for one value cost more).
+  local qstate = rank and rank < cfg[18] - held and 'ready' or 'waiting'
+  -- One string of the seven values (see the header): a table of them cost Redis 4,700
+  -- instructions more per admission of a batch, and serve the parse of seven values. The
+  -- fourth value says it is that string: a call of one answers it alone (see the end).
+  return 'new:' .. qstate .. ':' .. now_str .. '::' .. (tpos or '') .. ':' .. (kpos or '') ..
+    ':' .. (klimit or ''), nil, true
 end
 
 -- Per call: the state admit_one() shares within a call, set afresh.
@@ -342,8 +344,14 @@ if n == 1 then
   -- begin_call() run by admit_one() only past the dedup lookup (see BEGUN). (Answering a
   -- replay here, before the pcall and the call of admit_one(), was tried and measured: no
   -- fewer instructions, bench/README.md "Round four".)
-  local ok, reply, dup = pcall(admit_one, 2, 9)
+  local ok, reply, dup, joined = pcall(admit_one, 2, 9)
   if dup then return dup end
+  if joined then
+    -- A new runnable admission: its joined string is the whole reply (no table of one entry).
+    flush_trends()
+    flush_usage()
+    return reply
+  end
   if not ok then
     reply = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
     -- Failed in the dedup lookup: the flushes below must not find the last call's state.

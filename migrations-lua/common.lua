@@ -161,6 +161,9 @@ local function listing_member(status, flow, id)
   return LISTING_CHAR[status] .. flow .. '\0' .. id
 end
 
+-- listing_range('queued'), as place() uses it on every admission (a test checks the two).
+local QUEUED_MIN, QUEUED_MAX = '[q', '(r'
+
 -- A listing member's status (nil for a prefix sluice does not write), flow and id.
 local function listing_parse(m)
   local z = string.find(m, '\0', 2, true)
@@ -235,6 +238,30 @@ local function num_text(number)
     memo.n = memo.n + 1
   end
   return text
+end
+
+-- A number's text (or a number) as a number, as tonumber() reads it, for texts that recur on
+-- every call (the storage bounds in force: the server's, an argument of each admission, and
+-- a tenant's own): a table read instead of a C function call of about a thousand
+-- instructions (callgrind on Redis 7.0, bench/README.md "Round eight"). A text that is not a
+-- number gives nil and is not kept; the memo holds NUMBER_MEMO_LIMIT texts at most (its count
+-- under the key `true`, which no text or number equals) and is replaced when full.
+local NUMBER_MEMO, NUMBER_MEMO_LIMIT = { [true] = 0 }, 256
+local function number_of(text)
+  local number = NUMBER_MEMO[text]
+  if not number then
+    number = tonumber(text)
+    if number then
+      local memo = NUMBER_MEMO
+      if memo[true] >= NUMBER_MEMO_LIMIT then
+        memo = { [true] = 0 }
+        NUMBER_MEMO = memo
+      end
+      memo[text] = number
+      memo[true] = memo[true] + 1
+    end
+  end
+  return number
 end
 
 -- now_ms() as text, for a call that hands it to Redis more than once (a row's times): Redis
@@ -743,7 +770,9 @@ local USAGE_KEPT = false
 -- Tenant t's storage counters in this call: `bytes` and `rows` as stored, the changes to
 -- them (`d_bytes`, `d_rows`), the changes of buckets (`buckets`: end -> {bytes, rows}), the
 -- buckets drained (`drained`: fields), and `next`, what u_next will be (`was`: as stored; both
--- numbers).
+-- numbers). `buckets` and `drained` are made by the first change of their kind (nil until
+-- then): an admission makes neither, and two tables were about 2,000 instructions of a lone
+-- admission (callgrind on Redis 7.0, bench/README.md "Round eight").
 local function usage_of(t)
   local u = USAGE[t]
   if not u then
@@ -753,8 +782,7 @@ local function usage_of(t)
     -- these fields, whole numbers only.)
     local next = v[14] and v[14] + 0 or nil
     u = { bytes = v[12] and v[12] + 0 or 0, rows = v[13] and v[13] + 0 or 0, d_bytes = 0,
-      d_rows = 0,
-      buckets = {}, drained = {}, next = next, was = next }
+      d_rows = 0, next = next, was = next }
     USAGE[t] = u
     USAGE_KEPT = true
   end
@@ -787,10 +815,15 @@ local function retain(t, size, expire_at, n)
   if fraction > 0 then e = e + 1 end
   e = e * width
   u.d_rows = u.d_rows + n
-  local d = u.buckets[e]
+  local buckets = u.buckets
+  if not buckets then
+    buckets = {}
+    u.buckets = buckets
+  end
+  local d = buckets[e]
   if not d then
     d = { 0, 0 }
-    u.buckets[e] = d
+    buckets[e] = d
   end
   d[1], d[2] = d[1] + n * size, d[2] + n
   if not u.next or e < u.next then u.next = e end
@@ -804,26 +837,31 @@ local function drain(t, now)
   local u = usage_of(t)
   if not u.next or u.next * 1000 > now then return u end
   local next = nil
+  local drained = u.drained or {}
+  u.drained = drained
   local all = redis_call('HGETALL', K.retained(t))
   for i = 1, #all, 2 do
     local e = tonumber(all[i])
     local b, r = string.match(all[i + 1], '^(-?%d+):(-?%d+)$')
     if e and b and e * 1000 <= now then
       u.d_bytes, u.d_rows = u.d_bytes - tonumber(b), u.d_rows - tonumber(r)
-      table.insert(u.drained, all[i])
+      table.insert(drained, all[i])
     elseif e and (not next or e < next) then
       next = e
     end
   end
   -- Changes this call made to buckets (only of rows that had not expired yet, so of buckets
   -- that have not ended, but a bucket is a bucket).
-  for e, d in pairs(u.buckets) do
-    if e * 1000 <= now then
-      u.d_bytes, u.d_rows = u.d_bytes - d[1], u.d_rows - d[2]
-      u.buckets[e] = nil
-      table.insert(u.drained, string.format('%d', e))
-    elseif not next or e < next then
-      next = e
+  local buckets = u.buckets
+  if buckets then
+    for e, d in pairs(buckets) do
+      if e * 1000 <= now then
+        u.d_bytes, u.d_rows = u.d_bytes - d[1], u.d_rows - d[2]
+        buckets[e] = nil
+        table.insert(drained, string.format('%d', e))
+      elseif not next or e < next then
+        next = e
+      end
     end
   end
   u.next = next
@@ -847,11 +885,13 @@ local function storage_refusal(t, size, rows, now, max_bytes, max_retained, whol
   -- of it: a call passes the same server bounds every time (an argument of the call), and
   -- two tonumber() calls were 3,700 instructions of a batch item's 166,000 (bench/README.md,
   -- "Round seven").
+  -- A call of one admission (the commonest) reads them from text once more: through
+  -- number_of(), a memo of the few bounds in force, not tonumber().
   if v[22] then
     max_bytes, max_retained = v[22], v[23]
   else
-    max_bytes = v[10] and tonumber(v[10]) or tonumber(max_bytes)
-    max_retained = v[11] and tonumber(v[11]) or tonumber(max_retained)
+    max_bytes = number_of(v[10] or max_bytes)
+    max_retained = number_of(v[11] or max_retained)
     v[22], v[23] = max_bytes, max_retained
   end
   if whole and size > max_bytes then return { 'too_large', size, max_bytes } end
@@ -915,16 +955,19 @@ local function flush_usage()
       if n > 0 then redis_call('HSET', cfg, unpack(set)) end
       if gone then redis_call('HDEL', cfg, unpack(gone)) end
     end
-    if #u.drained > 0 then redis_call('HDEL', ret, unpack(u.drained)) end
-    for e, d in pairs(u.buckets) do
-      -- (The field is the bucket's end as text, for the HGET and the HSET: see num_text().)
-      local field = num_text(e)
-      local b, r = string.match(redis_call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
-      b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
-      if b == 0 and r == 0 then
-        redis_call('HDEL', ret, field)
-      else
-        redis_call('HSET', ret, field, string.format('%d:%d', b, r))
+    if u.drained and #u.drained > 0 then redis_call('HDEL', ret, unpack(u.drained)) end
+    -- (pairs() only of a table made: a C function call, and an admission changes no bucket.)
+    if u.buckets then
+      for e, d in pairs(u.buckets) do
+        -- (The field is the bucket's end as text, for the HGET and the HSET: see num_text().)
+        local field = num_text(e)
+        local b, r = string.match(redis_call('HGET', ret, field) or '0:0', '^(-?%d+):(-?%d+)$')
+        b, r = (tonumber(b) or 0) + d[1], (tonumber(r) or 0) + d[2]
+        if b == 0 and r == 0 then
+          redis_call('HDEL', ret, field)
+        else
+          redis_call('HSET', ret, field, string.format('%d:%d', b, r))
+        end
       end
     end
   end
@@ -1021,12 +1064,17 @@ end
 -- in now, see pin.lua). Writes nothing. `queued` is the tenant's queued count when the caller
 -- knows it (admit.lua counts its own admissions within a call), else nil: then it is read. On
 -- success the third value is that count.
-local function place(t, queued)
+-- `listing` is t's K.listing(t) when the caller has it (admit.lua declares it), else nil.
+local function place(t, queued, listing)
   local _, max_queued, enabled, pinned, _, _, _, _, _, deleting = limits(t)
   if pinned then return nil, 'moved', pinned end
   if deleting then return nil, 'deleting' end
   if not enabled then return nil, 'disabled' end
-  queued = queued or listing_count(t, 'queued')
+  -- listing_count(t, 'queued'), its bounds written out (listing_range('queued'): '[q' and
+  -- '(r'): listing_range() makes them with string.byte() and string.char(), C function calls
+  -- of about a thousand instructions each, and the key's name is a concatenation, on every
+  -- admission (callgrind on Redis 7.0, bench/README.md "Round eight").
+  queued = queued or redis_call('ZLEXCOUNT', listing or K.listing(t), QUEUED_MIN, QUEUED_MAX)
   if queued >= max_queued then return nil, 'full', queued end
   return true, nil, queued
 end

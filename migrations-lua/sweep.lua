@@ -169,7 +169,7 @@ elseif mode == 'usage' then
   end
   local u = drain(tenant, now_ms())
   local drained = {}
-  for _, f in ipairs(u.drained) do drained[f] = true end
+  for _, f in ipairs(u.drained or drained) do drained[f] = true end
   local bytes, rows = live, 0
   local all = redis_call('HGETALL', K.retained(tenant))
   for i = 1, #all, 2 do

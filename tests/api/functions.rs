@@ -247,11 +247,7 @@ async fn a_call_reads_the_limits_written_since_the_call_before() {
     sluice::store::load_library(&mut c).await.unwrap();
     let admit = format!("{}_admit", sluice::store::library_name());
     let s = crate::helpers::shard_no(2);
-    let tag = |reply: redis::Value| -> String {
-        let entries: Vec<redis::Value> = redis::from_redis_value(reply).unwrap();
-        let first: Vec<redis::Value> = redis::from_redis_value(entries[0].clone()).unwrap();
-        redis::from_redis_value(first[0].clone()).unwrap()
-    };
+    let tag = crate::fences::admit_tag;
     let call = |id: sluice::domain::ExecutionId| {
         let (k, a) = crate::fences::admit_call(s, s, &id);
         let mut cmd = redis::cmd("FCALL");
