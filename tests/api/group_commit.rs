@@ -341,6 +341,45 @@ async fn a_group_of_one_sends_each_admission_alone() {
 }
 
 /// Waits until the store's completion committer has made `calls` calls and holds `waiting`
+
+/// A tenant `acme` of `admitted` executions, `started` of them running for worker `w1` (its
+/// call 1), on a server whose calls wait out a stalled Redis (timeouts of 20 s and 61 s): what
+/// the tests that hold reports behind one stalled call start from.
+struct Held {
+    app: TestApp,
+    store: std::sync::Arc<sluice::store::Store>,
+    shard: sluice::store::Shard,
+    runs: Vec<sluice::store::Started>,
+    ttl: Duration,
+}
+
+async fn held_runs(admitted: usize, started: usize) -> Held {
+    let app = TestApp::spawn_with(|c| {
+        c.redis.redis_timeout_ms = 20_000;
+        c.api.request_timeout_ms = 61_000;
+    })
+    .await;
+    app.put_tenant("acme", &json!({"max_concurrent": 50})).await;
+    let store = std::sync::Arc::new(app.store().await);
+    let shard = app.shard("acme");
+    for _ in 0..admitted {
+        app.admit("acme", "demo.echo").await;
+    }
+    let ttl = Duration::from_secs(60);
+    let runs = store
+        .start(shard, "w1", started, ttl, 1)
+        .await
+        .unwrap()
+        .started;
+    assert_eq!(runs.len(), started);
+    Held {
+        app,
+        store,
+        shard,
+        runs,
+        ttl,
+    }
+}
 /// reports (30 s at most).
 async fn await_completions(store: &sluice::store::Store, calls: u64, waiting: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -369,20 +408,13 @@ async fn reports_held_behind_a_call_go_together_and_each_gets_its_own_answer() {
     use sluice::domain::Status;
     use sluice::store::{Completion, Outcome};
 
-    let app = TestApp::spawn_with(|c| {
-        c.redis.redis_timeout_ms = 20_000;
-        c.api.request_timeout_ms = 61_000;
-    })
-    .await;
-    app.put_tenant("acme", &json!({"max_concurrent": 50})).await;
-    let store = std::sync::Arc::new(app.store().await);
-    let shard = app.shard("acme");
-    for _ in 0..16 {
-        app.admit("acme", "demo.echo").await;
-    }
-    let ttl = Duration::from_secs(60);
-    let runs = store.start(shard, "w1", 12, ttl, 1).await.unwrap().started;
-    assert_eq!(runs.len(), 12);
+    let Held {
+        app,
+        store,
+        shard,
+        runs,
+        ttl,
+    } = held_runs(16, 12).await;
     // The barrier of an adopt covers the worker's calls up to 5.
     assert_eq!(
         store.adopt(shard, "w1", 16, ttl, 5).await.unwrap().len(),
@@ -511,20 +543,13 @@ async fn each_stale_report_of_a_call_of_many_is_counted_once_as_fenced() {
     use sluice::domain::Status;
     use sluice::store::{Completion, Outcome};
 
-    let app = TestApp::spawn_with(|c| {
-        c.redis.redis_timeout_ms = 20_000;
-        c.api.request_timeout_ms = 61_000;
-    })
-    .await;
-    app.put_tenant("acme", &json!({"max_concurrent": 50})).await;
-    let store = std::sync::Arc::new(app.store().await);
-    let shard = app.shard("acme");
-    for _ in 0..13 {
-        app.admit("acme", "demo.echo").await;
-    }
-    let ttl = Duration::from_secs(60);
-    let runs = store.start(shard, "w1", 13, ttl, 1).await.unwrap().started;
-    assert_eq!(runs.len(), 13);
+    let Held {
+        app,
+        store,
+        shard,
+        runs,
+        ..
+    } = held_runs(13, 13).await;
     let report = |i: usize, fence_off: u64| {
         let (store, run) = (store.clone(), runs[i].clone());
         tokio::spawn(async move {
