@@ -340,11 +340,9 @@ async fn a_group_of_one_sends_each_admission_alone() {
     );
 }
 
-/// Waits until the store's completion committer has made `calls` calls and holds `waiting`
-
 /// A tenant `acme` of `admitted` executions, `started` of them running for worker `w1` (its
 /// call 1), on a server whose calls wait out a stalled Redis (timeouts of 20 s and 61 s): what
-/// the tests that hold reports behind one stalled call start from.
+/// the tests that hold reports behind one stalled call start from (`held_runs`).
 struct Held {
     app: TestApp,
     store: std::sync::Arc<sluice::store::Store>,
@@ -353,6 +351,7 @@ struct Held {
     ttl: Duration,
 }
 
+/// Makes the `Held` start: admits `admitted` executions to `acme` and starts `started`.
 async fn held_runs(admitted: usize, started: usize) -> Held {
     let app = TestApp::spawn_with(|c| {
         c.redis.redis_timeout_ms = 20_000;
@@ -380,6 +379,8 @@ async fn held_runs(admitted: usize, started: usize) -> Held {
         ttl,
     }
 }
+
+/// Waits until the store's completion committer has made `calls` calls and holds `waiting`
 /// reports (30 s at most).
 async fn await_completions(store: &sluice::store::Store, calls: u64, waiting: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
