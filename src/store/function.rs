@@ -85,11 +85,22 @@ impl Invocation<'_> {
         self
     }
 
+    /// Appends every value written into `values` (a `Cmd` used as a buffer, as a group
+    /// item's), in order.
+    pub fn args_of(&mut self, values: &Cmd) -> &mut Self {
+        for a in values.args_iter() {
+            if let Arg::Simple(bytes) = a {
+                self.args.arg(bytes);
+            }
+        }
+        self
+    }
+
     /// The `FCALL` (or `FCALL_RO`) command of this call.
     pub fn command(&self) -> Cmd {
         let keys = self.keys.args_iter();
         let args = self.args.args_iter();
-        let bytes: usize = keys.clone().chain(args.clone()).map(arg_len).sum();
+        let bytes = bytes_of(&self.keys) + bytes_of(&self.args);
         let mut cmd = Cmd::with_capacity(
             3 + keys.len() + args.len(),
             "FCALL_RO".len() + self.function.name.len() + 20 + bytes,
@@ -126,13 +137,18 @@ impl Invocation<'_> {
     }
 }
 
-/// The bytes of one argument of a `Cmd` (an invocation's lists have no cursor).
-fn arg_len(a: Arg<&[u8]>) -> usize {
-    if let Arg::Simple(bytes) = a {
-        bytes.len()
-    } else {
-        0
-    }
+/// The bytes of the arguments written into `c` (a `Cmd` used as a buffer: it has no
+/// cursor).
+pub(super) fn bytes_of(c: &Cmd) -> usize {
+    c.args_iter()
+        .map(|a| {
+            if let Arg::Simple(bytes) = a {
+                bytes.len()
+            } else {
+                0
+            }
+        })
+        .sum()
 }
 
 /// Whether `e` is Redis's answer to a call of a function it does not have, which it gives
@@ -179,8 +195,12 @@ mod tests {
         let mut inv = f.key("k:frozen");
         inv.arg("prefix").arg(42u64);
         inv.key(vec!["k:a".to_owned(), "k:b".to_owned()]);
-        inv.arg(b"".as_slice())
+        // A group item's values, written into a buffer of their own.
+        let mut item = Cmd::new();
+        item.arg(b"".as_slice())
             .arg(vec![b"x".to_vec(), b"yz".to_vec()]);
+        inv.args_of(&item);
+        assert_eq!(bytes_of(&item), 3);
         let expected = redis::cmd("FCALL")
             .arg("sluice_x_admit")
             .arg(3)
