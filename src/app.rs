@@ -28,9 +28,9 @@ use crate::waiters::{Hub, HubConfig};
 /// A built, bound, not yet serving sluice API.
 pub struct Application {
     listener: TcpListener,
-    router: axum::Router,
+    router: http::App,
     /// `/metrics` on its own address (`--metrics-listen`), when configured.
-    metrics_listener: Option<(TcpListener, axum::Router)>,
+    metrics_listener: Option<(TcpListener, http::App)>,
     metrics: Arc<Metrics>,
     store: Arc<Store>,
     sweep_interval: Option<Duration>,

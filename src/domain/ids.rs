@@ -26,6 +26,19 @@ impl InvalidInput {
     }
 }
 
+/// `bytes` in lowercase hex, as `hex::encode` writes them, from a table into a string sized
+/// once (`hex::encode` collects an iterator of chars, some 25 instructions a character; an
+/// admission hexes its dedup digest and its fingerprint).
+pub(crate) fn lower_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
 fn is_key_safe_word(s: &str, extra: &[char]) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
@@ -165,7 +178,7 @@ impl DedupKey {
     /// execution is a product target.
     pub fn digest(&self) -> String {
         use sha2::{Digest, Sha256};
-        hex::encode(&Sha256::digest(self.0.as_bytes())[..16])
+        lower_hex(&Sha256::digest(self.0.as_bytes())[..16])
     }
 }
 
@@ -201,7 +214,7 @@ impl ConcurrencyKey {
     /// What the key's Redis names carry: 128 bits of its SHA-256 in hex, as a dedup key's.
     pub fn digest(&self) -> String {
         use sha2::{Digest, Sha256};
-        hex::encode(&Sha256::digest(self.0.as_bytes())[..16])
+        lower_hex(&Sha256::digest(self.0.as_bytes())[..16])
     }
 }
 
@@ -214,7 +227,8 @@ string_newtype!(ExecutionId);
 impl ExecutionId {
     /// Mints a new, time-ordered id.
     pub fn new() -> Self {
-        Self(Uuid::now_v7().simple().to_string())
+        // The bytes in order: what `Uuid::simple()` displays, without the formatter.
+        Self(lower_hex(Uuid::now_v7().as_bytes()))
     }
 
     /// Parses an id given by a client (path segment or cursor).
@@ -248,7 +262,7 @@ impl ExecutionId {
     /// The id whose binary form is `bytes` (the inverse of `to_bytes`); `None` unless exactly
     /// 16 bytes, so a truncated or foreign value read from Redis is refused, not guessed at.
     pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        (bytes.len() == 16).then(|| Self(hex::encode(bytes)))
+        (bytes.len() == 16).then(|| Self(lower_hex(bytes)))
     }
 }
 
@@ -261,6 +275,16 @@ impl Default for ExecutionId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lower_hex_writes_what_hex_encode_writes() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(lower_hex(&all), hex::encode(&all));
+        assert_eq!(lower_hex(&[]), "");
+        assert_eq!(lower_hex(&[0x0f, 0xa0]), "0fa0");
+        let id = Uuid::now_v7();
+        assert_eq!(lower_hex(id.as_bytes()), id.simple().to_string());
+    }
 
     #[test]
     fn tenant_ids_that_could_escape_a_key_are_refused() {

@@ -4,7 +4,7 @@
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use super::ids::{ConcurrencyKey, DedupKey, FlowId, InvalidInput, Version};
+use super::ids::{ConcurrencyKey, DedupKey, FlowId, InvalidInput, Version, lower_hex};
 use super::json_text::JsonText;
 use super::trace::TraceContext;
 
@@ -236,7 +236,7 @@ fn fingerprint(
         h.update([0, 2]);
         h.update(k.as_str());
     }
-    Fingerprint(hex::encode(&h.finalize()[..8]))
+    Fingerprint(lower_hex(&h.finalize()[..8]))
 }
 
 #[cfg(test)]

@@ -6,10 +6,11 @@ use std::convert::Infallible;
 use std::fmt;
 use std::marker::PhantomData;
 
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, Uri};
+use axum::http::{StatusCode, Uri, header};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -55,6 +56,29 @@ impl<T: DeserializeOwned> JsonBody<T> {
     /// Reads and parses the body (content type, size limit and JSON checked as by `Json`),
     /// which must be a JSON object.
     pub async fn parse(self) -> Result<T, ApiError> {
+        // A body sent as exactly `application/json` (what clients send) is read and parsed
+        // at once; only one that does not parse goes through `Json::from_bytes` again, for
+        // the rejection `Json` gives. `Json` itself parses the content type as a MIME type
+        // and the body through serde_path_to_error (to name the field at fault): some 2,000
+        // instructions per admission spent on an error it rarely has.
+        let exact = self
+            .req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes() == b"application/json");
+        if exact {
+            let bytes = Bytes::from_request(self.req, &())
+                .await
+                .map_err(JsonRejection::from)?;
+            return match serde_json::from_slice::<ObjectOnly<T>>(&bytes) {
+                Ok(ObjectOnly(body)) => Ok(body),
+                Err(_) => {
+                    let axum::Json(ObjectOnly(body)) =
+                        axum::Json::<ObjectOnly<T>>::from_bytes(&bytes)?;
+                    Ok(body)
+                }
+            };
+        }
         let Json(ObjectOnly(body)) = Json::<ObjectOnly<T>>::from_request(self.req, &()).await?;
         Ok(body)
     }
@@ -65,7 +89,7 @@ impl<T: DeserializeOwned> JsonBody<T> {
     pub async fn parse_optional(self) -> Result<Option<T>, ApiError> {
         let headers = self.req.headers().clone();
         // Read within `--body-limit` (the `DefaultBodyLimit` the router sets), as `parse`.
-        let bytes = axum::body::Bytes::from_request(self.req, &())
+        let bytes = Bytes::from_request(self.req, &())
             .await
             .map_err(|e| match e.status() {
                 StatusCode::PAYLOAD_TOO_LARGE => ApiError::Status {

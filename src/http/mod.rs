@@ -23,6 +23,7 @@ pub mod trends;
 pub mod webhooks;
 pub mod worker;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,8 @@ use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use tower::ServiceBuilder;
+use tower::util::BoxCloneSyncService;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
@@ -224,14 +227,25 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().2
 }
 
+/// What a listener serves: a router with its middleware, boxed once (`server::serve` clones
+/// it per connection and calls it per request).
+pub type App = BoxCloneSyncService<Request, Response, Infallible>;
+
 /// The whole HTTP application with its middleware.
-pub fn router(state: AppState, limits: HttpLimits) -> Router {
+///
+/// Only `edge` is layered per route (it reads the route the router matched); the request id,
+/// the trace span and the body limit wrap the router from outside. Every layer given to
+/// `Router::layer` wraps each route in a boxed service of its own, which a request then
+/// clones and whose future it boxes, level by level: around the router they are called
+/// directly, with the same effect on every request and answer (`bench/README.md`, "Round
+/// nine: serve's admission").
+pub fn router(state: AppState, limits: HttpLimits) -> App {
     let (mut routes, metrics_routes, spec) = api_routes();
     if limits.metrics_on_main {
         routes = routes.merge(metrics_routes);
     }
     let spec = Arc::new(spec);
-    let mut app = routes
+    let app = routes
         .route(
             "/openapi.json",
             get(move || {
@@ -246,19 +260,22 @@ pub fn router(state: AppState, limits: HttpLimits) -> Router {
             Edge::new(&state, &limits),
             edge,
         ))
-        .layer(DefaultBodyLimit::max(limits.body_limit))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(request_span)
-                .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG)),
-        )
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid));
-    if let Some(cors) = cors_layer(&limits.cors_origins) {
-        // Outermost: a preflight is answered before anything else looks at it.
-        app = app.layer(cors);
-    }
-    app.with_state(state)
+        .with_state(state);
+    App::new(
+        ServiceBuilder::new()
+            // Outermost: a preflight is answered before anything else looks at it.
+            .option_layer(cors_layer(&limits.cors_origins))
+            .map_response(IntoResponse::into_response)
+            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(request_span)
+                    .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG)),
+            )
+            .layer(PropagateRequestIdLayer::x_request_id())
+            .layer(DefaultBodyLimit::max(limits.body_limit))
+            .service(app),
+    )
 }
 
 /// The policy of every `/docs` answer: Swagger UI's files come from this binary and read
@@ -295,16 +312,18 @@ fn docs_routes() -> Router<AppState> {
 
 /// `/metrics` alone, for its own listener (`--metrics-listen`), with the same per-request
 /// bounds and error shape as the API.
-pub fn metrics_router(state: AppState, limits: &HttpLimits) -> Router {
+pub fn metrics_router(state: AppState, limits: &HttpLimits) -> App {
     let (_, metrics_routes, _) = api_routes();
-    metrics_routes
-        .fallback(unknown_route)
-        .layer(middleware::from_fn_with_state(
-            Edge::new(&state, limits),
-            edge,
-        ))
-        .layer(DefaultBodyLimit::max(limits.body_limit))
-        .with_state(state)
+    App::new(
+        metrics_routes
+            .fallback(unknown_route)
+            .layer(middleware::from_fn_with_state(
+                Edge::new(&state, limits),
+                edge,
+            ))
+            .layer(DefaultBodyLimit::max(limits.body_limit))
+            .with_state(state),
+    )
 }
 
 /// The span every request's logs are in (an access line per request at `debug`: enable it

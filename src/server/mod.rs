@@ -78,7 +78,7 @@ use tower::ServiceExt;
 
 use crate::http::error::ApiError;
 use crate::http::metrics::Metrics;
-use crate::http::{CloseConnection, ConnectionHandle};
+use crate::http::{App, CloseConnection, ConnectionHandle};
 use activity::Activity;
 use anonymous::{Anonymous, Unproven};
 use shares::Shares;
@@ -126,7 +126,7 @@ content-length: 193\r\n\
 /// HTTP/2 with a GOAWAY).
 pub async fn serve(
     listener: TcpListener,
-    router: axum::Router,
+    router: App,
     limits: ConnectionLimits,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
@@ -206,7 +206,7 @@ fn refuse(stream: TcpStream) {
 async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
     stream: S,
-    router: axum::Router,
+    router: App,
     limits: ConnectionLimits,
     stop: CancellationToken,
     unproven: Unproven,
@@ -234,7 +234,7 @@ async fn serve_connection<S>(
         let http1 = req.version() < hyper::Version::HTTP_2;
         let tracked = tracked.clone();
         async move {
-            let mut res = router.oneshot(req).await?;
+            let mut res = router.oneshot(req.map(Body::new)).await?;
             if tracked.on_probation() {
                 // Beyond its address's unauthenticated connections, and this request did not
                 // authenticate: refused, and the connection closed.
@@ -360,8 +360,9 @@ mod tests {
     /// (200 ms timeouts); the client half.
     fn connection(pipe: usize) -> tokio::io::DuplexStream {
         let (client, server) = tokio::io::duplex(pipe);
-        let router =
-            axum::Router::new().route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }));
+        let router = App::new(
+            axum::Router::new().route("/big", axum::routing::get(|| async { vec![b'x'; BIG] })),
+        );
         let limits = ConnectionLimits {
             max_connections: 1,
             header_read_timeout: Duration::from_millis(200),

@@ -169,9 +169,7 @@ macro_rules! script_call {
             fn args(&self, inv: &mut $crate::store::function::Invocation<'_>) {
                 $(inv.arg(&self.$arg);)*
                 for item in self.$items {
-                    for a in &item.args {
-                        inv.arg(a.as_slice());
-                    }
+                    inv.args_of(&item.args);
                 }
             }
         }
@@ -212,8 +210,9 @@ macro_rules! script_group {
                 );
                 $(keys.push(g.$key);)*
                 $($(keys.extend(g.$okey);)+)?
-                let mut args = Vec::with_capacity(
+                let mut args = redis::Cmd::with_capacity(
                     <$name as $crate::store::call::Group>::ARGS.len(),
+                    $crate::store::call::ITEM_VALUE_BYTES,
                 );
                 $(g.$arg.write_redis_args(&mut args);)*
                 $crate::store::commit::Item { keys, args }
@@ -223,6 +222,10 @@ macro_rules! script_group {
 }
 
 pub(crate) use {script_call, script_group};
+
+/// Room reserved for a group item's values: an admission with small params and a dedup key
+/// writes about 200 bytes (a larger one grows the buffer once or twice).
+pub(crate) const ITEM_VALUE_BYTES: usize = 256;
 
 /// One operation file's header, as the test reads it.
 #[cfg(test)]

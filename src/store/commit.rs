@@ -38,12 +38,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::Value;
+use redis::{Cmd, Value};
 use tokio::sync::{Notify, oneshot};
 
 use super::call::script_call;
 use super::conn::Conn;
-use super::function::{Function, Invocation};
+use super::function::{self, Function, Invocation};
 use super::keys::Shard;
 use super::ticket::Ticket;
 use super::{Policy, StoreError, compose, is_lost, shard_invocation};
@@ -94,13 +94,14 @@ impl Batched {
 /// One request's part of a call: its keys and its values, in the script's order.
 pub(super) struct Item {
     pub keys: Vec<String>,
-    pub args: Vec<Vec<u8>>,
+    /// The values, one after the other in one buffer (a `Cmd` used as such): an admission's
+    /// 17 values are one allocation, not one each.
+    pub args: Cmd,
 }
 
 impl Item {
     pub(super) fn bytes(&self) -> usize {
-        self.keys.iter().map(String::len).sum::<usize>()
-            + self.args.iter().map(Vec::len).sum::<usize>()
+        self.keys.iter().map(String::len).sum::<usize>() + function::bytes_of(&self.args)
     }
 }
 

@@ -21,7 +21,7 @@
 //! changes nothing. Which libraries of other builds may go is decided in `libraries.rs`.
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs};
+use redis::{Arg, Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs};
 
 use super::compose;
 
@@ -53,8 +53,8 @@ impl Function {
     pub fn key<T: ToRedisArgs>(&self, key: T) -> Invocation<'_> {
         let mut inv = Invocation {
             function: self,
-            keys: Vec::new(),
-            args: Vec::new(),
+            keys: Cmd::new(),
+            args: Cmd::new(),
         };
         inv.key(key);
         inv
@@ -62,10 +62,14 @@ impl Function {
 }
 
 /// A call of a function being put together: its keys and values, in order.
+///
+/// Each list is a `Cmd` used as a buffer (one byte vector and the arguments' ends): a key or
+/// value appended is copied once into it, not allocated as a vector of its own (an admission
+/// group's call has some 30 of them per admission).
 pub struct Invocation<'f> {
     function: &'f Function,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    keys: Cmd,
+    args: Cmd,
 }
 
 impl Invocation<'_> {
@@ -81,19 +85,37 @@ impl Invocation<'_> {
         self
     }
 
+    /// Appends every value written into `values` (a `Cmd` used as a buffer, as a group
+    /// item's), in order.
+    pub fn args_of(&mut self, values: &Cmd) -> &mut Self {
+        for a in values.args_iter() {
+            if let Arg::Simple(bytes) = a {
+                self.args.arg(bytes);
+            }
+        }
+        self
+    }
+
     /// The `FCALL` (or `FCALL_RO`) command of this call.
     pub fn command(&self) -> Cmd {
-        let mut cmd = redis::cmd(if self.function.read_only {
+        let keys = self.keys.args_iter();
+        let args = self.args.args_iter();
+        let bytes = bytes_of(&self.keys) + bytes_of(&self.args);
+        let mut cmd = Cmd::with_capacity(
+            3 + keys.len() + args.len(),
+            "FCALL_RO".len() + self.function.name.len() + 20 + bytes,
+        );
+        cmd.arg(if self.function.read_only {
             "FCALL_RO"
         } else {
             "FCALL"
-        });
-        cmd.arg(&self.function.name).arg(self.keys.len());
-        for k in &self.keys {
-            cmd.arg(k.as_slice());
-        }
-        for a in &self.args {
-            cmd.arg(a.as_slice());
+        })
+        .arg(&self.function.name)
+        .arg(keys.len());
+        for a in keys.chain(args) {
+            if let Arg::Simple(bytes) = a {
+                cmd.arg(bytes);
+            }
         }
         cmd
     }
@@ -113,6 +135,20 @@ impl Invocation<'_> {
             other => other,
         }
     }
+}
+
+/// The bytes of the arguments written into `c` (a `Cmd` used as a buffer: it has no
+/// cursor).
+pub(super) fn bytes_of(c: &Cmd) -> usize {
+    c.args_iter()
+        .map(|a| {
+            if let Arg::Simple(bytes) = a {
+                bytes.len()
+            } else {
+                0
+            }
+        })
+        .sum()
 }
 
 /// Whether `e` is Redis's answer to a call of a function it does not have, which it gives
@@ -145,4 +181,47 @@ pub async fn load<C: ConnectionLike>(conn: &mut C, library: &str) -> RedisResult
             }
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `FCALL` an invocation sends: name, key count, keys, then values, each as given
+    /// (numbers in decimal, an empty value kept), whatever order they were appended in.
+    #[test]
+    fn an_invocation_sends_its_keys_then_its_values() {
+        let f = Function::new("sluice_x_admit".into(), false, "");
+        let mut inv = f.key("k:frozen");
+        inv.arg("prefix").arg(42u64);
+        inv.key(vec!["k:a".to_owned(), "k:b".to_owned()]);
+        // A group item's values, written into a buffer of their own.
+        let mut item = Cmd::new();
+        item.arg(b"".as_slice())
+            .arg(vec![b"x".to_vec(), b"yz".to_vec()]);
+        inv.args_of(&item);
+        assert_eq!(bytes_of(&item), 3);
+        let expected = redis::cmd("FCALL")
+            .arg("sluice_x_admit")
+            .arg(3)
+            .arg("k:frozen")
+            .arg("k:a")
+            .arg("k:b")
+            .arg("prefix")
+            .arg("42")
+            .arg("")
+            .arg("x")
+            .arg("yz")
+            .get_packed_command();
+        assert_eq!(
+            String::from_utf8_lossy(&inv.command().get_packed_command()),
+            String::from_utf8_lossy(&expected)
+        );
+        let ro = Function::new("sluice_x_read".into(), true, "");
+        let packed = ro.key("k").command().get_packed_command();
+        assert_eq!(
+            String::from_utf8_lossy(&packed),
+            "*4\r\n$8\r\nFCALL_RO\r\n$13\r\nsluice_x_read\r\n$1\r\n1\r\n$1\r\nk\r\n"
+        );
+    }
 }

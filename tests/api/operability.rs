@@ -218,6 +218,75 @@ async fn a_client_that_trickles_its_headers_is_disconnected() {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
+/// The request id and problem+json wrap every answer, also those the router makes itself
+/// (no route, a method the route lacks, a body over the limit) and those of `/docs`, and an
+/// admission's: the layers that give them wrap the whole router, not only its routes.
+#[tokio::test]
+async fn every_answer_carries_its_request_id_also_the_routers_own() {
+    let app = TestApp::spawn_with(|c| c.api.body_limit = 4096).await;
+    let big = json!({"flow_id": "demo.echo", "params": {"blob": "x".repeat(8192)}});
+    let cases = [
+        (
+            reqwest::Method::GET,
+            "/api/nothing-here",
+            None,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            reqwest::Method::PATCH,
+            "/api/executions",
+            None,
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        (
+            reqwest::Method::POST,
+            "/api/executions",
+            Some(big),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (
+            reqwest::Method::POST,
+            "/api/executions",
+            Some(json!({"flow_id": "demo.echo"})),
+            StatusCode::CREATED,
+        ),
+        (reqwest::Method::GET, "/docs/", None, StatusCode::OK),
+        (reqwest::Method::GET, "/healthz", None, StatusCode::OK),
+    ];
+    for (i, (method, path, body, status)) in cases.into_iter().enumerate() {
+        let id = format!("req-{i}");
+        let mut req = app
+            .as_tenant(method.clone(), path, "acme")
+            .header("X-Request-Id", &id);
+        if let Some(body) = &body {
+            req = req.json(body);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), status, "{method} {path}");
+        assert_eq!(
+            res.headers()["x-request-id"],
+            id.as_str(),
+            "{method} {path}"
+        );
+        if status.is_client_error() {
+            assert_eq!(
+                res.headers()["content-type"],
+                "application/problem+json",
+                "{method} {path}"
+            );
+        }
+        // Without one the server makes one up, for every answer alike.
+        let mut req = app.as_tenant(method.clone(), path, "acme");
+        if let Some(body) = &body {
+            req = req.json(body);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), status, "{method} {path}");
+        let made_up = res.headers()["x-request-id"].to_str().unwrap();
+        assert_eq!(made_up.len(), 36, "{method} {path}: {made_up}");
+    }
+}
+
 #[tokio::test]
 async fn the_request_id_is_returned_and_in_the_logs() {
     let redis = TestRedis::start().await;
