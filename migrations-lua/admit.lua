@@ -272,7 +272,7 @@ local function admit_one(k, a)
     runnable = false
   else
     runnable = make_runnable(tenant, id, now_str, priority, row, ckh, MANY and RUNNABLE[tenant],
-      true)
+      true, queued == 0)
   end
   if runnable then
     if MANY then RUNNABLE[tenant] = true end
