@@ -266,13 +266,16 @@ local function admit_one(k, a)
   end
   -- The row is written here, with its queue state, in one HSET: scheduled (`due`, when given,
   -- is later than now) or runnable, with the time as text.
-  local runnable
+  local runnable, waiting
   if due then
     schedule(tenant, flow, id, due, row)
     runnable = false
   else
+    -- Its tenant's order's name, made once for make_runnable() and position() (a string of
+    -- four parts each time).
+    waiting = K.waiting(tenant)
     runnable = make_runnable(tenant, id, now_str, priority, row, ckh, MANY and RUNNABLE[tenant],
-      true, queued == 0)
+      true, queued == 0, waiting)
   end
   if runnable then
     if MANY then RUNNABLE[tenant] = true end
@@ -295,7 +298,7 @@ local function admit_one(k, a)
     if stale then redis_call('DEL', KEYS[k + 2]) end
   end
   if due then return { 'new', 'scheduled', now, due } end
-  local tpos, kpos, klimit, rank = position(tenant, id, ckh)
+  local tpos, kpos, klimit, rank = position(tenant, id, ckh, waiting)
   local held = MANY and HELD[tenant]
   if rank and not held then
     -- refresh() counted them when this admission made its tenant runnable (no slot set

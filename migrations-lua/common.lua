@@ -623,7 +623,9 @@ end
 -- cannot be in the runnable set, which holds tenants with a queue not empty: its ZSCORE is
 -- not asked (one command less for an idle tenant's admission, the commonest at a low rate),
 -- and refresh()'s NX entry tells if a drifted set held it anyway (the sweeper's repairs).
-local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fresh, idle)
+-- `waiting` is K.waiting(t) when the caller made it already (admit.lua: position() takes it
+-- too), else nil.
+local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fresh, idle, waiting)
   local at = order_key(ready_at, priority)
   if h and h ~= '' then
     local queue = K.key_queue(t, h)
@@ -635,7 +637,7 @@ local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fre
       key_offer(t, h)
     end
   else
-    redis_call('ZADD', K.waiting(t), at, id)
+    redis_call('ZADD', waiting or K.waiting(t), at, id)
   end
   if fresh then
     redis_call('HSET', K.row(id), unpack(fields))
@@ -724,9 +726,10 @@ end
 -- is full (so not in its tenant's order) the first count is that of the order entries ahead
 -- of its order key. O(log n). nil when it is in neither place (scheduled, or repaired soon).
 -- The fourth value is its rank in its tenant's order (false when it is not in it), for
--- queue_state().
-local function position(t, id, h)
-  local rank = redis_call('ZRANK', K.waiting(t), id)
+-- queue_state(). `waiting` is K.waiting(t) when the caller has it (admit.lua), else nil.
+local function position(t, id, h, waiting)
+  waiting = waiting or K.waiting(t)
+  local rank = redis_call('ZRANK', waiting, id)
   if not h or h == '' then return rank, nil, nil, rank or false end
   local limit = key_limit(t, h) or -1
   if rank then return rank, 0, limit, rank end
@@ -734,7 +737,7 @@ local function position(t, id, h)
   local key_rank = redis_call('ZRANK', queue, id)
   if not key_rank then return nil, nil, nil, false end
   local at = redis_call('ZSCORE', queue, id)
-  return redis_call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit, false
+  return redis_call('ZCOUNT', waiting, '-inf', '(' .. at), key_rank, limit, false
 end
 
 -- ------------------------------------------------------------------------------------------
