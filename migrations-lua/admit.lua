@@ -30,7 +30,7 @@
 -- ARGV[6]  count: the number of admissions, 1..100
 -- ARGV[7]  max_bytes: the server's max_bytes (for tenants without their own, see "Storage")
 -- ARGV[8]  max_retained: the server's max_retained (likewise)
--- ARGV[9..] admissions: for each admission in order, 17 values:
+-- ARGV[9..] admissions: for each admission in order, 16 values:
 --   +0  tenant: tenant id (validated: no braces, colons or spaces)
 --   +1  id: new execution id (32 lowercase hex, minted by the caller)
 --   +2  flow: flow id (validated key-safe)
@@ -41,13 +41,14 @@
 --   +7  dedup_digest: digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
 --   +8  fingerprint: the request's fingerprint (flow, version, params), hex
 --   +9  priority: 1..5 (1 first)
---   +10 run_at: when to start at the earliest, Unix ms ('' for now)
---   +11 delay: how long after the admission to start at the earliest, ms ('' for none)
---   +12 ckey: the concurrency key as given, '' for none
---   +13 ckey_digest: digest of the concurrency key (as the dedup key's), '' for none
---   +14 traceparent: W3C traceparent, '' for none (validated by the caller)
---   +15 tracestate: W3C tracestate, '' for none
---   +16 dedup_field: the mapping's field in its bucket, `keys::dedup_field` of the digest
+--   +10 start_at: when to start at the earliest: '@<Unix ms>' (run_at), '+<ms>' after the
+--       admission (delay), '' for now (one value, not two: each value is an element of
+--       Redis's ARGV table, about 800 instructions, and most admissions give neither)
+--   +11 ckey: the concurrency key as given, '' for none
+--   +12 ckey_digest: digest of the concurrency key (as the dedup key's), '' for none
+--   +13 traceparent: W3C traceparent, '' for none (validated by the caller)
+--   +14 tracestate: W3C tracestate, '' for none
+--   +15 dedup_field: the mapping's field in its bucket, `keys::dedup_field` of the digest
 --       ('' for none): computed once, in Rust, so that a replay cuts no string (a test pins
 --       it to dedup_field() in common.lua for many digests)
 --
@@ -158,7 +159,7 @@ local function admit_one(k, a)
   if dedup ~= '' then
     bucket = KEYS[k + 1]
     local holder, holder_fp
-    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 2], ARGV[a + 16], fingerprint)
+    holder, holder_fp, stale = dedup_holder(bucket, KEYS[k + 2], ARGV[a + 15], fingerprint)
     if holder then
       if holder_fp ~= fingerprint then return { 'conflict', holder } end
       -- Two values, not a table: the call makes the table only when it answers one.
@@ -173,11 +174,15 @@ local function admit_one(k, a)
   local tenant, id, flow, version, params = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4]
   local max_attempts = ARGV[a + 5]
-  -- tonumber() only of a value given (most are ''): a C function call each.
-  local priority, run_at, delay = ARGV[a + 9], ARGV[a + 10], ARGV[a + 11]
-  run_at, delay = run_at ~= '' and tonumber(run_at) or nil, delay ~= '' and tonumber(delay) or nil
-  local ckey, ckh = ARGV[a + 12], ARGV[a + 13]
-  local traceparent, tracestate = ARGV[a + 14], ARGV[a + 15]
+  -- The schedule's parts only of one given (most are ''): C function calls each.
+  local priority, start_at = ARGV[a + 9], ARGV[a + 10]
+  local run_at, delay = nil, nil
+  if start_at ~= '' then
+    local ms = tonumber(string.sub(start_at, 2))
+    if string.sub(start_at, 1, 1) == '@' then run_at = ms else delay = ms end
+  end
+  local ckey, ckh = ARGV[a + 11], ARGV[a + 12]
+  local traceparent, tracestate = ARGV[a + 13], ARGV[a + 14]
   local LISTING = KEYS[k]
   if MANY and not QUEUED then
     QUEUED, RUNNABLE, HELD, LISTED, BUSY, TALLIED, TALLY_ORDER = {}, {}, {}, {}, {}, {}, {}
@@ -266,13 +271,16 @@ local function admit_one(k, a)
   end
   -- The row is written here, with its queue state, in one HSET: scheduled (`due`, when given,
   -- is later than now) or runnable, with the time as text.
-  local runnable
+  local runnable, waiting
   if due then
     schedule(tenant, flow, id, due, row)
     runnable = false
   else
+    -- Its tenant's order's name, made once for make_runnable() and position() (a string of
+    -- four parts each time).
+    waiting = K.waiting(tenant)
     runnable = make_runnable(tenant, id, now_str, priority, row, ckh, MANY and RUNNABLE[tenant],
-      true)
+      true, queued == 0, waiting)
   end
   if runnable then
     if MANY then RUNNABLE[tenant] = true end
@@ -291,11 +299,11 @@ local function admit_one(k, a)
   -- A field of its bucket while the execution is live: settle_terminal() moves it to the
   -- string key, with its TTL, when it ends. A leftover string key whose row expired goes.
   if bucket then
-    redis_call('HSET', bucket, ARGV[a + 16], id .. ':' .. fingerprint)
+    redis_call('HSET', bucket, ARGV[a + 15], id .. ':' .. fingerprint)
     if stale then redis_call('DEL', KEYS[k + 2]) end
   end
   if due then return { 'new', 'scheduled', now, due } end
-  local tpos, kpos, klimit, rank = position(tenant, id, ckh)
+  local tpos, kpos, klimit, rank = position(tenant, id, ckh, waiting)
   local held = MANY and HELD[tenant]
   if rank and not held then
     -- refresh() counted them when this admission made its tenant runnable (no slot set
@@ -323,9 +331,11 @@ if not n then
   if n and n >= 1 and n <= 100 and n % 1 == 0 then COUNTS[ARGV[6]] = n end
 end
 MAX_BYTES, MAX_RETAINED = ARGV[7], ARGV[8]
--- 17 values an admission (16 before the bucket's field came as one): a call of an older
--- build's shape is refused here, never read with its values shifted.
-if not n or n < 1 or n > 100 or #ARGV ~= 8 + 17 * n then
+-- 16 values an admission (17 before `start_at` took run_at's and delay's place, 16 before
+-- the bucket's field came as one): a call of another shape is refused here, never read with
+-- its values shifted. (The older shape of 16 cannot reach this code: a build calls only its
+-- own library, named by a hash of its text, src/store/scripts.rs.)
+if not n or n < 1 or n > 100 or #ARGV ~= 8 + 16 * n then
   return redis.error_reply('ERR sluice admit: ' .. tostring(ARGV[6]) .. ' admissions with ' ..
     #ARGV .. ' values')
 end
@@ -333,7 +343,7 @@ MANY = n > 1
 -- Every admission's keys are where the header says, or nothing is done.
 local want = 1
 for i = 0, n - 1 do
-  want = want + (ARGV[15 + 17 * i] ~= '' and 3 or 1)
+  want = want + (ARGV[15 + 16 * i] ~= '' and 3 or 1)
 end
 if want ~= #KEYS then
   return redis.error_reply('ERR sluice admit: ' .. #KEYS .. ' keys for ' .. n ..
@@ -374,7 +384,7 @@ for i = 1, n do
     replies[i] = { 'error', type(reply) == 'table' and tostring(reply.err) or tostring(reply) }
   end
   k = k + (ARGV[a + 6] ~= '' and 3 or 1)
-  a = a + 17
+  a = a + 16
 end
 -- The per-minute counters of every admission of the call (counted per tenant, see TALLIED),
 -- and its tenants' storage counters, in one write per key.

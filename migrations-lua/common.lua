@@ -576,6 +576,9 @@ end
 -- it comes in. A caller that has just read what a read here would tell says so, and the read
 -- is spared: `outside` true, t is not in the runnable set (make_runnable(), release_slot());
 -- `queued` true, t's order is not empty (make_runnable() has just added to it).
+-- `outside` may also be a presumption (make_runnable() for a tenant that had nothing queued,
+-- see there): the entry's ZADD is NX, so a tenant found in the set after all keeps its score
+-- and its weight is not counted twice. Returns true exactly then (the set held t already).
 local function refresh(t, outside, queued)
   local vt = nil
   if not outside then vt = tonumber(redis_call('ZSCORE', K.runnable(), t)) end
@@ -593,7 +596,8 @@ local function refresh(t, outside, queued)
   if eligible and not vt then
     local sched = redis_call('HMGET', K.sched(), 'clock', 'vt:' .. t)
     local at = math.max(tonumber(sched[1]) or 0, tonumber(sched[2]) or 0)
-    redis_call('ZADD', K.runnable(), at, t)
+    -- (NX: a no-op where `outside` was a presumption that failed; see above.)
+    if redis_call('ZADD', K.runnable(), 'NX', at, t) == 0 then return true end
     -- Its kept virtual time stays: read only at an entry, written at every leave().
     WEIGHT = redis_call('HINCRBY', K.sched(), 'weight', weight_text(t, weight))
     ring()
@@ -615,7 +619,13 @@ end
 -- (admit.lua, for a tenant's later admissions in one call: more work never takes a tenant out
 -- of the set), and spares the read. `fresh` says the row is new (admit.lua): its queue state
 -- and ready_at are the defaults (queued, created), so neither is written (see "Rows").
-local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fresh)
+-- `idle` says t had nothing queued before this one (admit.lua: place()'s count was 0), so it
+-- cannot be in the runnable set, which holds tenants with a queue not empty: its ZSCORE is
+-- not asked (one command less for an idle tenant's admission, the commonest at a low rate),
+-- and refresh()'s NX entry tells if a drifted set held it anyway (the sweeper's repairs).
+-- `waiting` is K.waiting(t) when the caller made it already (admit.lua: position() takes it
+-- too), else nil.
+local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fresh, idle, waiting)
   local at = order_key(ready_at, priority)
   if h and h ~= '' then
     local queue = K.key_queue(t, h)
@@ -627,7 +637,7 @@ local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fre
       key_offer(t, h)
     end
   else
-    redis_call('ZADD', K.waiting(t), at, id)
+    redis_call('ZADD', waiting or K.waiting(t), at, id)
   end
   if fresh then
     redis_call('HSET', K.row(id), unpack(fields))
@@ -636,10 +646,10 @@ local function make_runnable(t, id, ready_at, priority, fields, h, runnable, fre
   end
   -- More work never makes a runnable tenant ineligible: only a tenant outside the set needs
   -- its eligibility checked.
-  if runnable or redis_call('ZSCORE', K.runnable(), t) then return true end
-  -- Outside the runnable set (just read), and with an order not empty when it joined it.
-  refresh(t, true, not (h and h ~= ''))
-  return false
+  if runnable or (not idle and redis_call('ZSCORE', K.runnable(), t)) then return true end
+  -- Outside the runnable set (just read, or presumed: `idle`), and with an order not empty
+  -- when it joined it.
+  return refresh(t, true, not (h and h ~= '')) or false
 end
 
 -- Schedules a queued execution to become runnable at `due` (ms): on the timer set, listed in
@@ -716,9 +726,10 @@ end
 -- is full (so not in its tenant's order) the first count is that of the order entries ahead
 -- of its order key. O(log n). nil when it is in neither place (scheduled, or repaired soon).
 -- The fourth value is its rank in its tenant's order (false when it is not in it), for
--- queue_state().
-local function position(t, id, h)
-  local rank = redis_call('ZRANK', K.waiting(t), id)
+-- queue_state(). `waiting` is K.waiting(t) when the caller has it (admit.lua), else nil.
+local function position(t, id, h, waiting)
+  waiting = waiting or K.waiting(t)
+  local rank = redis_call('ZRANK', waiting, id)
   if not h or h == '' then return rank, nil, nil, rank or false end
   local limit = key_limit(t, h) or -1
   if rank then return rank, 0, limit, rank end
@@ -726,7 +737,7 @@ local function position(t, id, h)
   local key_rank = redis_call('ZRANK', queue, id)
   if not key_rank then return nil, nil, nil, false end
   local at = redis_call('ZSCORE', queue, id)
-  return redis_call('ZCOUNT', K.waiting(t), '-inf', '(' .. at), key_rank, limit, false
+  return redis_call('ZCOUNT', waiting, '-inf', '(' .. at), key_rank, limit, false
 end
 
 -- ------------------------------------------------------------------------------------------

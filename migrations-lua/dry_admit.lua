@@ -23,11 +23,16 @@
 --                           its position as position() in common.lua gives it ('' where none)
 local tenant, flow, params = ARGV[9], ARGV[11], ARGV[13]
 local dedup, fingerprint = ARGV[15], ARGV[17]
-local priority, run_at, delay = ARGV[18], tonumber(ARGV[19]), tonumber(ARGV[20])
-local ckh = ARGV[22] or ''
+local priority, start_at = ARGV[18], ARGV[19]
+local run_at, delay = nil, nil
+if start_at ~= '' then
+  local ms = tonumber(string.sub(start_at, 2))
+  if string.sub(start_at, 1, 1) == '@' then run_at = ms else delay = ms end
+end
+local ckh = ARGV[21] or ''
 
 if dedup ~= '' then
-  local holder, holder_fp = dedup_holder(KEYS[3], KEYS[4], ARGV[25], fingerprint)
+  local holder, holder_fp = dedup_holder(KEYS[3], KEYS[4], ARGV[24], fingerprint)
   if holder then
     if holder_fp ~= fingerprint then return { 'conflict', holder } end
     return { 'duplicate', holder, view(holder) }

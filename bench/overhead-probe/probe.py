@@ -595,13 +595,15 @@ def renew_call(a, r, at):
     (the call, the number after its last)."""
     a = list(a); nk = int(a[2]); keys0, argv0 = 3, 3 + nk
     n = int(a[argv0 + 5]); k = keys0 + 1
+    # Values per admission: 17 in builds before round nine's `schedule`, 16 since.
+    per = (len(a) - argv0 - 8) // n
     for i in range(n):
-        b = argv0 + 8 + 17 * i
+        b = argv0 + 8 + per * i
         oid, okey, odig = a[b + 1], a[b + 6], a[b + 7]
         x = r * 2 ** 20 + at + i
         if okey:
             ndig = odig[:2] + '%030x' % x
-            a[b + 6], a[b + 7], a[b + 16] = 'r%d-%s' % (r, okey), ndig, ndig[2:]
+            a[b + 6], a[b + 7], a[b + per - 1] = 'r%d-%s' % (r, okey), ndig, ndig[2:]
             a[k + 2] = a[k + 2].replace(odig, ndig)
             k += 3
         else:

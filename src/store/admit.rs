@@ -599,10 +599,11 @@ pub(super) fn admission_item(
 ) -> Item {
     let tk = tenant_keys(shard, tenant);
     let dedup_digest = req.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
-    let (run_at, delay) = match req.schedule {
-        Some(Schedule::At(ms)) => (ms.to_string(), String::new()),
-        Some(Schedule::After(ms)) => (String::new(), ms.to_string()),
-        None => (String::new(), String::new()),
+    // One value (admit.lua's header): '@' and a time, '+' and a delay, or '' for now.
+    let start_at = match req.schedule {
+        Some(Schedule::At(ms)) => format!("@{ms}"),
+        Some(Schedule::After(ms)) => format!("+{ms}"),
+        None => String::new(),
     };
     let (ckey, ckey_digest) = match &req.concurrency_key {
         Some(k) => (k.as_str(), k.digest()),
@@ -629,8 +630,7 @@ pub(super) fn admission_item(
         dedup_digest: &dedup_digest,
         fingerprint: req.fingerprint.as_str(),
         priority: req.priority,
-        run_at,
-        delay,
+        start_at,
         ckey,
         ckey_digest: &ckey_digest,
         traceparent,
@@ -666,8 +666,7 @@ script_group! {
             dedup_digest: &'a str,
             fingerprint: &'a str,
             priority: u8,
-            run_at: String,
-            delay: String,
+            start_at: String,
             ckey: &'a str,
             ckey_digest: &'a str,
             traceparent: &'a str,

@@ -224,7 +224,8 @@ async fn an_admission_that_makes_its_tenant_runnable_asks_each_thing_once() {
     let calls = rec.finish(&app).await;
     let admit = one_call(&calls, "admit");
     let text = listing(admit);
-    // It put the tenant in the runnable set: whether it was there is read once, its order is
+    // It put the tenant in the runnable set: whether it was there is not read (it had nothing
+    // queued, and the set holds only tenants with a queue; the entry is NX), its order is
     // known not to be empty (the admission has just joined it), and the slots it holds are
     // counted once, for its eligibility and its queue state both.
     let got = counts(
@@ -244,7 +245,7 @@ async fn an_admission_that_makes_its_tenant_runnable_asks_each_thing_once() {
         got,
         vec![
             ("joins the runnable set", 1),
-            ("reads whether it is in it", 1),
+            ("reads whether it is in it", 0),
             ("asks whether its order is empty", 0),
             ("counts its slots", 1),
         ],
@@ -254,6 +255,105 @@ async fn an_admission_that_makes_its_tenant_runnable_asks_each_thing_once() {
     // first of its tenant.
     assert_eq!(answer["queue_state"], "ready", "{answer}");
     assert_eq!(answer["queue_position"]["tenant"], 0, "{answer}");
+}
+
+#[tokio::test]
+async fn an_admission_behind_queued_work_reads_whether_its_tenant_is_runnable_and_stays_put() {
+    // A tenant with work queued may be in the runnable set: the admission asks (once) and,
+    // finding it there, leaves its place in the fair share and the shard's weight as they are.
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 0}}))
+        .await;
+    let score = || async {
+        let s: Option<String> = app
+            .redis
+            .query(redis::cmd("ZSCORE").arg(shard.runnable()).arg("acme"))
+            .await;
+        s
+    };
+    let before = (score().await, sched_field(&app, "acme", "weight").await);
+    assert_eq!(before.1.as_deref(), Some("1"));
+    let rec = Recording::start(&app).await;
+    let res = app
+        .post_execution("acme", &json!({"flow_id": "demo.echo", "params": {"n": 1}}))
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let answer: Value = res.json().await.unwrap();
+    let calls = rec.finish(&app).await;
+    let admit = one_call(&calls, "admit");
+    let text = listing(admit);
+    assert_eq!(
+        counts(
+            admit,
+            &[
+                ("reads whether it is in it", "zscore", ":runnable"),
+                ("joins the runnable set", "zadd", ":runnable"),
+                ("adds to the eligible weight", "hincrby", ":sched"),
+            ],
+        ),
+        vec![
+            ("reads whether it is in it", 1),
+            ("joins the runnable set", 0),
+            ("adds to the eligible weight", 0),
+        ],
+        "the admission's commands:\n{text}"
+    );
+    let after = (score().await, sched_field(&app, "acme", "weight").await);
+    assert_eq!(before, after);
+    assert_eq!(answer["queue_position"]["tenant"], 1, "{answer}");
+}
+
+#[tokio::test]
+async fn an_idle_tenant_found_in_the_runnable_set_keeps_its_place_and_weight_once() {
+    // An admission of a tenant with nothing queued does not ask whether it is runnable (the
+    // set holds tenants with a queue). Should the set hold it all the same (drift the
+    // sweeper repairs; here written by hand), the entry must not move its virtual time nor
+    // count its weight a second time: what the ZSCORE used to guard, the ZADD's NX does.
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    let stale_score = "7000";
+    let _: i64 = app
+        .redis
+        .query(
+            redis::cmd("ZADD")
+                .arg(shard.runnable())
+                .arg(stale_score)
+                .arg("acme"),
+        )
+        .await;
+    let _: i64 = app
+        .redis
+        .query(redis::cmd("HSET").arg(shard.sched()).arg("weight").arg("1"))
+        .await;
+    let rec = Recording::start(&app).await;
+    let res = app
+        .post_execution("acme", &json!({"flow_id": "demo.echo", "params": {}}))
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let calls = rec.finish(&app).await;
+    let admit = one_call(&calls, "admit");
+    let text = listing(admit);
+    assert_eq!(
+        counts(
+            admit,
+            &[("reads whether it is in it", "zscore", ":runnable")]
+        ),
+        vec![("reads whether it is in it", 0)],
+        "the admission's commands:\n{text}"
+    );
+    let score: Option<String> = app
+        .redis
+        .query(redis::cmd("ZSCORE").arg(shard.runnable()).arg("acme"))
+        .await;
+    assert_eq!(score.as_deref(), Some(stale_score));
+    assert_eq!(
+        sched_field(&app, "acme", "weight").await.as_deref(),
+        Some("1")
+    );
+    // And the run starts, as from any runnable tenant.
+    let runs = lease(&app, "acme", 1).await;
+    assert_eq!(runs.len(), 1);
 }
 
 #[tokio::test]

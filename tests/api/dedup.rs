@@ -799,7 +799,7 @@ async fn an_admission_after_a_replay_reads_its_own_clock_and_limits() {
         k.extend([s.dedup_bucket(&acme, &d), s.dedup(&acme, &d)]);
         a[2] = "2".into();
         a[14] = key.into();
-        a[24] = keys::dedup_field(&d).into();
+        a[23] = keys::dedup_field(&d).into();
         a[15] = d;
         (k, a)
     };

@@ -292,7 +292,7 @@ pub(crate) fn admit_call(
             "",
             "fingerprint",
             "3",
-            "",
+            // No schedule, concurrency key or trace context.
             "",
             "",
             "",
