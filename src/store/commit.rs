@@ -93,13 +93,14 @@ impl Batched {
 
 /// One request's part of a call: its keys and its values, in the script's order.
 pub(super) struct Item {
-    pub keys: Vec<String>,
+    /// Bytes, not text: some keys hold an execution id (`keys::stored_id`).
+    pub keys: Vec<Vec<u8>>,
     pub args: Vec<Vec<u8>>,
 }
 
 impl Item {
     pub(super) fn bytes(&self) -> usize {
-        self.keys.iter().map(String::len).sum::<usize>()
+        self.keys.iter().map(Vec::len).sum::<usize>()
             + self.args.iter().map(Vec::len).sum::<usize>()
     }
 }

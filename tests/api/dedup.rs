@@ -744,7 +744,7 @@ async fn a_replay_racing_a_force_delete_or_the_rows_expiry_answers_the_old_or_on
             while app.redis.query::<i64>(redis::cmd("EXISTS").arg(&row)).await == 1 {
                 assert!(
                     Instant::now() < deadline,
-                    "round {round}: {row} never expired"
+                    "round {round}: {row:?} never expired"
                 );
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }

@@ -722,9 +722,10 @@ async fn an_interrupted_migration_serves_converted_shards_and_a_rerun_finishes_i
     assert!(out.contains("; 0 rows no index named"), "{out}");
     assert_moved(&app).await;
     let mut rows_now = row_keys(&app).await;
-    let probe_row = app
-        .shard(&probe)
-        .row(&ExecutionId::parse(&probe_id).unwrap());
+    let probe_row = crate::helpers::key_text(
+        app.shard(&probe)
+            .row(&ExecutionId::parse(&probe_id).unwrap()),
+    );
     assert!(rows_now.remove(&probe_row));
     assert_eq!(rows_now, rows, "rows lost or added");
     let after = snapshot(&app, &ids).await;

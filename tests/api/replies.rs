@@ -46,17 +46,18 @@ fn complete_call(
     fence: &str,
     chain: u32,
     tenant: &str,
-) -> (Vec<String>, Vec<String>) {
-    let keys = vec![
-        s.frozen(),
-        s.runnable(),
-        s.leases(),
-        s.delayed(),
-        s.dead_letters(),
-        s.stats(),
-        s.dead_letter_holders(),
+) -> (Vec<Vec<u8>>, Vec<String>) {
+    // Bytes: the row's name holds the id in its stored form.
+    let keys: Vec<Vec<u8>> = vec![
+        s.frozen().into(),
+        s.runnable().into(),
+        s.leases().into(),
+        s.delayed().into(),
+        s.dead_letters().into(),
+        s.stats().into(),
+        s.dead_letter_holders().into(),
         s.row(id),
-        s.adopted(CONSUMER),
+        s.adopted(CONSUMER).into(),
     ];
     let mut args = common(&s.prefix());
     args.extend(
