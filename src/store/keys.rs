@@ -284,6 +284,16 @@ impl Shard {
         format!("{}hold", self.prefix())
     }
 
+    /// The freeze marker a layout-5 build will check (`<p>hold:5`) instead of `frozen`, so
+    /// that each build can be fenced out of a shard on its own during `sluice
+    /// migrate-layout` to 5 (docs/layout-5-plan.md §2.2). This build's guard still checks
+    /// `frozen`; whatever freezes a shard for a move (`Store::freeze_shard`: `sluice cluster
+    /// move-shard`, `sluice migrate-layout`) sets and clears both, so a layout-5 process
+    /// running beside this one is fenced out of a moving shard too.
+    pub fn binary_hold(self) -> String {
+        format!("{}hold:5", self.prefix())
+    }
+
     /// The freeze marker builds of layouts 1 and 2 check (see `frozen`): `sluice
     /// migrate-layout` sets it when it converts the shard, and leaves it for them.
     pub fn old_frozen(self) -> String {
@@ -890,7 +900,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
     }
     let Some(per_tenant) = rest.strip_prefix("t:") else {
         return match rest {
-            "hold" | "frozen" => at(KeyKind::Frozen),
+            "hold" | "hold:5" | "frozen" => at(KeyKind::Frozen),
             "ready" => at(KeyKind::Ready),
             "runnable" => at(KeyKind::Runnable),
             "sched" => at(KeyKind::Sched),
@@ -989,6 +999,7 @@ mod tests {
             listing_member(Some(Status::Running), &f, &id),
             format!("rdemo.echo\0{id}").into_bytes()
         );
+        assert_eq!(s.binary_hold(), format!("{}hold:5", s.prefix()));
     }
 
     #[test]
@@ -1193,6 +1204,7 @@ mod tests {
         assert_eq!((row.kind, row.id), (KeyKind::Row, Some(id.as_str())));
         let void_key = String::from_utf8(s.void(&id)).unwrap();
         assert_eq!(parse(&void_key).unwrap().kind, KeyKind::Void);
+        assert_eq!(parse(&s.binary_hold()).unwrap().kind, KeyKind::Frozen);
         assert_eq!(parse(&tenants()).unwrap().kind, KeyKind::Access);
         assert_eq!(parse(meta()).unwrap().kind, KeyKind::Meta);
         for foreign in [
