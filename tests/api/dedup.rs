@@ -800,10 +800,10 @@ async fn an_admission_after_a_replay_reads_its_own_clock_and_limits() {
         a[2] = "2".into();
         a[14] = key.into();
         a[24] = keys::dedup_field(&d).into();
-        a[15] = d;
+        a[15] = d.into();
         (k, a)
     };
-    let call = |(k, a): (Vec<String>, Vec<String>)| {
+    let call = |(k, a): (Vec<String>, Vec<Vec<u8>>)| {
         let redis = &redis;
         async move { crate::fences::fcall(redis, "admit", &k, &a).await.unwrap() }
     };

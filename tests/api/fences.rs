@@ -278,37 +278,41 @@ pub(crate) fn admit_call(
     keys_of: Shard,
     prefix_of: Shard,
     id: &ExecutionId,
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<String>, Vec<Vec<u8>>) {
     let t = TenantId::parse("acme").unwrap();
     let s = keys_of;
     let keys = vec![s.frozen(), s.listing(&t)];
-    let mut args = common(&prefix_of.prefix());
+    // Bytes: the id goes in its stored form, as the store sends it.
+    let mut args: Vec<Vec<u8>> = common(&prefix_of.prefix())
+        .into_iter()
+        .map(Into::into)
+        .collect();
     args.extend(
         [
-            "1",
+            &b"1"[..],
             // The server's storage bounds.
-            "1073741824",
-            "1000000",
-            "acme",
-            id.as_str(),
-            "demo.echo",
-            "",
-            "{}",
-            "5",
-            "",
-            "",
-            "fingerprint",
-            "3",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
+            b"1073741824",
+            b"1000000",
+            b"acme",
+            keys::stored_id(id).as_ref(),
+            b"demo.echo",
+            b"",
+            b"{}",
+            b"5",
+            b"",
+            b"",
+            b"fingerprint",
+            b"3",
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
             // No dedup key: no bucket field.
-            "",
+            b"",
         ]
-        .map(String::from),
+        .map(<[u8]>::to_vec),
     );
     (keys, args)
 }
@@ -759,7 +763,7 @@ async fn a_key_the_library_passed_under_one_prefix_is_refused_under_another() {
     // All of shard 4's keys (each remembered) with shard 3's prefix: refused at the first key,
     // not let through to the freeze marker's check.
     let (k, mut a) = admit_call(s4, s4, &id);
-    a[0] = s3.prefix();
+    a[0] = s3.prefix().into();
     let e = fcall(&redis, "admit", &k, &a).await.unwrap_err();
     assert!(
         e.to_string().contains(&format!(

@@ -216,7 +216,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     sluice::store::load_library(&mut c).await.unwrap();
     let s = crate::helpers::shard_no(3);
     let acme = TenantId::parse("acme").unwrap();
-    let fcall = |op: &'static str, keys: Vec<Vec<u8>>, args: Vec<String>| {
+    let fcall = |op: &'static str, keys: Vec<Vec<u8>>, args: Vec<Vec<u8>>| {
         let redis = &redis;
         async move {
             let mut c = redis.conn().await;
@@ -237,14 +237,19 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     assert_eq!(crate::fences::admit_tag(fcall("admit", k, a).await), "new");
 
     let lost = ExecutionId::new();
-    let mut args = vec![
-        s.prefix(),
+    let mut args: Vec<Vec<u8>> = vec![
+        s.prefix().into(),
         "10".into(),
         "100".into(),
         "60".into(),
         "60".into(),
     ];
-    args.extend(["acme".to_owned(), lost.to_string(), "300".to_owned()]);
+    // The id in its stored form, as the store sends it.
+    args.extend([
+        "acme".into(),
+        sluice::store::keys::stored_id(&lost).as_ref().to_vec(),
+        "300".into(),
+    ]);
     let settled = fcall(
         "abandon",
         vec![
