@@ -206,6 +206,8 @@ impl Cluster {
             .with_context(|| format!("slot {slot} has no master"))?
             .clone();
         let frozen_key = shard.frozen();
+        // Both builds' markers (see `Store::freeze_shard`) are copied last.
+        let markers = [shard.frozen(), shard.binary_hold()];
         let mut moved = 0;
         if source.id != target.id {
             let mut src = self.node(&source.host, source.port).await?;
@@ -260,15 +262,15 @@ impl Cluster {
                 // each round moves up to `keys_per_call` keys, and a frozen shard does not grow.
                 let per_call = keys_per_call.max(1);
                 for _ in 0..1_000_000 {
-                    // One more than a batch, so a marker among them still leaves a full batch of
-                    // other keys (Redis 7.0 lists the newest key of a slot first).
+                    // A batch and the markers, so markers among them still leave a full batch
+                    // of other keys (Redis 7.0 lists the newest keys of a slot first).
                     let keys: Vec<String> = redis::cmd("CLUSTER")
                         .arg("GETKEYSINSLOT")
                         .arg(slot)
-                        .arg(per_call + 1)
+                        .arg(per_call + markers.len())
                         .query_async(&mut src)
                         .await?;
-                    let batch = next_batch(&keys, &frozen_key, per_call);
+                    let batch = next_batch(&keys, &markers, per_call);
                     if batch.is_empty() {
                         break;
                     }
@@ -328,17 +330,18 @@ impl Cluster {
 }
 
 /// The keys of one `MIGRATE` call, out of what `CLUSTER GETKEYSINSLOT` listed (up to
-/// `per_call + 1` keys): up to `per_call` keys other than the freeze `marker`, and the marker
-/// only once it is the last key of the slot — so the source refuses the shard's scripts
-/// until everything else has arrived, and an interrupted move can always freeze again.
-fn next_batch<'a>(listed: &'a [String], marker: &str, per_call: usize) -> Vec<&'a String> {
+/// `per_call` + the number of markers keys): up to `per_call` keys other than the freeze `markers`, and the
+/// markers (together) only once they are the last keys of the slot — so the source refuses
+/// the shard's scripts until everything else has arrived, and an interrupted move can always
+/// freeze again.
+fn next_batch<'a>(listed: &'a [String], markers: &[String], per_call: usize) -> Vec<&'a String> {
     let others: Vec<&String> = listed
         .iter()
-        .filter(|k| *k != marker)
+        .filter(|k| !markers.contains(k))
         .take(per_call)
         .collect();
     if others.is_empty() {
-        listed.iter().filter(|k| *k == marker).collect()
+        listed.iter().filter(|k| markers.contains(k)).collect()
     } else {
         others
     }
@@ -415,14 +418,26 @@ f5e6 127.0.0.1:30004@40004 slave e7d1 0 1 1 connected
     #[test]
     fn the_marker_is_moved_only_when_it_is_the_last_key() {
         let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let m = keys(&["m"]);
         // Redis 7.0 lists the newest key (the marker) first.
         let listed = keys(&["m", "a"]);
-        assert_eq!(next_batch(&listed, "m", 1), vec!["a"]);
+        assert_eq!(next_batch(&listed, &m, 1), vec!["a"]);
         let listed = keys(&["a", "b", "m"]);
-        assert_eq!(next_batch(&listed, "m", 2), vec!["a", "b"]);
+        assert_eq!(next_batch(&listed, &m, 2), vec!["a", "b"]);
         let listed = keys(&["a", "b", "c"]);
-        assert_eq!(next_batch(&listed, "m", 2), vec!["a", "b"]);
-        assert_eq!(next_batch(&keys(&["m"]), "m", 1), vec!["m"]);
-        assert!(next_batch(&[], "m", 1).is_empty());
+        assert_eq!(next_batch(&listed, &m, 2), vec!["a", "b"]);
+        assert_eq!(next_batch(&keys(&["m"]), &m, 1), vec!["m"]);
+        assert!(next_batch(&[], &m, 1).is_empty());
+    }
+
+    #[test]
+    fn both_builds_markers_are_moved_together_after_every_other_key() {
+        let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let markers = keys(&["m", "m5"]);
+        let listed = keys(&["m5", "m", "a"]);
+        assert_eq!(next_batch(&listed, &markers, 1), vec!["a"]);
+        assert_eq!(next_batch(&listed[..2], &markers, 1), vec!["m5", "m"]);
+        // One left behind by an interrupted run goes on its own.
+        assert_eq!(next_batch(&keys(&["m5"]), &markers, 1), vec!["m5"]);
     }
 }

@@ -58,7 +58,8 @@ enum Walk {
     /// Walks not started yet, and the walk in progress with its SCAN cursor.
     Walking {
         queue: VecDeque<SweepStep>,
-        current: Option<(SweepStep, String)>,
+        /// Bytes: an index walk's cursor is a listing member, which holds an execution id.
+        current: Option<(SweepStep, Vec<u8>)>,
     },
     /// Walked to the end in this round.
     Finished,
@@ -187,7 +188,7 @@ async fn walk_for(
         let (step, cursor) = match current.take() {
             Some(c) => c,
             None => match queue.pop_front() {
-                Some(step) => (step, "0".to_owned()),
+                Some(step) => (step, b"0".to_vec()),
                 None => return (Walk::Finished, used, repairs, None),
             },
         };
@@ -196,7 +197,7 @@ async fn walk_for(
                 if n > 0 {
                     *repairs.entry(step.mode.as_str()).or_default() += n;
                 }
-                if next != "0" {
+                if next != b"0" {
                     current = Some((step, next));
                 }
             }

@@ -264,6 +264,27 @@ impl ExecutionId {
     pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
         (bytes.len() == 16).then(|| Self(lower_hex(bytes)))
     }
+
+    /// The id a script's reply or a member read back from Redis holds, in either stored form:
+    /// 16 bytes (key layout 5) or 32 hex digits (layout 4, and a shard of a layout move not
+    /// converted yet). Every reply that carries ids is read through this, so the form Redis
+    /// holds can change without its readers. Anything else is refused with what it was.
+    pub fn from_reply(bytes: &[u8]) -> Result<Self, String> {
+        let parsed = match bytes.len() {
+            16 => Self::from_bytes(bytes),
+            32 => std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|hex| Self::parse(hex).ok()),
+            _ => None,
+        };
+        parsed.ok_or_else(|| {
+            format!(
+                "an execution id of {} bytes (16 binary or 32 hex expected): {:?}",
+                bytes.len(),
+                String::from_utf8_lossy(bytes)
+            )
+        })
+    }
 }
 
 impl Default for ExecutionId {
@@ -348,6 +369,41 @@ mod tests {
         assert!(ExecutionId::parse(a.as_str()).is_ok());
         assert!(a.as_str() < b.as_str());
         assert!(ExecutionId::parse("ABCDEF0123456789ABCDEF0123456789").is_err());
+    }
+
+    #[test]
+    fn ids_in_replies_are_read_in_both_stored_forms() {
+        let id = ExecutionId::new();
+        assert_eq!(
+            ExecutionId::from_reply(id.as_str().as_bytes()),
+            Ok(id.clone())
+        );
+        assert_eq!(ExecutionId::from_reply(&id.to_bytes()), Ok(id.clone()));
+        // A binary id whose bytes happen to be text, and one that is not UTF-8.
+        let text = ExecutionId::from_reply(b"0123456789abcdef").unwrap();
+        assert_eq!(text.as_str(), "30313233343536373839616263646566");
+        let raw = [
+            0xffu8, 0, b'\n', b'{', 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ];
+        assert_eq!(ExecutionId::from_reply(&raw).unwrap().to_bytes(), raw);
+    }
+
+    #[test]
+    fn an_id_of_another_length_or_not_hex_is_refused_with_what_it_was() {
+        let id = ExecutionId::new();
+        for (bad, len) in [
+            (&b""[..], 0),
+            (&id.as_str().as_bytes()[..31], 31),
+            (b"0123456789abcdef0", 17),
+            (b"0123456789ABCDEF0123456789ABCDEF", 32),
+            (b"0123456789abcdef0123456789abcdeg", 32),
+            (&[0xffu8; 32][..], 32),
+        ] {
+            let e = ExecutionId::from_reply(bad).unwrap_err();
+            assert!(e.contains(&format!("of {len} bytes")), "{e}");
+        }
+        let e = ExecutionId::from_reply(b"nope").unwrap_err();
+        assert!(e.contains("\"nope\""), "{e}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::call::{script_call, script_group};
 use super::commit::{Item, Outcome, Sender};
-use super::row::{first, from_fields, split_tag, string_at};
+use super::row::{first, from_fields, id_at, split_tag, string_at};
 use super::storage::{self, Refused};
 use super::ticket::Ticket;
 use super::{Shard, StorageFull, Store, StoreError, keys};
@@ -218,8 +218,7 @@ impl Store {
                 // plain commands. Between the two it may have changed (answered as it is now,
                 // as a GET just after would) or gone (force-deleted, expired): the key may be
                 // free, and the admission is decided again.
-                let existing = ExecutionId::parse(&string_at(&rest, 0)?)
-                    .map_err(|e| StoreError::Corrupt(format!("admit: dup reply: {}", e.detail)))?;
+                let existing = id_at(&rest, 0)?;
                 let Some(mut e) = self.view_in(shard, tenant, &existing, true).await? else {
                     tracing::debug!(%existing, "replayed execution went before it was read");
                     return Ok(Answered::Gone);
@@ -228,9 +227,7 @@ impl Store {
                 Ok(Admission::Replayed(e))
             }
             "conflict" => Ok(Admission::Conflict {
-                existing: ExecutionId::parse(&string_at(&rest, 0)?).map_err(|e| {
-                    StoreError::Corrupt(format!("admit: conflict reply: {}", e.detail))
-                })?,
+                existing: id_at(&rest, 0)?,
             }),
             "disabled" => Ok(Admission::Disabled),
             "deleting" => Ok(Admission::Deleting),
@@ -472,7 +469,7 @@ impl Store {
                 void: shard.void(id),
                 cfg: shard.tenant_config(tenant),
                 tenant: tenant.as_str(),
-                id: id.as_str(),
+                id: keys::stored_id(id),
                 void_ttl_secs: VOID_TTL.as_secs(),
             },
         );
@@ -621,7 +618,7 @@ pub(super) fn admission_item(
         dedup_bucket: req.dedup.is_some().then(|| tk.dedup_bucket(&dedup_digest)),
         dedup: req.dedup.is_some().then(|| tk.dedup(&dedup_digest)),
         tenant: tenant.as_str(),
-        id: id.as_str(),
+        id: keys::stored_id(id),
         flow: req.flow.as_str(),
         version: req.version.as_ref().map(|v| v.as_str()).unwrap_or(""),
         params: &req.params,
@@ -645,8 +642,8 @@ pub(super) fn admission_item(
 script_call! {
     /// `migrations-lua/abandon.lua`: settles an admission whose answer was lost.
     pub(super) struct AbandonCall<'a> {
-        keys { row, void, cfg }
-        args { tenant: &'a str, id: &'a str, void_ttl_secs: u64 }
+        keys { row: Vec<u8>, void: Vec<u8>, cfg }
+        args { tenant: &'a str, id: super::keys::StoredId, void_ttl_secs: u64 }
     }
 }
 
@@ -657,7 +654,7 @@ script_group! {
         optional_keys { dedup_bucket, dedup }
         args {
             tenant: &'a str,
-            id: &'a str,
+            id: super::keys::StoredId,
             flow: &'a str,
             version: &'a str,
             params: &'a str,

@@ -85,7 +85,19 @@ pub(crate) const fn tail(names: &'static [&'static str]) -> Option<Tail> {
     }
 }
 
-/// Declares a typed call: a struct whose fields are the script's keys (all `String`), an
+/// The type of a key field of `script_call!` / `script_group!`: `String` unless the field
+/// names another (`row: Vec<u8>`: a key that holds an execution id, see `keys::stored_id`).
+macro_rules! key_type {
+    () => {
+        String
+    };
+    ($t:ty) => {
+        $t
+    };
+}
+
+/// Declares a typed call: a struct whose fields are the script's keys (`String`, or the type
+/// written after the name: `Vec<u8>` for a key holding an execution id), an
 /// optional key tail (any `ToRedisArgs`, each element one key), its values (any
 /// `ToRedisArgs`), and an optional value tail; or, instead of the two tails, one tail of
 /// groups (`items name: Group`), a slice of `commit::Item`s each carrying one group's keys
@@ -94,7 +106,7 @@ macro_rules! script_call {
     (
         $(#[$meta:meta])*
         $vis:vis struct $name:ident $(<$lt:lifetime>)? {
-            keys { $($(#[$kmeta:meta])* $key:ident),* $(,)? }
+            keys { $($(#[$kmeta:meta])* $key:ident $(: $kty:ty)?),* $(,)? }
             $(key_tail { $(#[$ktmeta:meta])* $ktail:ident: $ktty:ty $(,)? })?
             args { $($(#[$ameta:meta])* $arg:ident: $aty:ty),* $(,)? }
             $(arg_tail { $(#[$atmeta:meta])* $atail:ident: $atty:ty $(,)? })?
@@ -102,7 +114,7 @@ macro_rules! script_call {
     ) => {
         $(#[$meta])*
         $vis struct $name $(<$lt>)? {
-            $($(#[$kmeta])* pub $key: String,)*
+            $($(#[$kmeta])* pub $key: $crate::store::call::key_type!($($kty)?),)*
             $($(#[$ktmeta])* pub $ktail: $ktty,)?
             $($(#[$ameta])* pub $arg: $aty,)*
             $($(#[$atmeta])* pub $atail: $atty,)?
@@ -132,14 +144,14 @@ macro_rules! script_call {
     (
         $(#[$meta:meta])*
         $vis:vis struct $name:ident<$lt:lifetime> {
-            keys { $($(#[$kmeta:meta])* $key:ident),* $(,)? }
+            keys { $($(#[$kmeta:meta])* $key:ident $(: $kty:ty)?),* $(,)? }
             args { $($(#[$ameta:meta])* $arg:ident: $aty:ty),* $(,)? }
             items { $(#[$imeta:meta])* $items:ident: $group:ty $(,)? }
         }
     ) => {
         $(#[$meta])*
         $vis struct $name<$lt> {
-            $($(#[$kmeta])* pub $key: String,)*
+            $($(#[$kmeta])* pub $key: $crate::store::call::key_type!($($kty)?),)*
             $($(#[$ameta])* pub $arg: $aty,)*
             $(#[$imeta])*
             pub $items: &$lt [&$lt $crate::store::commit::Item],
@@ -182,15 +194,15 @@ macro_rules! script_group {
     (
         $(#[$meta:meta])*
         $vis:vis struct $name:ident $(<$lt:lifetime>)? {
-            keys { $($(#[$kmeta:meta])* $key:ident),* $(,)? }
-            $(optional_keys { $($(#[$okmeta:meta])* $okey:ident),+ $(,)? })?
+            keys { $($(#[$kmeta:meta])* $key:ident $(: $kty:ty)?),* $(,)? }
+            $(optional_keys { $($(#[$okmeta:meta])* $okey:ident $(: $okty:ty)?),+ $(,)? })?
             args { $($(#[$ameta:meta])* $arg:ident: $aty:ty),* $(,)? }
         }
     ) => {
         $(#[$meta])*
         $vis struct $name $(<$lt>)? {
-            $($(#[$kmeta])* pub $key: String,)*
-            $($($(#[$okmeta])* pub $okey: Option<String>,)+)?
+            $($(#[$kmeta])* pub $key: $crate::store::call::key_type!($($kty)?),)*
+            $($($(#[$okmeta])* pub $okey: Option<$crate::store::call::key_type!($($okty)?)>,)+)?
             $($(#[$ameta])* pub $arg: $aty,)*
         }
 
@@ -208,8 +220,8 @@ macro_rules! script_group {
                 let mut keys = Vec::with_capacity(
                     <$name as $crate::store::call::Group>::KEYS.len(),
                 );
-                $(keys.push(g.$key);)*
-                $($(keys.extend(g.$okey);)+)?
+                $(keys.push(g.$key.into());)*
+                $($(keys.extend(g.$okey.map(Into::into));)+)?
                 let mut args = redis::Cmd::with_capacity(
                     <$name as $crate::store::call::Group>::ARGS.len(),
                     $crate::store::call::ITEM_VALUE_BYTES,
@@ -221,7 +233,7 @@ macro_rules! script_group {
     };
 }
 
-pub(crate) use {script_call, script_group};
+pub(crate) use {key_type, script_call, script_group};
 
 /// Room reserved for a group item's values: an admission with small params and a dedup key
 /// writes about 200 bytes (a larger one grows the buffer once or twice).

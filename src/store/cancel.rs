@@ -6,7 +6,7 @@ use redis::Value;
 
 use super::call::script_call;
 use super::row::{execution_from, split_tag, string_at};
-use super::{Shard, Store, StoreError};
+use super::{Shard, Store, StoreError, keys};
 use crate::domain::{Execution, ExecutionId, QueueState, Schedule, Status, TenantId};
 
 impl Store {
@@ -41,7 +41,7 @@ impl Store {
                 delayed: shard.delayed(),
                 stats: shard.stats(),
                 tenant: tenant.as_str(),
-                id: id.as_str(),
+                id: keys::stored_id(id),
             },
         );
         let mut c = self.conn();
@@ -89,7 +89,7 @@ impl Store {
                 delayed: shard.delayed(),
                 leases: shard.leases(),
                 tenant: tenant.as_str(),
-                id: id.as_str(),
+                id: keys::stored_id(id),
             },
         );
         let mut c = self.conn();
@@ -146,7 +146,7 @@ impl Store {
                 row: shard.row(id),
                 delayed: shard.delayed(),
                 tenant: tenant.as_str(),
-                id: id.as_str(),
+                id: keys::stored_id(id),
                 run_at,
                 delay,
             },
@@ -178,16 +178,16 @@ impl Store {
 script_call! {
     /// `migrations-lua/cancel.lua`: cancels one execution of a tenant.
     pub(super) struct CancelCall<'a> {
-        keys { row, cfg, slots, waiting, listing, runnable, delayed, stats }
-        args { tenant: &'a str, id: &'a str }
+        keys { row: Vec<u8>, cfg, slots, waiting, listing, runnable, delayed, stats }
+        args { tenant: &'a str, id: super::keys::StoredId }
     }
 }
 
 script_call! {
     /// `migrations-lua/force_delete.lua`: deletes one execution of a tenant now.
     pub(super) struct ForceDeleteCall<'a> {
-        keys { row, cfg, slots, waiting, deleting, runnable, delayed, leases }
-        args { tenant: &'a str, id: &'a str }
+        keys { row: Vec<u8>, cfg, slots, waiting, deleting, runnable, delayed, leases }
+        args { tenant: &'a str, id: super::keys::StoredId }
     }
 }
 
@@ -195,7 +195,7 @@ script_call! {
     /// `migrations-lua/reschedule.lua`: moves a scheduled execution; exactly one of `run_at`
     /// and `delay` is a number of ms, the other ''.
     pub(super) struct RescheduleCall<'a> {
-        keys { row, delayed }
-        args { tenant: &'a str, id: &'a str, run_at: String, delay: String }
+        keys { row: Vec<u8>, delayed }
+        args { tenant: &'a str, id: super::keys::StoredId, run_at: String, delay: String }
     }
 }

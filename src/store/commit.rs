@@ -93,15 +93,16 @@ impl Batched {
 
 /// One request's part of a call: its keys and its values, in the script's order.
 pub(super) struct Item {
-    pub keys: Vec<String>,
+    /// Bytes, not text: some keys hold an execution id (`keys::stored_id`).
+    pub keys: Vec<Vec<u8>>,
     /// The values, one after the other in one buffer (a `Cmd` used as such): an admission's
-    /// 17 values are one allocation, not one each.
+    /// 16 values are one allocation, not one each.
     pub args: Cmd,
 }
 
 impl Item {
     pub(super) fn bytes(&self) -> usize {
-        self.keys.iter().map(String::len).sum::<usize>() + function::bytes_of(&self.args)
+        self.keys.iter().map(Vec::len).sum::<usize>() + function::bytes_of(&self.args)
     }
 }
 

@@ -12,7 +12,7 @@ use redis::Value;
 use super::call::script_call;
 use super::row::{execution_from, split_tag};
 use super::storage::{self, Refused};
-use super::{Shard, StorageFull, Store, StoreError};
+use super::{Shard, StorageFull, Store, StoreError, keys};
 use crate::domain::{Execution, ExecutionId, Status, TenantId};
 
 /// What `Store::retry` did.
@@ -106,7 +106,7 @@ impl Store {
                 listing: shard.listing(tenant),
                 runnable: shard.runnable(),
                 tenant: tenant.as_str(),
-                id: id.as_str(),
+                id: keys::stored_id(id),
                 max_bytes: self.policy.max_bytes.load(Ordering::Relaxed),
                 max_retained: self.policy.max_retained.load(Ordering::Relaxed),
             },
@@ -378,8 +378,8 @@ fn dead_letter_of(shard: u16, entry_id: String, mut f: HashMap<String, String>) 
 script_call! {
     /// `migrations-lua/retry.lua`: re-queues a failed or cancelled execution.
     pub(super) struct RetryCall<'a> {
-        keys { row, cfg, slots, waiting, listing, runnable }
-        args { tenant: &'a str, id: &'a str, max_bytes: u64, max_retained: u64 }
+        keys { row: Vec<u8>, cfg, slots, waiting, listing, runnable }
+        args { tenant: &'a str, id: super::keys::StoredId, max_bytes: u64, max_retained: u64 }
     }
 }
 

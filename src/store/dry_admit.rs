@@ -9,7 +9,7 @@ use redis::Value;
 
 use super::admit::admission_item;
 use super::commit::DryAdmitCall;
-use super::row::{execution_from, split_tag, string_at};
+use super::row::{execution_from, id_at, split_tag, string_at};
 use super::storage::{self, Refused};
 use super::{StorageFull, Store, StoreError};
 use crate::domain::{AdmitRequest, Execution, ExecutionId, QueuePosition, QueueState, TenantId};
@@ -104,7 +104,7 @@ impl Store {
             };
             match tag.as_str() {
                 "duplicate" | "conflict" => {
-                    run.execution_id = field(0);
+                    run.execution_id = Some(id_at(&rest, 0)?.as_str().to_owned());
                     if tag == "duplicate" {
                         run.decision = Decision::Duplicate;
                         run.reason = "same_request".into();

@@ -7,19 +7,31 @@
 //!
 //! Keep a freeze short: heartbeats are refused too, so runs in a shard frozen for longer than
 //! the lease are abandoned by their workers and re-run after the thaw.
+//!
+//! A shard frozen for a move carries two markers: this build's (`Shard::frozen`, `<p>hold`,
+//! what `guard.lua` checks) and the one a layout-5 build will check (`Shard::binary_hold`,
+//! `<p>hold:5`), so that a process of either build is fenced out of a moving shard
+//! (docs/layout-5-plan.md §2.2). They are set and cleared together; only this build's says
+//! whether the shard is frozen.
 
 use redis::Value;
 
 use super::{Shard, Store, StoreError, keys};
 
 impl Store {
-    /// Sets the freeze marker of `shard`: from now on its scripts refuse to run. Idempotent.
+    /// Sets the freeze markers of `shard` (this build's first): from now on its scripts refuse
+    /// to run, and so will a layout-5 build's. Idempotent. One command each, not one `MSET`:
+    /// during a slot move each is routed (and redirected) on its own, as one marker may
+    /// already be on the target.
     pub async fn freeze_shard(&self, shard: Shard) -> Result<(), StoreError> {
-        self.set_marker(shard.frozen(), true).await
+        self.set_marker(shard.frozen(), true).await?;
+        self.set_marker(shard.binary_hold(), true).await
     }
 
-    /// Removes the freeze marker of `shard`: its scripts run again. Idempotent.
+    /// Removes the freeze markers of `shard` (this build's last, so a stop in between leaves
+    /// the shard frozen, not half open): its scripts run again. Idempotent.
     pub async fn unfreeze_shard(&self, shard: Shard) -> Result<(), StoreError> {
+        self.set_marker(shard.binary_hold(), false).await?;
         self.set_marker(shard.frozen(), false).await
     }
 

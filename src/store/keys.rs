@@ -61,9 +61,58 @@ pub fn listing_char(s: Option<Status>) -> char {
 }
 
 /// An execution's member in its tenant's listing: `<status char><flow>\0<id>` (a flow id
-/// never holds a NUL, so the NUL ends it unambiguously).
-pub fn listing_member(s: Option<Status>, f: &FlowId, id: &ExecutionId) -> String {
-    format!("{}{f}\0{id}", listing_char(s))
+/// never holds a NUL, so the NUL ends it unambiguously). Bytes, not text: the id is in its
+/// stored form (`stored_id`), which layout 5 makes binary.
+pub fn listing_member(s: Option<Status>, f: &FlowId, id: &ExecutionId) -> Vec<u8> {
+    let id = stored_id(id);
+    let mut m = Vec::with_capacity(2 + f.as_str().len() + id.as_ref().len());
+    m.push(listing_char(s) as u8);
+    m.extend_from_slice(f.as_str().as_bytes());
+    m.push(0);
+    m.extend_from_slice(id.as_ref());
+    m
+}
+
+/// An execution id as Redis stores it: in a key name (`Shard::row`, `Shard::void`), a member
+/// (`listing_member`, the queues, the timer set, the slot sets) and every script argument
+/// that names an execution. The one place that decides the form, so key layout 5 (16 binary
+/// bytes instead of 32 hex digits, `Layout::Binary`) changes only this function: today it
+/// is the 32 hex digits. Held inline (no allocation): it is built several times per
+/// admission.
+pub fn stored_id(id: &ExecutionId) -> StoredId {
+    let hex = id.as_str().as_bytes();
+    let mut bytes = [0u8; 32];
+    bytes[..hex.len()].copy_from_slice(hex);
+    StoredId {
+        bytes,
+        len: hex.len() as u8,
+    }
+}
+
+/// An execution id in its stored form (see `stored_id`): bytes, since a binary id (layout 5)
+/// is not UTF-8. Sent to Redis as one argument.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct StoredId {
+    bytes: [u8; 32],
+    len: u8,
+}
+
+impl AsRef<[u8]> for StoredId {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Debug for StoredId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_ref()))
+    }
+}
+
+impl redis::ToRedisArgs for StoredId {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        out.write_arg(self.as_ref());
+    }
 }
 
 /// The lexical bounds (`[min`, `(max`) of the members of one status (`None`: the scheduled
@@ -235,6 +284,16 @@ impl Shard {
         format!("{}hold", self.prefix())
     }
 
+    /// The freeze marker a layout-5 build will check (`<p>hold:5`) instead of `frozen`, so
+    /// that each build can be fenced out of a shard on its own during `sluice
+    /// migrate-layout` to 5 (docs/layout-5-plan.md §2.2). This build's guard still checks
+    /// `frozen`; whatever freezes a shard for a move (`Store::freeze_shard`: `sluice cluster
+    /// move-shard`, `sluice migrate-layout`) sets and clears both, so a layout-5 process
+    /// running beside this one is fenced out of a moving shard too.
+    pub fn binary_hold(self) -> String {
+        format!("{}hold:5", self.prefix())
+    }
+
     /// The freeze marker builds of layouts 1 and 2 check (see `frozen`): `sluice
     /// migrate-layout` sets it when it converts the shard, and leaves it for them.
     pub fn old_frozen(self) -> String {
@@ -243,8 +302,23 @@ impl Shard {
 
     /// The marker of an abandoned admission of `id` (see `migrations-lua/abandon.lua`): while it
     /// lives, an admission of that id that arrives late is refused.
-    pub fn void(self, id: &ExecutionId) -> String {
-        format!("{}void:{id}", self.prefix())
+    pub fn void(self, id: &ExecutionId) -> Vec<u8> {
+        self.id_key("void:", id)
+    }
+
+    /// The key `<prefix><kind><id>` of an execution id in its stored form (`stored_id`), built
+    /// in one allocation (a row and a void marker are named on every admission).
+    fn id_key(self, kind: &str, id: &ExecutionId) -> Vec<u8> {
+        let id = stored_id(id);
+        let (tag, id) = (self.tag.as_bytes(), id.as_ref());
+        let mut k = Vec::with_capacity(ROOT.len() + tag.len() + 3 + kind.len() + id.len());
+        k.extend_from_slice(ROOT.as_bytes());
+        k.push(b'{');
+        k.extend_from_slice(tag);
+        k.extend_from_slice(b"}:");
+        k.extend_from_slice(kind.as_bytes());
+        k.extend_from_slice(id);
+        k
     }
 
     /// Schema 1's ready stream (consumer group `workers`), read only by the migration to
@@ -376,9 +450,10 @@ impl Shard {
         format!("{}t:{t}:flows", self.prefix())
     }
 
-    /// An execution's row (a hash).
-    pub fn row(self, id: &ExecutionId) -> String {
-        format!("{}exec:{id}", self.prefix())
+    /// An execution's row (a hash). Bytes, not text: the id is in its stored form
+    /// (`stored_id`), which layout 5 makes binary.
+    pub fn row(self, id: &ExecutionId) -> Vec<u8> {
+        self.id_key("exec:", id)
     }
 
     /// A tenant's own limits (a hash; absent fields mean the server defaults).
@@ -825,7 +900,7 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
     }
     let Some(per_tenant) = rest.strip_prefix("t:") else {
         return match rest {
-            "hold" | "frozen" => at(KeyKind::Frozen),
+            "hold" | "hold:5" | "frozen" => at(KeyKind::Frozen),
             "ready" => at(KeyKind::Ready),
             "runnable" => at(KeyKind::Runnable),
             "sched" => at(KeyKind::Sched),
@@ -887,13 +962,15 @@ mod tests {
     use super::*;
 
     /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, mod 16384.
-    fn cluster_slot(key: &str) -> u16 {
-        let mut tagged = key.as_bytes();
-        if let Some(open) = key.find('{')
-            && let Some(len) = key[open + 1..].find('}')
+    /// Bytes: a key holding a binary id (layout 5) is not text; only its first `{...}` counts.
+    fn cluster_slot(key: impl AsRef<[u8]>) -> u16 {
+        let key = key.as_ref();
+        let mut tagged = key;
+        if let Some(open) = key.iter().position(|&b| b == b'{')
+            && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
             && len > 0
         {
-            tagged = &key.as_bytes()[open + 1..open + 1 + len];
+            tagged = &key[open + 1..open + 1 + len];
         }
         let mut crc: u16 = 0;
         for &b in tagged {
@@ -907,6 +984,22 @@ mod tests {
             }
         }
         crc % 16384
+    }
+
+    #[test]
+    fn ids_are_stored_as_layout_4_writes_them() {
+        // Layout 4 (CURRENT): the 32 hex digits, in every key, member and argument.
+        let id = ExecutionId::new();
+        assert_eq!(stored_id(&id).as_ref(), id.as_str().as_bytes());
+        let s = ShardMap::new(16, Layout::CURRENT).shard(7);
+        assert_eq!(s.row(&id), format!("{}exec:{id}", s.prefix()).into_bytes());
+        assert_eq!(s.void(&id), format!("{}void:{id}", s.prefix()).into_bytes());
+        let f = FlowId::parse("demo.echo").unwrap();
+        assert_eq!(
+            listing_member(Some(Status::Running), &f, &id),
+            format!("rdemo.echo\0{id}").into_bytes()
+        );
+        assert_eq!(s.binary_hold(), format!("{}hold:5", s.prefix()));
     }
 
     #[test]
@@ -979,8 +1072,6 @@ mod tests {
             s.stats(),
             s.tenants(),
             s.flows(&t),
-            s.row(&id),
-            s.void(&id),
             s.slots(&t),
             s.waiting(&t),
             s.deleting(&t),
@@ -1010,8 +1101,13 @@ mod tests {
             assert!(k.starts_with(&s.prefix()), "{k}");
             assert_eq!(cluster_slot(k), slot, "{k}");
         }
+        // The keys that hold an execution id are bytes (see `stored_id`).
+        for k in [s.row(&id), s.void(&id)] {
+            assert!(k.starts_with(s.prefix().as_bytes()), "{k:?}");
+            assert_eq!(cluster_slot(&k), slot, "{k:?}");
+        }
         // Another shard is another slot.
-        assert_ne!(cluster_slot(&map.shard(3).ready()), slot);
+        assert_ne!(cluster_slot(map.shard(3).ready()), slot);
     }
 
     #[test]
@@ -1102,10 +1198,13 @@ mod tests {
             let n = parse(&k).unwrap();
             assert_eq!((n.kind, n.shard, n.tenant), (kind, Some(s), None), "{k}");
         }
-        let row_key = s.row(&id);
+        // Layout 4's stored ids are hex, so these names are still text.
+        let row_key = String::from_utf8(s.row(&id)).unwrap();
         let row = parse(&row_key).unwrap();
         assert_eq!((row.kind, row.id), (KeyKind::Row, Some(id.as_str())));
-        assert_eq!(parse(&s.void(&id)).unwrap().kind, KeyKind::Void);
+        let void_key = String::from_utf8(s.void(&id)).unwrap();
+        assert_eq!(parse(&void_key).unwrap().kind, KeyKind::Void);
+        assert_eq!(parse(&s.binary_hold()).unwrap().kind, KeyKind::Frozen);
         assert_eq!(parse(&tenants()).unwrap().kind, KeyKind::Access);
         assert_eq!(parse(meta()).unwrap().kind, KeyKind::Meta);
         for foreign in [

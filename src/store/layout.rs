@@ -30,6 +30,12 @@ pub enum Layout {
     /// 1, 2 or 3 by `sluice migrate-layout`, which builds each tenant's listing from its old
     /// indexes.
     Listing = 4,
+    /// Planned, reached only by tests: the tags, rows and listing of layout 4 with execution
+    /// ids stored as their 16 bytes in every key and member that holds one (the plan is
+    /// `docs/layout-5-plan.md` on branch `layout5-plan`). This build cannot write it yet, so
+    /// it is never `CURRENT`, and a process whose Redis records it refuses to start (see
+    /// `Layout::servable`): serving it would write layout-4 data into a layout-5 store.
+    Binary = 5,
 }
 
 impl Layout {
@@ -43,8 +49,16 @@ impl Layout {
             2 => Some(Layout::SlotAligned),
             3 => Some(Layout::Compact),
             4 => Some(Layout::Listing),
+            5 => Some(Layout::Binary),
             _ => None,
         }
+    }
+
+    /// Whether this build can serve a Redis recorded at this layout (or convert it): every
+    /// layout up to `CURRENT`. `Binary` is known (so the refusal names it) but not servable
+    /// until this build writes it.
+    pub fn servable(self) -> bool {
+        self.number() <= Layout::CURRENT.number()
     }
 
     /// Whether this layout's shard tags are those of layout 2 (so a move to 3 renames no key).
@@ -62,10 +76,14 @@ impl Layout {
     pub fn tag(self, n: u16, count: u16) -> String {
         match self {
             Layout::Legacy => format!("s{n:02}"),
-            Layout::SlotAligned | Layout::Compact | Layout::Listing if n < count => {
+            Layout::SlotAligned | Layout::Compact | Layout::Listing | Layout::Binary
+                if n < count =>
+            {
                 aligned_tag(n, count)
             }
-            Layout::SlotAligned | Layout::Compact | Layout::Listing => dedicated_tag(n, count),
+            Layout::SlotAligned | Layout::Compact | Layout::Listing | Layout::Binary => {
+                dedicated_tag(n, count)
+            }
         }
     }
 }
@@ -185,6 +203,21 @@ mod tests {
             assert!(tag.starts_with(&format!("s{n:02}.")), "{tag}");
             assert!(!tag.contains(['{', '}', ':']), "{tag}");
         }
+    }
+
+    #[test]
+    fn layout_5_is_known_but_not_served() {
+        assert_eq!(Layout::from_number(5), Some(Layout::Binary));
+        assert_eq!(Layout::Binary.number(), 5);
+        assert!(!Layout::Binary.servable());
+        assert_ne!(Layout::CURRENT, Layout::Binary);
+        for n in 1..=4 {
+            assert!(Layout::from_number(n).unwrap().servable(), "{n}");
+        }
+        assert_eq!(Layout::from_number(6), None);
+        // Its tags are layout 2's: the ids change, not the shards.
+        assert_eq!(Layout::Binary.tag(3, 16), Layout::Listing.tag(3, 16));
+        assert_eq!(Layout::Binary.tag(17, 16), Layout::Listing.tag(17, 16));
     }
 
     const PINNED_FIRST_FOUR: [&str; 4] = ["s00.164", "s01.21", "s02.19", "s03.12"];

@@ -15,7 +15,7 @@ use redis::Value;
 
 use super::call::{script_call, script_group};
 use super::commit::{Item, Outcome as Sent};
-use super::{Shard, Store, StoreError};
+use super::{Shard, Store, StoreError, keys};
 use crate::domain::{ExecutionId, FlowId, Status, TenantId, TraceContext};
 
 /// An execution a worker has just started (it holds the lease for `attempt`).
@@ -233,7 +233,7 @@ impl Store {
                 tenant: tenant.map_or("", TenantId::as_str),
                 held: held
                     .iter()
-                    .map(|(id, fence)| (id.as_str(), *fence))
+                    .map(|(id, fence)| (keys::stored_id(id), *fence))
                     .collect(),
             },
         );
@@ -356,7 +356,7 @@ impl Store {
         let item: Item = ReportItem {
             row: shard.row(id),
             adopted: shard.adopted(consumer),
-            id: id.as_str(),
+            id: keys::stored_id(id),
             fence,
             consumer,
             outcome: name,
@@ -505,7 +505,7 @@ pub struct Reclaimed {
 /// A run as `adopt.lua` reports it: (id, fence, attempt, tenant, flow, version or '', params,
 /// max_attempts, traceparent or '', tracestate or '').
 type RunReply = (
-    String,
+    ExecutionId,
     u64,
     u32,
     String,
@@ -521,21 +521,55 @@ type RunReply = (
 /// (`start_entries` in `migrations-lua/common.lua`): one string of the same fields joined by
 /// newlines, the params last (only they may hold a newline), since Redis turns each table of
 /// a reply into its answer at about 1,500 instructions and 1,000 an element, a string at a
-/// fraction (bench/README.md, "Round eight: the start's Lua").
+/// fraction (bench/README.md, "Round eight: the start's Lua"). The id leads in its stored
+/// form (`ExecutionId::from_reply`): 32 hex digits, or 16 bytes that may hold a newline
+/// themselves, so it is taken by its length, not split at the first newline.
 fn run_reply(v: Value) -> Result<RunReply, StoreError> {
     let Value::BulkString(line) = v else {
-        return Ok(redis::from_redis_value(v)?);
+        let (id, fence, attempt, tenant, flow, version, params, max_attempts, tp, ts): (
+            Vec<u8>,
+            u64,
+            u32,
+            String,
+            String,
+            String,
+            String,
+            u32,
+            String,
+            String,
+        ) = redis::from_redis_value(v)?;
+        let id = ExecutionId::from_reply(&id).map_err(StoreError::Corrupt)?;
+        return Ok((
+            id,
+            fence,
+            attempt,
+            tenant,
+            flow,
+            version,
+            params,
+            max_attempts,
+            tp,
+            ts,
+        ));
     };
-    let line = String::from_utf8(line)
+    // A 32-hex id has a hex digit at 16; a binary one is followed by the newline there.
+    let id_len = if line.get(16) == Some(&b'\n') { 16 } else { 32 };
+    if line.get(id_len) != Some(&b'\n') {
+        return Err(StoreError::Corrupt(format!(
+            "a started run without its id: {:?}",
+            String::from_utf8_lossy(&line)
+        )));
+    }
+    let id = ExecutionId::from_reply(&line[..id_len]).map_err(StoreError::Corrupt)?;
+    let line = std::str::from_utf8(&line[id_len + 1..])
         .map_err(|_| StoreError::Corrupt("a started run is not UTF-8".into()))?;
-    let mut f = line.splitn(10, '\n').map(str::to_owned);
+    let mut f = line.splitn(9, '\n').map(str::to_owned);
     let mut next = || {
         f.next().ok_or_else(|| {
             StoreError::Corrupt(format!("a started run of too few fields: {line:?}"))
         })
     };
-    let (id, fence, attempt, tenant, flow, version) =
-        (next()?, next()?, next()?, next()?, next()?, next()?);
+    let (fence, attempt, tenant, flow, version) = (next()?, next()?, next()?, next()?, next()?);
     let (max_attempts, tp, ts, params) = (next()?, next()?, next()?, next()?);
     Ok((
         id,
@@ -565,8 +599,7 @@ fn runs_of(shard: Shard, reply: Vec<Value>) -> Result<Vec<Started>, StoreError> 
                 run_reply(v)?;
             Ok(Started {
                 shard,
-                id: ExecutionId::parse(&id)
-                    .map_err(|_| StoreError::Corrupt(format!("bad id {id}")))?,
+                id: id.clone(),
                 fence,
                 attempt,
                 max_attempts,
@@ -617,9 +650,9 @@ script_call! {
     /// whose rows are `rows`, in the same order.
     pub(super) struct HeartbeatCall<'a> {
         keys { leases }
-        key_tail { rows: Vec<String> }
+        key_tail { rows: Vec<Vec<u8>> }
         args { lease_ttl_ms: u64, consumer: &'a str, tenant: &'a str }
-        arg_tail { held: Vec<(&'a str, u64)> }
+        arg_tail { held: Vec<(super::keys::StoredId, u64)> }
     }
 }
 
@@ -634,9 +667,9 @@ script_call! {
 script_group! {
     /// One report of a `complete.lua` call (its header's `reports` tails).
     pub(super) struct ReportItem<'a> {
-        keys { row, adopted }
+        keys { row: Vec<u8>, adopted }
         args {
-            id: &'a str,
+            id: super::keys::StoredId,
             fence: u64,
             consumer: &'a str,
             outcome: &'a str,

@@ -8,7 +8,7 @@ use redis::Value;
 
 use super::call::script_call;
 use super::row::{from_fields, row_to_execution};
-use super::{Shard, Store, StoreError};
+use super::{Shard, Store, StoreError, keys};
 use crate::domain::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId, row};
 
 /// A page of a tenant's executions, newest first.
@@ -181,6 +181,7 @@ impl Store {
             (false, None) => "",
         };
         let digest = q.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
+        let cursor = q.cursor.as_ref().map(keys::stored_id);
         let dedup_keys = match q.dedup {
             Some(_) => vec![
                 shard.dedup_bucket(tenant, &digest),
@@ -197,7 +198,7 @@ impl Store {
                 tenant: tenant.as_str(),
                 status: status_filter,
                 flow: q.flow.as_ref().map(FlowId::as_str).unwrap_or(""),
-                cursor: q.cursor.as_ref().map(ExecutionId::as_str).unwrap_or(""),
+                cursor: cursor.as_ref().map_or(&[][..], AsRef::as_ref),
                 limit: q.limit,
                 budget: q.byte_budget.max(1),
                 dedup: q.dedup.as_ref().map(DedupKey::as_str).unwrap_or(""),
@@ -212,7 +213,15 @@ impl Store {
         let (Some(cursor), Some(total)) = (it.next(), it.next()) else {
             return Err(StoreError::Corrupt("list reply too short".into()));
         };
-        let cursor: String = redis::from_redis_value(cursor)?;
+        // The last id of the page, in its stored form; the API's cursor is its hex.
+        let cursor: Vec<u8> = redis::from_redis_value(cursor)?;
+        let cursor = match cursor.is_empty() {
+            true => String::new(),
+            false => ExecutionId::from_reply(&cursor)
+                .map_err(StoreError::Corrupt)?
+                .as_str()
+                .to_owned(),
+        };
         let total: u64 = redis::from_redis_value(total)?;
         let mut executions = Vec::with_capacity(it.len() / 2);
         while let (Some(id), Some(row)) = (it.next(), it.next()) {
@@ -245,7 +254,7 @@ script_call! {
             tenant: &'a str,
             status: &'a str,
             flow: &'a str,
-            cursor: &'a str,
+            cursor: &'a [u8],
             limit: u32,
             budget: usize,
             dedup: &'a str,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::StoreError;
-use crate::domain::Execution;
+use crate::domain::{Execution, ExecutionId};
 
 /// A tagged script reply (`{'tag', ...}`): the tag and the rest.
 pub(super) fn split_tag(reply: Vec<Value>) -> Result<(String, Vec<Value>), StoreError> {
@@ -50,9 +50,23 @@ pub(super) fn row_to_execution(
     row: Value,
     deduplicated: bool,
 ) -> Result<Execution, StoreError> {
-    let id: String = redis::from_redis_value(id)?;
+    let id = id_from(id)?;
     let fields: HashMap<String, String> = redis::from_redis_value(row)?;
-    from_fields(&id, fields, deduplicated)
+    from_fields(id.as_str(), fields, deduplicated)
+}
+
+/// An execution id in a script reply, in either stored form (`ExecutionId::from_reply`).
+pub(super) fn id_from(v: Value) -> Result<ExecutionId, StoreError> {
+    let bytes: Vec<u8> = redis::from_redis_value(v)?;
+    ExecutionId::from_reply(&bytes).map_err(StoreError::Corrupt)
+}
+
+/// The `i`-th value after a reply's tag, as an execution id (see `id_from`).
+pub(super) fn id_at(rest: &[Value], i: usize) -> Result<ExecutionId, StoreError> {
+    let v = rest
+        .get(i)
+        .ok_or_else(|| StoreError::Corrupt("script reply too short".into()))?;
+    id_from(v.clone())
 }
 
 /// An execution from its id and its row's fields.

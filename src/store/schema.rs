@@ -63,6 +63,15 @@ impl Store {
                 Layout::CURRENT.number()
             )));
         };
+        if !layout.servable() {
+            return Err(StoreError::Corrupt(format!(
+                "redis holds key layout {}, which this build knows of but cannot write yet \
+                 (it reads and writes layout {}): run a build that serves layout {}",
+                layout.number(),
+                Layout::CURRENT.number(),
+                layout.number()
+            )));
+        }
         let moving = layout_to == Some(Layout::CURRENT.number());
         let layout = match layout {
             l if l == Layout::CURRENT || migrating => l,

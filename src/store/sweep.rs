@@ -76,23 +76,24 @@ impl Store {
     }
 
     /// One batch of repairs (see `migrations-lua/sweep.lua`): returns the next cursor ("0"
-    /// when the walk is done) and the number of repairs. In mode `Reap`, one step of reaping
+    /// when the walk is done; bytes, since an index walk's is a listing member, which holds
+    /// an execution id) and the number of repairs. In mode `Reap`, one step of reaping
     /// the tenant (see `reap_step`; "0" once it is gone, or when only a delivery round in
     /// flight is left: the next turn looks again), which repairs nothing.
     pub async fn sweep_step(
         &self,
         step: &SweepStep,
-        cursor: &str,
+        cursor: &[u8],
         batch: usize,
-    ) -> Result<(String, u64), StoreError> {
+    ) -> Result<(Vec<u8>, u64), StoreError> {
         let shard = step.shard;
         let t = &step.tenant;
         if step.mode == SweepMode::Reap {
             let next = match self.reap_step(shard, t).await? {
-                super::Reaped::More => "1",
-                super::Reaped::Held(_) | super::Reaped::Done => "0",
+                super::Reaped::More => b"1",
+                super::Reaped::Held(_) | super::Reaped::Done => b"0",
             };
-            return Ok((next.to_owned(), 0));
+            return Ok((next.to_vec(), 0));
         }
         let index = (step.mode == SweepMode::Index).then(|| shard.listing(t));
         let inv = self.shard_call(
@@ -124,7 +125,7 @@ script_call! {
         args {
             tenant: &'a str,
             mode: &'a str,
-            cursor: &'a str,
+            cursor: &'a [u8],
             batch: usize,
         }
     }

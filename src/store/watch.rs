@@ -52,7 +52,7 @@ impl Store {
             &WatchCall {
                 row: shard.row(id),
                 tenant: tenant.as_str(),
-                id: id.as_str(),
+                id: keys::stored_id(id),
                 horizon: u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX),
             },
         );
@@ -187,7 +187,7 @@ async fn bounded<T>(
 script_call! {
     /// `migrations-lua/watch.lua`: an execution's state at the start of a wait on it.
     pub(super) struct WatchCall<'a> {
-        keys { row }
-        args { tenant: &'a str, id: &'a str, horizon: u64 }
+        keys { row: Vec<u8> }
+        args { tenant: &'a str, id: super::keys::StoredId, horizon: u64 }
     }
 }

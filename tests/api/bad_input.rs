@@ -325,9 +325,10 @@ async fn bad_input_is_refused_with_a_problem_and_leaves_redis_untouched() {
         )
         .await;
     let before = app.redis.dump().await;
-    let row = app
-        .shard("acme")
-        .row(&sluice::domain::ExecutionId::parse(&admitted).unwrap());
+    let row = crate::helpers::key_text(
+        app.shard("acme")
+            .row(&sluice::domain::ExecutionId::parse(&admitted).unwrap()),
+    );
     assert!(before.contains_key(&row), "{:?}", before.keys());
     let mut failures = Vec::new();
     for case in cases() {

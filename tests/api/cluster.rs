@@ -948,9 +948,10 @@ async fn a_move_interrupted_after_its_marker_went_first_is_finished_by_running_i
     served_after_move(&app, tenant, to, &ids).await;
 }
 
-/// `move-shard --keys-per-call 1` copies the freeze marker last, whatever order Redis lists
-/// the slot's keys in (7.0 lists the newest, the marker, first): the target's own command log
-/// (`MONITOR`) shows every other key restored before the marker. Then the shard serves.
+/// `move-shard --keys-per-call 1` copies the freeze markers (this build's and layout 5's)
+/// last, whatever order Redis lists the slot's keys in (7.0 lists the newest, the markers,
+/// first): the target's own command log (`MONITOR`) shows every other key restored before
+/// them. Then both are cleared and the shard serves.
 #[tokio::test]
 async fn one_key_per_call_moves_the_marker_last() {
     if !cluster_mode() {
@@ -1009,12 +1010,24 @@ async fn one_key_per_call_moves_the_marker_last() {
         .filter_map(|l| l.split('"').nth(3).map(str::to_owned))
         .collect();
     assert!(restored.len() > 5, "{restored:?}");
-    assert_eq!(
-        restored.iter().filter(|k| **k == shard.frozen()).count(),
-        1,
-        "{restored:?}"
-    );
-    assert_eq!(restored.last(), Some(&shard.frozen()), "{restored:?}");
+    // Both builds' markers were set for the move (this one's `hold`, layout 5's `hold:5`),
+    // each copied once, together, after every other key.
+    let markers = [shard.frozen(), shard.binary_hold()];
+    for m in &markers {
+        assert_eq!(
+            restored.iter().filter(|k| *k == m).count(),
+            1,
+            "{m}: {restored:?}"
+        );
+    }
+    let (others, last_two) = restored.split_at(restored.len() - 2);
+    assert!(last_two.iter().all(|k| markers.contains(k)), "{restored:?}");
+    assert!(!others.iter().any(|k| markers.contains(k)), "{restored:?}");
+    // And both are gone once the shard is served again.
+    for m in &markers {
+        let left: i64 = app.redis.query(redis::cmd("EXISTS").arg(m)).await;
+        assert_eq!(left, 0, "{m} left after the move");
+    }
     served_after_move(&app, tenant, to, &ids).await;
 }
 

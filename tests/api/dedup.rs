@@ -744,7 +744,7 @@ async fn a_replay_racing_a_force_delete_or_the_rows_expiry_answers_the_old_or_on
             while app.redis.query::<i64>(redis::cmd("EXISTS").arg(&row)).await == 1 {
                 assert!(
                     Instant::now() < deadline,
-                    "round {round}: {row} never expired"
+                    "round {round}: {row:?} never expired"
                 );
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
@@ -800,10 +800,10 @@ async fn an_admission_after_a_replay_reads_its_own_clock_and_limits() {
         a[2] = "2".into();
         a[14] = key.into();
         a[23] = keys::dedup_field(&d).into();
-        a[15] = d;
+        a[15] = d.into();
         (k, a)
     };
-    let call = |(k, a): (Vec<String>, Vec<String>)| {
+    let call = |(k, a): (Vec<String>, Vec<Vec<u8>>)| {
         let redis = &redis;
         async move { crate::fences::fcall(redis, "admit", &k, &a).await.unwrap() }
     };

@@ -17,11 +17,11 @@ use sluice::store::{Shard, composed_source, keys, operation};
 use crate::helpers::{FAST_WORKER, TestApp, TestRedis, TestWorker, problem_code};
 
 /// EVAL of `source` with `keys` and `args`; Redis's own answer (an error reply is `Err`).
-pub(crate) async fn eval(
+pub(crate) async fn eval<K: redis::ToRedisArgs, A: redis::ToRedisArgs>(
     redis: &TestRedis,
     source: &str,
-    keys: &[String],
-    args: &[String],
+    keys: &[K],
+    args: &[A],
 ) -> redis::RedisResult<RedisValue> {
     let mut c = redis.conn().await;
     redis::cmd("EVAL")
@@ -80,70 +80,77 @@ return out";
         let f = FlowId::parse(flow).unwrap();
         let id = ExecutionId::new();
         let digest = "00112233445566778899aabbccddeeff";
-        let mut expected = vec![
-            s.frozen(),
-            s.ready(),
-            s.bell(),
-            s.adopted(digest),
-            s.leases(),
-            s.delayed(),
-            s.dead_letters(),
-            s.stats(),
-            s.tenants(),
+        let mut expected: Vec<Vec<u8>> = vec![
+            s.frozen().into(),
+            s.ready().into(),
+            s.bell().into(),
+            s.adopted(digest).into(),
+            s.leases().into(),
+            s.delayed().into(),
+            s.dead_letters().into(),
+            s.stats().into(),
+            s.tenants().into(),
             s.row(&id),
             s.void(&id),
-            s.tenant_config(&t),
-            s.slots(&t),
-            s.waiting(&t),
-            s.deleting(&t),
-            s.flows(&t),
-            s.dedup(&t, digest),
-            s.tenant_dead_letters(&t),
-            s.dead_letters_indexed(),
-            s.poison_dead_letters(),
-            s.dead_letter_holders(),
-            s.dead_letters_rebuilt(),
-            s.dead_letters_evicted(),
-            keys::events_channel(&id),
-            s.runnable(),
-            s.sched(),
-            s.starts(),
-            s.held(digest),
-            s.listing(&t),
+            s.tenant_config(&t).into(),
+            s.slots(&t).into(),
+            s.waiting(&t).into(),
+            s.deleting(&t).into(),
+            s.flows(&t).into(),
+            s.dedup(&t, digest).into(),
+            s.tenant_dead_letters(&t).into(),
+            s.dead_letters_indexed().into(),
+            s.poison_dead_letters().into(),
+            s.dead_letter_holders().into(),
+            s.dead_letters_rebuilt().into(),
+            s.dead_letters_evicted().into(),
+            keys::events_channel(&id).into(),
+            s.runnable().into(),
+            s.sched().into(),
+            s.starts().into(),
+            s.held(digest).into(),
+            s.listing(&t).into(),
             keys::listing_member(None, &f, &id),
-            s.trends(&t, 20_423),
-            s.shard_trends(20_423),
-            s.busy(),
-            s.key_queue(&t, digest),
-            s.key_running(&t, digest),
-            s.key_limits(&t),
-            s.key_blocked(&t),
-            s.tat(&t),
-            s.key_tat(&t, digest),
-            s.outbox(&t),
-            s.webhooks(),
-            sluice::store::keys::WEBHOOK_CHANNEL.to_owned(),
-            s.delivery_log(&t),
-            s.delivery_lock(&t),
-            s.batch_lock(&t),
-            s.reaping(),
-            s.burst(&t),
-            s.retained(&t),
-            s.dedup_bucket(&t, digest),
-            keys::dedup_field(digest).to_owned(),
+            s.trends(&t, 20_423).into(),
+            s.shard_trends(20_423).into(),
+            s.busy().into(),
+            s.key_queue(&t, digest).into(),
+            s.key_running(&t, digest).into(),
+            s.key_limits(&t).into(),
+            s.key_blocked(&t).into(),
+            s.tat(&t).into(),
+            s.key_tat(&t, digest).into(),
+            s.outbox(&t).into(),
+            s.webhooks().into(),
+            sluice::store::keys::WEBHOOK_CHANNEL.to_owned().into(),
+            s.delivery_log(&t).into(),
+            s.delivery_lock(&t).into(),
+            s.batch_lock(&t).into(),
+            s.reaping().into(),
+            s.burst(&t).into(),
+            s.retained(&t).into(),
+            s.dedup_bucket(&t, digest).into(),
+            keys::dedup_field(digest).to_owned().into(),
         ];
         for st in Status::ALL {
             expected.push(keys::listing_member(Some(st), &f, &id));
             let (min, max) = keys::listing_range(Some(st));
-            expected.extend([min, max]);
+            expected.extend([min.into(), max.into()]);
         }
         // place()'s bounds of the queued, written out.
         let (min, max) = keys::listing_range(Some(Status::Queued));
-        expected.extend([min, max]);
-        let mut args = common(&s.prefix());
-        args.extend([tenant.into(), id.to_string(), flow.into(), digest.into()]);
+        expected.extend([min.into(), max.into()]);
+        // Bytes, not text: the id goes in and comes back in its stored form (binary from
+        // layout 5 on), as the store sends it.
+        let mut args: Vec<Vec<u8>> = common(&s.prefix()).into_iter().map(Into::into).collect();
+        args.extend([
+            tenant.into(),
+            keys::stored_id(&id).as_ref().to_vec(),
+            flow.into(),
+            digest.into(),
+        ]);
         let got = eval(&redis, &source, &[s.frozen()], &args).await.unwrap();
-        let got: Vec<String> = redis::from_redis_value(got).unwrap();
+        let got: Vec<Vec<u8>> = redis::from_redis_value(got).unwrap();
         assert_eq!(got, expected, "shard {n}, tenant {tenant}");
     }
 
@@ -271,37 +278,41 @@ pub(crate) fn admit_call(
     keys_of: Shard,
     prefix_of: Shard,
     id: &ExecutionId,
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<String>, Vec<Vec<u8>>) {
     let t = TenantId::parse("acme").unwrap();
     let s = keys_of;
     let keys = vec![s.frozen(), s.listing(&t)];
-    let mut args = common(&prefix_of.prefix());
+    // Bytes: the id goes in its stored form, as the store sends it.
+    let mut args: Vec<Vec<u8>> = common(&prefix_of.prefix())
+        .into_iter()
+        .map(Into::into)
+        .collect();
     args.extend(
         [
-            "1",
+            &b"1"[..],
             // The server's storage bounds.
-            "1073741824",
-            "1000000",
-            "acme",
-            id.as_str(),
-            "demo.echo",
-            "",
-            "{}",
-            "5",
-            "",
-            "",
-            "fingerprint",
-            "3",
+            b"1073741824",
+            b"1000000",
+            b"acme",
+            keys::stored_id(id).as_ref(),
+            b"demo.echo",
+            b"",
+            b"{}",
+            b"5",
+            b"",
+            b"",
+            b"fingerprint",
+            b"3",
             // No schedule, concurrency key or trace context.
-            "",
-            "",
-            "",
-            "",
-            "",
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
             // No dedup key: no bucket field.
-            "",
+            b"",
         ]
-        .map(String::from),
+        .map(<[u8]>::to_vec),
     );
     (keys, args)
 }
@@ -575,7 +586,7 @@ async fn admit_declares_the_keys_it_writes() {
     let eid = ExecutionId::parse(&id).unwrap();
     let digest = sluice::domain::DedupKey::parse("order-9").unwrap().digest();
     let mut expected = vec![
-        s.row(&eid),
+        crate::helpers::key_text(s.row(&eid)),
         s.listing(&t),
         s.flows(&t),
         s.tenants(),
@@ -621,9 +632,13 @@ async fn admit_declares_the_keys_it_writes() {
         q(redis::cmd("SMEMBERS").arg(s.flows(&t))).await,
         ["demo.echo"]
     );
-    // One listing member: queued, its flow, its id.
+    // One listing member: queued, its flow, its id (bytes: the id in its stored form).
+    let members: Vec<Vec<u8>> = app
+        .redis
+        .query(redis::cmd("ZRANGE").arg(s.listing(&t)).arg(0).arg(-1))
+        .await;
     assert_eq!(
-        q(redis::cmd("ZRANGE").arg(s.listing(&t)).arg(0).arg(-1)).await,
+        members,
         [keys::listing_member(Some(Status::Queued), &f, &eid)]
     );
     let tenant: Option<String> = app
@@ -663,10 +678,13 @@ async fn admit_declares_the_keys_it_writes() {
         .cloned()
         .collect();
     written.sort();
-    let mut expected = vec![s.row(&later_id), s.delayed()];
+    let mut expected = vec![crate::helpers::key_text(s.row(&later_id)), s.delayed()];
     expected.sort();
     assert_eq!(written, expected);
-    let members: Vec<String> = q(redis::cmd("ZRANGE").arg(s.listing(&t)).arg(0).arg(-1)).await;
+    let members: Vec<Vec<u8>> = app
+        .redis
+        .query(redis::cmd("ZRANGE").arg(s.listing(&t)).arg(0).arg(-1))
+        .await;
     assert!(
         members.contains(&keys::listing_member(None, &f, &later_id))
             && members.contains(&keys::listing_member(Some(Status::Queued), &f, &later_id)),
@@ -676,11 +694,11 @@ async fn admit_declares_the_keys_it_writes() {
 
 /// FCALL of this build's library function `op` (loaded with `FUNCTION LOAD REPLACE` first by
 /// the caller); Redis's own answer.
-pub(crate) async fn fcall(
+pub(crate) async fn fcall<K: redis::ToRedisArgs, A: redis::ToRedisArgs>(
     redis: &TestRedis,
     op: &str,
-    keys: &[String],
-    args: &[String],
+    keys: &[K],
+    args: &[A],
 ) -> redis::RedisResult<RedisValue> {
     let mut c = redis.conn().await;
     redis::cmd("FCALL")
@@ -745,7 +763,7 @@ async fn a_key_the_library_passed_under_one_prefix_is_refused_under_another() {
     // All of shard 4's keys (each remembered) with shard 3's prefix: refused at the first key,
     // not let through to the freeze marker's check.
     let (k, mut a) = admit_call(s4, s4, &id);
-    a[0] = s3.prefix();
+    a[0] = s3.prefix().into();
     let e = fcall(&redis, "admit", &k, &a).await.unwrap_err();
     assert!(
         e.to_string().contains(&format!(

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 pub use self::app::{ADMIN_TOKEN, DedupMapping, METRICS_TOKEN, TestApp};
 pub use self::dedup::dedup_orphans;
 pub use self::proxy::{ProxiedConnection, TestProxy};
-pub use self::redis::{TestRedis, cluster_mode, shard_no};
+pub use self::redis::{TestRedis, cluster_mode, key_text, shard_no};
 pub use self::serve::TestServe;
 pub use self::worker::{FAST_WORKER, TestWorker, flows_file};
 

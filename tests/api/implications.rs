@@ -216,7 +216,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     sluice::store::load_library(&mut c).await.unwrap();
     let s = crate::helpers::shard_no(3);
     let acme = TenantId::parse("acme").unwrap();
-    let fcall = |op: &'static str, keys: Vec<String>, args: Vec<String>| {
+    let fcall = |op: &'static str, keys: Vec<Vec<u8>>, args: Vec<Vec<u8>>| {
         let redis = &redis;
         async move {
             let mut c = redis.conn().await;
@@ -233,24 +233,30 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     // The tenant admitted before: its cfg exists, without `void_until`.
     let first = ExecutionId::new();
     let (k, a) = crate::fences::admit_call(s, s, &first);
+    let k = k.into_iter().map(Into::into).collect();
     assert_eq!(crate::fences::admit_tag(fcall("admit", k, a).await), "new");
 
     let lost = ExecutionId::new();
-    let mut args = vec![
-        s.prefix(),
+    let mut args: Vec<Vec<u8>> = vec![
+        s.prefix().into(),
         "10".into(),
         "100".into(),
         "60".into(),
         "60".into(),
     ];
-    args.extend(["acme".to_owned(), lost.to_string(), "300".to_owned()]);
+    // The id in its stored form, as the store sends it.
+    args.extend([
+        "acme".into(),
+        sluice::store::keys::stored_id(&lost).as_ref().to_vec(),
+        "300".into(),
+    ]);
     let settled = fcall(
         "abandon",
         vec![
-            s.frozen(),
+            s.frozen().into(),
             s.row(&lost),
             s.void(&lost),
-            s.tenant_config(&acme),
+            s.tenant_config(&acme).into(),
         ],
         args,
     )
@@ -274,6 +280,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     // The late admission: refused, nothing written.
     let before = redis.keys().await;
     let (k, a) = crate::fences::admit_call(s, s, &lost);
+    let k = k.into_iter().map(Into::into).collect();
     assert_eq!(crate::fences::admit_tag(fcall("admit", k, a).await), "void");
     assert_eq!(
         redis.keys().await,
@@ -286,6 +293,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     // Another admission of the tenant, while `void_until` is ahead: admitted.
     let other = ExecutionId::new();
     let (k, a) = crate::fences::admit_call(s, s, &other);
+    let k = k.into_iter().map(Into::into).collect();
     assert_eq!(crate::fences::admit_tag(fcall("admit", k, a).await), "new");
     let row: bool = redis.query(redis::cmd("EXISTS").arg(s.row(&other))).await;
     assert!(row);

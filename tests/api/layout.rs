@@ -722,9 +722,10 @@ async fn an_interrupted_migration_serves_converted_shards_and_a_rerun_finishes_i
     assert!(out.contains("; 0 rows no index named"), "{out}");
     assert_moved(&app).await;
     let mut rows_now = row_keys(&app).await;
-    let probe_row = app
-        .shard(&probe)
-        .row(&ExecutionId::parse(&probe_id).unwrap());
+    let probe_row = crate::helpers::key_text(
+        app.shard(&probe)
+            .row(&ExecutionId::parse(&probe_id).unwrap()),
+    );
     assert!(rows_now.remove(&probe_row));
     assert_eq!(rows_now, rows, "rows lost or added");
     let after = snapshot(&app, &ids).await;
@@ -1259,4 +1260,36 @@ async fn finished_as_before(
     let after = snapshot(app, ids).await;
     let diff = differences(before, &after);
     assert!(diff.is_empty(), "{}", diff.join("\n"));
+}
+
+/// A Redis whose meta record says layout 5 (planned, `Layout::Binary`: this build cannot write
+/// it) is refused at connect, with an error that names it, by a server and by `sluice
+/// migrate-layout` alike (which would otherwise "convert" it down to 4); the record stays.
+#[tokio::test]
+async fn a_redis_at_layout_5_is_refused_not_served_or_converted() {
+    let app = TestApp::spawn().await;
+    let config = app.store().await.config().clone();
+    let () = app
+        .redis
+        .query(redis::cmd("HSET").arg(keys::meta()).arg("layout").arg(5))
+        .await;
+    let refused = sluice::store::Store::connect(config.clone())
+        .await
+        .err()
+        .expect("a layout-5 Redis is refused");
+    let refused = format!("{refused:?}");
+    assert!(
+        refused.contains("key layout 5") && refused.contains("cannot write"),
+        "{refused}"
+    );
+    let refused = migrate_layout_with(config, Limits::default())
+        .await
+        .expect_err("a layout-5 Redis is not converted");
+    let refused = format!("{refused:?}");
+    assert!(refused.contains("key layout 5"), "{refused}");
+    let layout: u32 = app
+        .redis
+        .query(redis::cmd("HGET").arg(keys::meta()).arg("layout"))
+        .await;
+    assert_eq!(layout, 5);
 }

@@ -46,40 +46,42 @@ fn complete_call(
     fence: &str,
     chain: u32,
     tenant: &str,
-) -> (Vec<String>, Vec<String>) {
-    let keys = vec![
-        s.frozen(),
-        s.runnable(),
-        s.leases(),
-        s.delayed(),
-        s.dead_letters(),
-        s.stats(),
-        s.dead_letter_holders(),
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    // Bytes: the row's name holds the id in its stored form.
+    let keys: Vec<Vec<u8>> = vec![
+        s.frozen().into(),
+        s.runnable().into(),
+        s.leases().into(),
+        s.delayed().into(),
+        s.dead_letters().into(),
+        s.stats().into(),
+        s.dead_letter_holders().into(),
         s.row(id),
-        s.adopted(CONSUMER),
+        s.adopted(CONSUMER).into(),
     ];
-    let mut args = common(&s.prefix());
+    // Bytes: the id goes in its stored form, as the store sends it.
+    let mut args: Vec<Vec<u8>> = common(&s.prefix()).into_iter().map(Into::into).collect();
     args.extend(
         [
-            "1000",
-            "100",
+            &b"1000"[..],
+            b"100",
             // No start log (the default).
-            "0",
-            "1",
-            id.as_str(),
-            fence,
-            CONSUMER,
-            "completed",
-            "{}",
-            "",
-            "",
-            "",
-            &chain.to_string(),
-            TTL_MS,
-            "0",
-            tenant,
+            b"0",
+            b"1",
+            sluice::store::keys::stored_id(id).as_ref(),
+            fence.as_bytes(),
+            CONSUMER.as_bytes(),
+            b"completed",
+            b"{}",
+            b"",
+            b"",
+            b"",
+            chain.to_string().as_bytes(),
+            TTL_MS.as_bytes(),
+            b"0",
+            tenant.as_bytes(),
         ]
-        .map(String::from),
+        .map(<[u8]>::to_vec),
     );
     (keys, args)
 }

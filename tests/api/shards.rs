@@ -413,9 +413,10 @@ async fn a_key_of_the_wrong_type_answers_500_not_503() {
     let app = TestApp::spawn().await;
     let e = app.admit("acme", "demo.echo").await;
     let id = e["execution_id"].as_str().unwrap().to_owned();
-    let row = app
-        .shard("acme")
-        .row(&sluice::domain::ExecutionId::parse(&id).unwrap());
+    let row = crate::helpers::key_text(
+        app.shard("acme")
+            .row(&sluice::domain::ExecutionId::parse(&id).unwrap()),
+    );
     break_key(&app, &row).await;
     let get = app.get_execution("acme", &id).await;
     let status = get.status();

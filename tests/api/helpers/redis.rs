@@ -494,6 +494,14 @@ async fn all_keys(c: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
     redis::cmd("KEYS").arg("*").query_async(c).await.unwrap()
 }
 
+/// A key name that holds an execution id (`Shard::row`, `Shard::void`: bytes) as text, to
+/// look it up among what `TestRedis::keys` and `TestRedis::dump` list (text: every name
+/// layout 4 writes is UTF-8, its stored ids being hex). Panics on a binary id: a layout-5
+/// store needs those walks in bytes.
+pub fn key_text(key: Vec<u8>) -> String {
+    String::from_utf8(key).expect("a layout-4 key name is text")
+}
+
 /// Shard `n` of a default store (16 shards, the current layout): for tests that call scripts
 /// or read keys of a shard directly.
 pub fn shard_no(n: u16) -> Shard {
