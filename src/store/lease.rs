@@ -502,10 +502,10 @@ pub struct Reclaimed {
     pub next_due: Option<Duration>,
 }
 
-/// A run as `adopt.lua` reports it: (id, fence, attempt, tenant, flow, version or '', params,
-/// max_attempts, traceparent or '', tracestate or '').
-type RunReply = (
-    ExecutionId,
+/// A run's fields as `adopt.lua` reports them, its id as `I`: (id, fence, attempt, tenant,
+/// flow, version or '', params, max_attempts, traceparent or '', tracestate or '').
+type RunFields<I> = (
+    I,
     u64,
     u32,
     String,
@@ -517,6 +517,9 @@ type RunReply = (
     String,
 );
 
+/// A run as read from a reply (`run_reply`).
+type RunReply = RunFields<ExecutionId>;
+
 /// A run as `adopt.lua` reports it (a list), or as `start.lua` and `complete.lua`'s chain do
 /// (`start_entries` in `migrations-lua/common.lua`): one string of the same fields joined by
 /// newlines, the params last (only they may hold a newline), since Redis turns each table of
@@ -526,18 +529,9 @@ type RunReply = (
 /// themselves, so it is taken by its length, not split at the first newline.
 fn run_reply(v: Value) -> Result<RunReply, StoreError> {
     let Value::BulkString(line) = v else {
-        let (id, fence, attempt, tenant, flow, version, params, max_attempts, tp, ts): (
+        let (id, fence, attempt, tenant, flow, version, params, max_attempts, tp, ts): RunFields<
             Vec<u8>,
-            u64,
-            u32,
-            String,
-            String,
-            String,
-            String,
-            u32,
-            String,
-            String,
-        ) = redis::from_redis_value(v)?;
+        > = redis::from_redis_value(v)?;
         let id = ExecutionId::from_reply(&id).map_err(StoreError::Corrupt)?;
         return Ok((
             id,
