@@ -16,6 +16,8 @@ minus the growth of the bare scripts over the commands that part ran.
                                              # completions, by a library file or bare scripts
     probe.py complete-group 300 LIB...       # a complete.lua call of 1, 8, 32 worker reports
                                              # (the capture's keys and policy arguments)
+    probe.py start-group 20 LIB...           # 20 start.lua calls of 16 runs each (a worker's
+                                             # grouped start), after as many admissions
     probe.py capture-batch <sluice> 1000 8   # one batch of 1,000 per tenant, 8 tenants at once:
                                              # every admit.lua call, and the library
     probe.py batch 1000 8 3 [LIB]            # those calls replayed 3 times: instructions and
@@ -531,6 +533,43 @@ def complete_group(out, reps, libs):
         finally:
             cg.stop()
 
+def start_group(out, reps, libs, n=16, warm=2):
+    """Per library (a file of a build whose admit.lua and start.lua take the captured calls'
+    arguments): a worker's grouped start, `sluice worker`'s shape (no `only` tenant, a call of
+    as many runs as it has free slots): (warm + reps) * n fresh admissions of the capture's
+    tenant first, then `warm` calls of n starts unmeasured and `reps` in one window, each
+    answering n started runs; instructions per run and per call, Redis's idle rate taken out
+    (bench/README.md, "Round eight: the start's Lua", measured it by hand)."""
+    calls = json.load(open(os.path.join(out, 'calls.json')))
+    keys, argv = split_call(calls['start'])
+    # ARGV[7] the count; ARGV[12..], the pull lease's `only` tenants, dropped.
+    argv = argv[:11]
+    argv[6] = str(n)
+    for lib in libs:
+        code = open(lib, encoding='latin-1').read()
+        name = code.split('name=')[1].split()[0]
+        cg = CG(out)
+        try:
+            cg.r.call('FUNCTION', 'LOAD', 'REPLACE', code)
+            rate = cg.idle(2.0)
+            fresh = []
+            for x in range(1, (warm + reps) * n + 1):
+                c = subst(calls['fresh']['args'], fresh_subs(calls, x))
+                fresh.append([c[0], name + '_admit'] + c[2:])
+            run_all(cg, fresh, 'fresh', True)
+            start = ['FCALL', name + '_start', str(len(keys))] + keys + argv
+            def go(k):
+                for _ in range(k):
+                    started = cg.r.call(*start)[1]
+                    if len(started) != n:
+                        raise RuntimeError('a start of %d answered %d runs' % (n, len(started)))
+            go(warm)
+            ir, secs = cg.window(lambda: go(reps))
+            per_call = (ir - rate * secs) / reps
+            print('%-40s start of %d: %8d per run  %9d per call' % (lib, n, round(per_call / n), round(per_call)), flush=True)
+        finally:
+            cg.stop()
+
 # ---- Batch admissions: the calls of `admit.lua` one `POST /api/executions/batch` makes.
 
 def batch_body(tenant, size, first):
@@ -744,6 +783,9 @@ if __name__ == '__main__':
     elif sys.argv[1] == 'complete-group':
         # probe.py complete-group 300 LIB...: grouped worker completions, per call
         complete_group(OUT, int(sys.argv[2]), sys.argv[3:])
+    elif sys.argv[1] == 'start-group':
+        # probe.py start-group 20 LIB...: a worker's grouped start of 16, per run
+        start_group(OUT, int(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1] == 'capture-batch':
         # probe.py capture-batch target/release/sluice 1000 8: one batch of 1000 per tenant, 8 tenants
         capture_batch(sys.argv[2], OUT, int(sys.argv[3]), int(sys.argv[4]))
