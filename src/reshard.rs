@@ -330,10 +330,10 @@ impl Cluster {
 }
 
 /// The keys of one `MIGRATE` call, out of what `CLUSTER GETKEYSINSLOT` listed (up to
-/// `per_call` + the number of markers keys): up to `per_call` keys other than the freeze `markers`, and the
-/// markers (together) only once they are the last keys of the slot — so the source refuses
-/// the shard's scripts until everything else has arrived, and an interrupted move can always
-/// freeze again.
+/// `per_call` keys and the markers): up to `per_call` keys other than the freeze `markers`,
+/// and the markers (together) only once they are the last keys of the slot — so the source
+/// refuses the shard's scripts until everything else has arrived, and an interrupted move can
+/// always freeze again.
 fn next_batch<'a>(listed: &'a [String], markers: &[String], per_call: usize) -> Vec<&'a String> {
     let others: Vec<&String> = listed
         .iter()
