@@ -543,6 +543,15 @@ end
 -- adds a tenant to an empty set (with its HINCRBY).
 local WEIGHT = nil
 
+-- The runnable set's first member and its score ({} for an empty set) as release_slot() read
+-- it for the chain that follows it in the same report (complete.lua sets TOP_WANTED for a
+-- report that chains), so that start_entries()' first round needs no read of its own; nil
+-- when not read, once taken, and after every write to the set (leave(), refresh(),
+-- start_entries()): whenever it is not nil, it is what the set holds first. An idle tenant's
+-- completion at a low rate asks the set once instead of a ZSCORE and a ZRANGE
+-- (bench/README.md, "Round ten: the completion's and start's Lua").
+local TOP, TOP_WANTED = nil, false
+
 -- How many slots tenant SLOTS_OF held when refresh() counted them in this call (nil: not
 -- counted). Only admit.lua reads it: an admission changes no slot set, so the count stays
 -- true for the rest of its call (and spares the SCARD of its queue state).
@@ -562,6 +571,7 @@ end
 -- caller moves the shard to in the same step: written with vt in one HSET; nil: the clock
 -- stays as it stands.
 local function leave(t, vt, weight, clock)
+  TOP = nil
   redis_call('ZREM', K.runnable(), t)
   WEIGHT = redis_call('HINCRBY', K.sched(), 'weight', '-' .. weight_text(t, weight))
   if clock then
@@ -597,6 +607,7 @@ local function refresh(t, outside, queued)
     local sched = redis_call('HMGET', K.sched(), 'clock', 'vt:' .. t)
     local at = math.max(tonumber(sched[1]) or 0, tonumber(sched[2]) or 0)
     -- (NX: a no-op where `outside` was a presumption that failed; see above.)
+    TOP = nil
     if redis_call('ZADD', K.runnable(), 'NX', at, t) == 0 then return true end
     -- Its kept virtual time stays: read only at an entry, written at every leave().
     WEIGHT = redis_call('HINCRBY', K.sched(), 'weight', weight_text(t, weight))
@@ -1094,14 +1105,24 @@ end
 -- for none): its tenant may be runnable again, and its key's next execution joins its
 -- tenant's order. Set membership makes a second release a no-op. A free slot never makes a
 -- tenant less eligible, so one that is runnable already needs no other check.
+-- For a completion's chain (TOP_WANTED) whether t is runnable is read as the set's first
+-- member, which the chain reads next anyway (TOP): an empty set answers both, t first answers
+-- both, another tenant first takes a ZSCORE more and spares the chain's read.
 local function release_slot(t, id, h)
   local freed = redis_call('SREM', K.slots(t), id) == 1
   if h and h ~= '' and redis_call('SREM', K.key_running(t, h), id) == 1 and key_offer(t, h) then
     freed = true
   end
-  if freed and not redis_call('ZSCORE', K.runnable(), t) then
-    refresh(t, true)
+  if not freed then return end
+  local runnable
+  if TOP_WANTED then
+    local top = redis_call('ZRANGE', K.runnable(), '0', '0', 'WITHSCORES')
+    TOP = top
+    runnable = top[1] == t or (top[1] ~= nil and redis_call('ZSCORE', K.runnable(), t))
+  else
+    runnable = redis_call('ZSCORE', K.runnable(), t)
   end
+  if not runnable then refresh(t, true) end
 end
 
 -- Takes a queued execution off its queue (the timer set, or its tenant's order and its
@@ -1530,7 +1551,9 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
   for _ = 1, count * 4 + 16 do
     -- (left false: the last start emptied the set, see below.)
     if #started >= count or left == false then break end
-    local top = redis_call('ZRANGE', K.runnable(), '0', '0', 'WITHSCORES')
+    -- (The first round of a completion's chain takes what release_slot() read: TOP.)
+    local top = TOP or redis_call('ZRANGE', K.runnable(), '0', '0', 'WITHSCORES')
+    TOP = nil
     left = #top > 0
     if not left then break end
     if call then
@@ -1614,6 +1637,7 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
         and redis_call('SCARD', slots) < max_concurrent and tenant_rate_ok(tenant) then
         redis_call('ZADD', K.runnable(), next_vt, tenant)
         clock_due = clock_at
+        TOP = nil
       else
         leave(tenant, next_vt, weight, clock_at)
         clock_due = nil
@@ -2013,6 +2037,7 @@ local function begin_call()
   WOKE = false
   RUNG = false
   WEIGHT = nil
+  TOP, TOP_WANTED = nil, false
   SLOTS_OF, SLOTS_HELD = nil, nil
   if LIMITS_KEPT then
     LIMITS_READ = {}

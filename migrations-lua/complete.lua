@@ -252,6 +252,9 @@ for r = 1, n do
   local a = 10 + (r - 1) * 12
   local consumer = ARGV[a + 2]
   local chain, ttl = ARGV[a + 8] + 0, ARGV[a + 9] + 0
+  -- A report that chains has its release_slot() read the set's first member for the chain
+  -- (and so do the call's later reports: TOP stays true until the set is written).
+  if chain > 0 then TOP_WANTED = true end
   local what, detail = record(rows[r], a, first)
   if what == 'retrying' then wait = nil end
   local started = NONE_STARTED

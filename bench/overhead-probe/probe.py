@@ -18,6 +18,8 @@ minus the growth of the bare scripts over the commands that part ran.
                                              # (the capture's keys and policy arguments)
     probe.py start-group 20 LIB...           # 20 start.lua calls of 16 runs each (a worker's
                                              # grouped start), after as many admissions
+    probe.py chain 300 LIB...                # 300 worker completions in a backlog, each
+                                             # chaining the next run (after 600 admissions)
     probe.py capture-batch <sluice> 1000 8   # one batch of 1,000 per tenant, 8 tenants at once:
                                              # every admit.lua call, and the library
     probe.py batch 1000 8 3 [LIB]            # those calls replayed 3 times: instructions and
@@ -570,6 +572,58 @@ def start_group(out, reps, libs, n=16, warm=2):
         finally:
             cg.stop()
 
+def chain_backlog(out, reps, libs, n=16):
+    """Per library: a busy `sluice worker`'s completions in a backlog, each chaining the next
+    run on the slot it frees (bench/README.md, "Round ten: the completion's and start's Lua").
+    2 * reps + n fresh admissions of the capture's tenant, reps runs started by worker calls of n
+    (no `only`, numbered), then in one window reps completions of those runs, each a worker's
+    report (no tenant named, numbered) with chain 1, each checked to start one run: the
+    tenant stays runnable and first in the set throughout. Instructions per completion,
+    Redis's idle rate taken out."""
+    calls = json.load(open(os.path.join(out, 'calls.json')))
+    skeys, sargv = split_call(calls['start'])
+    sargv = sargv[:11]
+    sargv[6], sargv[9] = str(n), '1'
+    dkeys, dargv = split_call(calls['done'])
+    prefix = dargv[0]
+    for lib in libs:
+        code = open(lib, encoding='latin-1').read()
+        name = code.split('name=')[1].split()[0]
+        cg = CG(out)
+        try:
+            cg.r.call('FUNCTION', 'LOAD', 'REPLACE', code)
+            rate = cg.idle(2.0)
+            fresh = []
+            # (The starts take up to n - 1 more than reps: each completion must find one.)
+            for x in range(1, 2 * reps + n + 1):
+                c = subst(calls['fresh']['args'], fresh_subs(calls, x))
+                fresh.append([c[0], name + '_admit'] + c[2:])
+            run_all(cg, fresh, 'fresh', True)
+            runs = []
+            start = ['FCALL', name + '_start', str(len(skeys))] + skeys + sargv
+            while len(runs) < reps:
+                for line in cg.r.call(*start)[1]:
+                    f = line.split(b'\n')
+                    runs.append((f[0].decode(), f[1].decode()))
+            dones = []
+            for rid, fence in runs[:reps]:
+                keys = list(dkeys)
+                keys[7] = prefix + 'exec:' + rid
+                argv = list(dargv)
+                argv[9], argv[10] = rid, fence
+                argv[17], argv[18], argv[19], argv[20] = '1', '30000', '1', ''
+                dones.append(['FCALL', name + '_complete', str(len(keys))] + keys + argv)
+            def go():
+                for c in dones:
+                    x = cg.r.call(*c)[0]
+                    if x[0] != b'done' or len(x[2]) != 1:
+                        raise RuntimeError('a chained completion answered %r' % (x,))
+            ir, secs = cg.window(go)
+            per = round((ir - rate * secs) / reps)
+            print('%-40s chained completion: %8d' % (lib, per), flush=True)
+        finally:
+            cg.stop()
+
 # ---- Batch admissions: the calls of `admit.lua` one `POST /api/executions/batch` makes.
 
 def batch_body(tenant, size, first):
@@ -786,6 +840,9 @@ if __name__ == '__main__':
     elif sys.argv[1] == 'start-group':
         # probe.py start-group 20 LIB...: a worker's grouped start of 16, per run
         start_group(OUT, int(sys.argv[2]), sys.argv[3:])
+    elif sys.argv[1] == 'chain':
+        os.makedirs(OUT, exist_ok=True)
+        chain_backlog(OUT, int(sys.argv[2]), sys.argv[3:])
     elif sys.argv[1] == 'capture-batch':
         # probe.py capture-batch target/release/sluice 1000 8: one batch of 1000 per tenant, 8 tenants
         capture_batch(sys.argv[2], OUT, int(sys.argv[3]), int(sys.argv[4]))

@@ -905,6 +905,90 @@ async fn a_completion_whose_chain_finds_nothing_leaves_the_doorbell_be() {
     );
 }
 
+#[tokio::test]
+async fn a_chained_completion_reads_the_runnable_sets_first_member_once_for_slot_and_chain() {
+    // A busy worker's completion frees a slot (is its tenant runnable?) and its chain looks
+    // for the next run (which tenant is first?): one ZRANGE of the set answers both when it
+    // is empty or holds the tenant first; another tenant first takes a ZSCORE more, and the
+    // chain still reads nothing of its own. Whatever the set held, the chain starts what a
+    // fresh read would have found.
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    let store = app.store().await;
+    let ttl = Duration::from_secs(60);
+    let asks = |calls: &[(String, Vec<Vec<String>>)]| {
+        let complete = one_call(calls, "complete");
+        let text = listing(complete);
+        (
+            counts(
+                complete,
+                &[
+                    ("reads the set's first", "zrange", ":runnable"),
+                    ("reads a tenant's score", "zscore", ":runnable"),
+                ],
+            ),
+            text,
+        )
+    };
+
+    // An idle tenant's only run: the set is empty, one read, nothing starts.
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 0}}))
+        .await;
+    let run = store.start(shard, "w", 1, ttl, 0).await.unwrap().started;
+    assert_eq!(run.len(), 1);
+    let rec = Recording::start(&app).await;
+    let chained = chain_after(&store, shard, &run[0]).await;
+    let (got, text) = asks(&rec.finish(&app).await);
+    assert!(chained.started.is_empty());
+    assert_eq!(
+        got,
+        vec![("reads the set's first", 1), ("reads a tenant's score", 0)],
+        "an idle tenant's chained completion:\n{text}"
+    );
+
+    // A backlog of one tenant: it is first, one read, and its next run starts.
+    let mut queued = Vec::new();
+    for n in 1..4 {
+        queued.push(
+            app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": n}}))
+                .await,
+        );
+    }
+    let run = store.start(shard, "w", 1, ttl, 0).await.unwrap().started;
+    assert_eq!(run[0].id.to_string(), queued[0]);
+    let rec = Recording::start(&app).await;
+    let chained = chain_after(&store, shard, &run[0]).await;
+    let (got, text) = asks(&rec.finish(&app).await);
+    assert_eq!(chained.started.len(), 1);
+    assert_eq!(chained.started[0].id.to_string(), queued[1]);
+    assert_eq!(
+        got,
+        vec![("reads the set's first", 1), ("reads a tenant's score", 0)],
+        "a backlog's chained completion:\n{text}"
+    );
+
+    // Another tenant of the shard first (it enters at the clock, behind which acme's virtual
+    // time moved with its starts): acme's score is read too, and the chain starts the other's.
+    let mate = shard_mate(&app, "acme");
+    let theirs = app
+        .admit_with(&mate, json!({"flow_id": "demo.echo", "params": {"n": 9}}))
+        .await;
+    let rec = Recording::start(&app).await;
+    let next = chain_after(&store, shard, &chained.started[0]).await;
+    let (got, text) = asks(&rec.finish(&app).await);
+    assert_eq!(next.started.len(), 1);
+    assert_eq!(next.started[0].id.to_string(), theirs);
+    assert_eq!(
+        got,
+        vec![("reads the set's first", 1), ("reads a tenant's score", 1)],
+        "a chained completion behind another tenant:\n{text}"
+    );
+    // acme stays runnable with its last queued run.
+    let last = store.start(shard, "w", 4, ttl, 0).await.unwrap().started;
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].id.to_string(), queued[2]);
+}
+
 /// `run` (of worker "w") reported completed by a numbered call that asks for one next run on
 /// its slot, as a busy `sluice worker` does: what the chain started.
 async fn chain_after(
