@@ -1143,9 +1143,12 @@ local function unqueue(t, flow, id, qstate, h)
 end
 
 -- Moves an execution between statuses in its tenant's listing (two commands on one key).
+-- (index_remove() and index_add() written out: the key's name and the members' common tail
+-- made once, not twice each, on every start and completion.)
 local function index_move(t, flow, from, to, id)
-  index_remove(t, flow, from, id)
-  index_add(t, flow, to, id)
+  local listing, tail = K.listing(t), flow .. '\0' .. id
+  redis_call('ZREM', listing, LISTING_CHAR[from] .. tail)
+  redis_call('ZADD', listing, '0', LISTING_CHAR[to] .. tail)
 end
 
 -- Ends the lease of a running execution: out of the lease index and its holder's set, lease
@@ -1380,6 +1383,25 @@ local function expiry_text()
   return EXPIRY_MEMO[3] .. digits
 end
 
+-- The seconds of TIME (as text), a lease TTL (ms) and the text of their sum's seconds: a memo
+-- as EXPIRY_MEMO, for lease_end_text().
+local LEASE_END_MEMO = {}
+
+-- now + ttl (ms) as text, the end of a lease that starts now: for a whole number of seconds
+-- and now_ms(), the sum's seconds formatted once a second and joined to now's milliseconds
+-- (string.format() is a C function call, about a thousand instructions, on every start);
+-- else formatted.
+local function lease_end_text(now, ttl)
+  if now ~= NOW or ttl % 1000 ~= 0 then return string.format('%d', now + ttl) end
+  local secs = NOW_TIME[1]
+  local memo = LEASE_END_MEMO
+  if memo[1] ~= secs or memo[2] ~= ttl then
+    memo = { secs, ttl, string.format('%d', secs + ttl / 1000) }
+    LEASE_END_MEMO = memo
+  end
+  return memo[3] .. ms_digits()
+end
+
 -- A row became terminal: its dedup mapping (if it still maps to it) leaves its bucket for the
 -- string key that lives DEDUP_TTL_SECS more (dedup_end()), and the row itself RETENTION_SECS.
 -- Until this moment neither expires. `digest` is the row's `ddh` field (nil for none), which
@@ -1399,6 +1421,8 @@ end
 -- ends a group of runs (complete.lua) counts them once.
 local ENDED = {}
 local ENDED_KEPT = false
+-- The statuses finish() ends a run in: ENDED's only fields.
+local ENDED_FIELDS = { 'completed', 'failed', 'cancelled' }
 
 -- Makes a running execution terminal: status, times, result, index, lease gone, slot released
 -- (its tenant may start the next), retention and dedup TTLs. `run` is the row's RUN_FIELDS as
@@ -1419,8 +1443,13 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
   announce(id, run[11], status, now)
   settle_terminal(t, id, run[12], resize(t, run, extra, drop), row)
   -- The event's fields are made only for a tenant with a webhook (outbox() checks it too).
-  local _, _, _, _, _, _, _, _, webhook = limits(t)
-  if webhook then
+  -- (Its cfg field as limits() read it: not the call's ten values for one.)
+  local v = LIMITS_READ[t]
+  if not v then
+    limits(t)
+    v = LIMITS_READ[t]
+  end
+  if v[9] then
     if status == 'failed' then
       outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
         'err_kind', record_field(extra, 'ek') or '',
@@ -1547,6 +1576,8 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
   -- (refresh(), key_offer()) and once after the rounds. Only the last survives the call, so a
   -- call of many starts of one tenant writes it once, not once a start.
   local clock_due = nil
+  -- The lease's end as text, made by the call's first start (every start of it has the same).
+  local until_text = nil
   -- Each round starts one execution or removes one stale member: bounded.
   for _ = 1, count * 4 + 16 do
     -- (left false: the last start emptied the set, see below.)
@@ -1649,8 +1680,8 @@ local function start_entries(consumer, count, ttl, cap, now, log, only, call)
       -- (Arithmetic converts the text: no tonumber() calls.)
       local attempt = (row[3] or 0) + 1
       local fence = (row[8] or 0) + 1
-      -- The lease's end, as text once (the row and the lease index take it).
-      local until_text = string.format('%d', now + ttl)
+      -- The lease's end, as text once a call (the row and the lease index take it).
+      until_text = until_text or lease_end_text(now, ttl)
       index_move(tenant, flow, 'queued', 'running', id)
       -- The row keeps its `qstate` field while it runs (one HDEL less per start): it is read
       -- only while the status is 'queued', whatever queues the execution again writes it,
@@ -1969,11 +2000,15 @@ flush_trends = function()
   end
   -- The shard's counters of ended runs (see finish()).
   if ENDED_KEPT then
-    -- (1 as text: a number is formatted by sprintf. The table emptied in place: assigning
-    -- nil to a field during pairs() is allowed.)
-    for field, n in pairs(ENDED) do
-      redis_call('HINCRBY', K.stats(), field, n == 1 and '1' or n)
-      ENDED[field] = nil
+    -- (1 as text: a number is formatted by sprintf. A numeric loop over the three statuses
+    -- finish() counts, not pairs() and its C iterator; the table emptied in place.)
+    for i = 1, 3 do
+      local field = ENDED_FIELDS[i]
+      local n = ENDED[field]
+      if n then
+        redis_call('HINCRBY', K.stats(), field, n == 1 and '1' or n)
+        ENDED[field] = nil
+      end
     end
     ENDED_KEPT = false
   end

@@ -137,13 +137,15 @@ local function quiet(row, a)
 end
 
 -- Records one report (its values are ARGV[a..], its row is ROW, `row` its REPORT_FIELDS when
--- read already); returns what happened and its detail (see Reply).
+-- read and found not quiet() already); returns what happened and its detail (see Reply).
 local function record(ROW, a, row)
   local id, fence, consumer, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local output, err_kind, err_msg, backoff = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
-  row = row or redis_call('HMGET', ROW, unpack(REPORT_FIELDS))
-  local what = quiet(row, a)
-  if what then return what, '' end
+  if not row then
+    row = redis_call('HMGET', ROW, unpack(REPORT_FIELDS))
+    local what = quiet(row, a)
+    if what then return what, '' end
+  end
   if row[1] ~= 'running' or row[2] ~= fence or row[9] ~= consumer then
     -- Counted once per call, after the reports: one HINCRBY, not one per stale report.
     fenced = fenced + 1
@@ -243,6 +245,9 @@ for r = 1, n do
 end
 
 local replies = {}
+-- A call of one report's outcome and runs, kept in locals: its answer is made at the end, one
+-- table or one string (see Reply), and no table for it before.
+local one_what, one_detail, one_started = nil, nil, nil
 -- Whether a reply of the call tells the shard's due time and weight (see Reply).
 local told = false
 -- What promote_due() answered once a report chained; nil before, and once the timer set
@@ -273,16 +278,17 @@ for r = 1, n do
   -- A pull worker's report (it names its tenant) asks for its outcome alone (see Reply).
   local alone = chain == 0 and ARGV[a + 11] ~= ''
   if not alone then told = true end
-  if n > 1 and started == NONE_STARTED then
+  if n == 1 then
+    one_what, one_detail, one_started = what, detail, started
+  elseif started == NONE_STARTED then
     -- In a call of many, a report that started nothing is one string (see Reply).
     if alone then
       replies[r] = what .. ':' .. detail
     else
       replies[r] = what .. ':' .. detail .. ':'
     end
-  elseif alone then
-    replies[r] = { what, detail }
   else
+    -- (A report that started runs chained: it is not `alone`.)
     replies[r] = { what, detail, started }
   end
 end
@@ -295,15 +301,11 @@ if told then
   -- table: each table of a reply costs Redis a conversion (with its 'err'/'ok' lookups),
   -- about 1,500 instructions, more than the few values it holds.
   local due, weight = wait or next_due(now), eligible_weight()
-  if n == 1 then
-    local r = replies[1]
-    return { { r[1], r[2], r[3], due, weight } }
-  end
+  if n == 1 then return { { one_what, one_detail, one_started, due, weight } } end
   replies[n + 1] = { due, weight }
 elseif n == 1 then
   -- One outcome alone: one string (see Reply).
-  local reply = replies[1]
-  if reply[2] == '' then return reply[1] end
-  return reply[1] .. ':' .. reply[2]
+  if one_detail == '' then return one_what end
+  return one_what .. ':' .. one_detail
 end
 return replies
