@@ -788,32 +788,52 @@ local RETAINED_WIDTH = 1
 -- The changes this call collected, by tenant (see usage_of()).
 local USAGE = {}
 local USAGE_KEPT = false
+-- Whether this call is one report's (complete.lua), whose end may read its tenant's counters
+-- alone (see usage_of()).
+local USAGE_ALONE = false
 
 -- Tenant t's storage counters in this call: `bytes` and `rows` as stored, the changes to
 -- them (`d_bytes`, `d_rows`), the changes of buckets (`buckets`: end -> {bytes, rows}), the
 -- buckets drained (`drained`: fields), and `next`, what u_next will be (`was`: as stored; both
 -- numbers). `buckets` and `drained` are made by the first change of their kind (nil until
 -- then): an admission makes neither, and two tables were about 2,000 instructions of a lone
--- admission (callgrind on Redis 7.0, bench/README.md "Round eight").
-local function usage_of(t)
+-- admission (callgrind on Redis 7.0, bench/README.md "Round eight"). `webhook` is the cfg's
+-- `wh_url` (nil: none), for finish().
+-- The fields come from limits() (its read of the cfg's 17 fields, once per call and tenant),
+-- except with `alone`: a caller that knows nothing later in its call needs t's limits (a
+-- completion alone in its call, see finish()) has the cfg's four fields here read alone
+-- (about 22,000 instructions less than the 17 and their parsing, bench/README.md "Round
+-- ten: the completion's and start's Lua"); a limits(t) after it still reads them all.
+local function usage_of(t, alone)
   local u = USAGE[t]
   if not u then
-    limits(t)
+    local bytes, rows, next, webhook
     local v = LIMITS_READ[t]
+    if v or not alone then
+      if not v then
+        limits(t)
+        v = LIMITS_READ[t]
+      end
+      bytes, rows, next, webhook = v[12], v[13], v[14], v[9]
+    else
+      local c = redis_call('HMGET', K.cfg(t), 'u_bytes', 'u_rows', 'u_next', 'wh_url')
+      bytes, rows, next, webhook = c[1], c[2], c[3], c[4]
+    end
     -- (Arithmetic, and only of a field that is set: see limits(). flush_usage() writes
     -- these fields, whole numbers only.)
-    local next = v[14] and v[14] + 0 or nil
-    u = { bytes = v[12] and v[12] + 0 or 0, rows = v[13] and v[13] + 0 or 0, d_bytes = 0,
-      d_rows = 0, next = next, was = next }
+    next = next and next + 0 or nil
+    u = { bytes = bytes and bytes + 0 or 0, rows = rows and rows + 0 or 0, d_bytes = 0,
+      d_rows = 0, next = next, was = next, webhook = webhook or nil }
     USAGE[t] = u
     USAGE_KEPT = true
   end
   return u
 end
 
--- Adds `bytes` (negative: takes them off) to tenant t's logical bytes.
-local function count_bytes(t, bytes)
-  local u = usage_of(t)
+-- Adds `bytes` (negative: takes them off) to tenant t's logical bytes (`alone`: see
+-- usage_of()).
+local function count_bytes(t, bytes, alone)
+  local u = usage_of(t, alone)
   u.d_bytes = u.d_bytes + bytes
 end
 
@@ -1327,9 +1347,10 @@ local WEBHOOK_OUTBOX_CAP = 10000
 local WEBHOOK_CHANNEL = 'sluice:wh'
 
 -- Appends execution id's change `kind` to tenant t's outbox, if t has a webhook. `fields`:
--- more {name, value, ...} of the entry.
-local function outbox(t, id, kind, now, fields)
-  if not select(9, limits(t)) then return end
+-- more {name, value, ...} of the entry. `hooked` true: the caller found t's webhook set
+-- already (finish(): its cfg may have been read without the limits, see usage_of()).
+local function outbox(t, id, kind, now, fields, hooked)
+  if not hooked and not select(9, limits(t)) then return end
   local box = K.outbox(t)
   local before = redis_call('XLEN', box)
   local seq = redis_call('HINCRBY', K.row(id), 'ws', 1)
@@ -1345,8 +1366,8 @@ end
 -- A running execution's row gets its output or error message (`extra` sets fields, `drop`
 -- removes them; a run has no output before it ends): counts the bytes that changes for a
 -- counted row and returns its logical size after, nil for a row not counted. `run` holds
--- RUN_FIELDS (its `sz` and `err_msg`).
-local function resize(t, run, extra, drop)
+-- RUN_FIELDS (its `sz` and `err_msg`). `alone`: see usage_of().
+local function resize(t, run, extra, drop, alone)
   local sz = run[14]
   if not sz then return nil end
   -- (Arithmetic converts the text: no tonumber() call.)
@@ -1363,7 +1384,7 @@ local function resize(t, run, extra, drop)
     end
   end
   local output = record_field(extra, 'o') or ''
-  count_bytes(t, #output + #err - #old)
+  count_bytes(t, #output + #err - #old, alone)
   return sz + #output + #err
 end
 
@@ -1441,21 +1462,27 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
     unpack(extra))
   end_lease(t, id, run[9], drop, run[13], row)
   announce(id, run[11], status, now)
-  settle_terminal(t, id, run[12], resize(t, run, extra, drop), row)
-  -- The event's fields are made only for a tenant with a webhook (outbox() checks it too).
-  -- (Its cfg field as limits() read it: not the call's ten values for one.)
-  local v = LIMITS_READ[t]
-  if not v then
+  -- A report alone in its call reads t's counters alone (see usage_of()) when nothing after
+  -- this needs t's limits: no chain follows, or its chain will find the runnable set empty
+  -- (release_slot() read it, TOP). A release that made t runnable read the limits already.
+  local alone = USAGE_ALONE and (not TOP_WANTED or (TOP ~= nil and TOP[1] == nil))
+  settle_terminal(t, id, run[12], resize(t, run, extra, drop, alone), row)
+  -- The event's fields are made only for a tenant with a webhook: its cfg field as
+  -- usage_of() or limits() read it (not the call's ten values of limits() for one).
+  local u, webhook = USAGE[t], nil
+  if u then
+    webhook = u.webhook
+  else
     limits(t)
-    v = LIMITS_READ[t]
+    webhook = LIMITS_READ[t][9]
   end
-  if v[9] then
+  if webhook then
     if status == 'failed' then
       outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3],
         'err_kind', record_field(extra, 'ek') or '',
-        'err_msg', record_field(extra, 'em') or '', 'dead', dead and '1' or '0' })
+        'err_msg', record_field(extra, 'em') or '', 'dead', dead and '1' or '0' }, true)
     else
-      outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] })
+      outbox(t, id, status, now, { 'flow', flow, 'attempt', run[3] }, true)
     end
   end
   ENDED[status] = (ENDED[status] or 0) + 1
@@ -2073,6 +2100,7 @@ local function begin_call()
   RUNG = false
   WEIGHT = nil
   TOP, TOP_WANTED = nil, false
+  USAGE_ALONE = false
   SLOTS_OF, SLOTS_HELD = nil, nil
   if LIMITS_KEPT then
     LIMITS_READ = {}

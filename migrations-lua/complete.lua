@@ -228,6 +228,9 @@ STATS = declared_shard(6, K.stats)
 declared_shard(5, K.dlq); declared_shard(7, K.dlq_holders)
 now = now_ms()
 
+-- A report alone in its call may read its tenant's counters alone (see usage_of()).
+USAGE_ALONE = n == 1
+
 -- Every report's keys are checked before anything is written.
 local rows = {}
 -- The consumer and adoption key of the report before: the reports of a group are mostly one

@@ -989,6 +989,64 @@ async fn a_chained_completion_reads_the_runnable_sets_first_member_once_for_slot
     assert_eq!(last[0].id.to_string(), queued[2]);
 }
 
+#[tokio::test]
+async fn a_lone_completion_reads_its_tenants_counters_alone_unless_its_chain_starts_more() {
+    // A completion counts its output in its tenant's bytes and retains its row: it needs the
+    // cfg's counters and webhook, 4 fields, not the limits' 17. Alone in its call, with no
+    // chain or a chain that finds nothing, it reads those alone; a chain that starts the
+    // tenant's next run needs its limits, and reads the cfg once, whole.
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    let store = app.store().await;
+    let ttl = Duration::from_secs(60);
+    let cfg_reads = |calls: &[(String, Vec<Vec<String>>)]| {
+        one_call(calls, "complete")
+            .iter()
+            .filter(|c| c[0] == "hmget" && c[1].ends_with(":cfg"))
+            .map(|c| c[2..].join(" "))
+            .collect::<Vec<_>>()
+    };
+    let alone = vec!["u_bytes u_rows u_next wh_url".to_owned()];
+
+    // The pull API's completion.
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 0}}))
+        .await;
+    let runs = lease(&app, "acme", 1).await;
+    let rec = Recording::start(&app).await;
+    complete(&app, "acme", &runs[0]).await;
+    assert_eq!(cfg_reads(&rec.finish(&app).await), alone);
+
+    // A worker's, whose chain finds the runnable set empty.
+    app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": 1}}))
+        .await;
+    let run = store.start(shard, "w", 1, ttl, 0).await.unwrap().started;
+    let rec = Recording::start(&app).await;
+    let chained = chain_after(&store, shard, &run[0]).await;
+    assert!(chained.started.is_empty());
+    assert_eq!(cfg_reads(&rec.finish(&app).await), alone);
+
+    // A worker's in a backlog: the chain starts the next run, and the cfg is read once.
+    for n in 2..5 {
+        app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": n}}))
+            .await;
+    }
+    let run = store.start(shard, "w", 1, ttl, 0).await.unwrap().started;
+    let rec = Recording::start(&app).await;
+    let chained = chain_after(&store, shard, &run[0]).await;
+    assert_eq!(chained.started.len(), 1);
+    let reads = cfg_reads(&rec.finish(&app).await);
+    assert_eq!(reads.len(), 1, "{reads:?}");
+    assert!(reads[0].starts_with("max_concurrent "), "{reads:?}");
+
+    // The counters kept through the lone reads: the three completed rows are retained.
+    let cfg = shard.tenant_config(&sluice::domain::TenantId::parse("acme").unwrap());
+    let rows: String = app
+        .redis
+        .query(redis::cmd("HGET").arg(cfg).arg("u_rows"))
+        .await;
+    assert_eq!(rows, "3");
+}
+
 /// `run` (of worker "w") reported completed by a numbered call that asks for one next run on
 /// its slot, as a busy `sluice worker` does: what the chain started.
 async fn chain_after(
