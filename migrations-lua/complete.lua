@@ -230,6 +230,8 @@ now = now_ms()
 
 -- A report alone in its call may read its tenant's counters alone (see usage_of()).
 USAGE_ALONE = n == 1
+-- And a chain's start may read a tenant's limits in part (see limits()).
+LIMITS_HEAD = USAGE_ALONE
 
 -- Every report's keys are checked before anything is written.
 local rows = {}

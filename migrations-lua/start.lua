@@ -48,6 +48,8 @@ local consumer, count, ttl, cap = ARGV[6], ARGV[7] + 0, ARGV[8] + 0, ARGV[9] + 0
 declared(8, K.adopted(consumer))
 if barred(consumer, ARGV[10] + 0) then return { 0, {}, -1, 0 } end
 local now = now_ms()
+-- Its starts read only the limits they need (see limits()).
+LIMITS_HEAD = true
 local wait = promote_due(now, 100)
 local only = nil
 if #ARGV > 11 then only = { unpack(ARGV, 12) } end

@@ -1037,6 +1037,7 @@ async fn a_lone_completion_reads_its_tenants_counters_alone_unless_its_chain_sta
     let reads = cfg_reads(&rec.finish(&app).await);
     assert_eq!(reads.len(), 1, "{reads:?}");
     assert!(reads[0].starts_with("max_concurrent "), "{reads:?}");
+    assert_eq!(reads[0].split(' ').count(), 17, "{reads:?}");
 
     // The counters kept through the lone reads: the three completed rows are retained.
     let cfg = shard.tenant_config(&sluice::domain::TenantId::parse("acme").unwrap());
@@ -1045,6 +1046,54 @@ async fn a_lone_completion_reads_its_tenants_counters_alone_unless_its_chain_sta
         .query(redis::cmd("HGET").arg(cfg).arg("u_rows"))
         .await;
     assert_eq!(rows, "3");
+}
+
+#[tokio::test]
+async fn a_start_reads_the_limits_it_needs_and_a_later_need_reads_the_rest() {
+    // A start needs a tenant's concurrency, weight and rates: the cfg's first eight fields,
+    // not the storage counters, webhook and marks after them. A pull lease's start and a
+    // worker's read those alone.
+    let app = TestApp::spawn().await;
+    let shard = app.shard("acme");
+    let store = app.store().await;
+    let head = "max_concurrent max_queued enabled pinned weight max_concurrent_per_key rate \
+                key_rate"
+        .to_owned();
+    let cfg_reads = |calls: &[(String, Vec<Vec<String>>)], op: &str| {
+        one_call(calls, op)
+            .iter()
+            .filter(|c| c[0] == "hmget" && c[1].ends_with(":cfg"))
+            .map(|c| c[2..].join(" "))
+            .collect::<Vec<_>>()
+    };
+    for n in 0..3 {
+        app.admit_with("acme", json!({"flow_id": "demo.echo", "params": {"n": n}}))
+            .await;
+    }
+    let rec = Recording::start(&app).await;
+    let runs = lease(&app, "acme", 1).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        cfg_reads(&rec.finish(&app).await, "start"),
+        vec![head.clone()]
+    );
+    let rec = Recording::start(&app).await;
+    let started = store
+        .start(shard, "w", 1, Duration::from_secs(60), 0)
+        .await
+        .unwrap()
+        .started;
+    assert_eq!(started.len(), 1);
+    assert_eq!(cfg_reads(&rec.finish(&app).await, "start"), vec![head]);
+    // The lease's run completes (its counters read alone): the bytes and rows it counted are
+    // the whole cfg's, as a later read of it finds them.
+    complete(&app, "acme", &runs[0]).await;
+    let cfg = shard.tenant_config(&sluice::domain::TenantId::parse("acme").unwrap());
+    let rows: String = app
+        .redis
+        .query(redis::cmd("HGET").arg(cfg).arg("u_rows"))
+        .await;
+    assert_eq!(rows, "1");
 }
 
 /// `run` (of worker "w") reported completed by a numbered call that asks for one next run on
