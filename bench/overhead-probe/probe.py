@@ -19,7 +19,7 @@ minus the growth of the bare scripts over the commands that part ran.
     probe.py start-group 20 LIB...           # 20 start.lua calls of 16 runs each (a worker's
                                              # grouped start), after as many admissions
     probe.py chain 300 LIB...                # 300 worker completions in a backlog, each
-                                             # chaining the next run (after 600 admissions)
+                                             # chaining the next run (after 616 admissions)
     probe.py capture-batch <sluice> 1000 8   # one batch of 1,000 per tenant, 8 tenants at once:
                                              # every admit.lua call, and the library
     probe.py batch 1000 8 3 [LIB]            # those calls replayed 3 times: instructions and
