@@ -71,6 +71,23 @@ function K.batch_lock(t) return P .. 't:' .. t .. ':batch' end
 function K.reaping() return P .. 'reaping' end
 function K.retained(t) return P .. 't:' .. t .. ':ret' end
 
+-- Execution ids. The store passes every id in its shard's stored form, the scripts keep it
+-- as they got it: 32 hex digits up to key layout 4, its 16 bytes at layout 5 (Shard::stored_id
+-- in src/store/keys.rs), so one library serves either. A stored id is opaque bytes (a binary
+-- one may hold ':', '{', NUL): a value holding one is split by position, never by searching
+-- a separator. Its first byte is the top byte of its admission time in ms (0x01 until 2039),
+-- below '0' and 'r', so ids and the timer set's 'rt:'/'rk:' wake-ups stay apart (a test in
+-- src/domain/ids.rs pins it).
+-- The hex of an id, where people or other processes read it (the dead-letter record's
+-- execution_id, the webhook outbox's id, the channels): one format of its 16 bytes (two C
+-- calls), a hex id as it is.
+-- (Written out: the library's locals of Lua's globals are set per call, not at its load.)
+local HEX16 = '%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x'
+local function public_id(id)
+  if #id == 16 then return string.format(HEX16, string.byte(id, 1, 16)) end
+  return id
+end
+
 -- Rows (layout 3, compact). An execution's row is the hash K.row(id); its field names are
 -- short because each is stored once per execution (a row is a listpack whose bytes are
 -- mostly names and values). This table is the one declaration of them; src/domain/row.rs
@@ -1052,6 +1069,12 @@ end
 -- an older build (relayout_dedup.lua converts them): every reader still takes it.
 local function dedup_field(h) return string.sub(h, 3) end
 
+-- A dedup mapping's value is `<id>:<fingerprint>`: the stored id (see "Execution ids"), then
+-- the request's fingerprint, FP_LEN hex digits (src/domain/request.rs). Read by position:
+-- the id is all but the last FP_LEN + 1 bytes.
+local FP_LEN = 16
+local function mapping_id(mapped) return string.sub(mapped, 1, #mapped - FP_LEN - 1) end
+
 -- Whether mapping value `mapped` names execution `id`.
 local function maps_to(mapped, id)
   return mapped ~= nil and mapped ~= false and string.sub(mapped, 1, #id + 1) == id .. ':'
@@ -1064,11 +1087,10 @@ end
 -- mapping always has its row (both are written by admit.lua and removed together); a missing row can only mean its retention ran out first,
 -- so the key is free again: then the third value is true when the string key is such a
 -- leftover (admit.lua deletes it as it claims the key). Reads only (dry_admit.lua shares it).
--- `fingerprint` is the caller's request's: a mapping that ends in `:<fingerprint>` (a
--- replay, the commonest case) is cut there with one string.sub and compared whole, where the
--- general parse below takes a find and two subs (each C function call about a thousand
--- instructions, callgrind on Redis 7.0); both give the same id and fingerprint, since an id
--- holds no ':'.
+-- `fingerprint` is the caller's request's (every fingerprint has its length, FP_LEN): the
+-- id is cut by position with one string.sub, and a mapping that ends in `:<fingerprint>` (a
+-- replay, the commonest case) is compared whole; only another request's fingerprint takes
+-- one more sub (each C function call about a thousand instructions, callgrind on Redis 7.0).
 local function dedup_holder(bucket, mapping, field, fingerprint)
   local mapped = redis_call('HGET', bucket, field)
   local stale = nil
@@ -1078,10 +1100,7 @@ local function dedup_holder(bucket, mapping, field, fingerprint)
     stale = true
   end
   local id, fp = string.sub(mapped, 1, #mapped - #fingerprint - 1), fingerprint
-  if id .. ':' .. fingerprint ~= mapped then
-    local sep = string.find(mapped, ':', 1, true)
-    id, fp = string.sub(mapped, 1, sep - 1), string.sub(mapped, sep + 1)
-  end
+  if id .. ':' .. fingerprint ~= mapped then fp = string.sub(mapped, #id + 2) end
   if redis_call('EXISTS', K.row(id)) == 0 then return nil, nil, stale end
   return id, fp
 end
@@ -1225,7 +1244,7 @@ end
 -- delete): the worker subscribes to this channel and asks Redis (a heartbeat) what to do, so
 -- the message only shortens the wait for its next heartbeat and is safe to lose.
 local function tell_holder(owner, id)
-  if owner and owner ~= '' then redis_call('PUBLISH', 'sluice:stop:' .. owner, id) end
+  if owner and owner ~= '' then redis_call('PUBLISH', 'sluice:stop:' .. owner, public_id(id)) end
 end
 
 -- The value of field `name` in a flat {field, value, ...} list (a stream record), or nil.
@@ -1346,7 +1365,7 @@ end
 -- the record names the execution, why and after how many attempts, and the stream entry it ran
 -- from.
 local function dead_letter_run(id, t, flow, reason, attempts, entry, now, message, caps)
-  dead_letter({ 'execution_id', id, 'tenant_id', t, 'flow_id', flow, 'reason', reason,
+  dead_letter({ 'execution_id', public_id(id), 'tenant_id', t, 'flow_id', flow, 'reason', reason,
     'attempts', attempts, 'source_entry', entry or '', 'at', now, 'message', message }, caps)
 end
 
@@ -1378,8 +1397,8 @@ local function outbox(t, id, kind, now, fields, hooked)
   local box = K.outbox(t)
   local before = redis_call('XLEN', box)
   local seq = redis_call('HINCRBY', K.row(id), 'ws', 1)
-  redis_call('XADD', box, 'MAXLEN', WEBHOOK_OUTBOX_CAP, '*', 'type', kind, 'id', id, 'seq', seq,
-    'at', now, unpack(fields))
+  redis_call('XADD', box, 'MAXLEN', WEBHOOK_OUTBOX_CAP, '*', 'type', kind, 'id', public_id(id),
+    'seq', seq, 'at', now, unpack(fields))
   if before >= WEBHOOK_OUTBOX_CAP then
     redis_call('HINCRBY', K.cfg(t), 'wh_dropped', before + 1 - WEBHOOK_OUTBOX_CAP)
   elseif before == 0 then
@@ -1853,7 +1872,7 @@ local EVENTS_CHANNEL = 'sluice:ev:'
 -- Publishes `what` for execution id when `watch` (the row's field, or nil) is in the future.
 announce = function(id, watch, what, now)
   if watch and tonumber(watch) > now then
-    redis_call('PUBLISH', EVENTS_CHANNEL .. id, what)
+    redis_call('PUBLISH', EVENTS_CHANNEL .. public_id(id), what)
   end
 end
 

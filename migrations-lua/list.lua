@@ -24,7 +24,7 @@
 -- ARGV[7]  status: the status filter, '' for all, 'scheduled' for the queued executions not
 --          yet due
 -- ARGV[8]  flow: the flow filter, '' for all
--- ARGV[9]  cursor: the last id of the previous page, '' for the first page
+-- ARGV[9]  cursor: the last id of the previous page (stored form), '' for the first page
 -- ARGV[10] limit: 1..200
 -- ARGV[11] budget: the page ends before the row that would take its rows' field names and
 --          values past this many bytes
@@ -32,8 +32,9 @@
 --          of this key names (at most one), if its row still carries the key
 -- ARGV[13] dedup_digest: with a dedup key filter, the key's digest (names the mapping, see
 --          admit.lua)
--- ARGV[14] from: lower id bound, inclusive, '' for none: the 12 hex digits of a millisecond
---          time (an execution id starts with its admission time in ms, so lexical order is age)
+-- ARGV[14] from: lower id bound, inclusive, '' for none: a millisecond time as the ids'
+--          stored form begins (an execution id starts with its admission time in ms, so
+--          lexical order is age): 12 hex digits, or 6 bytes where ids are binary (layout 5)
 -- ARGV[15] before: upper id bound, exclusive, '' for none: the same for the end of the range
 --
 -- Reply: {next_cursor or '', total, id, row, id, row, ...}; next_cursor is set whenever more
@@ -44,6 +45,18 @@ local tenant, status, flow, cursor = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local limit = tonumber(ARGV[10])
 local budget = tonumber(ARGV[11])
 local dedup, lower, upper = ARGV[12], ARGV[14], ARGV[15]
+
+-- Ids are compared in Lua by their hex (public_id() in common.lua; a hex id is its own): Lua
+-- compares strings with strcoll, whose order for bytes that are not text (a binary id's)
+-- depends on the locale Redis runs in. The sorted sets' own order is bytewise, the hex's is
+-- the same. The bounds likewise (6 bytes of a binary id's time, or 12 hex digits).
+local HEX6 = '%02x%02x%02x%02x%02x%02x'
+local function bound_hex(b)
+  if #b == 6 then return string.format(HEX6, string.byte(b, 1, 6)) end
+  return b
+end
+local lower_hex, upper_hex = bound_hex(lower), bound_hex(upper)
+local cursor_hex = public_id(cursor)
 
 local statuses = STATUSES
 if status ~= '' then statuses = { status } end
@@ -57,21 +70,24 @@ end
 local flows = { flow }
 if flow == '' and dedup == '' then flows = redis_call('SMEMBERS', FLOWS) end
 
-local candidates, source, total = {}, {}, 0
+-- order[id]: the candidate's hex, its sort key.
+local candidates, source, order, total = {}, {}, {}, 0
 if dedup ~= '' then
   -- At most one execution holds a dedup key: read it from the mapping, then check that it
   -- passes the other filters (its status and flow by its listing member, its age by its id).
   local mapped = redis_call('HGET', bucket, dedup_field(ARGV[13]))
     or redis_call('GET', mapping)
-  local id = mapped and string.match(mapped, '^([0-9a-f]+):')
+  local id = mapped and mapping_id(mapped)
   local row = id and redis_call('HMGET', K.row(id), 'd', 'f') or {}
+  local hex = id and public_id(id)
   if id and row[1] == dedup and (flow == '' or row[2] == flow)
-    and (lower == '' or id >= lower) and (upper == '' or id < upper) then
+    and (lower == '' or hex >= lower_hex) and (upper == '' or hex < upper_hex) then
     for _, s in ipairs(statuses) do
       if redis_call('ZSCORE', LISTING, listing_member(s, row[2], id)) then
         total = 1
-        if cursor == '' or id < cursor then
+        if cursor == '' or hex < cursor_hex then
           table.insert(candidates, id)
+          order[id] = hex
           source[id] = { s = s, f = row[2] }
         end
         break
@@ -104,7 +120,9 @@ else
   if #ranges > 1 then first = math.floor(2 * want / #ranges) + 2 end
   for _, r in ipairs(ranges) do
     r.top, r.take = r.max, first
-    if cursor ~= '' and (upper == '' or cursor < upper) then r.top = '(' .. r.prefix .. cursor end
+    if cursor ~= '' and (upper == '' or cursor_hex < upper_hex) then
+      r.top = '(' .. r.prefix .. cursor
+    end
   end
   -- Rounds: the ids at or above `safe` (the highest last id of a range not read to its end)
   -- are all read; the page is known once `want` of them are.
@@ -119,6 +137,7 @@ else
           local id = string.sub(m, cut)
           table.insert(candidates, id)
           source[id] = r
+          order[id] = public_id(id)
         end
         if #got < r.take then
           r.done = true
@@ -126,17 +145,17 @@ else
           r.top, r.last, r.take = '(' .. got[#got], string.sub(got[#got], cut), r.take * 2
         end
       end
-      if not r.done and (not safe or r.last > safe) then safe = r.last end
+      if not r.done and (not safe or order[r.last] > safe) then safe = order[r.last] end
     end
     if not safe then break end
     local known = 0
     for _, id in ipairs(candidates) do
-      if id >= safe then known = known + 1 end
+      if order[id] >= safe then known = known + 1 end
     end
     if known >= want then break end
   end
 end
-table.sort(candidates, function(a, b) return a > b end)
+table.sort(candidates, function(a, b) return order[a] > order[b] end)
 
 local next_cursor = ''
 local reply = { '', 0 }
@@ -151,7 +170,8 @@ for i = 1, math.min(limit, #candidates) do
     index_remove(tenant, src.f, 'scheduled', id)
     row, gone = {}, true
   end
-  local size = #id
+  -- (The id as the API answers it: its 32 hex digits, whatever its stored form.)
+  local size = 32
   for j = 1, #row do size = size + #row[j] end
   if used > 0 and used + size > budget then
     -- Over the budget: this row starts the next page.

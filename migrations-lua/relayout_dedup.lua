@@ -31,7 +31,7 @@ for _, key in ipairs(r[2]) do
   local tenant, digest = string.match(string.sub(key, #P + 1), '^t:([^:]+):dd:(%x+)$')
   if tenant and #digest == 32 and redis_call('TTL', key) == -1 then
     local mapped = redis_call('GET', key)
-    local id = mapped and string.match(mapped, '^([0-9a-f]+):')
+    local id = mapped and mapping_id(mapped)
     local row = redis_call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
     local mine = id and row[2] == tenant and row[3] == digest and not row[4]
     if mine and (row[1] == 'queued' or row[1] == 'running') then

@@ -205,7 +205,7 @@ elseif mode == 'dedup' then
     for i = 1, #r[2], 2 do
       local field, mapped = r[2][i], r[2][i + 1]
       local digest = h .. field
-      local id = string.match(mapped, '^([0-9a-f]+):')
+      local id = mapping_id(mapped)
       local row = redis_call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
       if not id or row[2] ~= tenant or row[3] ~= digest or row[4] then
         redis_call('HDEL', bucket, field)

@@ -16,7 +16,7 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::store::{RedisTarget, ShardMap, StoreConfig};
+use crate::store::{Layout, RedisTarget, ShardMap, StoreConfig};
 use crate::worker::WorkerConfig;
 
 /// sluice: execution admission on Redis — duplicates collapse to one execution, tenants stay
@@ -229,6 +229,13 @@ pub struct DevArgs {
     /// start) instead of one redis-server.
     #[arg(long, env = "SLUICE_DEV_CLUSTER")]
     pub cluster: bool,
+    /// Test and benchmark switch until key layout 5 is `CURRENT` (so hidden): the key layout
+    /// (4 or 5) a Redis with no meta record yet records at this first start. A Redis that
+    /// records one already keeps it: nothing is converted by this flag (`sluice
+    /// migrate-layout` still targets 4).
+    #[arg(long, env = "SLUICE_INITIAL_LAYOUT", hide = true,
+        value_parser = clap::value_parser!(u32).range(4..=5))]
+    pub initial_layout: Option<u32>,
 }
 
 /// Settings of the HTTP API and of admission.
@@ -568,6 +575,13 @@ pub struct RedisSettings {
     /// `POST /api/tenants/{tenant}/dedicated-shard`).
     #[arg(long, env = "SLUICE_DEDICATED_SHARDS", default_value_t = ShardMap::DEFAULT_DEDICATED)]
     pub dedicated_shards: u16,
+    /// Test and benchmark switch until key layout 5 is `CURRENT` (so hidden): the key layout
+    /// (4 or 5) a Redis with no meta record yet records at this first start. A Redis that
+    /// records one already keeps it: nothing is converted by this flag (`sluice
+    /// migrate-layout` still targets 4).
+    #[arg(long, env = "SLUICE_INITIAL_LAYOUT", hide = true,
+        value_parser = clap::value_parser!(u32).range(4..=5))]
+    pub initial_layout: Option<u32>,
 }
 
 impl ApiSettings {
@@ -735,6 +749,7 @@ impl RedisSettings {
             replica_acks: self.redis_replica_acks,
             shards: self.shards,
             dedicated_shards: self.dedicated_shards,
+            initial_layout: self.initial_layout.and_then(Layout::from_number),
             default_max_concurrent: api.default_max_concurrent,
             default_max_queued: api.default_max_queued,
             default_max_bytes: api.default_max_bytes,

@@ -50,6 +50,7 @@ async fn serve_with_worker(args: &DevArgs, redis: &ManagedRedis) -> anyhow::Resu
     api.dev_auth = true;
     let mut settings = RedisSettings::for_target(redis.target());
     settings.shards = args.shards;
+    settings.initial_layout = args.initial_layout;
     let mut worker_settings = WorkerSettings::defaults();
     worker_settings.demo_flows = true;
     worker_settings.flows = args.flows.clone();

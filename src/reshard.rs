@@ -207,7 +207,10 @@ impl Cluster {
             .clone();
         let frozen_key = shard.frozen();
         // Both builds' markers (see `Store::freeze_shard`) are copied last.
-        let markers = [shard.frozen(), shard.binary_hold()];
+        let markers = [
+            shard.frozen().into_bytes(),
+            shard.binary_hold().into_bytes(),
+        ];
         let mut moved = 0;
         if source.id != target.id {
             let mut src = self.node(&source.host, source.port).await?;
@@ -264,7 +267,8 @@ impl Cluster {
                 for _ in 0..1_000_000 {
                     // A batch and the markers, so markers among them still leave a full batch
                     // of other keys (Redis 7.0 lists the newest keys of a slot first).
-                    let keys: Vec<String> = redis::cmd("CLUSTER")
+                    // Bytes: a layout-5 name holds a binary execution id.
+                    let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
                         .arg("GETKEYSINSLOT")
                         .arg(slot)
                         .arg(per_call + markers.len())
@@ -334,8 +338,9 @@ impl Cluster {
 /// and the markers (together) only once they are the last keys of the slot — so the source
 /// refuses the shard's scripts until everything else has arrived, and an interrupted move can
 /// always freeze again.
-fn next_batch<'a>(listed: &'a [String], markers: &[String], per_call: usize) -> Vec<&'a String> {
-    let others: Vec<&String> = listed
+/// Key names are bytes in use (`Vec<u8>`: a layout-5 name holds a binary id).
+fn next_batch<'a, K: PartialEq>(listed: &'a [K], markers: &[K], per_call: usize) -> Vec<&'a K> {
+    let others: Vec<&K> = listed
         .iter()
         .filter(|k| !markers.contains(k))
         .take(per_call)

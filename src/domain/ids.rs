@@ -406,6 +406,25 @@ mod tests {
         assert!(e.contains("\"nope\""), "{e}");
     }
 
+    /// A binary id's first byte is the top byte of its 48-bit millisecond time: 0x01 from 2004
+    /// to 2039, below `0` (0x30, the lowest hex digit) until about the year 3600 and so below
+    /// `r`. The scripts tell a timer set's ids from its `rt:`/`rk:` wake-ups by that prefix
+    /// (`promote_due()` in migrations-lua/common.lua), and (during a move to layout 5) a
+    /// binary member from a hex one by its first byte.
+    #[test]
+    fn a_binary_id_starts_below_every_hex_digit_and_timer_prefix() {
+        for _ in 0..1000 {
+            let first = ExecutionId::new().to_bytes()[0];
+            assert_eq!(first, 0x01, "until 2039");
+            // Below '0' (0x30) and so below 'r' (0x72) of `rt:`/`rk:`.
+            assert!(first < b'0');
+        }
+        // The last millisecond whose top byte is still below '0' (0x30): about the year 3600.
+        let last_ms: u64 = (0x30 << 40) - 1;
+        let year = 1970 + last_ms / (365_2425 * 86_400_000 / 10_000);
+        assert!((3500..3700).contains(&year), "{year}");
+    }
+
     #[test]
     fn binary_ids_round_trip_and_sort_as_their_hex() {
         // Ids whose bytes are the ones a separator-based reader would trip on.

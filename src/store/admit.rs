@@ -469,7 +469,7 @@ impl Store {
                 void: shard.void(id),
                 cfg: shard.tenant_config(tenant),
                 tenant: tenant.as_str(),
-                id: keys::stored_id(id),
+                id: shard.stored_id(id),
                 void_ttl_secs: VOID_TTL.as_secs(),
             },
         );
@@ -618,7 +618,7 @@ pub(super) fn admission_item(
         dedup_bucket: req.dedup.is_some().then(|| tk.dedup_bucket(&dedup_digest)),
         dedup: req.dedup.is_some().then(|| tk.dedup(&dedup_digest)),
         tenant: tenant.as_str(),
-        id: keys::stored_id(id),
+        id: shard.stored_id(id),
         flow: req.flow.as_str(),
         version: req.version.as_ref().map(|v| v.as_str()).unwrap_or(""),
         params: &req.params,

@@ -86,7 +86,7 @@ pub(crate) const fn tail(names: &'static [&'static str]) -> Option<Tail> {
 }
 
 /// The type of a key field of `script_call!` / `script_group!`: `String` unless the field
-/// names another (`row: Vec<u8>`: a key that holds an execution id, see `keys::stored_id`).
+/// names another (`row: Vec<u8>`: a key that holds an execution id, see `Shard::stored_id`).
 macro_rules! key_type {
     () => {
         String

@@ -6,7 +6,7 @@ use redis::Value;
 
 use super::call::script_call;
 use super::row::{execution_from, split_tag, string_at};
-use super::{Shard, Store, StoreError, keys};
+use super::{Shard, Store, StoreError};
 use crate::domain::{Execution, ExecutionId, QueueState, Schedule, Status, TenantId};
 
 impl Store {
@@ -41,7 +41,7 @@ impl Store {
                 delayed: shard.delayed(),
                 stats: shard.stats(),
                 tenant: tenant.as_str(),
-                id: keys::stored_id(id),
+                id: shard.stored_id(id),
             },
         );
         let mut c = self.conn();
@@ -89,7 +89,7 @@ impl Store {
                 delayed: shard.delayed(),
                 leases: shard.leases(),
                 tenant: tenant.as_str(),
-                id: keys::stored_id(id),
+                id: shard.stored_id(id),
             },
         );
         let mut c = self.conn();
@@ -146,7 +146,7 @@ impl Store {
                 row: shard.row(id),
                 delayed: shard.delayed(),
                 tenant: tenant.as_str(),
-                id: keys::stored_id(id),
+                id: shard.stored_id(id),
                 run_at,
                 delay,
             },

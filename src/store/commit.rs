@@ -93,7 +93,7 @@ impl Batched {
 
 /// One request's part of a call: its keys and its values, in the script's order.
 pub(super) struct Item {
-    /// Bytes, not text: some keys hold an execution id (`keys::stored_id`).
+    /// Bytes, not text: some keys hold an execution id (`Shard::stored_id`).
     pub keys: Vec<Vec<u8>>,
     /// The values, one after the other in one buffer (a `Cmd` used as such): an admission's
     /// 16 values are one allocation, not one each.

@@ -12,7 +12,7 @@ use redis::Value;
 use super::call::script_call;
 use super::row::{execution_from, split_tag};
 use super::storage::{self, Refused};
-use super::{Shard, StorageFull, Store, StoreError, keys};
+use super::{Shard, StorageFull, Store, StoreError};
 use crate::domain::{Execution, ExecutionId, Status, TenantId};
 
 /// What `Store::retry` did.
@@ -106,7 +106,7 @@ impl Store {
                 listing: shard.listing(tenant),
                 runnable: shard.runnable(),
                 tenant: tenant.as_str(),
-                id: keys::stored_id(id),
+                id: shard.stored_id(id),
                 max_bytes: self.policy.max_bytes.load(Ordering::Relaxed),
                 max_retained: self.policy.max_retained.load(Ordering::Relaxed),
             },

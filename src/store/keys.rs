@@ -60,37 +60,9 @@ pub fn listing_char(s: Option<Status>) -> char {
     }
 }
 
-/// An execution's member in its tenant's listing: `<status char><flow>\0<id>` (a flow id
-/// never holds a NUL, so the NUL ends it unambiguously). Bytes, not text: the id is in its
-/// stored form (`stored_id`), which layout 5 makes binary.
-pub fn listing_member(s: Option<Status>, f: &FlowId, id: &ExecutionId) -> Vec<u8> {
-    let id = stored_id(id);
-    let mut m = Vec::with_capacity(2 + f.as_str().len() + id.as_ref().len());
-    m.push(listing_char(s) as u8);
-    m.extend_from_slice(f.as_str().as_bytes());
-    m.push(0);
-    m.extend_from_slice(id.as_ref());
-    m
-}
-
-/// An execution id as Redis stores it: in a key name (`Shard::row`, `Shard::void`), a member
-/// (`listing_member`, the queues, the timer set, the slot sets) and every script argument
-/// that names an execution. The one place that decides the form, so key layout 5 (16 binary
-/// bytes instead of 32 hex digits, `Layout::Binary`) changes only this function: today it
-/// is the 32 hex digits. Held inline (no allocation): it is built several times per
-/// admission.
-pub fn stored_id(id: &ExecutionId) -> StoredId {
-    let hex = id.as_str().as_bytes();
-    let mut bytes = [0u8; 32];
-    bytes[..hex.len()].copy_from_slice(hex);
-    StoredId {
-        bytes,
-        len: hex.len() as u8,
-    }
-}
-
-/// An execution id in its stored form (see `stored_id`): bytes, since a binary id (layout 5)
-/// is not UTF-8. Sent to Redis as one argument.
+/// An execution id in its stored form (see `Shard::stored_id`): bytes, since a binary id
+/// (layout 5) is not UTF-8. Sent to Redis as one argument. Held inline (no allocation): it is
+/// built several times per admission.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct StoredId {
     bytes: [u8; 32],
@@ -114,6 +86,8 @@ impl redis::ToRedisArgs for StoredId {
         out.write_arg(self.as_ref());
     }
 }
+
+impl redis::ToSingleRedisArg for StoredId {}
 
 /// The lexical bounds (`[min`, `(max`) of the members of one status (`None`: the scheduled
 /// ones) in a listing, all flows: for `ZLEXCOUNT` and `ZRANGE ... BYLEX`.
@@ -245,13 +219,96 @@ pub fn tenants() -> String {
 
 /// One shard: a number, a hash tag and the keys under it. Made by a `ShardMap` (which knows
 /// the layout, and so the tag) or read back from a key name by `parse`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// Equal, ordered and hashed by number and tag only: a shard read back by `parse` is the same
+/// shard as the map's, whatever id form the map gave it.
+#[derive(Debug, Clone, Copy)]
 pub struct Shard {
     number: u16,
     tag: &'static str,
+    /// Whether its executions' ids are stored as their 16 bytes (layout 5, `Layout::Binary`)
+    /// rather than 32 hex digits: known from the map's layout, so the one build and the one
+    /// Lua library serve either, as told by what the store passes (`stored_id`).
+    binary: bool,
+}
+
+impl PartialEq for Shard {
+    fn eq(&self, other: &Self) -> bool {
+        (self.number, self.tag) == (other.number, other.tag)
+    }
+}
+
+impl Eq for Shard {}
+
+impl PartialOrd for Shard {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Shard {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.number, self.tag).cmp(&(other.number, other.tag))
+    }
+}
+
+impl std::hash::Hash for Shard {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.number, self.tag).hash(state);
+    }
 }
 
 impl Shard {
+    /// An execution id as this shard stores it: in a key name (`row`, `void`), a member
+    /// (`listing_member`, the queues, the timer set, the slot sets, the dedup mapping) and
+    /// every script argument that names an execution. The one place that decides the form:
+    /// the 16 bytes (`ExecutionId::to_bytes`) at layout 5, the 32 hex digits before. Hex stays
+    /// only where people or other processes read it (API answers, the dead-letter record's
+    /// `execution_id`, the webhook outbox's `id`, channels), which the Lua formats itself.
+    pub fn stored_id(self, id: &ExecutionId) -> StoredId {
+        let mut bytes = [0u8; 32];
+        if self.binary {
+            bytes[..16].copy_from_slice(&id.to_bytes());
+            return StoredId { bytes, len: 16 };
+        }
+        let hex = id.as_str().as_bytes();
+        bytes[..hex.len()].copy_from_slice(hex);
+        StoredId {
+            bytes,
+            len: hex.len() as u8,
+        }
+    }
+
+    /// Whether this shard stores ids as their 16 bytes (layout 5; see `stored_id`).
+    pub fn binary_ids(self) -> bool {
+        self.binary
+    }
+
+    /// An execution's member in its tenant's listing: `<status char><flow>\0<id>` (a flow id
+    /// never holds a NUL, so the NUL ends it unambiguously, and the id after it may hold any
+    /// byte). Bytes, not text: the id is in its stored form (`stored_id`).
+    pub fn listing_member(self, s: Option<Status>, f: &FlowId, id: &ExecutionId) -> Vec<u8> {
+        let id = self.stored_id(id);
+        let mut m = Vec::with_capacity(2 + f.as_str().len() + id.as_ref().len());
+        m.push(listing_char(s) as u8);
+        m.extend_from_slice(f.as_str().as_bytes());
+        m.push(0);
+        m.extend_from_slice(id.as_ref());
+        m
+    }
+
+    /// The bound, in this shard's stored id form, between the ids of executions admitted
+    /// before `ms` and those admitted at or after it (an id, UUIDv7, starts with its 48-bit
+    /// Unix time in ms): 6 bytes at layout 5, 12 hex digits before. Times beyond 48 bits are
+    /// clamped (year 10889).
+    pub fn id_time_bound(self, ms: u64) -> Vec<u8> {
+        let ms = ms.min((1 << 48) - 1);
+        match self.binary {
+            true => ms.to_be_bytes()[2..].to_vec(),
+            false => format!("{ms:012x}").into_bytes(),
+        }
+    }
+
     /// The shard's number.
     pub fn number(self) -> u16 {
         self.number
@@ -309,7 +366,7 @@ impl Shard {
     /// The key `<prefix><kind><id>` of an execution id in its stored form (`stored_id`), built
     /// in one allocation (a row and a void marker are named on every admission).
     fn id_key(self, kind: &str, id: &ExecutionId) -> Vec<u8> {
-        let id = stored_id(id);
+        let id = self.stored_id(id);
         let (tag, id) = (self.tag.as_bytes(), id.as_ref());
         let mut k = Vec::with_capacity(ROOT.len() + tag.len() + 3 + kind.len() + id.len());
         k.extend_from_slice(ROOT.as_bytes());
@@ -726,6 +783,7 @@ impl ShardMap {
         Shard {
             number,
             tag: self.tags[usize::from(number)],
+            binary: self.layout == Layout::Binary,
         }
     }
 
@@ -870,9 +928,12 @@ pub fn parse(key: &str) -> Option<KeyName<'_>> {
     if number.len() < 2 || !digits(number) || !digits(suffix) {
         return None;
     }
+    // The id form is not in a name: a parsed shard is for telling keys apart, not for
+    // building them (its `stored_id` is hex).
     let shard = Some(Shard {
         number: number.parse().ok()?,
         tag: intern(tag.to_owned()),
+        binary: false,
     });
     let at = |kind| {
         Some(KeyName {
@@ -990,16 +1051,48 @@ mod tests {
     fn ids_are_stored_as_layout_4_writes_them() {
         // Layout 4 (CURRENT): the 32 hex digits, in every key, member and argument.
         let id = ExecutionId::new();
-        assert_eq!(stored_id(&id).as_ref(), id.as_str().as_bytes());
         let s = ShardMap::new(16, Layout::CURRENT).shard(7);
+        assert!(!s.binary_ids());
+        assert_eq!(s.stored_id(&id).as_ref(), id.as_str().as_bytes());
         assert_eq!(s.row(&id), format!("{}exec:{id}", s.prefix()).into_bytes());
         assert_eq!(s.void(&id), format!("{}void:{id}", s.prefix()).into_bytes());
         let f = FlowId::parse("demo.echo").unwrap();
         assert_eq!(
-            listing_member(Some(Status::Running), &f, &id),
+            s.listing_member(Some(Status::Running), &f, &id),
             format!("rdemo.echo\0{id}").into_bytes()
         );
+        assert_eq!(s.id_time_bound(0x0193_b2c4_d5e6), b"0193b2c4d5e6");
         assert_eq!(s.binary_hold(), format!("{}hold:5", s.prefix()));
+    }
+
+    #[test]
+    fn ids_are_stored_as_their_16_bytes_at_layout_5() {
+        let id = ExecutionId::new();
+        let s = ShardMap::new(16, Layout::Binary).shard(7);
+        let hex = ShardMap::new(16, Layout::Listing).shard(7);
+        assert!(s.binary_ids());
+        // The same shard (tag, number) in either form: only the ids differ.
+        assert_eq!(s, hex);
+        assert_eq!(s.prefix(), hex.prefix());
+        let raw = id.to_bytes();
+        assert_eq!(s.stored_id(&id).as_ref(), &raw[..]);
+        let mut row = s.prefix().into_bytes();
+        row.extend_from_slice(b"exec:");
+        row.extend_from_slice(&raw);
+        assert_eq!(s.row(&id), row);
+        let mut void = s.prefix().into_bytes();
+        void.extend_from_slice(b"void:");
+        void.extend_from_slice(&raw);
+        assert_eq!(s.void(&id), void);
+        let f = FlowId::parse("demo.echo").unwrap();
+        let mut member = b"rdemo.echo\0".to_vec();
+        member.extend_from_slice(&raw);
+        assert_eq!(s.listing_member(Some(Status::Running), &f, &id), member);
+        // A time bound is the ids' first 6 bytes, and sorts between two milliseconds' ids.
+        let ms = u64::from_str_radix(&id.as_str()[..12], 16).unwrap();
+        assert_eq!(s.id_time_bound(ms), &raw[..6]);
+        assert!(s.id_time_bound(ms + 1).as_slice() > &raw[..]);
+        assert_eq!(s.id_time_bound(u64::MAX), [0xff; 6]);
     }
 
     #[test]

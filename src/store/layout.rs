@@ -30,11 +30,11 @@ pub enum Layout {
     /// 1, 2 or 3 by `sluice migrate-layout`, which builds each tenant's listing from its old
     /// indexes.
     Listing = 4,
-    /// Planned, reached only by tests: the tags, rows and listing of layout 4 with execution
-    /// ids stored as their 16 bytes in every key and member that holds one (the plan is
-    /// `docs/layout-5-plan.md` on branch `layout5-plan`). This build cannot write it yet, so
-    /// it is never `CURRENT`, and a process whose Redis records it refuses to start (see
-    /// `Layout::servable`): serving it would write layout-4 data into a layout-5 store.
+    /// The tags, rows and listing of layout 4 with execution ids stored as their 16 bytes in
+    /// every key and member that holds one (`Shard::stored_id`; the plan is
+    /// `docs/layout-5-plan.md` on branch `layout5-plan`, of which this is step 2). Reached only
+    /// by a fresh Redis whose first start is told to record it (`--initial-layout 5`, a test
+    /// and benchmark switch): no migration to it exists yet, so it is not `CURRENT`.
     Binary = 5,
 }
 
@@ -55,9 +55,16 @@ impl Layout {
     }
 
     /// Whether this build can serve a Redis recorded at this layout (or convert it): every
-    /// layout up to `CURRENT`. `Binary` is known (so the refusal names it) but not servable
-    /// until this build writes it.
+    /// layout up to `CURRENT`, and `Binary`, which a fresh Redis records when its first start
+    /// is told to (`StoreConfig::initial_layout`) and which is served as it is, never
+    /// converted (`sluice migrate-layout` targets `CURRENT` and refuses it: `convertible`).
     pub fn servable(self) -> bool {
+        self.number() <= Layout::CURRENT.number() || self == Layout::Binary
+    }
+
+    /// Whether `sluice migrate-layout` can bring a Redis at this layout to `CURRENT`: the
+    /// layouts up to it (never down from `Binary`).
+    pub fn convertible(self) -> bool {
         self.number() <= Layout::CURRENT.number()
     }
 
@@ -206,13 +213,15 @@ mod tests {
     }
 
     #[test]
-    fn layout_5_is_known_but_not_served() {
+    fn layout_5_is_served_but_not_current_or_converted() {
         assert_eq!(Layout::from_number(5), Some(Layout::Binary));
         assert_eq!(Layout::Binary.number(), 5);
-        assert!(!Layout::Binary.servable());
+        assert!(Layout::Binary.servable());
+        assert!(!Layout::Binary.convertible());
         assert_ne!(Layout::CURRENT, Layout::Binary);
         for n in 1..=4 {
-            assert!(Layout::from_number(n).unwrap().servable(), "{n}");
+            let l = Layout::from_number(n).unwrap();
+            assert!(l.servable() && l.convertible(), "{n}");
         }
         assert_eq!(Layout::from_number(6), None);
         // Its tags are layout 2's: the ids change, not the shards.

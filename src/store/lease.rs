@@ -15,7 +15,7 @@ use redis::Value;
 
 use super::call::{script_call, script_group};
 use super::commit::{Item, Outcome as Sent};
-use super::{Shard, Store, StoreError, keys};
+use super::{Shard, Store, StoreError};
 use crate::domain::{ExecutionId, FlowId, Status, TenantId, TraceContext};
 
 /// An execution a worker has just started (it holds the lease for `attempt`).
@@ -233,7 +233,7 @@ impl Store {
                 tenant: tenant.map_or("", TenantId::as_str),
                 held: held
                     .iter()
-                    .map(|(id, fence)| (keys::stored_id(id), *fence))
+                    .map(|(id, fence)| (shard.stored_id(id), *fence))
                     .collect(),
             },
         );
@@ -356,7 +356,7 @@ impl Store {
         let item: Item = ReportItem {
             row: shard.row(id),
             adopted: shard.adopted(consumer),
-            id: keys::stored_id(id),
+            id: shard.stored_id(id),
             fence,
             consumer,
             outcome: name,

@@ -8,7 +8,7 @@ use redis::Value;
 
 use super::call::script_call;
 use super::row::{from_fields, row_to_execution};
-use super::{Shard, Store, StoreError, keys};
+use super::{Shard, Store, StoreError};
 use crate::domain::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId, row};
 
 /// A page of a tenant's executions, newest first.
@@ -93,7 +93,7 @@ impl Store {
             .bounded(
                 redis::pipe()
                     .hgetall(shard.row(id))
-                    .zrank(shard.waiting(tenant), id.as_str())
+                    .zrank(shard.waiting(tenant), shard.stored_id(id))
                     .scard(shard.slots(tenant))
                     .hget(shard.tenant_config(tenant), "max_concurrent")
                     .query_async(&mut c),
@@ -150,7 +150,7 @@ impl Store {
                 redis::pipe()
                     .hget(shard.key_limits(tenant), &h)
                     .hget(shard.tenant_config(tenant), "max_concurrent_per_key")
-                    .zrank(shard.key_queue(tenant, &h), id.as_str())
+                    .zrank(shard.key_queue(tenant, &h), shard.stored_id(id))
                     .zcount(shard.waiting(tenant), "-inf", format!("({at}"))
                     .query_async(&mut c),
             )
@@ -181,7 +181,7 @@ impl Store {
             (false, None) => "",
         };
         let digest = q.dedup.as_ref().map(DedupKey::digest).unwrap_or_default();
-        let cursor = q.cursor.as_ref().map(keys::stored_id);
+        let cursor = q.cursor.as_ref().map(|id| shard.stored_id(id));
         let dedup_keys = match q.dedup {
             Some(_) => vec![
                 shard.dedup_bucket(tenant, &digest),
@@ -203,8 +203,14 @@ impl Store {
                 budget: q.byte_budget.max(1),
                 dedup: q.dedup.as_ref().map(DedupKey::as_str).unwrap_or(""),
                 dedup_digest: &digest,
-                from: q.created_from_ms.map(id_time_bound).unwrap_or_default(),
-                before: q.created_before_ms.map(id_time_bound).unwrap_or_default(),
+                from: q
+                    .created_from_ms
+                    .map(|ms| shard.id_time_bound(ms))
+                    .unwrap_or_default(),
+                before: q
+                    .created_before_ms
+                    .map(|ms| shard.id_time_bound(ms))
+                    .unwrap_or_default(),
             },
         );
         let mut c = self.conn();
@@ -238,13 +244,6 @@ impl Store {
     }
 }
 
-/// The id prefix of a millisecond time: an execution id (UUIDv7) starts with its 48-bit Unix
-/// time in ms as 12 hex digits, so this prefix sorts exactly between the ids of `ms - 1` and
-/// those of `ms`. Times beyond 48 bits are clamped (year 10889).
-fn id_time_bound(ms: u64) -> String {
-    format!("{:012x}", ms.min((1 << 48) - 1))
-}
-
 script_call! {
     /// `migrations-lua/list.lua`: one page of a tenant's executions.
     pub(super) struct ListCall<'a> {
@@ -259,24 +258,35 @@ script_call! {
             budget: usize,
             dedup: &'a str,
             dedup_digest: &'a str,
-            from: String,
-            before: String,
+            from: Vec<u8>,
+            before: Vec<u8>,
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::id_time_bound;
     use crate::domain::ExecutionId;
+    use crate::store::{Layout, ShardMap};
 
     #[test]
     fn a_time_bound_sorts_between_the_ids_of_adjacent_milliseconds() {
         let id = ExecutionId::new();
         let ms = u64::from_str_radix(&id.as_str()[..12], 16).unwrap();
-        assert!(id_time_bound(ms).as_str() <= id.as_str());
-        assert!(id_time_bound(ms + 1).as_str() > id.as_str());
-        assert_eq!(id_time_bound(0), "000000000000");
-        assert_eq!(id_time_bound(u64::MAX), "ffffffffffff");
+        for layout in [Layout::Listing, Layout::Binary] {
+            let s = ShardMap::new(16, layout).shard(0);
+            let stored = s.stored_id(&id);
+            assert!(
+                s.id_time_bound(ms).as_slice() <= stored.as_ref(),
+                "{layout:?}"
+            );
+            assert!(
+                s.id_time_bound(ms + 1).as_slice() > stored.as_ref(),
+                "{layout:?}"
+            );
+        }
+        let hex = ShardMap::new(16, Layout::Listing).shard(0);
+        assert_eq!(hex.id_time_bound(0), b"000000000000");
+        assert_eq!(hex.id_time_bound(u64::MAX), b"ffffffffffff");
     }
 }

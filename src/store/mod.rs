@@ -190,6 +190,9 @@ pub struct StoreConfig {
     pub shards: u16,
     /// Dedicated shards (for pinned tenants) to record at first start; a record wins.
     pub dedicated_shards: u16,
+    /// The key layout to record at first start, `None` for `Layout::CURRENT`; a record wins.
+    /// Only tests and the benchmark set it (to `Layout::Binary`) until layout 5 is `CURRENT`.
+    pub initial_layout: Option<Layout>,
     pub default_max_concurrent: u32,
     pub default_max_queued: u32,
     /// Logical bytes a tenant without its own `max_bytes` may keep (see `storage`).

@@ -30,6 +30,7 @@ impl Store {
     /// the meta record: then this build's layout, whose unconverted shards hold).
     pub(super) async fn init_meta(&self, migrating: bool) -> Result<(ShardMap, bool), StoreError> {
         let mut c = self.conn();
+        let initial = self.config.initial_layout.unwrap_or(Layout::CURRENT);
         type Meta = (
             i64,
             Value,
@@ -43,7 +44,7 @@ impl Store {
             .bounded(
                 redis::pipe()
                     .hset_nx(keys::meta(), "shards", self.config.shards)
-                    .hset_nx(keys::meta(), "layout", Layout::CURRENT.number())
+                    .hset_nx(keys::meta(), "layout", initial.number())
                     .hset_nx(keys::meta(), "dedicated", self.config.dedicated_shards)
                     .hget(keys::meta(), "shards")
                     .hget(keys::meta(), "layout")
@@ -63,10 +64,10 @@ impl Store {
                 Layout::CURRENT.number()
             )));
         };
-        if !layout.servable() {
+        if !layout.servable() || (migrating && !layout.convertible()) {
             return Err(StoreError::Corrupt(format!(
-                "redis holds key layout {}, which this build knows of but cannot write yet \
-                 (it reads and writes layout {}): run a build that serves layout {}",
+                "redis holds key layout {}, which this build cannot write yet or convert \
+                 (`sluice migrate-layout` targets layout {}): run a build that serves layout {}",
                 layout.number(),
                 Layout::CURRENT.number(),
                 layout.number()
@@ -74,7 +75,9 @@ impl Store {
         }
         let moving = layout_to == Some(Layout::CURRENT.number());
         let layout = match layout {
-            l if l == Layout::CURRENT || migrating => l,
+            // A Redis at layout 5 was made so by its first start (`initial_layout`): served
+            // as it is.
+            l if l == Layout::CURRENT || l == Layout::Binary || migrating => l,
             l if moving => {
                 tracing::warn!(
                     from = l.number(),

@@ -52,7 +52,7 @@ impl Store {
             &WatchCall {
                 row: shard.row(id),
                 tenant: tenant.as_str(),
-                id: keys::stored_id(id),
+                id: shard.stored_id(id),
                 horizon: u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX),
             },
         );

@@ -445,7 +445,11 @@ async fn a_new_executions_time_is_its_answer_its_row_and_its_order_key() {
             .await;
         let score: i64 = app
             .redis
-            .query(redis::cmd("ZSCORE").arg(s.waiting(&t)).arg(id))
+            .query(
+                redis::cmd("ZSCORE")
+                    .arg(s.waiting(&t))
+                    .arg(s.stored_id(&sluice::domain::ExecutionId::parse(id).unwrap())),
+            )
             .await;
         assert_eq!(score, c - ahead, "{priority:?}");
     }

@@ -774,7 +774,7 @@ async fn migrate_by_hand(
     app: &TestApp,
     src: &mut redis::aio::MultiplexedConnection,
     to: usize,
-    keys: &[String],
+    keys: &[Vec<u8>],
 ) {
     let (host, port) = app
         .redis
@@ -911,14 +911,15 @@ async fn an_interrupted_move_is_finished_by_running_it_again() {
     let shard = app.shard(tenant);
     let to = (app.master_of(tenant).await + 1) % app.redis.masters();
     let (mut src, slot) = begin_move_by_hand(&app, shard, to).await;
-    let keys: Vec<String> = redis::cmd("CLUSTER")
+    // Bytes: a layout-5 name holds a binary id.
+    let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
         .arg("GETKEYSINSLOT")
         .arg(slot)
         .arg(10_000)
         .query_async(&mut src)
         .await
         .unwrap();
-    assert!(keys.contains(&shard.frozen()), "{keys:?}");
+    assert!(keys.contains(&shard.frozen().into_bytes()), "{keys:?}");
     migrate_by_hand(&app, &mut src, to, &keys).await;
 
     move_shard(&app, shard, to, 100);
@@ -942,7 +943,7 @@ async fn a_move_interrupted_after_its_marker_went_first_is_finished_by_running_i
     let shard = app.shard(tenant);
     let to = (app.master_of(tenant).await + 1) % app.redis.masters();
     let (mut src, _) = begin_move_by_hand(&app, shard, to).await;
-    migrate_by_hand(&app, &mut src, to, &[shard.frozen()]).await;
+    migrate_by_hand(&app, &mut src, to, &[shard.frozen().into_bytes()]).await;
 
     move_shard(&app, shard, to, 1);
     served_after_move(&app, tenant, to, &ids).await;
@@ -1056,15 +1057,16 @@ async fn a_move_interrupted_in_its_hand_over_is_finished_by_running_it_again() {
     let shard = app.shard(&tenant);
     let to = 1;
     let (mut src, slot) = begin_move_by_hand(&app, shard, to).await;
-    let keys: Vec<String> = redis::cmd("CLUSTER")
+    let keys: Vec<Vec<u8>> = redis::cmd("CLUSTER")
         .arg("GETKEYSINSLOT")
         .arg(slot)
         .arg(10_000)
         .query_async(&mut src)
         .await
         .unwrap();
-    let (marker, rest): (Vec<String>, Vec<String>) =
-        keys.into_iter().partition(|k| *k == shard.frozen());
+    let (marker, rest): (Vec<Vec<u8>>, Vec<Vec<u8>>) = keys
+        .into_iter()
+        .partition(|k| *k == shard.frozen().into_bytes());
     migrate_by_hand(&app, &mut src, to, &rest).await;
     migrate_by_hand(&app, &mut src, to, &marker).await;
     // The target takes the slot; the source is not told.

@@ -12,8 +12,8 @@ use redis::Value as RedisValue;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice::domain::{DedupKey, ExecutionId, TenantId};
-use sluice::store::Outcome;
 use sluice::store::keys::{self, KeyKind};
+use sluice::store::{Layout, Outcome, ShardMap};
 use tokio::sync::Barrier;
 
 use crate::helpers::{DedupMapping, TestApp, TestRedis, problem_code};
@@ -280,7 +280,7 @@ pub(crate) async fn to_old_form(app: &TestApp) -> u64 {
         }
         let head = key.rsplit(':').next().unwrap().to_owned();
         let t = TenantId::parse(name.tenant.unwrap()).unwrap();
-        let fields: Vec<(String, String)> = app.redis.query(redis::cmd("HGETALL").arg(&key)).await;
+        let fields: Vec<(String, Vec<u8>)> = app.redis.query(redis::cmd("HGETALL").arg(&key)).await;
         for (field, mapped) in fields {
             let string_key = name.shard.unwrap().dedup(&t, &format!("{head}{field}"));
             let _: () = app
@@ -436,9 +436,23 @@ async fn the_sweeper_settles_bucket_fields_an_older_build_left() {
     };
     let digest = DedupKey::parse("left").unwrap().digest();
     let stray = DedupKey::parse("stray").unwrap().digest();
+    // (Written as the store writes them: the id in its stored form.)
+    let stored = |text: &str| {
+        let (id, fp) = text.split_once(':').unwrap();
+        let mut v = shard
+            .stored_id(&ExecutionId::parse(id).unwrap())
+            .as_ref()
+            .to_vec();
+        v.push(b':');
+        v.extend_from_slice(fp.as_bytes());
+        v
+    };
     for (d, v) in [
-        (&digest, mapped.clone()),
-        (&stray, format!("{}:0011223344556677", ExecutionId::new())),
+        (&digest, stored(&mapped)),
+        (
+            &stray,
+            stored(&format!("{}:0011223344556677", ExecutionId::new())),
+        ),
     ] {
         let _: () = app
             .redis
@@ -838,10 +852,82 @@ async fn an_admission_after_a_replay_reads_its_own_clock_and_limits() {
             let reply = call(keyed(&ExecutionId::new(), key)).await;
             assert_eq!(
                 reply,
-                RedisValue::BulkString(id.as_str().as_bytes().to_vec())
+                RedisValue::BulkString(s.stored_id(&id).as_ref().to_vec())
             );
         }
     }
     let reply = call(keyed(&ExecutionId::new(), "third")).await;
     assert_eq!(crate::fences::admit_tag(reply), "full");
+}
+
+/// At layout 5 a stored id is its 16 raw bytes, which may hold ':' (the separator of a dedup
+/// mapping's `<id>:<fingerprint>`), '{', '}', NUL or a newline: the mapping is read by
+/// position, so a replay answers the holder's id whole, a conflict names it whole, and the
+/// holder's end moves the mapping that names it. Ids chosen to hold those bytes; the library
+/// called directly (FCALL), as the store calls it on a layout-5 shard.
+#[tokio::test]
+async fn a_dedup_mapping_of_a_binary_id_holding_a_colon_replays_and_conflicts_whole() {
+    let redis = TestRedis::start_standalone().await;
+    let mut c = redis.conn().await;
+    sluice::store::load_library(&mut c).await.unwrap();
+    let s = ShardMap::new(16, Layout::Binary).shard(3);
+    let acme = TenantId::parse("acme").unwrap();
+    let fingerprint = "0123456789abcdef";
+    let other_request = "fedcba9876543210";
+    let keyed = |id: &ExecutionId, fingerprint: &str| {
+        let (mut k, mut a) = crate::fences::admit_call(s, s, id);
+        let d = DedupKey::parse("k").unwrap().digest();
+        k.extend([s.dedup_bucket(&acme, &d), s.dedup(&acme, &d)]);
+        a[14] = b"k".to_vec();
+        a[23] = keys::dedup_field(&d).into();
+        a[15] = d.into();
+        a[16] = fingerprint.into();
+        (k, a)
+    };
+    let call = |(k, a): (Vec<String>, Vec<Vec<u8>>)| {
+        let redis = &redis;
+        async move { crate::fences::fcall(redis, "admit", &k, &a).await.unwrap() }
+    };
+    let holder = ExecutionId::from_bytes(&[
+        0x01, 0x8f, b':', b'{', 0, b'}', b':', b'\n', 0xff, b':', 0, 0x3a, b':', 1, 2, b':',
+    ])
+    .unwrap();
+    let raw = holder.to_bytes();
+    assert_eq!(raw.iter().filter(|&&b| b == b':').count(), 6);
+    assert_eq!(s.stored_id(&holder).as_ref(), &raw[..]);
+    assert_eq!(
+        crate::fences::admit_tag(call(keyed(&holder, fingerprint)).await),
+        "new"
+    );
+    let d = DedupKey::parse("k").unwrap().digest();
+    let mapped: Vec<u8> = redis
+        .query(
+            redis::cmd("HGET")
+                .arg(s.dedup_bucket(&acme, &d))
+                .arg(keys::dedup_field(&d)),
+        )
+        .await;
+    let mut expected = raw.to_vec();
+    expected.push(b':');
+    expected.extend_from_slice(fingerprint.as_bytes());
+    assert_eq!(mapped, expected);
+
+    // Another id, the same request: the holder's id, all 16 bytes.
+    let replay = call(keyed(&ExecutionId::new(), fingerprint)).await;
+    assert_eq!(replay, RedisValue::BulkString(raw.to_vec()));
+    // Another id, another request: a conflict naming the holder, all 16 bytes.
+    let conflict = call(keyed(&ExecutionId::new(), other_request)).await;
+    let entries: Vec<Vec<Vec<u8>>> = redis::from_redis_value(conflict).unwrap();
+    assert_eq!(entries, [vec![b"conflict".to_vec(), raw.to_vec()]]);
+    assert_eq!(
+        ExecutionId::from_reply(&entries[0][1]).unwrap(),
+        holder,
+        "the store reads the holder back"
+    );
+    // Nothing else was admitted: one row, one listing member.
+    let members: Vec<Vec<u8>> = redis
+        .query(redis::cmd("ZRANGE").arg(s.listing(&acme)).arg(0).arg(-1))
+        .await;
+    assert_eq!(members.len(), 1);
+    assert!(members[0].ends_with(&raw));
 }

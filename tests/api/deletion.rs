@@ -161,14 +161,20 @@ async fn leftovers(app: &TestApp, tenant: &str, ids: &BTreeSet<String>) -> Vec<S
             _ => None,
         };
         if let Some(field) = owner_field {
-            let owner: Option<String> =
-                app.redis.query(redis::cmd("HGET").arg(&k).arg(field)).await;
+            let owner: Option<String> = app
+                .redis
+                .query(
+                    redis::cmd("HGET")
+                        .arg(crate::helpers::key_bytes(&k))
+                        .arg(field),
+                )
+                .await;
             if owner.as_deref() == Some(tenant) {
                 found.push(format!("{k} of {tenant}"));
             }
         }
         if kind == Some(KeyKind::Held) {
-            let held: Vec<String> = app.redis.query(redis::cmd("SMEMBERS").arg(&k)).await;
+            let held = app.redis.ids(redis::cmd("SMEMBERS").arg(&k)).await;
             for id in held.iter().filter(|id| ids.contains(*id)) {
                 found.push(format!("{id} in {k}"));
             }
@@ -233,9 +239,9 @@ async fn leftovers(app: &TestApp, tenant: &str, ids: &BTreeSet<String>) -> Vec<S
         found.push(format!("vt:{tenant} in {}", shard.sched()));
     }
     for set in [shard.delayed(), shard.leases()] {
-        let members: Vec<String> = app
+        let members = app
             .redis
-            .query(redis::cmd("ZRANGE").arg(&set).arg(0).arg(-1))
+            .ids(redis::cmd("ZRANGE").arg(&set).arg(0).arg(-1))
             .await;
         for m in members {
             if ids.contains(&m)

@@ -486,6 +486,9 @@ async fn scheduled_executions_wait_their_time_and_can_be_moved() {
 /// exactly once more.
 #[tokio::test]
 async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
+    if crate::helpers::skipped_at_layout_5("a schema-1 (stream model) Redis") {
+        return;
+    }
     let app = TestApp::spawn().await;
     let store = app.store().await;
     let tenant = sluice::domain::TenantId::parse("acme").unwrap();
@@ -522,7 +525,7 @@ async fn a_stream_model_redis_is_migrated_and_nothing_is_lost_or_repeated() {
         let mut p = redis::pipe();
         p.zadd(
             s.listing(&tenant),
-            sluice::store::keys::listing_member(
+            s.listing_member(
                 Some(status),
                 &sluice::domain::FlowId::parse("demo.echo").unwrap(),
                 id,

@@ -247,7 +247,7 @@ async fn an_abandoned_admission_stays_unadmitted_and_its_tenant_admits_others() 
     // The id in its stored form, as the store sends it.
     args.extend([
         "acme".into(),
-        sluice::store::keys::stored_id(&lost).as_ref().to_vec(),
+        s.stored_id(&lost).as_ref().to_vec(),
         "300".into(),
     ]);
     let settled = fcall(

@@ -31,7 +31,9 @@ async fn unpin(app: &TestApp, tenant: &str) -> reqwest::Response {
 
 /// The hash tag of the row of execution `id`, found among Redis's keys.
 async fn row_tag(app: &TestApp, id: &str) -> String {
-    let suffix = format!(":exec:{id}");
+    let stored =
+        crate::helpers::shard_no(0).stored_id(&sluice::domain::ExecutionId::parse(id).unwrap());
+    let suffix = format!(":exec:{}", crate::helpers::key_text(stored));
     let key = app
         .redis
         .keys()
@@ -170,7 +172,10 @@ async fn a_pinned_tenant_gets_a_shard_of_its_own_and_stale_servers_are_sent_on()
         .await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.json::<Value>().await.unwrap()["execution_id"], id);
-    let row = format!("sluice:{{{tag}}}:exec:{}", id.as_str().unwrap());
+    let stored = app
+        .shard("hot")
+        .stored_id(&sluice::domain::ExecutionId::parse(id.as_str().unwrap()).unwrap());
+    let row = format!("sluice:{{{tag}}}:exec:{}", crate::helpers::key_text(stored));
     assert!(
         app.redis.keys().await.contains(&row),
         "the row is under {tag}"

@@ -68,7 +68,7 @@ fn complete_call(
             // No start log (the default).
             b"0",
             b"1",
-            sluice::store::keys::stored_id(id).as_ref(),
+            s.stored_id(id).as_ref(),
             fence.as_bytes(),
             CONSUMER.as_bytes(),
             b"completed",
@@ -111,12 +111,13 @@ async fn start_and_complete_answer_each_field_where_the_store_reads_it() {
     // traceparent or '', tracestate or '', params (last: only they may hold a newline).
     let (k, a) = start_call(s, 1);
     let started = fcall(&redis, "start", &k, &a).await.unwrap();
+    // (The id in its stored form: 16 bytes at layout 5, which may hold a newline.)
     let run = |id: &ExecutionId| {
-        bulk(&format!(
-            "{}\n1\n1\n{}\ndemo.echo\n\n5\n\n\n{{}}",
-            id.as_str(),
-            tenant.as_str()
-        ))
+        let mut line = s.stored_id(id).as_ref().to_vec();
+        line.extend_from_slice(
+            format!("\n1\n1\n{}\ndemo.echo\n\n5\n\n\n{{}}", tenant.as_str()).as_bytes(),
+        );
+        Value::BulkString(line)
     };
     // The second admission is still runnable (more 1, weight 1); nothing is scheduled (-1).
     assert_eq!(

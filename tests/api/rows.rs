@@ -135,8 +135,10 @@ async fn rows_in_every_state_hold_only_declared_fields() {
         .collect();
     assert_eq!(rows.len(), ids.len());
     for key in rows {
-        let fields: BTreeMap<String, String> =
-            app.redis.query(redis::cmd("HGETALL").arg(&key)).await;
+        let fields: BTreeMap<String, String> = app
+            .redis
+            .query(redis::cmd("HGETALL").arg(crate::helpers::key_bytes(&key)))
+            .await;
         for f in fields.keys() {
             assert!(
                 declared.contains(f),

@@ -38,27 +38,36 @@ fn parked(key: &str) -> String {
 /// Breaks `key`: its value (if any) moves aside and a string takes its place, so every command
 /// and script on it fails with WRONGTYPE.
 async fn break_key(app: &TestApp, key: &str) {
-    let exists: i64 = app.redis.query(redis::cmd("EXISTS").arg(key)).await;
+    // (A name as `TestRedis::keys` lists it, `key_text`: its bytes.)
+    let (key, parked_key) = (
+        crate::helpers::key_bytes(key),
+        crate::helpers::key_bytes(&parked(key)),
+    );
+    let exists: i64 = app.redis.query(redis::cmd("EXISTS").arg(&key)).await;
     if exists == 1 {
         let _: () = app
             .redis
-            .query(redis::cmd("RENAME").arg(key).arg(parked(key)))
+            .query(redis::cmd("RENAME").arg(&key).arg(&parked_key))
             .await;
     }
     let _: () = app
         .redis
-        .query(redis::cmd("SET").arg(key).arg("broken"))
+        .query(redis::cmd("SET").arg(&key).arg("broken"))
         .await;
 }
 
 /// Puts the real value of a key `break_key` broke back.
 async fn repair_key(app: &TestApp, key: &str) {
-    let _: i64 = app.redis.query(redis::cmd("DEL").arg(key)).await;
-    let parked_exists: i64 = app.redis.query(redis::cmd("EXISTS").arg(parked(key))).await;
+    let (key, parked_key) = (
+        crate::helpers::key_bytes(key),
+        crate::helpers::key_bytes(&parked(key)),
+    );
+    let _: i64 = app.redis.query(redis::cmd("DEL").arg(&key)).await;
+    let parked_exists: i64 = app.redis.query(redis::cmd("EXISTS").arg(&parked_key)).await;
     if parked_exists == 1 {
         let _: () = app
             .redis
-            .query(redis::cmd("RENAME").arg(parked(key)).arg(key))
+            .query(redis::cmd("RENAME").arg(&parked_key).arg(&key))
             .await;
     }
 }
@@ -210,7 +219,7 @@ async fn the_sweeper_goes_on_past_a_shard_it_cannot_read_and_sweeps_it_once_repa
     app.admit_with(a, json!({"flow_id": "demo.echo"})).await;
     app.admit_with(&b, json!({"flow_id": "demo.echo"})).await;
     let ghost = |n: u32| {
-        sluice::store::keys::listing_member(
+        sa.listing_member(
             Some(Status::Completed),
             &sluice::domain::FlowId::parse("demo.echo").unwrap(),
             &sluice::domain::ExecutionId::parse(&format!("{n:032x}")).unwrap(),

@@ -24,7 +24,7 @@ async fn pending(app: &TestApp) -> (u64, u64) {
     let mut c = app.redis.conn().await;
     let (mut entries, mut max_starts) = (0, 0);
     for shard in app.store().await.shards().all() {
-        let ids: Vec<String> = redis::cmd("ZRANGE")
+        let ids: Vec<Vec<u8>> = redis::cmd("ZRANGE")
             .arg(shard.leases())
             .arg(0)
             .arg(-1)
@@ -33,7 +33,7 @@ async fn pending(app: &TestApp) -> (u64, u64) {
             .unwrap();
         entries += ids.len() as u64;
         for id in ids {
-            let row = shard.row(&sluice::domain::ExecutionId::parse(&id).unwrap());
+            let row = shard.row(&sluice::domain::ExecutionId::from_reply(&id).unwrap());
             let fence: Option<u64> = redis::cmd("HGET")
                 .arg(row)
                 .arg(sluice::domain::row::FENCE)
@@ -442,10 +442,12 @@ async fn stale_queue_members_are_dropped_once_and_evictions_are_counted() {
         .admit_with("acme", json!({"flow_id": "demo.echo"}))
         .await;
     let mut c = app.redis.conn().await;
+    // (The real one in its stored form, as the store writes it.)
+    let stored = shard.stored_id(&sluice::domain::ExecutionId::parse(&real).unwrap());
     for (score, ghost) in [
-        (1, "0123456789abcdef0123456789abcdef"),
-        (2, "nope"),
-        (3, real.as_str()),
+        (1, &b"0123456789abcdef0123456789abcdef"[..]),
+        (2, b"nope"),
+        (3, stored.as_ref()),
     ] {
         // The real one again, with a lower score: its row is queued, so it is kept.
         let _: i64 = redis::cmd("ZADD")
@@ -610,13 +612,16 @@ async fn the_sweeper_repairs_slots_and_indexes_that_drifted() {
     );
     let _: i64 = app
         .redis
-        .query(redis::cmd("ZADD").arg(shard.listing(&tenant)).arg(0).arg(
-            sluice::store::keys::listing_member(
-                Some(sluice::domain::Status::Completed),
-                &sluice::domain::FlowId::parse("demo.echo").unwrap(),
-                &sluice::domain::ExecutionId::parse(ghost).unwrap(),
-            ),
-        ))
+        .query(
+            redis::cmd("ZADD")
+                .arg(shard.listing(&tenant))
+                .arg(0)
+                .arg(shard.listing_member(
+                    Some(sluice::domain::Status::Completed),
+                    &sluice::domain::FlowId::parse("demo.echo").unwrap(),
+                    &sluice::domain::ExecutionId::parse(ghost).unwrap(),
+                )),
+        )
         .await;
     let store = std::sync::Arc::new(app.store().await);
     let repaired = sluice::sweeper::sweep_once(store.clone(), "test", Duration::from_millis(200))
@@ -682,11 +687,7 @@ async fn the_sweeper_resumes_where_its_budget_ran_out() {
         let _: i64 = redis::cmd("ZADD")
             .arg(&key)
             .arg(0)
-            .arg(sluice::store::keys::listing_member(
-                Some(sluice::domain::Status::Completed),
-                &flow,
-                &ghost,
-            ))
+            .arg(shard.listing_member(Some(sluice::domain::Status::Completed), &flow, &ghost))
             .query_async(&mut c)
             .await
             .unwrap();

@@ -368,6 +368,11 @@ pub struct Args {
     /// `--cost`: leave out sluice's figures on a local Redis Cluster.
     #[arg(long)]
     pub(crate) cost_skip_cluster: bool,
+    /// `--cost`: the key layout sluice's fresh Redis records for the bytes figures (4, the
+    /// current one, or 5: binary ids, reached only by a first start told so; see
+    /// `--initial-layout`), so a storage change of layout 5 is measured before it is current.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(4..=5))]
+    pub(crate) cost_layout: u32,
     /// `--cost`: only the bytes by structure (no CPU rounds, no callgrind): seconds instead of
     /// minutes, for checking a storage change.
     #[arg(long)]

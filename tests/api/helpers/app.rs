@@ -352,7 +352,7 @@ impl TestApp {
         let t = TenantId::parse(tenant).unwrap();
         let key = self.shard(tenant).waiting(&t);
         self.redis
-            .query(redis::cmd("ZRANGE").arg(key).arg(0).arg(-1))
+            .ids(redis::cmd("ZRANGE").arg(key).arg(0).arg(-1))
             .await
     }
 
@@ -421,7 +421,8 @@ impl TestApp {
         let s = self.shard(tenant);
         let t = TenantId::parse(tenant).unwrap();
         let digest = sluice::domain::DedupKey::parse(key).unwrap().digest();
-        let field: Option<String> = self
+        // (Values as layout 4 writes them, `mapping_text`: the id part in hex.)
+        let field: Option<Vec<u8>> = self
             .redis
             .query(
                 redis::cmd("HGET")
@@ -429,8 +430,10 @@ impl TestApp {
                     .arg(keys::dedup_field(&digest)),
             )
             .await;
+        let field = field.map(super::mapping_text);
         let key = s.dedup(&t, &digest);
-        let value: Option<String> = self.redis.query(redis::cmd("GET").arg(&key)).await;
+        let value: Option<Vec<u8>> = self.redis.query(redis::cmd("GET").arg(&key)).await;
+        let value = value.map(super::mapping_text);
         let ttl: i64 = self.redis.query(redis::cmd("TTL").arg(&key)).await;
         match (field, value) {
             (Some(f), None) => DedupMapping::Live(f),
@@ -446,7 +449,8 @@ impl TestApp {
 /// Where a dedup mapping is (`TestApp::dedup_mapping`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DedupMapping {
-    /// A field of its tenant's bucket (its execution is live): `<id>:<fingerprint>`.
+    /// A field of its tenant's bucket (its execution is live): `<id>:<fingerprint>` (the id
+    /// in hex whatever the layout stores, `mapping_text`).
     Live(String),
     /// The string key, with its TTL in seconds (-1: none, an older build's live form).
     Ended(String, i64),

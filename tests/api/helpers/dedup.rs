@@ -21,15 +21,17 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
     async fn row<C: ConnectionLike + Send>(
         conn: &mut C,
         prefix: &str,
-        id: &str,
+        id: &[u8],
     ) -> (
         Option<String>,
         Option<String>,
         Option<String>,
         Option<String>,
     ) {
+        let mut key = format!("{prefix}exec:").into_bytes();
+        key.extend_from_slice(id);
         redis::cmd("HMGET")
-            .arg(format!("{prefix}exec:{id}"))
+            .arg(key)
             .arg(&[row::STATUS, row::TENANT, row::DEDUP_DIGEST, row::DELETED])
             .query_async(conn)
             .await
@@ -47,14 +49,15 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
         match name.kind {
             KeyKind::DedupBucket => {
                 let head = key.rsplit(':').next().unwrap_or_default().to_owned();
-                let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+                let fields: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
                     .arg(key)
                     .query_async(conn)
                     .await
                     .expect("HGETALL bucket");
                 for (field, mapped) in fields {
-                    let id = mapped.split(':').next().unwrap_or_default();
-                    let (status, t, ddh, deleted) = row(conn, &prefix, id).await;
+                    let stored = mapped_id(&mapped);
+                    let (status, t, ddh, deleted) = row(conn, &prefix, stored).await;
+                    let id = super::id_text(stored);
                     let digest = format!("{head}{field}");
                     if !live(&status)
                         || deleted.is_some()
@@ -69,15 +72,16 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
                 }
             }
             KeyKind::Dedup => {
-                let (mapped, ttl): (Option<String>, i64) = redis::pipe()
+                let (mapped, ttl): (Option<Vec<u8>>, i64) = redis::pipe()
                     .get(key)
                     .ttl(key)
                     .query_async(conn)
                     .await
                     .expect("GET, TTL mapping");
                 let Some(mapped) = mapped else { continue };
-                let id = mapped.split(':').next().unwrap_or_default();
-                let (status, ..) = row(conn, &prefix, id).await;
+                let stored = mapped_id(&mapped);
+                let (status, ..) = row(conn, &prefix, stored).await;
+                let id = super::id_text(stored);
                 if ttl < 0 || live(&status) {
                     found.push(format!(
                         "{key} maps to {id}, which is {status:?}, with TTL {ttl}"
@@ -94,7 +98,9 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
         let (KeyKind::Row, Some(shard), Some(id)) = (name.kind, name.shard, name.id) else {
             continue;
         };
-        let (status, t, ddh, deleted) = row(conn, &shard.prefix(), id).await;
+        let stored = super::key_bytes(id);
+        let (status, t, ddh, deleted) = row(conn, &shard.prefix(), &stored).await;
+        let id = super::id_text(&stored);
         let (Some(t), Some(digest)) = (t, ddh) else {
             continue;
         };
@@ -104,20 +110,24 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
         let Ok(tenant) = sluice::domain::TenantId::parse(&t) else {
             continue;
         };
-        let mapped: Option<String> = redis::cmd("HGET")
+        let mapped: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(shard.dedup_bucket(&tenant, &digest))
             .arg(keys::dedup_field(&digest))
             .query_async(conn)
             .await
             .expect("HGET bucket");
-        if !mapped
-            .as_ref()
-            .is_some_and(|m| m.starts_with(&format!("{id}:")))
-        {
+        if mapped.as_ref().is_none_or(|m| mapped_id(m) != stored) {
+            let mapped = mapped.map(super::mapping_text);
             found.push(format!(
                 "{id} is {status:?} with dedup digest {digest}, but its bucket maps {mapped:?}"
             ));
         }
     }
     found
+}
+
+/// The stored id of a mapping's value `<id>:<fingerprint>` (16 hex digits): by position, as
+/// the scripts read it (a binary id may hold ':').
+fn mapped_id(mapped: &[u8]) -> &[u8] {
+    &mapped[..mapped.len().saturating_sub(17)]
 }

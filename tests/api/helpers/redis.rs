@@ -11,12 +11,29 @@ use std::time::Duration;
 
 use sluice::config::RedisSettings;
 use sluice::redis_server::{self, Persistence};
-use sluice::store::{Conn, RedisTarget, Shard, ShardMap};
+use sluice::store::{Conn, Layout, RedisTarget, Shard, ShardMap};
 
 /// Whether this run of the suite puts every test on a local 3-master Redis Cluster instead of
 /// one server (`SLUICE_TEST_CLUSTER=1`; `scripts/test.sh` runs the suite both ways).
 pub fn cluster_mode() -> bool {
     std::env::var("SLUICE_TEST_CLUSTER").is_ok_and(|v| v == "1")
+}
+
+/// The key layout every test's fresh Redis records at its first start: `Layout::CURRENT`, or
+/// layout 5 (binary ids) when the suite runs with `SLUICE_TEST_LAYOUT=5` (like
+/// `SLUICE_TEST_CLUSTER=1`, a whole pass of the suite: `TestRedis::settings` and `args` carry
+/// it to every application, store and `sluice` process the test starts on it).
+pub fn test_layout() -> Layout {
+    match std::env::var("SLUICE_TEST_LAYOUT").as_deref() {
+        Ok("5") => Layout::Binary,
+        Ok("4") | Err(_) => Layout::CURRENT,
+        Ok(other) => panic!("SLUICE_TEST_LAYOUT={other}: 4 or 5"),
+    }
+}
+
+/// Whether this pass stores ids as their 16 bytes (`SLUICE_TEST_LAYOUT=5`, see `test_layout`).
+pub fn binary_layout() -> bool {
+    test_layout() == Layout::Binary
 }
 
 /// The Redis one test owns: a standalone `redis-server`, or the nodes of a local Redis
@@ -234,15 +251,26 @@ impl TestRedis {
 
     /// The settings that point sluice at this Redis.
     pub fn settings(&self) -> RedisSettings {
-        RedisSettings::for_target(self.target())
+        let mut settings = RedisSettings::for_target(self.target());
+        if binary_layout() {
+            settings.initial_layout = Some(Layout::Binary.number());
+        }
+        settings
     }
 
     /// The command-line arguments that point a `sluice` process at this Redis.
     pub fn args(&self) -> Vec<String> {
-        match self.target() {
+        let mut args: Vec<String> = match self.target() {
             RedisTarget::Standalone(url) => vec!["--redis-url".into(), url],
             RedisTarget::Cluster(seeds) => vec!["--redis-cluster".into(), seeds.join(",")],
+        };
+        if binary_layout() {
+            args.extend([
+                "--initial-layout".into(),
+                Layout::Binary.number().to_string(),
+            ]);
         }
+        args
     }
 
     /// A connection for asserting what Redis holds (on a cluster, routed by key; KEYS, DBSIZE
@@ -368,7 +396,7 @@ impl TestRedis {
         let mut all = BTreeSet::new();
         for n in &self.nodes[..self.masters] {
             let mut c = n.direct().await.expect("redis connection");
-            all.extend(all_keys(&mut c).await);
+            all.extend(all_keys(&mut c).await.iter().map(key_text));
         }
         all
     }
@@ -381,14 +409,15 @@ impl TestRedis {
         let mut all = BTreeMap::new();
         for n in &self.nodes[..self.masters] {
             let mut c = n.direct().await.expect("redis connection");
-            for k in all_keys(&mut c).await {
+            for raw in all_keys(&mut c).await {
+                let k = key_text(&raw);
                 let (kind, value, expires): (String, Vec<u8>, i64) = redis::pipe()
                     .cmd("TYPE")
-                    .arg(&k)
+                    .arg(&raw)
                     .cmd("DUMP")
-                    .arg(&k)
+                    .arg(&raw)
                     .cmd("PEXPIRETIME")
-                    .arg(&k)
+                    .arg(&raw)
                     .query_async(&mut c)
                     .await
                     .unwrap_or_else(|e| panic!("dump of {k}: {e}"));
@@ -476,6 +505,13 @@ impl TestRedis {
         all
     }
 
+    /// Runs one command answering execution ids (members of a queue, a slot set, ...) and
+    /// gives each as its hex (`id_text`), whatever the layout stores.
+    pub async fn ids(&self, cmd: &mut redis::Cmd) -> Vec<String> {
+        let stored: Vec<Vec<u8>> = self.query(cmd).await;
+        stored.iter().map(id_text).collect()
+    }
+
     /// Runs one command and parses the reply.
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
         let mut c = self.conn().await;
@@ -489,21 +525,78 @@ impl Drop for TestRedis {
     }
 }
 
-/// Every key of one node (`KEYS *`: test data is small).
-async fn all_keys(c: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
-    redis::cmd("KEYS").arg("*").query_async(c).await.unwrap()
+/// Every key of one node (`KEYS *`: test data is small), as Redis holds it (bytes: a layout-5
+/// name holds a binary id).
+async fn all_keys(c: &mut redis::aio::MultiplexedConnection) -> Vec<Vec<u8>> {
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query_async(c).await.unwrap();
+    keys
 }
 
-/// A key name that holds an execution id (`Shard::row`, `Shard::void`: bytes) as text, to
-/// look it up among what `TestRedis::keys` and `TestRedis::dump` list (text: every name
-/// layout 4 writes is UTF-8, its stored ids being hex). Panics on a binary id: a layout-5
-/// store needs those walks in bytes.
-pub fn key_text(key: Vec<u8>) -> String {
-    String::from_utf8(key).expect("a layout-4 key name is text")
+/// A key name (or member) as the text `TestRedis::keys` and `TestRedis::dump` list it under: the
+/// name itself when it is printable text (every name of layout 4, whose stored ids are hex),
+/// else each byte outside printable ASCII, and `\`, as `\xNN` (a layout-5 name holding a
+/// binary id). One text per name, so a test builds the expected text from `Shard::row` etc.
+/// with the same function.
+pub fn key_text(key: impl AsRef<[u8]>) -> String {
+    let key = key.as_ref();
+    if let Ok(text) = std::str::from_utf8(key)
+        && !text.chars().any(|c| c.is_control() || c == '\\')
+    {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(key.len() * 2);
+    for &b in key {
+        match b {
+            b' '..=b'~' if b != b'\\' => out.push(char::from(b)),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
+
+/// The bytes a `key_text` stands for (its inverse): to name a key found by `TestRedis::keys`
+/// in a command, or to take a stored id out of a name read back by `keys::parse`.
+pub fn key_bytes(text: &str) -> Vec<u8> {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && b.get(i + 1) == Some(&b'x') && i + 4 <= b.len() {
+            let hex = std::str::from_utf8(&b[i + 2..i + 4]).expect("escaped byte");
+            out.push(u8::from_str_radix(hex, 16).expect("escaped byte"));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// An execution id as Redis stores it (32 hex digits, or 16 bytes at layout 5), as its hex:
+/// what the API answers, so tests compare ids read from Redis with the API's whatever the
+/// layout. Anything else as its `key_text`.
+pub fn id_text(stored: impl AsRef<[u8]>) -> String {
+    let stored = stored.as_ref();
+    match sluice::domain::ExecutionId::from_reply(stored) {
+        Ok(id) => id.as_str().to_owned(),
+        Err(_) => key_text(stored),
+    }
+}
+
+/// A dedup mapping's value (`<stored id>:<fingerprint>`, the fingerprint 16 hex digits) as
+/// layout 4 writes it: `<hex id>:<fingerprint>`, so tests read either layout's alike.
+pub fn mapping_text(mapped: impl AsRef<[u8]>) -> String {
+    let mapped = mapped.as_ref();
+    if mapped.len() < 17 {
+        return key_text(mapped);
+    }
+    let (id, fp) = mapped.split_at(mapped.len() - 17);
+    format!("{}{}", id_text(id), key_text(fp))
 }
 
 /// Shard `n` of a default store (16 shards, the current layout): for tests that call scripts
 /// or read keys of a shard directly.
 pub fn shard_no(n: u16) -> Shard {
-    ShardMap::new(16, sluice::store::Layout::CURRENT).shard(n)
+    ShardMap::new(16, test_layout()).shard(n)
 }

@@ -135,20 +135,22 @@ async fn sluice_point(
     } else {
         procs::start_redis(&args.redis_server, ctx.scratch).await?
     };
-    let system = if cluster {
+    let mut system = if cluster {
         format!("sluice, cluster of {}", args.cluster_masters)
     } else {
         "sluice".to_owned()
     };
+    if args.cost_layout != sluice::store::Layout::CURRENT.number() {
+        system.push_str(&format!(", layout {}", args.cost_layout));
+    }
     let state = if completed { "completed" } else { "queued" };
     let name = format!("bytes: {system}, {state}, {params} B params");
     eprintln!("[cost] {name}: {count} executions");
-    let mut direct = Direct::connect(
-        store_config(args, redis.target()),
-        &ctx.tenants,
-        &redis.urls,
-    )
-    .await?;
+    let mut config = store_config(args, redis.target());
+    // The fresh Redis records `--cost-layout` at the store's first start (the worker serves
+    // what it records).
+    config.initial_layout = sluice::store::Layout::from_number(args.cost_layout);
+    let mut direct = Direct::connect(config, &ctx.tenants, &redis.urls).await?;
     direct.reset().await?;
     let mut worker = None;
     if completed {
@@ -424,7 +426,8 @@ async fn scan_all(
         let mut cursor = 0u64;
         // Bounded: SCAN ends when its cursor returns to 0; the cap guards against a bug.
         for _ in 0..10_000_000 {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            // Bytes: a layout-5 name holds a binary id (its kind is read from its text part).
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("COUNT")
                 .arg(2000)
@@ -444,7 +447,7 @@ async fn scan_all(
 
 async fn scan_page(
     node: &mut MultiplexedConnection,
-    keys: &[String],
+    keys: &[Vec<u8>],
     kind_of: &dyn Fn(&str) -> String,
     out: &mut BTreeMap<String, KindStat>,
 ) -> anyhow::Result<()> {
@@ -463,7 +466,7 @@ async fn scan_page(
         let (Some(bytes), Some(encoding)) = (bytes, encoding) else {
             continue; // gone between SCAN and the pipeline
         };
-        let kind = kind_of(k);
+        let kind = kind_of(&String::from_utf8_lossy(k));
         let s = out.entry(kind.clone()).or_default();
         s.keys += 1;
         s.bytes += bytes;

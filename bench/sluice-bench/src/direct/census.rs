@@ -215,12 +215,11 @@ impl Direct {
                 for (k, (status, created, started, finished, tenant, ready_at, run_at)) in
                     keys.iter().zip(rows)
                 {
-                    let (Some(status), Some(id)) = (status, keys::parse(k).and_then(|n| n.id))
-                    else {
+                    let (Some(status), Some(id)) = (status, row_id(k)) else {
                         continue; // deleted between SCAN and HMGET
                     };
                     out.push(RowTimes {
-                        id: id.to_owned(),
+                        id,
                         status,
                         tenant,
                         created,
@@ -253,7 +252,8 @@ async fn key_queues(node: &mut MultiplexedConnection) -> anyhow::Result<(u64, u6
     let mut queues = Vec::new();
     let mut cursor = 0u64;
     for _ in 0..10_000_000 {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+        // Bytes: a layout-5 row's name holds a binary id (a queue's never does).
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("COUNT")
             .arg(ROW_PAGE)
@@ -261,6 +261,7 @@ async fn key_queues(node: &mut MultiplexedConnection) -> anyhow::Result<(u64, u6
             .await?;
         queues.extend(
             keys.into_iter()
+                .filter_map(|k| String::from_utf8(k).ok())
                 .filter(|k| keys::parse(k).is_some_and(|n| n.kind == KeyKind::KeyQueue)),
         );
         cursor = next;
@@ -274,10 +275,10 @@ async fn key_queues(node: &mut MultiplexedConnection) -> anyhow::Result<(u64, u6
         for q in page {
             p.zcard(q).cmd("ZRANGE").arg(q).arg(0).arg(0);
         }
-        let v: Vec<(u64, Vec<String>)> = {
+        let v: Vec<(u64, Vec<Vec<u8>>)> = {
             let flat: Vec<Value> = p.query_async(node).await?;
             flat.chunks(2)
-                .map(|pair| -> anyhow::Result<(u64, Vec<String>)> {
+                .map(|pair| -> anyhow::Result<(u64, Vec<Vec<u8>>)> {
                     Ok((
                         redis::from_redis_value_ref(&pair[0])?,
                         redis::from_redis_value_ref(&pair[1])?,
@@ -307,9 +308,17 @@ async fn key_queues(node: &mut MultiplexedConnection) -> anyhow::Result<(u64, u6
     Ok((queued, heads))
 }
 
+/// The execution id (hex) a row's name holds, in either stored form: the bytes after the
+/// first `}:exec:` (the hash tag holds no `}`), 32 hex digits or 16 bytes (layout 5).
+fn row_id(key: &[u8]) -> Option<String> {
+    let at = key.windows(7).position(|w| w == b"}:exec:")?;
+    let id = sluice::domain::ExecutionId::from_reply(&key[at + 7..]).ok()?;
+    Some(id.as_str().to_owned())
+}
+
 /// One pipeline reading `fields` of every row of `keys` (a page of `row_keys`, all on one
 /// node).
-fn rows_page(keys: &[String], fields: &[&str]) -> redis::Pipeline {
+fn rows_page(keys: &[Vec<u8>], fields: &[&str]) -> redis::Pipeline {
     let mut p = redis::pipe();
     for k in keys {
         p.cmd("HMGET").arg(k).arg(fields);
@@ -319,11 +328,12 @@ fn rows_page(keys: &[String], fields: &[&str]) -> redis::Pipeline {
 
 /// The names of every execution row on one node, found by SCAN (not through an index).
 /// Bounded: SCAN ends when its cursor returns to 0; the cap guards against a server bug.
-async fn row_keys(node: &mut MultiplexedConnection) -> anyhow::Result<Vec<String>> {
+async fn row_keys(node: &mut MultiplexedConnection) -> anyhow::Result<Vec<Vec<u8>>> {
     let mut all = Vec::new();
     let mut cursor = 0u64;
     for _ in 0..10_000_000 {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+        // Bytes: a layout-5 row's name holds a binary id.
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
             .arg(keys::row_pattern())

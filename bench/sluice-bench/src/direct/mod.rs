@@ -376,7 +376,8 @@ impl Direct {
             let mut cursor = 0u64;
             // Bounded like `census`.
             for _ in 0..10_000_000 {
-                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                // Bytes: a layout-5 name holds a binary id.
+                let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("COUNT")
                     .arg(5000)
@@ -396,7 +397,8 @@ impl Direct {
                 }
                 let sizes: Vec<Option<u64>> = p.query_async(node).await?;
                 for (k, size) in keys.iter().zip(sizes) {
-                    *out.entry(key_kind(k)).or_default() += size.unwrap_or(0);
+                    *out.entry(key_kind(&String::from_utf8_lossy(k)))
+                        .or_default() += size.unwrap_or(0);
                 }
                 cursor = next;
                 if cursor == 0 {
