@@ -5,6 +5,7 @@
 //! Long on purpose: one handler per route of the resource, each with its OpenAPI annotation
 //! and docs (over a quarter of the lines), so the contract of a route sits beside its code.
 
+mod answer;
 pub mod batch;
 pub mod waiting;
 pub mod wire;
@@ -181,42 +182,20 @@ pub async fn create_execution(
     match admission {
         Admission::Created(e) => {
             let location = format!("/api/executions/{}", e.execution_id);
-            let mut res = execution_json(StatusCode::CREATED, Execution::from(e));
+            let mut res = answer::execution_json(StatusCode::CREATED, &Execution::from(e));
             if let Ok(v) = HeaderValue::from_str(&location) {
                 res.headers_mut().insert(header::LOCATION, v);
             }
             Ok(res)
         }
         Admission::Replayed(e) => {
-            let mut res = execution_json(StatusCode::OK, Execution::from(e));
+            let mut res = answer::execution_json(StatusCode::OK, &Execution::from(e));
             res.headers_mut()
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(res)
         }
         refused => Err(refusal(&state, tenant, refused, deadline).await),
     }
-}
-
-/// Room reserved for an admission's JSON answer: a new execution with small params is about
-/// 700 bytes, and `axum::Json` starts at 128 and grows three times (a copy each) to hold it.
-const EXECUTION_JSON_CAPACITY: usize = 1024;
-
-/// `status` with `e` as its JSON body: the bytes and headers `(status, axum::Json(e))` gives
-/// (the same serializer, `Content-Type: application/json`), written into a buffer sized for
-/// it at once.
-fn execution_json(status: StatusCode, e: Execution) -> Response {
-    let mut buf = Vec::with_capacity(EXECUTION_JSON_CAPACITY);
-    if serde_json::to_writer(&mut buf, &e).is_err() {
-        // axum's own answer to a value that does not serialize.
-        return (status, axum::Json(e)).into_response();
-    }
-    let mut res = Response::new(axum::body::Body::from(buf));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    res
 }
 
 /// Ask what admission would do now with this request, without admitting it.
