@@ -330,9 +330,10 @@ pub fn metrics_router(state: AppState, limits: &HttpLimits) -> App {
 /// with `RUST_LOG=info,tower_http=debug`; off by default, as it costs a write per request), carrying
 /// the id also returned in `X-Request-Id`. Headers are not logged: they hold credentials.
 fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
+    const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
     let id = req
         .headers()
-        .get("x-request-id")
+        .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     tracing::info_span!(

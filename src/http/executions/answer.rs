@@ -29,6 +29,15 @@ pub(super) fn execution_json(status: StatusCode, e: &Execution) -> Response {
     res
 }
 
+/// The `Location` of a new execution, `/api/executions/{id}`, without `format!`'s machinery.
+pub(super) fn location(id: &str) -> String {
+    const ROUTE: &str = "/api/executions/";
+    let mut location = String::with_capacity(ROUTE.len() + id.len());
+    location.push_str(ROUTE);
+    location.push_str(id);
+    location
+}
+
 /// Writes `e` as serde_json writes the derived `Serialize` of [`Execution`]: compact, the
 /// members in the struct's order, every `Option` present (`null`).
 fn write_execution(out: &mut Vec<u8>, e: &Execution) {

@@ -13,8 +13,10 @@ pub mod wire;
 use std::sync::Arc;
 
 use axum::Extension;
+use axum::extract::FromRequestParts;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -119,14 +121,14 @@ pub const BATCH_ROUTE: &str = "/api/executions/batch";
 pub async fn create_execution(
     State(state): State<AppState>,
     caller: Caller,
-    headers: HeaderMap,
+    headers: AdmissionHeaders,
     ticket: Option<Extension<Arc<Ticket>>>,
     query: QueryLater<CreateParams>,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_for(Action::Admit)?;
     #[allow(deprecated)]
-    if query.parse()?.dry_run == Some(true) {
+    if query.given() && query.parse()?.dry_run == Some(true) {
         return Err(ApiError::BadRequest {
             code: "dry_run_moved",
             detail: "the dry run is its own operation now: POST /api/executions/dry-run with \
@@ -181,7 +183,7 @@ pub async fn create_execution(
     );
     match admission {
         Admission::Created(e) => {
-            let location = format!("/api/executions/{}", e.execution_id);
+            let location = answer::location(&e.execution_id);
             let mut res = answer::execution_json(StatusCode::CREATED, &Execution::from(e));
             if let Ok(v) = HeaderValue::from_str(&location) {
                 res.headers_mut().insert(header::LOCATION, v);
@@ -232,7 +234,7 @@ pub async fn create_execution(
 pub async fn dry_run_execution(
     State(state): State<AppState>,
     caller: Caller,
-    headers: HeaderMap,
+    headers: AdmissionHeaders,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_for(Action::Admit)?;
@@ -256,13 +258,13 @@ pub async fn dry_run_execution(
 async fn admission_request(
     state: &AppState,
     tenant: &TenantId,
-    headers: &HeaderMap,
+    headers: &AdmissionHeaders,
     body: JsonBody<NewExecution>,
 ) -> Result<AdmitRequest, ApiError> {
     let body = body.parse().await.inspect_err(|_| {
         state.metrics.admission(tenant, AdmissionOutcome::Invalid);
     })?;
-    let header_key = match headers.get("idempotency-key") {
+    let header_key = match &headers.idempotency_key {
         None => None,
         Some(v) => Some(v.to_str().map_err(|_| ApiError::BadRequest {
             code: "invalid_dedup_key",
@@ -271,8 +273,8 @@ async fn admission_request(
         })?),
     };
     let trace = TraceContext::from_headers(
-        headers.get("traceparent").and_then(|v| v.to_str().ok()),
-        headers.get("tracestate").and_then(|v| v.to_str().ok()),
+        headers.traceparent.as_ref().and_then(|v| v.to_str().ok()),
+        headers.tracestate.as_ref().and_then(|v| v.to_str().ok()),
     );
     AdmitRequest::parse(body.into(), header_key, state.default_max_attempts)
         .map(|req| AdmitRequest { trace, ..req })
@@ -282,6 +284,34 @@ async fn admission_request(
             state.metrics.admission(tenant, AdmissionOutcome::Invalid);
         })
 }
+
+/// The request headers admission reads: taken one by one (a reference count each) where
+/// axum's `HeaderMap` extractor clones the whole map, every name and value, per request.
+pub struct AdmissionHeaders {
+    /// `Idempotency-Key`: the dedup key, when the body does not carry it.
+    idempotency_key: Option<HeaderValue>,
+    /// `traceparent` and `tracestate`: the W3C trace context kept with the execution.
+    traceparent: Option<HeaderValue>,
+    tracestate: Option<HeaderValue>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for AdmissionHeaders {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let headers = &parts.headers;
+        Ok(Self {
+            idempotency_key: headers.get(IDEMPOTENCY_KEY).cloned(),
+            traceparent: headers.get(TRACEPARENT).cloned(),
+            tracestate: headers.get(TRACESTATE).cloned(),
+        })
+    }
+}
+
+/// Header names looked up per admission, as names (a `&str` is parsed into one per lookup).
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The ticket the edge gave this admission request (see `crate::store::Ticket`); a router
 /// driven without the edge gets one bounded by the request time-out.
