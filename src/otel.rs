@@ -154,19 +154,21 @@ impl AdmitSpan {
     pub fn start(tenant: &str, flow: &str, caller: Option<&TraceContext>) -> Option<Self> {
         Self::open(
             "admit",
-            [
-                KeyValue::new("sluice.tenant", tenant.to_owned()),
-                KeyValue::new("sluice.flow", flow.to_owned()),
-            ],
+            || {
+                [
+                    KeyValue::new("sluice.tenant", tenant.to_owned()),
+                    KeyValue::new("sluice.flow", flow.to_owned()),
+                ]
+            },
             caller,
         )
     }
 
     /// Opens a server span `name` with `attributes` under the caller's context, when export is
-    /// on.
+    /// on (the attributes are made only then: they copy their strings, per request).
     fn open(
         name: &'static str,
-        attributes: [KeyValue; 2],
+        attributes: impl FnOnce() -> [KeyValue; 2],
         caller: Option<&TraceContext>,
     ) -> Option<Self> {
         if !enabled() {
@@ -175,7 +177,7 @@ impl AdmitSpan {
         let span = tracer()
             .span_builder(name)
             .with_kind(SpanKind::Server)
-            .with_attributes(attributes)
+            .with_attributes(attributes())
             .start_with_context(&tracer(), &parent_of(caller));
         let trace = handed_on(span.span_context(), caller);
         Some(Self {
@@ -195,10 +197,12 @@ impl AdmitSpan {
     pub fn start_batch(tenant: &str, items: usize, caller: Option<&TraceContext>) -> Option<Self> {
         Self::open(
             "admit_batch",
-            [
-                KeyValue::new("sluice.tenant", tenant.to_owned()),
-                KeyValue::new("sluice.items", items as i64),
-            ],
+            || {
+                [
+                    KeyValue::new("sluice.tenant", tenant.to_owned()),
+                    KeyValue::new("sluice.items", items as i64),
+                ]
+            },
             caller,
         )
     }

@@ -186,8 +186,9 @@ impl Execution {
         Ok(Self {
             execution_id: id.to_owned(),
             tenant_id: tenant.to_owned(),
-            flow_id: req.flow.to_string(),
-            version: req.version.as_ref().map(|v| v.to_string()),
+            // `as_str().to_owned()`, not `to_string()`: `Display` goes through the formatter.
+            flow_id: req.flow.as_str().to_owned(),
+            version: req.version.as_ref().map(|v| v.as_str().to_owned()),
             params: req.params.clone(),
             status: Status::Queued,
             queue_state: Some(queue_state),
@@ -195,8 +196,8 @@ impl Execution {
             estimated_start: None,
             priority: req.priority,
             run_at,
-            dedup_key: req.dedup.as_ref().map(|d| d.to_string()),
-            concurrency_key: req.concurrency_key.as_ref().map(|k| k.to_string()),
+            dedup_key: req.dedup.as_ref().map(|d| d.as_str().to_owned()),
+            concurrency_key: req.concurrency_key.as_ref().map(|k| k.as_str().to_owned()),
             traceparent: req.trace.as_ref().map(|t| t.traceparent.clone()),
             tracestate: req.trace.as_ref().and_then(|t| t.tracestate.clone()),
             deduplicated: false,

@@ -33,6 +33,10 @@ pub const WORKER_ROUTES: &str = "/api/worker/";
 
 /// Header naming the tenant the platform admin (or a dev-mode caller) acts for.
 pub const TENANT_HEADER: &str = "x-tenant-id";
+/// [`TENANT_HEADER`] as a name, for the lookup every request makes (a `&str` is parsed into
+/// a name per lookup).
+const TENANT_HEADER_NAME: axum::http::HeaderName =
+    axum::http::HeaderName::from_static(TENANT_HEADER);
 
 /// What a caller's credential grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +107,7 @@ fn insufficient(detail: String) -> ApiError {
 const MAX_TOKEN_LEN: usize = 512;
 
 fn tenant_header(headers: &HeaderMap) -> Result<Option<TenantId>, ApiError> {
-    match headers.get(TENANT_HEADER) {
+    match headers.get(TENANT_HEADER_NAME) {
         None => Ok(None),
         Some(v) => {
             let s = v.to_str().map_err(|_| ApiError::BadRequest {

@@ -253,6 +253,14 @@ impl<S: Send + Sync, T> FromRequestParts<S> for QueryLater<T> {
     }
 }
 
+impl<T> QueryLater<T> {
+    /// Whether the request has a query string at all (`?` in its target): a handler whose
+    /// parameters are all optional can skip parsing an absent one.
+    pub fn given(&self) -> bool {
+        self.uri.query().is_some()
+    }
+}
+
 impl<T: DeserializeOwned> QueryLater<T> {
     /// Parses the query string.
     pub fn parse(&self) -> Result<T, ApiError> {

@@ -17,6 +17,7 @@ pub mod health;
 pub mod me;
 pub mod metrics;
 pub mod queue_stats;
+pub mod request_id;
 mod spec;
 pub mod tenants;
 pub mod trends;
@@ -36,7 +37,6 @@ use axum::routing::get;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 use tower_http::cors::{AllowOrigin, CorsLayer};
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -266,13 +266,12 @@ pub fn router(state: AppState, limits: HttpLimits) -> App {
             // Outermost: a preflight is answered before anything else looks at it.
             .option_layer(cors_layer(&limits.cors_origins))
             .map_response(IntoResponse::into_response)
-            .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+            .layer(request_id::RequestIdLayer)
             .layer(
                 TraceLayer::new_for_http()
                     .make_span_with(request_span)
                     .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG)),
             )
-            .layer(PropagateRequestIdLayer::x_request_id())
             .layer(DefaultBodyLimit::max(limits.body_limit))
             .service(app),
     )
@@ -331,9 +330,9 @@ pub fn metrics_router(state: AppState, limits: &HttpLimits) -> App {
 /// the id also returned in `X-Request-Id`. Headers are not logged: they hold credentials.
 fn request_span<B>(req: &axum::http::Request<B>) -> tracing::Span {
     let id = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
+        .extensions()
+        .get::<request_id::RequestId>()
+        .and_then(|id| id.0.to_str().ok())
         .unwrap_or("");
     tracing::info_span!(
         "request",

@@ -300,7 +300,13 @@ impl Policy {
     /// ARGV[1..5] of a shard script (see `migrations-lua/common.lua`): the shard's prefix and
     /// this policy.
     fn common_args(&self, inv: &mut Invocation<'_>, shard: Shard) {
-        inv.arg(shard.prefix())
+        self.common_args_of_prefix(inv, &shard.prefix());
+    }
+
+    /// [`Policy::common_args`] with the shard's prefix given (the group commit remembers it
+    /// per shard rather than formatting it per call).
+    fn common_args_of_prefix(&self, inv: &mut Invocation<'_>, prefix: &str) {
+        inv.arg(prefix)
             .arg(self.max_concurrent.load(Ordering::Relaxed))
             .arg(self.max_queued.load(Ordering::Relaxed))
             .arg(self.retention_secs.load(Ordering::Relaxed))

@@ -165,6 +165,79 @@ async fn new_admission_answers_201_with_location_and_a_full_row() {
 /// (`execution_json`): they must stay what `axum::Json` gave, header for header and byte for
 /// byte. GET still answers through `axum::Json`, so a fresh execution's GET body is the
 /// reference for the 201's bytes; the 200 of a replay is checked for the same headers.
+/// The admission's answers byte for byte (the 201 is written by hand since round ten,
+/// `src/http/executions/answer.rs`): every member in its place, escaped as serde_json
+/// escapes, only the id and the times taken from the answer itself; and the refusals' problem
+/// bodies beside them.
+#[tokio::test]
+async fn admission_answers_are_pinned_byte_for_byte() {
+    let app = TestApp::spawn().await;
+    let body = json!({
+        "flow_id": "demo.echo",
+        "version": "v\"2\"",
+        "params": {"text": "é \"quoted\" \\ \u{1}", "b": [1, 2.5], "a": null},
+        "priority": 2,
+        "concurrency_key": "customer-7",
+        "max_attempts": 4,
+    });
+    let res = app
+        .as_tenant(reqwest::Method::POST, "/api/executions", "acme")
+        .header("Idempotency-Key", "pin-\\1")
+        .header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
+        .header("tracestate", "congo=t61rcWkgMzE")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let created = res.text().await.unwrap();
+    let first: Value = serde_json::from_str(&created).unwrap();
+    let (id, at) = (
+        first["execution_id"].as_str().unwrap(),
+        first["created_at"].as_str().unwrap(),
+    );
+    let answer = |deduplicated: bool| {
+        format!(
+            r#"{{"execution_id":"{id}","tenant_id":"acme","flow_id":"demo.echo","version":"v\"2\"","params":{{"a":null,"b":[1,2.5],"text":"é \"quoted\" \\ \u0001"}},"status":"queued","queue_state":"ready","queue_position":{{"tenant":0,"key":0}},"estimated_start":null,"priority":2,"run_at":null,"dedup_key":"pin-\\1","concurrency_key":"customer-7","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","tracestate":"congo=t61rcWkgMzE","deduplicated":{deduplicated},"attempt":0,"max_attempts":4,"cancel_requested":false,"created_at":"{at}","started_at":null,"finished_at":null,"updated_at":"{at}","output":null,"error":null}}"#
+        )
+    };
+    assert_eq!(created, answer(false));
+
+    let replayed = app.post_with_key("acme", "pin-\\1", &body).await;
+    assert_eq!(replayed.status(), StatusCode::OK);
+    assert_eq!(replayed.text().await.unwrap(), answer(true));
+
+    let conflict = app
+        .post_with_key("acme", "pin-\\1", &json!({"flow_id": "demo.echo"}))
+        .await;
+    assert_eq!(conflict.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        conflict.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(
+        conflict.text().await.unwrap(),
+        format!(
+            r#"{{"type":"urn:sluice:problem:idempotency_key_conflict","title":"Unprocessable Entity","status":422,"detail":"the dedup key is already used by execution {id} with a different flow, version or params","code":"idempotency_key_conflict","execution_id":"{id}"}}"#
+        )
+    );
+    let invalid = app
+        .post_execution("acme", &json!({"flow_id": "demo.echo", "priority": 9}))
+        .await;
+    assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        invalid.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(
+        invalid.text().await.unwrap(),
+        r#"{"type":"urn:sluice:problem:invalid_priority","title":"Bad Request","status":400,"detail":"priority must be an integer from 1 (first) to 5 (last)","code":"invalid_priority"}"#
+    );
+}
+
 #[tokio::test]
 async fn admission_answers_carry_the_headers_and_bytes_of_their_json() {
     let app = TestApp::spawn().await;

@@ -321,20 +321,26 @@ async fn the_request_id_is_returned_and_in_the_logs() {
         .send()
         .await
         .unwrap();
-    assert!(!res.headers()["x-request-id"].is_empty());
+    let made_up = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(made_up.len(), 36, "{made_up}");
 
-    let line = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("a log line with the request id");
-        if line.contains("req-from-the-test-42") {
-            break line;
-        }
-    };
+    // Each id, the client's and the made-up one, names its request's span in the log.
+    let mut lines = Vec::new();
+    for id in ["req-from-the-test-42", made_up.as_str()] {
+        lines.push(loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("a log line with the request id");
+            if line.contains(id) {
+                break line;
+            }
+        });
+        let log: serde_json::Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+        assert_eq!(log["span"]["request_id"], id, "{lines:?}");
+    }
     let _ = child.kill();
     let _ = child.wait();
-    let log: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(log["span"]["request_id"], "req-from-the-test-42", "{line}");
+    let line = lines.join("\n");
     assert!(
         !line.contains(ADMIN_TOKEN),
         "the token leaked into the log: {line}"

@@ -5,6 +5,7 @@
 //! Long on purpose: one handler per route of the resource, each with its OpenAPI annotation
 //! and docs (over a quarter of the lines), so the contract of a route sits beside its code.
 
+mod answer;
 pub mod batch;
 pub mod waiting;
 pub mod wire;
@@ -12,8 +13,10 @@ pub mod wire;
 use std::sync::Arc;
 
 use axum::Extension;
+use axum::extract::FromRequestParts;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -118,14 +121,14 @@ pub const BATCH_ROUTE: &str = "/api/executions/batch";
 pub async fn create_execution(
     State(state): State<AppState>,
     caller: Caller,
-    headers: HeaderMap,
+    headers: AdmissionHeaders,
     ticket: Option<Extension<Arc<Ticket>>>,
     query: QueryLater<CreateParams>,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_for(Action::Admit)?;
     #[allow(deprecated)]
-    if query.parse()?.dry_run == Some(true) {
+    if query.given() && query.parse()?.dry_run == Some(true) {
         return Err(ApiError::BadRequest {
             code: "dry_run_moved",
             detail: "the dry run is its own operation now: POST /api/executions/dry-run with \
@@ -180,43 +183,21 @@ pub async fn create_execution(
     );
     match admission {
         Admission::Created(e) => {
-            let location = format!("/api/executions/{}", e.execution_id);
-            let mut res = execution_json(StatusCode::CREATED, Execution::from(e));
+            let location = answer::location(&e.execution_id);
+            let mut res = answer::execution_json(StatusCode::CREATED, &Execution::from(e));
             if let Ok(v) = HeaderValue::from_str(&location) {
                 res.headers_mut().insert(header::LOCATION, v);
             }
             Ok(res)
         }
         Admission::Replayed(e) => {
-            let mut res = execution_json(StatusCode::OK, Execution::from(e));
+            let mut res = answer::execution_json(StatusCode::OK, &Execution::from(e));
             res.headers_mut()
                 .insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(res)
         }
         refused => Err(refusal(&state, tenant, refused, deadline).await),
     }
-}
-
-/// Room reserved for an admission's JSON answer: a new execution with small params is about
-/// 700 bytes, and `axum::Json` starts at 128 and grows three times (a copy each) to hold it.
-const EXECUTION_JSON_CAPACITY: usize = 1024;
-
-/// `status` with `e` as its JSON body: the bytes and headers `(status, axum::Json(e))` gives
-/// (the same serializer, `Content-Type: application/json`), written into a buffer sized for
-/// it at once.
-fn execution_json(status: StatusCode, e: Execution) -> Response {
-    let mut buf = Vec::with_capacity(EXECUTION_JSON_CAPACITY);
-    if serde_json::to_writer(&mut buf, &e).is_err() {
-        // axum's own answer to a value that does not serialize.
-        return (status, axum::Json(e)).into_response();
-    }
-    let mut res = Response::new(axum::body::Body::from(buf));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    res
 }
 
 /// Ask what admission would do now with this request, without admitting it.
@@ -253,7 +234,7 @@ fn execution_json(status: StatusCode, e: Execution) -> Response {
 pub async fn dry_run_execution(
     State(state): State<AppState>,
     caller: Caller,
-    headers: HeaderMap,
+    headers: AdmissionHeaders,
     body: JsonBody<NewExecution>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant_for(Action::Admit)?;
@@ -277,13 +258,13 @@ pub async fn dry_run_execution(
 async fn admission_request(
     state: &AppState,
     tenant: &TenantId,
-    headers: &HeaderMap,
+    headers: &AdmissionHeaders,
     body: JsonBody<NewExecution>,
 ) -> Result<AdmitRequest, ApiError> {
     let body = body.parse().await.inspect_err(|_| {
         state.metrics.admission(tenant, AdmissionOutcome::Invalid);
     })?;
-    let header_key = match headers.get("idempotency-key") {
+    let header_key = match &headers.idempotency_key {
         None => None,
         Some(v) => Some(v.to_str().map_err(|_| ApiError::BadRequest {
             code: "invalid_dedup_key",
@@ -292,8 +273,8 @@ async fn admission_request(
         })?),
     };
     let trace = TraceContext::from_headers(
-        headers.get("traceparent").and_then(|v| v.to_str().ok()),
-        headers.get("tracestate").and_then(|v| v.to_str().ok()),
+        headers.traceparent.as_ref().and_then(|v| v.to_str().ok()),
+        headers.tracestate.as_ref().and_then(|v| v.to_str().ok()),
     );
     AdmitRequest::parse(body.into(), header_key, state.default_max_attempts)
         .map(|req| AdmitRequest { trace, ..req })
@@ -303,6 +284,34 @@ async fn admission_request(
             state.metrics.admission(tenant, AdmissionOutcome::Invalid);
         })
 }
+
+/// The request headers admission reads: taken one by one (a reference count each) where
+/// axum's `HeaderMap` extractor clones the whole map, every name and value, per request.
+pub struct AdmissionHeaders {
+    /// `Idempotency-Key`: the dedup key, when the body does not carry it.
+    idempotency_key: Option<HeaderValue>,
+    /// `traceparent` and `tracestate`: the W3C trace context kept with the execution.
+    traceparent: Option<HeaderValue>,
+    tracestate: Option<HeaderValue>,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for AdmissionHeaders {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let headers = &parts.headers;
+        Ok(Self {
+            idempotency_key: headers.get(IDEMPOTENCY_KEY).cloned(),
+            traceparent: headers.get(TRACEPARENT).cloned(),
+            tracestate: headers.get(TRACESTATE).cloned(),
+        })
+    }
+}
+
+/// Header names looked up per admission, as names (a `&str` is parsed into one per lookup).
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The ticket the edge gave this admission request (see `crate::store::Ticket`); a router
 /// driven without the edge gets one bounded by the request time-out.
