@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice::domain::{DedupKey, ExecutionId, TenantId};
 use sluice::store::keys::{self, KeyKind};
-use sluice::store::{Layout, Outcome, ShardMap};
+use sluice::store::{Completion, Layout, Outcome, ShardMap};
 use tokio::sync::Barrier;
 
 use crate::helpers::{DedupMapping, TestApp, TestRedis, problem_code};
@@ -935,4 +935,50 @@ async fn a_dedup_mapping_of_a_binary_id_holding_a_colon_replays_and_conflicts_wh
         .await;
     assert_eq!(members.len(), 1);
     assert!(members[0].ends_with(&raw));
+}
+
+/// The one run whose dedup key another execution may hold: its execution force-deleted (the
+/// key released) and the key admitted again while its handler still runs. Its completion
+/// must not touch the new execution's mapping (the deleted run is buried, not finished:
+/// `dedup_end()` never sees it), so the key still answers the new execution: a replay
+/// returns it, `?dedup_key=` lists it, its mapping is live and names it. Layout 5's plan to
+/// end a mapping without reading it first (docs/layout-5-plan.md §1.2) rests on this.
+#[tokio::test]
+async fn a_force_deleted_runs_completion_leaves_the_readmitted_key_alone() {
+    let app = TestApp::spawn().await;
+    let store = Arc::new(app.store().await);
+    let shard = app.shard("acme");
+    let old = admit_keyed(&app, "acme", "k", json!({})).await;
+    let run = store
+        .start(shard, "w", 1, Duration::from_secs(120), 0)
+        .await
+        .unwrap()
+        .started
+        .remove(0);
+    assert_eq!(run.id.as_str(), old);
+    assert_eq!(
+        app.delete("acme", &old, true).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    let new = admit_keyed(&app, "acme", "k", json!({})).await;
+    assert_ne!(new, old);
+    // The old handler finishes now, with its lease's fence: told its execution was deleted.
+    let done = store
+        .complete(
+            shard,
+            &run.id,
+            run.fence,
+            "w",
+            &Outcome::Completed(json!({})),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(done, Completion::Deleted), "{done:?}");
+    assert_eq!(
+        app.get_execution("acme", &old).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    replays_to(&app, "acme", "k", &new).await;
+    assert!(live_for(&app.dedup_mapping("acme", "k").await, &new));
+    assert_eq!(app.dedup_orphans().await, Vec::<String>::new());
 }
