@@ -39,7 +39,8 @@
 --   +5  max_attempts: how many attempts it may have
 --   +6  dedup_key: the dedup key as given, '' for none
 --   +7  dedup_digest: digest of the dedup key: 128 bits of its SHA-256, hex ('' for none)
---   +8  fingerprint: the request's fingerprint (flow, version, params), hex
+--   +8  fingerprint: the request's fingerprint (flow, version, params), hex; its 8 bytes
+--       at layout 5 (Shard::stored_fingerprint)
 --   +9  priority: 1..5 (1 first)
 --   +10 start_at: when to start at the earliest: '@<Unix ms>' (run_at), '+<ms>' after the
 --       admission (delay), '' for now (one value, not two: each value is an element of
@@ -299,7 +300,9 @@ local function admit_one(k, a)
   -- A field of its bucket while the execution is live: settle_terminal() moves it to the
   -- string key, with its TTL, when it ends. A leftover string key whose row expired goes.
   if bucket then
-    redis_call('HSET', bucket, ARGV[a + 15], id .. ':' .. fingerprint)
+    -- (Layout 5's value has no separator: see mapping_id() in common.lua.)
+    redis_call('HSET', bucket, ARGV[a + 15],
+      #id == 16 and id .. fingerprint or id .. ':' .. fingerprint)
     if stale then redis_call('DEL', KEYS[k + 2]) end
   end
   if due then return { 'new', 'scheduled', now, due } end

@@ -1069,15 +1069,22 @@ end
 -- an older build (relayout_dedup.lua converts them): every reader still takes it.
 local function dedup_field(h) return string.sub(h, 3) end
 
--- A dedup mapping's value is `<id>:<fingerprint>`: the stored id (see "Execution ids"), then
--- the request's fingerprint, FP_LEN hex digits (src/domain/request.rs). Read by position:
--- the id is all but the last FP_LEN + 1 bytes.
+-- A dedup mapping's value is the stored id (see "Execution ids") and the request's
+-- fingerprint as the shard stores it (Shard::stored_fingerprint): `<id>:<fingerprint>`,
+-- FP_LEN hex digits, up to layout 4 (49 bytes); `<id 16><fingerprint 8>` at layout 5 (24
+-- bytes, no separator: a binary id may hold any byte). Read by position, the form told by
+-- the length (24: layout 5's).
 local FP_LEN = 16
-local function mapping_id(mapped) return string.sub(mapped, 1, #mapped - FP_LEN - 1) end
+local function mapping_id(mapped)
+  if #mapped == 24 then return string.sub(mapped, 1, 16) end
+  return string.sub(mapped, 1, #mapped - FP_LEN - 1)
+end
 
 -- Whether mapping value `mapped` names execution `id`.
 local function maps_to(mapped, id)
-  return mapped ~= nil and mapped ~= false and string.sub(mapped, 1, #id + 1) == id .. ':'
+  if mapped == nil or mapped == false then return false end
+  if #mapped == 24 then return string.sub(mapped, 1, 16) == id end
+  return string.sub(mapped, 1, #id + 1) == id .. ':'
 end
 
 -- The live execution the dedup mapping of a digest names (bucket `bucket`, its field
@@ -1087,9 +1094,10 @@ end
 -- mapping always has its row (both are written by admit.lua and removed together); a missing row can only mean its retention ran out first,
 -- so the key is free again: then the third value is true when the string key is such a
 -- leftover (admit.lua deletes it as it claims the key). Reads only (dry_admit.lua shares it).
--- `fingerprint` is the caller's request's (every fingerprint has its length, FP_LEN): the
--- id is cut by position with one string.sub, and a mapping that ends in `:<fingerprint>` (a
--- replay, the commonest case) is compared whole; only another request's fingerprint takes
+-- `fingerprint` is the caller's request's, in the shard's form (FP_LEN hex digits, or 8
+-- bytes at layout 5): the id is cut by position with one string.sub (the first 16 bytes of a
+-- 24-byte layout-5 value), and a mapping that ends in the fingerprint (a replay, the
+-- commonest case) is compared whole; only another request's fingerprint takes
 -- one more sub (each C function call about a thousand instructions, callgrind on Redis 7.0).
 local function dedup_holder(bucket, mapping, field, fingerprint)
   local mapped = redis_call('HGET', bucket, field)
@@ -1099,8 +1107,14 @@ local function dedup_holder(bucket, mapping, field, fingerprint)
     if not mapped then return nil end
     stale = true
   end
-  local id, fp = string.sub(mapped, 1, #mapped - #fingerprint - 1), fingerprint
-  if id .. ':' .. fingerprint ~= mapped then fp = string.sub(mapped, #id + 2) end
+  local id, fp
+  if #mapped == 24 then
+    id, fp = string.sub(mapped, 1, 16), fingerprint
+    if id .. fingerprint ~= mapped then fp = string.sub(mapped, 17) end
+  else
+    id, fp = string.sub(mapped, 1, #mapped - #fingerprint - 1), fingerprint
+    if id .. ':' .. fingerprint ~= mapped then fp = string.sub(mapped, #id + 2) end
+  end
   if redis_call('EXISTS', K.row(id)) == 0 then return nil, nil, stale end
   return id, fp
 end

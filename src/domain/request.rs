@@ -56,6 +56,15 @@ impl Fingerprint {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Its 8 bytes, half the hex's: a layout-5 shard stores a dedup mapping as
+    /// `<id 16><fingerprint 8>` (`Shard::stored_fingerprint`), 24 bytes instead of 49.
+    pub fn to_bytes(&self) -> [u8; 8] {
+        let mut out = [0u8; 8];
+        // `fingerprint()` makes exactly 16 lowercase hex digits: decoding cannot fail.
+        hex::decode_to_slice(&self.0, &mut out).expect("a Fingerprint is 16 hex digits");
+        out
+    }
 }
 
 /// A parsed, valid admission request.
@@ -297,6 +306,31 @@ mod tests {
         let a = AdmitRequest::parse(body(json!({"flow_id":"f","params":{"a":1,"b":2}})), None, 5);
         let b = AdmitRequest::parse(body(json!({"flow_id":"f","params":{"b":2,"a":1}})), None, 5);
         assert_eq!(a.unwrap().fingerprint, b.unwrap().fingerprint);
+    }
+
+    /// A shard stores a fingerprint as its 16 hex digits up to layout 4 and as their 8 bytes
+    /// at layout 5 (the dedup mapping `<id 16><fingerprint 8>`, 24 bytes, told by length).
+    #[test]
+    fn a_fingerprint_is_stored_as_hex_or_as_its_8_bytes_at_layout_5() {
+        use crate::store::{Layout, ShardMap};
+        let fp = AdmitRequest::parse(body(json!({"flow_id":"f"})), None, 5)
+            .unwrap()
+            .fingerprint;
+        assert_eq!(fp.as_str().len(), 16);
+        let raw = fp.to_bytes();
+        assert_eq!(lower_hex(&raw), fp.as_str());
+        let hex = ShardMap::new(16, Layout::CURRENT).shard(3);
+        assert_eq!(hex.stored_fingerprint(&fp).as_ref(), fp.as_str().as_bytes());
+        let binary = ShardMap::new(16, Layout::Binary).shard(3);
+        assert_eq!(binary.stored_fingerprint(&fp).as_ref(), &raw[..]);
+        assert_eq!(
+            binary
+                .stored_id(&crate::domain::ExecutionId::new())
+                .as_ref()
+                .len()
+                + binary.stored_fingerprint(&fp).as_ref().len(),
+            24
+        );
     }
 
     #[test]

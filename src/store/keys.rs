@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
 use super::layout::Layout;
-use crate::domain::{ExecutionId, FlowId, Status, TenantId};
+use crate::domain::{ExecutionId, Fingerprint, FlowId, Status, TenantId};
 
 /// Every sluice key starts with this.
 const ROOT: &str = "sluice:";
@@ -60,8 +60,9 @@ pub fn listing_char(s: Option<Status>) -> char {
     }
 }
 
-/// An execution id in its stored form (see `Shard::stored_id`): bytes, since a binary id
-/// (layout 5) is not UTF-8. Sent to Redis as one argument. Held inline (no allocation): it is
+/// An execution id in its stored form (see `Shard::stored_id`; also a request fingerprint's,
+/// `Shard::stored_fingerprint`): bytes, since a binary id (layout 5) is not UTF-8. Sent to
+/// Redis as one argument. Held inline (no allocation): it is
 /// built several times per admission.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct StoredId {
@@ -272,6 +273,24 @@ impl Shard {
             return StoredId { bytes, len: 16 };
         }
         let hex = id.as_str().as_bytes();
+        bytes[..hex.len()].copy_from_slice(hex);
+        StoredId {
+            bytes,
+            len: hex.len() as u8,
+        }
+    }
+
+    /// A request's fingerprint as this shard stores it in a dedup mapping: its 8 bytes at
+    /// layout 5 (the mapping is then `<id 16><fingerprint 8>`, no separator: a reader tells
+    /// the form by its length, 24), its 16 hex digits before (`<id>:<fingerprint>`, 49).
+    /// Same rule as `stored_id`, so a mapping's two parts are always of one layout.
+    pub fn stored_fingerprint(self, fp: &Fingerprint) -> StoredId {
+        let mut bytes = [0u8; 32];
+        if self.binary {
+            bytes[..8].copy_from_slice(&fp.to_bytes());
+            return StoredId { bytes, len: 8 };
+        }
+        let hex = fp.as_str().as_bytes();
         bytes[..hex.len()].copy_from_slice(hex);
         StoredId {
             bytes,
@@ -640,7 +659,8 @@ impl Shard {
         format!("{}t:{t}:fl:{f}:{}", self.prefix(), s.as_str())
     }
 
-    /// A tenant's dedup mapping for a key digest: `<execution id>:<request fingerprint>`, as a
+    /// A tenant's dedup mapping for a key digest: `<execution id>:<request fingerprint>` (at
+    /// layout 5 `<id 16><fingerprint 8>`, see `stored_fingerprint`), as a
     /// string key once its execution ended (with the dedup TTL); a live one is a field of
     /// `dedup_bucket` instead.
     pub fn dedup(self, t: &TenantId, digest: &str) -> String {

@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sluice::domain::{DedupKey, ExecutionId, TenantId};
 use sluice::store::keys::{self, KeyKind};
-use sluice::store::{Layout, Outcome, ShardMap};
+use sluice::store::{Completion, Layout, Outcome, ShardMap};
 use tokio::sync::Barrier;
 
 use crate::helpers::{DedupMapping, TestApp, TestRedis, problem_code};
@@ -436,15 +436,20 @@ async fn the_sweeper_settles_bucket_fields_an_older_build_left() {
     };
     let digest = DedupKey::parse("left").unwrap().digest();
     let stray = DedupKey::parse("stray").unwrap().digest();
-    // (Written as the store writes them: the id in its stored form.)
+    // (Written as the store writes them: the id in its stored form, and at layout 5 the
+    // fingerprint's 8 bytes after it, no separator.)
     let stored = |text: &str| {
         let (id, fp) = text.split_once(':').unwrap();
         let mut v = shard
             .stored_id(&ExecutionId::parse(id).unwrap())
             .as_ref()
             .to_vec();
-        v.push(b':');
-        v.extend_from_slice(fp.as_bytes());
+        if shard.binary_ids() {
+            v.extend_from_slice(&hex::decode(fp).unwrap());
+        } else {
+            v.push(b':');
+            v.extend_from_slice(fp.as_bytes());
+        }
         v
     };
     for (d, v) in [
@@ -860,11 +865,12 @@ async fn an_admission_after_a_replay_reads_its_own_clock_and_limits() {
     assert_eq!(crate::fences::admit_tag(reply), "full");
 }
 
-/// At layout 5 a stored id is its 16 raw bytes, which may hold ':' (the separator of a dedup
-/// mapping's `<id>:<fingerprint>`), '{', '}', NUL or a newline: the mapping is read by
-/// position, so a replay answers the holder's id whole, a conflict names it whole, and the
-/// holder's end moves the mapping that names it. Ids chosen to hold those bytes; the library
-/// called directly (FCALL), as the store calls it on a layout-5 shard.
+/// At layout 5 a stored id is its 16 raw bytes and a fingerprint its 8
+/// (`Shard::stored_fingerprint`), which may hold ':' (layout 4's separator), '{', '}', NUL or
+/// a newline: the mapping `<id 16><fingerprint 8>` is read by position, so a replay answers
+/// the holder's id whole, a conflict names it whole, and the holder's end moves the mapping
+/// that names it. An id and a fingerprint chosen to hold those bytes; the library called
+/// directly (FCALL), as the store calls it on a layout-5 shard.
 #[tokio::test]
 async fn a_dedup_mapping_of_a_binary_id_holding_a_colon_replays_and_conflicts_whole() {
     let redis = TestRedis::start_standalone().await;
@@ -872,16 +878,16 @@ async fn a_dedup_mapping_of_a_binary_id_holding_a_colon_replays_and_conflicts_wh
     sluice::store::load_library(&mut c).await.unwrap();
     let s = ShardMap::new(16, Layout::Binary).shard(3);
     let acme = TenantId::parse("acme").unwrap();
-    let fingerprint = "0123456789abcdef";
-    let other_request = "fedcba9876543210";
-    let keyed = |id: &ExecutionId, fingerprint: &str| {
+    let fingerprint: &[u8] = &[b':', 0x01, b'{', 0, b'}', b'\n', 0xff, b':'];
+    let other_request: &[u8] = &[b':', 0x01, b'{', 0, b'}', b'\n', 0xff, b';'];
+    let keyed = |id: &ExecutionId, fingerprint: &[u8]| {
         let (mut k, mut a) = crate::fences::admit_call(s, s, id);
         let d = DedupKey::parse("k").unwrap().digest();
         k.extend([s.dedup_bucket(&acme, &d), s.dedup(&acme, &d)]);
         a[14] = b"k".to_vec();
         a[23] = keys::dedup_field(&d).into();
         a[15] = d.into();
-        a[16] = fingerprint.into();
+        a[16] = fingerprint.to_vec();
         (k, a)
     };
     let call = |(k, a): (Vec<String>, Vec<Vec<u8>>)| {
@@ -908,9 +914,8 @@ async fn a_dedup_mapping_of_a_binary_id_holding_a_colon_replays_and_conflicts_wh
         )
         .await;
     let mut expected = raw.to_vec();
-    expected.push(b':');
-    expected.extend_from_slice(fingerprint.as_bytes());
-    assert_eq!(mapped, expected);
+    expected.extend_from_slice(fingerprint);
+    assert_eq!(mapped, expected, "24 bytes, no separator");
 
     // Another id, the same request: the holder's id, all 16 bytes.
     let replay = call(keyed(&ExecutionId::new(), fingerprint)).await;
@@ -930,4 +935,50 @@ async fn a_dedup_mapping_of_a_binary_id_holding_a_colon_replays_and_conflicts_wh
         .await;
     assert_eq!(members.len(), 1);
     assert!(members[0].ends_with(&raw));
+}
+
+/// The one run whose dedup key another execution may hold: its execution force-deleted (the
+/// key released) and the key admitted again while its handler still runs. Its completion
+/// must not touch the new execution's mapping (the deleted run is buried, not finished:
+/// `dedup_end()` never sees it), so the key still answers the new execution: a replay
+/// returns it, `?dedup_key=` lists it, its mapping is live and names it. Layout 5's plan to
+/// end a mapping without reading it first (docs/layout-5-plan.md §1.2) rests on this.
+#[tokio::test]
+async fn a_force_deleted_runs_completion_leaves_the_readmitted_key_alone() {
+    let app = TestApp::spawn().await;
+    let store = Arc::new(app.store().await);
+    let shard = app.shard("acme");
+    let old = admit_keyed(&app, "acme", "k", json!({})).await;
+    let run = store
+        .start(shard, "w", 1, Duration::from_secs(120), 0)
+        .await
+        .unwrap()
+        .started
+        .remove(0);
+    assert_eq!(run.id.as_str(), old);
+    assert_eq!(
+        app.delete("acme", &old, true).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    let new = admit_keyed(&app, "acme", "k", json!({})).await;
+    assert_ne!(new, old);
+    // The old handler finishes now, with its lease's fence: told its execution was deleted.
+    let done = store
+        .complete(
+            shard,
+            &run.id,
+            run.fence,
+            "w",
+            &Outcome::Completed(json!({})),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(done, Completion::Deleted), "{done:?}");
+    assert_eq!(
+        app.get_execution("acme", &old).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    replays_to(&app, "acme", "k", &new).await;
+    assert!(live_for(&app.dedup_mapping("acme", "k").await, &new));
+    assert_eq!(app.dedup_orphans().await, Vec::<String>::new());
 }

@@ -282,6 +282,13 @@ pub(crate) fn admit_call(
     let t = TenantId::parse("acme").unwrap();
     let s = keys_of;
     let keys = vec![s.frozen(), s.listing(&t)];
+    // A fingerprint of the shard's width: 8 bytes at layout 5, where a dedup mapping is
+    // `<id 16><fingerprint 8>` told by its length (`Shard::stored_fingerprint`).
+    let fingerprint: &[u8] = if prefix_of.binary_ids() {
+        b"fingerpr"
+    } else {
+        b"fingerprint"
+    };
     // Bytes: the id goes in its stored form, as the store sends it.
     let mut args: Vec<Vec<u8>> = common(&prefix_of.prefix())
         .into_iter()
@@ -301,7 +308,7 @@ pub(crate) fn admit_call(
             b"5",
             b"",
             b"",
-            b"fingerprint",
+            fingerprint,
             b"3",
             // No schedule, concurrency key or trace context.
             b"",
@@ -655,8 +662,13 @@ async fn admit_declares_the_keys_it_writes() {
                 .arg(keys::dedup_field(&digest)),
         )
         .await;
+    // `<id>:<fingerprint>`, or layout 5's `<id 16><fingerprint 8>` (no separator).
     let mut holder = s.stored_id(&eid).as_ref().to_vec();
-    holder.push(b':');
+    if s.binary_ids() {
+        assert_eq!(mapping.len(), 24, "{mapping:?}");
+    } else {
+        holder.push(b':');
+    }
     assert!(mapping.starts_with(&holder), "{mapping:?}");
 
     // A scheduled admission writes the timer set instead, and a second listing member (under

@@ -126,8 +126,12 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
     found
 }
 
-/// The stored id of a mapping's value `<id>:<fingerprint>` (16 hex digits): by position, as
-/// the scripts read it (a binary id may hold ':').
+/// The stored id of a mapping's value `<id>:<fingerprint>` (16 hex digits), or layout 5's
+/// `<id 16><fingerprint 8>` (24 bytes): by position, as the scripts read it (a binary id may
+/// hold ':').
 fn mapped_id(mapped: &[u8]) -> &[u8] {
+    if mapped.len() == 24 {
+        return &mapped[..16];
+    }
     &mapped[..mapped.len().saturating_sub(17)]
 }

@@ -584,10 +584,15 @@ pub fn id_text(stored: impl AsRef<[u8]>) -> String {
     }
 }
 
-/// A dedup mapping's value (`<stored id>:<fingerprint>`, the fingerprint 16 hex digits) as
-/// layout 4 writes it: `<hex id>:<fingerprint>`, so tests read either layout's alike.
+/// A dedup mapping's value (`<stored id>:<fingerprint>`, the fingerprint 16 hex digits, or
+/// layout 5's `<id 16><fingerprint 8>`, told by its length, 24) as layout 4 writes it:
+/// `<hex id>:<fingerprint>`, so tests read either layout's alike.
 pub fn mapping_text(mapped: impl AsRef<[u8]>) -> String {
     let mapped = mapped.as_ref();
+    if mapped.len() == 24 {
+        let (id, fp) = mapped.split_at(16);
+        return format!("{}:{}", id_text(id), hex::encode(fp));
+    }
     if mapped.len() < 17 {
         return key_text(mapped);
     }
