@@ -236,6 +236,9 @@ local function admit_one(k, a)
   if version ~= '' then row[n + 1], row[n + 2], n = 'v', version, n + 2 end
   if dedup ~= '' then
     row[n + 1], row[n + 2], row[n + 3], row[n + 4], n = 'd', dedup, 'dh', dedup_hash, n + 4
+    -- Layout 5 (a binary digest): the fingerprint too, so that the completion moves the
+    -- mapping without reading it (dedup_end() in common.lua).
+    if #dedup_hash == 16 then row[n + 1], row[n + 2], n = 'fp', fingerprint, n + 2 end
   end
   if ckh ~= '' then
     row[n + 1], row[n + 2], row[n + 3], row[n + 4], n = 'k', ckey, 'kh', ckh, n + 4

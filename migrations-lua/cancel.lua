@@ -44,7 +44,10 @@ if status == 'queued' then
   -- earlier attempt stays in the row.
   local size = tonumber(row[8])
   if size then size = size + redis_call('HSTRLEN', ROW, 'em') end
-  settle_terminal(tenant, id, redis_call('HGET', ROW, 'dh'), size)
+  -- (A binary `dh`, layout 5: the row has `fp` too, see dedup_end().)
+  local digest = redis_call('HGET', ROW, 'dh')
+  local fp = digest and #digest == 16 and redis_call('HGET', ROW, 'fp') or nil
+  settle_terminal(tenant, id, digest, size, nil, fp)
   local attempt = redis_call('HGET', ROW, 'a') or '0'
   outbox(tenant, id, 'cancelled', now, { 'flow', flow, 'attempt', attempt })
   redis_call('HINCRBY', STATS, 'cancelled', 1)

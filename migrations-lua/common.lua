@@ -108,7 +108,8 @@ end
 --   pr    priority 1..5 (*DEFAULT_PRIORITY)
 --   z     logical base size, ROW_BYTES + #params (see "Storage")
 --   d     dedup key as given
---   dh    the dedup key's digest
+--   dh    the dedup key's digest: 32 hex digits, its 16 bytes at layout 5 (digest_hex())
+--   fp    layout 5: the request's fingerprint, 8 bytes (with a dedup key only; dedup_end())
 --   k     concurrency key as given
 --   kh    the concurrency key's digest
 --   tp    traceparent
@@ -1069,6 +1070,13 @@ end
 -- an older build (relayout_dedup.lua converts them): every reader still takes it.
 local function dedup_field(h) return string.sub(h, 3) end
 
+-- A row's `dh` as the hex digest the mapping's key names are made of: at layout 5 the row
+-- holds its 16 bytes (Shard::stored_digest), formatted here as public_id() formats an id.
+local function digest_hex(h)
+  if #h == 16 then return string.format(HEX16, string.byte(h, 1, 16)) end
+  return h
+end
+
 -- A dedup mapping's value is the stored id (see "Execution ids") and the request's
 -- fingerprint as the shard stores it (Shard::stored_fingerprint): `<id>:<fingerprint>`,
 -- FP_LEN hex digits, up to layout 4 (49 bytes); `<id 16><fingerprint 8>` at layout 5 (24
@@ -1119,12 +1127,25 @@ local function dedup_holder(bucket, mapping, field, fingerprint)
   return id, fp
 end
 
--- Execution `id` (tenant t, dedup digest h) ended: its mapping, if it still names it, leaves
--- its bucket for the string key with the dedup TTL. A mapping an older build left as a string
--- key gets the TTL where it is.
-local function dedup_end(t, id, h)
+-- Execution `id` (tenant t, dedup digest h, the row's `dh`) ended: its mapping, if it still
+-- names it, leaves its bucket for the string key with the dedup TTL. A mapping an older build
+-- left as a string key gets the TTL where it is. `fp` is the row's `fp` (layout 5): then the
+-- mapping's value is known without reading it, `<id><fp>`, and the field is deleted unread
+-- (one command less per keyed execution). Safe because a live execution's bucket field
+-- always names it (admission claims a key only when dedup_holder() finds no live row); the
+-- one run whose key another execution may hold, force-deleted and readmitted while its handler
+-- runs, is buried (its `dl`), never finished, so it does not come here (the test
+-- `dedup::a_force_deleted_runs_completion_leaves_the_readmitted_key_alone`). An HDEL that
+-- deletes nothing (a live mapping an older build left as a string key) takes the read path.
+local function dedup_end(t, id, h, fp)
+  h = digest_hex(h)
   local bucket, field = K.dedup_bucket(t, h), dedup_field(h)
-  local mapped = redis_call('HGET', bucket, field)
+  if fp and redis_call('HDEL', bucket, field) == 1 then
+    redis_call('SET', K.dedup(t, h), id .. fp, 'EX', POLICY_5)
+    return
+  end
+  -- (With `fp` the HDEL above found no field: the mapping, if any, is a string key.)
+  local mapped = not fp and redis_call('HGET', bucket, field)
   if mapped then
     if maps_to(mapped, id) then
       redis_call('HDEL', bucket, field)
@@ -1140,6 +1161,7 @@ end
 -- A terminal execution `id` is live again (retry.lua): its mapping, if it still names it,
 -- leaves the string key for its bucket and stops expiring.
 local function dedup_revive(t, id, h)
+  h = digest_hex(h)
   local key = K.dedup(t, h)
   local mapped = redis_call('GET', key)
   if not maps_to(mapped, id) then return end
@@ -1150,6 +1172,7 @@ end
 -- Execution `id` is deleted (force_delete.lua): its mapping, in whichever form, goes if it
 -- still names it, so the same dedup key admits a new execution.
 local function dedup_release(t, id, h)
+  h = digest_hex(h)
   local bucket, field = K.dedup_bucket(t, h), dedup_field(h)
   if maps_to(redis_call('HGET', bucket, field), id) then redis_call('HDEL', bucket, field) end
   local key = K.dedup(t, h)
@@ -1486,9 +1509,10 @@ end
 -- the caller has read already. `size` is the row's logical
 -- size (nil for a row not counted, see "Storage"): it is retained until it expires. The expiry
 -- is set as a time (PEXPIREAT), so that PEXPIRETIME reads back exactly the instant its bucket
--- was chosen by. `row` is the row's name when the caller has made it (nil: made here).
-local function settle_terminal(t, id, digest, size, row)
-  if digest then dedup_end(t, id, digest) end
+-- was chosen by. `row` is the row's name when the caller has made it (nil: made here). `fp`
+-- is the row's `fp` (layout 5, see dedup_end()), nil for none.
+local function settle_terminal(t, id, digest, size, row, fp)
+  if digest then dedup_end(t, id, digest, fp) end
   local expire_at = now_ms() + RETENTION_SECS * 1000
   redis_call('PEXPIREAT', row or K.row(id), expiry_text())
   if size then retain(t, size, expire_at, 1) end
@@ -1523,7 +1547,7 @@ local function finish(t, flow, id, run, status, now, extra, drop, dead)
   -- this needs t's limits: no chain follows, or its chain will find the runnable set empty
   -- (release_slot() read it, TOP). A release that made t runnable read the limits already.
   local alone = USAGE_ALONE and (not TOP_WANTED or (TOP ~= nil and TOP[1] == nil))
-  settle_terminal(t, id, run[12], resize(t, run, extra, drop, alone), row)
+  settle_terminal(t, id, run[12], resize(t, run, extra, drop, alone), row, run[16])
   -- The event's fields are made only for a tenant with a webhook: its cfg field as
   -- usage_of() or limits() read it (not the call's ten values of limits() for one).
   local u, webhook = USAGE[t], nil
@@ -1557,10 +1581,11 @@ local function bury(t, id, owner, h)
 end
 
 -- Fields recover(), finish() and complete.lua read from a running row, in this order. The
--- last two are for the storage counters (resize()): the row's base size, and its error
--- message of an earlier attempt, which a new outcome replaces or drops.
+-- 14th and 15th are for the storage counters (resize()): the row's base size, and its error
+-- message of an earlier attempt, which a new outcome replaces or drops; the last, `fp`
+-- (layout 5), lets dedup_end() move the mapping unread.
 local RUN_FIELDS = { 's', 'fe', 'a', 'm', 't', 'f', 'e',
-  'x', 'lo', 'dl', 'w', 'dh', 'kh', 'z', 'em' }
+  'x', 'lo', 'dl', 'w', 'dh', 'kh', 'z', 'em', 'fp' }
 
 -- What happens to a running execution whose run ended without a result (its lease expired, or
 -- its worker could no longer renew it): a cancelled one ends cancelled, a force-deleted one is

@@ -33,7 +33,8 @@ for _, key in ipairs(r[2]) do
     local mapped = redis_call('GET', key)
     local id = mapped and mapping_id(mapped)
     local row = redis_call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
-    local mine = id and row[2] == tenant and row[3] == digest and not row[4]
+    local mine = id and row[2] == tenant and (row[3] and digest_hex(row[3])) == digest
+      and not row[4]
     if mine and (row[1] == 'queued' or row[1] == 'running') then
       local bucket, field = K.dedup_bucket(tenant, digest), dedup_field(digest)
       -- A field already there (written by this build's admission) is the newer word.

@@ -207,7 +207,8 @@ elseif mode == 'dedup' then
       local digest = h .. field
       local id = mapping_id(mapped)
       local row = redis_call('HMGET', K.row(id or ''), 's', 't', 'dh', 'dl')
-      if not id or row[2] ~= tenant or row[3] ~= digest or row[4] then
+      -- (The row's `dh` is the digest's 16 bytes at layout 5: digest_hex().)
+      if not id or row[2] ~= tenant or (row[3] and digest_hex(row[3])) ~= digest or row[4] then
         redis_call('HDEL', bucket, field)
         repaired = repaired + 1
       elseif row[1] ~= 'queued' and row[1] ~= 'running' then

@@ -94,6 +94,7 @@ local function reap(id)
     redis_call('ZREM', K.delayed(), 'rk:' .. tenant .. ':' .. h)
   end
   if digest then
+    digest = digest_hex(digest)
     redis_call('HDEL', K.dedup_bucket(tenant, digest), dedup_field(digest))
     redis_call('DEL', K.dedup(tenant, digest))
   end

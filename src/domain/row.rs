@@ -36,7 +36,7 @@ pub const PRIORITY: &str = "pr";
 pub const SIZE: &str = "z";
 /// Dedup key as given.
 pub const DEDUP: &str = "d";
-/// Dedup key's digest.
+/// Dedup key's digest: 32 hex digits, its 16 bytes at layout 5 (`Shard::stored_digest`).
 pub const DEDUP_DIGEST: &str = "dh";
 /// Concurrency key as given.
 pub const CONCURRENCY_KEY: &str = "k";
@@ -80,6 +80,14 @@ pub const ERR_KIND: &str = "ek";
 pub const ERR_MSG: &str = "em";
 /// Fence of the run whose report was taken.
 pub const REPORTED: &str = "rp";
+
+/// Layout 5: the request's fingerprint (8 bytes), beside the binary `DEDUP_DIGEST`, in a
+/// row with a dedup key; the Lua's, so that a completion moves the dedup mapping without
+/// reading it (`dedup_end()` in common.lua). No reader of the API wants it.
+pub const FINGERPRINT: &str = "fp";
+
+/// The fields only a row of layout 5 holds (no layout-2 name: not in `LEGACY`).
+pub const LAYOUT_5: [&str; 1] = [FINGERPRINT];
 
 /// Every field a row may hold, with its layout-2 name: the declaration the test checks
 /// against `common.lua`, and the conversion `sluice migrate-layout` applies.

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::call::{script_call, script_group};
 use super::commit::{Item, Outcome, Sender};
-use super::row::{first, from_fields, id_at, split_tag, string_at};
+use super::row::{RowFields, first, from_fields, id_at, split_tag, string_at};
 use super::storage::{self, Refused};
 use super::ticket::Ticket;
 use super::{Shard, StorageFull, Store, StoreError, keys};
@@ -509,7 +509,7 @@ impl Store {
         let (tag, rest) = split_tag(reply)?;
         match tag.as_str() {
             "admitted" => {
-                let fields = redis::from_redis_value(first(&rest)?.clone())?;
+                let RowFields(fields) = redis::from_redis_value(first(&rest)?.clone())?;
                 from_fields(id.as_str(), fields, false).map(Admission::Created)
             }
             "void" => Err(StoreError::Unavailable(format!(
@@ -624,7 +624,7 @@ pub(super) fn admission_item(
         params: &req.params,
         max_attempts: req.max_attempts,
         dedup_key: req.dedup.as_ref().map(|d| d.as_str()).unwrap_or(""),
-        dedup_digest: &dedup_digest,
+        dedup_digest: shard.stored_digest(&dedup_digest),
         fingerprint: shard.stored_fingerprint(&req.fingerprint),
         priority: req.priority,
         start_at,
@@ -660,7 +660,7 @@ script_group! {
             params: &'a str,
             max_attempts: u32,
             dedup_key: &'a str,
-            dedup_digest: &'a str,
+            dedup_digest: super::keys::StoredId,
             fingerprint: super::keys::StoredId,
             priority: u8,
             start_at: String,

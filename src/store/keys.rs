@@ -284,6 +284,26 @@ impl Shard {
     /// layout 5 (the mapping is then `<id 16><fingerprint 8>`, no separator: a reader tells
     /// the form by its length, 24), its 16 hex digits before (`<id>:<fingerprint>`, 49).
     /// Same rule as `stored_id`, so a mapping's two parts are always of one layout.
+    /// A dedup key's digest (32 hex digits, `DedupKey::digest`, or '' for none) as this
+    /// shard stores it in the row's `dh`: its 16 bytes at layout 5, so that the row keeps its
+    /// listpack size class with the fingerprint (`fp`) beside it, which lets the completion
+    /// move the mapping without reading it (`dedup_end()` in common.lua); hex before. Key
+    /// names (`dd:`, `ddb:`) stay hex at every layout: the Lua formats them from the bytes.
+    pub fn stored_digest(self, hex: &str) -> StoredId {
+        let mut bytes = [0u8; 32];
+        if self.binary && hex.len() == 32 {
+            for (i, b) in bytes[..16].iter_mut().enumerate() {
+                *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0);
+            }
+            return StoredId { bytes, len: 16 };
+        }
+        bytes[..hex.len().min(32)].copy_from_slice(&hex.as_bytes()[..hex.len().min(32)]);
+        StoredId {
+            bytes,
+            len: hex.len().min(32) as u8,
+        }
+    }
+
     pub fn stored_fingerprint(self, fp: &Fingerprint) -> StoredId {
         let mut bytes = [0u8; 32];
         if self.binary {
@@ -1083,6 +1103,25 @@ mod tests {
         );
         assert_eq!(s.id_time_bound(0x0193_b2c4_d5e6), b"0193b2c4d5e6");
         assert_eq!(s.binary_hold(), format!("{}hold:5", s.prefix()));
+    }
+
+    /// The row's `dh`: the digest's 16 bytes at layout 5 (the Lua formats the key names
+    /// back from them), its hex before, and '' (no dedup key) as ''.
+    #[test]
+    fn a_dedup_digest_is_stored_as_its_16_bytes_at_layout_5() {
+        let hex = "00ff10a0b1c2d3e4f5061728394a5b6c";
+        let binary = ShardMap::new(16, Layout::Binary).shard(7);
+        let text = ShardMap::new(16, Layout::Listing).shard(7);
+        assert_eq!(
+            binary.stored_digest(hex).as_ref(),
+            &[
+                0x00, 0xff, 0x10, 0xa0, 0xb1, 0xc2, 0xd3, 0xe4, 0xf5, 0x06, 0x17, 0x28, 0x39, 0x4a,
+                0x5b, 0x6c
+            ][..]
+        );
+        assert_eq!(text.stored_digest(hex).as_ref(), hex.as_bytes());
+        assert!(binary.stored_digest("").as_ref().is_empty());
+        assert!(text.stored_digest("").as_ref().is_empty());
     }
 
     #[test]

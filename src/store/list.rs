@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use redis::Value;
 
 use super::call::script_call;
-use super::row::{from_fields, row_to_execution};
+use super::row::{RowFields, from_fields, row_to_execution};
 use super::{Shard, Store, StoreError};
 use crate::domain::{DedupKey, Execution, ExecutionId, FlowId, Status, TenantId, row};
 
@@ -84,8 +84,8 @@ impl Store {
         let mut c = self.conn();
         // The row, and what its queue state is read from (a queued row's rank in its tenant's
         // queue against the tenant's free slots), in one round trip.
-        let (mut fields, rank, running, max_concurrent): (
-            HashMap<String, String>,
+        let (RowFields(mut fields), rank, running, max_concurrent): (
+            RowFields,
             Option<u64>,
             u64,
             Option<u64>,

@@ -44,6 +44,24 @@ pub(super) fn execution_from(
     row_to_execution(id, row, deduplicated)
 }
 
+/// A row's fields as `HGETALL` (or a script's reply) gives them, the values that are text.
+/// At layout 5 a keyed row holds its dedup digest (`dh`, `Shard::stored_digest`) and its
+/// fingerprint (`fp`) as bytes that need not be UTF-8; no reader wants them (they are the
+/// Lua's, for moving the dedup mapping), so a value that is not text is left out rather than
+/// failing the whole row.
+pub(super) struct RowFields(pub(super) HashMap<String, String>);
+
+impl redis::FromRedisValue for RowFields {
+    fn from_redis_value(v: Value) -> Result<Self, redis::ParsingError> {
+        let raw: HashMap<String, Vec<u8>> = redis::from_redis_value(v)?;
+        Ok(RowFields(
+            raw.into_iter()
+                .filter_map(|(k, v)| String::from_utf8(v).ok().map(|v| (k, v)))
+                .collect(),
+        ))
+    }
+}
+
 /// An execution from its id and its row as `HGETALL` returns it.
 pub(super) fn row_to_execution(
     id: Value,
@@ -51,7 +69,7 @@ pub(super) fn row_to_execution(
     deduplicated: bool,
 ) -> Result<Execution, StoreError> {
     let id = id_from(id)?;
-    let fields: HashMap<String, String> = redis::from_redis_value(row)?;
+    let RowFields(fields) = redis::from_redis_value(row)?;
     from_fields(id.as_str(), fields, deduplicated)
 }
 

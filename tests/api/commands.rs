@@ -1222,3 +1222,61 @@ async fn concurrent_starts_and_completions_keep_the_weight_and_the_doorbell_exac
     let bell: u64 = app.redis.query(redis::cmd("ZCARD").arg(shard.bell())).await;
     assert_eq!(bell, 0, "nothing runnable: the doorbell is clear");
 }
+
+/// At layout 5 the row carries the request's fingerprint (`fp`) beside its binary dedup
+/// digest, so a keyed completion moves its mapping from the bucket to the `dd:` key without
+/// reading it (`dedup_end()` in common.lua): an `HDEL` of the field, a `SET` of the key, no
+/// bucket `HGET`. Layout 4's row has no `fp` and still reads it first. Either way the key
+/// replays the same execution afterwards.
+#[tokio::test]
+async fn a_keyed_completion_at_layout_5_moves_its_mapping_without_reading_it() {
+    let app = TestApp::spawn().await;
+    let body = json!({"flow_id": "demo.echo", "params": {"n": 1}});
+    let res = app.post_with_key("acme", "order-1", &body).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let id = res.json::<Value>().await.unwrap()["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let runs = lease(&app, "acme", 1).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].0, id);
+    let rec = Recording::start(&app).await;
+    complete(&app, "acme", &runs[0]).await;
+    let calls = rec.finish(&app).await;
+    let done = one_call(&calls, "complete");
+    let text = listing(done);
+    let on_bucket = |name: &str| {
+        done.iter()
+            .filter(|c| c[0] == name && c.get(1).is_some_and(|k| k.contains(":ddb:")))
+            .count()
+    };
+    let got = [
+        ("reads the bucket field", on_bucket("hget")),
+        ("deletes the bucket field", on_bucket("hdel")),
+        ("writes the ended mapping", count(done, "set", "")),
+    ];
+    let reads = if crate::helpers::binary_layout() {
+        0
+    } else {
+        1
+    };
+    assert_eq!(
+        got,
+        [
+            ("reads the bucket field", reads),
+            ("deletes the bucket field", 1),
+            ("writes the ended mapping", 1),
+        ],
+        "the completion's commands:\n{text}"
+    );
+    let res = app.post_with_key("acme", "order-1", &body).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "a replay after the completion"
+    );
+    let replay: Value = res.json().await.unwrap();
+    assert_eq!(replay["execution_id"], id.as_str());
+    assert_eq!(replay["deduplicated"], true);
+}

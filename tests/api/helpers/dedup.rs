@@ -30,12 +30,23 @@ pub async fn dedup_orphans<C: ConnectionLike + Send>(
     ) {
         let mut key = format!("{prefix}exec:").into_bytes();
         key.extend_from_slice(id);
-        redis::cmd("HMGET")
+        let (status, tenant, ddh, deleted): (
+            Option<String>,
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<String>,
+        ) = redis::cmd("HMGET")
             .arg(key)
             .arg(&[row::STATUS, row::TENANT, row::DEDUP_DIGEST, row::DELETED])
             .query_async(conn)
             .await
-            .expect("HMGET row")
+            .expect("HMGET row");
+        // The digest as hex: layout 5's row holds its 16 bytes (`Shard::stored_digest`).
+        let ddh = ddh.map(|d| match d.len() {
+            16 => d.iter().map(|b| format!("{b:02x}")).collect(),
+            _ => String::from_utf8(d).expect("a hex digest"),
+        });
+        (status, tenant, ddh, deleted)
     }
     let live = |s: &Option<String>| matches!(s.as_deref(), Some("queued" | "running"));
     for key in &keys {
