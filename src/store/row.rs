@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::StoreError;
-use crate::domain::{Execution, ExecutionId};
+use crate::domain::{Execution, ExecutionId, row};
 
 /// A tagged script reply (`{'tag', ...}`): the tag and the rest.
 pub(super) fn split_tag(reply: Vec<Value>) -> Result<(String, Vec<Value>), StoreError> {
@@ -44,21 +44,31 @@ pub(super) fn execution_from(
     row_to_execution(id, row, deduplicated)
 }
 
-/// A row's fields as `HGETALL` (or a script's reply) gives them, the values that are text.
+/// A row's fields as `HGETALL` (or a script's reply) gives them, as text.
 /// At layout 5 a keyed row holds its dedup digest (`dh`, `Shard::stored_digest`) and its
 /// fingerprint (`fp`) as bytes that need not be UTF-8; no reader wants them (they are the
-/// Lua's, for moving the dedup mapping), so a value that is not text is left out rather than
-/// failing the whole row.
+/// Lua's, for moving the dedup mapping), so those two are left out when they are not text.
+/// Any other field that is not text is a corrupt row, refused as before.
 pub(super) struct RowFields(pub(super) HashMap<String, String>);
 
 impl redis::FromRedisValue for RowFields {
     fn from_redis_value(v: Value) -> Result<Self, redis::ParsingError> {
         let raw: HashMap<String, Vec<u8>> = redis::from_redis_value(v)?;
-        Ok(RowFields(
-            raw.into_iter()
-                .filter_map(|(k, v)| String::from_utf8(v).ok().map(|v| (k, v)))
-                .collect(),
-        ))
+        let mut fields = HashMap::with_capacity(raw.len());
+        for (name, value) in raw {
+            match String::from_utf8(value) {
+                Ok(text) => {
+                    fields.insert(name, text);
+                }
+                Err(_) if name == row::DEDUP_DIGEST || name == row::FINGERPRINT => {}
+                Err(_) => {
+                    return Err(redis::ParsingError::from(format!(
+                        "row field {name} is not UTF-8"
+                    )));
+                }
+            }
+        }
+        Ok(RowFields(fields))
     }
 }
 
@@ -94,4 +104,43 @@ pub(super) fn from_fields(
     deduplicated: bool,
 ) -> Result<Execution, StoreError> {
     Execution::from_row(id, fields, deduplicated).map_err(StoreError::Corrupt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(fields: &[(&str, &[u8])]) -> Value {
+        Value::Array(
+            fields
+                .iter()
+                .flat_map(|(k, v)| {
+                    [
+                        Value::BulkString(k.as_bytes().to_vec()),
+                        Value::BulkString(v.to_vec()),
+                    ]
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_binary_digest_and_fingerprint_are_left_out_of_a_row_read() {
+        let RowFields(fields) = redis::from_redis_value(reply(&[
+            (row::STATUS, b"queued"),
+            (row::DEDUP_DIGEST, &[0xff, 0x00, 0x9c]),
+            (row::FINGERPRINT, &[0xfe, 0x3a]),
+        ]))
+        .unwrap();
+        assert_eq!(fields.len(), 1, "{fields:?}");
+        assert_eq!(fields[row::STATUS], "queued");
+    }
+
+    #[test]
+    fn any_other_field_that_is_not_text_is_a_corrupt_row() {
+        let read: Result<RowFields, _> =
+            redis::from_redis_value(reply(&[(row::STATUS, &[0xff, 0xfe])]));
+        let err = read.err().expect("a non-UTF-8 status is refused");
+        assert!(err.to_string().contains("not UTF-8"), "{err}");
+    }
 }
